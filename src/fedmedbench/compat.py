@@ -1,0 +1,183 @@
+"""The one place that configures or patches third-party libraries.
+
+Imported first by ``fedmedbench/__init__.py`` so that every entry point (Snakemake
+scripts, tests, Flower/Ray actors that unpickle our code) gets the same settings.
+
+What it does, and why:
+
+* Offline switches. Ultralytics, huggingface_hub and albumentations try the network
+  at import or first use; there is no network on CI and often none on cluster compute
+  nodes. We set their documented environment switches (only if the user did not set
+  them), plus Flower's telemetry switch.
+* ``torchvision::nms``. The torchvision 0.28.0 wheel on PyPI is a CUDA build whose
+  compiled ops do not load next to the CPU build of torch 2.13.0; torchvision then
+  fails at import (``operator torchvision::nms does not exist``) and Ultralytics with
+  it. When (and only when) the compiled library cannot be loaded we define the
+  ``torchvision::nms``/``qnms`` operators with a pure-PyTorch kernel before
+  torchvision is imported, and route ``torchvision.ops.nms`` to it. On a machine
+  where the compiled ops load (e.g. a CUDA cluster node) nothing is patched.
+* medmnistc's motion blur calls ``np.fromstring`` on binary data, which NumPy >= 2.3
+  rejects. We give that one module a NumPy whose ``fromstring`` is ``frombuffer``.
+  (medmnistc also needs ImageMagick's MagickWand shared library: see README.)
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import sys
+import types
+
+OFFLINE_ENV = {
+    "YOLO_OFFLINE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "NO_ALBUMENTATIONS_UPDATE": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "YOLO_VERBOSE": "False",
+    "RAY_DEDUP_LOGS": "0",
+}
+
+#: True when the pure-PyTorch NMS fallback is active in this process.
+TORCHVISION_NMS_FALLBACK = False
+
+
+def apply_offline_env() -> None:
+    """Set the libraries' offline switches unless the user chose otherwise."""
+    for key, value in OFFLINE_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def nms_reference(boxes, scores, iou_threshold: float):
+    """Greedy NMS in plain PyTorch, same contract as ``torchvision.ops.nms``.
+
+    Boxes are (x1, y1, x2, y2); returns int64 indices of kept boxes sorted by
+    decreasing score. Memory is O(N) per step (no N x N IoU matrix), so it is safe
+    for the tens of thousands of candidate boxes a detector can emit.
+    """
+    import torch
+
+    if boxes.numel() == 0:
+        return torch.empty((0,), dtype=torch.int64, device=boxes.device)
+    order = torch.argsort(scores, descending=True, stable=True)
+    b = boxes[order].float()
+    areas = (b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)
+    alive = torch.ones(b.shape[0], dtype=torch.bool, device=b.device)
+    keep = []
+    for i in range(b.shape[0]):
+        if not bool(alive[i]):
+            continue
+        keep.append(i)
+        rest = b[i + 1 :]
+        xx1 = torch.maximum(b[i, 0], rest[:, 0])
+        yy1 = torch.maximum(b[i, 1], rest[:, 1])
+        xx2 = torch.minimum(b[i, 2], rest[:, 2])
+        yy2 = torch.minimum(b[i, 3], rest[:, 3])
+        inter = (xx2 - xx1).clamp(min=0) * (yy2 - yy1).clamp(min=0)
+        iou = inter / (areas[i] + areas[i + 1 :] - inter)
+        alive[i + 1 :] &= ~(iou > iou_threshold)
+    return order[torch.tensor(keep, dtype=torch.int64, device=b.device)]
+
+
+def _torchvision_compiled_ops_load() -> bool:
+    """Try to load torchvision's compiled ops without importing torchvision."""
+    import torch
+
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or not spec.submodule_search_locations:
+        return True  # nothing to patch
+    for location in spec.submodule_search_locations:
+        for lib in glob.glob(os.path.join(location, "_C*.so")) + glob.glob(os.path.join(location, "_C*.pyd")):
+            try:
+                torch.ops.load_library(lib)
+                return True
+            except (OSError, RuntimeError, ImportError):
+                return False
+    return False
+
+
+def install_torchvision_nms_fallback() -> bool:
+    """Register a pure-PyTorch ``torchvision::nms`` if the compiled op is missing.
+
+    Returns True when the fallback was installed. Safe to call more than once.
+    """
+    global TORCHVISION_NMS_FALLBACK
+    if TORCHVISION_NMS_FALLBACK:
+        return True
+    if "torchvision" in sys.modules:  # already imported: it either loaded its ops or failed loudly
+        return False
+    if _torchvision_compiled_ops_load():
+        return False
+    import torch
+
+    lib = torch.library.Library("torchvision", "DEF")  # noqa: F841 - kept alive on the module
+    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    lib.impl("nms", nms_reference, "CompositeExplicitAutograd")
+
+    def _qnms(dets, scores, iou_threshold):
+        raise NotImplementedError("quantized NMS needs torchvision's compiled ops")
+
+    lib.impl("qnms", _qnms, "CompositeExplicitAutograd")
+    _KEEP_ALIVE.append(lib)
+
+    import torchvision.extension
+    import torchvision.ops
+    import torchvision.ops.boxes
+
+    def nms(boxes, scores, iou_threshold):  # same signature as torchvision.ops.nms
+        return torch.ops.torchvision.nms(boxes, scores, float(iou_threshold))
+
+    torchvision.ops.nms = nms
+    torchvision.ops.boxes.nms = nms
+    TORCHVISION_NMS_FALLBACK = True
+    return True
+
+
+_KEEP_ALIVE: list = []
+
+
+class _NumpyFromBuffer(types.ModuleType):
+    """A view of numpy whose ``fromstring`` reads binary data (``frombuffer``)."""
+
+    def __init__(self) -> None:
+        super().__init__("numpy")
+        import numpy
+
+        self._np = numpy
+
+    def __getattr__(self, name: str):
+        return getattr(self._np, name)
+
+    def fromstring(self, data, dtype=float, *args, **kwargs):  # noqa: D401
+        if isinstance(data, bytes | bytearray | memoryview):
+            return self._np.frombuffer(data, dtype=dtype).copy()
+        return self._np.fromstring(data, dtype, *args, **kwargs)
+
+
+def patch_medmnistc() -> None:
+    """Make medmnistc's motion blur work with NumPy >= 2.3 (``np.fromstring``)."""
+    try:
+        import medmnistc.corruptions.filter as filt
+    except ImportError as exc:  # MagickWand missing: make the cause obvious
+        raise ImportError(
+            "medmnistc could not be imported. It needs ImageMagick's MagickWand library "
+            "(Debian/Ubuntu: `apt-get install libmagickwand-6.q16-6`; see README 'System packages'). "
+            f"Original error: {exc}"
+        ) from exc
+    if not isinstance(filt.np, _NumpyFromBuffer):
+        filt.np = _NumpyFromBuffer()
+
+
+def limit_threads(n: int) -> None:
+    """Cap torch/BLAS threads for this process (a Snakemake rule's ``threads``)."""
+    import torch
+
+    n = max(1, int(n))
+    torch.set_num_threads(n)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(n)
+
+
+apply_offline_env()
+install_torchvision_nms_fallback()

@@ -1,0 +1,222 @@
+"""MedMNIST files: where they come from, how to verify them, how to load them.
+
+The official files are the ``.npz`` archives listed in ``medmnist.INFO`` (URL and MD5
+per flag and size). We never trust a file we did not verify: downloads are streamed
+to a temp file, MD5-checked and only then renamed into place; a user-provided folder
+(``data.medmnist_root``) is verified the same way before use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import shutil
+import socket
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedmedbench.io import atomic_path
+
+#: 2D single-label flags (multi-label ChestMNIST and the 3D sets are out of scope).
+SUPPORTED_FLAGS = (
+    "pathmnist",
+    "dermamnist",
+    "octmnist",
+    "pneumoniamnist",
+    "retinamnist",
+    "breastmnist",
+    "bloodmnist",
+    "tissuemnist",
+    "organamnist",
+    "organcmnist",
+    "organsmnist",
+)
+SIZES = (28, 64, 128, 224)
+SPLITS = ("train", "val", "test")
+
+
+class DataError(RuntimeError):
+    """A data file is missing, corrupt or not in the expected format (message names it)."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    flag: str
+    n_channels: int
+    n_classes: int
+    task: str
+    n_samples: dict[str, int]
+    class_names: tuple[str, ...]
+
+
+def _info(flag: str) -> dict:
+    from medmnist import INFO
+
+    if flag not in SUPPORTED_FLAGS:
+        raise DataError(f"unknown or unsupported MedMNIST dataset '{flag}'; supported: {', '.join(SUPPORTED_FLAGS)}")
+    return INFO[flag]
+
+
+def dataset_info(flag: str) -> DatasetInfo:
+    info = _info(flag)
+    labels = info["label"]
+    return DatasetInfo(
+        flag=flag,
+        n_channels=int(info["n_channels"]),
+        n_classes=len(labels),
+        task=info["task"],
+        n_samples=dict(info["n_samples"]),
+        class_names=tuple(labels[str(i)] for i in range(len(labels))),
+    )
+
+
+def official_filename(flag: str, size: int) -> str:
+    """File name used by the MedMNIST release (``breastmnist.npz``, ``breastmnist_64.npz``)."""
+    _check_size(size)
+    return f"{flag}.npz" if size == 28 else f"{flag}_{size}.npz"
+
+
+def url_and_md5(flag: str, size: int) -> tuple[str, str]:
+    info = _info(flag)
+    _check_size(size)
+    suffix = "" if size == 28 else f"_{size}"
+    return info[f"url{suffix}"], info[f"MD5{suffix}"]
+
+
+def _check_size(size: int) -> None:
+    if size not in SIZES:
+        raise DataError(f"MedMNIST size must be one of {SIZES}, got {size}")
+
+
+def md5sum(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download(
+    url: str,
+    md5: str,
+    target: str | Path,
+    retries: int = 3,
+    timeout: float = 60.0,
+    backoff: float = 2.0,
+    log=print,
+) -> Path:
+    """Stream ``url`` to ``target``, verify its MD5, move it into place atomically.
+
+    Network errors and truncated or corrupted transfers are retried ``retries`` times;
+    an HTTP 4xx error is final. On failure nothing is left at ``target``.
+    """
+    target = Path(target)
+    last_error: Exception | None = None
+    for attempt in range(1, retries + 1):
+        try:
+            with atomic_path(target, suffix=".part") as tmp:
+                digest = hashlib.md5()
+                with urllib.request.urlopen(url, timeout=timeout) as resp, open(tmp, "wb") as out:
+                    expected = resp.headers.get("Content-Length")
+                    received = 0
+                    while block := resp.read(1 << 20):
+                        out.write(block)
+                        digest.update(block)
+                        received += len(block)
+                if expected is not None and received != int(expected):
+                    raise DataError(f"{target.name}: truncated download from {url} ({received} of {expected} bytes)")
+                if digest.hexdigest() != md5:
+                    raise DataError(
+                        f"{target.name}: MD5 mismatch for download from {url} "
+                        f"(expected {md5}, got {digest.hexdigest()})"
+                    )
+            return target
+        except urllib.error.HTTPError as exc:
+            if 400 <= exc.code < 500:
+                raise DataError(f"{target.name}: download failed, {url} answered HTTP {exc.code}") from exc
+            last_error = exc
+        except (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout, DataError) as exc:
+            last_error = exc
+        log(f"download attempt {attempt}/{retries} of {url} failed: {last_error}")
+        if attempt < retries:
+            time.sleep(backoff * attempt)
+    raise DataError(f"{target.name}: download from {url} failed after {retries} attempts: {last_error}")
+
+
+def copy_verified(source: str | Path, md5: str, target: str | Path) -> Path:
+    """Copy a user-provided file into place after checking its MD5."""
+    source, target = Path(source), Path(target)
+    if not source.is_file():
+        raise DataError(f"{source}: file not found (looked for it in data.medmnist_root)")
+    actual = md5sum(source)
+    if actual != md5:
+        raise DataError(f"{source}: MD5 mismatch (expected {md5}, got {actual}); the file is corrupt or truncated")
+    with atomic_path(target, suffix=".npz") as tmp:
+        shutil.copyfile(source, tmp)
+    return target
+
+
+def fetch(flag: str, size: int, target: str | Path, root: str | Path | None = None, **kwargs) -> Path:
+    """Get the official file for (flag, size): from ``root`` if given, else download it."""
+    url, md5 = url_and_md5(flag, size)
+    if root:
+        return copy_verified(Path(root) / official_filename(flag, size), md5, target)
+    return download(url, md5, target, **kwargs)
+
+
+def load_npz(path: str | Path, expect_size: int | None = None, expect_channels: int | None = None) -> dict[str, np.ndarray]:
+    """Load and validate a MedMNIST-format npz; errors name the file and the problem.
+
+    Returns a dict ``{split}_images`` (uint8, N x H x W [x 3]) and ``{split}_labels``
+    (int64, N), labels flattened from the official (N, 1) shape.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
+        raise DataError(f"{path}: corrupt or truncated npz ({type(exc).__name__}: {exc})") from exc
+    out: dict[str, np.ndarray] = {}
+    for split in SPLITS:
+        ik, lk = f"{split}_images", f"{split}_labels"
+        missing = [k for k in (ik, lk) if k not in arrays]
+        if missing:
+            raise DataError(f"{path}: missing key(s) {missing}; found {sorted(arrays)}")
+        images, labels = arrays[ik], arrays[lk]
+        if images.dtype != np.uint8:
+            raise DataError(f"{path}: {ik} has dtype {images.dtype}, expected uint8")
+        if images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[-1] != 3):
+            raise DataError(f"{path}: {ik} has shape {images.shape}, expected N x H x W or N x H x W x 3")
+        if images.shape[1] != images.shape[2]:
+            raise DataError(f"{path}: {ik} images are not square: {images.shape}")
+        if expect_size is not None and images.shape[1] != expect_size:
+            raise DataError(f"{path}: {ik} are {images.shape[1]} px, expected {expect_size} px")
+        channels = 1 if images.ndim == 3 else 3
+        if expect_channels is not None and channels != expect_channels:
+            raise DataError(f"{path}: {ik} have {channels} channel(s), expected {expect_channels}")
+        if labels.ndim == 2 and labels.shape[1] == 1:
+            labels = labels[:, 0]
+        if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
+            raise DataError(f"{path}: {lk} has shape {arrays[lk].shape}, expected ({images.shape[0]}, 1)")
+        if labels.size and labels.min() < 0:
+            raise DataError(f"{path}: {lk} has negative labels")
+        out[ik] = images
+        out[lk] = labels.astype(np.int64)
+    return out
+
+
+def to_official_arrays(data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Inverse of :func:`load_npz`'s label flattening: labels back to uint8 (N, 1)."""
+    out = {}
+    for split in SPLITS:
+        out[f"{split}_images"] = data[f"{split}_images"]
+        out[f"{split}_labels"] = data[f"{split}_labels"].astype(np.uint8).reshape(-1, 1)
+    return out

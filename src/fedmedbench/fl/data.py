@@ -1,0 +1,79 @@
+"""Client and server views of a partitioned dataset (loaded once per process).
+
+A run has data *sources* (name -> MedMNIST-format npz: ``base`` or one per imaging
+domain) and a partition JSON whose indices are pool indices into each source (see
+``fedmedbench.partition``). Arrays are kept as uint8 tensors and converted to
+float per batch, so 100 clients cost the dataset once, not 100 times.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedmedbench.data.medmnist import SPLITS, load_npz
+from fedmedbench.fl.registry import ClientData
+from fedmedbench.io import read_json
+
+
+@lru_cache(maxsize=16)
+def load_pool(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images (N,C,H,W uint8) and labels (int64) of train+val+test, in pool order."""
+    arrays = load_npz(path)
+    images = np.concatenate([arrays[f"{s}_images"] for s in SPLITS])
+    labels = np.concatenate([arrays[f"{s}_labels"] for s in SPLITS])
+    if images.ndim == 3:
+        images = images[:, None]
+    else:
+        images = images.transpose(0, 3, 1, 2)
+    return torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(labels)
+
+
+@lru_cache(maxsize=8)
+def load_partition(path: str) -> dict:
+    return read_json(path)
+
+
+class FederatedData:
+    def __init__(self, partition_path: str | Path, sources: dict[str, str]) -> None:
+        self.partition = load_partition(str(partition_path))
+        self.sources = dict(sources)
+        needed = {c["source"] for c in self.partition["clients"]} | {g["source"] for g in self.partition["global_test"]}
+        missing = needed - set(self.sources)
+        if missing:
+            raise KeyError(f"{partition_path}: partition uses data source(s) {sorted(missing)} that the run does not provide")
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.partition["clients"])
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.partition["num_classes"])
+
+    def _take(self, source: str, idx) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = load_pool(self.sources[source])
+        idx = torch.as_tensor(np.asarray(idx, dtype=np.int64))
+        return x[idx], y[idx]
+
+    def client(self, pid: int) -> ClientData:
+        c = self.partition["clients"][pid]
+        parts = [self._take(c["source"], c[p]) for p in ("train", "val", "test")]
+        return ClientData(*parts[0], *parts[1], *parts[2])
+
+    def pooled(self) -> ClientData:
+        """All clients' data concatenated (the centralized baseline's one client)."""
+        clients = [self.client(i) for i in range(self.num_clients)]
+        cat = lambda attr: torch.cat([getattr(c, attr) for c in clients])  # noqa: E731
+        return ClientData(*(cat(a) for a in ("train_x", "train_y", "val_x", "val_y", "test_x", "test_y")))
+
+    def global_test(self) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [self._take(g["source"], g["idx"]) for g in self.partition["global_test"]]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    def global_val(self) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [self._take(c["source"], c["val"]) for c in self.partition["clients"]]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])

@@ -1,0 +1,223 @@
+"""The only module that talks to Flower: one training job = one Flower simulation.
+
+A ServerApp (Message API) drives :class:`~fedmedbench.fl.federation.Federation`
+round by round; a ClientApp runs :func:`~fedmedbench.fl.federation.client_train`
+and :func:`~fedmedbench.fl.federation.client_evaluate`. Everything that is not
+message passing lives in ``federation``, so moving from ``run_simulation`` to its
+successor (``flwr run``) changes this file only.
+
+Flower facts this module handles (flwr 1.41):
+
+* ``run_simulation`` swallows ClientApp exceptions into error replies and would
+  carry on with missing results: every reply is checked, and an error fails the
+  job with the client's traceback (:class:`ClientFailure`).
+* The ServerApp can start before all SuperNodes registered: we wait for all nodes.
+* Node ids are random: we ask every node its ``partition-id`` once (a QUERY
+  message) and address clients by partition id; sampling is seeded by round.
+* Ray: one actor per ``client_cpus`` of the job's ``threads``, its temp dir under
+  a per-job folder (removed afterwards), telemetry off (``compat``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from fedmedbench.fl import federation as fed
+from fedmedbench.fl.registry import Arrays, ClientResult
+from fedmedbench.fl.spec import RunSpec
+
+NODE_WAIT_S = 180.0
+
+
+class ClientFailure(RuntimeError):
+    """A ClientApp raised; the message carries the client's traceback."""
+
+
+def _to_record(arrays: Arrays) -> ArrayRecord:
+    rec = ArrayRecord()
+    for key, value in arrays.items():
+        rec[key] = Array.from_numpy_ndarray(np.asarray(value))
+    return rec
+
+
+def _from_record(rec: ArrayRecord) -> Arrays:
+    return {key: arr.numpy() for key, arr in rec.items()}
+
+
+def _metrics_record(metrics: dict[str, float]) -> MetricRecord:
+    return MetricRecord({k: float(v) for k, v in metrics.items()})
+
+
+# ----------------------------------------------------------------------------- client app
+
+
+def make_client_app(spec: RunSpec) -> ClientApp:
+    app = ClientApp()
+
+    def _guard(handler: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
+        def wrapped(msg: Message, context: Context) -> Message:
+            try:
+                return handler(msg, context)
+            except Exception as exc:  # noqa: BLE001 - re-raised with the full traceback as text
+                pid = context.node_config.get("partition-id", "?")
+                raise RuntimeError(f"client {pid}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}") from exc
+
+        return wrapped
+
+    @app.query()
+    @_guard
+    def query(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        return Message(RecordDict({"info": ConfigRecord({"partition-id": pid})}), reply_to=msg)
+
+    @app.train()
+    @_guard
+    def train(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        cfg = msg.content["config"]
+        result = fed.client_train(spec, pid, int(cfg["round"]), _from_record(msg.content["arrays"]), int(cfg["steps"]))
+        content = RecordDict({
+            "arrays": _to_record(result.arrays),
+            "metrics": _metrics_record({**result.metrics, "num-examples": result.num_examples}),
+        })
+        for name, arrays in result.extras.items():
+            content[f"extra.{name}"] = _to_record(arrays)
+        return Message(content, reply_to=msg)
+
+    @app.evaluate()
+    @_guard
+    def evaluate(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        cfg = msg.content["config"]
+        metrics = fed.client_evaluate(spec, pid, int(cfg["round"]), _from_record(msg.content["arrays"]))
+        return Message(RecordDict({"metrics": _metrics_record(metrics)}), reply_to=msg)
+
+    return app
+
+
+# ----------------------------------------------------------------------------- server app
+
+
+def _check_replies(replies: list[Message], expected: int, what: str) -> None:
+    errors = [r for r in replies if r.has_error()]
+    if errors:
+        raise ClientFailure(f"{what}: {len(errors)} client(s) failed; first error:\n{errors[0].error.reason}")
+    if len(replies) != expected:
+        raise ClientFailure(f"{what}: expected {expected} replies, got {len(replies)}")
+
+
+def _wait_for_nodes(grid: Grid, n: int) -> list[int]:
+    deadline = time.monotonic() + NODE_WAIT_S
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= n:
+            return nodes
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(nodes)} of {n} Flower nodes registered within {NODE_WAIT_S:.0f}s")
+        time.sleep(0.05)
+
+
+def _partition_map(grid: Grid, nodes: list[int]) -> dict[int, int]:
+    """partition id -> node id, asked from the nodes themselves."""
+    msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
+    replies = list(grid.send_and_receive(msgs))
+    _check_replies(replies, len(nodes), "node discovery")
+    return {int(r.content["info"]["partition-id"]): r.metadata.src_node_id for r in replies}
+
+
+def _server_loop(grid: Grid, federation: fed.Federation) -> None:
+    nodes = _wait_for_nodes(grid, federation.num_nodes)
+    node_of = _partition_map(grid, nodes)
+    state = federation.initial_state()
+    rounds = federation.train.rounds
+    for rnd in range(state.round + 1, rounds + 1):
+        sampled = federation.sample(rnd)
+        arrays = _to_record(state.arrays)
+        msgs = [
+            Message(
+                RecordDict({"arrays": arrays, "config": ConfigRecord({"round": rnd, "steps": federation.steps(p)})}),
+                dst_node_id=node_of[p], message_type=MessageType.TRAIN, group_id=str(rnd),
+            )
+            for p in sampled
+        ]
+        replies = list(grid.send_and_receive(msgs))
+        _check_replies(replies, len(msgs), f"round {rnd} training")
+        pid_of = {v: k for k, v in node_of.items()}
+        results = {}
+        for r in replies:
+            metrics = dict(r.content["metrics"])
+            n = int(metrics.pop("num-examples"))
+            extras = {k[len("extra."):]: _from_record(v) for k, v in r.content.array_records.items() if k.startswith("extra.")}
+            results[pid_of[r.metadata.src_node_id]] = ClientResult(_from_record(r.content["arrays"]), n, metrics, extras)
+        new_arrays = federation.aggregate(state, results)
+        client_eval = None
+        if federation.needs_client_eval(rnd):
+            rec = _to_record(new_arrays)
+            emsgs = [
+                Message(RecordDict({"arrays": rec, "config": ConfigRecord({"round": rnd})}),
+                        dst_node_id=node_of[p], message_type=MessageType.EVALUATE, group_id=f"eval{rnd}")
+                for p in range(federation.num_nodes)
+            ]
+            ereplies = list(grid.send_and_receive(emsgs))
+            _check_replies(ereplies, len(emsgs), f"round {rnd} evaluation")
+            client_eval = {pid_of[r.metadata.src_node_id]: dict(r.content["metrics"]) for r in ereplies}
+        state = federation.finish_round(state, rnd, results, new_arrays, client_eval)
+    federation.final_state = state
+
+
+def run(spec: RunSpec, log: Callable[[str], None] = print) -> fed.Federation:
+    """Run (or resume) one federated job to completion and write its outputs."""
+    from flwr.simulation import run_simulation
+
+    federation = fed.Federation(spec, log)
+    federation.final_state = None
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        _server_loop(grid, federation)
+
+    threads = max(1, int(spec.threads))
+    use_gpu = federation.device.type == "cuda"
+    actors = min(threads, federation.num_nodes)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="fmb-ray-", dir=os.environ.get("FEDMEDBENCH_RAY_TMP", "/tmp")))
+    backend_config = {
+        "client_resources": {"num_cpus": 1, "num_gpus": (1.0 / actors) if use_gpu else 0.0},
+        "init_args": {
+            "num_cpus": actors, "num_gpus": 1 if use_gpu else 0, "_temp_dir": str(ray_tmp),
+            "include_dashboard": False, "logging_level": 40, "log_to_driver": True,
+        },
+    }
+    log(f"job {spec.study}/{spec.dataset}/{spec.setting}/{spec.method}/seed{spec.seed}: "
+        f"{federation.num_nodes} Flower node(s), {actors} Ray actor(s), device {federation.device}")
+    try:
+        run_simulation(server_app=server_app, client_app=make_client_app(spec), num_supernodes=federation.num_nodes,
+                       backend_config=backend_config)
+    finally:
+        _shutdown_ray()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    if federation.final_state is None:
+        raise RuntimeError("the Flower simulation ended without completing the run (see the log above)")
+    federation.stage_outputs(federation.final_state)
+    return federation
+
+
+def _shutdown_ray() -> None:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    except Exception:  # noqa: BLE001 - best effort cleanup
+        pass

@@ -1,0 +1,288 @@
+"""The round logic of a federated run, independent of the transport (Flower).
+
+Server side (:class:`Federation`): initial model, seeded client sampling by
+partition id, step budgets, aggregation through the method, evaluation, metric rows,
+checkpoint/resume, progress lines. Client side (:func:`client_train`,
+:func:`client_evaluate`): what a ClientApp does with a message, using the method's
+client step and the client-state store. ``engine`` moves messages between the two.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedmedbench.fl import checkpoint
+from fedmedbench.fl.client_state import ClientStateStore
+from fedmedbench.fl.data import FederatedData
+from fedmedbench.fl.registry import (
+    Arrays,
+    ClientContext,
+    ClientData,
+    ClientResult,
+    get_method,
+    load_arrays,
+    model_arrays,
+)
+from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.training import evaluate, steps_for_epochs
+from fedmedbench.metrics import CLASSIFICATION_METRICS
+from fedmedbench.models import build_model
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device: cuda requested but no CUDA device is available (use device: auto or cpu)")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def new_model(spec: RunSpec) -> torch.nn.Module:
+    return build_model(spec.model, spec.in_channels, spec.num_classes, spec.image_size, spec.pretrained_path)
+
+
+def client_generator(seed: int, rnd: int, pid: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(int(np.random.SeedSequence([seed, rnd, pid]).generate_state(1)[0]))
+    return g
+
+
+# ----------------------------------------------------------------------------- client side
+
+
+@lru_cache(maxsize=4)
+def _client_data_view(partition_path: str, sources_key: tuple) -> FederatedData:
+    return FederatedData(partition_path, dict(sources_key))
+
+
+def _data_for(spec: RunSpec) -> FederatedData:
+    return _client_data_view(spec.partition_path, tuple(sorted(spec.sources.items())))
+
+
+def _client_data(spec: RunSpec, pid: int) -> ClientData:
+    method = get_method(spec.method, spec.method_params)
+    data = _data_for(spec)
+    return data.pooled() if method.centralized else data.client(pid)
+
+
+def _client_context(spec: RunSpec, pid: int, rnd: int, arrays: Arrays, steps: int) -> tuple[ClientContext, ClientStateStore]:
+    torch.set_num_threads(1)
+    device = resolve_device(spec.device)
+    model = new_model(spec)
+    load_arrays(model, arrays)
+    store = ClientStateStore(checkpoint.checkpoint_dir(spec.run_dir) / "clients")
+    ctx = ClientContext(
+        pid=pid, rnd=rnd, model=model.to(device), data=_client_data(spec, pid), train=spec.train_config(),
+        device=device, generator=client_generator(spec.seed, rnd, pid), state=store.load(pid, before_round=rnd),
+        steps=steps, global_arrays=arrays,
+    )
+    return ctx, store
+
+
+def client_train(spec: RunSpec, pid: int, rnd: int, arrays: Arrays, steps: int) -> ClientResult:
+    """One client's work in one round (called inside the ClientApp)."""
+    method = get_method(spec.method, spec.method_params)
+    ctx, store = _client_context(spec, pid, rnd, arrays, steps)
+    result = method.client_fit(ctx)
+    undeclared = set(result.extras) - set(method.extra_records)
+    if undeclared:
+        raise RuntimeError(f"method '{spec.method}' tried to send undeclared records {sorted(undeclared)}")
+    store.save(pid, rnd, ctx.state)
+    return result
+
+
+def client_evaluate(spec: RunSpec, pid: int, rnd: int, arrays: Arrays) -> dict[str, float]:
+    """A personalized client's metrics: own model on its local test set and on the global test set."""
+    method = get_method(spec.method, spec.method_params)
+    ctx, _ = _client_context(spec, pid, rnd + 1, arrays, steps=0)  # state as of the end of round rnd
+    model = method.personal_model(ctx)
+    bs = ctx.train.eval_batch_size
+    gx, gy = _data_for(spec).global_test()
+    local = evaluate(model, ctx.data.test_x, ctx.data.test_y, bs, ctx.device)
+    glob = evaluate(model, gx, gy, bs, ctx.device)
+    out = {f"local_{k}": v for k, v in local.items()}
+    out.update({f"global_{k}": v for k, v in glob.items()})
+    return out
+
+
+# ----------------------------------------------------------------------------- server side
+
+
+class Federation:
+    """Server-side state and logic of one run."""
+
+    def __init__(self, spec: RunSpec, log: Callable[[str], None] = print) -> None:
+        self.spec = spec
+        self.log = log
+        self.method = get_method(spec.method, spec.method_params)
+        self.train = spec.train_config()
+        self.device = resolve_device(spec.device)
+        self.data = FederatedData(spec.partition_path, spec.sources)
+        self.run_hash = spec.run_hash()
+        self.num_clients = self.data.num_clients
+        self.num_nodes = 1 if self.method.centralized else self.num_clients
+        sizes = [len(c["train"]) for c in self.data.partition["clients"]]
+        self.client_steps = [steps_for_epochs(n, self.train.local_epochs, self.train.batch_size) for n in sizes]
+        per_round = spec.clients_per_round or self.num_clients
+        if not 1 <= per_round <= self.num_clients:
+            raise ValueError(f"clients_per_round={per_round} must be between 1 and num_clients={self.num_clients}")
+        self.per_round = per_round
+        self.store = ClientStateStore(checkpoint.checkpoint_dir(spec.run_dir) / "clients")
+        self._eval_cache: dict[str, Any] = {}
+        self._t0 = time.monotonic()
+
+    # -- state ------------------------------------------------------------------
+    def initial_state(self) -> checkpoint.RunState:
+        resumed = checkpoint.load(self.spec.run_dir, self.run_hash)
+        if resumed is not None:
+            self.store.discard_after(resumed.round)
+            self.log(f"resuming from checkpoint at round {resumed.round}/{self.train.rounds}")
+            self._t0 -= resumed.elapsed
+            return resumed
+        stale = checkpoint.checkpoint_dir(self.spec.run_dir)
+        if stale.exists():
+            self.log(f"ignoring checkpoint in {stale}: written under other settings")
+            shutil.rmtree(stale)
+        seed_everything(self.spec.seed)
+        return checkpoint.RunState(round=0, arrays=model_arrays(new_model(self.spec)))
+
+    def sample(self, rnd: int) -> list[int]:
+        """Partition ids trained in round ``rnd``: seeded by (seed, round), not by node ids."""
+        if self.method.centralized:
+            return [0]
+        if self.per_round == self.num_clients:
+            return list(range(self.num_clients))
+        rng = np.random.default_rng([self.spec.seed, rnd, 1])
+        return sorted(rng.choice(self.num_clients, size=self.per_round, replace=False).tolist())
+
+    def steps(self, pid: int) -> int:
+        if self.method.centralized:  # same expected steps per round as the federation
+            return max(1, int(round(sum(self.client_steps) * self.per_round / self.num_clients)))
+        return self.client_steps[pid]
+
+    # -- one round ----------------------------------------------------------------
+    def aggregate(self, state: checkpoint.RunState, results: dict[int, ClientResult]) -> Arrays:
+        ordered = [results[p] for p in sorted(results)]
+        return self.method.aggregate(state.arrays, ordered, state.server_state)
+
+    def needs_client_eval(self, rnd: int) -> bool:
+        return self.method.personalized and self._is_eval_round(rnd)
+
+    def _is_eval_round(self, rnd: int) -> bool:
+        return rnd % max(1, self.spec.eval_every) == 0 or rnd == self.train.rounds
+
+    def _server_eval(self, arrays: Arrays) -> tuple[dict[str, float], list[dict[str, float]]]:
+        """Global model on the global test and validation sets and on each client's test data."""
+        model = new_model(self.spec)
+        load_arrays(model, arrays)
+        bs = self.train.eval_batch_size
+        if "global" not in self._eval_cache:
+            self._eval_cache["global"] = self.data.global_test()
+            self._eval_cache["val"] = self.data.global_val()
+            self._eval_cache["clients"] = [self.data.client(i) for i in range(self.num_clients)]
+        row = {f"global_{k}": v for k, v in evaluate(model, *self._eval_cache["global"], bs, self.device).items()}
+        row.update({f"val_{k}": v for k, v in evaluate(model, *self._eval_cache["val"], bs, self.device).items()})
+        per_client = [
+            {f"local_{k}": v for k, v in evaluate(model, c.test_x, c.test_y, bs, self.device).items()}
+            for c in self._eval_cache["clients"]
+        ]
+        return row, per_client
+
+    def finish_round(
+        self,
+        state: checkpoint.RunState,
+        rnd: int,
+        results: dict[int, ClientResult],
+        new_arrays: Arrays,
+        client_eval: dict[int, dict[str, float]] | None = None,
+    ) -> checkpoint.RunState:
+        """Evaluate, record metrics, checkpoint; returns the new state."""
+        row: dict[str, Any] = {"round": rnd, "clients": len(results)}
+        n = np.array([r.num_examples for r in results.values()], dtype=float)
+        losses = np.array([r.metrics.get("train_loss", math.nan) for r in results.values()])
+        row["train_loss"] = float(np.average(losses, weights=n)) if len(n) else math.nan
+        per_client: list[dict[str, float]] = []
+        if self._is_eval_round(rnd):
+            if self.method.personalized:
+                per_client = [client_eval[p] for p in sorted(client_eval or {})]
+                for k in CLASSIFICATION_METRICS:  # global numbers = mean over the clients' own models
+                    row[f"global_{k}"] = float(np.nanmean([c[f"global_{k}"] for c in per_client]))
+                    row[f"val_{k}"] = math.nan
+            else:
+                glob, per_client = self._server_eval(new_arrays)
+                row.update(glob)
+            for k in CLASSIFICATION_METRICS:
+                vals = np.array([c[f"local_{k}"] for c in per_client], dtype=float)
+                row[f"local_mean_{k}"] = float(np.nanmean(vals)) if np.isfinite(vals).any() else math.nan
+                row[f"local_std_{k}"] = float(np.nanstd(vals)) if np.isfinite(vals).any() else math.nan
+        elapsed = time.monotonic() - self._t0
+        row["elapsed_s"] = round(elapsed, 3)
+        client_rows = [{"round": rnd, "client": i, **{k: v for k, v in c.items() if k.startswith("local_")}}
+                       for i, c in enumerate(per_client)]
+        new_state = checkpoint.RunState(
+            round=rnd, arrays=new_arrays, server_state=state.server_state,
+            rows=state.rows + [row], client_rows=state.client_rows + client_rows, elapsed=elapsed,
+        )
+        checkpoint.save(self.spec.run_dir, new_state, self.run_hash)
+        self.store.prune(rnd)
+        self._progress(row)
+        return new_state
+
+    def _progress(self, row: dict[str, Any]) -> None:
+        rnd, total = row["round"], self.train.rounds
+        if rnd % max(1, self.spec.log_every) and rnd != total:
+            return
+        elapsed = row["elapsed_s"]
+        eta = elapsed / rnd * (total - rnd)
+        parts = [f"round {rnd}/{total}", f"train_loss {row['train_loss']:.4f}"]
+        for key in ("global_accuracy", "global_balanced_accuracy", "global_loss", "local_mean_accuracy"):
+            if key in row and row[key] == row[key]:
+                parts.append(f"{key} {row[key]:.4f}")
+        parts.append(f"elapsed {elapsed:.1f}s ETA {eta:.1f}s")
+        self.log(" | ".join(parts))
+
+    def stage_outputs(self, state: checkpoint.RunState) -> dict[str, Path]:
+        """Write metrics CSV, per-client CSV, summary JSON and final model (atomically)."""
+        import pandas as pd
+
+        from fedmedbench import io
+
+        run_dir = Path(self.spec.run_dir)
+        metrics = pd.DataFrame(state.rows)
+        io.write_csv(run_dir / "metrics.csv", metrics)
+        io.write_csv(run_dir / "client_metrics.csv", pd.DataFrame(state.client_rows))
+        with io.atomic_path(run_dir / "model.pt", suffix=".pt") as tmp:
+            torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.arrays.items()}, tmp)
+        last = state.rows[-1] if state.rows else {}
+        summary = {
+            "study": self.spec.study, "dataset": self.spec.dataset, "setting": self.spec.setting,
+            "method": self.spec.method, "seed": self.spec.seed, "data_origin": self.spec.data_origin,
+            "rounds": self.train.rounds, "rounds_run": state.round, "num_clients": self.num_clients,
+            "clients_per_round": self.per_round, "model": self.spec.model, "device": str(self.device),
+            "wall_time_s": state.elapsed, "run_hash": self.run_hash,
+            "final": {k: v for k, v in last.items() if k not in ("round", "clients")},
+        }
+        if "global_accuracy" in metrics:
+            best = metrics.loc[metrics["global_accuracy"].idxmax()] if metrics["global_accuracy"].notna().any() else None
+            if best is not None:
+                summary["best_round"] = int(best["round"])
+                summary["best_global_accuracy"] = float(best["global_accuracy"])
+        io.write_json(run_dir / "summary.json", summary)
+        return {"metrics": run_dir / "metrics.csv", "summary": run_dir / "summary.json"}

@@ -1,0 +1,38 @@
+"""Local training: every client trains its own model alone, nothing is aggregated.
+
+Client: round 1 starts from the common initial model; afterwards from its own model
+kept in its persistent client state; E local epochs per round; the model never
+leaves the client (the reply carries no arrays).
+Server: the global model is never updated. Evaluation is per client with the
+client's own model (on its local test set and on the global test set; the global
+numbers are the mean over clients).
+"""
+
+from __future__ import annotations
+
+from fedmedbench.fl.registry import ClientContext, ClientResult, Method, load_arrays, model_arrays, register_method
+from fedmedbench.fl.training import local_sgd
+
+
+@register_method("local")
+class Local(Method):
+    personalized = True
+
+    def _own_model(self, ctx: ClientContext):
+        if "model" in ctx.state:
+            load_arrays(ctx.model, {k: v.numpy() for k, v in ctx.state["model"].items()})
+        return ctx.model
+
+    def client_fit(self, ctx: ClientContext) -> ClientResult:
+        import torch
+
+        model = self._own_model(ctx)
+        loss = local_sgd(model, ctx.data.train_x, ctx.data.train_y, ctx.steps, ctx.train, ctx.rnd, ctx.device, ctx.generator)
+        ctx.state["model"] = {k: torch.from_numpy(v) for k, v in model_arrays(model).items()}
+        return ClientResult(arrays={}, num_examples=ctx.data.num_train, metrics={"train_loss": loss})
+
+    def personal_model(self, ctx: ClientContext):
+        return self._own_model(ctx)
+
+    def aggregate(self, global_arrays, results, server_state):
+        return global_arrays

@@ -1,0 +1,173 @@
+"""Method registry: method name -> a ``Method`` (client step + server step + state).
+
+A method reads like its paper's algorithm box:
+
+* :meth:`Method.client_fit` runs on a client for one round: it gets the broadcast
+  global arrays already loaded into ``ctx.model``, the client's data, its persistent
+  state (``ctx.state``, a dict that survives rounds and resume) and returns what the
+  client sends back (:class:`ClientResult`).
+* :meth:`Method.aggregate` runs on the server: old global arrays + client results ->
+  new global arrays (and it may update ``server_state``, which is checkpointed).
+* ``personalized`` methods evaluate each client's own model (``personal_model``)
+  on the clients; others are evaluated as one global model on the server.
+* ``centralized`` methods are run by the engine on the pooled training data as one
+  client, with the same number of optimisation steps per round as the federation.
+
+Adding a method = one file in ``fl/methods`` decorated with :func:`register_method`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+Arrays = dict[str, np.ndarray]
+
+METHODS: dict[str, type[Method]] = {}
+
+
+def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
+    def deco(cls: type[Method]) -> type[Method]:
+        cls.name = name
+        METHODS[name] = cls
+        return cls
+
+    return deco
+
+
+def get_method(name: str, params: dict[str, Any] | None = None) -> Method:
+    _load_builtin_methods()
+    if name not in METHODS:
+        raise KeyError(f"unknown method '{name}'; registered: {', '.join(sorted(METHODS))}")
+    return METHODS[name](**(params or {}))
+
+
+def available_methods() -> list[str]:
+    _load_builtin_methods()
+    return sorted(METHODS)
+
+
+def _load_builtin_methods() -> None:
+    import fedmedbench.fl.methods  # noqa: F401  (imports register the methods)
+
+
+@dataclass
+class ClientData:
+    """A client's tensors: uint8 images (N,C,H,W) and int64 labels, per part."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_y.shape[0])
+
+
+@dataclass
+class TrainConfig:
+    """Local optimisation settings shared by every method (config ``train`` block)."""
+
+    rounds: int
+    local_epochs: float
+    batch_size: int
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    optimizer: str = "sgd"
+    lr_decay: float = 1.0  # multiplicative per round
+    grad_clip: float | None = None
+    eval_batch_size: int = 256
+
+    def lr_at(self, rnd: int) -> float:
+        return self.lr * (self.lr_decay ** (rnd - 1))
+
+
+@dataclass
+class ClientContext:
+    """Everything a client step may use; ``state`` persists across rounds for this client."""
+
+    pid: int
+    rnd: int
+    model: torch.nn.Module
+    data: ClientData
+    train: TrainConfig
+    device: torch.device
+    generator: torch.Generator
+    state: dict[str, Any]
+    steps: int  # optimisation steps this round (from epochs, or the centralized budget)
+    global_arrays: Arrays = field(default_factory=dict)
+
+
+@dataclass
+class ClientResult:
+    arrays: Arrays
+    num_examples: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    #: Extra array records a method declares (e.g. SCAFFOLD's control-variate delta).
+    extras: dict[str, Arrays] = field(default_factory=dict)
+
+
+class Method:
+    """Base method = FedAvg-style client step (plain local SGD) + weighted averaging."""
+
+    name = "base"
+    personalized = False
+    centralized = False
+    #: names of extra records this method may send from a client (checked by the engine)
+    extra_records: tuple[str, ...] = ()
+
+    def __init__(self, **params: Any) -> None:
+        if params:
+            raise TypeError(f"method '{self.name}' takes no parameters, got {sorted(params)}")
+
+    # --- client side -------------------------------------------------------------
+    def client_fit(self, ctx: ClientContext) -> ClientResult:
+        from fedmedbench.fl.training import local_sgd
+
+        loss = local_sgd(ctx.model, ctx.data.train_x, ctx.data.train_y, ctx.steps, ctx.train, ctx.rnd, ctx.device, ctx.generator)
+        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics={"train_loss": loss})
+
+    def personal_model(self, ctx: ClientContext) -> torch.nn.Module:
+        """The model a personalized client is evaluated with (default: the global one)."""
+        return ctx.model
+
+    # --- server side -------------------------------------------------------------
+    def aggregate(self, global_arrays: Arrays, results: list[ClientResult], server_state: dict[str, Any]) -> Arrays:
+        return weighted_average([r.arrays for r in results], [r.num_examples for r in results])
+
+
+def model_arrays(model: torch.nn.Module) -> Arrays:
+    """state_dict (parameters and buffers) as float32/int64 numpy arrays, CPU, in order."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def load_arrays(model: torch.nn.Module, arrays: Arrays) -> None:
+    state = model.state_dict()
+    missing = set(state) - set(arrays)
+    if missing:
+        raise KeyError(f"arrays lack model keys: {sorted(missing)[:5]}")
+    model.load_state_dict({k: torch.as_tensor(arrays[k]).to(state[k].dtype) for k in state})
+
+
+def weighted_average(arrays: list[Arrays], weights: list[float]) -> Arrays:
+    """Weighted mean per key (float64 accumulation); integer buffers are rounded back."""
+    if not arrays:
+        raise ValueError("nothing to aggregate: no client results")
+    w = np.asarray(weights, dtype=np.float64)
+    if w.sum() <= 0:
+        raise ValueError(f"aggregation weights must sum to > 0, got {weights}")
+    w = w / w.sum()
+    out: Arrays = {}
+    for key in arrays[0]:
+        acc = sum(wi * a[key].astype(np.float64) for wi, a in zip(w, arrays, strict=True))
+        dtype = arrays[0][key].dtype
+        out[key] = np.asarray(np.rint(acc) if np.issubdtype(dtype, np.integer) else acc).astype(dtype)
+    return out

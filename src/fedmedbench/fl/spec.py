@@ -1,0 +1,57 @@
+"""RunSpec: everything one training job needs, resolved from config by the rule.
+
+It is JSON-serialisable (it travels through Snakemake ``params:`` and into Ray
+actors) and hashable: the hash of the fields that change results guards resume
+(a checkpoint written under other settings is never resumed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fedmedbench.fl.registry import TrainConfig
+
+#: fields that do not change the numbers a run produces
+_NOT_HASHED = {"run_dir", "threads", "log_every"}
+
+
+@dataclass
+class RunSpec:
+    run_dir: str
+    study: str
+    dataset: str
+    setting: str
+    method: str
+    seed: int
+    partition_path: str
+    sources: dict[str, str]
+    in_channels: int
+    image_size: int
+    num_classes: int
+    model: str = "cnn_small"
+    pretrained_path: str | None = None
+    train: dict[str, Any] = field(default_factory=dict)
+    clients_per_round: int | None = None  # None = all clients every round
+    method_params: dict[str, Any] = field(default_factory=dict)
+    device: str = "auto"
+    threads: int = 1
+    data_origin: str = "synthetic"
+    log_every: int = 1
+    eval_every: int = 1
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunSpec:
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(**self.train)
+
+    def run_hash(self) -> str:
+        d = {k: v for k, v in self.to_dict().items() if k not in _NOT_HASHED}
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]

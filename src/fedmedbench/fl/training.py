@@ -1,0 +1,109 @@
+"""Local optimisation and evaluation loops shared by all methods.
+
+Batches are drawn from a ``torch.Generator`` seeded by (run seed, round, client), so
+a client's update does not depend on which worker process runs it; this is what
+makes resumed runs bit-identical to uninterrupted ones on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedmedbench.metrics import classification_metrics
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Training produced a NaN/inf loss; the job stops with this message."""
+
+
+def to_float(x_u8: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """uint8 images (N,C,H,W) -> float in [-1, 1] on ``device``."""
+    return x_u8.to(device, non_blocking=True).float().div_(127.5).sub_(1.0)
+
+
+def steps_for_epochs(num_examples: int, epochs: float, batch_size: int) -> int:
+    return max(1, int(math.ceil(epochs * math.ceil(num_examples / batch_size))))
+
+
+def batch_indices(n: int, batch_size: int, steps: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """``steps`` mini-batches, reshuffling each pass over the data (epoch)."""
+    done = 0
+    while done < steps:
+        perm = torch.randperm(n, generator=generator)
+        for start in range(0, n, batch_size):
+            if done == steps:
+                return
+            yield perm[start : start + batch_size]
+            done += 1
+
+
+def make_optimizer(model: nn.Module, cfg, rnd: int) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr_at(rnd), momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr_at(rnd), weight_decay=cfg.weight_decay)
+    raise ValueError(f"unknown optimizer '{cfg.optimizer}' (train.optimizer): use sgd or adam")
+
+
+def local_sgd(
+    model: nn.Module,
+    x_u8: torch.Tensor,
+    y: torch.Tensor,
+    steps: int,
+    cfg,
+    rnd: int,
+    device: torch.device,
+    generator: torch.Generator,
+    extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
+) -> float:
+    """Run ``steps`` optimisation steps of cross-entropy (+ ``extra_loss``); mean loss."""
+    model.to(device).train()
+    opt = make_optimizer(model, cfg, rnd)
+    loss_fn = nn.CrossEntropyLoss()
+    total, count = 0.0, 0
+    for idx in batch_indices(y.shape[0], cfg.batch_size, steps, generator):
+        xb, yb = to_float(x_u8[idx], device), y[idx].to(device)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(xb), yb)
+        if extra_loss is not None:
+            loss = loss + extra_loss(model)
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(f"non-finite training loss ({loss.item()}) at round {rnd}, step {count + 1}; "
+                                     "lower train.lr or enable train.grad_clip")
+        loss.backward()
+        if cfg.grad_clip:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        total += float(loss.detach())
+        count += 1
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, x_u8: torch.Tensor, y: torch.Tensor, batch_size: int, device: torch.device) -> tuple[np.ndarray, float]:
+    """Class probabilities (N x C) and mean cross-entropy."""
+    model.to(device).eval()
+    probs, loss_sum = [], 0.0
+    for start in range(0, y.shape[0], batch_size):
+        xb = to_float(x_u8[start : start + batch_size], device)
+        yb = y[start : start + batch_size].to(device)
+        logits = model(xb)
+        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        probs.append(torch.softmax(logits.float(), dim=1).cpu().numpy())
+    n = y.shape[0]
+    if n == 0:
+        return np.zeros((0, 1)), math.nan
+    return np.concatenate(probs), loss_sum / n
+
+
+def evaluate(model: nn.Module, x_u8: torch.Tensor, y: torch.Tensor, batch_size: int, device: torch.device) -> dict[str, float]:
+    if y.shape[0] == 0:
+        return classification_metrics(np.zeros(0), np.zeros((0, 2)), math.nan)
+    probs, loss = predict(model, x_u8, y, batch_size, device)
+    return classification_metrics(y.numpy(), probs, loss)

@@ -1,0 +1,91 @@
+"""Atomic file writes: an output appears only when it is complete.
+
+Every writer goes through :func:`atomic_path`: write to a temporary file in the
+destination folder, flush it to disk, then ``os.replace`` it over the target. A
+killed job (or a full disk) leaves the previous version or nothing, never half a
+file; the temp file is removed on error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
+    """Yield a temp path next to ``target``; move it into place if the block succeeds."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix + ".tmp", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        _fsync_file(tmp_path)
+        os.replace(tmp_path, target)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
+
+
+def write_json(target: str | os.PathLike, obj: Any) -> None:
+    with atomic_path(target) as tmp:
+        tmp.write_text(json.dumps(obj, indent=1, sort_keys=False, default=_json_default) + "\n")
+
+
+def write_text(target: str | os.PathLike, text: str) -> None:
+    with atomic_path(target) as tmp:
+        tmp.write_text(text)
+
+
+def write_csv(target: str | os.PathLike, frame) -> None:
+    """Write a pandas DataFrame atomically (no index)."""
+    with atomic_path(target) as tmp:
+        frame.to_csv(tmp, index=False)
+
+
+def write_npz(target: str | os.PathLike, arrays: dict) -> None:
+    import numpy as np
+
+    with atomic_path(target) as tmp, open(tmp, "wb") as fh:  # a handle: np.savez renames bare paths
+        np.savez_compressed(fh, **arrays)
+
+
+def save_figure(target: str | os.PathLike, fig) -> None:
+    with atomic_path(target, suffix=Path(target).suffix) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: file not found") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def _json_default(obj: Any) -> Any:
+    import numpy as np
+
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

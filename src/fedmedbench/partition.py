@@ -1,0 +1,382 @@
+"""Client partitions of a MedMNIST-format dataset: every scheme, one function each.
+
+A scheme assigns *training* indices to clients. The dispatcher :func:`build_partition`
+then gives each client validation and test indices drawn from the official val/test
+splits in proportion to the client's training label counts (so a client's local
+val/test data follow its own label distribution; splits stay disjoint and cover the
+val/test sets), and writes one JSON document (see :func:`build_partition`).
+
+Schemes and their sources:
+
+* ``iid``, ``dirichlet`` (NIID-Bench label skew with its min-size resampling and
+  self-balancing) and ``pathological`` (NIID-Bench ``#C=k``: client i gets class
+  i mod K plus k-1 random others; each class split evenly among its holders) use
+  ``flwr_datasets`` partitioners, which implement exactly these algorithms.
+* ``quantity`` (NIID-Bench quantity skew: client sizes from Dir(alpha), resampled
+  until every client has ``min_size`` samples) is written here: flwr-datasets has no
+  equivalent.
+* ``fls``, ``fls_pathological``, ``fls_quantity``: the sampler of the early-stopping
+  paper's public code (the FL-Simulator family). Equal client sizes; client n has a
+  class prior (Dir(alpha) for ``fls``, uniform over ``k`` random classes for
+  ``fls_pathological``); samples are drawn one at a time for a random non-full
+  client, the class from its prior, the next unused sample of that class; an
+  exhausted class is *refilled* (its pool restarts), so samples can repeat across
+  clients under strong skew. ``fls_quantity`` draws client sizes from Dir(alpha) and
+  fills them by sampling without replacement. No library implements these.
+* ``domain``: one client per imaging domain (``resources/domains``); the training
+  split is divided among the domains IID or by Dirichlet label skew; each client's
+  val/test come from its own domain's files.
+* ``center``: GPAF Scenario 2 (PathMNIST): official train split -> client 0, official
+  test split -> client 1; each re-split into train/val/test.
+
+Indices in the JSON are *pool* indices: positions in the concatenation of the file's
+train, val and test splits (offsets in ``pool``), so one format covers every scheme.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class PartitionError(ValueError):
+    """A partition request that cannot be satisfied (message says which parameter)."""
+
+
+@dataclass
+class Split:
+    """Training indices per client (into the train split) and optional per-client data source."""
+
+    train: list[np.ndarray]
+    sources: list[str] | None = None
+
+
+def _check_clients(labels: np.ndarray, num_clients: int) -> None:
+    if num_clients < 1:
+        raise PartitionError(f"num_clients must be >= 1, got {num_clients}")
+    if num_clients > len(labels):
+        raise PartitionError(f"num_clients={num_clients} is larger than the {len(labels)} training samples")
+
+
+def _flwr_partition(labels: np.ndarray, partitioner) -> list[np.ndarray]:
+    from datasets import Dataset
+
+    ds = Dataset.from_dict({"label": labels.astype(np.int64), "idx": np.arange(len(labels))})
+    partitioner.dataset = ds
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            parts = [np.asarray(partitioner.load_partition(i)["idx"], dtype=np.int64) for i in range(partitioner.num_partitions)]
+        except ValueError as exc:
+            raise PartitionError(str(exc)) from exc
+    return parts
+
+
+def iid(labels: np.ndarray, num_clients: int, seed: int) -> Split:
+    from flwr_datasets.partitioner import IidPartitioner
+
+    _check_clients(labels, num_clients)
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(labels))
+    parts = _flwr_partition(labels[perm], IidPartitioner(num_partitions=num_clients))
+    return Split([np.sort(perm[p]) for p in parts])
+
+
+def dirichlet(labels: np.ndarray, num_clients: int, seed: int, alpha: float, min_size: int = 10, balance: bool = True) -> Split:
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    _check_clients(labels, num_clients)
+    if alpha <= 0:
+        raise PartitionError(f"alpha must be > 0, got {alpha}")
+    if min_size * num_clients > len(labels):
+        raise PartitionError(
+            f"min_size={min_size} x num_clients={num_clients} exceeds the {len(labels)} training samples"
+        )
+    # NIID-Bench shuffles each class's indices before splitting; flwr-datasets splits in
+    # file order, so present the labels in a seeded random order and map back.
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(labels))
+    p = DirichletPartitioner(
+        num_partitions=num_clients, partition_by="label", alpha=alpha, min_partition_size=min_size,
+        self_balancing=balance, shuffle=True, seed=seed,
+    )
+    try:
+        parts = _flwr_partition(labels[perm], p)
+    except PartitionError as exc:
+        raise PartitionError(
+            f"dirichlet partition impossible: min_size={min_size} not reached for alpha={alpha} with "
+            f"{num_clients} clients after repeated sampling ({exc}); lower min_size or raise alpha"
+        ) from None
+    return Split([np.sort(perm[q]) for q in parts])
+
+
+def pathological(labels: np.ndarray, num_clients: int, seed: int, classes_per_client: int) -> Split:
+    from flwr_datasets.partitioner import PathologicalPartitioner
+
+    _check_clients(labels, num_clients)
+    n_classes = len(np.unique(labels))
+    if not 1 <= classes_per_client <= n_classes:
+        raise PartitionError(f"classes_per_client must be in 1..{n_classes}, got {classes_per_client}")
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(labels))
+    p = PathologicalPartitioner(
+        num_partitions=num_clients, partition_by="label", num_classes_per_partition=classes_per_client,
+        class_assignment_mode="first-deterministic", shuffle=True, seed=seed,
+    )
+    parts = _flwr_partition(labels[perm], p)
+    return Split([np.sort(perm[q]) for q in parts])
+
+
+def quantity(labels: np.ndarray, num_clients: int, seed: int, alpha: float, min_size: int = 10, max_tries: int = 1000) -> Split:
+    """NIID-Bench quantity skew: sizes ~ Dir(alpha), resampled until all >= min_size."""
+    _check_clients(labels, num_clients)
+    if alpha <= 0:
+        raise PartitionError(f"alpha must be > 0, got {alpha}")
+    n = len(labels)
+    if min_size * num_clients > n:
+        raise PartitionError(f"min_size={min_size} x num_clients={num_clients} exceeds the {n} training samples")
+    rng = np.random.default_rng(seed)
+    idx = rng.permutation(n)
+    for _ in range(max_tries):
+        props = rng.dirichlet(np.full(num_clients, alpha))
+        if (props * n).min() >= min_size:
+            break
+    else:
+        raise PartitionError(
+            f"quantity partition impossible: no Dir({alpha}) draw gave every one of {num_clients} clients "
+            f">= {min_size} samples in {max_tries} tries; lower min_size or raise alpha"
+        )
+    cuts = (np.cumsum(props) * n).astype(int)[:-1]
+    return Split([np.sort(p) for p in np.split(idx, cuts)])
+
+
+def _fls_fill(labels: np.ndarray, sizes: np.ndarray, priors: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+    """FL-Simulator sampling loop (see module docstring); exhausted classes are refilled."""
+    n_classes = priors.shape[1]
+    pools = [rng.permutation(np.flatnonzero(labels == c)) for c in range(n_classes)]
+    for c in range(n_classes):
+        if priors[:, c].any() and len(pools[c]) == 0:
+            raise PartitionError(f"fls partition: class {c} has no training samples but a client prior needs it")
+    remaining = [len(p) for p in pools]
+    cum = np.cumsum(priors, axis=1)
+    left = sizes.astype(np.int64).copy()
+    out: list[list[int]] = [[] for _ in range(len(sizes))]
+    open_clients = list(np.flatnonzero(left > 0))
+    while open_clients:
+        k = rng.integers(len(open_clients))
+        client = open_clients[k]
+        c = min(int(np.searchsorted(cum[client], rng.uniform(0, cum[client, -1]), side="left")), n_classes - 1)
+        while priors[client, c] == 0:  # guard against float edges in the cumulative prior
+            c = (c + 1) % n_classes
+        if remaining[c] == 0:
+            remaining[c] = len(pools[c])  # refill the exhausted class
+        remaining[c] -= 1
+        out[client].append(int(pools[c][remaining[c]]))
+        left[client] -= 1
+        if left[client] == 0:
+            open_clients.pop(k)
+    return [np.asarray(o, dtype=np.int64) for o in out]
+
+
+def _equal_sizes(n: int, num_clients: int) -> np.ndarray:
+    return np.full(num_clients, n // num_clients, dtype=np.int64)
+
+
+def fls(labels: np.ndarray, num_clients: int, seed: int, alpha: float) -> Split:
+    _check_clients(labels, num_clients)
+    if alpha <= 0:
+        raise PartitionError(f"alpha must be > 0, got {alpha}")
+    rng = np.random.default_rng(seed)
+    n_classes = int(labels.max()) + 1
+    priors = rng.dirichlet(np.full(n_classes, alpha), size=num_clients)
+    return Split(_fls_fill(labels, _equal_sizes(len(labels), num_clients), priors, rng))
+
+
+def fls_pathological(labels: np.ndarray, num_clients: int, seed: int, classes_per_client: int) -> Split:
+    _check_clients(labels, num_clients)
+    n_classes = int(labels.max()) + 1
+    if not 1 <= classes_per_client <= n_classes:
+        raise PartitionError(f"classes_per_client must be in 1..{n_classes}, got {classes_per_client}")
+    rng = np.random.default_rng(seed)
+    priors = np.zeros((num_clients, n_classes))
+    for i in range(num_clients):
+        priors[i, rng.choice(n_classes, size=classes_per_client, replace=False)] = 1.0 / classes_per_client
+    return Split(_fls_fill(labels, _equal_sizes(len(labels), num_clients), priors, rng))
+
+
+def fls_quantity(labels: np.ndarray, num_clients: int, seed: int, alpha: float, min_size: int = 1) -> Split:
+    _check_clients(labels, num_clients)
+    if alpha <= 0:
+        raise PartitionError(f"alpha must be > 0, got {alpha}")
+    rng = np.random.default_rng(seed)
+    n = len(labels)
+    sizes = np.floor(rng.dirichlet(np.full(num_clients, alpha)) * n).astype(np.int64)
+    sizes = np.maximum(sizes, min_size)
+    if sizes.sum() > n:  # take the excess from the largest clients
+        for _ in range(int(sizes.sum() - n)):
+            sizes[np.argmax(sizes)] -= 1
+    if sizes.min() < min_size:
+        raise PartitionError(f"fls_quantity: cannot give {num_clients} clients >= {min_size} of {n} samples")
+    idx = rng.permutation(n)
+    cuts = np.cumsum(sizes)[:-1]
+    return Split([np.sort(p) for p in np.split(idx[: sizes.sum()], cuts)])
+
+
+def domain(labels: np.ndarray, num_clients: int, seed: int, domains: list[str], alpha: float | None = None, min_size: int = 10) -> Split:
+    if not domains:
+        raise PartitionError("domain scheme needs a non-empty 'domains' list (one client per domain)")
+    if num_clients != len(domains):
+        raise PartitionError(f"domain scheme: num_clients={num_clients} must equal the number of domains ({len(domains)})")
+    split = iid(labels, num_clients, seed) if alpha is None else dirichlet(labels, num_clients, seed, alpha, min_size)
+    return Split(split.train, sources=list(domains))
+
+
+SCHEMES: dict[str, Callable[..., Split]] = {
+    "iid": iid,
+    "dirichlet": dirichlet,
+    "pathological": pathological,
+    "quantity": quantity,
+    "fls": fls,
+    "fls_pathological": fls_pathological,
+    "fls_quantity": fls_quantity,
+    "domain": domain,
+}
+#: Parameters each scheme accepts (besides labels, num_clients, seed): used for validation.
+SCHEME_PARAMS = {
+    "iid": set(),
+    "dirichlet": {"alpha", "min_size", "balance"},
+    "pathological": {"classes_per_client"},
+    "quantity": {"alpha", "min_size"},
+    "fls": {"alpha"},
+    "fls_pathological": {"classes_per_client"},
+    "fls_quantity": {"alpha", "min_size"},
+    "domain": {"domains", "alpha", "min_size"},
+    "center": {"val_fraction_center", "test_fraction_center"},
+}
+ALL_SCHEMES = tuple(SCHEME_PARAMS)
+
+
+def proportional_allocation(labels: np.ndarray, weights: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+    """Split ``labels``' indices among clients per class in proportion to ``weights[client, class]``.
+
+    Largest-remainder rounding; a class no client trained on is spread evenly. The
+    result is disjoint and covers every index.
+    """
+    n_clients, n_classes = weights.shape
+    out: list[list[int]] = [[] for _ in range(n_clients)]
+    for c in range(n_classes):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        if len(idx) == 0:
+            continue
+        w = weights[:, c].astype(float) if c < weights.shape[1] else np.zeros(n_clients)
+        if w.sum() == 0:
+            w = np.ones(n_clients)
+        share = w / w.sum() * len(idx)
+        counts = np.floor(share).astype(int)
+        for j in np.argsort(-(share - counts), kind="stable")[: len(idx) - counts.sum()]:
+            counts[j] += 1
+        for j, part in enumerate(np.split(idx, np.cumsum(counts)[:-1])):
+            out[j].extend(part.tolist())
+    return [np.sort(np.asarray(o, dtype=np.int64)) for o in out]
+
+
+def label_counts(labels: np.ndarray, parts: list[np.ndarray], n_classes: int) -> np.ndarray:
+    return np.stack([np.bincount(labels[p], minlength=n_classes) for p in parts]) if parts else np.zeros((0, n_classes), int)
+
+
+def _center(split_labels: dict[str, np.ndarray], seed: int, val_fraction: float, test_fraction: float) -> list[dict]:
+    """GPAF Scenario 2: train split -> client 0, test split -> client 1, each re-split."""
+    rng = np.random.default_rng(seed)
+    offsets = _offsets(split_labels)
+    clients = []
+    for cid, split in enumerate(("train", "test")):
+        n = len(split_labels[split])
+        perm = rng.permutation(n)
+        n_test = int(round(test_fraction * n))
+        n_val = int(round(val_fraction * n))
+        if n - n_test - n_val < 1:
+            raise PartitionError(f"center scheme: val/test fractions leave no training data for client {cid}")
+        test, val, train = perm[:n_test], perm[n_test : n_test + n_val], perm[n_test + n_val :]
+        base = offsets[split]
+        clients.append({"train": np.sort(train) + base, "val": np.sort(val) + base, "test": np.sort(test) + base})
+    return clients
+
+
+def _offsets(split_labels: dict[str, np.ndarray]) -> dict[str, int]:
+    n_train, n_val = len(split_labels["train"]), len(split_labels["val"])
+    return {"train": 0, "val": n_train, "test": n_train + n_val}
+
+
+def build_partition(split_labels: dict[str, np.ndarray], scheme: str, num_clients: int, seed: int, params: dict) -> dict:
+    """Partition a dataset whose labels per split are ``split_labels``; return the JSON document.
+
+    Document: ``{scheme, params, seed, num_clients, num_classes, pool, clients: [{id, source,
+    train, val, test}], global_test: [{source, idx}]}``; indices are pool indices.
+    """
+    if scheme not in SCHEME_PARAMS:
+        raise PartitionError(f"unknown partition scheme '{scheme}'; choose from {', '.join(ALL_SCHEMES)}")
+    unknown = set(params) - SCHEME_PARAMS[scheme]
+    if unknown:
+        raise PartitionError(f"scheme '{scheme}' does not take parameter(s) {sorted(unknown)}; it takes {sorted(SCHEME_PARAMS[scheme])}")
+    n_classes = int(max(int(v.max()) for v in split_labels.values() if len(v)) + 1)
+    offsets = _offsets(split_labels)
+    pool = {s: [offsets[s], offsets[s] + len(split_labels[s])] for s in ("train", "val", "test")}
+    if scheme == "center":
+        if num_clients != 2:
+            raise PartitionError(f"center scheme has exactly 2 clients (train center, test center), got num_clients={num_clients}")
+        clients = _center(split_labels, seed, params.get("val_fraction_center", 0.1), params.get("test_fraction_center", 0.2))
+        sources = ["base", "base"]
+        global_test = [{"source": "base", "idx": np.concatenate([c["test"] for c in clients])}]
+    else:
+        result = SCHEMES[scheme](split_labels["train"], num_clients, seed, **params)
+        train = result.train
+        if any(len(t) == 0 for t in train):
+            empty = [i for i, t in enumerate(train) if len(t) == 0]
+            raise PartitionError(f"scheme '{scheme}' left client(s) {empty} without training data; use fewer clients")
+        weights = label_counts(split_labels["train"], train, n_classes)
+        rng = np.random.default_rng([seed, 7])
+        vals = proportional_allocation(split_labels["val"], weights, rng)
+        tests = proportional_allocation(split_labels["test"], weights, rng)
+        sources = result.sources or ["base"] * num_clients
+        clients = [
+            {"train": train[i], "val": vals[i] + offsets["val"], "test": tests[i] + offsets["test"]}
+            for i in range(num_clients)
+        ]
+        if result.sources:
+            global_test = [{"source": sources[i], "idx": clients[i]["test"]} for i in range(num_clients)]
+        else:
+            global_test = [{"source": "base", "idx": np.arange(*pool["test"])}]
+    return {
+        "scheme": scheme,
+        "params": params,
+        "seed": seed,
+        "num_clients": num_clients,
+        "num_classes": n_classes,
+        "pool": pool,
+        "clients": [
+            {"id": i, "source": sources[i], **{k: np.asarray(v).tolist() for k, v in c.items()}}
+            for i, c in enumerate(clients)
+        ],
+        "global_test": [{"source": g["source"], "idx": np.asarray(g["idx"]).tolist()} for g in global_test],
+    }
+
+
+def pool_labels(split_labels: dict[str, np.ndarray]) -> np.ndarray:
+    return np.concatenate([split_labels["train"], split_labels["val"], split_labels["test"]])
+
+
+def stats_frame(doc: dict, split_labels: dict[str, np.ndarray]):
+    """Per-client label counts for each part (train/val/test): a long-format DataFrame."""
+    import pandas as pd
+
+    labels = pool_labels(split_labels)
+    rows = []
+    for c in doc["clients"]:
+        for part in ("train", "val", "test"):
+            counts = np.bincount(labels[np.asarray(c[part], dtype=np.int64)], minlength=doc["num_classes"])
+            rows.append({"client": c["id"], "source": c["source"], "part": part, "n": int(counts.sum()),
+                         **{f"class_{k}": int(v) for k, v in enumerate(counts)}})
+    return pd.DataFrame(rows)
