@@ -18,11 +18,15 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
-    """Yield a temp path next to ``target``; move it into place if the block succeeds."""
+def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path next to ``target``; move it into place if the block succeeds.
+
+    The temp name ends with the target's extension, so libraries that pick a format
+    from it (matplotlib, numpy) write the right thing.
+    """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix + ".tmp", dir=target.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp" + target.suffix, dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -63,7 +67,7 @@ def write_npz(target: str | os.PathLike, arrays: dict) -> None:
 
 
 def save_figure(target: str | os.PathLike, fig) -> None:
-    with atomic_path(target, suffix=Path(target).suffix) as tmp:
+    with atomic_path(target) as tmp:
         fig.savefig(tmp, dpi=120, bbox_inches="tight")
 
 

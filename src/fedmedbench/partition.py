@@ -310,7 +310,9 @@ def _offsets(split_labels: dict[str, np.ndarray]) -> dict[str, int]:
     return {"train": 0, "val": n_train, "test": n_train + n_val}
 
 
-def build_partition(split_labels: dict[str, np.ndarray], scheme: str, num_clients: int, seed: int, params: dict) -> dict:
+def build_partition(
+    split_labels: dict[str, np.ndarray], scheme: str, num_clients: int, seed: int, params: dict, num_classes: int | None = None
+) -> dict:
     """Partition a dataset whose labels per split are ``split_labels``; return the JSON document.
 
     Document: ``{scheme, params, seed, num_clients, num_classes, pool, clients: [{id, source,
@@ -322,6 +324,10 @@ def build_partition(split_labels: dict[str, np.ndarray], scheme: str, num_client
     if unknown:
         raise PartitionError(f"scheme '{scheme}' does not take parameter(s) {sorted(unknown)}; it takes {sorted(SCHEME_PARAMS[scheme])}")
     n_classes = int(max(int(v.max()) for v in split_labels.values() if len(v)) + 1)
+    if num_classes is not None:
+        if num_classes < n_classes:
+            raise PartitionError(f"labels go up to {n_classes - 1} but the dataset has {num_classes} classes")
+        n_classes = num_classes
     offsets = _offsets(split_labels)
     pool = {s: [offsets[s], offsets[s] + len(split_labels[s])] for s in ("train", "val", "test")}
     if scheme == "center":

@@ -120,7 +120,7 @@ def download(
     last_error: Exception | None = None
     for attempt in range(1, retries + 1):
         try:
-            with atomic_path(target, suffix=".part") as tmp:
+            with atomic_path(target) as tmp:
                 digest = hashlib.md5()
                 with urllib.request.urlopen(url, timeout=timeout) as resp, open(tmp, "wb") as out:
                     expected = resp.headers.get("Content-Length")
@@ -157,7 +157,7 @@ def copy_verified(source: str | Path, md5: str, target: str | Path) -> Path:
     actual = md5sum(source)
     if actual != md5:
         raise DataError(f"{source}: MD5 mismatch (expected {md5}, got {actual}); the file is corrupt or truncated")
-    with atomic_path(target, suffix=".npz") as tmp:
+    with atomic_path(target) as tmp:
         shutil.copyfile(source, tmp)
     return target
 

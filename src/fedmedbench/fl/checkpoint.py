@@ -45,7 +45,7 @@ def save(run_dir: str | Path, state: RunState, run_hash: str) -> Path:
         "client_rows": state.client_rows,
         "elapsed": state.elapsed,
     }
-    with atomic_path(path, suffix=".pt") as tmp:
+    with atomic_path(path) as tmp:
         torch.save(payload, tmp)
     return path
 

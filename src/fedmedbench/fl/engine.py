@@ -180,6 +180,7 @@ def run(spec: RunSpec, log: Callable[[str], None] = print) -> fed.Federation:
     """Run (or resume) one federated job to completion and write its outputs."""
     from flwr.simulation import run_simulation
 
+    spec = fed.resolve_data_shapes(spec)
     federation = fed.Federation(spec, log)
     federation.final_state = None
     server_app = ServerApp()

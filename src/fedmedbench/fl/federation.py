@@ -22,7 +22,7 @@ import torch
 
 from fedmedbench.fl import checkpoint
 from fedmedbench.fl.client_state import ClientStateStore
-from fedmedbench.fl.data import FederatedData
+from fedmedbench.fl.data import FederatedData, load_pool
 from fedmedbench.fl.registry import (
     Arrays,
     ClientContext,
@@ -44,6 +44,17 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device: cuda requested but no CUDA device is available (use device: auto or cpu)")
     return torch.device(name)
+
+
+def resolve_data_shapes(spec: RunSpec) -> RunSpec:
+    """Fill in input channels and class count from the run's data (not config)."""
+    from dataclasses import replace
+
+    data = FederatedData(spec.partition_path, spec.sources)
+    x, _ = load_pool(next(iter(spec.sources.values())))
+    if x.shape[-1] != spec.image_size:
+        raise ValueError(f"{next(iter(spec.sources.values()))}: images are {x.shape[-1]} px but the study's size is {spec.image_size}")
+    return replace(spec, in_channels=int(x.shape[1]), num_classes=data.num_classes)
 
 
 def seed_everything(seed: int) -> None:
@@ -268,7 +279,7 @@ class Federation:
         metrics = pd.DataFrame(state.rows)
         io.write_csv(run_dir / "metrics.csv", metrics)
         io.write_csv(run_dir / "client_metrics.csv", pd.DataFrame(state.client_rows))
-        with io.atomic_path(run_dir / "model.pt", suffix=".pt") as tmp:
+        with io.atomic_path(run_dir / "model.pt") as tmp:
             torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.arrays.items()}, tmp)
         last = state.rows[-1] if state.rows else {}
         summary = {

@@ -28,9 +28,9 @@ class RunSpec:
     seed: int
     partition_path: str
     sources: dict[str, str]
-    in_channels: int
     image_size: int
-    num_classes: int
+    in_channels: int | None = None  # filled from the data by resolve_data_shapes
+    num_classes: int | None = None
     model: str = "cnn_small"
     pretrained_path: str | None = None
     train: dict[str, Any] = field(default_factory=dict)

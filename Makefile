@@ -1,0 +1,54 @@
+# Two commands do all the set-up (README): `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+CORES  ?= 2
+PIP    := $(BIN)/python -m pip
+
+.PHONY: demo test lint report venv system-deps freeze clean-results
+
+venv: $(STAMP)
+
+$(STAMP): envs/requirements.txt envs/constraints.txt pyproject.toml
+	@$(MAKE) --no-print-directory system-deps
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip wheel
+	$(PIP) install -r envs/requirements.txt -c envs/constraints.txt
+	# ultralytics pulls opencv-python next to the headless build: keep only the headless one
+	$(PIP) uninstall -y -q opencv-python
+	$(PIP) install -q --force-reinstall --no-deps -c envs/constraints.txt opencv-python-headless
+	$(PIP) install -q --no-deps -e .
+	touch $(STAMP)
+
+# medmnistc needs ImageMagick's MagickWand shared library (Debian/Ubuntu package below).
+system-deps:
+	@if ldconfig -p 2>/dev/null | grep -q libMagickWand; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing libmagickwand-6.q16-6 (MagickWand, needed by medmnistc)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libmagickwand-6.q16-6 >/dev/null; \
+	else \
+		echo "WARNING: ImageMagick MagickWand not found; medmnistc corruptions will fail."; \
+		echo "         Install it (Debian/Ubuntu: sudo apt-get install libmagickwand-6.q16-6; conda: imagemagick)."; \
+	fi
+
+demo: $(STAMP)
+	$(BIN)/snakemake --cores $(CORES)
+	$(BIN)/snakemake --cores 1 --report results/report.html
+	@echo "demo done: tables in results/*/tables, figures in results/*/figures, report in results/report.html"
+
+report: $(STAMP)
+	$(BIN)/snakemake --cores 1 --report results/report.html
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/snakemake --lint
+
+freeze: $(STAMP)
+	$(PIP) freeze --exclude-editable | grep -v '^opencv-python=' | sed 's/+cpu//' > envs/constraints.new && mv envs/constraints.new envs/constraints.txt
+
+clean-results:
+	rm -rf results logs benchmarks resources .snakemake

@@ -1,0 +1,24 @@
+# fedmedbench: one DAG from MedMNIST files to the papers' tables and figures.
+# Config: config/config.yaml (embedded demo) or --configfile config/studies/<study>.yaml
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+report: "report/workflow.rst"
+
+
+include: "rules/common.smk"
+include: "rules/data.smk"
+include: "rules/partition.smk"
+include: "rules/train.smk"
+include: "rules/report.smk"
+
+
+rule all:
+    input:
+        all_targets(),
+    default_target: True

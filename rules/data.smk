@@ -1,0 +1,64 @@
+# Data: official MedMNIST files (download or a verified local folder), the synthetic
+# stand-in for the demo, and MedMNIST-C client domains built with medmnistc.
+
+
+rule download_medmnist:
+    output:
+        "resources/medmnist/{dataset}_{size}.npz",
+    params:
+        root=config["data"]["medmnist_root"],
+        retries=config["data"]["download"]["retries"],
+        timeout=config["data"]["download"]["timeout_s"],
+    log:
+        "logs/download_medmnist/{dataset}_{size}.log",
+    benchmark:
+        "benchmarks/download_medmnist/{dataset}_{size}.tsv"
+    threads: 1
+    resources:
+        mem_mb=500,
+        runtime=60,
+    script:
+        "../scripts/download_medmnist.py"
+
+
+rule synthesize_medmnist:
+    output:
+        "resources/synthetic/{dataset}_{size}.npz",
+    params:
+        synthetic=config["data"]["synthetic"],
+    log:
+        "logs/synthesize_medmnist/{dataset}_{size}.log",
+    benchmark:
+        "benchmarks/synthesize_medmnist/{dataset}_{size}.tsv"
+    threads: 1
+    resources:
+        mem_mb=config["resources"]["data_mem_mb"],
+        runtime=30,
+    script:
+        "../scripts/synthesize_medmnist.py"
+
+
+def _corrupt_input(wildcards):
+    if wildcards.origin == "synthetic":
+        return f"resources/synthetic/{wildcards.dataset}_{wildcards.size}.npz"
+    return f"resources/medmnist/{wildcards.dataset}_{wildcards.size}.npz"
+
+
+rule corrupt_medmnist:
+    input:
+        _corrupt_input,
+    output:
+        "resources/domains/{origin}/{dataset}_{size}/{domain}.npz",
+    params:
+        steps=lambda wc: config["domains"][wc.domain],
+        seed=config["domain_seed"],
+    log:
+        "logs/corrupt_medmnist/{origin}/{dataset}_{size}/{domain}.log",
+    benchmark:
+        "benchmarks/corrupt_medmnist/{origin}/{dataset}_{size}/{domain}.tsv"
+    threads: 1
+    resources:
+        mem_mb=config["resources"]["data_mem_mb"],
+        runtime=120,
+    script:
+        "../scripts/corrupt_medmnist.py"

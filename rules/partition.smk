@@ -1,0 +1,24 @@
+# Client partitions: JSON (client -> train/val/test pool indices), label counts, heatmap.
+
+
+rule build_partition:
+    input:
+        lambda wc: base_npz(wc.dataset, study_size(wc.study)),
+    output:
+        json="resources/partitions/{study}/{dataset}/{setting}/seed{seed}.json",
+        stats="resources/partitions/{study}/{dataset}/{setting}/seed{seed}.csv",
+        heatmap="resources/partitions/{study}/{dataset}/{setting}/seed{seed}.png",
+    params:
+        scheme=lambda wc: config["studies"][wc.study]["settings"][wc.setting]["scheme"],
+        num_clients=lambda wc: config["studies"][wc.study]["settings"][wc.setting]["num_clients"],
+        scheme_params=lambda wc: config["studies"][wc.study]["settings"][wc.setting]["params"],
+    log:
+        "logs/build_partition/{study}/{dataset}/{setting}/seed{seed}.log",
+    benchmark:
+        "benchmarks/build_partition/{study}/{dataset}/{setting}/seed{seed}.tsv"
+    threads: 1
+    resources:
+        mem_mb=config["resources"]["data_mem_mb"],
+        runtime=30,
+    script:
+        "../scripts/build_partition.py"

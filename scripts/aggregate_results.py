@@ -1,0 +1,9 @@
+"""Snakemake entry: mean ± std over seeds -> CSV, Markdown and LaTeX tables."""
+from fedmedbench.report import tables
+from fedmedbench.runlog import log_to
+
+with log_to(snakemake.log[0]) as log:
+    runs = tables.load_summaries(snakemake.input)
+    table = tables.aggregate(runs, snakemake.params.metrics)
+    tables.write_tables(table, runs, snakemake.output, study=snakemake.wildcards.study, origin=snakemake.params.origin)
+    log(f"{len(runs)} runs -> {len(table)} rows")

@@ -1,0 +1,9 @@
+"""Snakemake entry: convergence curves (mean ± std over seeds) for a study."""
+from fedmedbench import io
+from fedmedbench.report import figures
+from fedmedbench.runlog import log_to
+
+with log_to(snakemake.log[0]):
+    curves = figures.load_curves(snakemake.input)
+    fig = figures.convergence(curves, snakemake.params.metric, study=snakemake.wildcards.study, origin=snakemake.params.origin)
+    io.save_figure(snakemake.output[0], fig)

@@ -1,0 +1,73 @@
+"""The torchvision NMS fallback agrees with a brute-force NMS; offline switches are set."""
+
+import os
+
+import torch
+
+from fedmedbench import compat
+
+
+def brute_force_nms(boxes, scores, thr):
+    order = sorted(range(len(scores)), key=lambda i: -float(scores[i]))
+    keep = []
+    for i in order:
+        ok = True
+        for j in keep:
+            x1, y1 = max(boxes[i][0], boxes[j][0]), max(boxes[i][1], boxes[j][1])
+            x2, y2 = min(boxes[i][2], boxes[j][2]), min(boxes[i][3], boxes[j][3])
+            inter = max(0.0, x2 - x1) * max(0.0, y2 - y1)
+            a = (boxes[i][2] - boxes[i][0]) * (boxes[i][3] - boxes[i][1])
+            b = (boxes[j][2] - boxes[j][0]) * (boxes[j][3] - boxes[j][1])
+            if inter / (a + b - inter) > thr:
+                ok = False
+                break
+        if ok:
+            keep.append(i)
+    return keep
+
+
+def random_boxes(n, gen):
+    xy = torch.rand(n, 2, generator=gen) * 100
+    wh = torch.rand(n, 2, generator=gen) * 30 + 1
+    return torch.cat([xy, xy + wh], 1), torch.rand(n, generator=gen)
+
+
+def test_reference_nms_matches_brute_force():
+    gen = torch.Generator().manual_seed(0)
+    for n, thr in [(1, 0.5), (30, 0.3), (120, 0.5), (200, 0.7)]:
+        boxes, scores = random_boxes(n, gen)
+        got = compat.nms_reference(boxes, scores, thr).tolist()
+        assert got == brute_force_nms(boxes.tolist(), scores.tolist(), thr)
+
+
+def test_torchvision_ops_nms_works_and_agrees():
+    import torchvision
+
+    gen = torch.Generator().manual_seed(1)
+    boxes, scores = random_boxes(80, gen)
+    got = torchvision.ops.nms(boxes, scores, 0.45).tolist()
+    assert got == brute_force_nms(boxes.tolist(), scores.tolist(), 0.45)
+    # batched NMS (class offsets) goes through the same op
+    idxs = torch.randint(0, 3, (80,), generator=gen)
+    assert torchvision.ops.batched_nms(boxes, scores, idxs, 0.45).numel() >= len(got)
+
+
+def test_empty_input():
+    assert compat.nms_reference(torch.zeros(0, 4), torch.zeros(0), 0.5).numel() == 0
+
+
+def test_offline_switches_set():
+    for key in ("YOLO_OFFLINE", "HF_HUB_OFFLINE", "NO_ALBUMENTATIONS_UPDATE", "FLWR_TELEMETRY_ENABLED"):
+        assert key in os.environ
+
+
+def test_medmnistc_motion_blur_runs_with_numpy2():
+    import numpy as np
+    from PIL import Image
+
+    compat.patch_medmnistc()
+    from medmnistc.corruptions.registry import CORRUPTIONS_DS
+
+    img = Image.fromarray((np.random.default_rng(0).random((224, 224, 3)) * 255).astype(np.uint8))
+    out = CORRUPTIONS_DS["breastmnist"]["motion_blur"].apply(img, 2)
+    assert out.shape == (224, 224, 3) and out.dtype == np.uint8

@@ -1,0 +1,162 @@
+"""Every partition scheme: coverage, disjointness, determinism and the skew it promises."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedmedbench import partition as P
+
+N_CLASSES = 7
+
+
+@pytest.fixture(scope="module")
+def labels():
+    rng = np.random.default_rng(0)
+    return {"train": rng.integers(0, N_CLASSES, 3000), "val": rng.integers(0, N_CLASSES, 400),
+            "test": rng.integers(0, N_CLASSES, 700)}
+
+
+def _train(doc):
+    return [np.asarray(c["train"]) for c in doc["clients"]]
+
+
+def _class_share(doc, labels):
+    pool = P.pool_labels(labels)
+    return np.stack([np.bincount(pool[t], minlength=N_CLASSES) / len(t) for t in _train(doc)])
+
+
+def _mean_tv_from_global(doc, labels):
+    """Mean total-variation distance between client label distributions and the global one."""
+    glob = np.bincount(labels["train"], minlength=N_CLASSES) / len(labels["train"])
+    return float(np.mean(0.5 * np.abs(_class_share(doc, labels) - glob).sum(1)))
+
+
+DISJOINT = [("iid", {}), ("dirichlet", {"alpha": 0.5}), ("pathological", {"classes_per_client": 2}),
+            ("quantity", {"alpha": 0.5}), ("fls_quantity", {"alpha": 0.5}), ("domain", {"domains": ["a", "b", "c"]})]
+
+
+@pytest.mark.parametrize("scheme,params", DISJOINT)
+def test_disjoint_schemes_cover_train_exactly_once(labels, scheme, params):
+    n = 3 if scheme == "domain" else 10
+    doc = P.build_partition(labels, scheme, n, 0, params)
+    allidx = np.concatenate(_train(doc))
+    assert len(allidx) == len(np.unique(allidx))  # disjoint
+    if scheme != "fls_quantity":  # floor() of Dirichlet sizes may leave a few samples out
+        assert len(allidx) == len(labels["train"])
+    else:
+        assert len(allidx) >= len(labels["train"]) - n
+
+
+@pytest.mark.parametrize("scheme,params", DISJOINT + [("fls", {"alpha": 0.1}), ("fls_pathological", {"classes_per_client": 2})])
+def test_val_test_disjoint_cover_and_follow_client_labels(labels, scheme, params):
+    n = 3 if scheme == "domain" else 10
+    doc = P.build_partition(labels, scheme, n, 0, params)
+    for part, (lo, hi) in (("val", doc["pool"]["val"]), ("test", doc["pool"]["test"])):
+        idx = np.concatenate([np.asarray(c[part]) for c in doc["clients"]])
+        assert len(idx) == len(np.unique(idx)) == hi - lo
+        assert idx.min() >= lo and idx.max() < hi
+    # a client with no training samples of class k gets no test samples of class k
+    pool = P.pool_labels(labels)
+    for c in doc["clients"]:
+        train_classes = set(np.unique(pool[np.asarray(c["train"])]))
+        test_classes = set(np.unique(pool[np.asarray(c["test"], dtype=int)])) if c["test"] else set()
+        assert test_classes <= train_classes
+
+
+@pytest.mark.parametrize("scheme,params", DISJOINT + [("fls", {"alpha": 0.1}), ("center", {})])
+def test_deterministic_by_seed(labels, scheme, params):
+    n = {"domain": 3, "center": 2}.get(scheme, 10)
+    a = P.build_partition(labels, scheme, n, 5, params)
+    b = P.build_partition(labels, scheme, n, 5, params)
+    c = P.build_partition(labels, scheme, n, 6, params)
+    assert a == b
+    assert a["clients"] != c["clients"]
+
+
+def test_dirichlet_skew_grows_as_alpha_shrinks(labels):
+    iid = _mean_tv_from_global(P.build_partition(labels, "iid", 10, 0, {}), labels)
+    mild = _mean_tv_from_global(P.build_partition(labels, "dirichlet", 10, 0, {"alpha": 10.0}), labels)
+    strong = _mean_tv_from_global(P.build_partition(labels, "dirichlet", 10, 0, {"alpha": 0.1}), labels)
+    assert iid < 0.08 and mild < strong and strong > 0.4
+
+
+def test_dirichlet_min_size_and_impossible_request(labels):
+    doc = P.build_partition(labels, "dirichlet", 10, 0, {"alpha": 0.3, "min_size": 20})
+    assert min(len(t) for t in _train(doc)) >= 20
+    with pytest.raises(P.PartitionError, match="min_size"):
+        P.build_partition(labels, "dirichlet", 100, 0, {"alpha": 0.01, "min_size": 29})
+    with pytest.raises(P.PartitionError, match="exceeds"):
+        P.build_partition(labels, "dirichlet", 10, 0, {"alpha": 0.5, "min_size": 400})
+
+
+def test_pathological_gives_exactly_k_classes(labels):
+    doc = P.build_partition(labels, "pathological", 10, 0, {"classes_per_client": 2})
+    pool = P.pool_labels(labels)
+    for i, t in enumerate(_train(doc)):
+        classes = np.unique(pool[t])
+        assert len(classes) == 2
+        assert i % N_CLASSES in classes  # NIID-Bench: client i holds class i mod K
+
+
+def test_quantity_skews_sizes_not_labels(labels):
+    doc = P.build_partition(labels, "quantity", 10, 0, {"alpha": 0.3})
+    sizes = np.array([len(t) for t in _train(doc)])
+    assert sizes.max() > 3 * sizes.min() and sizes.min() >= 10
+    shares = _class_share(doc, labels)[sizes > 100]
+    glob = np.bincount(labels["train"], minlength=N_CLASSES) / len(labels["train"])
+    assert np.abs(shares - glob).max() < 0.1  # label mix stays near global
+    with pytest.raises(P.PartitionError, match="quantity partition impossible"):
+        P.quantity(labels["train"], 50, 0, alpha=0.01, min_size=50, max_tries=20)
+
+
+def test_fls_equal_sizes_refill_and_prior_skew(labels):
+    doc = P.build_partition(labels, "fls", 10, 0, {"alpha": 0.05})
+    sizes = {len(t) for t in _train(doc)}
+    assert sizes == {len(labels["train"]) // 10}
+    allidx = np.concatenate(_train(doc))
+    assert len(np.unique(allidx)) < len(allidx)  # exhausted classes were refilled (repeats)
+    assert _mean_tv_from_global(doc, labels) > 0.4
+    iidish = P.build_partition(labels, "fls", 10, 0, {"alpha": 100.0})
+    assert _mean_tv_from_global(iidish, labels) < 0.1
+
+
+def test_fls_pathological_k_classes(labels):
+    doc = P.build_partition(labels, "fls_pathological", 10, 0, {"classes_per_client": 3})
+    pool = P.pool_labels(labels)
+    assert all(len(np.unique(pool[t])) <= 3 for t in _train(doc))
+
+
+def test_domain_scheme_sources_and_global_test(labels):
+    doc = P.build_partition(labels, "domain", 3, 0, {"domains": ["clean", "mid", "bad"], "alpha": 0.5, "min_size": 5})
+    assert [c["source"] for c in doc["clients"]] == ["clean", "mid", "bad"]
+    assert [g["source"] for g in doc["global_test"]] == ["clean", "mid", "bad"]
+    total = sum(len(g["idx"]) for g in doc["global_test"])
+    assert total == len(labels["test"])
+    with pytest.raises(P.PartitionError, match="must equal the number of domains"):
+        P.build_partition(labels, "domain", 4, 0, {"domains": ["a", "b"]})
+
+
+def test_center_scheme(labels):
+    doc = P.build_partition(labels, "center", 2, 0, {"val_fraction_center": 0.1, "test_fraction_center": 0.2})
+    c0, c1 = doc["clients"]
+    lo, hi = doc["pool"]["train"]
+    assert all(lo <= i < hi for i in c0["train"] + c0["val"] + c0["test"])
+    tlo, thi = doc["pool"]["test"]
+    assert all(tlo <= i < thi for i in c1["train"] + c1["val"] + c1["test"])
+    assert len(c0["train"]) + len(c0["val"]) + len(c0["test"]) == len(labels["train"])
+    with pytest.raises(P.PartitionError, match="exactly 2 clients"):
+        P.build_partition(labels, "center", 3, 0, {})
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(scheme="nope", num_clients=2, params={}), "unknown partition scheme"),
+    (dict(scheme="iid", num_clients=0, params={}), "num_clients must be >= 1"),
+    (dict(scheme="iid", num_clients=10**6, params={}), "larger than"),
+    (dict(scheme="dirichlet", num_clients=5, params={"alpha": 0.0}), "alpha must be > 0"),
+    (dict(scheme="iid", num_clients=5, params={"alpha": 1.0}), "does not take"),
+    (dict(scheme="pathological", num_clients=5, params={"classes_per_client": 99}), "classes_per_client"),
+])
+def test_bad_requests_fail_clearly(labels, bad, match):
+    with pytest.raises(P.PartitionError, match=match):
+        P.build_partition(labels, bad["scheme"], bad["num_clients"], 0, bad["params"])
