@@ -5,7 +5,11 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The embedded demo is the default; `--configfile X` runs X alone (not merged with the demo).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
+
 
 
 report: "report/workflow.rst"

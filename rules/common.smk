@@ -113,7 +113,7 @@ def run_spec(wildcards):
         "image_size": st["size"],
         "model": st["model"]["name"],
         "pretrained_path": st["model"]["pretrained_path"],
-        "train": dict(st["train"]),
+        "train": {**st["train"], **st["method_train"].get(w["method"], {})},
         "clients_per_round": st["clients_per_round"],
         "method_params": dict(st["method_params"].get(w["method"], {})),
         "device": config["device"],

@@ -19,7 +19,3 @@ def breast_npz(tmp_path_factory, breast_arrays):
     path = tmp_path_factory.mktemp("data") / "breastmnist_28.npz"
     io.write_npz(path, breast_arrays)
     return path
-
-
-def split_labels(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {s: arrays[f"{s}_labels"].reshape(-1).astype(np.int64) for s in ("train", "val", "test")}

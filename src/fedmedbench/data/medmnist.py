@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import http.client
 import shutil
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -141,7 +140,7 @@ def download(
             if 400 <= exc.code < 500:
                 raise DataError(f"{target.name}: download failed, {url} answered HTTP {exc.code}") from exc
             last_error = exc
-        except (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout, DataError) as exc:
+        except (TimeoutError, urllib.error.URLError, http.client.HTTPException, ConnectionError, DataError) as exc:
             last_error = exc
         log(f"download attempt {attempt}/{retries} of {url} failed: {last_error}")
         if attempt < retries:

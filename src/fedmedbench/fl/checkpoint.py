@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedmedbench.fl.registry import arrays_to_tensors
 from fedmedbench.io import atomic_path
 
 
@@ -39,7 +40,7 @@ def save(run_dir: str | Path, state: RunState, run_hash: str) -> Path:
     payload = {
         "run_hash": run_hash,
         "round": state.round,
-        "arrays": {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.arrays.items()},
+        "arrays": arrays_to_tensors(state.arrays),
         "server_state": state.server_state,
         "rows": state.rows,
         "client_rows": state.client_rows,

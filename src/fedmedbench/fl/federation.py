@@ -28,6 +28,7 @@ from fedmedbench.fl.registry import (
     ClientContext,
     ClientData,
     ClientResult,
+    arrays_to_tensors,
     get_method,
     load_arrays,
     model_arrays,
@@ -280,7 +281,7 @@ class Federation:
         io.write_csv(run_dir / "metrics.csv", metrics)
         io.write_csv(run_dir / "client_metrics.csv", pd.DataFrame(state.client_rows))
         with io.atomic_path(run_dir / "model.pt") as tmp:
-            torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.arrays.items()}, tmp)
+            torch.save(arrays_to_tensors(state.arrays), tmp)
         last = state.rows[-1] if state.rows else {}
         summary = {
             "study": self.spec.study, "dataset": self.spec.dataset, "setting": self.spec.setting,

@@ -149,11 +149,20 @@ def model_arrays(model: torch.nn.Module) -> Arrays:
     return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
 
+def arrays_to_tensors(arrays: Arrays) -> dict[str, torch.Tensor]:
+    """Numpy arrays -> CPU tensors of the same shape (0-d stays 0-d, unlike ascontiguousarray)."""
+    return {k: torch.from_numpy(np.array(v, order="C", copy=True)) for k, v in arrays.items()}
+
+
 def load_arrays(model: torch.nn.Module, arrays: Arrays) -> None:
     state = model.state_dict()
     missing = set(state) - set(arrays)
     if missing:
         raise KeyError(f"arrays lack model keys: {sorted(missing)[:5]}")
+    wrong = [k for k in state if tuple(np.shape(arrays[k])) != tuple(state[k].shape)]
+    if wrong:
+        k = wrong[0]
+        raise ValueError(f"array '{k}' has shape {np.shape(arrays[k])}, the model expects {tuple(state[k].shape)}")
     model.load_state_dict({k: torch.as_tensor(arrays[k]).to(state[k].dtype) for k in state})
 
 

@@ -10,7 +10,15 @@ numbers are the mean over clients).
 
 from __future__ import annotations
 
-from fedmedbench.fl.registry import ClientContext, ClientResult, Method, load_arrays, model_arrays, register_method
+from fedmedbench.fl.registry import (
+    ClientContext,
+    ClientResult,
+    Method,
+    arrays_to_tensors,
+    load_arrays,
+    model_arrays,
+    register_method,
+)
 from fedmedbench.fl.training import local_sgd
 
 
@@ -24,11 +32,9 @@ class Local(Method):
         return ctx.model
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
-        import torch
-
         model = self._own_model(ctx)
         loss = local_sgd(model, ctx.data.train_x, ctx.data.train_y, ctx.steps, ctx.train, ctx.rnd, ctx.device, ctx.generator)
-        ctx.state["model"] = {k: torch.from_numpy(v) for k, v in model_arrays(model).items()}
+        ctx.state["model"] = arrays_to_tensors(model_arrays(model))
         return ClientResult(arrays={}, num_examples=ctx.data.num_train, metrics={"train_loss": loss})
 
     def personal_model(self, ctx: ClientContext):
