@@ -2,6 +2,8 @@
 # turn the config into file names, targets and per-run parameters.
 from snakemake.utils import validate
 
+SOFTWARE_ENV = "../envs/environment.yaml"
+
 validate(config, "../config/schema.yaml")
 
 ORIGIN = config["data"]["origin"]
@@ -125,11 +127,11 @@ def run_spec(wildcards):
 
 
 def study_summaries(wildcards):
-    return [run_dir(r) + "/summary.json" for r in runs(wildcards.study)]
+    return [f"{run_dir(r)}/summary.json" for r in runs(wildcards.study)]
 
 
 def study_metrics(wildcards):
-    return [run_dir(r) + "/metrics.csv" for r in runs(wildcards.study)]
+    return [f"{run_dir(r)}/metrics.csv" for r in runs(wildcards.study)]
 
 
 def all_targets():
@@ -138,3 +140,10 @@ def all_targets():
         out += expand("results/{study}/tables/final_metrics{tag}.{ext}", study=study, tag=TAG, ext=["csv", "md", "tex"])
         out.append(f"results/{study}/figures/convergence{TAG}.png")
     return out
+
+
+def corrupt_input(wildcards):
+    """The base file a domain is corrupted from (by the origin wildcard)."""
+    if wildcards.origin == "synthetic":
+        return f"resources/synthetic/{wildcards.dataset}_{wildcards.size}.npz"
+    return f"resources/medmnist/{wildcards.dataset}_{wildcards.size}.npz"

@@ -17,6 +17,8 @@ rule download_medmnist:
     resources:
         mem_mb=500,
         runtime=60,
+    conda:
+        SOFTWARE_ENV
     script:
         "../scripts/download_medmnist.py"
 
@@ -34,19 +36,15 @@ rule synthesize_medmnist:
     resources:
         mem_mb=config["resources"]["data_mem_mb"],
         runtime=30,
+    conda:
+        SOFTWARE_ENV
     script:
         "../scripts/synthesize_medmnist.py"
 
 
-def _corrupt_input(wildcards):
-    if wildcards.origin == "synthetic":
-        return f"resources/synthetic/{wildcards.dataset}_{wildcards.size}.npz"
-    return f"resources/medmnist/{wildcards.dataset}_{wildcards.size}.npz"
-
-
 rule corrupt_medmnist:
     input:
-        _corrupt_input,
+        corrupt_input,
     output:
         "resources/domains/{origin}/{dataset}_{size}/{domain}.npz",
     params:
@@ -60,5 +58,7 @@ rule corrupt_medmnist:
     resources:
         mem_mb=config["resources"]["data_mem_mb"],
         runtime=120,
+    conda:
+        SOFTWARE_ENV
     script:
         "../scripts/corrupt_medmnist.py"

@@ -20,5 +20,7 @@ rule build_partition:
     resources:
         mem_mb=config["resources"]["data_mem_mb"],
         runtime=30,
+    conda:
+        SOFTWARE_ENV
     script:
         "../scripts/build_partition.py"

@@ -22,6 +22,8 @@ rule aggregate_results:
     resources:
         mem_mb=1000,
         runtime=10,
+    conda:
+        SOFTWARE_ENV
     script:
         "../scripts/aggregate_results.py"
 
@@ -45,5 +47,7 @@ rule plot_study:
     resources:
         mem_mb=1000,
         runtime=10,
+    conda:
+        SOFTWARE_ENV
     script:
         "../scripts/plot_study.py"

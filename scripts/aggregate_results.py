@@ -1,4 +1,5 @@
 """Snakemake entry: mean ± std over seeds -> CSV, Markdown and LaTeX tables."""
+import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.report import tables
 from fedmedbench.runlog import log_to
 

@@ -1,4 +1,5 @@
 """Snakemake entry: client partition JSON + per-client label-count CSV + heatmap PNG."""
+import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench import io, partition
 from fedmedbench.data import medmnist
 from fedmedbench.report import figures

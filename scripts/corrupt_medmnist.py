@@ -1,4 +1,5 @@
 """Snakemake entry: a MedMNIST-C client domain (medmnistc corruptions) of a MedMNIST file."""
+import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench import io
 from fedmedbench.data import domains, medmnist
 from fedmedbench.runlog import log_to

@@ -1,4 +1,5 @@
 """Snakemake entry: official MedMNIST npz (verified local folder or MD5-checked download)."""
+import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.data import medmnist
 from fedmedbench.runlog import log_to
 

@@ -1,4 +1,5 @@
 """Snakemake entry: convergence curves (mean ± std over seeds) for a study."""
+import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench import io
 from fedmedbench.report import figures
 from fedmedbench.runlog import log_to

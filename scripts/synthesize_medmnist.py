@@ -1,4 +1,5 @@
 """Snakemake entry: a synthetic file in the exact MedMNIST schema (demo/test data, not real)."""
+import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench import io
 from fedmedbench.data import synthetic
 from fedmedbench.runlog import log_to

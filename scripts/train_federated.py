@@ -1,4 +1,5 @@
 """Snakemake entry: one federated (or local / centralized) training job on Flower."""
+import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.compat import limit_threads
 from fedmedbench.fl import engine
 from fedmedbench.fl.spec import RunSpec
