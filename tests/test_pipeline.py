@@ -39,7 +39,7 @@ def planned_jobs(out: str) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
     work = tmp_path_factory.mktemp("pipeline")
-    for item in ("Snakefile", "rules", "scripts", "config", "report"):
+    for item in ("Snakefile", "rules", "scripts", "config", "report", "envs", "src"):
         src = ROOT / item
         (shutil.copytree if src.is_dir() else shutil.copy)(src, work / item)
     (work / "micro.yaml").write_text(yaml.safe_dump(MICRO))
