@@ -32,10 +32,20 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp_path
         _fsync_file(tmp_path)
+        os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; outputs get normal permissions
         os.replace(tmp_path, target)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
 
 
 def _fsync_file(path: Path) -> None:
