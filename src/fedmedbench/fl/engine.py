@@ -160,7 +160,7 @@ def _server_loop(grid: Grid, federation: fed.Federation) -> None:
             n = int(metrics.pop("num-examples"))
             extras = {k[len("extra."):]: _from_record(v) for k, v in r.content.array_records.items() if k.startswith("extra.")}
             results[pid_of[r.metadata.src_node_id]] = ClientResult(_from_record(r.content["arrays"]), n, metrics, extras)
-        new_arrays = federation.aggregate(state, results)
+        new_arrays = federation.aggregate(state, rnd, results)
         client_eval = None
         if federation.needs_client_eval(rnd):
             rec = _to_record(new_arrays)

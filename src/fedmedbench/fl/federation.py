@@ -28,6 +28,7 @@ from fedmedbench.fl.registry import (
     ClientContext,
     ClientData,
     ClientResult,
+    ServerContext,
     arrays_to_tensors,
     get_method,
     load_arrays,
@@ -36,7 +37,6 @@ from fedmedbench.fl.registry import (
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.training import evaluate, steps_for_epochs
 from fedmedbench.metrics import CLASSIFICATION_METRICS
-from fedmedbench.models import build_model
 
 
 def resolve_device(name: str) -> torch.device:
@@ -67,7 +67,7 @@ def seed_everything(seed: int) -> None:
 
 
 def new_model(spec: RunSpec) -> torch.nn.Module:
-    return build_model(spec.model, spec.in_channels, spec.num_classes, spec.image_size, spec.pretrained_path)
+    return get_method(spec.method, spec.method_params).build_model(spec)
 
 
 def client_generator(seed: int, rnd: int, pid: int) -> torch.Generator:
@@ -98,7 +98,7 @@ def _client_context(spec: RunSpec, pid: int, rnd: int, arrays: Arrays, steps: in
     torch.set_num_threads(1)
     device = resolve_device(spec.device)
     model = new_model(spec)
-    load_arrays(model, arrays)
+    load_arrays(model, arrays, get_method(spec.method, spec.method_params).shared_keys(model))
     store = ClientStateStore(checkpoint.checkpoint_dir(spec.run_dir) / "clients")
     ctx = ClientContext(
         pid=pid, rnd=rnd, model=model.to(device), data=_client_data(spec, pid), train=spec.train_config(),
@@ -173,7 +173,8 @@ class Federation:
             self.log(f"ignoring checkpoint in {stale}: written under other settings")
             shutil.rmtree(stale)
         seed_everything(self.spec.seed)
-        return checkpoint.RunState(round=0, arrays=model_arrays(new_model(self.spec)))
+        model = new_model(self.spec)
+        return checkpoint.RunState(round=0, arrays=model_arrays(model, self.method.shared_keys(model)))
 
     def sample(self, rnd: int) -> list[int]:
         """Partition ids trained in round ``rnd``: seeded by (seed, round), not by node ids."""
@@ -190,9 +191,14 @@ class Federation:
         return self.client_steps[pid]
 
     # -- one round ----------------------------------------------------------------
-    def aggregate(self, state: checkpoint.RunState, results: dict[int, ClientResult]) -> Arrays:
-        ordered = [results[p] for p in sorted(results)]
-        return self.method.aggregate(state.arrays, ordered, state.server_state)
+    def aggregate(self, state: checkpoint.RunState, rnd: int, results: dict[int, ClientResult]) -> Arrays:
+        pids = sorted(results)
+        ctx = ServerContext(
+            rnd=rnd, global_arrays=state.arrays, results=[results[p] for p in pids], pids=pids,
+            state=state.server_state, num_clients=self.num_clients, device=self.device, train=self.train,
+            new_model=lambda: new_model(self.spec),
+        )
+        return self.method.aggregate(ctx)
 
     def needs_client_eval(self, rnd: int) -> bool:
         return self.method.personalized and self._is_eval_round(rnd)
@@ -203,7 +209,7 @@ class Federation:
     def _server_eval(self, arrays: Arrays) -> tuple[dict[str, float], list[dict[str, float]]]:
         """Global model on the global test and validation sets and on each client's test data."""
         model = new_model(self.spec)
-        load_arrays(model, arrays)
+        load_arrays(model, arrays, self.method.shared_keys(model))
         bs = self.train.eval_batch_size
         if "global" not in self._eval_cache:
             self._eval_cache["global"] = self.data.global_test()

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from fedmedbench.fl.spec import RunSpec
 
 Arrays = dict[str, np.ndarray]
 
@@ -107,6 +110,25 @@ class ClientContext:
 
 
 @dataclass
+class ServerContext:
+    """What a server step may use; ``state`` persists across rounds and is checkpointed.
+
+    ``state`` values must be tensors, numbers, strings or lists/dicts of them (the
+    checkpoint is loaded with ``torch.load(weights_only=True)``).
+    """
+
+    rnd: int
+    global_arrays: Arrays
+    results: list[ClientResult]  # ordered by partition id
+    pids: list[int]
+    state: dict[str, Any]
+    num_clients: int
+    device: torch.device
+    train: TrainConfig
+    new_model: Callable[[], torch.nn.Module]
+
+
+@dataclass
 class ClientResult:
     arrays: Arrays
     num_examples: int
@@ -128,6 +150,21 @@ class Method:
         if params:
             raise TypeError(f"method '{self.name}' takes no parameters, got {sorted(params)}")
 
+    # --- model -------------------------------------------------------------------
+    def build_model(self, spec: RunSpec) -> torch.nn.Module:
+        """The model a run trains (default: ``model.name`` from the registry)."""
+        from fedmedbench.models import build_model
+
+        return build_model(spec.model, spec.in_channels, spec.num_classes, spec.image_size, spec.pretrained_path)
+
+    def shared_keys(self, model: torch.nn.Module) -> list[str]:
+        """state_dict keys that form the global model (broadcast and aggregated).
+
+        Default: all of them. A method that keeps parts on the clients (a decoder, a
+        personalised head) returns the rest and keeps those parts in ``ctx.state``.
+        """
+        return list(model.state_dict())
+
     # --- client side -------------------------------------------------------------
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         from fedmedbench.fl.training import local_sgd
@@ -140,13 +177,15 @@ class Method:
         return ctx.model
 
     # --- server side -------------------------------------------------------------
-    def aggregate(self, global_arrays: Arrays, results: list[ClientResult], server_state: dict[str, Any]) -> Arrays:
-        return weighted_average([r.arrays for r in results], [r.num_examples for r in results])
+    def aggregate(self, ctx: ServerContext) -> Arrays:
+        """New global arrays from this round's client results."""
+        return weighted_average([r.arrays for r in ctx.results], [r.num_examples for r in ctx.results])
 
 
-def model_arrays(model: torch.nn.Module) -> Arrays:
-    """state_dict (parameters and buffers) as float32/int64 numpy arrays, CPU, in order."""
-    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+def model_arrays(model: torch.nn.Module, keys: list[str] | None = None) -> Arrays:
+    """state_dict entries (parameters and buffers) as numpy arrays on the CPU, in order."""
+    state = model.state_dict()
+    return {k: state[k].detach().cpu().numpy().copy() for k in (keys if keys is not None else state)}
 
 
 def arrays_to_tensors(arrays: Arrays) -> dict[str, torch.Tensor]:
@@ -154,16 +193,19 @@ def arrays_to_tensors(arrays: Arrays) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.array(v, order="C", copy=True)) for k, v in arrays.items()}
 
 
-def load_arrays(model: torch.nn.Module, arrays: Arrays) -> None:
-    state = model.state_dict()
-    missing = set(state) - set(arrays)
+def load_arrays(model: torch.nn.Module, arrays: Arrays, keys: list[str] | None = None) -> None:
+    """Load ``arrays`` into the model; ``keys`` (default: all) must all be present, shapes must match."""
+    full = model.state_dict()
+    keys = list(full) if keys is None else keys
+    missing = set(keys) - set(arrays)
     if missing:
         raise KeyError(f"arrays lack model keys: {sorted(missing)[:5]}")
+    state = {k: full[k] for k in keys}
     wrong = [k for k in state if tuple(np.shape(arrays[k])) != tuple(state[k].shape)]
     if wrong:
         k = wrong[0]
         raise ValueError(f"array '{k}' has shape {np.shape(arrays[k])}, the model expects {tuple(state[k].shape)}")
-    model.load_state_dict({k: torch.as_tensor(arrays[k]).to(state[k].dtype) for k in state})
+    model.load_state_dict({k: torch.as_tensor(arrays[k]).to(state[k].dtype) for k in state}, strict=len(state) == len(full))
 
 
 def weighted_average(arrays: list[Arrays], weights: list[float]) -> Arrays:

@@ -40,5 +40,5 @@ class Local(Method):
     def personal_model(self, ctx: ClientContext):
         return self._own_model(ctx)
 
-    def aggregate(self, global_arrays, results, server_state):
-        return global_arrays
+    def aggregate(self, ctx):
+        return ctx.global_arrays
