@@ -86,7 +86,9 @@ def make_client_app(spec: RunSpec) -> ClientApp:
     def train(msg: Message, context: Context) -> Message:
         pid = int(context.node_config["partition-id"])
         cfg = msg.content["config"]
-        result = fed.client_train(spec, pid, int(cfg["round"]), _from_record(msg.content["arrays"]), int(cfg["steps"]))
+        broadcast = {k[len("bcast."):]: _from_record(v) for k, v in msg.content.array_records.items() if k.startswith("bcast.")}
+        result = fed.client_train(spec, pid, int(cfg["round"]), _from_record(msg.content["arrays"]), int(cfg["steps"]),
+                                  broadcast)
         content = RecordDict({
             "arrays": _to_record(result.arrays),
             "metrics": _metrics_record({**result.metrics, "num-examples": result.num_examples}),
@@ -144,9 +146,10 @@ def _server_loop(grid: Grid, federation: fed.Federation) -> None:
     for rnd in range(state.round + 1, rounds + 1):
         sampled = federation.sample(rnd)
         arrays = _to_record(state.arrays)
+        bcast = {f"bcast.{name}": _to_record(a) for name, a in federation.broadcast(state).items()}
         msgs = [
             Message(
-                RecordDict({"arrays": arrays, "config": ConfigRecord({"round": rnd, "steps": federation.steps(p)})}),
+                RecordDict({"arrays": arrays, "config": ConfigRecord({"round": rnd, "steps": federation.steps(p)}), **bcast}),
                 dst_node_id=node_of[p], message_type=MessageType.TRAIN, group_id=str(rnd),
             )
             for p in sampled

@@ -94,7 +94,9 @@ def _client_data(spec: RunSpec, pid: int) -> ClientData:
     return data.pooled() if method.centralized else data.client(pid)
 
 
-def _client_context(spec: RunSpec, pid: int, rnd: int, arrays: Arrays, steps: int) -> tuple[ClientContext, ClientStateStore]:
+def _client_context(
+    spec: RunSpec, pid: int, rnd: int, arrays: Arrays, steps: int, broadcast: dict[str, Arrays] | None = None
+) -> tuple[ClientContext, ClientStateStore]:
     torch.set_num_threads(1)
     device = resolve_device(spec.device)
     model = new_model(spec)
@@ -103,15 +105,17 @@ def _client_context(spec: RunSpec, pid: int, rnd: int, arrays: Arrays, steps: in
     ctx = ClientContext(
         pid=pid, rnd=rnd, model=model.to(device), data=_client_data(spec, pid), train=spec.train_config(),
         device=device, generator=client_generator(spec.seed, rnd, pid), state=store.load(pid, before_round=rnd),
-        steps=steps, global_arrays=arrays,
+        steps=steps, global_arrays=arrays, broadcast=broadcast or {},
     )
     return ctx, store
 
 
-def client_train(spec: RunSpec, pid: int, rnd: int, arrays: Arrays, steps: int) -> ClientResult:
+def client_train(
+    spec: RunSpec, pid: int, rnd: int, arrays: Arrays, steps: int, broadcast: dict[str, Arrays] | None = None
+) -> ClientResult:
     """One client's work in one round (called inside the ClientApp)."""
     method = get_method(spec.method, spec.method_params)
-    ctx, store = _client_context(spec, pid, rnd, arrays, steps)
+    ctx, store = _client_context(spec, pid, rnd, arrays, steps, broadcast)
     result = method.client_fit(ctx)
     undeclared = set(result.extras) - set(method.extra_records)
     if undeclared:
@@ -191,14 +195,22 @@ class Federation:
         return self.client_steps[pid]
 
     # -- one round ----------------------------------------------------------------
+    @staticmethod
+    def broadcast(state: checkpoint.RunState) -> dict[str, Arrays]:
+        """The named array sets sent to clients with the global model (stored in server state)."""
+        stored = state.server_state.get("_broadcast", {})
+        return {name: {k: v.numpy() for k, v in arrays.items()} for name, arrays in stored.items()}
+
     def aggregate(self, state: checkpoint.RunState, rnd: int, results: dict[int, ClientResult]) -> Arrays:
         pids = sorted(results)
         ctx = ServerContext(
             rnd=rnd, global_arrays=state.arrays, results=[results[p] for p in pids], pids=pids,
             state=state.server_state, num_clients=self.num_clients, device=self.device, train=self.train,
-            new_model=lambda: new_model(self.spec),
+            new_model=lambda: new_model(self.spec), broadcast=self.broadcast(state),
         )
-        return self.method.aggregate(ctx)
+        new_arrays = self.method.aggregate(ctx)
+        state.server_state["_broadcast"] = {name: arrays_to_tensors(a) for name, a in ctx.broadcast.items()}
+        return new_arrays
 
     def needs_client_eval(self, rnd: int) -> bool:
         return self.method.personalized and self._is_eval_round(rnd)

@@ -107,6 +107,8 @@ class ClientContext:
     state: dict[str, Any]
     steps: int  # optimisation steps this round (from epochs, or the centralized budget)
     global_arrays: Arrays = field(default_factory=dict)
+    #: named array sets the server broadcast with this round (see ServerContext.broadcast)
+    broadcast: dict[str, Arrays] = field(default_factory=dict)
 
 
 @dataclass
@@ -126,6 +128,10 @@ class ServerContext:
     device: torch.device
     train: TrainConfig
     new_model: Callable[[], torch.nn.Module]
+    #: named array sets sent to every client with the next rounds' global model (e.g.
+    #: SCAFFOLD's server control variate, FedDG's amplitude bank). Set entries to send
+    #: them; they persist (and are checkpointed) until replaced or deleted.
+    broadcast: dict[str, Arrays] = field(default_factory=dict)
 
 
 @dataclass
