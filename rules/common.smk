@@ -99,6 +99,13 @@ def partition_json(w):
     return f"resources/partitions/{w['study']}/{w['dataset']}/{w['setting']}/seed{w['seed']}.json"
 
 
+def early_stopping_spec(es):
+    """Only what changes training: tau/patience matter to a run only when it stops itself."""
+    if es["mode"] == "none":
+        return {"mode": "none"}
+    return {"mode": es["mode"], "tau": es["tau"], "patience": es["patience"]}
+
+
 def run_spec(wildcards):
     """The resolved per-run parameters (a fedmedbench RunSpec as a dict)."""
     w = dict(wildcards)
@@ -115,7 +122,11 @@ def run_spec(wildcards):
         "image_size": st["size"],
         "model": st["model"]["name"],
         "pretrained_path": st["model"]["pretrained_path"],
-        "train": {**st["train"], **st["method_train"].get(w["method"], {})},
+        "train": {
+            **st["train"],
+            **st["settings"][w["setting"]].get("train", {}),
+            **st["method_train"].get(w["method"], {}),
+        },
         "clients_per_round": st["clients_per_round"],
         "method_params": dict(st["method_params"].get(w["method"], {})),
         "device": config["device"],
@@ -123,6 +134,7 @@ def run_spec(wildcards):
         "data_origin": ORIGIN,
         "log_every": st["log_every"],
         "eval_every": st["eval_every"],
+        "early_stopping": early_stopping_spec(st["early_stopping"]),
     }
 
 

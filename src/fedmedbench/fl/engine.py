@@ -138,45 +138,40 @@ def _partition_map(grid: Grid, nodes: list[int]) -> dict[int, int]:
     return {int(r.content["info"]["partition-id"]): r.metadata.src_node_id for r in replies}
 
 
-def _server_loop(grid: Grid, federation: fed.Federation) -> None:
-    nodes = _wait_for_nodes(grid, federation.num_nodes)
-    node_of = _partition_map(grid, nodes)
-    state = federation.initial_state()
-    rounds = federation.train.rounds
-    for rnd in range(state.round + 1, rounds + 1):
-        sampled = federation.sample(rnd)
-        arrays = _to_record(state.arrays)
-        bcast = {f"bcast.{name}": _to_record(a) for name, a in federation.broadcast(state).items()}
+class FlowerTransport:
+    """Federation <-> clients over Flower messages (one QUERY to map partition ids to nodes)."""
+
+    def __init__(self, grid: Grid, num_nodes: int) -> None:
+        self.grid = grid
+        self.node_of = _partition_map(grid, _wait_for_nodes(grid, num_nodes))
+        self.pid_of = {v: k for k, v in self.node_of.items()}
+
+    def train(self, rnd, steps, arrays, broadcast):
+        rec = _to_record(arrays)
+        bcast = {f"bcast.{name}": _to_record(a) for name, a in broadcast.items()}
         msgs = [
-            Message(
-                RecordDict({"arrays": arrays, "config": ConfigRecord({"round": rnd, "steps": federation.steps(p)}), **bcast}),
-                dst_node_id=node_of[p], message_type=MessageType.TRAIN, group_id=str(rnd),
-            )
-            for p in sampled
+            Message(RecordDict({"arrays": rec, "config": ConfigRecord({"round": rnd, "steps": k}), **bcast}),
+                    dst_node_id=self.node_of[p], message_type=MessageType.TRAIN, group_id=str(rnd))
+            for p, k in steps.items()
         ]
-        replies = list(grid.send_and_receive(msgs))
+        replies = list(self.grid.send_and_receive(msgs))
         _check_replies(replies, len(msgs), f"round {rnd} training")
-        pid_of = {v: k for k, v in node_of.items()}
         results = {}
         for r in replies:
             metrics = dict(r.content["metrics"])
             n = int(metrics.pop("num-examples"))
             extras = {k[len("extra."):]: _from_record(v) for k, v in r.content.array_records.items() if k.startswith("extra.")}
-            results[pid_of[r.metadata.src_node_id]] = ClientResult(_from_record(r.content["arrays"]), n, metrics, extras)
-        new_arrays = federation.aggregate(state, rnd, results)
-        client_eval = None
-        if federation.needs_client_eval(rnd):
-            rec = _to_record(new_arrays)
-            emsgs = [
-                Message(RecordDict({"arrays": rec, "config": ConfigRecord({"round": rnd})}),
-                        dst_node_id=node_of[p], message_type=MessageType.EVALUATE, group_id=f"eval{rnd}")
-                for p in range(federation.num_nodes)
-            ]
-            ereplies = list(grid.send_and_receive(emsgs))
-            _check_replies(ereplies, len(emsgs), f"round {rnd} evaluation")
-            client_eval = {pid_of[r.metadata.src_node_id]: dict(r.content["metrics"]) for r in ereplies}
-        state = federation.finish_round(state, rnd, results, new_arrays, client_eval)
-    federation.final_state = state
+            results[self.pid_of[r.metadata.src_node_id]] = ClientResult(_from_record(r.content["arrays"]), n, metrics, extras)
+        return results
+
+    def evaluate(self, rnd, pids, arrays):
+        rec = _to_record(arrays)
+        msgs = [Message(RecordDict({"arrays": rec, "config": ConfigRecord({"round": rnd})}),
+                        dst_node_id=self.node_of[p], message_type=MessageType.EVALUATE, group_id=f"eval{rnd}")
+                for p in pids]
+        replies = list(self.grid.send_and_receive(msgs))
+        _check_replies(replies, len(msgs), f"round {rnd} evaluation")
+        return {self.pid_of[r.metadata.src_node_id]: dict(r.content["metrics"]) for r in replies}
 
 
 def run(spec: RunSpec, log: Callable[[str], None] = print) -> fed.Federation:
@@ -190,7 +185,7 @@ def run(spec: RunSpec, log: Callable[[str], None] = print) -> fed.Federation:
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        _server_loop(grid, federation)
+        federation.final_state = federation.run(FlowerTransport(grid, federation.num_nodes))
 
     threads = max(1, int(spec.threads))
     use_gpu = federation.device.type == "cuda"

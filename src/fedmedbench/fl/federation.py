@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ from fedmedbench.fl.registry import (
     model_arrays,
 )
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.stopping import DataFreeMonitor
 from fedmedbench.fl.training import evaluate, steps_for_epochs
 from fedmedbench.metrics import CLASSIFICATION_METRICS
 
@@ -141,6 +142,29 @@ def client_evaluate(spec: RunSpec, pid: int, rnd: int, arrays: Arrays) -> dict[s
 # ----------------------------------------------------------------------------- server side
 
 
+class Transport(Protocol):
+    """How the server reaches clients (Flower messages in ``engine``; direct calls in tests)."""
+
+    def train(self, rnd: int, steps: dict[int, int], arrays: Arrays, broadcast: dict[str, Arrays]) -> dict[int, ClientResult]:
+        """Train the clients in ``steps`` (partition id -> steps) from ``arrays``; results by partition id."""
+
+    def evaluate(self, rnd: int, pids: list[int], arrays: Arrays) -> dict[int, dict[str, float]]:
+        """Personalized evaluation metrics by partition id."""
+
+
+class InProcessTransport:
+    """Calls the client functions directly, in this process (tests, debugging)."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+
+    def train(self, rnd, steps, arrays, broadcast):
+        return {p: client_train(self.spec, p, rnd, arrays, k, broadcast) for p, k in steps.items()}
+
+    def evaluate(self, rnd, pids, arrays):
+        return {p: client_evaluate(self.spec, p, rnd, arrays) for p in pids}
+
+
 class Federation:
     """Server-side state and logic of one run."""
 
@@ -161,6 +185,11 @@ class Federation:
             raise ValueError(f"clients_per_round={per_round} must be between 1 and num_clients={self.num_clients}")
         self.per_round = per_round
         self.store = ClientStateStore(checkpoint.checkpoint_dir(spec.run_dir) / "clients")
+        es = {"mode": "none", "tau": 0.01, "patience": 10, **spec.early_stopping}
+        if es["mode"] not in ("none", "datafree"):
+            raise ValueError(f"early_stopping.mode must be none or datafree, got {es['mode']}")
+        self.stop_mode = es["mode"]
+        self.monitor = DataFreeMonitor(float(es["tau"]), int(es["patience"]))
         self._eval_cache: dict[str, Any] = {}
         self._t0 = time.monotonic()
 
@@ -178,7 +207,10 @@ class Federation:
             shutil.rmtree(stale)
         seed_everything(self.spec.seed)
         model = new_model(self.spec)
-        return checkpoint.RunState(round=0, arrays=model_arrays(model, self.method.shared_keys(model)))
+        arrays = model_arrays(model, self.method.shared_keys(model))
+        params = [n for n, _ in model.named_parameters() if n in arrays]
+        # theta_0 for the task vector of the data-free stopping rule (parameters only, not buffers)
+        return checkpoint.RunState(round=0, arrays=arrays, server_state={"_theta0": arrays_to_tensors({k: arrays[k] for k in params})})
 
     def sample(self, rnd: int) -> list[int]:
         """Partition ids trained in round ``rnd``: seeded by (seed, round), not by node ids."""
@@ -262,6 +294,8 @@ class Federation:
                 vals = np.array([c[f"local_{k}"] for c in per_client], dtype=float)
                 row[f"local_mean_{k}"] = float(np.nanmean(vals)) if np.isfinite(vals).any() else math.nan
                 row[f"local_std_{k}"] = float(np.nanstd(vals)) if np.isfinite(vals).any() else math.nan
+        theta0 = {k: v.numpy() for k, v in state.server_state["_theta0"].items()}
+        row.update(self.monitor.update(state.rows, DataFreeMonitor.task_norm(new_arrays, theta0)))
         elapsed = time.monotonic() - self._t0
         row["elapsed_s"] = round(elapsed, 3)
         client_rows = [{"round": rnd, "client": i, **{k: v for k, v in c.items() if k.startswith("local_")}}
@@ -275,6 +309,29 @@ class Federation:
         self._progress(row)
         return new_state
 
+    def run(self, transport: Transport) -> checkpoint.RunState:
+        """The round loop: sample, train (via the transport), aggregate, evaluate, checkpoint, stop."""
+        state = self.initial_state()
+        rounds = self.train.rounds
+        for rnd in range(state.round + 1, rounds + 1):
+            if self.should_stop(state):  # resumed after the data-free rule had fired
+                break
+            sampled = self.sample(rnd)
+            results = transport.train(rnd, {p: self.steps(p) for p in sampled}, state.arrays, self.broadcast(state))
+            if sorted(results) != sampled:
+                raise RuntimeError(f"round {rnd}: results for clients {sorted(results)}, expected {sampled}")
+            new_arrays = self.aggregate(state, rnd, results)
+            client_eval = transport.evaluate(rnd, list(range(self.num_nodes)), new_arrays) if self.needs_client_eval(rnd) else None
+            state = self.finish_round(state, rnd, results, new_arrays, client_eval)
+            if self.should_stop(state):
+                self.log(f"data-free early stop at round {rnd}/{rounds} ({rounds - rnd} rounds saved)")
+                break
+        return state
+
+    def should_stop(self, state: checkpoint.RunState) -> bool:
+        """True when the data-free rule fired and the run is configured to stop on it."""
+        return self.stop_mode == "datafree" and bool(state.rows and state.rows[-1].get("datafree_stop"))
+
     def _progress(self, row: dict[str, Any]) -> None:
         rnd, total = row["round"], self.train.rounds
         if rnd % max(1, self.spec.log_every) and rnd != total:
@@ -282,7 +339,7 @@ class Federation:
         elapsed = row["elapsed_s"]
         eta = elapsed / rnd * (total - rnd)
         parts = [f"round {rnd}/{total}", f"train_loss {row['train_loss']:.4f}"]
-        for key in ("global_accuracy", "global_balanced_accuracy", "global_loss", "local_mean_accuracy"):
+        for key in ("global_accuracy", "global_balanced_accuracy", "global_loss", "local_mean_accuracy", "growth_rate"):
             if key in row and row[key] == row[key]:
                 parts.append(f"{key} {row[key]:.4f}")
         parts.append(f"elapsed {elapsed:.1f}s ETA {eta:.1f}s")
@@ -305,6 +362,7 @@ class Federation:
             "study": self.spec.study, "dataset": self.spec.dataset, "setting": self.spec.setting,
             "method": self.spec.method, "seed": self.spec.seed, "data_origin": self.spec.data_origin,
             "rounds": self.train.rounds, "rounds_run": state.round, "num_clients": self.num_clients,
+            "early_stopping": self.stop_mode, "rounds_saved": self.train.rounds - state.round,
             "clients_per_round": self.per_round, "model": self.spec.model, "device": str(self.device),
             "wall_time_s": state.elapsed, "run_hash": self.run_hash,
             "final": {k: v for k, v in last.items() if k not in ("round", "clients")},

@@ -88,6 +88,7 @@ class TrainConfig:
     lr_decay: float = 1.0  # multiplicative per round
     grad_clip: float | None = None
     eval_batch_size: int = 256
+    aggregation: str = "examples"  # examples | uniform (FL-Simulator averages clients uniformly)
 
     def lr_at(self, rnd: int) -> float:
         return self.lr * (self.lr_decay ** (rnd - 1))

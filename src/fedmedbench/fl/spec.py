@@ -41,6 +41,8 @@ class RunSpec:
     data_origin: str = "synthetic"
     log_every: int = 1
     eval_every: int = 1
+    #: data-free early stopping: mode none|datafree, tau, patience (see fl/stopping.py)
+    early_stopping: dict[str, Any] = field(default_factory=lambda: {"mode": "none", "tau": 0.01, "patience": 10})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:

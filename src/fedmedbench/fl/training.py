@@ -42,12 +42,14 @@ def batch_indices(n: int, batch_size: int, steps: int, generator: torch.Generato
             done += 1
 
 
-def make_optimizer(model: nn.Module, cfg, rnd: int) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, cfg, rnd: int, extra_weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """The client optimizer of round ``rnd`` (fresh each round, as in the reference FL code)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    decay = cfg.weight_decay + extra_weight_decay
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr_at(rnd), momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=cfg.lr_at(rnd), momentum=cfg.momentum, weight_decay=decay)
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr_at(rnd), weight_decay=cfg.weight_decay)
+        return torch.optim.Adam(params, lr=cfg.lr_at(rnd), weight_decay=decay)
     raise ValueError(f"unknown optimizer '{cfg.optimizer}' (train.optimizer): use sgd or adam")
 
 

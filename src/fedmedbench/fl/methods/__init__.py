@@ -1,3 +1,16 @@
 """Built-in methods; importing this package registers them."""
 
-from fedmedbench.fl.methods import centralized, fedavg, local  # noqa: F401
+from fedmedbench.fl.methods import (  # noqa: F401
+    centralized,
+    fedavg,
+    feddyn,
+    fedgamma,
+    fedlesam,
+    fedprox,
+    fedsam,
+    fedsmoo,
+    fedspeed,
+    fedwmsam,
+    local,
+    scaffold,
+)

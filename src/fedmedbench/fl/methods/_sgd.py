@@ -1,0 +1,199 @@
+"""Shared mechanics of the FL-optimizer family (FedAvg ... FedWMSAM), written once.
+
+Client: :func:`local_loop` runs ``ctx.steps`` SGD steps; each step may (1) move the
+weights by a perturbation e (SAM family) before taking the gradient and move them
+back after, (2) add a linear correction d to the gradient (the gradient of a loss
+term <theta, d>: SCAFFOLD/FedGamma control variates, FedProx/FedDyn/FedSpeed/FedSMOO
+proximal and dual terms), (3) clip the gradient norm, (4) step SGD with weight decay
+(plus a method's extra decay, e.g. the lambda*theta part of a proximal term). This
+order follows the reference implementations (FL-Simulator and its descendants),
+where corrections are part of the loss, hence clipped with it.
+
+Server: :class:`ServerOptMethod` averages client states (uniformly or by examples,
+``train.aggregation``) and applies a global learning rate to the averaged update of
+the parameters; buffers (BatchNorm statistics) are averaged. Corrections act on
+trainable parameters only (``param_keys``), never on buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedmedbench.fl.registry import Arrays, ClientContext, ClientResult, Method, ServerContext, model_arrays
+from fedmedbench.fl.training import NonFiniteLossError, batch_indices, make_optimizer, to_float
+
+Tensors = dict[str, torch.Tensor]
+
+
+def trainable(model: nn.Module) -> Tensors:
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def flat_norm(tensors: Tensors) -> torch.Tensor:
+    return torch.sqrt(sum((t.float() ** 2).sum() for t in tensors.values()))
+
+
+def grads_of(model: nn.Module) -> Tensors:
+    return {n: p.grad.detach().clone() for n, p in trainable(model).items() if p.grad is not None}
+
+
+def sam_perturbation(grads: Tensors, rho: float) -> Tensors:
+    """SAM's ascent step e = rho * g / ||g|| (epsilon 1e-7 as in the reference code)."""
+    scale = rho / (flat_norm(grads) + 1e-7)
+    return {n: g * scale for n, g in grads.items()}
+
+
+def gradient_at(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> Tensors:
+    """Cross-entropy gradient at the current weights (used to build SAM perturbations)."""
+    model.zero_grad(set_to_none=True)
+    nn.functional.cross_entropy(model(xb), yb).backward()
+    return grads_of(model)
+
+
+@dataclass
+class StepHooks:
+    """How one method shapes a local SGD step (all optional)."""
+
+    #: (model, xb, yb) -> perturbation e added to the weights for the gradient, or None
+    perturb: Callable[[nn.Module, torch.Tensor, torch.Tensor], Tensors | None] | None = None
+    #: linear gradient correction d (constant over the round), added before clipping
+    correction: Tensors | None = None
+    #: weight of the cross-entropy term (FedWMSAM's alpha)
+    loss_weight: float = 1.0
+    #: added to train.weight_decay in the SGD optimizer
+    extra_weight_decay: float = 0.0
+    #: called after every optimizer step
+    after_step: Callable[[], None] | None = None
+
+
+def local_loop(ctx: ClientContext, hooks: StepHooks) -> float:
+    """``ctx.steps`` mini-batch SGD steps on the client's training data; mean loss."""
+    model, cfg, device = ctx.model.to(ctx.device), ctx.train, ctx.device
+    model.train()
+    params = trainable(model)
+    opt = make_optimizer(model, cfg, ctx.rnd, hooks.extra_weight_decay)
+    correction = {n: t.to(device) for n, t in (hooks.correction or {}).items()}
+    total, count = 0.0, 0
+    x_u8, y = ctx.data.train_x, ctx.data.train_y
+    for idx in batch_indices(y.shape[0], cfg.batch_size, ctx.steps, ctx.generator):
+        xb, yb = to_float(x_u8[idx], device), y[idx].to(device)
+        e = hooks.perturb(model, xb, yb) if hooks.perturb else None
+        if e:
+            with torch.no_grad():
+                for n, t in e.items():
+                    params[n].add_(t)
+        opt.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(xb), yb)
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(f"non-finite training loss ({loss.item()}) at round {ctx.rnd}, step {count + 1}; "
+                                     "lower train.lr or set train.grad_clip")
+        (hooks.loss_weight * loss).backward()
+        with torch.no_grad():
+            if e:
+                for n, t in e.items():
+                    params[n].sub_(t)
+            for n, d in correction.items():
+                p = params[n]
+                p.grad = d.clone() if p.grad is None else p.grad.add_(d)
+        if cfg.grad_clip:
+            nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip)
+        opt.step()
+        if hooks.after_step:
+            hooks.after_step()
+        total += float(loss.detach())
+        count += 1
+    return total / max(count, 1)
+
+
+def to_tensors(arrays: Arrays, keys, device: torch.device | None = None) -> Tensors:
+    out = {k: torch.from_numpy(np.array(arrays[k], dtype=np.float32)) for k in keys}
+    return {k: v.to(device) for k, v in out.items()} if device is not None else out
+
+
+def state_tensors(state: dict[str, Any], name: str, like: Tensors) -> Tensors:
+    """A per-client vector kept in ``ctx.state`` (zeros the first time)."""
+    stored = state.get(name)
+    if stored is None:
+        return {n: torch.zeros_like(t, device="cpu") for n, t in like.items()}
+    return {n: stored[n].clone() for n in like}
+
+
+def delta(model: nn.Module, global_arrays: Arrays) -> Tensors:
+    """theta_local - theta_global over trainable parameters (CPU float32)."""
+    return {n: p.detach().cpu().float() - torch.from_numpy(np.asarray(global_arrays[n], dtype=np.float32))
+            for n, p in trainable(model).items()}
+
+
+class ServerOptMethod(Method):
+    """FedAvg-style server: average the client states, global lr on the parameters' update."""
+
+    def __init__(self, global_lr: float = 1.0, **params: Any) -> None:
+        super().__init__(**params)
+        if global_lr <= 0:
+            raise ValueError(f"{self.name}: global_lr must be > 0, got {global_lr}")
+        self.global_lr = float(global_lr)
+        self._param_keys: list[str] | None = None
+
+    # -- helpers --------------------------------------------------------------------
+    def param_keys(self, ctx: ServerContext) -> list[str]:
+        if self._param_keys is None:
+            self._param_keys = [n for n, p in ctx.new_model().named_parameters() if p.requires_grad]
+        return self._param_keys
+
+    @staticmethod
+    def weights(ctx: ServerContext) -> np.ndarray:
+        if ctx.train.aggregation == "uniform":
+            w = np.ones(len(ctx.results))
+        else:
+            w = np.array([r.num_examples for r in ctx.results], dtype=np.float64)
+        return w / w.sum()
+
+    def average(self, ctx: ServerContext, arrays: list[Arrays] | None = None) -> Arrays:
+        """Weighted mean of client arrays (float64 accumulation; integer buffers rounded)."""
+        arrays = arrays if arrays is not None else [r.arrays for r in ctx.results]
+        w = self.weights(ctx)
+        out: Arrays = {}
+        for key in arrays[0]:
+            acc = sum(wi * a[key].astype(np.float64) for wi, a in zip(w, arrays, strict=True))
+            dtype = arrays[0][key].dtype
+            out[key] = np.asarray(np.rint(acc) if np.issubdtype(dtype, np.integer) else acc).astype(dtype)
+        return out
+
+    def apply_global_lr(self, ctx: ServerContext, averaged: Arrays) -> Arrays:
+        """theta + eta_g * (mean(theta_i) - theta) on parameters; eta_g = 1 returns the mean exactly."""
+        if self.global_lr == 1.0:
+            return averaged
+        out = dict(averaged)
+        for k in self.param_keys(ctx):
+            g = ctx.global_arrays[k].astype(np.float64)
+            out[k] = (g + self.global_lr * (averaged[k].astype(np.float64) - g)).astype(averaged[k].dtype)
+        return out
+
+    def aggregate(self, ctx: ServerContext) -> Arrays:
+        return self.apply_global_lr(ctx, self.average(ctx))
+
+    # -- client side default: plain local SGD ----------------------------------------------
+    def hooks(self, ctx: ClientContext) -> StepHooks:
+        return StepHooks()
+
+    def client_fit(self, ctx: ClientContext) -> ClientResult:
+        loss = local_loop(ctx, self.hooks(ctx))
+        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics={"train_loss": loss})
+
+
+def average_vectors(vectors: list[Tensors], weights: np.ndarray) -> Tensors:
+    return {k: sum(float(w) * v[k] for w, v in zip(weights, vectors, strict=True)) for k in vectors[0]}
+
+
+def tensors_to_arrays(t: Tensors) -> Arrays:
+    return {k: v.detach().cpu().numpy().astype(np.float32) for k, v in t.items()}
+
+
+def arrays_to_vector(a: Arrays) -> Tensors:
+    return {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in a.items()}

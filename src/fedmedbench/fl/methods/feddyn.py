@@ -1,0 +1,81 @@
+"""FedDyn (Acar et al., ICLR 2021), in the reference-code (FL-Simulator) form.
+
+Client i keeps h_i = sum of its past local updates (theta_i - theta_g); its local
+objective is  CE(theta) + lambda * <theta, h_i - theta_g> + lambda/2 ||theta||^2,
+i.e. the gradient  g + lambda*(theta - theta_g) + lambda*h_i: the dynamic regulariser
+of FedDyn with its linear term -<grad L_i(theta_i^{t-1}), theta> = lambda*<h_i, theta>.
+After training, h_i += theta_i - theta_g.
+Server (state h = mean over ALL N clients of h_i, updated from the sampled clients'
+updates):  h += sum_i (theta_i - theta_g) / N;  theta_g = mean(theta_i) + h.
+This equals FedDyn's  theta = mean(theta_i) - h_server/alpha  with alpha = lambda.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedmedbench.fl.methods._sgd import (
+    ServerOptMethod,
+    StepHooks,
+    delta,
+    local_loop,
+    state_tensors,
+    to_tensors,
+    trainable,
+)
+from fedmedbench.fl.registry import (
+    Arrays,
+    ClientContext,
+    ClientResult,
+    ServerContext,
+    model_arrays,
+    register_method,
+)
+
+
+def dyn_hooks(ctx: ClientContext, lamb: float) -> tuple[StepHooks, dict]:
+    like = {n: p.detach().cpu() for n, p in trainable(ctx.model).items()}
+    h_i = state_tensors(ctx.state, "h_i", like)
+    theta_g = to_tensors(ctx.global_arrays, like)
+    return StepHooks(correction={n: lamb * (h_i[n] - theta_g[n]) for n in like}, extra_weight_decay=lamb), h_i
+
+
+def dyn_client_update(ctx: ClientContext, h_i: dict) -> None:
+    d = delta(ctx.model, ctx.global_arrays)
+    ctx.state["h_i"] = {n: h_i[n] + d[n] for n in d}
+
+
+def dyn_server_update(method: ServerOptMethod, ctx: ServerContext) -> Arrays:
+    """h += sum of sampled updates / N; theta = mean(theta_i) + h (params); buffers averaged."""
+    keys = method.param_keys(ctx)
+    h = ctx.state.get("h")
+    h = {k: v.numpy().astype(np.float64) for k, v in h.items()} if h is not None else {
+        k: np.zeros_like(ctx.global_arrays[k], dtype=np.float64) for k in keys}
+    for r in ctx.results:
+        for k in keys:
+            h[k] += (r.arrays[k].astype(np.float64) - ctx.global_arrays[k].astype(np.float64)) / ctx.num_clients
+    import torch
+
+    ctx.state["h"] = {k: torch.from_numpy(v) for k, v in h.items()}
+    out = method.average(ctx)
+    for k in keys:
+        out[k] = (out[k].astype(np.float64) + h[k]).astype(out[k].dtype)
+    return out
+
+
+@register_method("feddyn")
+class FedDyn(ServerOptMethod):
+    def __init__(self, lamb: float = 0.1, **params) -> None:
+        super().__init__(**params)
+        if lamb <= 0:
+            raise ValueError(f"feddyn: lamb must be > 0, got {lamb}")
+        self.lamb = float(lamb)
+
+    def client_fit(self, ctx: ClientContext) -> ClientResult:
+        hooks, h_i = dyn_hooks(ctx, self.lamb)
+        loss = local_loop(ctx, hooks)
+        dyn_client_update(ctx, h_i)
+        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics={"train_loss": loss})
+
+    def aggregate(self, ctx: ServerContext) -> Arrays:
+        return dyn_server_update(self, ctx)

@@ -1,0 +1,23 @@
+"""FedProx (Li et al., MLSys 2020).
+
+Client: minimise  CE(theta) + mu/2 * ||theta - theta_g||^2  by local SGD. As in the
+reference code the proximal gradient mu*(theta - theta_g) is split into extra weight
+decay mu*theta and a constant correction -mu*theta_g. With mu = 0 this is FedAvg.
+Server: FedAvg.
+"""
+
+from fedmedbench.fl.methods._sgd import ServerOptMethod, StepHooks, to_tensors, trainable
+from fedmedbench.fl.registry import ClientContext, register_method
+
+
+@register_method("fedprox")
+class FedProx(ServerOptMethod):
+    def __init__(self, mu: float = 0.1, **params) -> None:
+        super().__init__(**params)
+        if mu < 0:
+            raise ValueError(f"fedprox: mu must be >= 0, got {mu}")
+        self.mu = float(mu)
+
+    def hooks(self, ctx: ClientContext) -> StepHooks:
+        anchor = to_tensors(ctx.global_arrays, trainable(ctx.model))
+        return StepHooks(correction={n: -self.mu * t for n, t in anchor.items()}, extra_weight_decay=self.mu)

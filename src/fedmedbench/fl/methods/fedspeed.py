@@ -1,0 +1,30 @@
+"""FedSpeed (Sun et al., ICLR 2023), reference-code form.
+
+Client: SAM-perturbed local gradients (as FedSAM) plus the prox-correction of the
+dual variable h_i (as FedDyn: lambda*(h_i - theta_g) and decay lambda); h_i += update.
+Server: FedDyn's: h += sum of updates / N, theta = mean(theta_i) + h.
+"""
+
+from fedmedbench.fl.methods._sgd import ServerOptMethod, local_loop
+from fedmedbench.fl.methods.feddyn import dyn_client_update, dyn_hooks, dyn_server_update
+from fedmedbench.fl.methods.fedsam import SAMMixin
+from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, model_arrays, register_method
+
+
+@register_method("fedspeed")
+class FedSpeed(SAMMixin, ServerOptMethod):
+    def __init__(self, rho: float = 0.1, lamb: float = 0.1, **params) -> None:
+        super().__init__(**params)
+        if rho < 0 or lamb <= 0:
+            raise ValueError(f"fedspeed: need rho >= 0 and lamb > 0, got rho={rho}, lamb={lamb}")
+        self.rho, self.lamb = float(rho), float(lamb)
+
+    def client_fit(self, ctx: ClientContext) -> ClientResult:
+        hooks, h_i = dyn_hooks(ctx, self.lamb)
+        hooks.perturb = self.sam_perturb
+        loss = local_loop(ctx, hooks)
+        dyn_client_update(ctx, h_i)
+        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics={"train_loss": loss})
+
+    def aggregate(self, ctx: ServerContext):
+        return dyn_server_update(self, ctx)

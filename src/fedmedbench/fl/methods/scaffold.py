@@ -1,0 +1,62 @@
+"""SCAFFOLD (Karimireddy et al., ICML 2020), option II control variates.
+
+Client i (state: its control variate c_i, zeros at first): every local step uses
+the gradient g + (c - c_i), where c is the server control variate broadcast with
+the model. After K local steps at learning rate lr:
+    c_i+ = c_i - c + (theta_g - theta_i) / (K * lr),
+and the client sends theta_i and delta_c_i = c_i+ - c_i.
+Server: theta_g <- theta_g + eta_g * mean(theta_i - theta_g);  c <- c + sum_i delta_c_i / N.
+"""
+
+from __future__ import annotations
+
+from fedmedbench.fl.methods._sgd import (
+    ServerOptMethod,
+    StepHooks,
+    arrays_to_vector,
+    delta,
+    local_loop,
+    state_tensors,
+    tensors_to_arrays,
+    trainable,
+)
+from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, model_arrays, register_method
+
+
+def control_correction(ctx: ClientContext, c_name: str = "c") -> tuple[dict, dict, dict]:
+    """(c, c_i, c - c_i) for this client; c from the broadcast (zeros before the first update)."""
+    like = {n: p.detach().cpu() for n, p in trainable(ctx.model).items()}
+    c = arrays_to_vector(ctx.broadcast[c_name]) if c_name in ctx.broadcast else {n: t * 0 for n, t in like.items()}
+    c_i = state_tensors(ctx.state, "c_i", like)
+    return c, c_i, {n: c[n] - c_i[n] for n in like}
+
+
+def updated_control(ctx: ClientContext, c: dict, c_i: dict) -> tuple[dict, dict]:
+    """Option II: c_i+ = c_i - c + (theta_g - theta_i) / (K lr); returns (c_i+, delta_c)."""
+    d = delta(ctx.model, ctx.global_arrays)
+    k_lr = ctx.steps * ctx.train.lr_at(ctx.rnd)
+    new = {n: c_i[n] - c[n] - d[n] / k_lr for n in d}
+    return new, {n: new[n] - c_i[n] for n in d}
+
+
+def server_control_update(ctx: ServerContext, name: str = "c") -> None:
+    """c <- c + sum_i delta_c_i / N, kept in the broadcast."""
+    deltas = [r.extras["delta_c"] for r in ctx.results]
+    old = ctx.broadcast.get(name) or {k: v * 0 for k, v in deltas[0].items()}
+    ctx.broadcast[name] = {k: (old[k] + sum(d[k] for d in deltas) / ctx.num_clients).astype("float32") for k in old}
+
+
+@register_method("scaffold")
+class Scaffold(ServerOptMethod):
+    extra_records = ("delta_c",)
+
+    def client_fit(self, ctx: ClientContext) -> ClientResult:
+        c, c_i, corr = control_correction(ctx)
+        loss = local_loop(ctx, StepHooks(correction=corr))
+        ctx.state["c_i"], dc = updated_control(ctx, c, c_i)
+        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train,
+                            metrics={"train_loss": loss}, extras={"delta_c": tensors_to_arrays(dc)})
+
+    def aggregate(self, ctx: ServerContext):
+        server_control_update(ctx)
+        return super().aggregate(ctx)

@@ -1,0 +1,315 @@
+"""Defining properties of the FL optimizers, on tiny problems (no Flower)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedmedbench.fl import checkpoint
+from fedmedbench.fl import federation as fed
+from fedmedbench.fl.methods._sgd import flat_norm, sam_perturbation
+from fedmedbench.fl.registry import (
+    ClientContext,
+    ClientData,
+    ClientResult,
+    ServerContext,
+    TrainConfig,
+    get_method,
+    model_arrays,
+)
+from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.training import to_float
+
+N_CLASSES = 3
+
+
+def tiny_model(seed=0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, N_CLASSES))
+
+
+def tiny_data(seed=0, n=24) -> ClientData:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (n, 1, 2, 2), generator=g, dtype=torch.uint8)
+    y = torch.randint(0, N_CLASSES, (n,), generator=g)
+    return ClientData(x, y, x[:4], y[:4], x[:4], y[:4])
+
+
+def train_cfg(**kw) -> TrainConfig:
+    base = dict(rounds=5, local_epochs=1, batch_size=8, lr=0.1, momentum=0.0, weight_decay=1e-3, grad_clip=10.0)
+    return TrainConfig(**{**base, **kw})
+
+
+def context(model=None, state=None, broadcast=None, steps=3, rnd=1, data=None, **cfg) -> ClientContext:
+    model = model or tiny_model()
+    return ClientContext(pid=0, rnd=rnd, model=model, data=data or tiny_data(), train=train_cfg(**cfg),
+                         device=torch.device("cpu"), generator=torch.Generator().manual_seed(7),
+                         state=state if state is not None else {}, steps=steps,
+                         global_arrays=model_arrays(model), broadcast=broadcast or {})
+
+
+def fit(method_name, params=None, **ctx_kw):
+    ctx = context(**ctx_kw)
+    result = get_method(method_name, params).client_fit(ctx)
+    return result, ctx
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def server_ctx(global_arrays, results, num_clients=4, state=None, broadcast=None, **cfg) -> ServerContext:
+    return ServerContext(rnd=1, global_arrays=global_arrays, results=results, pids=list(range(len(results))),
+                         state=state if state is not None else {}, num_clients=num_clients, device=torch.device("cpu"),
+                         train=train_cfg(**cfg), new_model=tiny_model, broadcast=broadcast if broadcast is not None else {})
+
+
+# ---------------------------------------------------------------- client-side properties
+
+
+def test_fedprox_mu0_equals_fedavg_bit_for_bit():
+    a, _ = fit("fedavg")
+    b, _ = fit("fedprox", {"mu": 0.0})
+    assert same(a.arrays, b.arrays)
+    c, _ = fit("fedprox", {"mu": 0.5})
+    assert not same(a.arrays, c.arrays)
+
+
+def test_fedprox_gradient_is_ce_plus_mu_times_distance():
+    """One SGD step from a point off the anchor: theta' = theta - lr (g + wd theta + mu (theta - theta_g))."""
+    model = tiny_model()
+    anchor = model_arrays(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3)
+    ctx = context(model=copy.deepcopy(model), steps=1, weight_decay=0.0, grad_clip=None)
+    ctx.global_arrays = anchor
+    mu, lr = 0.7, 0.1
+    get_method("fedprox", {"mu": mu}).client_fit(ctx)
+    idx = torch.randperm(24, generator=torch.Generator().manual_seed(7))[:8]
+    data = tiny_data()
+    ref = copy.deepcopy(model)
+    nn.functional.cross_entropy(ref(to_float(data.train_x[idx], torch.device("cpu"))), data.train_y[idx]).backward()
+    for (name, p), (_, q) in zip(ref.named_parameters(), ctx.model.named_parameters(), strict=True):
+        expected = p - lr * (p.grad + mu * (p - torch.from_numpy(anchor[name])))
+        torch.testing.assert_close(q, expected.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_scaffold_control_variate_update():
+    c = {n: np.full(p.shape, 0.01, np.float32) for n, p in tiny_model().named_parameters()}
+    c_i_old = {n: torch.full(p.shape, -0.02) for n, p in tiny_model().named_parameters()}
+    result, ctx = fit("scaffold", broadcast={"c": c}, state={"c_i": {k: v.clone() for k, v in c_i_old.items()}},
+                      steps=3, lr=0.1)
+    k_lr = 3 * 0.1
+    for n, p in ctx.model.named_parameters():
+        expected = c_i_old[n] - torch.from_numpy(c[n]) + (torch.from_numpy(ctx.global_arrays[n]) - p.detach()) / k_lr
+        torch.testing.assert_close(ctx.state["c_i"][n], expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(torch.from_numpy(result.extras["delta_c"][n]), expected - c_i_old[n], rtol=1e-5, atol=1e-6)
+
+
+def test_scaffold_with_equal_controls_is_fedavg_and_server_updates_c():
+    a, _ = fit("fedavg")
+    b, _ = fit("scaffold")  # c = c_i = 0: no correction
+    assert same(a.arrays, b.arrays)
+    g = model_arrays(tiny_model())
+    dcs = [{k: np.full_like(v, float(i + 1)) for k, v in g.items() if "weight" in k or "bias" in k} for i in range(2)]
+    results = [ClientResult(arrays=g, num_examples=10, extras={"delta_c": d}) for d in dcs]
+    ctx = server_ctx(g, results, num_clients=4, broadcast={})
+    get_method("scaffold").aggregate(ctx)
+    for v in ctx.broadcast["c"].values():
+        np.testing.assert_allclose(v, (1 + 2) / 4)  # c += sum(delta_c) / N
+
+
+def test_sam_ascent_step_on_a_quadratic():
+    """For f(w) = 1/2 w^T A w the SAM ascent is rho * g/||g|| with g = A w."""
+    a = torch.diag(torch.tensor([1.0, 4.0, 9.0]))
+    w = torch.tensor([1.0, -2.0, 0.5], requires_grad=True)
+    (0.5 * w @ a @ w).backward()
+    e = sam_perturbation({"w": w.grad}, rho=0.05)["w"]
+    g = a @ w.detach()
+    torch.testing.assert_close(e, 0.05 * g / g.norm(), rtol=1e-6, atol=1e-7)
+    assert math.isclose(float(e.norm()), 0.05, rel_tol=1e-5)
+
+
+def test_fedsam_step_uses_gradient_at_perturbed_point():
+    model = tiny_model()
+    ctx = context(model=copy.deepcopy(model), steps=1, weight_decay=0.0, grad_clip=None)
+    get_method("fedsam", {"rho": 0.2}).client_fit(ctx)
+    data = tiny_data()
+    idx = torch.randperm(24, generator=torch.Generator().manual_seed(7))[:8]
+    xb, yb = to_float(data.train_x[idx], torch.device("cpu")), data.train_y[idx]
+    ref = copy.deepcopy(model)
+    nn.functional.cross_entropy(ref(xb), yb).backward()
+    g = {n: p.grad.clone() for n, p in ref.named_parameters()}
+    e = sam_perturbation(g, 0.2)
+    pert = copy.deepcopy(model)
+    with torch.no_grad():
+        for n, p in pert.named_parameters():
+            p.add_(e[n])
+    nn.functional.cross_entropy(pert(xb), yb).backward()
+    for (_, p), (_, q), (_, pp) in zip(model.named_parameters(), ctx.model.named_parameters(), pert.named_parameters(), strict=True):
+        torch.testing.assert_close(q, (p - 0.1 * pp.grad).detach(), rtol=1e-5, atol=1e-6)
+    plain, _ = fit("fedavg", steps=1, weight_decay=0.0, grad_clip=None)
+    assert not same(plain.arrays, model_arrays(ctx.model))
+
+
+def test_rho0_reduces_sam_family_to_their_base():
+    assert same(fit("fedsam", {"rho": 0.0})[0].arrays, fit("fedavg")[0].arrays)
+    assert same(fit("fedgamma", {"rho": 0.0})[0].arrays, fit("scaffold")[0].arrays)
+    assert same(fit("fedspeed", {"rho": 0.0, "lamb": 0.1})[0].arrays, fit("feddyn", {"lamb": 0.1})[0].arrays)
+    assert not same(fit("fedspeed", {"rho": 0.1})[0].arrays, fit("feddyn")[0].arrays)
+
+
+def test_feddyn_client_accumulates_h_and_uses_it():
+    r1, ctx1 = fit("feddyn", {"lamb": 0.1})
+    d1 = {n: p.detach() - torch.from_numpy(ctx1.global_arrays[n]) for n, p in ctx1.model.named_parameters()}
+    for n in d1:
+        torch.testing.assert_close(ctx1.state["h_i"][n], d1[n])
+    r2, _ = fit("feddyn", {"lamb": 0.1}, state={"h_i": {k: v.clone() for k, v in ctx1.state["h_i"].items()}})
+    assert not same(r1.arrays, r2.arrays)  # the dual term changes the next local update
+
+
+def test_feddyn_server_state_h_and_update():
+    g = model_arrays(tiny_model(0))
+    locals_ = [model_arrays(tiny_model(s)) for s in (1, 2)]
+    results = [ClientResult(arrays=a, num_examples=10) for a in locals_]
+    ctx = server_ctx(g, results, num_clients=5, aggregation="uniform")
+    new = get_method("feddyn").aggregate(ctx)
+    for k in g:
+        h = sum(a[k].astype(np.float64) - g[k] for a in locals_) / 5
+        np.testing.assert_allclose(ctx.state["h"][k].numpy(), h, rtol=1e-6)
+        np.testing.assert_allclose(new[k], (locals_[0][k] + locals_[1][k]) / 2 + h, rtol=1e-5, atol=1e-6)
+    # the state accumulates over rounds
+    ctx2 = server_ctx(new, results, num_clients=5, state=ctx.state, aggregation="uniform")
+    get_method("feddyn").aggregate(ctx2)
+    k = next(iter(g))
+    h1 = sum(a[k].astype(np.float64) - g[k] for a in locals_) / 5
+    h2 = h1 + sum(a[k].astype(np.float64) - new[k] for a in locals_) / 5
+    np.testing.assert_allclose(ctx2.state["h"][k].numpy(), h2, rtol=1e-5, atol=1e-6)
+
+
+def test_fedsmoo_dual_and_global_correction():
+    result, ctx = fit("fedsmoo", {"rho": 0.1, "lamb": 0.1}, steps=1)
+    mu = ctx.state["mu_i"]
+    # one step from mu = 0, s = 0: mu = e, the SAM perturbation of norm rho
+    assert math.isclose(float(flat_norm(mu)), 0.1, rel_tol=1e-4)
+    g = model_arrays(tiny_model())
+    results = [ClientResult(arrays=g, num_examples=10, extras={"mu": result.extras["mu"]}),
+               ClientResult(arrays=g, num_examples=10, extras={"mu": {k: 3 * v for k, v in result.extras["mu"].items()}})]
+    sctx = server_ctx(g, results)
+    get_method("fedsmoo", {"rho": 0.1}).aggregate(sctx)
+    s = sctx.broadcast["s"]
+    assert math.isclose(float(np.sqrt(sum((v.astype(np.float64) ** 2).sum() for v in s.values()))), 0.1, rel_tol=1e-4)
+    cos = sum(float((s[k] * result.extras["mu"][k]).sum()) for k in s) / (0.1 * float(flat_norm(mu)))
+    assert cos > 0.999  # s points along the mean dual
+
+
+def test_fedlesam_first_participation_plain_then_global_direction():
+    first, ctx = fit("fedlesam", {"rho": 0.1})
+    assert same(first.arrays, fit("fedavg")[0].arrays)  # no previous global model: no perturbation
+    prev = ctx.state["prev_global"]
+    # next participation: the global model moved; perturbation = rho * (prev - now)/||prev - now||
+    moved = tiny_model()
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(0.05)
+    second, _ = fit("fedlesam", {"rho": 0.1}, model=moved, state={"prev_global": prev})
+    plain, _ = fit("fedavg", model=copy.deepcopy(moved))
+    assert not same(second.arrays, plain.arrays)
+    zero, _ = fit("fedlesam", {"rho": 0.0}, model=copy.deepcopy(moved), state={"prev_global": prev})
+    assert same(zero.arrays, plain.arrays)
+
+
+def test_fedwmsam_server_momentum_alpha_and_client_weighting():
+    g = model_arrays(tiny_model(0))
+    loc = [model_arrays(tiny_model(s)) for s in (1, 2)]
+    dcs = {k: np.zeros_like(v) for k, v in g.items()}
+    results = [ClientResult(arrays=a, num_examples=10, metrics={"k_lr": 0.3}, extras={"delta_c": dcs}) for a in loc]
+    ctx = server_ctx(g, results, aggregation="uniform", lr_decay=0.998)
+    new = get_method("fedwmsam", {"alpha": 0.1}).aggregate(ctx)
+    for k in g:
+        mean_delta = (loc[0][k].astype(np.float64) + loc[1][k] - 2 * g[k]) / 2
+        np.testing.assert_allclose(ctx.broadcast["momentum"][k], -mean_delta / 0.3 * 0.998, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(new[k], g[k] + mean_delta, rtol=1e-5, atol=1e-6)
+    # first round: cos term 1.0 -> alpha = 0.99 * 0.1 + 0.01 * 0.9
+    assert math.isclose(float(ctx.broadcast["alpha"]["alpha"]), 0.99 * 0.1 + 0.01 * 0.9)
+    # client: with zero momentum and alpha in the broadcast the CE gradient is scaled by alpha
+    a1, _ = fit("fedwmsam", {"rho": 0.0}, broadcast={"alpha": {"alpha": np.asarray(1 - 1e-9)}}, momentum=0.0)
+    a2, _ = fit("fedwmsam", {"rho": 0.0}, broadcast={"alpha": {"alpha": np.asarray(0.5)}})
+    plain, _ = fit("fedavg")
+    diff = lambda r: sum(float(np.abs(r.arrays[k] - plain.arrays[k]).sum()) for k in plain.arrays)  # noqa: E731
+    assert diff(a1) < 1e-5 < diff(a2)
+
+
+def test_unknown_parameter_and_bad_values_are_named():
+    with pytest.raises(TypeError, match="fedavg"):
+        get_method("fedavg", {"mu": 1})
+    with pytest.raises(ValueError, match="fedprox: mu"):
+        get_method("fedprox", {"mu": -1})
+    with pytest.raises(ValueError, match="fedlesam: estimate"):
+        get_method("fedlesam", {"estimate": "psychic"})
+
+
+# ---------------------------------------------------------------- through the federation
+
+
+@pytest.fixture(scope="module")
+def fed_setup(tmp_path_factory):
+    from helpers import split_labels
+
+    from fedmedbench import io
+    from fedmedbench import partition as P
+    from fedmedbench.data import synthetic
+
+    d = tmp_path_factory.mktemp("methods")
+    arrays = synthetic.generate("bloodmnist", 28, seed=0, counts={"train": 240, "val": 40, "test": 80})
+    io.write_npz(d / "b.npz", arrays)
+    io.write_json(d / "p.json", P.build_partition(split_labels(arrays), "fls", 6, 0, {"alpha": 0.5}, num_classes=8))
+    return d
+
+
+def run_inprocess(d, method, name, rounds=3, params=None, stop=None):
+    spec = RunSpec(run_dir=str(d / name), study="t", dataset="bloodmnist", setting="fls", method=method, seed=0,
+                   partition_path=str(d / "p.json"), sources={"base": str(d / "b.npz")}, image_size=28,
+                   train={"rounds": rounds, "local_epochs": 1, "batch_size": 16, "lr": 0.05, "weight_decay": 1e-3,
+                          "grad_clip": 10.0, "aggregation": "uniform", "lr_decay": 0.998},
+                   clients_per_round=3, method_params=params or {}, device="cpu",
+                   early_stopping=stop or {"mode": "none"})
+    spec = fed.resolve_data_shapes(spec)
+    f = fed.Federation(spec, log=lambda m: None)
+    return f, f.run(fed.InProcessTransport(spec))
+
+
+ALL = ["fedavg", "fedprox", "scaffold", "feddyn", "fedsam", "fedspeed", "fedsmoo", "fedgamma", "fedlesam", "fedwmsam"]
+
+
+@pytest.mark.parametrize("method", ALL)
+def test_every_method_runs_a_federation_and_resumes_identically(fed_setup, method):
+    f, full = run_inprocess(fed_setup, method, f"{method}-full", rounds=3)
+    assert full.round == 3 and all(np.isfinite(r["train_loss"]) for r in full.rows)
+    assert {"task_norm", "growth_rate", "saturation"} <= set(full.rows[-1])
+    # A run stopped after round 2 (its checkpoint and client states on disk) and resumed to round 3:
+    # run 2 rounds, then re-label that checkpoint with the 3-round run's hash and continue.
+    _, part = run_inprocess(fed_setup, method, f"{method}-part", rounds=2)
+    target = fed_setup / f"{method}-resumed"
+    shutil.copytree(fed_setup / f"{method}-part", target)
+    spec3 = RunSpec(**{**f.spec.to_dict(), "run_dir": str(target)})
+    checkpoint.save(target, part, spec3.run_hash())
+    resumed = fed.Federation(spec3, log=lambda m: None).run(fed.InProcessTransport(spec3))
+    assert resumed.round == 3
+    for k in full.arrays:
+        assert np.array_equal(full.arrays[k], resumed.arrays[k]), (method, k)
+    assert json.dumps(full.rows[-1].get("growth_rate")) == json.dumps(resumed.rows[-1].get("growth_rate"))
+
+
+def test_datafree_mode_stops_the_run(fed_setup):
+    _, state = run_inprocess(fed_setup, "fedavg", "stop", rounds=8, stop={"mode": "datafree", "tau": 10.0, "patience": 2})
+    assert state.round == 3  # kappa_2 = 1, kappa_3 = 2 >= patience: r* = 3 (every growth rate < 10)
+    assert state.rows[-1]["datafree_stop"] == 1
