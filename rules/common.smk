@@ -44,6 +44,11 @@ def _check_config():
             if scheme == "center" and setting["num_clients"] != 2:
                 _config_error(f"{key}.num_clients", "the center scheme has exactly 2 clients")
             cpr = study["clients_per_round"]
+            es = study["early_stopping"]
+            if es["bad_setting"] and es["bad_setting"] not in study["settings"]:
+                _config_error(f"studies.{sname}.early_stopping.bad_setting", f"'{es['bad_setting']}' is not a setting of the study")
+            if es["figure3_setting"] and es["figure3_setting"] not in study["settings"]:
+                _config_error(f"studies.{sname}.early_stopping.figure3_setting", f"'{es['figure3_setting']}' is not a setting of the study")
             if cpr is not None and cpr > setting["num_clients"]:
                 _config_error(f"studies.{sname}.clients_per_round", f"{cpr} exceeds num_clients={setting['num_clients']} of setting '{setname}'")
 
@@ -151,6 +156,7 @@ def all_targets():
     for study in config["studies"]:
         out += expand("results/{study}/tables/final_metrics{tag}.{ext}", study=study, tag=TAG, ext=["csv", "md", "tex"])
         out.append(f"results/{study}/figures/convergence{TAG}.png")
+        out += earlystop_targets(study)
     return out
 
 
@@ -159,3 +165,25 @@ def corrupt_input(wildcards):
     if wildcards.origin == "synthetic":
         return f"resources/synthetic/{wildcards.dataset}_{wildcards.size}.npz"
     return f"resources/medmnist/{wildcards.dataset}_{wildcards.size}.npz"
+
+
+def es_taus(study):
+    """Every tau the early-stopping report evaluates (sweep, study tau, Table 2 tau)."""
+    es = config["studies"][study]["early_stopping"]
+    return sorted({*es["taus"], es["tau"], es["table2_tau"]})
+
+
+def es_figure_setting(study):
+    es = config["studies"][study]["early_stopping"]
+    return es["figure3_setting"] or next(iter(config["studies"][study]["settings"]))
+
+
+def earlystop_targets(study):
+    es = config["studies"][study]["early_stopping"]
+    if not es["report"]:
+        return []
+    out = [f"results/{study}/tables/table1{TAG}.{ext}" for ext in ("csv", "md", "tex")]
+    if es["bad_setting"]:
+        out += [f"results/{study}/tables/table2{TAG}.{ext}" for ext in ("csv", "md", "tex")]
+    out += [f"results/{study}/figures/fig3_stopping{TAG}.png", f"results/{study}/figures/fig4_tau{TAG}.png"]
+    return out
