@@ -44,6 +44,8 @@ def _bad(path: list, value):
     (["studies", "micro", "train", "rounds"], 0, "rounds"),
     (["studies", "micro", "train", "bogus"], 1, "bogus"),
     (["device"], "tpu", "'tpu' is not one of"),
+    (["studies", "micro", "method_params"], {"fedavg": {"mu": 0.1}}, "'mu' was unexpected"),
+    (["studies", "micro", "method_params"], {"fedprox": {"mu": -1}}, "mu"),
     (["data", "origin"], "imaginary", "origin"),
 ])
 def test_schema_errors_name_the_key(path, value, needle):

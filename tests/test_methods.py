@@ -249,7 +249,7 @@ def test_fedwmsam_server_momentum_alpha_and_client_weighting():
 
 
 def test_unknown_parameter_and_bad_values_are_named():
-    with pytest.raises(TypeError, match="fedavg"):
+    with pytest.raises(TypeError, match=r"fedavg.*unknown parameter"):
         get_method("fedavg", {"mu": 1})
     with pytest.raises(ValueError, match="fedprox: mu"):
         get_method("fedprox", {"mu": -1})
@@ -313,3 +313,12 @@ def test_datafree_mode_stops_the_run(fed_setup):
     _, state = run_inprocess(fed_setup, "fedavg", "stop", rounds=8, stop={"mode": "datafree", "tau": 10.0, "patience": 2})
     assert state.round == 3  # kappa_2 = 1, kappa_3 = 2 >= patience: r* = 3 (every growth rate < 10)
     assert state.rows[-1]["datafree_stop"] == 1
+
+
+@pytest.mark.parametrize("name", ["timm:convnextv2_atto", "timm:convnextv2_nano"])
+def test_convnextv2_builds_offline_at_64px(name):
+    from fedmedbench.models import build_model
+
+    model = build_model(name, in_channels=3, num_classes=7, image_size=64)
+    assert model(torch.zeros(2, 3, 64, 64)).shape == (2, 7)
+    assert not any("num_batches_tracked" in k for k in model.state_dict())  # LayerNorm/GRN, no BN buffers

@@ -155,7 +155,7 @@ class Method:
 
     def __init__(self, **params: Any) -> None:
         if params:
-            raise TypeError(f"method '{self.name}' takes no parameters, got {sorted(params)}")
+            raise TypeError(f"method '{self.name}' got unknown parameter(s) {sorted(params)} (method_params.{self.name})")
 
     # --- model -------------------------------------------------------------------
     def build_model(self, spec: RunSpec) -> torch.nn.Module:
