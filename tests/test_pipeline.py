@@ -56,9 +56,16 @@ def test_outputs_exist_and_are_labelled_synthetic(pipeline):
     md = (tables / "final_metrics_synthetic.md").read_text()
     assert "SYNTHETIC" in md and "NOT a reproduction" in md
     table = pd.read_csv(tables / "final_metrics_synthetic.csv")
-    assert set(table["method"]) == {"fedavg", "local", "centralized"}
+    assert set(table["method"]) == {"fedavg", "scaffold", "local", "centralized"}
     assert set(table["setting"]) == {"dir", "dom"}
     assert (pipeline / "results" / "micro" / "figures" / "convergence_synthetic.png").stat().st_size > 1000
+    for name in ("table1_synthetic.md", "table2_synthetic.md", "stopping_points_synthetic.csv"):
+        assert (tables / name).is_file()
+    for name in ("fig3_stopping_synthetic.png", "fig4_tau_synthetic.png"):
+        assert (pipeline / "results" / "micro" / "figures" / name).is_file()
+    # SCAFFOLD went through real Flower messages: client extras up, the server control variate down
+    scaffold_log = (pipeline / "logs" / "train_federated" / "micro" / "breastmnist" / "dir" / "scaffold" / "seed0.log").read_text()
+    assert "round 2/2" in scaffold_log
     run = pipeline / "results" / "micro" / "breastmnist" / "dir" / "fedavg" / "seed0"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["data_origin"] == "synthetic" and summary["rounds_run"] == 2
