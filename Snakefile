@@ -23,6 +23,23 @@ include: "rules/report.smk"
 include: "rules/report_earlystop.smk"
 
 
+# Quick steps run on the submitting node, not as cluster jobs.
+localrules:
+    all,
+    aggregate_results,
+    plot_study,
+    earlystop_stopping_points,
+    earlystop_table1,
+    earlystop_table2,
+    earlystop_figures,
+
+
+if config["cluster"]["local_downloads"]:
+
+    localrules:
+        download_medmnist,
+
+
 rule all:
     input:
         all_targets(),

@@ -1,0 +1,73 @@
+"""The micro pipeline submitted to a REAL single-node SLURM (tests/cluster/slurm.sh) equals a local run.
+
+Needs root and Debian's slurmctld/slurmd/slurm-client/munge (installed by the cluster script when
+missing). Skipped elsewhere, or with FMB_SKIP_SLURM=1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "cluster" / "slurm.sh"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.environ.get("FMB_SKIP_SLURM") == "1", reason="FMB_SKIP_SLURM=1"),
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("apt-get") is None and shutil.which("slurmctld") is None,
+                       reason="needs root and Debian packages for a real SLURM"),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    state = tmp_path_factory.mktemp("slurm-state")
+    env = {**os.environ, "FMB_SLURM_STATE": str(state), "FMB_SLURM_PORT": "16917"}
+    up = subprocess.run(["bash", str(SCRIPT), "up"], env=env, capture_output=True, text=True, timeout=600)
+    assert up.returncode == 0, up.stdout + up.stderr
+    env["SLURM_CONF"] = str(state / "slurm.conf")
+    yield env
+    subprocess.run(["bash", str(SCRIPT), "down"], env=env, capture_output=True, text=True, timeout=120)
+
+
+def workflow_copy(dest: Path) -> Path:
+    dest.mkdir(parents=True)
+    for item in ("Snakefile", "rules", "scripts", "config", "report", "envs", "src"):
+        src = ROOT / item
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / item)
+    shutil.copy(ROOT / "tests" / "fixtures" / "slurm.yaml", dest / "micro.yaml")
+    return dest
+
+
+def test_slurm_run_equals_local_run(cluster, tmp_path):
+    local = workflow_copy(tmp_path / "local")
+    slurm = workflow_copy(tmp_path / "slurm")
+    shutil.copytree(ROOT / "tests" / "cluster" / "profile", slurm / "profile")
+    snake = [sys.executable, "-m", "snakemake", "--configfile", "micro.yaml"]
+    p = subprocess.run([*snake, "--cores", "2"], cwd=local, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = subprocess.run([*snake, "--profile", "profile"], cwd=slurm, env=cluster, capture_output=True, text=True,
+                       timeout=1200)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    out = p.stdout + p.stderr
+    assert "100%" in out
+    for method in ("fedavg", "scaffold"):
+        run = Path("results/micro/breastmnist/dir") / method / "seed0"
+        a = torch.load(local / run / "model.pt", weights_only=True)
+        b = torch.load(slurm / run / "model.pt", weights_only=True)
+        assert all(torch.equal(a[k], b[k]) for k in a), method
+        pd.testing.assert_frame_equal(pd.read_csv(local / run / "metrics.csv").drop(columns="elapsed_s"),
+                                      pd.read_csv(slurm / run / "metrics.csv").drop(columns="elapsed_s"))
+    # the jobs really went through SLURM (the plugin reports each submission's SLURM job id)
+    import re
+
+    submitted = re.findall(r"submitted with SLURM jobid", out, flags=re.IGNORECASE)
+    assert len(submitted) >= 3, out[-3000:]  # synthesize, partition, 2 x train (tables/plots are localrules)
