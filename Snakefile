@@ -20,9 +20,11 @@ include: "rules/data.smk"
 include: "rules/partition.smk"
 include: "rules/train.smk"
 include: "rules/report.smk"
+include: "rules/surgical.smk"
 
 
 rule all:
     input:
         all_targets(),
+        surgical_targets(),
     default_target: True
