@@ -45,9 +45,6 @@ class BadFiles:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def frame_is_bad(self, video_id: str, frame: int) -> bool:
-        return any(r["video_id"] == str(video_id) and r["frame"] == int(frame) for r in self.rows)
-
     def report(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows, columns=list(REPORT_COLUMNS))
 

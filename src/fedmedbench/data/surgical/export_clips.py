@@ -33,6 +33,15 @@ ROLES = ("federated", "out_of_federation", "server")
 DEFAULT_PROMPT = "This is the Local site {site} model and the surgery type is {surgery_type}"
 
 
+def _nearest_before(ts: np.ndarray, i: int, target: float) -> int:
+    """Index of the frame among ts[:i] (sorted) whose time is nearest to target; -1 when i == 0."""
+    if i == 0:
+        return -1
+    j = int(np.searchsorted(ts[:i], target))
+    candidates = [c for c in (j - 1, j) if 0 <= c < i]
+    return min(candidates, key=lambda c: (abs(ts[c] - target), -c))
+
+
 def build_clips(index: pd.DataFrame, num_previous: int, interval_s: float, tolerance_s: float) -> pd.DataFrame:
     """One row per labelled frame with the paths of its clip (oldest first, current last)."""
     if index["timestamp_s"].isna().any():
@@ -48,10 +57,8 @@ def build_clips(index: pd.DataFrame, num_previous: int, interval_s: float, toler
             t = ts[i]
             clip, offsets, dup = [], [], 0
             for k in range(num_previous, 0, -1):
-                target = t - k * interval_s
-                earlier = ts[:i]
-                j = int(np.argmin(np.abs(earlier - target))) if len(earlier) else -1
-                if j >= 0 and abs(earlier[j] - target) <= tolerance_s + 1e-9:
+                j = _nearest_before(ts, i, t - k * interval_s)
+                if j >= 0 and abs(ts[j] - (t - k * interval_s)) <= tolerance_s + 1e-9:
                     clip.append(paths[j])
                     offsets.append(round(float(ts[j] - t), 6))
                 else:

@@ -152,8 +152,9 @@ def scheme_iid(pool, lengths, n, seed) -> list[list[VideoKey]]:
 
 
 def scheme_curation(candidates, lengths, n, sources, match_lengths) -> list[list[VideoKey]]:
-    if len(sources) != n:
-        raise ValueError(f"curation: sources has {len(sources)} entries for {n} clients")
+    if not sources or len(sources) != n:
+        raise ValueError(f"curation: needs one list of datasets per client ({n}) in 'sources' or the group's "
+                         f"'eval_sources', got {sources}")
     by_ds: dict[str, list[VideoKey]] = {}
     for v in candidates:
         by_ds.setdefault(v[0], []).append(v)
@@ -311,12 +312,12 @@ def build_group(name: str, indices: dict[str, pd.DataFrame], metas: dict[str, di
     group = Group(name, classes, n, lengths, video_split, ev["val"], ev["test"], pool, excluded,
                   {k: settings[k] for k in cfg["settings"]})
     for st in group.settings.values():
-        st.frames = setting_frames(group, st, frames, cfg)
+        st.frames = setting_frames(group, st, frames)
         check_no_leakage(st.frames, f"group '{name}', setting '{st.name}'")
     return group
 
 
-def setting_frames(group: Group, st: Setting, frames: pd.DataFrame, cfg: dict) -> pd.DataFrame:
+def setting_frames(group: Group, st: Setting, frames: pd.DataFrame) -> pd.DataFrame:
     """One row per (client, split, frame) with the boxes the client may see."""
     restrict = set(st.params.get("restrict_splits") or ["train"]) if st.scheme == "lmo" else set()
     by_video = {k: g for k, g in frames.groupby(["dataset", "video_id"], sort=False)}
