@@ -20,6 +20,7 @@ include: "rules/data.smk"
 include: "rules/partition.smk"
 include: "rules/train.smk"
 include: "rules/report.smk"
+include: "rules/surgical.smk"
 include: "rules/report_earlystop.smk"
 
 
@@ -43,4 +44,5 @@ if config["cluster"]["local_downloads"]:
 rule all:
     input:
         all_targets(),
+        surgical_targets(),
     default_target: True

@@ -1,0 +1,59 @@
+"""What every dataset adapter receives and returns (one module per on-disk layout)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedmedbench.data.surgical.badfiles import BadFiles
+
+
+@dataclass
+class AdapterContext:
+    """Inputs of an adapter: the dataset folder, its resolved options, the bad-file collector.
+
+    ``mask_dir`` is where segmentation adapters write canonical masks (inside the temp
+    folder of the index output, so they appear atomically with the index); ``mask_dir_final``
+    is where that folder will be once the index is complete (the path the index records).
+    """
+
+    name: str
+    root: Path
+    options: dict
+    bad: BadFiles
+    mask_dir: Path
+    mask_dir_final: Path
+    log: Callable[[str], None] = print
+    notes: list[str] = field(default_factory=list)
+
+    def opt(self, key: str, default=None):
+        """A dataset option; ``None`` in the config means "the layout's documented default"."""
+        value = self.options.get(key)
+        return default if value is None else value
+
+
+def resolve_fps(ctx: AdapterContext, official: float | None, required: bool) -> tuple[float | None, str]:
+    """The frame rate of the frame numbers in file names: configured, else the release's documented rate.
+
+    Returns (fps, source). Never guesses: a layout without a documented rate needs ``fps`` in
+    the config when ``required``; otherwise timestamps stay NaN and the meta says so.
+    """
+    configured = ctx.options.get("fps")
+    if configured is not None:
+        if configured <= 0:
+            raise ValueError(f"surgical.datasets.{ctx.name}.fps must be > 0, got {configured}")
+        return float(configured), "config"
+    if official is not None:
+        ctx.notes.append(f"fps {official} is the release's documented frame rate (surgical.datasets.{ctx.name}.fps: null)")
+        return float(official), "official"
+    if required:
+        raise ValueError(f"surgical.datasets.{ctx.name}.fps is not set: the {ctx.options.get('layout')} layout does not "
+                         "record a frame rate, so set the frame rate of the frame numbers in the file names")
+    ctx.notes.append("no fps configured: timestamps are NaN (clip export needs surgical.datasets.<name>.fps)")
+    return None, "none"
+
+
+def timestamp(frame: int, fps: float | None) -> float:
+    return float(frame) / fps if fps else math.nan

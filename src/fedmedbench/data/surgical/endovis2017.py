@@ -1,0 +1,98 @@
+"""EndoVis2017 Robotic Instrument Segmentation (Allan et al. 2019): per-instrument part masks.
+
+Release layout (``<surgical.root>/EndoVis2017/``)::
+
+    train/instrument_dataset_1/left_frames/frame000.png ... frame224.png   (2 Hz, 1920x1080)
+                              /ground_truth/Left_Prograsp_Forceps_labels/frame000.png
+                              /ground_truth/Maryland_Bipolar_Forceps_labels/frame000.png
+                              /ground_truth/Other_labels/frame000.png
+    test/instrument_dataset_1/left_frames/frame225.png ... frame299.png
+                             /PartsSegmentation/frame225.png   (test labels, when placed there)
+
+Each ``*_labels`` image marks one instrument's parts with grey values 10 = shaft,
+20 = wrist, 30 = clasper (``label_values``); the adapter merges the instruments of a frame
+into one canonical part mask. ``Other_labels`` (non-robotic instruments, no parts) is
+skipped by default (``exclude_label_dirs``). Test sequences 1-8 continue the training
+procedures of the same number (frames 225-299), so they keep the same ``video_id``: the
+original protocol, which FedST follows, splits by time within a procedure. Frames without
+any label folder (test frames before the labels are added) are indexed as unlabelled.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedmedbench.data.surgical.badfiles import DatasetNotFoundError
+from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, timestamp
+from fedmedbench.data.surgical.fsutil import image_size, sorted_images
+from fedmedbench.data.surgical.schema import PART_CLASSES
+from fedmedbench.data.surgical.segmasks import frame_number, grey_mask, map_values, save_canonical, value_map
+
+TASK = "segmentation"
+OFFICIAL_FPS = 2.0  # "we sample the frames from 30 Hz video at 2 Hz"
+OFFICIAL_SPLIT_DIRS = {"train": "train", "test": "test"}
+OFFICIAL_VALUES = {10: "shaft", 20: "wrist", 30: "clasper"}
+MERGED_DIRS = ("PartsSegmentation",)
+
+
+def _label_dirs(vdir, exclude) -> tuple[list, bool]:
+    """Per-instrument label folders (merged=False) or one merged parts folder (merged=True)."""
+    for name in MERGED_DIRS:
+        if (vdir / name).is_dir():
+            return [vdir / name], True
+    gt = vdir / "ground_truth"
+    if not gt.is_dir():
+        return [], False
+    return sorted(d for d in gt.iterdir() if d.is_dir() and d.name not in exclude), False
+
+
+def _frame_mask(ctx, frame_img, label_dirs, lut, size, vid, frame):
+    merged = np.zeros((size[1], size[0]), dtype=np.uint8)
+    for d in label_dirs:
+        path = d / frame_img.name
+        raw, problem = grey_mask(path)
+        if problem is None and raw.shape != (size[1], size[0]):
+            problem = f"mask size {raw.shape[1]}x{raw.shape[0]} differs from the image size {size[0]}x{size[1]}"
+        if problem is None:
+            mapped, problem = map_values(raw, lut)
+        if problem:
+            ctx.bad.add(path, problem, vid, frame)
+            return None
+        merged = np.where(mapped > 0, mapped, merged)
+    return merged
+
+
+def index(ctx: AdapterContext) -> tuple[list[dict], dict]:
+    split_dirs = ctx.opt("split_dirs", OFFICIAL_SPLIT_DIRS)
+    present = {d: s for d, s in split_dirs.items() if (ctx.root / d).is_dir()}
+    if not present:
+        raise DatasetNotFoundError(f"surgical dataset '{ctx.name}': none of the split folders {sorted(split_dirs)} exists "
+                                   f"in {ctx.root}; not the EndoVis2017 layout (see docs/surgical_data.md)")
+    fps, fps_source = resolve_fps(ctx, OFFICIAL_FPS, required=True)
+    lut = value_map(ctx, OFFICIAL_VALUES, "parts")
+    exclude = set(ctx.opt("exclude_label_dirs", ["Other_labels"]))
+    rows = []
+    for d, split in sorted(present.items()):
+        for vdir in sorted(p for p in (ctx.root / d).iterdir() if p.is_dir()):
+            vid = vdir.name
+            label_dirs, _ = _label_dirs(vdir, exclude)
+            for img in sorted_images(vdir / "left_frames"):
+                frame = frame_number(img.stem)
+                if frame is None:
+                    ctx.bad.add(img, "no frame number in the file name", vid)
+                    continue
+                size = image_size(img)
+                if size is None:
+                    ctx.bad.add(img, "image missing or unreadable", vid, frame)
+                    continue
+                mask_path = ""
+                if label_dirs:
+                    mask = _frame_mask(ctx, img, label_dirs, lut, size, vid, frame)
+                    if mask is None:
+                        continue
+                    mask_path = save_canonical(ctx, vid, frame, mask)
+                rows.append({"dataset": ctx.name, "video_id": vid, "frame": frame, "timestamp_s": timestamp(frame, fps),
+                             "image_path": str(img), "width": size[0], "height": size[1], "split": split,
+                             "labelled": bool(mask_path), "boxes": "", "mask_path": mask_path})
+    return rows, {"task": TASK, "classes": list(PART_CLASSES), "label_set": "parts", "fps": fps,
+                  "fps_source": fps_source, "split_source": f"release folders {present}"}

@@ -1,0 +1,75 @@
+"""Shared steps of the segmentation adapters: read a label image, map its values, save the canonical mask.
+
+A canonical mask is a single-channel uint8 PNG whose pixel value is the index of the
+class in the dataset's label set (``parts``: background, shaft, wrist, clasper;
+``binary``: background, instrument).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from fedmedbench.data.surgical.base import AdapterContext
+from fedmedbench.data.surgical.fsutil import read_image, write_png
+from fedmedbench.data.surgical.schema import LABEL_SETS
+
+FRAME_RE = re.compile(r"(\d+)(?!.*\d)")  # the last number in a file stem
+
+
+def frame_number(stem: str, pattern: re.Pattern = FRAME_RE) -> int | None:
+    m = pattern.search(stem)
+    return int(m.group(1)) if m else None
+
+
+def grey_mask(path: Path) -> tuple[np.ndarray | None, str | None]:
+    """A single-channel label image, or the reason it is not one."""
+    img = read_image(path)
+    if img is None:
+        return None, "mask missing or unreadable"
+    if img.ndim == 3:
+        if img.shape[2] == 4:
+            img = img[..., :3]
+        if not (np.array_equal(img[..., 0], img[..., 1]) and np.array_equal(img[..., 1], img[..., 2])):
+            return None, "mask has colour channels, expected a grey label image"
+        img = img[..., 0]
+    return img, None
+
+
+def map_values(mask: np.ndarray, value_to_class: dict[int, int]) -> tuple[np.ndarray | None, str | None]:
+    """Raw label values -> canonical class indices; a value outside the map is an error."""
+    values = np.unique(mask)
+    unknown = [int(v) for v in values if int(v) not in value_to_class]
+    if unknown:
+        return None, f"label value(s) {unknown} not in the label map {sorted(value_to_class)}"
+    lut = np.zeros(max(256, int(values.max()) + 1), dtype=np.uint8)
+    for raw, cls in value_to_class.items():
+        if 0 <= raw < lut.size:
+            lut[raw] = cls
+    return lut[mask], None
+
+
+def value_map(ctx: AdapterContext, default: dict, label_set: str) -> dict[int, int]:
+    """``label_values`` (raw value -> class name) resolved to class indices of the label set."""
+    classes = LABEL_SETS[label_set]
+    raw = ctx.opt("label_values", default)
+    out = {}
+    for value, name in raw.items():
+        if name not in classes:
+            raise ValueError(f"surgical.datasets.{ctx.name}.label_values: '{name}' is not a class of the "
+                             f"'{label_set}' label set {classes}")
+        out[int(value)] = classes.index(name)
+    out.setdefault(0, 0)
+    return out
+
+
+def save_canonical(ctx: AdapterContext, video: str, frame: int, mask: np.ndarray) -> str:
+    rel = Path(_safe(video)) / f"{frame:06d}.png"
+    write_png(ctx.mask_dir / rel, mask.astype(np.uint8))
+    return str(ctx.mask_dir_final / rel)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", name)
