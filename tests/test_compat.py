@@ -71,3 +71,16 @@ def test_medmnistc_motion_blur_runs_with_numpy2():
     img = Image.fromarray((np.random.default_rng(0).random((224, 224, 3)) * 255).astype(np.uint8))
     out = CORRUPTIONS_DS["breastmnist"]["motion_blur"].apply(img, 2)
     assert out.shape == (224, 224, 3) and out.dtype == np.uint8
+
+
+def test_import_is_light_and_the_hook_fixes_torchvision_in_a_fresh_process():
+    import subprocess
+    import sys
+
+    code = ("import sys, fedmedbench; assert 'torch' not in sys.modules, 'package import pulled torch'; "
+            "import torch, torchvision; from fedmedbench import compat; "
+            "b = torch.tensor([[0., 0, 10, 10], [1, 1, 11, 11]]); "
+            "print(torchvision.ops.nms(b, torch.tensor([0.9, 0.8]), 0.5).tolist(), compat.TORCHVISION_NMS_FALLBACK)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("[0]")

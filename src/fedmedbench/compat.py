@@ -15,7 +15,9 @@ What it does, and why:
   it. When (and only when) the compiled library cannot be loaded we define the
   ``torchvision::nms``/``qnms`` operators with a pure-PyTorch kernel before
   torchvision is imported, and route ``torchvision.ops.nms`` to it. On a machine
-  where the compiled ops load (e.g. a CUDA cluster node) nothing is patched.
+  where the compiled ops load (e.g. a CUDA cluster node) nothing is patched. This is
+  done by a one-shot import hook on the first ``import torchvision``, so importing
+  fedmedbench itself does not import torch (light jobs stay light).
 * medmnistc's motion blur calls ``np.fromstring`` on binary data, which NumPy >= 2.3
   rejects. We give that one module a NumPy whose ``fromstring`` is ``frombuffer``.
   (medmnistc also needs ImageMagick's MagickWand shared library: see README.)
@@ -24,6 +26,8 @@ What it does, and why:
 from __future__ import annotations
 
 import glob
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -96,21 +100,11 @@ def _torchvision_compiled_ops_load() -> bool:
     return False
 
 
-def install_torchvision_nms_fallback() -> bool:
-    """Register a pure-PyTorch ``torchvision::nms`` if the compiled op is missing.
-
-    Returns True when the fallback was installed. Safe to call more than once.
-    """
-    global TORCHVISION_NMS_FALLBACK
-    if TORCHVISION_NMS_FALLBACK:
-        return True
-    if "torchvision" in sys.modules:  # already imported: it either loaded its ops or failed loudly
-        return False
-    if _torchvision_compiled_ops_load():
-        return False
+def _define_fallback_ops() -> None:
+    """Define ``torchvision::nms``/``qnms`` with pure-PyTorch kernels (before torchvision is imported)."""
     import torch
 
-    lib = torch.library.Library("torchvision", "DEF")  # noqa: F841 - kept alive on the module
+    lib = torch.library.Library("torchvision", "DEF")
     lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     lib.impl("nms", nms_reference, "CompositeExplicitAutograd")
@@ -121,17 +115,81 @@ def install_torchvision_nms_fallback() -> bool:
     lib.impl("qnms", _qnms, "CompositeExplicitAutograd")
     _KEEP_ALIVE.append(lib)
 
-    import torchvision.extension
-    import torchvision.ops
-    import torchvision.ops.boxes
+
+def _route_ops_nms(torchvision_module) -> None:
+    """Point ``torchvision.ops.nms`` (which refuses to run without compiled ops) at the registered op."""
+    import torch
 
     def nms(boxes, scores, iou_threshold):  # same signature as torchvision.ops.nms
         return torch.ops.torchvision.nms(boxes, scores, float(iou_threshold))
 
-    torchvision.ops.nms = nms
-    torchvision.ops.boxes.nms = nms
+    torchvision_module.ops.nms = nms
+    torchvision_module.ops.boxes.nms = nms
+
+
+def install_torchvision_nms_fallback() -> bool:
+    """Register a pure-PyTorch ``torchvision::nms`` now if the compiled op is missing (imports torchvision).
+
+    Returns True when the fallback is active. Safe to call more than once. Normally not
+    needed: the import hook below does the same lazily, on the first ``import torchvision``.
+    """
+    global TORCHVISION_NMS_FALLBACK
+    if TORCHVISION_NMS_FALLBACK:
+        return True
+    if "torchvision" in sys.modules:  # already imported: it either loaded its ops or failed loudly
+        return False
+    _remove_hook()
+    if _torchvision_compiled_ops_load():
+        return False
+    _define_fallback_ops()
+    import torchvision
+
+    _route_ops_nms(torchvision)
     TORCHVISION_NMS_FALLBACK = True
     return True
+
+
+class _TorchvisionImportHook(importlib.abc.MetaPathFinder):
+    """One-shot hook on ``import torchvision``: define the fallback ops first, patch nms after.
+
+    Keeps ``import fedmedbench`` light (no torch/torchvision import) for jobs that never
+    touch torchvision, while every process that does import it gets the fallback.
+    """
+
+    def find_spec(self, name, path=None, target=None):
+        global TORCHVISION_NMS_FALLBACK
+        if name != "torchvision":
+            return None
+        _remove_hook()
+        if _torchvision_compiled_ops_load():
+            return None  # compiled ops present: import normally
+        _define_fallback_ops()
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        run_module = spec.loader.exec_module
+
+        def exec_module(module):
+            global TORCHVISION_NMS_FALLBACK
+            run_module(module)
+            _route_ops_nms(module)
+            TORCHVISION_NMS_FALLBACK = True
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+_HOOK = _TorchvisionImportHook()
+
+
+def _remove_hook() -> None:
+    if _HOOK in sys.meta_path:
+        sys.meta_path.remove(_HOOK)
+
+
+def install_import_hook() -> None:
+    if "torchvision" not in sys.modules and _HOOK not in sys.meta_path:
+        sys.meta_path.insert(0, _HOOK)
 
 
 _KEEP_ALIVE: list = []
@@ -180,4 +238,4 @@ def limit_threads(n: int) -> None:
 
 
 apply_offline_env()
-install_torchvision_nms_fallback()
+install_import_hook()
