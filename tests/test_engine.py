@@ -149,3 +149,35 @@ def test_local_method_keeps_models_on_clients(workdir):
     assert all(torch.equal(init[k], final[k]) for k in init)
     rows = pd.read_csv(Path(spec.run_dir) / "client_metrics.csv")
     assert sorted(rows["client"].unique()) == [0, 1, 2, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,extras", [("fedavg", set()), ("scaffold", {"extra.delta_c"})])
+def test_only_parameters_and_declared_extras_leave_a_client(workdir, monkeypatch, method, extras):
+    """Every reply of a real Flower run is recorded; only shared-model arrays, metrics and the
+    method's declared extras may appear (the engine also enforces this on every reply)."""
+    from fedmedbench.fl import engine
+
+    seen = []
+    original = engine.FlowerTransport.inspect
+
+    def record(self, reply):
+        seen.append((sorted(reply.content.array_records), sorted(reply.content.metric_records),
+                     sorted(reply.content.config_records), sorted(reply.content["arrays"].keys())))
+        original(self, reply)
+
+    monkeypatch.setattr(engine.FlowerTransport, "inspect", record)
+    spec = make_spec(workdir, f"msgs-{method}", method=method, rounds=2)
+    engine.run(spec, log=lambda m: None)
+    assert len(seen) == 2 * 4  # 2 rounds x 4 clients
+    model_keys = sorted(fed.new_model(fed.resolve_data_shapes(spec)).state_dict())
+    for arrays, metrics, configs, keys in seen:
+        assert set(arrays) == {"arrays"} | extras
+        assert metrics == ["metrics"] and configs == []
+        assert keys == model_keys
+
+    bad = engine.AllowedContent(model_keys[:-1], ())
+    from flwr.app import ArrayRecord, MetricRecord, RecordDict
+
+    with pytest.raises(engine.ClientFailure, match="undeclared record"):
+        bad.check(RecordDict({"metrics": MetricRecord({"a": 1.0}), "secret": ArrayRecord()}), 0)

@@ -138,11 +138,30 @@ def _partition_map(grid: Grid, nodes: list[int]) -> dict[int, int]:
     return {int(r.content["info"]["partition-id"]): r.metadata.src_node_id for r in replies}
 
 
+class AllowedContent:
+    """What a client may send: model arrays of the shared keys, metrics, the method's declared extras."""
+
+    def __init__(self, shared_keys: list[str], extra_records: tuple[str, ...]) -> None:
+        self.shared_keys = set(shared_keys)
+        self.records = {"arrays", "metrics"} | {f"extra.{n}" for n in extra_records}
+
+    def check(self, content: RecordDict, pid: int | str) -> None:
+        names = set(content.array_records) | set(content.metric_records) | set(content.config_records)
+        unexpected = names - self.records
+        if unexpected:
+            raise ClientFailure(f"client {pid} sent undeclared record(s) {sorted(unexpected)}")
+        if "arrays" in content.array_records:
+            extra_keys = set(content["arrays"].keys()) - self.shared_keys
+            if extra_keys:
+                raise ClientFailure(f"client {pid} sent model entries outside the shared model: {sorted(extra_keys)[:5]}")
+
+
 class FlowerTransport:
     """Federation <-> clients over Flower messages (one QUERY to map partition ids to nodes)."""
 
-    def __init__(self, grid: Grid, num_nodes: int) -> None:
+    def __init__(self, grid: Grid, num_nodes: int, allowed: AllowedContent | None = None) -> None:
         self.grid = grid
+        self.allowed = allowed
         self.node_of = _partition_map(grid, _wait_for_nodes(grid, num_nodes))
         self.pid_of = {v: k for k, v in self.node_of.items()}
 
@@ -158,11 +177,17 @@ class FlowerTransport:
         _check_replies(replies, len(msgs), f"round {rnd} training")
         results = {}
         for r in replies:
+            self.inspect(r)
             metrics = dict(r.content["metrics"])
             n = int(metrics.pop("num-examples"))
             extras = {k[len("extra."):]: _from_record(v) for k, v in r.content.array_records.items() if k.startswith("extra.")}
             results[self.pid_of[r.metadata.src_node_id]] = ClientResult(_from_record(r.content["arrays"]), n, metrics, extras)
         return results
+
+    def inspect(self, reply: Message) -> None:
+        """Every training reply is checked against what the method may send (nothing else leaves a client)."""
+        if self.allowed is not None:
+            self.allowed.check(reply.content, self.pid_of.get(reply.metadata.src_node_id, "?"))
 
     def evaluate(self, rnd, pids, arrays):
         rec = _to_record(arrays)
@@ -185,7 +210,9 @@ def run(spec: RunSpec, log: Callable[[str], None] = print) -> fed.Federation:
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        federation.final_state = federation.run(FlowerTransport(grid, federation.num_nodes))
+        model = fed.new_model(spec)
+        allowed = AllowedContent(federation.method.shared_keys(model), federation.method.extra_records)
+        federation.final_state = federation.run(FlowerTransport(grid, federation.num_nodes, allowed))
 
     threads = max(1, int(spec.threads))
     use_gpu = federation.device.type == "cuda"
