@@ -181,3 +181,18 @@ def test_only_parameters_and_declared_extras_leave_a_client(workdir, monkeypatch
 
     with pytest.raises(engine.ClientFailure, match="undeclared record"):
         bad.check(RecordDict({"metrics": MetricRecord({"a": 1.0}), "secret": ArrayRecord()}), 0)
+
+
+def test_orphaned_ray_dirs_of_dead_jobs_are_removed(tmp_path):
+    import os
+    import subprocess
+
+    from fedmedbench.fl.engine import remove_orphaned_ray_dirs
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / f"fmb-ray-{dead.pid}-abc").mkdir()
+    (tmp_path / f"fmb-ray-{os.getpid()}-def").mkdir()
+    removed = remove_orphaned_ray_dirs(tmp_path)
+    assert [p.name for p in removed] == [f"fmb-ray-{dead.pid}-abc"]
+    assert (tmp_path / f"fmb-ray-{os.getpid()}-def").exists()

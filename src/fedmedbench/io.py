@@ -9,8 +9,10 @@ file; the temp file is removed on error.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,11 +34,23 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp_path
         _fsync_file(tmp_path)
+        _fault_injection(target)
         os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; outputs get normal permissions
         os.replace(tmp_path, target)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+#: Fault injection for the kill-anywhere tests: a glob; a process writing a matching target
+#: SIGKILLs itself after the temp file is complete and before the rename (the worst moment).
+FAULT_ENV = "FEDMEDBENCH_FAULT_KILL_BEFORE_RENAME"
+
+
+def _fault_injection(target: Path) -> None:
+    pattern = os.environ.get(FAULT_ENV)
+    if pattern and fnmatch.fnmatch(str(target), pattern):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _current_umask() -> int:

@@ -217,7 +217,9 @@ def run(spec: RunSpec, log: Callable[[str], None] = print) -> fed.Federation:
     threads = max(1, int(spec.threads))
     use_gpu = federation.device.type == "cuda"
     actors = min(threads, federation.num_nodes)
-    ray_tmp = Path(tempfile.mkdtemp(prefix="fmb-ray-", dir=os.environ.get("FEDMEDBENCH_RAY_TMP", "/tmp")))
+    tmp_root = Path(os.environ.get("FEDMEDBENCH_RAY_TMP", "/tmp"))
+    remove_orphaned_ray_dirs(tmp_root)
+    ray_tmp = Path(tempfile.mkdtemp(prefix=f"fmb-ray-{os.getpid()}-", dir=tmp_root))
     backend_config = {
         "client_resources": {"num_cpus": 1, "num_gpus": (1.0 / actors) if use_gpu else 0.0},
         "init_args": {
@@ -237,6 +239,28 @@ def run(spec: RunSpec, log: Callable[[str], None] = print) -> fed.Federation:
         raise RuntimeError("the Flower simulation ended without completing the run (see the log above)")
     federation.stage_outputs(federation.final_state)
     return federation
+
+
+def remove_orphaned_ray_dirs(root: Path) -> list[Path]:
+    """Delete Ray temp dirs left by killed jobs (``fmb-ray-<pid>-*`` whose process is gone)."""
+    removed = []
+    for d in root.glob("fmb-ray-*-*"):
+        pid = d.name.split("-")[2]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _shutdown_ray() -> None:
