@@ -71,3 +71,48 @@ def test_slurm_run_equals_local_run(cluster, tmp_path):
 
     submitted = re.findall(r"submitted with SLURM jobid", out, flags=re.IGNORECASE)
     assert len(submitted) >= 3, out[-3000:]  # synthesize, partition, 2 x train (tables/plots are localrules)
+
+
+def test_preempted_training_job_resumes_from_its_checkpoint(cluster, tmp_path):
+    """scancel a running training job (as pre-emption or a time limit would); Snakemake resubmits it
+    (--retries) and the new job continues from the last completed round, not from scratch."""
+    import time
+
+    local = workflow_copy(tmp_path / "local")
+    slurm = workflow_copy(tmp_path / "slurm")
+    for d in (local, slurm):
+        shutil.copy(ROOT / "tests" / "fixtures" / "preempt.yaml", d / "micro.yaml")
+    shutil.copytree(ROOT / "tests" / "cluster" / "profile", slurm / "profile")
+    snake = [sys.executable, "-m", "snakemake", "--configfile", "micro.yaml"]
+    p = subprocess.run([*snake, "--cores", "1"], cwd=local, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+
+    proc = subprocess.Popen([*snake, "--profile", "profile", "--retries", "2"], cwd=slurm, env=cluster,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ckpt = slurm / "results/micro/breastmnist/dir/scaffold/seed0/checkpoint/server.pt"
+    cancelled = None
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None and cancelled is None:
+        if ckpt.exists():
+            try:
+                rnd = int(torch.load(ckpt, weights_only=True)["round"])
+            except Exception:  # noqa: BLE001 - being replaced
+                rnd = 0
+            if 1 <= rnd < 10:
+                q = subprocess.run(["squeue", "-h", "-o", "%i %j %k"], env=cluster, capture_output=True, text=True)
+                for line in q.stdout.splitlines():
+                    job_id, *rest = line.split()
+                    if "train_federated" in " ".join(rest):  # the only training job of this config
+                        subprocess.run(["scancel", job_id], env=cluster, check=True)
+                        cancelled = rnd
+                        break
+        time.sleep(0.1)
+    out, _ = proc.communicate(timeout=1200)
+    assert cancelled is not None, "no running training job was caught to cancel\n" + out[-2000:]
+    assert proc.returncode == 0, out[-4000:]
+    log = (slurm / "logs/train_federated/micro/breastmnist/dir/scaffold/seed0.log").read_text()
+    assert "resuming from checkpoint at round" in log
+    run = Path("results/micro/breastmnist/dir/scaffold/seed0")
+    a = torch.load(local / run / "model.pt", weights_only=True)
+    b = torch.load(slurm / run / "model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
