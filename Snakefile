@@ -20,6 +20,7 @@ include: "rules/data.smk"
 include: "rules/partition.smk"
 include: "rules/train.smk"
 include: "rules/report.smk"
+include: "rules/report_gpaf.smk"
 
 
 rule all:

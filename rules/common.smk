@@ -26,6 +26,18 @@ def _config_error(key, message):
     raise ValueError(f"config error at '{key}': {message}")
 
 
+def _check_gpaf_report(sname, study):
+    rep = study["report"].get("gpaf")
+    if rep is None:
+        return
+    key = f"studies.{sname}.report.gpaf.tsne.methods"
+    for m in rep["tsne"]["methods"]:
+        if m not in study["methods"]:
+            _config_error(key, f"'{m}' is not one of the study's methods {study['methods']}")
+    if rep["tsne"]["methods"] and not study["save_client_models"]:
+        _config_error(f"studies.{sname}.save_client_models", "must be true for the t-SNE of client features (report.gpaf.tsne)")
+
+
 def _check_config():
     for sname, study in config["studies"].items():
         for setname, setting in study["settings"].items():
@@ -43,6 +55,7 @@ def _check_config():
                     _config_error(f"{key}.num_clients", f"must equal the number of domains ({len(domains)})")
             if scheme == "center" and setting["num_clients"] != 2:
                 _config_error(f"{key}.num_clients", "the center scheme has exactly 2 clients")
+            _check_gpaf_report(sname, study)
             cpr = study["clients_per_round"]
             if cpr is not None and cpr > setting["num_clients"]:
                 _config_error(f"studies.{sname}.clients_per_round", f"{cpr} exceeds num_clients={setting['num_clients']} of setting '{setname}'")
@@ -123,6 +136,7 @@ def run_spec(wildcards):
         "data_origin": ORIGIN,
         "log_every": st["log_every"],
         "eval_every": st["eval_every"],
+        "save_client_models": st["save_client_models"],
     }
 
 
@@ -139,6 +153,7 @@ def all_targets():
     for study in config["studies"]:
         out += expand("results/{study}/tables/final_metrics{tag}.{ext}", study=study, tag=TAG, ext=["csv", "md", "tex"])
         out.append(f"results/{study}/figures/convergence{TAG}.png")
+        out += gpaf_targets(study)
     return out
 
 
@@ -147,3 +162,47 @@ def corrupt_input(wildcards):
     if wildcards.origin == "synthetic":
         return f"resources/synthetic/{wildcards.dataset}_{wildcards.size}.npz"
     return f"resources/medmnist/{wildcards.dataset}_{wildcards.size}.npz"
+
+
+# --- GPAF study report (rules/report_gpaf.smk): Table 1, rounds to target, t-SNE -----------------
+
+
+def gpaf_targets(study):
+    st = config["studies"][study]
+    if st["report"].get("gpaf") is None:
+        return []
+    datasets = sorted({r["dataset"] for r in runs(study)})
+    out = expand("results/{study}/tables/table1_{dataset}{tag}.{ext}", study=study, dataset=datasets, tag=TAG,
+                 ext=["csv", "md", "tex"])
+    out += expand("results/{study}/tables/convergence_rounds{tag}.{ext}", study=study, tag=TAG, ext=["csv", "md"])
+    out.append(f"results/{study}/figures/gpaf_convergence{TAG}.png")
+    if st["report"]["gpaf"]["tsne"]["methods"]:
+        for setting in st["settings"]:
+            for dataset in setting_datasets(study, setting):
+                out.append(f"results/{study}/figures/tsne_{dataset}_{setting}{TAG}.png")
+    return out
+
+
+def gpaf_dataset_summaries(wildcards):
+    return [f"{run_dir(r)}/summary.json" for r in runs(wildcards.study) if r["dataset"] == wildcards.dataset]
+
+
+def _gpaf_tsne_runs(wildcards):
+    st = config["studies"][wildcards.study]
+    seed = st["seeds"][0]
+    return [dict(study=wildcards.study, dataset=wildcards.dataset, setting=wildcards.setting, method=m, seed=seed)
+            for m in st["report"]["gpaf"]["tsne"]["methods"]]
+
+
+def gpaf_tsne_inputs(wildcards):
+    """Each shown method's first-seed run (its summary names client_models.pt), partition and data."""
+    files = []
+    for r in _gpaf_tsne_runs(wildcards):
+        files += [f"{run_dir(r)}/summary.json", f"{run_dir(r)}/model.pt"]
+    files.append(partition_json(_gpaf_tsne_runs(wildcards)[0]))
+    files += sorted(set(setting_sources(wildcards.study, wildcards.dataset, wildcards.setting).values()))
+    return files
+
+
+def gpaf_tsne_specs(wildcards):
+    return {r["method"]: run_spec(r) for r in _gpaf_tsne_runs(wildcards)}
