@@ -34,12 +34,15 @@ def _check_gpaf_report(sname, study):
     for m in rep["tsne"]["methods"]:
         if m not in study["methods"]:
             _config_error(key, f"'{m}' is not one of the study's methods {study['methods']}")
+        if m in ("local", "centralized"):
+            _config_error(key, f"'{m}' has no federated client models to show")
     if rep["tsne"]["methods"] and not study["save_client_models"]:
         _config_error(f"studies.{sname}.save_client_models", "must be true for the t-SNE of client features (report.gpaf.tsne)")
 
 
 def _check_config():
     for sname, study in config["studies"].items():
+        _check_gpaf_report(sname, study)
         for setname, setting in study["settings"].items():
             key = f"studies.{sname}.settings.{setname}"
             scheme, params = setting["scheme"], setting["params"]
@@ -55,7 +58,6 @@ def _check_config():
                     _config_error(f"{key}.num_clients", f"must equal the number of domains ({len(domains)})")
             if scheme == "center" and setting["num_clients"] != 2:
                 _config_error(f"{key}.num_clients", "the center scheme has exactly 2 clients")
-            _check_gpaf_report(sname, study)
             cpr = study["clients_per_round"]
             if cpr is not None and cpr > setting["num_clients"]:
                 _config_error(f"studies.{sname}.clients_per_round", f"{cpr} exceeds num_clients={setting['num_clients']} of setting '{setname}'")

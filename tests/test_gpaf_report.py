@@ -105,6 +105,8 @@ def _dry_run(tmp_path, cfg) -> subprocess.CompletedProcess:
     (lambda c: c["studies"]["gmicro"]["report"]["gpaf"]["tsne"].__setitem__("methods", ["moonx"]), "moonx"),
     (lambda c: c["studies"]["gmicro"]["report"]["gpaf"]["tsne"].__setitem__("methods", ["local"]),
      "studies.gmicro.report.gpaf.tsne.methods"),
+    (lambda c: c["studies"]["gmicro"]["report"]["gpaf"]["tsne"].__setitem__("methods", ["centralized"]),
+     "has no federated client models"),
 ])
 def test_gpaf_report_config_errors_name_the_key(tmp_path, mutate, needle):
     cfg = copy.deepcopy(MICRO)
