@@ -22,6 +22,7 @@ include: "rules/train.smk"
 include: "rules/report.smk"
 include: "rules/surgical.smk"
 include: "rules/report_earlystop.smk"
+include: "rules/report_gpaf.smk"
 
 
 # Quick steps run on the submitting node, not as cluster jobs.
@@ -33,6 +34,8 @@ localrules:
     earlystop_table1,
     earlystop_table2,
     earlystop_figures,
+    gpaf_table1,
+    gpaf_convergence,
 
 
 if config["cluster"]["local_downloads"]:

@@ -28,8 +28,23 @@ def _config_error(key, message):
     raise ValueError(f"config error at '{key}': {message}")
 
 
+def _check_gpaf_report(sname, study):
+    rep = study["report"].get("gpaf")
+    if rep is None:
+        return
+    key = f"studies.{sname}.report.gpaf.tsne.methods"
+    for m in rep["tsne"]["methods"]:
+        if m not in study["methods"]:
+            _config_error(key, f"'{m}' is not one of the study's methods {study['methods']}")
+        if m in ("local", "centralized"):
+            _config_error(key, f"'{m}' has no federated client models to show")
+    if rep["tsne"]["methods"] and not study["save_client_models"]:
+        _config_error(f"studies.{sname}.save_client_models", "must be true for the t-SNE of client features (report.gpaf.tsne)")
+
+
 def _check_config():
     for sname, study in config["studies"].items():
+        _check_gpaf_report(sname, study)
         for setname, setting in study["settings"].items():
             key = f"studies.{sname}.settings.{setname}"
             scheme, params = setting["scheme"], setting["params"]
@@ -142,6 +157,7 @@ def run_spec(wildcards):
         "log_every": st["log_every"],
         "eval_every": st["eval_every"],
         "early_stopping": early_stopping_spec(st["early_stopping"]),
+        "save_client_models": st["save_client_models"],
     }
 
 
@@ -159,6 +175,7 @@ def all_targets():
         out += expand("results/{study}/tables/final_metrics{tag}.{ext}", study=study, tag=TAG, ext=["csv", "md", "tex"])
         out.append(f"results/{study}/figures/convergence{TAG}.png")
         out += earlystop_targets(study)
+        out += gpaf_targets(study)
     return out
 
 
@@ -301,3 +318,45 @@ def surgical_targets():
     if SURGICAL["sites"]:
         out.append(f"{SURG}/clips")
     return out
+# --- GPAF study report (rules/report_gpaf.smk): Table 1, rounds to target, t-SNE -----------------
+
+
+def gpaf_targets(study):
+    st = config["studies"][study]
+    if st["report"].get("gpaf") is None:
+        return []
+    datasets = sorted({r["dataset"] for r in runs(study)})
+    out = expand("results/{study}/tables/table1_{dataset}{tag}.{ext}", study=study, dataset=datasets, tag=TAG,
+                 ext=["csv", "md", "tex"])
+    out += expand("results/{study}/tables/convergence_rounds{tag}.{ext}", study=study, tag=TAG, ext=["csv", "md"])
+    out.append(f"results/{study}/figures/gpaf_convergence{TAG}.png")
+    if st["report"]["gpaf"]["tsne"]["methods"]:
+        for setting in st["settings"]:
+            for dataset in setting_datasets(study, setting):
+                out.append(f"results/{study}/figures/tsne_{dataset}_{setting}{TAG}.png")
+    return out
+
+
+def gpaf_dataset_summaries(wildcards):
+    return [f"{run_dir(r)}/summary.json" for r in runs(wildcards.study) if r["dataset"] == wildcards.dataset]
+
+
+def _gpaf_tsne_runs(wildcards):
+    st = config["studies"][wildcards.study]
+    seed = st["seeds"][0]
+    return [dict(study=wildcards.study, dataset=wildcards.dataset, setting=wildcards.setting, method=m, seed=seed)
+            for m in st["report"]["gpaf"]["tsne"]["methods"]]
+
+
+def gpaf_tsne_inputs(wildcards):
+    """Each shown method's first-seed run (its summary names client_models.pt), partition and data."""
+    files = []
+    for r in _gpaf_tsne_runs(wildcards):
+        files += [f"{run_dir(r)}/summary.json", f"{run_dir(r)}/model.pt"]
+    files.append(partition_json(_gpaf_tsne_runs(wildcards)[0]))
+    files += sorted(set(setting_sources(wildcards.study, wildcards.dataset, wildcards.setting).values()))
+    return files
+
+
+def gpaf_tsne_specs(wildcards):
+    return {r["method"]: run_spec(r) for r in _gpaf_tsne_runs(wildcards)}

@@ -238,7 +238,7 @@ class Federation:
         ctx = ServerContext(
             rnd=rnd, global_arrays=state.arrays, results=[results[p] for p in pids], pids=pids,
             state=state.server_state, num_clients=self.num_clients, device=self.device, train=self.train,
-            new_model=lambda: new_model(self.spec), broadcast=self.broadcast(state),
+            new_model=lambda: new_model(self.spec), broadcast=self.broadcast(state), seed=self.spec.seed,
         )
         new_arrays = self.method.aggregate(ctx)
         state.server_state["_broadcast"] = {name: arrays_to_tensors(a) for name, a in ctx.broadcast.items()}
@@ -304,6 +304,8 @@ class Federation:
             round=rnd, arrays=new_arrays, server_state=state.server_state,
             rows=state.rows + [row], client_rows=state.client_rows + client_rows, elapsed=elapsed,
         )
+        if self.spec.save_client_models and rnd == self.train.rounds:
+            self._save_final_client_models(results)
         checkpoint.save(self.spec.run_dir, new_state, self.run_hash)
         self.store.prune(rnd)
         self._progress(row)
@@ -332,6 +334,19 @@ class Federation:
         """True when the data-free rule fired and the run is configured to stop on it."""
         return self.stop_mode == "datafree" and bool(state.rows and state.rows[-1].get("datafree_stop"))
 
+    def _final_client_models_path(self) -> Path:
+        return checkpoint.checkpoint_dir(self.spec.run_dir) / "final_client_models.pt"
+
+    def _save_final_client_models(self, results: dict[int, ClientResult]) -> None:
+        """Optional (``save_client_models``): what each client sent in the last round, for analyses
+        such as t-SNE of client features. Written before the round's checkpoint, so a run resumed
+        after its last round still has it."""
+        from fedmedbench.io import atomic_path
+
+        payload = {str(pid): arrays_to_tensors(r.arrays) for pid, r in sorted(results.items()) if r.arrays}
+        with atomic_path(self._final_client_models_path()) as tmp:
+            torch.save(payload, tmp)
+
     def _progress(self, row: dict[str, Any]) -> None:
         rnd, total = row["round"], self.train.rounds
         if rnd % max(1, self.spec.log_every) and rnd != total:
@@ -357,6 +372,13 @@ class Federation:
         io.write_csv(run_dir / "client_metrics.csv", pd.DataFrame(state.client_rows))
         with io.atomic_path(run_dir / "model.pt") as tmp:
             torch.save(arrays_to_tensors(state.arrays), tmp)
+        if self.spec.save_client_models:
+            src = self._final_client_models_path()
+            if not src.is_file():
+                raise FileNotFoundError(f"{src}: the last round's client models are missing (save_client_models is on); "
+                                        "delete the run's checkpoint/ to rerun it")
+            with io.atomic_path(run_dir / "client_models.pt") as tmp:
+                shutil.copyfile(src, tmp)
         last = state.rows[-1] if state.rows else {}
         summary = {
             "study": self.spec.study, "dataset": self.spec.dataset, "setting": self.spec.setting,
@@ -365,6 +387,7 @@ class Federation:
             "early_stopping": self.stop_mode, "rounds_saved": self.train.rounds - state.round,
             "clients_per_round": self.per_round, "model": self.spec.model, "device": str(self.device),
             "wall_time_s": state.elapsed, "run_hash": self.run_hash,
+            "client_models": "client_models.pt" if self.spec.save_client_models else None,
             "final": {k: v for k, v in last.items() if k not in ("round", "clients")},
         }
         if "global_accuracy" in metrics:

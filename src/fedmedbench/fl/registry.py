@@ -133,6 +133,9 @@ class ServerContext:
     #: SCAFFOLD's server control variate, FedDG's amplitude bank). Set entries to send
     #: them; they persist (and are checkpointed) until replaced or deleted.
     broadcast: dict[str, Arrays] = field(default_factory=dict)
+    #: the run's seed: a server step that draws random numbers seeds its own generator
+    #: from (seed, rnd), so resumed runs repeat them exactly
+    seed: int = 0
 
 
 @dataclass

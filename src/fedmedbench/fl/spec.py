@@ -43,6 +43,8 @@ class RunSpec:
     eval_every: int = 1
     #: data-free early stopping: mode none|datafree, tau, patience (see fl/stopping.py)
     early_stopping: dict[str, Any] = field(default_factory=lambda: {"mode": "none", "tau": 0.01, "patience": 10})
+    #: also write the last round's client models (what clients sent) to client_models.pt
+    save_client_models: bool = False
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:
@@ -56,4 +58,6 @@ class RunSpec:
 
     def run_hash(self) -> str:
         d = {k: v for k, v in self.to_dict().items() if k not in _NOT_HASHED}
+        if not d["save_client_models"]:  # off (the default) keeps the hashes of runs from before the flag
+            del d["save_client_models"]
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]

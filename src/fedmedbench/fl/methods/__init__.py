@@ -3,6 +3,7 @@
 from fedmedbench.fl.methods import (  # noqa: F401
     centralized,
     fedavg,
+    feddg,
     feddyn,
     fedgamma,
     fedlesam,
@@ -11,6 +12,8 @@ from fedmedbench.fl.methods import (  # noqa: F401
     fedsmoo,
     fedspeed,
     fedwmsam,
+    gpaf,
     local,
+    moon,
     scaffold,
 )

@@ -1,0 +1,88 @@
+# GPAF-paper outputs for studies with `report.gpaf`: Table 1 per dataset (accuracy, macro F1,
+# recall, precision per setting), rounds to reach a target accuracy with a convergence figure,
+# and t-SNE of client and global latent features (first seed, last round).
+
+
+rule gpaf_table1:
+    input:
+        gpaf_dataset_summaries,
+    output:
+        csv=report(
+            f"results/{{study}}/tables/table1_{{dataset}}{TAG}.csv",
+            caption="../report/gpaf_table1.rst",
+            category="{study}",
+            subcategory="tables",
+        ),
+        md=f"results/{{study}}/tables/table1_{{dataset}}{TAG}.md",
+        tex=f"results/{{study}}/tables/table1_{{dataset}}{TAG}.tex",
+    params:
+        report=lambda wc: config["studies"][wc.study]["report"]["gpaf"],
+        settings=lambda wc: config["studies"][wc.study]["settings"],
+        setting_order=lambda wc: list(config["studies"][wc.study]["settings"]),
+        origin=ORIGIN,
+    log:
+        "logs/gpaf_table1/{study}/{dataset}.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../scripts/gpaf_table1.py"
+
+
+rule gpaf_convergence:
+    input:
+        study_metrics,
+    output:
+        csv=f"results/{{study}}/tables/convergence_rounds{TAG}.csv",
+        md=f"results/{{study}}/tables/convergence_rounds{TAG}.md",
+        figure=report(
+            f"results/{{study}}/figures/gpaf_convergence{TAG}.png",
+            caption="../report/gpaf_convergence.rst",
+            category="{study}",
+            subcategory="figures",
+        ),
+    params:
+        report=lambda wc: config["studies"][wc.study]["report"]["gpaf"],
+        setting_order=lambda wc: list(config["studies"][wc.study]["settings"]),
+        origin=ORIGIN,
+    log:
+        "logs/gpaf_convergence/{study}.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../scripts/gpaf_convergence.py"
+
+
+rule gpaf_tsne:
+    input:
+        gpaf_tsne_inputs,
+    output:
+        report(
+            f"results/{{study}}/figures/tsne_{{dataset}}_{{setting}}{TAG}.png",
+            caption="../report/gpaf_tsne.rst",
+            category="{study}",
+            subcategory="figures",
+        ),
+    params:
+        specs=gpaf_tsne_specs,
+        tsne=lambda wc: config["studies"][wc.study]["report"]["gpaf"]["tsne"],
+        origin=ORIGIN,
+    log:
+        "logs/gpaf_tsne/{study}/{dataset}_{setting}.log",
+    benchmark:
+        "benchmarks/gpaf_tsne/{study}/{dataset}_{setting}.tsv"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../scripts/gpaf_tsne.py"

@@ -1,0 +1,12 @@
+"""Snakemake entry: GPAF paper Table 1 for one dataset (methods x metric x setting) as CSV, Markdown, LaTeX."""
+import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
+from fedmedbench.report import gpaf
+from fedmedbench.runlog import log_to
+
+with log_to(snakemake.log[0]) as log:
+    w, p = snakemake.wildcards, snakemake.params
+    runs = gpaf.load_runs(snakemake.input)
+    settings = {name: p.settings[name] for name in p.setting_order}  # config order (params may reorder dicts)
+    long, display = gpaf.table1(runs, p.report["table_metrics"], p.report["method_order"], settings)
+    gpaf.write_table1(long, display, runs, snakemake.output, study=w.study, dataset=w.dataset, origin=p.origin)
+    log(f"{len(runs)} runs -> Table 1 with {len(display)} methods")

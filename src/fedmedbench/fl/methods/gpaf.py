@@ -1,0 +1,313 @@
+"""GPAF: Generated Preserved Adversarial Federated learning (Lakrouni, Bah, Sebgui, 2025; Algorithm 1).
+
+Client k in round t, for every mini-batch (x, y) of its ``ctx.steps`` steps (Alg. 1, lines 16-24):
+
+1. z ~ q(z|x) from the encoder E_s (reparameterised), x_hat = U_s(z), logits = C_s(z);
+   z* ~ G_w(z|y) from the server's generator for the batch's own labels (G_w frozen).
+2. E_s, U_s, C_s descend  L_total = lambda_vae * L_v + L_cl + lambda_adv * L_g        (Eq. 14, 15)
+      L_v  = ||x - x_hat||^2 + kl_weight * KL(q(z|x) || N(0, I))                    (Eq. 9)
+      L_cl = cross-entropy(C_s(z), y)                                                (Eq. 10)
+      L_g  = E[log D_s(z*)] + E[log(1 - D_s(z))]: E_s minimises it                   (Eq. 13)
+3. D_s ascends L_g (at the same point: simultaneous gradient descent-ascent).
+   Only theta_E and theta_C are sent (Eq. 8); U_s and D_s stay in the client state.
+
+Server in round t (Alg. 1, lines 1-14):
+
+1. theta_E, theta_C = FedAvg of the clients' encoders and classifiers (Eq. 8); the global
+   classifier F is initialised with the averaged theta_C.
+2. ``server_epochs`` (15) epochs, Adam lr 1e-3: labels y ~ Dir(alpha), z = mu(y) + sigma(y) * eps;
+   D_n step on L_diver (Eq. 6); generator step on
+   J = lambda_1 * L_s + lambda_2 * L_diver + lambda_kl * KL(G_w(z|y) || N(0, I))    (Eq. 7)
+      L_s  = lambda * L_KD + (1 - lambda) * L_GM                                    (Eq. 5)
+      L_KD = CE(softmax(mean_k C_k(z)), y)        (ensemble of client classifiers, Eq. 3)
+      L_GM = CE(softmax(mean_k C_k(z)), softmax(F(z)))                              (Eq. 4)
+3. The new E, C and the trained G_w are the next global arrays (G_w is never averaged).
+
+Readings of what the paper leaves open (all configurable through ``method_params.gpaf``;
+docs/gpaf.md gives the reasons):
+
+* ``gm_form``: ``literal`` (default) is Eq. 4 as printed, a cross-entropy between the
+  ensemble's prediction and F's prediction on z; ``global_ce`` is the text's reading
+  "generated representations are correctly classified by F": CE(F(z), y).
+* ``diversity_prior``: D_n contrasts generated z with samples of the prior p(z) = N(0, I)
+  (Eq. 6, the adversarial-autoencoder construction it cites; the clients' VAEs use the
+  same prior, so this keeps z* where client latents live); ``none`` drops L_diver.
+* ``label_sampling``: ``dirichlet`` (default) draws class proportions p ~ Dir(label_alpha)
+  per server step and hard labels y ~ Cat(p); ``dirichlet_soft`` uses soft label vectors
+  y ~ Dir(label_alpha) directly; ``uniform`` draws classes uniformly.
+* ``generator_kl`` = lambda_kl(s) = 0.4 and ``lambda_diver`` = lambda_adv(s) = 0.3: the paper's
+  "adversarial and KL weights" of server training (Sec. 4.1) read as the weights of
+  L_diver and of a KL term on G_w's Gaussian (Alg. 1 line 3 lists lambda_kl, lambda_adv).
+* ``gan_loss``: ``nonsaturating`` (default) trains E_s on -log D_s(z), the usual GAN
+  practice with the same fixed point as Eq. 13's log(1 - D_s(z)) (``minimax``).
+* ``conditional_disc``: D_s(z) as in Eq. 13 (default) or D_s(z, y); the conditional
+  alignment comes from z* being generated for the batch's own labels.
+* ``classify_on``: C_s is trained on the sampled z (``sample``, default) or on mu;
+  evaluation always uses mu (deterministic).
+* Reconstruction and KL are means over pixels and latent dimensions (balanced against
+  the cross-entropy); ``aggregation: weighted`` (FedAvg) or ``uniform`` (Eq. 8's 1/K).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedmedbench.fl.methods._shared import check_params, seeded, tensors_of
+from fedmedbench.fl.registry import (
+    Arrays,
+    ClientContext,
+    ClientResult,
+    Method,
+    ServerContext,
+    load_arrays,
+    model_arrays,
+    register_method,
+    weighted_average,
+)
+from fedmedbench.fl.training import NonFiniteLossError, batch_indices, make_optimizer, to_float
+from fedmedbench.models.vae import (
+    ConvDecoder,
+    GPAFNet,
+    LatentDiscriminator,
+    kl_to_standard_normal,
+    randn,
+    reparameterize,
+)
+
+SHARED_PREFIXES = ("encoder.", "classifier.")
+GENERATOR_PREFIX = "generator."
+
+DEFAULTS: dict[str, Any] = {
+    # networks
+    "latent_dim": 64, "classifier_hidden": 128, "generator_hidden": 256, "noise_dim": 0,
+    # client (Eq. 9-15); encoder/classifier/decoder use the study's train.optimizer and train.lr
+    "lambda_vae": 1.0, "lambda_adv": 0.3, "lambda_cl": 1.0, "kl_weight": 1.0,
+    "disc_lr": 2e-4, "disc_beta1": 0.5, "gan_loss": "nonsaturating", "conditional_disc": False,
+    "classify_on": "sample", "adv_start_round": 1,
+    # server (Eq. 3-8)
+    "server_epochs": 15, "server_steps_per_epoch": 1, "server_batch_size": 32,
+    "generator_lr": 1e-3, "dn_lr": 1e-3, "kd_balance": 0.5, "lambda_s": 1.0, "lambda_diver": 0.3,
+    "generator_kl": 0.4, "gm_form": "literal", "diversity_prior": "gaussian",
+    "label_sampling": "dirichlet", "label_alpha": 1.0, "aggregation": "weighted",
+}
+CHOICES = {
+    "gan_loss": ("nonsaturating", "minimax"), "classify_on": ("sample", "mean"), "gm_form": ("literal", "global_ce"),
+    "diversity_prior": ("gaussian", "none"), "label_sampling": ("dirichlet", "dirichlet_soft", "uniform"),
+    "aggregation": ("weighted", "uniform"),
+}
+
+
+def adversarial_value(real_logits: torch.Tensor, fake_logits: torch.Tensor) -> torch.Tensor:
+    """E[log D(real)] + E[log(1 - D(fake))] (Eq. 6 and 13), D = sigmoid(logits)."""
+    return -(F.binary_cross_entropy_with_logits(real_logits, torch.ones_like(real_logits))
+             + F.binary_cross_entropy_with_logits(fake_logits, torch.zeros_like(fake_logits)))
+
+
+def generator_side_loss(fake_logits: torch.Tensor, kind: str) -> torch.Tensor:
+    """What the encoder (or G_w) minimises against a discriminator's logits on its samples."""
+    if kind == "nonsaturating":  # -E[log D(fake)]
+        return F.binary_cross_entropy_with_logits(fake_logits, torch.ones_like(fake_logits))
+    return -F.binary_cross_entropy_with_logits(fake_logits, torch.zeros_like(fake_logits))  # E[log(1 - D(fake))]
+
+
+def server_generator(seed: int, rnd: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(int(np.random.SeedSequence([seed, rnd, 0x6A7AF]).generate_state(1)[0]))
+    return g
+
+
+def load_prefixed(module: nn.Module, arrays: Arrays, prefix: str) -> None:
+    module.load_state_dict({k[len(prefix):]: torch.as_tensor(np.asarray(v)) for k, v in arrays.items() if k.startswith(prefix)})
+
+
+@register_method("gpaf")
+class GPAF(Method):
+    def __init__(self, **params: Any) -> None:
+        self.p = check_params("gpaf", DEFAULTS, CHOICES, params)
+
+    # --- model -------------------------------------------------------------------
+    def build_model(self, spec) -> GPAFNet:
+        if spec.model != "gpaf_cnn":
+            raise ValueError(f"method 'gpaf' trains GPAF's encoder/classifier; set the study's model.name to 'gpaf_cnn' "
+                             f"(got '{spec.model}') so the baselines train the same network")
+        p = self.p
+        return GPAFNet(spec.in_channels, spec.num_classes, spec.image_size, p["latent_dim"], p["classifier_hidden"],
+                       p["generator_hidden"], p["noise_dim"])
+
+    @staticmethod
+    def client_keys(model: nn.Module) -> list[str]:
+        """theta_E and theta_C: the only arrays a client sends (Eq. 8)."""
+        return [k for k in model.state_dict() if k.startswith(SHARED_PREFIXES)]
+
+    # --- client side -------------------------------------------------------------
+    def local_parts(self, ctx: ClientContext, model: GPAFNet) -> tuple[ConvDecoder, LatentDiscriminator]:
+        """U_s and D_s: from the client state, or freshly initialised (seeded) in the client's first round."""
+        c, size = model.encoder.features[0].in_channels, ctx.data.train_x.shape[-1]
+        ncls = model.generator.num_classes if self.p["conditional_disc"] else 0
+        decoder = seeded(lambda: ConvDecoder(c, size, self.p["latent_dim"]), ctx.generator)
+        disc = seeded(lambda: LatentDiscriminator(self.p["latent_dim"], num_classes=ncls), ctx.generator)
+        if "decoder" in ctx.state:
+            decoder.load_state_dict(ctx.state["decoder"])
+            disc.load_state_dict(ctx.state["disc"])
+        return decoder.to(ctx.device), disc.to(ctx.device)
+
+    def disc_optimizer(self, disc: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.Adam(disc.parameters(), lr=self.p["disc_lr"], betas=(self.p["disc_beta1"], 0.999))
+
+    def model_step(self, model: GPAFNet, decoder: ConvDecoder, disc: LatentDiscriminator, opt: torch.optim.Optimizer,
+                   x: torch.Tensor, y: torch.Tensor, y_vec: torch.Tensor, z_star: torch.Tensor | None,
+                   generator: torch.Generator, grad_clip: float | None = None) -> tuple[dict[str, float], torch.Tensor]:
+        """One descent step of E_s, U_s, C_s on L_total (Eq. 14); returns the losses and the detached z."""
+        p = self.p
+        mu, logvar = model.encoder(x)
+        z = reparameterize(mu, logvar, generator)
+        loss_v = F.mse_loss(decoder(z), x) + p["kl_weight"] * kl_to_standard_normal(mu, logvar)
+        loss_cl = F.cross_entropy(model.classifier(z if p["classify_on"] == "sample" else mu), y)
+        total = p["lambda_vae"] * loss_v + p["lambda_cl"] * loss_cl
+        loss_g = torch.zeros((), device=x.device)
+        if z_star is not None:
+            loss_g = generator_side_loss(disc(z, y_vec), p["gan_loss"])
+            total = total + p["lambda_adv"] * loss_g
+        if not torch.isfinite(total):
+            raise NonFiniteLossError(f"non-finite GPAF client loss ({total.item()}); lower train.lr or enable train.grad_clip")
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        if grad_clip:
+            nn.utils.clip_grad_norm_([q for g in opt.param_groups for q in g["params"]], grad_clip)
+        opt.step()
+        return {"loss_total": float(total.detach()), "loss_v": float(loss_v.detach()), "loss_cl": float(loss_cl.detach()),
+                "loss_g": float(loss_g.detach())}, z.detach()
+
+    def disc_step(self, disc: LatentDiscriminator, opt: torch.optim.Optimizer, z_star: torch.Tensor, z: torch.Tensor,
+                  y_vec: torch.Tensor) -> float:
+        """One ascent step of D_s on L_g (Eq. 13, max over D_s); returns L_g before the step."""
+        value = adversarial_value(disc(z_star, y_vec), disc(z.detach(), y_vec))
+        opt.zero_grad(set_to_none=True)
+        (-value).backward()
+        opt.step()
+        return float(value.detach())
+
+    def client_fit(self, ctx: ClientContext) -> ClientResult:
+        model: GPAFNet = ctx.model.to(ctx.device).train()
+        generator_net = model.generator.eval().requires_grad_(False)
+        decoder, disc = self.local_parts(ctx, model)
+        decoder.train()
+        disc.train()
+        opt = make_optimizer(nn.ModuleList([model.encoder, model.classifier, decoder]), ctx.train, ctx.rnd)
+        opt_d = self.disc_optimizer(disc)
+        adversarial = ctx.rnd >= self.p["adv_start_round"]
+        ncls = generator_net.num_classes
+        sums: dict[str, float] = {}
+        steps = 0
+        for idx in batch_indices(ctx.data.num_train, ctx.train.batch_size, ctx.steps, ctx.generator):
+            x, y = to_float(ctx.data.train_x[idx], ctx.device), ctx.data.train_y[idx].to(ctx.device)
+            y_vec = F.one_hot(y, ncls).float()
+            z_star = None
+            if adversarial:
+                with torch.no_grad():
+                    z_star = generator_net(y_vec, ctx.generator)[0]
+            losses, z = self.model_step(model, decoder, disc, opt, x, y, y_vec, z_star, ctx.generator, ctx.train.grad_clip)
+            if adversarial:
+                losses["loss_d"] = self.disc_step(disc, opt_d, z_star, z, y_vec)
+            for k, v in losses.items():
+                sums[k] = sums.get(k, 0.0) + v
+            steps += 1
+        ctx.state["decoder"] = tensors_of(decoder)
+        ctx.state["disc"] = tensors_of(disc)
+        metrics = {k: v / max(steps, 1) for k, v in sums.items()}
+        metrics["train_loss"] = metrics.pop("loss_total", float("nan"))
+        return ClientResult(arrays=model_arrays(model, self.client_keys(model)), num_examples=ctx.data.num_train,
+                            metrics=metrics)
+
+    # --- server side -------------------------------------------------------------
+    def sample_labels(self, n: int, num_classes: int, generator: torch.Generator) -> torch.Tensor:
+        """Label vectors (n x C) for generator training: y ~ Dir(alpha) (see ``label_sampling``)."""
+        rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
+        alpha = np.full(num_classes, float(self.p["label_alpha"]))
+        mode = self.p["label_sampling"]
+        if mode == "dirichlet_soft":
+            return torch.from_numpy(rng.dirichlet(alpha, size=n)).float()
+        idx = rng.choice(num_classes, size=n, p=rng.dirichlet(alpha)) if mode == "dirichlet" else rng.integers(num_classes, size=n)
+        return F.one_hot(torch.from_numpy(idx).long(), num_classes).float()
+
+    def generator_losses(self, z: torch.Tensor, y_vec: torch.Tensor, ensemble: list[nn.Module],
+                         global_clf: nn.Module) -> dict[str, torch.Tensor]:
+        """L_KD (Eq. 3), L_GM (Eq. 4) and L_s (Eq. 5) of generated z."""
+        ens_logits = torch.stack([c(z) for c in ensemble]).mean(0)
+        kd = F.cross_entropy(ens_logits, y_vec)
+        if self.p["gm_form"] == "literal":
+            gm = -(F.softmax(global_clf(z), dim=1) * F.log_softmax(ens_logits, dim=1)).sum(1).mean()
+        else:
+            gm = F.cross_entropy(global_clf(z), y_vec)
+        lam = self.p["kd_balance"]
+        return {"kd": kd, "gm": gm, "s": lam * kd + (1 - lam) * gm}
+
+    def train_generator(self, gen: nn.Module, ensemble: list[nn.Module], global_clf: nn.Module, dn: nn.Module,
+                        generator: torch.Generator, device: torch.device) -> list[dict[str, float]]:
+        """``server_epochs`` epochs of D_n and G_w updates (Alg. 1 lines 4-12); one loss record per epoch."""
+        p = self.p
+        for m in [*ensemble, global_clf]:
+            m.to(device).eval().requires_grad_(False)
+        gen.to(device).train().requires_grad_(True)
+        dn.to(device).train()
+        opt_g = torch.optim.Adam(gen.parameters(), lr=p["generator_lr"])
+        opt_d = torch.optim.Adam(dn.parameters(), lr=p["dn_lr"])
+        diversity = p["diversity_prior"] != "none"
+        history = []
+        for _ in range(p["server_epochs"]):
+            for _ in range(p["server_steps_per_epoch"]):
+                y_vec = self.sample_labels(p["server_batch_size"], gen.num_classes, generator).to(device)
+                z, mu, logvar = gen(y_vec, generator)
+                rec: dict[str, float] = {}
+                div = torch.zeros((), device=device)
+                if diversity:  # D_n: prior samples (real) vs generated z (fake), Eq. 6
+                    prior = randn(z.shape[0], z.shape[1], generator, device)
+                    rec["diver_value"] = self._dn_step(dn, opt_d, prior, z)
+                    div = generator_side_loss(dn(z), "nonsaturating")
+                losses = self.generator_losses(z, y_vec, ensemble, global_clf)
+                kl = kl_to_standard_normal(mu, logvar)
+                total = p["lambda_s"] * losses["s"] + p["lambda_diver"] * div + p["generator_kl"] * kl
+                if not torch.isfinite(total):
+                    raise NonFiniteLossError(f"non-finite GPAF generator loss ({total.item()}); lower generator_lr")
+                opt_g.zero_grad(set_to_none=True)
+                total.backward()
+                opt_g.step()
+                rec.update({"J": float(total.detach()), "kd": float(losses["kd"].detach()), "gm": float(losses["gm"].detach()),
+                            "diver": float(div.detach()), "kl": float(kl.detach())})
+            history.append(rec)
+        gen.eval().requires_grad_(False)
+        return history
+
+    @staticmethod
+    def _dn_step(dn: nn.Module, opt: torch.optim.Optimizer, prior: torch.Tensor, z: torch.Tensor) -> float:
+        value = adversarial_value(dn(prior), dn(z.detach()))
+        opt.zero_grad(set_to_none=True)
+        (-value).backward()
+        opt.step()
+        return float(value.detach())
+
+    def aggregate(self, ctx: ServerContext) -> Arrays:
+        weights = [r.num_examples if self.p["aggregation"] == "weighted" else 1 for r in ctx.results]
+        new = weighted_average([r.arrays for r in ctx.results], weights)  # theta_E, theta_C (Eq. 8)
+        model: GPAFNet = ctx.new_model()
+        load_arrays(model, {**ctx.global_arrays, **new})  # F = the averaged classifier; G_w from last round
+        ensemble = []
+        for r in ctx.results:
+            clf = ctx.new_model().classifier
+            load_prefixed(clf, r.arrays, "classifier.")
+            ensemble.append(clf)
+        g = server_generator(ctx.seed, ctx.rnd)
+        dn = seeded(lambda: LatentDiscriminator(self.p["latent_dim"]), g)
+        if "gpaf_dn" in ctx.state:
+            dn.load_state_dict(ctx.state["gpaf_dn"])
+        history = self.train_generator(model.generator, ensemble, model.classifier, dn, g, ctx.device)
+        ctx.state["gpaf_dn"] = tensors_of(dn)
+        ctx.state.setdefault("gpaf_generator_losses", []).append(history[-1] if history else {})
+        out = dict(new)
+        out.update(model_arrays(model, [k for k in model.state_dict() if k.startswith(GENERATOR_PREFIX)]))
+        return out

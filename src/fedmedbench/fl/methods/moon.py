@@ -1,0 +1,108 @@
+"""MOON: model-contrastive federated learning (Li, He, Song, CVPR 2021), Algorithm 1.
+
+Client k in round t starts from the global model w^t and, for every mini-batch (x, y), takes
+one step of  CE(logits, y) + mu * l_con  with
+
+    z = R_w(x)               representation of the model being trained
+    z_glob = R_{w^t}(x)      global model of this round (frozen copy)
+    z_prev = R_{w_k^{t-1}}(x)  the client's own model after its previous round (frozen)
+    l_con = -log( e^{sim(z, z_glob)/tau} / (e^{sim(z, z_glob)/tau} + e^{sim(z, z_prev)/tau}) ),
+
+sim = cosine similarity. The client keeps its trained model in ``ctx.state['prev']`` for
+its next round; in its first round the previous model is the global model it received
+(as the reference code does). Server: FedAvg.
+
+Defaults from the paper: tau = 0.5; mu = 1 (the paper's value for CIFAR-100 and
+Tiny-ImageNet; 5 for CIFAR-10). Representation: ``model.embed(x)`` (``gpaf_cnn``: the
+encoder's latent mean, the input of the classifier, which plays the role of MOON's
+projection-head output); models without ``embed`` use their flattened ``features(x)``.
+As in the reference implementation the global model runs in training mode (batch
+statistics) and the previous model in evaluation mode. With mu = 0 the loss is the
+cross-entropy and a MOON client step is exactly a FedAvg client step.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedmedbench.fl.methods._shared import check_params, tensors_of
+from fedmedbench.fl.registry import ClientContext, ClientResult, Method, model_arrays, register_method
+from fedmedbench.fl.training import NonFiniteLossError, batch_indices, make_optimizer, to_float
+
+DEFAULTS: dict[str, Any] = {"mu": 1.0, "temperature": 0.5}
+
+
+def representation(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if hasattr(model, "embed"):
+        return model.embed(x)
+    if hasattr(model, "features"):
+        return torch.flatten(model.features(x), 1)
+    raise TypeError(f"MOON needs a model with embed() or features(); {type(model).__name__} has neither")
+
+
+def representation_and_logits(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass giving the representation and the logits computed from it."""
+    if not hasattr(model, "classifier"):
+        raise TypeError(f"MOON needs a model with a 'classifier' head; {type(model).__name__} has none")
+    z = representation(model, x)
+    return z, model.classifier(z)
+
+
+def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, temperature: float) -> torch.Tensor:
+    """l_con: cross-entropy of the positive pair (z, z_glob) against the negative (z, z_prev)."""
+    logits = torch.stack([F.cosine_similarity(z, z_glob, dim=-1), F.cosine_similarity(z, z_prev, dim=-1)], dim=1)
+    return F.cross_entropy(logits / temperature, torch.zeros(z.shape[0], dtype=torch.long, device=z.device))
+
+
+def moon_loss(logits: torch.Tensor, y: torch.Tensor, z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor,
+              mu: float, temperature: float) -> torch.Tensor:
+    return F.cross_entropy(logits, y) + mu * model_contrastive_loss(z, z_glob, z_prev, temperature)
+
+
+def frozen(model: nn.Module) -> nn.Module:
+    return model.requires_grad_(False)
+
+
+@register_method("moon")
+class MOON(Method):
+    def __init__(self, **params: Any) -> None:
+        self.p = check_params("moon", DEFAULTS, {}, params)
+        if self.p["temperature"] <= 0:
+            raise ValueError(f"method_params.moon.temperature must be > 0, got {self.p['temperature']}")
+
+    def client_fit(self, ctx: ClientContext) -> ClientResult:
+        model, cfg, device = ctx.model.to(ctx.device), ctx.train, ctx.device
+        global_model = frozen(copy.deepcopy(model)).train()  # w^t
+        prev_model = copy.deepcopy(global_model)
+        if "prev" in ctx.state:
+            prev_model.load_state_dict(ctx.state["prev"])
+        prev_model.eval()
+        model.train()
+        opt = make_optimizer(model, cfg, ctx.rnd)
+        mu, tau = self.p["mu"], self.p["temperature"]
+        total, count = 0.0, 0
+        x_all, y_all = ctx.data.train_x, ctx.data.train_y
+        for idx in batch_indices(y_all.shape[0], cfg.batch_size, ctx.steps, ctx.generator):
+            xb, yb = to_float(x_all[idx], device), y_all[idx].to(device)
+            opt.zero_grad(set_to_none=True)
+            z, logits = representation_and_logits(model, xb)
+            with torch.no_grad():
+                z_glob, z_prev = representation(global_model, xb), representation(prev_model, xb)
+            loss = moon_loss(logits, yb, z, z_glob, z_prev, mu, tau)
+            if not torch.isfinite(loss):
+                raise NonFiniteLossError(f"non-finite MOON loss ({loss.item()}) at round {ctx.rnd}, step {count + 1}; "
+                                         "lower train.lr or enable train.grad_clip")
+            loss.backward()
+            if cfg.grad_clip:
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            total += float(loss.detach())
+            count += 1
+        ctx.state["prev"] = tensors_of(model)
+        return ClientResult(arrays=model_arrays(model), num_examples=ctx.data.num_train,
+                            metrics={"train_loss": total / max(count, 1)})

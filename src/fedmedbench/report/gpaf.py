@@ -1,0 +1,310 @@
+"""GPAF-paper outputs: Table 1, rounds to a target accuracy (the "25% faster convergence"), t-SNE.
+
+* :func:`table1` — methods x (metric, setting), mean ± std over seeds of the final round, in
+  the layout of the paper's Table 1 (accuracy, macro F1, recall, precision per alpha).
+* :func:`rounds_to_target` — per run the first round whose metric reaches the target; the
+  target is given, or ``target_fraction`` x the lowest best accuracy among the federated
+  methods (so every method can reach it); speed-up = 1 - rounds / rounds of the reference.
+* :func:`tsne_panels` — latent features (posterior mean) of a fixed held-out sample (each
+  client's local test data, the same indices for every method): each client's last-round
+  model on its own data, the global model on all of it and, for GPAF, generator samples
+  z* ~ G(z|y) for the same labels; one t-SNE per method.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from fedmedbench import io  # noqa: E402
+
+LABELS = {"fedavg": "FedAvg", "moon": "MOON", "feddg": "FedDG", "gpaf": "GPAF", "centralized": "Centralized",
+          "local": "Local"}
+METRIC_LABELS = {"accuracy": "Accuracy", "f1": "F1-Score", "recall": "Recall", "precision": "Precision",
+                 "balanced_accuracy": "Balanced acc.", "auc": "AUC", "loss": "Loss"}
+SYNTHETIC_NOTE = "SYNTHETIC data (deterministic stand-in for the demo; NOT a reproduction of the paper's numbers)"
+
+
+def source_note(origin: str) -> str:
+    return SYNTHETIC_NOTE if origin == "synthetic" else "official MedMNIST data"
+
+
+def setting_label(name: str, setting: dict[str, Any]) -> str:
+    alpha = setting.get("params", {}).get("alpha")
+    return f"alpha={alpha:g}" if alpha is not None else name
+
+
+def ordered(methods, order: list[str]) -> list[str]:
+    methods = list(dict.fromkeys(methods))
+    return [m for m in order if m in methods] + [m for m in methods if m not in order]
+
+
+# ----------------------------------------------------------------------------- Table 1
+
+
+def load_runs(paths) -> pd.DataFrame:
+    rows = []
+    for p in paths:
+        s = json.loads(Path(p).read_text())
+        rows.append({"dataset": s["dataset"], "setting": s["setting"], "method": s["method"], "seed": s["seed"],
+                     "rounds": s["rounds"], **s.get("final", {})})
+    if not rows:
+        raise ValueError("no run summaries for Table 1")
+    return pd.DataFrame(rows)
+
+
+def table1(runs: pd.DataFrame, metrics: list[str], method_order: list[str],
+           settings: dict[str, dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(long table: one row per setting x method with mean/std/n; display table in the paper's layout)."""
+    missing = [m for m in metrics if m not in runs]
+    if missing:
+        raise KeyError(f"report.gpaf.table_metrics names unknown metric(s) {missing}; available: {sorted(runs.columns)}")
+    grouped = runs.groupby(["dataset", "setting", "method"], sort=False)
+    long = grouped.size().rename("n_seeds").to_frame()
+    for m in metrics:
+        long[f"{m}_mean"] = grouped[m].mean()
+        long[f"{m}_std"] = grouped[m].std(ddof=1)
+    long = long.reset_index()
+    set_order = [s for s in settings if s in set(long["setting"])]
+    display = pd.DataFrame({"Method": [LABELS.get(m, m) for m in ordered(long["method"], method_order)]})
+    for metric in metrics:
+        for s in set_order:
+            col = f"{METRIC_LABELS.get(metric.split('_', 1)[-1], metric)} ({setting_label(s, settings[s])})"
+            cells = []
+            for method in ordered(long["method"], method_order):
+                row = long[(long["setting"] == s) & (long["method"] == method)]
+                cells.append(_fmt(row[f"{metric}_mean"].iloc[0], row[f"{metric}_std"].iloc[0]) if len(row) else "–")
+            display[col] = cells
+    return long, display
+
+
+def _fmt(mean: float, std: float) -> str:
+    if not np.isfinite(mean):
+        return "n/a"
+    return f"{100 * mean:.2f}" if not np.isfinite(std) else f"{100 * mean:.2f} ± {100 * std:.2f}"
+
+
+def write_table1(long: pd.DataFrame, display: pd.DataFrame, runs: pd.DataFrame, outputs, study: str, dataset: str,
+                 origin: str) -> None:
+    seeds = sorted(runs["seed"].unique().tolist())
+    rounds = sorted(runs["rounds"].unique().tolist())
+    cap = (f"Study '{study}', {dataset}: GPAF paper Table 1 layout; final-round global test metrics in % "
+           f"(macro F1/recall/precision), mean ± std over seeds {seeds}; rounds {rounds}. Source: {source_note(origin)}.")
+    io.write_csv(outputs.csv, long)
+    io.write_text(outputs.md, f"{cap}\n\n{display.to_markdown(index=False)}\n")
+    io.write_text(outputs.tex, display.to_latex(index=False, caption=cap.replace("%", r"\%"), label=f"tab:{study}-{dataset}",
+                                                escape=True))
+
+
+# ----------------------------------------------------------------------------- convergence
+
+
+def load_curves(paths, setting_order: list[str] | None = None) -> pd.DataFrame:
+    """Per-round metrics of all runs, rows ordered by setting as in the config, then dataset and round."""
+    from fedmedbench.report.figures import load_curves as generic
+
+    curves = generic(paths)
+    order = {s: i for i, s in enumerate(setting_order or [])}
+    key = curves["setting"].map(lambda s: order.get(s, len(order)))
+    return curves.assign(_o=key).sort_values(["_o", "dataset", "setting", "seed", "round"], kind="stable").drop(columns="_o")
+
+
+def first_round_reaching(curve: pd.DataFrame, metric: str, target: float) -> float:
+    hit = curve[curve[metric] >= target - 1e-12]
+    return float(hit["round"].min()) if len(hit) else math.nan
+
+
+def rounds_to_target(curves: pd.DataFrame, metric: str, target: float | None, target_fraction: float,
+                     reference: str, method_order: list[str]) -> pd.DataFrame:
+    if metric not in curves:
+        raise KeyError(f"report.gpaf.convergence_metric '{metric}' is not a logged metric; available: {sorted(curves.columns)}")
+    rows = []
+    for (dataset, setting), sub in curves.groupby(["dataset", "setting"], sort=False):
+        best = sub.groupby(["method", "seed"])[metric].max().groupby("method").mean()
+        fl_best = best.drop(labels=["centralized", "local"], errors="ignore")
+        tgt = float(target) if target is not None else target_fraction * float((fl_best if len(fl_best) else best).min())
+        per_method = {}
+        for method in ordered(sub["method"], method_order):
+            runs = sub[sub["method"] == method]
+            hits = [first_round_reaching(g.sort_values("round"), metric, tgt) for _, g in runs.groupby("seed")]
+            reached = [h for h in hits if np.isfinite(h)]
+            per_method[method] = {
+                "dataset": dataset, "setting": setting, "method": method, "metric": metric, "target": tgt,
+                "best_mean": float(best.get(method, math.nan)), "n_seeds": len(hits), "n_reached": len(reached),
+                "rounds_mean": float(np.mean(reached)) if reached else math.nan,
+                "rounds_std": float(np.std(reached, ddof=1)) if len(reached) > 1 else math.nan,
+            }
+        ref = per_method.get(reference, {}).get("rounds_mean", math.nan)
+        for rec in per_method.values():
+            rec[f"speedup_vs_{reference}_pct"] = 100 * (1 - rec["rounds_mean"] / ref) if np.isfinite(ref) and ref > 0 else math.nan
+            rows.append(rec)
+    return pd.DataFrame(rows)
+
+
+def write_rounds_table(table: pd.DataFrame, csv: str, md: str, study: str, origin: str, reference: str) -> None:
+    shown = table.copy()
+    shown["method"] = [LABELS.get(m, m) for m in shown["method"]]
+    shown["target"] = [f"{100 * t:.2f}" for t in shown["target"]]
+    shown["rounds to target"] = [
+        "not reached" if not np.isfinite(m) else (f"{m:.1f}" if not np.isfinite(s) else f"{m:.1f} ± {s:.1f}")
+        for m, s in zip(table["rounds_mean"], table["rounds_std"], strict=True)]
+    shown["reached"] = [f"{a}/{b}" for a, b in zip(table["n_reached"], table["n_seeds"], strict=True)]
+    col = f"speedup_vs_{reference}_pct"
+    shown[f"faster than {LABELS.get(reference, reference)}"] = ["n/a" if not np.isfinite(v) else f"{v:.0f}%" for v in table[col]]
+    shown = shown[["dataset", "setting", "method", "target", "rounds to target", "reached",
+                   f"faster than {LABELS.get(reference, reference)}"]]
+    cap = (f"Study '{study}': rounds until {table['metric'].iloc[0]} first reaches the target (in %; mean ± std over the "
+           f"seeds that reach it; speed-up = 1 - rounds / rounds of {LABELS.get(reference, reference)}). "
+           f"Source: {source_note(origin)}.")
+    io.write_csv(csv, table)
+    io.write_text(md, f"{cap}\n\n{shown.to_markdown(index=False)}\n")
+
+
+def convergence_figure(curves: pd.DataFrame, targets: pd.DataFrame, metric: str, study: str, origin: str,
+                       method_order: list[str]):
+    """Row 1: best-so-far metric per round (Fig. 5a) with the target; row 2: mean client training loss (Fig. 5b)."""
+    panels = curves[["dataset", "setting"]].drop_duplicates().values.tolist()
+    fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels), 6.2), squeeze=False)
+    for j, (dataset, setting) in enumerate(panels):
+        sub = curves[(curves["dataset"] == dataset) & (curves["setting"] == setting)].sort_values("round")
+        for method in ordered(sub["method"], method_order):
+            g = sub[sub["method"] == method].copy()
+            g["best"] = g.groupby("seed")[metric].cummax()
+            best = g.groupby("round")["best"].mean()
+            loss = g.groupby("round")["train_loss"].mean()
+            axes[0, j].plot(best.index, best.values, marker="o", ms=3, label=LABELS.get(method, method))
+            axes[1, j].plot(loss.index, loss.values, marker="o", ms=3, label=LABELS.get(method, method))
+        tgt = targets[(targets["dataset"] == dataset) & (targets["setting"] == setting)]["target"]
+        if len(tgt):
+            axes[0, j].axhline(float(tgt.iloc[0]), color="grey", ls="--", lw=1, label="target")
+        axes[0, j].set_title(f"{dataset} / {setting}", fontsize=9)
+        axes[0, j].set_ylabel(f"best {metric} so far")
+        axes[1, j].set_ylabel("train loss (each method's objective)")
+        for ax in axes[:, j]:
+            ax.set_xlabel("round")
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    tag = " — SYNTHETIC data (not a paper reproduction)" if origin == "synthetic" else ""
+    fig.suptitle(f"{study}: convergence{tag}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------- t-SNE
+
+
+def heldout_indices(n: int, k: int, seed: int, pid: int) -> np.ndarray:
+    """The fixed held-out sample of a client: the same indices for every method."""
+    return np.sort(np.random.default_rng([seed, pid]).permutation(n)[: min(k, n)])
+
+
+def latent_features(spec_dict: dict, samples_per_client: int, generator_samples: int, seed: int) -> dict[str, np.ndarray]:
+    """features (N, d), labels (N,), groups (N,) of clients, the global model and (GPAF) the generator."""
+    import torch
+
+    from fedmedbench.fl.data import FederatedData
+    from fedmedbench.fl.federation import resolve_data_shapes
+    from fedmedbench.fl.registry import get_method, load_arrays
+    from fedmedbench.fl.spec import RunSpec
+    from fedmedbench.fl.training import to_float
+
+    spec = resolve_data_shapes(RunSpec.from_dict(dict(spec_dict)))
+    run_dir = Path(spec.run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if not summary.get("client_models"):
+        raise FileNotFoundError(f"{run_dir / 'summary.json'}: the run kept no client models; set the study's "
+                                "save_client_models: true (needed by report.gpaf.tsne)")
+    clients = torch.load(run_dir / summary["client_models"], map_location="cpu", weights_only=True)
+    global_arrays = {k: v.numpy() for k, v in torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True).items()}
+    method = get_method(spec.method, spec.method_params)
+    data = FederatedData(spec.partition_path, spec.sources)
+    cpu = torch.device("cpu")
+
+    def model_with(arrays):
+        model = method.build_model(spec)
+        load_arrays(model, arrays, method.shared_keys(model))
+        if not hasattr(model, "embed"):
+            raise TypeError(f"model '{spec.model}' has no embed(); the t-SNE needs latent features (use gpaf_cnn)")
+        return model.eval()
+
+    feats, labels, groups, xs = [], [], [], []
+    with torch.no_grad():
+        for pid in sorted(clients, key=int):
+            c = data.client(int(pid))
+            idx = torch.as_tensor(heldout_indices(len(c.test_y), samples_per_client, seed, int(pid)))
+            x, y = c.test_x[idx], c.test_y[idx]
+            local = model_with({**global_arrays, **{k: v.numpy() for k, v in clients[pid].items()}})
+            feats.append(local.embed(to_float(x, cpu)).numpy())
+            labels.append(y.numpy())
+            groups += [f"client {pid}"] * len(y)
+            xs.append((x, y))
+        glob = model_with(global_arrays)
+        for x, y in xs:
+            feats.append(glob.embed(to_float(x, cpu)).numpy())
+            labels.append(y.numpy())
+            groups += ["global"] * len(y)
+        if hasattr(glob, "generator") and generator_samples:
+            y = torch.cat([y for _, y in xs])[:generator_samples]
+            g = torch.Generator().manual_seed(seed)
+            z = glob.generator(torch.nn.functional.one_hot(y, spec.num_classes).float(), g)[0]
+            feats.append(z.numpy())
+            labels.append(y.numpy())
+            groups += ["generator z*"] * len(y)
+    return {"features": np.concatenate(feats), "labels": np.concatenate(labels), "groups": np.array(groups)}
+
+
+def tsne_embedding(features: np.ndarray, perplexity: float, seed: int) -> np.ndarray:
+    from sklearn.manifold import TSNE
+
+    perp = float(min(perplexity, max(2.0, (len(features) - 1) / 3)))
+    return TSNE(n_components=2, perplexity=perp, init="pca", random_state=seed).fit_transform(features)
+
+
+MARKERS = {"global": "X", "generator z*": "+"}
+CLIENT_MARKERS = ["o", "s", "^", "D", "v", "P", "*", "h"]
+
+
+def tsne_figure(panels: dict[str, dict[str, np.ndarray]], title: str):
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.4), squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    for ax, (method, p) in zip(axes.flat, panels.items(), strict=True):
+        emb, labels, groups = p["embedding"], p["labels"], p["groups"]
+        names, markers = list(dict.fromkeys(groups)), _markers(groups)
+        for group, marker in zip(names, markers, strict=True):
+            sel = groups == group
+            ax.scatter(emb[sel, 0], emb[sel, 1], c=[cmap(int(c) % 10) for c in labels[sel]], marker=marker, s=14,
+                       alpha=0.75, linewidths=0.8 if marker in ("+", "X") else 0.0)
+        ax.set_title(LABELS.get(method, method), fontsize=10)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        handles = [plt.Line2D([], [], color="k", marker=m, ls="", ms=6, label=g) for g, m in zip(names, markers, strict=True)]
+        classes = sorted(set(labels.tolist()))
+        handles += [plt.Line2D([], [], color=cmap(c % 10), marker="o", ls="", ms=6, label=f"class {c}") for c in classes]
+        ax.legend(handles=handles, fontsize=6, loc="best", ncol=2)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _markers(groups: np.ndarray) -> list[str]:
+    return [MARKERS.get(g, CLIENT_MARKERS[i % len(CLIENT_MARKERS)]) for i, g in enumerate(dict.fromkeys(groups))]
+
+
+def tsne_panels(specs: dict[str, dict], tsne: dict[str, Any]) -> dict[str, dict[str, np.ndarray]]:
+    panels = {}
+    for method, spec in specs.items():
+        f = latent_features(spec, tsne["samples_per_client"], tsne["generator_samples"], tsne["seed"])
+        panels[method] = {"embedding": tsne_embedding(f["features"], tsne["perplexity"], tsne["seed"]),
+                          "labels": f["labels"], "groups": f["groups"]}
+    return panels

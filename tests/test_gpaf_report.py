@@ -1,0 +1,161 @@
+"""GPAF study outputs: Table 1 layout, rounds to target, t-SNE figure; config checks; the micro pipeline."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from fedmedbench.report import gpaf
+
+ROOT = Path(__file__).resolve().parents[1]
+MICRO = yaml.safe_load((ROOT / "tests" / "fixtures" / "micro_gpaf.yaml").read_text())
+SETTINGS = {"alpha0.5": {"scheme": "domain", "params": {"alpha": 0.5}}, "alpha0.1": {"scheme": "domain", "params": {"alpha": 0.1}}}
+
+
+def runs_frame() -> pd.DataFrame:
+    rows = []
+    for setting, base in (("alpha0.5", 0.8), ("alpha0.1", 0.7)):
+        for method, bonus in (("gpaf", 0.05), ("fedavg", 0.0), ("centralized", 0.1)):
+            for seed in (0, 1, 2):
+                acc = base + bonus + 0.01 * seed
+                rows.append({"dataset": "breastmnist", "setting": setting, "method": method, "seed": seed, "rounds": 10,
+                             "global_accuracy": acc, "global_f1": acc - 0.02, "global_recall": acc, "global_precision": acc})
+    return pd.DataFrame(rows)
+
+
+def test_table1_has_the_paper_layout():
+    metrics = ["global_accuracy", "global_f1", "global_recall", "global_precision"]
+    long, display = gpaf.table1(runs_frame(), metrics, ["fedavg", "moon", "feddg", "gpaf", "centralized"], SETTINGS)
+    assert list(display["Method"]) == ["FedAvg", "GPAF", "Centralized"]
+    assert list(display.columns[1:3]) == ["Accuracy (alpha=0.5)", "Accuracy (alpha=0.1)"]
+    assert list(display.columns[3:5]) == ["F1-Score (alpha=0.5)", "F1-Score (alpha=0.1)"]
+    assert display.loc[1, "Accuracy (alpha=0.5)"] == "86.00 ± 1.00"  # gpaf: 0.85, 0.86, 0.87
+    row = long[(long["setting"] == "alpha0.1") & (long["method"] == "fedavg")].iloc[0]
+    assert row["n_seeds"] == 3 and row["global_accuracy_mean"] == pytest.approx(0.71)
+    with pytest.raises(KeyError, match="table_metrics"):
+        gpaf.table1(runs_frame(), ["global_nonsense"], ["gpaf"], SETTINGS)
+
+
+def curves_frame() -> pd.DataFrame:
+    """GPAF reaches 0.8 at round 3, FedAvg at round 4 (seed 0) and 4 (seed 1): 25% faster."""
+    acc = {"gpaf": [0.5, 0.7, 0.81, 0.85, 0.86], "fedavg": [0.6, 0.7, 0.75, 0.82, 0.83]}
+    rows = []
+    for method, ys in acc.items():
+        for seed in (0, 1):
+            for r, a in enumerate(ys, start=1):
+                rows.append({"dataset": "breastmnist", "setting": "alpha0.5", "method": method, "seed": seed, "round": r,
+                             "global_accuracy": a, "train_loss": 1.0 / r})
+    return pd.DataFrame(rows)
+
+
+def test_rounds_to_target_and_speedup():
+    table = gpaf.rounds_to_target(curves_frame(), "global_accuracy", 0.8, 0.95, "fedavg", ["fedavg", "gpaf"])
+    t = table.set_index("method")
+    assert t.loc["gpaf", "rounds_mean"] == 3 and t.loc["fedavg", "rounds_mean"] == 4
+    assert t.loc["gpaf", "speedup_vs_fedavg_pct"] == pytest.approx(25.0)
+    assert t.loc["gpaf", "n_reached"] == 2
+    # default target: 0.95 x the lowest best accuracy among FL methods (0.83) -> 0.7885
+    auto = gpaf.rounds_to_target(curves_frame(), "global_accuracy", None, 0.95, "fedavg", ["fedavg", "gpaf"]).set_index("method")
+    assert auto.loc["gpaf", "target"] == pytest.approx(0.95 * 0.83)
+    assert auto.loc["fedavg", "rounds_mean"] == 4 and auto.loc["gpaf", "rounds_mean"] == 3
+    # an unreachable target is reported as such, not as a number
+    never = gpaf.rounds_to_target(curves_frame(), "global_accuracy", 0.99, 0.95, "fedavg", ["fedavg", "gpaf"])
+    assert never["rounds_mean"].isna().all() and (never["n_reached"] == 0).all()
+
+
+def test_convergence_outputs_say_synthetic(tmp_path):
+    curves = curves_frame()
+    table = gpaf.rounds_to_target(curves, "global_accuracy", 0.8, 0.95, "fedavg", ["fedavg", "gpaf"])
+    gpaf.write_rounds_table(table, tmp_path / "r.csv", tmp_path / "r.md", study="s", origin="synthetic", reference="fedavg")
+    md = (tmp_path / "r.md").read_text()
+    assert "SYNTHETIC" in md and "25%" in md
+    fig = gpaf.convergence_figure(curves, table, "global_accuracy", "s", "synthetic", ["fedavg", "gpaf"])
+    assert "SYNTHETIC" in fig._suptitle.get_text()
+
+
+def test_heldout_sample_is_fixed_and_tsne_figure_draws_every_group():
+    a, b = gpaf.heldout_indices(50, 10, 0, 1), gpaf.heldout_indices(50, 10, 0, 1)
+    assert np.array_equal(a, b) and len(a) == 10 and not np.array_equal(a, gpaf.heldout_indices(50, 10, 0, 2))
+    rng = np.random.default_rng(0)
+    feats = np.concatenate([rng.normal(c * 3, 1, (20, 8)) for c in (0, 1)])
+    emb = gpaf.tsne_embedding(feats, 30, 0)
+    assert emb.shape == (40, 2)
+    groups = np.array(["client 0"] * 10 + ["global"] * 10 + ["client 1"] * 10 + ["generator z*"] * 10)
+    fig = gpaf.tsne_figure({"gpaf": {"embedding": emb, "labels": np.repeat([0, 1], 20), "groups": groups}}, "t")
+    assert len(fig.axes[0].collections) == 4
+
+
+def _dry_run(tmp_path, cfg) -> subprocess.CompletedProcess:
+    f = tmp_path / "cfg.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    return subprocess.run([sys.executable, "-m", "snakemake", "-n", "--quiet", "--configfile", str(f)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda c: c["studies"]["gmicro"].__setitem__("save_client_models", False), "studies.gmicro.save_client_models"),
+    (lambda c: c["studies"]["gmicro"]["report"]["gpaf"]["tsne"].__setitem__("methods", ["moonx"]), "moonx"),
+    (lambda c: c["studies"]["gmicro"]["report"]["gpaf"]["tsne"].__setitem__("methods", ["local"]),
+     "studies.gmicro.report.gpaf.tsne.methods"),
+    (lambda c: c["studies"]["gmicro"]["report"]["gpaf"]["tsne"].__setitem__("methods", ["centralized"]),
+     "has no federated client models"),
+])
+def test_gpaf_report_config_errors_name_the_key(tmp_path, mutate, needle):
+    cfg = copy.deepcopy(MICRO)
+    mutate(cfg)
+    proc = _dry_run(tmp_path, cfg)
+    assert proc.returncode != 0
+    assert needle in proc.stdout + proc.stderr
+
+
+def test_micro_gpaf_config_plans_every_output(tmp_path):
+    proc = _dry_run(tmp_path, copy.deepcopy(MICRO))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = copy.deepcopy(MICRO)
+    del cfg["studies"]["gmicro"]["report"]["gpaf"]
+    assert _dry_run(tmp_path, cfg).returncode == 0  # studies without report.gpaf get no GPAF outputs
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    work = tmp_path_factory.mktemp("gpaf_pipeline")
+    for item in ("Snakefile", "rules", "scripts", "config", "report", "envs", "src"):
+        src = ROOT / item
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / item)
+    (work / "micro.yaml").write_text(yaml.safe_dump(MICRO))
+    env = {**__import__("os").environ, "PYTHONPATH": str(work / "src")}  # Ray actors import this checkout
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "micro.yaml"], cwd=work,
+                          capture_output=True, text=True, timeout=1800, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return work
+
+
+@pytest.mark.slow
+def test_pipeline_produces_every_gpaf_output(pipeline):
+    res = pipeline / "results" / "gmicro"
+    for ext in ("csv", "md", "tex"):
+        assert (res / "tables" / f"table1_breastmnist_synthetic.{ext}").is_file()
+    md = (res / "tables" / "table1_breastmnist_synthetic.md").read_text()
+    assert "SYNTHETIC" in md and all(m in md for m in ("FedAvg", "MOON", "FedDG", "GPAF", "Centralized"))
+    rounds = pd.read_csv(res / "tables" / "convergence_rounds_synthetic.csv")
+    assert set(rounds["method"]) == {"fedavg", "moon", "feddg", "gpaf", "centralized"}
+    assert "SYNTHETIC" in (res / "tables" / "convergence_rounds_synthetic.md").read_text()
+    for fig in ("gpaf_convergence_synthetic.png", "tsne_breastmnist_dom_synthetic.png", "convergence_synthetic.png"):
+        assert (res / "figures" / fig).stat().st_size > 10_000
+    run = res / "breastmnist" / "dom" / "gpaf" / "seed0"
+    import torch
+
+    clients = torch.load(run / "client_models.pt", weights_only=True)
+    assert sorted(clients) == ["0", "1"]
+    assert all(k.startswith(("encoder.", "classifier.")) for k in clients["0"])
+    assert any(k.startswith("generator.") for k in torch.load(run / "model.pt", weights_only=True))
+    metrics = pd.read_csv(run / "metrics.csv")
+    assert list(metrics["round"]) == [1, 2] and metrics["global_accuracy"].notna().all()

@@ -1,0 +1,70 @@
+"""MOON: the model-contrastive term, its reduction to cross-entropy (= FedAvg) at mu = 0, previous model in state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers.clients import client_ctx, fresh_global, toy_data, toy_spec
+
+from fedmedbench.fl.methods.moon import model_contrastive_loss, moon_loss
+from fedmedbench.fl.registry import get_method
+
+SPEC = toy_spec("moon")
+
+
+def test_loss_reduces_to_cross_entropy_when_mu_is_zero():
+    torch.manual_seed(0)
+    logits, y = torch.randn(8, 3), torch.randint(0, 3, (8,))
+    z, zg, zp = torch.randn(8, 16), torch.randn(8, 16), torch.randn(8, 16)
+    ce = F.cross_entropy(logits, y)
+    assert torch.equal(moon_loss(logits, y, z, zg, zp, 0.0, 0.5), ce)
+    assert moon_loss(logits, y, z, zg, zp, 1.0, 0.5) > ce
+
+
+def test_contrastive_term_pulls_towards_global_and_away_from_previous():
+    z = torch.randn(16, 8)
+    near_global = model_contrastive_loss(z, z, -z, 0.5)  # positive pair identical, negative opposite
+    near_previous = model_contrastive_loss(z, -z, z, 0.5)
+    assert near_global == pytest.approx(np.log1p(np.exp(-4.0)), rel=1e-4)  # sims 1 vs -1, tau 0.5
+    assert near_previous == pytest.approx(np.log1p(np.exp(4.0)), rel=1e-4)
+    # tau scales the logits: the paper's l_con = -log softmax([sim_g, sim_p] / tau)[0]
+    zg, zp = torch.randn(16, 8), torch.randn(16, 8)
+    sims = torch.stack([F.cosine_similarity(z, zg, -1), F.cosine_similarity(z, zp, -1)], 1) / 0.5
+    assert torch.isclose(model_contrastive_loss(z, zg, zp, 0.5), -F.log_softmax(sims, 1)[:, 0].mean())
+
+
+def test_moon_with_mu_zero_is_a_fedavg_client_step():
+    data = toy_data(80)
+    moon, fedavg = get_method("moon", {"mu": 0.0}), get_method("fedavg")
+    arrays = fresh_global(fedavg, SPEC)
+    state = {}
+    a = moon.client_fit(client_ctx(moon, SPEC, arrays, data, steps=5, state=state))
+    b = fedavg.client_fit(client_ctx(fedavg, SPEC, arrays, data, steps=5))
+    assert a.arrays.keys() == b.arrays.keys()
+    assert all(np.array_equal(a.arrays[k], b.arrays[k]) for k in a.arrays)
+    # with mu > 0 the update differs
+    c = get_method("moon", {"mu": 5.0}).client_fit(client_ctx(moon, SPEC, arrays, data, steps=5))
+    assert any(not np.array_equal(a.arrays[k], c.arrays[k]) for k in a.arrays)
+
+
+def test_previous_local_model_is_kept_in_client_state_and_used():
+    data = toy_data(80)
+    moon = get_method("moon", {"mu": 5.0})
+    arrays = fresh_global(moon, SPEC)
+    ctx = client_ctx(moon, SPEC, arrays, data, steps=4)
+    result = moon.client_fit(ctx)
+    prev = ctx.state["prev"]
+    assert all(np.array_equal(prev[k].numpy(), result.arrays[k]) for k in result.arrays)
+    # round 2 from the same global model: a different previous model changes the update
+    r_with = moon.client_fit(client_ctx(moon, SPEC, arrays, data, rnd=2, steps=4, state={"prev": prev}))
+    r_without = moon.client_fit(client_ctx(moon, SPEC, arrays, data, rnd=2, steps=4, state={}))
+    assert any(not np.array_equal(r_with.arrays[k], r_without.arrays[k]) for k in r_with.arrays)
+
+
+def test_moon_parameter_errors():
+    with pytest.raises(TypeError, match="method_params.moon"):
+        get_method("moon", {"tau": 0.5})
+    with pytest.raises(ValueError, match="temperature"):
+        get_method("moon", {"temperature": 0})
