@@ -33,12 +33,12 @@ def workdir(tmp_path_factory):
     return d
 
 
-def make_spec(workdir: Path, name: str, method="fedavg", rounds=3, **train) -> RunSpec:
+def make_spec(workdir: Path, name: str, method="fedavg", rounds=3, model="cnn_small", **train) -> RunSpec:
     return RunSpec(
         run_dir=str(workdir / name), study="t", dataset="breastmnist", setting="dir", method=method, seed=0,
         partition_path=str(workdir / "p.json"), sources={"base": str(workdir / "b.npz")}, image_size=28,
         train={"rounds": rounds, "local_epochs": 1, "batch_size": 16, "lr": 0.05, "momentum": 0.9, **train},
-        device="cpu", threads=2,
+        device="cpu", threads=2, model=model,
     )
 
 
@@ -152,8 +152,9 @@ def test_local_method_keeps_models_on_clients(workdir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,extras", [("fedavg", set()), ("scaffold", {"extra.delta_c"})])
-def test_only_parameters_and_declared_extras_leave_a_client(workdir, monkeypatch, method, extras):
+@pytest.mark.parametrize("method,extras,model", [("fedavg", set(), "cnn_small"), ("scaffold", {"extra.delta_c"}, "cnn_small"),
+                                                ("gpaf", set(), "gpaf_cnn")])
+def test_only_parameters_and_declared_extras_leave_a_client(workdir, monkeypatch, method, extras, model):
     """Every reply of a real Flower run is recorded; only shared-model arrays, metrics and the
     method's declared extras may appear (the engine also enforces this on every reply)."""
     from fedmedbench.fl import engine
@@ -167,14 +168,18 @@ def test_only_parameters_and_declared_extras_leave_a_client(workdir, monkeypatch
         original(self, reply)
 
     monkeypatch.setattr(engine.FlowerTransport, "inspect", record)
-    spec = make_spec(workdir, f"msgs-{method}", method=method, rounds=2)
+    spec = make_spec(workdir, f"msgs-{method}", method=method, rounds=2, model=model)
     engine.run(spec, log=lambda m: None)
     assert len(seen) == 2 * 4  # 2 rounds x 4 clients
     model_keys = sorted(fed.new_model(fed.resolve_data_shapes(spec)).state_dict())
     for arrays, metrics, configs, keys in seen:
         assert set(arrays) == {"arrays"} | extras
         assert metrics == ["metrics"] and configs == []
-        assert keys == model_keys
+        if method == "gpaf":  # only encoder and classifier leave a GPAF client
+            assert keys and all(k.startswith(("encoder.", "classifier.")) for k in keys), keys[:5]
+            assert not any(k.startswith(("decoder.", "discriminator.", "generator.")) for k in keys)
+        else:
+            assert keys == model_keys
 
     bad = engine.AllowedContent(model_keys[:-1], ())
     from flwr.app import ArrayRecord, MetricRecord, RecordDict
