@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from helpers import copy_workflow
 
 from fedmedbench.report import gpaf
 
@@ -127,9 +127,7 @@ def test_micro_gpaf_config_plans_every_output(tmp_path):
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
     work = tmp_path_factory.mktemp("gpaf_pipeline")
-    for item in ("Snakefile", "rules", "scripts", "config", "report", "envs", "src"):
-        src = ROOT / item
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / item)
+    copy_workflow(work)
     (work / "micro.yaml").write_text(yaml.safe_dump(MICRO))
     env = {**__import__("os").environ, "PYTHONPATH": str(work / "src")}  # Ray actors import this checkout
     proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "micro.yaml"], cwd=work,

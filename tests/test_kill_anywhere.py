@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from helpers import copy_workflow
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = [Path("results/micro/breastmnist/dir") / m / "seed0" for m in ("scaffold", "fedavg")]
@@ -21,10 +22,7 @@ pytestmark = pytest.mark.slow
 
 
 def workflow_copy(dest: Path) -> Path:
-    dest.mkdir(parents=True)
-    for item in ("Snakefile", "rules", "scripts", "config", "report", "envs", "src"):
-        src = ROOT / item
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / item)
+    copy_workflow(dest)
     shutil.copy(ROOT / "tests" / "fixtures" / "killrun.yaml", dest / "micro.yaml")
     return dest
 

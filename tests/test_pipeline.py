@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from helpers import copy_workflow
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = yaml.safe_load((ROOT / "tests" / "fixtures" / "micro.yaml").read_text())
@@ -39,9 +39,7 @@ def planned_jobs(out: str) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
     work = tmp_path_factory.mktemp("pipeline")
-    for item in ("Snakefile", "rules", "scripts", "config", "report", "envs", "src"):
-        src = ROOT / item
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / item)
+    copy_workflow(work)
     (work / "micro.yaml").write_text(yaml.safe_dump(MICRO))
     proc = snakemake(work, "--cores", "2", "--configfile", "micro.yaml")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from helpers import copy_workflow
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "cluster" / "slurm.sh"
@@ -39,10 +40,7 @@ def cluster(tmp_path_factory):
 
 
 def workflow_copy(dest: Path) -> Path:
-    dest.mkdir(parents=True)
-    for item in ("Snakefile", "rules", "scripts", "config", "report", "envs", "src"):
-        src = ROOT / item
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / item)
+    copy_workflow(dest)
     shutil.copy(ROOT / "tests" / "fixtures" / "slurm.yaml", dest / "micro.yaml")
     return dest
 

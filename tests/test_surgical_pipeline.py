@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from helpers import copy_workflow
 from snakemake.utils import validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,9 +82,7 @@ def test_surgical_cross_field_errors(tmp_path, mutate, needle):
 @pytest.fixture(scope="module")
 def pipeline_dir(tmp_path_factory):
     work = tmp_path_factory.mktemp("surgical_pipeline")
-    for item in ("Snakefile", "rules", "scripts", "config", "report", "envs", "src"):
-        src = ROOT / item
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / item)
+    copy_workflow(work)
     name = _write(work, MICRO)
     start = time.time()
     proc = snakemake(work, *TARGETS, "--cores", "2", "--configfile", name)

@@ -53,6 +53,19 @@ def make_optimizer(model: nn.Module, cfg, rnd: int, extra_weight_decay: float = 
     raise ValueError(f"unknown optimizer '{cfg.optimizer}' (train.optimizer): use sgd or adam")
 
 
+def optimizer_step(loss: torch.Tensor, model: nn.Module, opt: torch.optim.Optimizer, cfg, rnd: int, step: int,
+                   what: str = "training") -> float:
+    """Check the loss is finite (else a clear NonFiniteLossError), backward, clip, step; returns the loss."""
+    if not torch.isfinite(loss):
+        raise NonFiniteLossError(f"non-finite {what} loss ({loss.item()}) at round {rnd}, step {step}; "
+                                 "lower train.lr or enable train.grad_clip")
+    loss.backward()
+    if cfg.grad_clip:
+        nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    return float(loss.detach())
+
+
 def local_sgd(
     model: nn.Module,
     x_u8: torch.Tensor,
@@ -75,14 +88,7 @@ def local_sgd(
         loss = loss_fn(model(xb), yb)
         if extra_loss is not None:
             loss = loss + extra_loss(model)
-        if not torch.isfinite(loss):
-            raise NonFiniteLossError(f"non-finite training loss ({loss.item()}) at round {rnd}, step {count + 1}; "
-                                     "lower train.lr or enable train.grad_clip")
-        loss.backward()
-        if cfg.grad_clip:
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        total += float(loss.detach())
+        total += optimizer_step(loss, model, opt, cfg, rnd, count + 1)
         count += 1
     return total / max(count, 1)
 

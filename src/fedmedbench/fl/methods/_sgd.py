@@ -25,7 +25,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedmedbench.fl.registry import Arrays, ClientContext, ClientResult, Method, ServerContext, model_arrays
+from fedmedbench.fl.registry import (
+    Arrays,
+    ClientContext,
+    ClientResult,
+    Method,
+    ServerContext,
+    model_arrays,
+    weighted_average,
+)
 from fedmedbench.fl.training import NonFiniteLossError, batch_indices, make_optimizer, to_float
 
 Tensors = dict[str, torch.Tensor]
@@ -155,15 +163,8 @@ class ServerOptMethod(Method):
         return w / w.sum()
 
     def average(self, ctx: ServerContext, arrays: list[Arrays] | None = None) -> Arrays:
-        """Weighted mean of client arrays (float64 accumulation; integer buffers rounded)."""
-        arrays = arrays if arrays is not None else [r.arrays for r in ctx.results]
-        w = self.weights(ctx)
-        out: Arrays = {}
-        for key in arrays[0]:
-            acc = sum(wi * a[key].astype(np.float64) for wi, a in zip(w, arrays, strict=True))
-            dtype = arrays[0][key].dtype
-            out[key] = np.asarray(np.rint(acc) if np.issubdtype(dtype, np.integer) else acc).astype(dtype)
-        return out
+        """Weighted mean of client arrays (see ``weighted_average``), with this method's client weights."""
+        return weighted_average(arrays if arrays is not None else [r.arrays for r in ctx.results], list(self.weights(ctx)))
 
     def apply_global_lr(self, ctx: ServerContext, averaged: Arrays) -> Arrays:
         """theta + eta_g * (mean(theta_i) - theta) on parameters; eta_g = 1 returns the mean exactly."""

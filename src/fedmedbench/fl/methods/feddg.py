@@ -52,7 +52,7 @@ from fedmedbench.fl.registry import (
     register_method,
     weighted_average,
 )
-from fedmedbench.fl.training import NonFiniteLossError, batch_indices, make_optimizer, to_float
+from fedmedbench.fl.training import batch_indices, make_optimizer, optimizer_step, to_float
 
 BANK = "amp_bank"
 DEFAULTS: dict[str, Any] = {
@@ -170,14 +170,7 @@ class FedDG(Method):
                 x_t = to_model_scale(interpolate_amplitude(xu8.float().to(device), targets, lam, self.p["window"]))
             opt.zero_grad(set_to_none=True)
             loss = self.episode_loss(model, to_float(xu8, device), x_t, y)
-            if not torch.isfinite(loss):
-                raise NonFiniteLossError(f"non-finite FedDG loss ({loss.item()}) at round {ctx.rnd}, step {count + 1}; "
-                                         "lower train.lr or enable train.grad_clip")
-            loss.backward()
-            if cfg.grad_clip:
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            total += float(loss.detach())
+            total += optimizer_step(loss, model, opt, cfg, ctx.rnd, count + 1, what="FedDG")
             count += 1
         extras = {}
         if self.key(ctx.pid) not in ctx.broadcast.get(BANK, {}):

@@ -32,7 +32,7 @@ from torch import nn
 
 from fedmedbench.fl.methods._shared import check_params, tensors_of
 from fedmedbench.fl.registry import ClientContext, ClientResult, Method, model_arrays, register_method
-from fedmedbench.fl.training import NonFiniteLossError, batch_indices, make_optimizer, to_float
+from fedmedbench.fl.training import batch_indices, make_optimizer, optimizer_step, to_float
 
 DEFAULTS: dict[str, Any] = {"mu": 1.0, "temperature": 0.5}
 
@@ -94,14 +94,7 @@ class MOON(Method):
             with torch.no_grad():
                 z_glob, z_prev = representation(global_model, xb), representation(prev_model, xb)
             loss = moon_loss(logits, yb, z, z_glob, z_prev, mu, tau)
-            if not torch.isfinite(loss):
-                raise NonFiniteLossError(f"non-finite MOON loss ({loss.item()}) at round {ctx.rnd}, step {count + 1}; "
-                                         "lower train.lr or enable train.grad_clip")
-            loss.backward()
-            if cfg.grad_clip:
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            total += float(loss.detach())
+            total += optimizer_step(loss, model, opt, cfg, ctx.rnd, count + 1, what="MOON")
             count += 1
         ctx.state["prev"] = tensors_of(model)
         return ClientResult(arrays=model_arrays(model), num_examples=ctx.data.num_train,
