@@ -84,3 +84,18 @@ def test_import_is_light_and_the_hook_fixes_torchvision_in_a_fresh_process():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("[0]")
+
+
+def test_a_find_spec_probe_does_not_use_up_the_hook():
+    """Libraries probe importlib.util.find_spec('torchvision') without importing it; the real import later
+    must still get the fallback."""
+    import subprocess
+    import sys
+
+    code = ("import importlib.util, fedmedbench; importlib.util.find_spec('torchvision'); "
+            "importlib.util.find_spec('torchvision'); import torch, torchvision; "
+            "b = torch.tensor([[0., 0, 10, 10], [1, 1, 11, 11]]); "
+            "print(torchvision.ops.nms(b, torch.tensor([0.9, 0.8]), 0.5).tolist())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("[0]")

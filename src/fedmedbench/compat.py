@@ -87,7 +87,7 @@ def _torchvision_compiled_ops_load() -> bool:
     """Try to load torchvision's compiled ops without importing torchvision."""
     import torch
 
-    spec = importlib.util.find_spec("torchvision")
+    spec = importlib.machinery.PathFinder.find_spec("torchvision")  # not via sys.meta_path (our hook)
     if spec is None or not spec.submodule_search_locations:
         return True  # nothing to patch
     for location in spec.submodule_search_locations:
@@ -138,10 +138,15 @@ def install_torchvision_nms_fallback() -> bool:
         return True
     if "torchvision" in sys.modules:  # already imported: it either loaded its ops or failed loudly
         return False
+    compiled = _TorchvisionImportHook._compiled
+    if compiled is None:
+        compiled = _torchvision_compiled_ops_load()
+        if not compiled:
+            _define_fallback_ops()
+        _TorchvisionImportHook._compiled = compiled
     _remove_hook()
-    if _torchvision_compiled_ops_load():
+    if compiled:
         return False
-    _define_fallback_ops()
     import torchvision
 
     _route_ops_nms(torchvision)
@@ -150,20 +155,26 @@ def install_torchvision_nms_fallback() -> bool:
 
 
 class _TorchvisionImportHook(importlib.abc.MetaPathFinder):
-    """One-shot hook on ``import torchvision``: define the fallback ops first, patch nms after.
+    """Hook on ``import torchvision``: define the fallback ops first, patch nms right after.
 
     Keeps ``import fedmedbench`` light (no torch/torchvision import) for jobs that never
-    touch torchvision, while every process that does import it gets the fallback.
+    touch torchvision, while every process that does import it gets the fallback. The
+    hook stays in place until torchvision's module code actually runs: libraries that
+    only probe ``importlib.util.find_spec("torchvision")`` must not use it up.
     """
 
+    _compiled: bool | None = None
+
     def find_spec(self, name, path=None, target=None):
-        global TORCHVISION_NMS_FALLBACK
         if name != "torchvision":
             return None
-        _remove_hook()
-        if _torchvision_compiled_ops_load():
+        if self._compiled is None:
+            type(self)._compiled = _torchvision_compiled_ops_load()
+            if not self._compiled:
+                _define_fallback_ops()
+        if self._compiled:
+            _remove_hook()
             return None  # compiled ops present: import normally
-        _define_fallback_ops()
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return None
@@ -171,6 +182,7 @@ class _TorchvisionImportHook(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             global TORCHVISION_NMS_FALLBACK
+            _remove_hook()
             run_module(module)
             _route_ops_nms(module)
             TORCHVISION_NMS_FALLBACK = True
