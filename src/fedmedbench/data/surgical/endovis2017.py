@@ -24,9 +24,8 @@ import numpy as np
 
 from fedmedbench.data.surgical.badfiles import DatasetNotFoundError
 from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, timestamp
-from fedmedbench.data.surgical.fsutil import image_size, sorted_images
 from fedmedbench.data.surgical.schema import PART_CLASSES
-from fedmedbench.data.surgical.segmasks import frame_number, grey_mask, map_values, save_canonical, value_map
+from fedmedbench.data.surgical.segmasks import checked_mask, readable_frames, save_canonical, value_map
 
 TASK = "segmentation"
 OFFICIAL_FPS = 2.0  # "we sample the frames from 30 Hz video at 2 Hz"
@@ -49,14 +48,8 @@ def _label_dirs(vdir, exclude) -> tuple[list, bool]:
 def _frame_mask(ctx, frame_img, label_dirs, lut, size, vid, frame):
     merged = np.zeros((size[1], size[0]), dtype=np.uint8)
     for d in label_dirs:
-        path = d / frame_img.name
-        raw, problem = grey_mask(path)
-        if problem is None and raw.shape != (size[1], size[0]):
-            problem = f"mask size {raw.shape[1]}x{raw.shape[0]} differs from the image size {size[0]}x{size[1]}"
-        if problem is None:
-            mapped, problem = map_values(raw, lut)
-        if problem:
-            ctx.bad.add(path, problem, vid, frame)
+        mapped = checked_mask(ctx, d / frame_img.name, lut, size, vid, frame)
+        if mapped is None:
             return None
         merged = np.where(mapped > 0, mapped, merged)
     return merged
@@ -76,15 +69,7 @@ def index(ctx: AdapterContext) -> tuple[list[dict], dict]:
         for vdir in sorted(p for p in (ctx.root / d).iterdir() if p.is_dir()):
             vid = vdir.name
             label_dirs, _ = _label_dirs(vdir, exclude)
-            for img in sorted_images(vdir / "left_frames"):
-                frame = frame_number(img.stem)
-                if frame is None:
-                    ctx.bad.add(img, "no frame number in the file name", vid)
-                    continue
-                size = image_size(img)
-                if size is None:
-                    ctx.bad.add(img, "image missing or unreadable", vid, frame)
-                    continue
+            for img, frame, size in readable_frames(ctx, vdir / "left_frames", vid):
                 mask_path = ""
                 if label_dirs:
                     mask = _frame_mask(ctx, img, label_dirs, lut, size, vid, frame)

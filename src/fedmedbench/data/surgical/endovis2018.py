@@ -23,9 +23,9 @@ import numpy as np
 
 from fedmedbench.data.surgical.badfiles import DatasetNotFoundError
 from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, timestamp
-from fedmedbench.data.surgical.fsutil import image_size, read_image, sorted_images
+from fedmedbench.data.surgical.fsutil import read_image
 from fedmedbench.data.surgical.schema import PART_CLASSES
-from fedmedbench.data.surgical.segmasks import frame_number, save_canonical
+from fedmedbench.data.surgical.segmasks import readable_frames, save_canonical
 
 TASK = "segmentation"
 OFFICIAL_FPS = 2.0  # "recorded at 60 Hz ... we subsample this to 2 Hz"
@@ -90,15 +90,7 @@ def index(ctx: AdapterContext) -> tuple[list[dict], dict]:
             if problem:
                 ctx.bad.add(seq / "labels.json", problem, vid)
                 continue
-            for img in sorted_images(seq / "left_frames"):
-                frame = frame_number(img.stem)
-                if frame is None:
-                    ctx.bad.add(img, "no frame number in the file name", vid)
-                    continue
-                size = image_size(img)
-                if size is None:
-                    ctx.bad.add(img, "image missing or unreadable", vid, frame)
-                    continue
+            for img, frame, size in readable_frames(ctx, seq / "left_frames", vid):
                 label = seq / "labels" / img.name
                 mask_path = ""
                 if (seq / "labels").is_dir():

@@ -24,9 +24,8 @@ from fedmedbench.data.surgical.fsutil import image_size, sorted_images
 from fedmedbench.data.surgical.schema import LABEL_SETS, SPLITS
 from fedmedbench.data.surgical.segmasks import (
     FRAME_RE,
+    checked_mask,
     frame_number,
-    grey_mask,
-    map_values,
     save_canonical,
     value_map,
 )
@@ -36,16 +35,6 @@ DEFAULT_VALUES = {"parts": {0: "background", 1: "shaft", 2: "wrist", 3: "clasper
                   "binary": {0: "background", 1: "instrument", 255: "instrument"}}
 
 
-def _mask(ctx, path, lut, size, vid, frame):
-    raw, problem = grey_mask(path)
-    if problem is None and raw.shape != (size[1], size[0]):
-        problem = f"mask size {raw.shape[1]}x{raw.shape[0]} differs from the image size {size[0]}x{size[1]}"
-    if problem is None:
-        mapped, problem = map_values(raw, lut)
-    if problem:
-        ctx.bad.add(path, problem, vid, frame)
-        return None
-    return mapped
 
 
 def index(ctx: AdapterContext) -> tuple[list[dict], dict]:
@@ -75,7 +64,7 @@ def index(ctx: AdapterContext) -> tuple[list[dict], dict]:
                 mask_file = vdir / "masks" / f"{img.stem}.png"
                 mask_path = ""
                 if mask_file.exists():
-                    mask = _mask(ctx, mask_file, lut, size, vid, frame)
+                    mask = checked_mask(ctx, mask_file, lut, size, vid, frame)
                     if mask is None:
                         continue
                     mask_path = save_canonical(ctx, vid, frame, mask)

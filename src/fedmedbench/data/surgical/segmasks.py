@@ -51,6 +51,36 @@ def map_values(mask: np.ndarray, value_to_class: dict[int, int]) -> tuple[np.nda
     return lut[mask], None
 
 
+def checked_mask(ctx: AdapterContext, path: Path, lut: dict[int, int], size: tuple[int, int], vid: str,
+                 frame: int) -> np.ndarray | None:
+    """A grey mask of the image's size with every value in ``lut``, mapped to classes; else a reported bad file."""
+    raw, problem = grey_mask(path)
+    if problem is None and raw.shape != (size[1], size[0]):
+        problem = f"mask size {raw.shape[1]}x{raw.shape[0]} differs from the image size {size[0]}x{size[1]}"
+    if problem is None:
+        mapped, problem = map_values(raw, lut)
+    if problem:
+        ctx.bad.add(path, problem, vid, frame)
+        return None
+    return mapped
+
+
+def readable_frames(ctx: AdapterContext, frame_dir: Path, vid: str):
+    """(image, frame number, (w, h)) of each frame in ``frame_dir``; unnumbered or unreadable ones are reported."""
+    from fedmedbench.data.surgical.fsutil import image_size, sorted_images
+
+    for img in sorted_images(frame_dir):
+        frame = frame_number(img.stem)
+        if frame is None:
+            ctx.bad.add(img, "no frame number in the file name", vid)
+            continue
+        size = image_size(img)
+        if size is None:
+            ctx.bad.add(img, "image missing or unreadable", vid, frame)
+            continue
+        yield img, frame, size
+
+
 def value_map(ctx: AdapterContext, default: dict, label_set: str) -> dict[int, int]:
     """``label_values`` (raw value -> class name) resolved to class indices of the label set."""
     classes = LABEL_SETS[label_set]
