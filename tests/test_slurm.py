@@ -33,6 +33,8 @@ def cluster(tmp_path_factory):
     state = tmp_path_factory.mktemp("slurm-state")
     env = {**os.environ, "FMB_SLURM_STATE": str(state), "FMB_SLURM_PORT": "16917"}
     up = subprocess.run(["bash", str(SCRIPT), "up"], env=env, capture_output=True, text=True, timeout=600)
+    if up.returncode != 0:  # a fixture that fails in setup gets no teardown: stop what was started
+        subprocess.run(["bash", str(SCRIPT), "down"], env=env, capture_output=True, text=True, timeout=120)
     assert up.returncode == 0, up.stdout + up.stderr
     env["SLURM_CONF"] = str(state / "slurm.conf")
     yield env

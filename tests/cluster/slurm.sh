@@ -96,6 +96,7 @@ up() {
   done
   echo "slurm.sh: the node did not become idle; see $STATE/log" >&2
   sinfo >&2 || true
+  down  # leave nothing running after a failed start
   exit 1
 }
 
