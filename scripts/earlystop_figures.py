@@ -1,13 +1,13 @@
 """Snakemake entry: early-stopping Figure 3 (curves + stopping points) and Figure 4 (metric vs tau)."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench import io
-from fedmedbench.report import earlystop
+from fedmedbench.report import earlystop, figures
 from fedmedbench.runlog import log_to
 
 with log_to(snakemake.log[0]):
     p = snakemake.params
     es = p.es
-    curves = earlystop.load_curves(snakemake.input.metrics)
+    curves = figures.load_curves(snakemake.input.metrics)
     points = earlystop.load_points(snakemake.input.points)
     io.save_figure(snakemake.output.fig3, earlystop.figure3(curves, points, es["figure3_method"], p.setting, es["tau"],
                                                             es["metric"], p.origin))

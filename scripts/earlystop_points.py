@@ -1,12 +1,12 @@
 """Snakemake entry: stopping points of every early-stopping rule, per run and tau."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench import io
-from fedmedbench.report import earlystop
+from fedmedbench.report import earlystop, figures
 from fedmedbench.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     p = snakemake.params
-    points = earlystop.stopping_points(earlystop.load_curves(snakemake.input), list(p.taus), int(p.patience), p.metric,
+    points = earlystop.stopping_points(figures.load_curves(snakemake.input), list(p.taus), int(p.patience), p.metric,
                                        p.min_delta)
     io.write_csv(snakemake.output[0], points)
     log(f"{points[['dataset', 'setting', 'method', 'seed']].drop_duplicates().shape[0]} runs x {len(p.taus)} taus")

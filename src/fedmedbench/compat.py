@@ -127,33 +127,6 @@ def _route_ops_nms(torchvision_module) -> None:
     torchvision_module.ops.boxes.nms = nms
 
 
-def install_torchvision_nms_fallback() -> bool:
-    """Register a pure-PyTorch ``torchvision::nms`` now if the compiled op is missing (imports torchvision).
-
-    Returns True when the fallback is active. Safe to call more than once. Normally not
-    needed: the import hook below does the same lazily, on the first ``import torchvision``.
-    """
-    global TORCHVISION_NMS_FALLBACK
-    if TORCHVISION_NMS_FALLBACK:
-        return True
-    if "torchvision" in sys.modules:  # already imported: it either loaded its ops or failed loudly
-        return False
-    compiled = _TorchvisionImportHook._compiled
-    if compiled is None:
-        compiled = _torchvision_compiled_ops_load()
-        if not compiled:
-            _define_fallback_ops()
-        _TorchvisionImportHook._compiled = compiled
-    _remove_hook()
-    if compiled:
-        return False
-    import torchvision
-
-    _route_ops_nms(torchvision)
-    TORCHVISION_NMS_FALLBACK = True
-    return True
-
-
 class _TorchvisionImportHook(importlib.abc.MetaPathFinder):
     """Hook on ``import torchvision``: define the fallback ops first, patch nms right after.
 

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from fedmedbench.fl.stopping import datafree_stop, growth_rates, validation_stop
-from fedmedbench.report.figures import load_curves, plt
+from fedmedbench.report.figures import plt
 
 KEYS = ["dataset", "setting", "method"]
 
@@ -185,5 +185,3 @@ def _suptitle(fig, text: str, origin: str) -> None:
 def load_points(path: str | Path) -> pd.DataFrame:
     return pd.read_csv(path)
 
-
-__all__ = ["stopping_points", "table1", "table2", "figure3", "figure4", "load_curves", "load_points"]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedmedbench.data.surgical.badfiles import BadFiles
+from fedmedbench.data.surgical.badfiles import BadFiles, DatasetNotFoundError
 
 
 @dataclass
@@ -32,6 +32,16 @@ class AdapterContext:
         """A dataset option; ``None`` in the config means "the layout's documented default"."""
         value = self.options.get(key)
         return default if value is None else value
+
+
+def split_folders(ctx: AdapterContext, official: dict[str, str], layout: str) -> dict[str, str]:
+    """The release's split folders present under the dataset root (folder -> split); none is an error."""
+    split_dirs = ctx.opt("split_dirs", official)
+    present = {d: s for d, s in split_dirs.items() if (ctx.root / d).is_dir()}
+    if not present:
+        raise DatasetNotFoundError(f"surgical dataset '{ctx.name}': none of the split folders {sorted(split_dirs)} exists "
+                                   f"in {ctx.root}; not the {layout} layout (see docs/surgical_data.md)")
+    return present
 
 
 def resolve_fps(ctx: AdapterContext, official: float | None, required: bool) -> tuple[float | None, str]:

@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import json
 
-from fedmedbench.data.surgical.badfiles import DatasetNotFoundError
-from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, timestamp
+from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, split_folders, timestamp
 from fedmedbench.data.surgical.fsutil import image_size
 from fedmedbench.data.surgical.schema import (
     TOOL_CLASSES,
@@ -140,11 +139,7 @@ def _video(ctx, vdir, split, fps_cfg, tol, normalized, frames_dir, ext, unannota
 
 
 def index(ctx: AdapterContext) -> tuple[list[dict], dict]:
-    split_dirs = ctx.opt("split_dirs", OFFICIAL_SPLIT_DIRS)
-    present = {d: s for d, s in split_dirs.items() if (ctx.root / d).is_dir()}
-    if not present:
-        raise DatasetNotFoundError(f"surgical dataset '{ctx.name}': none of the split folders {sorted(split_dirs)} exists "
-                                   f"in {ctx.root}; not the CholecTrack20 layout (see docs/surgical_data.md)")
+    present = split_folders(ctx, OFFICIAL_SPLIT_DIRS, "CholecTrack20")
     fps, fps_source = resolve_fps(ctx, OFFICIAL_FPS, required=True)
     tol = float(ctx.opt("box_tolerance_px", 1.0))
     normalized = bool(ctx.opt("bbox_normalized", True))

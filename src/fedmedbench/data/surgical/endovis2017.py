@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedmedbench.data.surgical.badfiles import DatasetNotFoundError
-from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, timestamp
+from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, split_folders, timestamp
 from fedmedbench.data.surgical.schema import PART_CLASSES
 from fedmedbench.data.surgical.segmasks import checked_mask, readable_frames, save_canonical, value_map
 
@@ -56,11 +55,7 @@ def _frame_mask(ctx, frame_img, label_dirs, lut, size, vid, frame):
 
 
 def index(ctx: AdapterContext) -> tuple[list[dict], dict]:
-    split_dirs = ctx.opt("split_dirs", OFFICIAL_SPLIT_DIRS)
-    present = {d: s for d, s in split_dirs.items() if (ctx.root / d).is_dir()}
-    if not present:
-        raise DatasetNotFoundError(f"surgical dataset '{ctx.name}': none of the split folders {sorted(split_dirs)} exists "
-                                   f"in {ctx.root}; not the EndoVis2017 layout (see docs/surgical_data.md)")
+    present = split_folders(ctx, OFFICIAL_SPLIT_DIRS, "EndoVis2017")
     fps, fps_source = resolve_fps(ctx, OFFICIAL_FPS, required=True)
     lut = value_map(ctx, OFFICIAL_VALUES, "parts")
     exclude = set(ctx.opt("exclude_label_dirs", ["Other_labels"]))

@@ -21,8 +21,7 @@ import json
 
 import numpy as np
 
-from fedmedbench.data.surgical.badfiles import DatasetNotFoundError
-from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, timestamp
+from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, split_folders, timestamp
 from fedmedbench.data.surgical.fsutil import read_image
 from fedmedbench.data.surgical.schema import PART_CLASSES
 from fedmedbench.data.surgical.segmasks import readable_frames, save_canonical
@@ -72,11 +71,7 @@ def _sequences(split_root):
 
 
 def index(ctx: AdapterContext) -> tuple[list[dict], dict]:
-    split_dirs = ctx.opt("split_dirs", OFFICIAL_SPLIT_DIRS)
-    present = {d: s for d, s in split_dirs.items() if (ctx.root / d).is_dir()}
-    if not present:
-        raise DatasetNotFoundError(f"surgical dataset '{ctx.name}': none of the split folders {sorted(split_dirs)} exists "
-                                   f"in {ctx.root}; not the EndoVis2018 layout (see docs/surgical_data.md)")
+    present = split_folders(ctx, OFFICIAL_SPLIT_DIRS, "EndoVis2018")
     fps, fps_source = resolve_fps(ctx, OFFICIAL_FPS, required=True)
     parts = ctx.opt("part_names", OFFICIAL_PARTS)
     bad_parts = [p for p in parts.values() if p not in PART_CLASSES]

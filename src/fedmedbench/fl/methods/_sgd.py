@@ -188,10 +188,6 @@ class ServerOptMethod(Method):
         return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics={"train_loss": loss})
 
 
-def average_vectors(vectors: list[Tensors], weights: np.ndarray) -> Tensors:
-    return {k: sum(float(w) * v[k] for w, v in zip(weights, vectors, strict=True)) for k in vectors[0]}
-
-
 def tensors_to_arrays(t: Tensors) -> Arrays:
     return {k: v.detach().cpu().numpy().astype(np.float32) for k, v in t.items()}
 

@@ -50,9 +50,13 @@ def server_control_update(ctx: ServerContext, name: str = "c") -> None:
 class Scaffold(ServerOptMethod):
     extra_records = ("delta_c",)
 
+    def perturbation(self):
+        """Per-step weight perturbation (none here; FedGAMMA adds SAM's)."""
+        return None
+
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         c, c_i, corr = control_correction(ctx)
-        loss = local_loop(ctx, StepHooks(correction=corr))
+        loss = local_loop(ctx, StepHooks(perturb=self.perturbation(), correction=corr))
         ctx.state["c_i"], dc = updated_control(ctx, c, c_i)
         return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train,
                             metrics={"train_loss": loss}, extras={"delta_c": tensors_to_arrays(dc)})
