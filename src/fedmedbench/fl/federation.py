@@ -13,7 +13,6 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,11 +21,9 @@ import torch
 
 from fedmedbench.fl import checkpoint
 from fedmedbench.fl.client_state import ClientStateStore
-from fedmedbench.fl.data import FederatedData, load_pool
 from fedmedbench.fl.registry import (
     Arrays,
     ClientContext,
-    ClientData,
     ClientResult,
     ServerContext,
     arrays_to_tensors,
@@ -36,8 +33,8 @@ from fedmedbench.fl.registry import (
 )
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.stopping import DataFreeMonitor
-from fedmedbench.fl.training import evaluate, steps_for_epochs
-from fedmedbench.metrics import CLASSIFICATION_METRICS
+from fedmedbench.fl.tasks import get_task_class, task_for
+from fedmedbench.fl.training import steps_for_epochs
 
 
 def resolve_device(name: str) -> torch.device:
@@ -49,14 +46,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_data_shapes(spec: RunSpec) -> RunSpec:
-    """Fill in input channels and class count from the run's data (not config)."""
-    from dataclasses import replace
-
-    data = FederatedData(spec.partition_path, spec.sources)
-    x, _ = load_pool(next(iter(spec.sources.values())))
-    if x.shape[-1] != spec.image_size:
-        raise ValueError(f"{next(iter(spec.sources.values()))}: images are {x.shape[-1]} px but the study's size is {spec.image_size}")
-    return replace(spec, in_channels=int(x.shape[1]), num_classes=data.num_classes)
+    """Fill in what the task reads from the data (input channels, class count), not config."""
+    return get_task_class(spec.task).resolve_spec(spec)
 
 
 def seed_everything(seed: int) -> None:
@@ -77,22 +68,18 @@ def client_generator(seed: int, rnd: int, pid: int) -> torch.Generator:
     return g
 
 
+def _nanmean(values: list[float]) -> float:
+    arr = np.asarray(values, dtype=float)
+    return float(np.nanmean(arr)) if np.isfinite(arr).any() else math.nan
+
+
 # ----------------------------------------------------------------------------- client side
 
 
-@lru_cache(maxsize=4)
-def _client_data_view(partition_path: str, sources_key: tuple) -> FederatedData:
-    return FederatedData(partition_path, dict(sources_key))
-
-
-def _data_for(spec: RunSpec) -> FederatedData:
-    return _client_data_view(spec.partition_path, tuple(sorted(spec.sources.items())))
-
-
-def _client_data(spec: RunSpec, pid: int) -> ClientData:
+def _client_data(spec: RunSpec, pid: int) -> Any:
     method = get_method(spec.method, spec.method_params)
-    data = _data_for(spec)
-    return data.pooled() if method.centralized else data.client(pid)
+    task = task_for(spec)
+    return task.pooled_data() if method.centralized else task.client_data(pid)
 
 
 def _client_context(
@@ -126,17 +113,10 @@ def client_train(
 
 
 def client_evaluate(spec: RunSpec, pid: int, rnd: int, arrays: Arrays) -> dict[str, float]:
-    """A personalized client's metrics: own model on its local test set and on the global test set."""
+    """A personalized client's metrics: its own model on its local test split and the global test set."""
     method = get_method(spec.method, spec.method_params)
     ctx, _ = _client_context(spec, pid, rnd + 1, arrays, steps=0)  # state as of the end of round rnd
-    model = method.personal_model(ctx)
-    bs = ctx.train.eval_batch_size
-    gx, gy = _data_for(spec).global_test()
-    local = evaluate(model, ctx.data.test_x, ctx.data.test_y, bs, ctx.device)
-    glob = evaluate(model, gx, gy, bs, ctx.device)
-    out = {f"local_{k}": v for k, v in local.items()}
-    out.update({f"global_{k}": v for k, v in glob.items()})
-    return out
+    return task_for(spec).evaluate_client(method.personal_model(ctx), ctx.data, ctx.device)
 
 
 # ----------------------------------------------------------------------------- server side
@@ -174,11 +154,11 @@ class Federation:
         self.method = get_method(spec.method, spec.method_params)
         self.train = spec.train_config()
         self.device = resolve_device(spec.device)
-        self.data = FederatedData(spec.partition_path, spec.sources)
+        self.task = task_for(spec)
         self.run_hash = spec.run_hash()
-        self.num_clients = self.data.num_clients
+        self.num_clients = self.task.num_clients
         self.num_nodes = 1 if self.method.centralized else self.num_clients
-        sizes = [len(c["train"]) for c in self.data.partition["clients"]]
+        sizes = self.task.client_sizes()
         self.client_steps = [steps_for_epochs(n, self.train.local_epochs, self.train.batch_size) for n in sizes]
         per_round = spec.clients_per_round or self.num_clients
         if not 1 <= per_round <= self.num_clients:
@@ -190,7 +170,6 @@ class Federation:
             raise ValueError(f"early_stopping.mode must be none or datafree, got {es['mode']}")
         self.stop_mode = es["mode"]
         self.monitor = DataFreeMonitor(float(es["tau"]), int(es["patience"]))
-        self._eval_cache: dict[str, Any] = {}
         self._t0 = time.monotonic()
 
     # -- state ------------------------------------------------------------------
@@ -251,21 +230,10 @@ class Federation:
         return rnd % max(1, self.spec.eval_every) == 0 or rnd == self.train.rounds
 
     def _server_eval(self, arrays: Arrays) -> tuple[dict[str, float], list[dict[str, float]]]:
-        """Global model on the global test and validation sets and on each client's test data."""
+        """The global model, evaluated by the task (global/validation rows and one row per client)."""
         model = new_model(self.spec)
         load_arrays(model, arrays, self.method.shared_keys(model))
-        bs = self.train.eval_batch_size
-        if "global" not in self._eval_cache:
-            self._eval_cache["global"] = self.data.global_test()
-            self._eval_cache["val"] = self.data.global_val()
-            self._eval_cache["clients"] = [self.data.client(i) for i in range(self.num_clients)]
-        row = {f"global_{k}": v for k, v in evaluate(model, *self._eval_cache["global"], bs, self.device).items()}
-        row.update({f"val_{k}": v for k, v in evaluate(model, *self._eval_cache["val"], bs, self.device).items()})
-        per_client = [
-            {f"local_{k}": v for k, v in evaluate(model, c.test_x, c.test_y, bs, self.device).items()}
-            for c in self._eval_cache["clients"]
-        ]
-        return row, per_client
+        return self.task.evaluate_global(model.to(self.device), self.device)
 
     def finish_round(
         self,
@@ -284,21 +252,21 @@ class Federation:
         if self._is_eval_round(rnd):
             if self.method.personalized:
                 per_client = [client_eval[p] for p in sorted(client_eval or {})]
-                for k in CLASSIFICATION_METRICS:  # global numbers = mean over the clients' own models
-                    row[f"global_{k}"] = float(np.nanmean([c[f"global_{k}"] for c in per_client]))
+                for k in self.task.metric_names:  # global numbers = mean over the clients' own models
+                    row[f"global_{k}"] = _nanmean([c.get(f"global_{k}", math.nan) for c in per_client])
                     row[f"val_{k}"] = math.nan
             else:
                 glob, per_client = self._server_eval(new_arrays)
                 row.update(glob)
-            for k in CLASSIFICATION_METRICS:
-                vals = np.array([c[f"local_{k}"] for c in per_client], dtype=float)
+            for k in self.task.metric_names:
+                vals = np.array([c.get(f"local_{k}", math.nan) for c in per_client], dtype=float)
                 row[f"local_mean_{k}"] = float(np.nanmean(vals)) if np.isfinite(vals).any() else math.nan
                 row[f"local_std_{k}"] = float(np.nanstd(vals)) if np.isfinite(vals).any() else math.nan
         theta0 = {k: v.numpy() for k, v in state.server_state["_theta0"].items()}
         row.update(self.monitor.update(state.rows, DataFreeMonitor.task_norm(new_arrays, theta0)))
         elapsed = time.monotonic() - self._t0
         row["elapsed_s"] = round(elapsed, 3)
-        client_rows = [{"round": rnd, "client": i, **{k: v for k, v in c.items() if k.startswith("local_")}}
+        client_rows = [{"round": rnd, "client": i, **{k: v for k, v in c.items() if not k.startswith(("global_", "val_"))}}
                        for i, c in enumerate(per_client)]
         new_state = checkpoint.RunState(
             round=rnd, arrays=new_arrays, server_state=state.server_state,
@@ -354,7 +322,8 @@ class Federation:
         elapsed = row["elapsed_s"]
         eta = elapsed / rnd * (total - rnd)
         parts = [f"round {rnd}/{total}", f"train_loss {row['train_loss']:.4f}"]
-        for key in ("global_accuracy", "global_balanced_accuracy", "global_loss", "local_mean_accuracy", "growth_rate"):
+        primary = self.task.primary_metric
+        for key in (f"global_{primary}", "global_balanced_accuracy", "global_loss", f"local_mean_{primary}", "growth_rate"):
             if key in row and row[key] == row[key]:
                 parts.append(f"{key} {row[key]:.4f}")
         parts.append(f"elapsed {elapsed:.1f}s ETA {eta:.1f}s")
@@ -385,15 +354,15 @@ class Federation:
             "method": self.spec.method, "seed": self.spec.seed, "data_origin": self.spec.data_origin,
             "rounds": self.train.rounds, "rounds_run": state.round, "num_clients": self.num_clients,
             "early_stopping": self.stop_mode, "rounds_saved": self.train.rounds - state.round,
-            "clients_per_round": self.per_round, "model": self.spec.model, "device": str(self.device),
+            "clients_per_round": self.per_round, "model": self.spec.model, "device": str(self.device), "task": self.spec.task,
             "wall_time_s": state.elapsed, "run_hash": self.run_hash,
             "client_models": "client_models.pt" if self.spec.save_client_models else None,
             "final": {k: v for k, v in last.items() if k not in ("round", "clients")},
         }
-        if "global_accuracy" in metrics:
-            best = metrics.loc[metrics["global_accuracy"].idxmax()] if metrics["global_accuracy"].notna().any() else None
-            if best is not None:
-                summary["best_round"] = int(best["round"])
-                summary["best_global_accuracy"] = float(best["global_accuracy"])
+        primary = f"global_{self.task.primary_metric}"
+        if primary in metrics and metrics[primary].notna().any():
+            best = metrics.loc[metrics[primary].idxmax()]
+            summary["best_round"] = int(best["round"])
+            summary[f"best_{primary}"] = float(best[primary])
         io.write_json(run_dir / "summary.json", summary)
         return {"metrics": run_dir / "metrics.csv", "summary": run_dir / "summary.json"}

@@ -45,6 +45,9 @@ class RunSpec:
     early_stopping: dict[str, Any] = field(default_factory=lambda: {"mode": "none", "tau": 0.01, "patience": 10})
     #: also write the last round's client models (what clients sent) to client_models.pt
     save_client_models: bool = False
+    #: what is learnt and how it is evaluated (fl/tasks.py); task_params are the task's options
+    task: str = "classification"
+    task_params: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:
@@ -53,11 +56,21 @@ class RunSpec:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, text: str) -> RunSpec:
+        return cls.from_dict(json.loads(text))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, default=str)
+
     def train_config(self) -> TrainConfig:
         return TrainConfig(**self.train)
 
     def run_hash(self) -> str:
         d = {k: v for k, v in self.to_dict().items() if k not in _NOT_HASHED}
-        if not d["save_client_models"]:  # off (the default) keeps the hashes of runs from before the flag
+        # fields at their defaults are left out, so runs from before a field existed keep their hash
+        if not d["save_client_models"]:
             del d["save_client_models"]
+        if d["task"] == "classification" and not d["task_params"]:
+            del d["task"], d["task_params"]
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]

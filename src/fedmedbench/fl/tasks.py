@@ -1,0 +1,182 @@
+"""What a run learns: its data per client and how a model is evaluated.
+
+The round logic (:mod:`fedmedbench.fl.federation`) is task-independent; a
+:class:`Task` supplies the client data a method's ``client_fit`` receives
+(``ctx.data``), the training-set sizes that set step budgets and averaging weights,
+and evaluation. Studies choose one with ``RunSpec.task`` (``classification`` for the
+MedMNIST studies; the surgical studies register their own, e.g. detection with
+Ultralytics' validator, part segmentation with Dice/HD95).
+
+Metric rows follow one naming rule so tables and the progress log work for every
+task: the server's evaluation of a global model returns ``global_<m>`` (held-out
+test) and optionally ``val_<m>``; per-client numbers are ``local_<m>`` (the client's
+own test split) plus any extra ``<prefix>_<m>`` columns a task documents (e.g.
+cross-distribution ``cd_<m>``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from fedmedbench.fl.spec import RunSpec
+
+TASKS: dict[str, type[Task]] = {}
+
+
+def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
+    def deco(cls: type[Task]) -> type[Task]:
+        cls.name = name
+        TASKS[name] = cls
+        return cls
+
+    return deco
+
+
+class Task:
+    """Base class; one instance per process and run (see :func:`task_for`)."""
+
+    name = "base"
+    #: metric names m (without prefix) that every evaluation returns
+    metric_names: tuple[str, ...] = ()
+    #: the metric the summary's ``best_round`` is chosen by (higher is better)
+    primary_metric: str = ""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+
+    @classmethod
+    def resolve_spec(cls, spec: RunSpec) -> RunSpec:
+        """Fill in what is read from the data (input channels, classes) before the model is built."""
+        return spec
+
+    @property
+    def num_clients(self) -> int:
+        raise NotImplementedError
+
+    def client_sizes(self) -> list[int]:
+        """Training examples per client (step budgets, example-weighted averaging)."""
+        raise NotImplementedError
+
+    def client_data(self, pid: int) -> Any:
+        """What ``ctx.data`` holds on client ``pid``."""
+        raise NotImplementedError
+
+    def pooled_data(self) -> Any:
+        """The centralized baseline's one client: every client's data together."""
+        raise NotImplementedError
+
+    def evaluate_global(self, model: torch.nn.Module, device: torch.device) -> tuple[dict[str, float], list[dict[str, float]]]:
+        """A global model on the server: (``global_*``/``val_*`` row, one ``local_*`` dict per client)."""
+        raise NotImplementedError
+
+    def evaluate_client(self, model: torch.nn.Module, data: Any, device: torch.device) -> dict[str, float]:
+        """A personalized client's own model (``data`` = its :meth:`client_data`): ``local_*`` on
+        its own test split and ``global_*`` on the held-out global test set."""
+        raise NotImplementedError
+
+
+def get_task_class(name: str) -> type[Task]:
+    _load_builtin_tasks()
+    if name not in TASKS:
+        raise KeyError(f"unknown task '{name}'; registered: {', '.join(sorted(TASKS))}")
+    return TASKS[name]
+
+
+@lru_cache(maxsize=4)
+def _task_cached(name: str, spec_json: str) -> Task:
+    from fedmedbench.fl.spec import RunSpec
+
+    return get_task_class(name)(RunSpec.from_json(spec_json))
+
+
+def task_for(spec: RunSpec) -> Task:
+    """The run's task, built once per process (its data is loaded once, not per client call)."""
+    return _task_cached(spec.task, spec.to_json())
+
+
+#: modules whose import registers a task (one line per task family)
+BUILTIN_TASK_MODULES: tuple[str, ...] = ()
+
+
+def _load_builtin_tasks() -> None:
+    import importlib
+
+    for module in BUILTIN_TASK_MODULES:
+        importlib.import_module(module)
+
+
+# ----------------------------------------------------------------------------- classification
+
+
+@register_task("classification")
+class ClassificationTask(Task):
+    """MedMNIST-format npz sources + a partition JSON (``fedmedbench.partition``)."""
+
+    primary_metric = "accuracy"
+
+    def __init__(self, spec: RunSpec) -> None:
+        from fedmedbench.fl.data import FederatedData
+        from fedmedbench.metrics import CLASSIFICATION_METRICS
+
+        super().__init__(spec)
+        self.metric_names = CLASSIFICATION_METRICS
+        self.data = FederatedData(spec.partition_path, spec.sources)
+        self._eval_cache: dict[str, Any] = {}
+
+    @classmethod
+    def resolve_spec(cls, spec: RunSpec) -> RunSpec:
+        from fedmedbench.fl.data import FederatedData, load_pool
+
+        data = FederatedData(spec.partition_path, spec.sources)
+        first = next(iter(spec.sources.values()))
+        x, _ = load_pool(first)
+        if x.shape[-1] != spec.image_size:
+            raise ValueError(f"{first}: images are {x.shape[-1]} px but the study's size is {spec.image_size}")
+        return replace(spec, in_channels=int(x.shape[1]), num_classes=data.num_classes)
+
+    @property
+    def num_clients(self) -> int:
+        return self.data.num_clients
+
+    def client_sizes(self) -> list[int]:
+        return [len(c["train"]) for c in self.data.partition["clients"]]
+
+    def client_data(self, pid: int):
+        return self.data.client(pid)
+
+    def pooled_data(self):
+        return self.data.pooled()
+
+    def _bs(self) -> int:
+        return self.spec.train_config().eval_batch_size
+
+    def evaluate_global(self, model, device):
+        from fedmedbench.fl.training import evaluate
+
+        if not self._eval_cache:
+            self._eval_cache["global"] = self.data.global_test()
+            self._eval_cache["val"] = self.data.global_val()
+            self._eval_cache["clients"] = [self.data.client(i) for i in range(self.num_clients)]
+        bs = self._bs()
+        row = {f"global_{k}": v for k, v in evaluate(model, *self._eval_cache["global"], bs, device).items()}
+        row.update({f"val_{k}": v for k, v in evaluate(model, *self._eval_cache["val"], bs, device).items()})
+        per_client = [
+            {f"local_{k}": v for k, v in evaluate(model, c.test_x, c.test_y, bs, device).items()}
+            for c in self._eval_cache["clients"]
+        ]
+        return row, per_client
+
+    def evaluate_client(self, model, data, device):
+        from fedmedbench.fl.training import evaluate
+
+        bs = self._bs()
+        gx, gy = self.data.global_test()
+        out = {f"local_{k}": v for k, v in evaluate(model, data.test_x, data.test_y, bs, device).items()}
+        out.update({f"global_{k}": v for k, v in evaluate(model, gx, gy, bs, device).items()})
+        return out
