@@ -212,6 +212,26 @@ def patch_medmnistc() -> None:
         filt.np = _NumpyFromBuffer()
 
 
+def _column_as_array(self, dtype=None, copy=None):
+    import numpy as np
+
+    return np.asarray(self[:], dtype=dtype)  # one batch read, not one Python row per element
+
+
+def patch_datasets_column() -> None:
+    """Make ``np.asarray(dataset["label"])`` a batch read under ``datasets`` >= 4.
+
+    datasets 4 returns a lazy ``Column`` for ``dataset[name]``; NumPy converts it through
+    the sequence protocol, one formatted row at a time. flwr-datasets' Dirichlet and
+    pathological partitioners call ``np.array(self.dataset[partition_by])``, which then
+    took ~10 s for 100k labels. ``Column[:]`` reads the whole column at once.
+    """
+    from datasets.arrow_dataset import Column
+
+    if getattr(Column, "__array__", None) is not _column_as_array:
+        Column.__array__ = _column_as_array
+
+
 def limit_threads(n: int) -> None:
     """Cap torch/BLAS threads for this process (a Snakemake rule's ``threads``)."""
     import torch

@@ -1,0 +1,107 @@
+"""Data-layer speed: partitioning 100k labels per scheme, MedMNIST-C corruption throughput
+(through ``fedmedbench.data.domains`` vs calling medmnistc directly on the same images),
+synthetic MedMNIST generation time.
+
+    python bench/data_speed.py [--out bench/results.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from fedmedbench import compat  # noqa: E402
+from fedmedbench import partition as P  # noqa: E402
+from fedmedbench.data import domains, synthetic  # noqa: E402
+
+#: every scheme with typical parameters (100 clients, 10 classes)
+SCHEME_CASES = {
+    "iid": {},
+    "dirichlet": {"alpha": 0.5, "min_size": 10},
+    "pathological": {"classes_per_client": 2},
+    "quantity": {"alpha": 0.5, "min_size": 10},
+    "fls": {"alpha": 0.1},
+    "fls_pathological": {"classes_per_client": 2},
+    "fls_quantity": {"alpha": 0.1},
+}
+
+
+def bench_partitions(n: int = 100_000, clients: int = 100) -> list[dict]:
+    rng = np.random.default_rng(0)
+    labels = {"train": rng.integers(0, 10, n), "val": rng.integers(0, 10, n // 10), "test": rng.integers(0, 10, n // 5)}
+    rows = []
+    for scheme, params in SCHEME_CASES.items():
+        t0 = time.perf_counter()
+        P.build_partition(labels, scheme, clients, 0, params, num_classes=10)
+        rows.append({"bench": "partition", "scheme": scheme, "labels": n, "clients": clients,
+                     "seconds": round(time.perf_counter() - t0, 3)})
+    return rows
+
+
+def _direct_medmnistc(images: np.ndarray, spec: list[dict]) -> np.ndarray:
+    """The same corruption chain as bare medmnistc calls (224 px work size, same parameters)."""
+    compat.patch_medmnistc()
+    from medmnistc.corruptions import registry
+
+    chain = [getattr(registry, domains.CORRUPTION_CLASSES[s["corruption"]])(severity_params=list(s["range"])) for s in spec]
+    out = np.empty_like(images)
+    size = images.shape[1]
+    for i, img in enumerate(images):
+        pil = Image.fromarray(img).convert("RGB").resize((domains.WORK_SIZE, domains.WORK_SIZE), Image.BICUBIC)
+        for c in chain:
+            pil = Image.fromarray(np.clip(np.asarray(c.apply(pil, augmentation=True)), 0, 255).astype(np.uint8)).convert("RGB")
+        out[i] = np.asarray(pil.convert("L").resize((size, size), Image.BOX))
+    return out
+
+
+def bench_corruptions(count: int = 200) -> list[dict]:
+    images = synthetic.generate("breastmnist", 28, seed=0, counts={"train": count, "val": 1, "test": 1})["train_images"]
+    rows = []
+    for domain in ("midrange", "degraded"):
+        spec = domains.GPAF_SCENARIO1[domain]
+        steps = domains.build_steps("breastmnist", spec, domain)
+        t0 = time.perf_counter()
+        domains.corrupt_images(images, steps, 0, domain, "train")
+        ours = count / (time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        _direct_medmnistc(images, spec)
+        direct = count / (time.perf_counter() - t0)
+        rows.append({"bench": "corruption", "domain": domain, "images": count, "ours_img_s": round(ours, 1),
+                     "direct_img_s": round(direct, 1), "ratio": round(ours / direct, 3)})
+    return rows
+
+
+def bench_synthetic() -> list[dict]:
+    rows = []
+    for flag, size, counts in (("dermamnist", 64, {"train": 7007, "val": 1003, "test": 2005}),
+                               ("breastmnist", 28, {"train": 546, "val": 78, "test": 156})):
+        t0 = time.perf_counter()
+        synthetic.generate(flag, size, seed=0, counts=counts)
+        n = sum(counts.values())
+        rows.append({"bench": "synthetic", "flag": flag, "size": size, "images": n,
+                     "seconds": round(time.perf_counter() - t0, 3)})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    rows = bench_partitions() + bench_corruptions() + bench_synthetic()
+    for row in rows:
+        print(json.dumps(row))
+    if args.out:
+        with args.out.open("a") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+if __name__ == "__main__":
+    main()
