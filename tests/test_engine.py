@@ -124,8 +124,10 @@ def test_resume_after_kill_is_bit_identical(workdir):
 
 
 @pytest.mark.slow
-def test_client_failure_fails_the_job_with_its_traceback(workdir):
-    spec = make_spec(workdir, "nan", rounds=3, lr=1e30, momentum=0.0)
+@pytest.mark.parametrize("backend", ["inline", "ray"])
+def test_client_failure_fails_the_job_with_its_traceback(workdir, backend):
+    spec = make_spec(workdir, f"nan-{backend}", rounds=3, lr=1e30, momentum=0.0)
+    spec.backend = backend
     proc = run_in_subprocess(spec)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode != 0
@@ -201,3 +203,69 @@ def test_orphaned_ray_dirs_of_dead_jobs_are_removed(tmp_path):
     removed = remove_orphaned_ray_dirs(tmp_path)
     assert [p.name for p in removed] == [f"fmb-ray-{dead.pid}-abc"]
     assert (tmp_path / f"fmb-ray-{os.getpid()}-def").exists()
+
+
+@pytest.mark.slow
+def test_inline_and_ray_backends_give_bit_identical_runs(workdir):
+    """The backend only changes how messages travel: same weights, same metrics."""
+    from fedmedbench.fl import engine
+
+    runs = {}
+    for backend in ("inline", "ray"):
+        spec = make_spec(workdir, f"backend-{backend}", method="scaffold", rounds=3)
+        spec.threads, spec.backend, spec.clients_per_round = 1, backend, 3
+        engine.run(spec, log=lambda m: None)
+        runs[backend] = spec.run_dir
+    a = torch.load(Path(runs["inline"]) / "model.pt", weights_only=True)
+    b = torch.load(Path(runs["ray"]) / "model.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ma = pd.read_csv(Path(runs["inline"]) / "metrics.csv").drop(columns="elapsed_s")
+    mb = pd.read_csv(Path(runs["ray"]) / "metrics.csv").drop(columns="elapsed_s")
+    pd.testing.assert_frame_equal(ma, mb)
+
+
+def test_unknown_backend_is_named(workdir):
+    from fedmedbench.fl import engine
+
+    spec = make_spec(workdir, "badbackend")
+    spec.backend = "grpc"
+    with pytest.raises(ValueError, match="engine.backend = 'grpc'"):
+        engine.run(spec, log=lambda m: None)
+
+
+def test_inline_grid_delivers_like_flower(workdir):
+    """Opaque node ids, a Context per node that persists, protobuf round trips, errors as replies."""
+    from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+    from flwr.clientapp import ClientApp
+
+    from fedmedbench.fl.inline_grid import InlineGrid
+
+    app = ClientApp()
+
+    @app.query()
+    def query(msg, context):
+        calls = int(context.state.config_records.get("calls", ConfigRecord({"n": 0}))["n"]) + 1
+        context.state["calls"] = ConfigRecord({"n": calls})
+        if msg.content["config"]["fail"]:
+            raise ValueError("boom on purpose")
+        pid = int(context.node_config["partition-id"])
+        return Message(RecordDict({"info": ConfigRecord({"pid": pid, "calls": calls})}), reply_to=msg)
+
+    grid = InlineGrid(app, num_nodes=3, seed=1, wire=True)
+    nodes = list(grid.get_node_ids())
+    assert len(set(nodes)) == 3 and not set(nodes) & {0, 1, 2}
+
+    def ask(fail=False):
+        msgs = [Message(RecordDict({"config": ConfigRecord({"fail": fail})}), dst_node_id=n,
+                        message_type=MessageType.QUERY) for n in nodes]
+        return list(grid.send_and_receive(msgs)), msgs
+
+    replies, msgs = ask()
+    assert [r.metadata.reply_to_message_id for r in replies] == [m.metadata.message_id for m in msgs]
+    assert {r.metadata.src_node_id: int(r.content["info"]["pid"]) for r in replies} == dict(zip(nodes, range(3), strict=True))
+    replies, _ = ask()
+    assert all(int(r.content["info"]["calls"]) == 2 for r in replies)  # node state kept across messages
+    replies, _ = ask(fail=True)
+    assert all(r.has_error() and "boom on purpose" in r.error.reason for r in replies)
+    with pytest.raises(ValueError, match="unknown node"):
+        grid.push_messages([Message(RecordDict(), dst_node_id=12345, message_type=MessageType.QUERY)])

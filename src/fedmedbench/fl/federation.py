@@ -76,6 +76,11 @@ def _nanmean(values: list[float]) -> float:
 # ----------------------------------------------------------------------------- client side
 
 
+#: torch threads a client step uses: 1 in a Ray actor (one CPU each); the inline backend
+#: runs clients one after another in the job's process and sets the job's threads
+client_threads = 1
+
+
 def _client_data(spec: RunSpec, pid: int) -> Any:
     method = get_method(spec.method, spec.method_params)
     task = task_for(spec)
@@ -85,7 +90,7 @@ def _client_data(spec: RunSpec, pid: int) -> Any:
 def _client_context(
     spec: RunSpec, pid: int, rnd: int, arrays: Arrays, steps: int, broadcast: dict[str, Arrays] | None = None
 ) -> tuple[ClientContext, ClientStateStore]:
-    torch.set_num_threads(1)
+    torch.set_num_threads(client_threads)
     device = resolve_device(spec.device)
     model = new_model(spec)
     load_arrays(model, arrays, get_method(spec.method, spec.method_params).shared_keys(model))

@@ -15,7 +15,7 @@ from typing import Any
 from fedmedbench.fl.registry import TrainConfig
 
 #: fields that do not change the numbers a run produces
-_NOT_HASHED = {"run_dir", "threads", "log_every"}
+_NOT_HASHED = {"run_dir", "threads", "log_every", "backend"}
 
 
 @dataclass
@@ -38,6 +38,8 @@ class RunSpec:
     method_params: dict[str, Any] = field(default_factory=dict)
     device: str = "auto"
     threads: int = 1
+    #: Flower backend: inline (in-process grid, default) or ray (run_simulation); see fl/engine.py
+    backend: str = "inline"
     data_origin: str = "synthetic"
     log_every: int = 1
     eval_every: int = 1
