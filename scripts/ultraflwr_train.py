@@ -9,7 +9,9 @@ from fedmedbench.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     limit_threads(snakemake.threads)
-    spec = RunSpec.from_dict(dict(snakemake.params.spec))
+    # the backend changes how messages travel, not the results: read from config, not params (as
+    # scripts/train_federated.py), so switching it does not rerun finished jobs; inline = no Ray
+    spec = RunSpec.from_dict({**snakemake.params.spec, "backend": snakemake.config["engine"]["backend"]})
     if snakemake.wildcards.strategy == "Centralized":
         from fedmedbench.fl.detection.centralized import run_centralized
 
