@@ -89,6 +89,11 @@ def train_yolo(
         def final_eval(self):  # nothing to re-validate: no best.pt
             return None
 
+        def validate(self):  # marks the epochs really validated (with val=False only the last one is;
+            out = super().validate()  # tr.metrics then still holds placeholder zeros, not a measurement)
+            self.validated_epoch = self.epoch
+            return out
+
     args = dict(model=str(getattr(model, "yaml_file", "") or "yolo11n.yaml"), data=str(data_yaml), epochs=int(epochs),
                 batch=int(batch), imgsz=int(imgsz), seed=int(seed), deterministic=True, device=device_arg(device),
                 workers=0, project=str(Path(workdir).resolve()), name="train", exist_ok=True, plots=False, save=False,
@@ -100,7 +105,7 @@ def train_yolo(
     def capture(tr) -> None:
         metrics = tr.metrics or {}
         m50 = float(metrics.get("metrics/mAP50(B)", math.nan))
-        validated = tr.validator is not None and getattr(tr.validator, "training", False) and not math.isnan(m50)
+        validated = getattr(tr, "validated_epoch", None) == tr.epoch and not math.isnan(m50)
         seen["curve"].append(m50 if validated else math.nan)
         last = tr.epoch + 1 >= tr.epochs or tr.stop
         if (select == "best" and validated and m50 > seen["best"]) or (select == "last" and last) or seen["state"] is None:
