@@ -68,16 +68,22 @@ def collect(runs: list[dict]) -> pd.DataFrame:
 
 
 def _fmt(values: pd.Series) -> str:
+    """mean±std in %, sample std (ddof=1) over the finite values; one value: the mean alone."""
     v = values.to_numpy(dtype=float)
-    return "n/a" if not np.isfinite(v).any() else f"{100 * np.nanmean(v):.1f}±{100 * np.nanstd(v):.1f}"
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return "n/a"
+    return f"{100 * v.mean():.1f}" if len(v) == 1 else f"{100 * v.mean():.1f}±{100 * v.std(ddof=1):.1f}"
 
 
 def top_strategies(rows: pd.DataFrame, top_k: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Mean/std over clients x seeds; strategies ranked by federated ID mAP50 within each setting."""
+    """Mean/std (ddof=1) over clients x seeds; strategies ranked by federated ID mAP50 within each
+    setting (ties: strategy name order); the top ``top_k`` are shown, with the per-client centralized
+    baseline's ID-C/CD-C on each setting's first row (the paper's Tables II/III)."""
     stats = (rows.groupby(["setting", "strategy"])[["local_map50", "cd_map50"]]
              .agg(["mean", "std", "count"]).reset_index())
     stats.columns = ["_".join(c).strip("_") for c in stats.columns]
-    fed = stats[stats["strategy"] != "Centralized"].copy()
+    fed = stats[stats["strategy"] != "Centralized"].sort_values(["setting", "strategy"]).copy()
     fed["rank_id"] = fed.groupby("setting")["local_map50_mean"].rank(ascending=False, method="first").astype(int)
     shown = []
     for setting, group in fed.sort_values(["setting", "rank_id"]).groupby("setting"):
@@ -92,16 +98,20 @@ def top_strategies(rows: pd.DataFrame, top_k: int) -> tuple[pd.DataFrame, pd.Dat
 
 
 def curves(runs: list[dict]) -> pd.DataFrame:
-    """Per setting, strategy and round: validation mAP50 mean/std over clients x seeds."""
+    """Per setting, strategy and round: validation mAP50 mean/std (ddof=1) over clients x seeds.
+    Federated runs: each client's own validation split after every round (client_metrics.csv);
+    Centralized: each client's validation mAP50 at the end of every round-equivalent (E epochs,
+    metrics.csv with round, client, cval_map50). One value per point: std 0."""
     parts = []
     for r in runs:
-        if r["strategy"] == "Centralized":
-            df = pd.read_csv(r["metrics"])[["round", "cval_mean_map50"]].rename(columns={"cval_mean_map50": "cval_map50"})
-        else:
-            df = pd.read_csv(r["clients"])[["round", "cval_map50"]]
-        parts.append(df.assign(setting=r["setting"], strategy=r["strategy"], seed=r["seed"]))
-    all_rows = pd.concat(parts, ignore_index=True)
-    out = all_rows.groupby(["setting", "strategy", "round"])["cval_map50"].agg(["mean", "std"]).reset_index()
+        path = r["metrics"] if r["strategy"] == "Centralized" else r["clients"]
+        df = pd.read_csv(path)
+        if not {"round", "client", "cval_map50"} <= set(df.columns):
+            raise ValueError(f"{path}: needs columns round, client, cval_map50 (validation mAP50 per client)")
+        parts.append(df[["round", "client", "cval_map50"]].assign(setting=r["setting"], strategy=r["strategy"],
+                                                                   seed=r["seed"]))
+    all_rows = pd.concat(parts, ignore_index=True).dropna(subset=["cval_map50"])
+    out = all_rows.groupby(["setting", "strategy", "round"])["cval_map50"].agg(["mean", "std", "count"]).reset_index()
     return out.fillna({"std": 0.0})
 
 
@@ -140,8 +150,8 @@ def communication(comm_runs: list[dict]) -> pd.DataFrame:
             continue
         sent = df[df["bytes_sent"] > 0]
         rows.append({"group": r["group"], "setting": r["setting"], "strategy": r["strategy"], "seed": r["seed"],
-                     "bytes_per_client_round": float(sent["bytes_sent"].mean()) if len(sent) else 0.0,
-                     "elements_per_client_round": float(sent["elements_sent"].mean()) if len(sent) else 0.0,
+                     "bytes_per_client_round": int(round(sent["bytes_sent"].mean())) if len(sent) else 0,
+                     "elements_per_client_round": int(round(sent["elements_sent"].mean())) if len(sent) else 0,
                      "rounds_without_upload": int(df.groupby("round")["bytes_sent"].sum().eq(0).sum()),
-                     "total_bytes": float(df["bytes_sent"].sum())})
+                     "total_bytes": int(df["bytes_sent"].sum())})
     return pd.DataFrame(rows)

@@ -19,8 +19,8 @@ from fedmedbench.fl.spec import RunSpec
 
 
 def run_centralized(spec: RunSpec, select: str = "best", ultralytics: dict | None = None, log=print) -> dict:
-    """Train and evaluate every client alone; writes metrics.csv (per round-equivalent: mean
-    validation mAP50 over clients), client_metrics.csv, summary.json and model.pt (client 0... n-1)."""
+    """Train and evaluate every client alone; writes metrics.csv (per round-equivalent and client:
+    Ultralytics validation mAP50), client_metrics.csv, summary.json and model.pt (client 0... n-1)."""
     spec = resolve_data_shapes(spec)
     task = DetectionTask(spec)
     device = resolve_device(spec.device)
@@ -39,13 +39,11 @@ def run_centralized(spec: RunSpec, select: str = "best", ultralytics: dict | Non
         client_rows.append({"round": tc.rounds, "client": pid, **metrics, "selected_epoch": out.selected_epoch})
         curves.append(out.val_map50)
         log(f"client {pid}: {epochs} epochs, ID mAP50 {metrics['local_map50']:.4f}, CD mAP50 {metrics['cd_map50']:.4f}")
-    # validation curve sampled at the end of every round-equivalent (E epochs), mean over clients
+    # each client's validation curve sampled at the end of every round-equivalent (E epochs);
+    # an early-stopped client has no value for the later rounds (NaN)
     e = int(round(tc.local_epochs))
-    rows = []
-    for r in range(1, tc.rounds + 1):
-        vals = [c[r * e - 1] for c in curves if len(c) >= r * e]
-        finite = [v for v in vals if not math.isnan(v)]
-        rows.append({"round": r, "cval_mean_map50": sum(finite) / len(finite) if finite else math.nan})
+    rows = [{"round": r, "client": pid, "cval_map50": c[r * e - 1] if len(c) >= r * e else math.nan}
+            for r in range(1, tc.rounds + 1) for pid, c in enumerate(curves)]
     run_dir = Path(spec.run_dir)
     io.write_csv(run_dir / "metrics.csv", pd.DataFrame(rows))
     io.write_csv(run_dir / "client_metrics.csv", pd.DataFrame(client_rows))
