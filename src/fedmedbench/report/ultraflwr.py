@@ -122,7 +122,9 @@ def figure3(curve: pd.DataFrame, group: str, origin: str, target) -> None:
     import matplotlib.pyplot as plt
 
     settings = sorted(curve["setting"].unique())
-    fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 3.4), squeeze=False)
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(1, len(settings), figsize=(max(6.0, 4.2 * len(settings)), 3.8), squeeze=False)
     for ax, setting in zip(axes[0], settings, strict=True):
         sub = curve[curve["setting"] == setting]
         for strategy, g in sub.groupby("strategy"):
@@ -131,12 +133,14 @@ def figure3(curve: pd.DataFrame, group: str, origin: str, target) -> None:
             ax.fill_between(g["round"], 100 * (g["mean"] - g["std"]), 100 * (g["mean"] + g["std"]), alpha=0.12)
         ax.set_title(f"G_{group}-{setting}")
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("validation mAP50 (%)")
     axes[0][-1].legend(fontsize=6, loc="best")
     title = f"UltraFlwr Figure 3, group {group}: validation mAP50 per round (mean ± std over clients x seeds)"
     if origin == "synthetic":
         title += "\nSYNTHETIC data - not the paper's numbers"
     fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))  # keep the two-line title clear of the panel titles
     io.save_figure(target, fig)
     plt.close(fig)
 
