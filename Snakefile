@@ -23,6 +23,7 @@ include: "rules/report.smk"
 include: "rules/surgical.smk"
 include: "rules/report_earlystop.smk"
 include: "rules/report_gpaf.smk"
+include: "rules/ultraflwr.smk"
 
 
 # Quick steps run on the submitting node, not as cluster jobs.
@@ -36,6 +37,10 @@ localrules:
     earlystop_figures,
     gpaf_table1,
     gpaf_convergence,
+    ultraflwr_table1,
+    ultraflwr_top_strategies,
+    ultraflwr_figure3,
+    ultraflwr_communication,
 
 
 if config["cluster"]["local_downloads"]:
@@ -48,4 +53,5 @@ rule all:
     input:
         all_targets(),
         surgical_targets(),
+        ultraflwr_targets(),
     default_target: True

@@ -16,4 +16,5 @@ from fedmedbench.fl.methods import (  # noqa: F401
     local,
     moon,
     scaffold,
+    ultraflwr,
 )

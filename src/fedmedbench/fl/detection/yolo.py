@@ -1,0 +1,142 @@
+"""Ultralytics YOLO as a federated client: build, train E epochs, capture weights, validate.
+
+Measured pitfalls this wrapper avoids (Ultralytics 8.4):
+
+* ``YOLO("x.yaml").train()`` rebuilds the model inside the trainer, so a state_dict
+  loaded into the wrapper beforehand is ignored on the first call. Here the trainer is
+  handed our already-loaded ``DetectionModel`` (``setup_model`` keeps a module as is).
+* After ``train()`` the wrapper holds ``best.pt``'s EMA weights in fp16, chosen by
+  Ultralytics' fitness (mostly mAP50-95). Here checkpoints are not written at all
+  (``save_model`` is off); a callback copies the EMA weights that were just validated,
+  in fp32, at the epoch chosen by *our* rule: best validation mAP50 (the paper) or last.
+* Every ``train()`` makes a new trainer (optimizer, LR warm-up and EMA start afresh):
+  that is UltraFlwr's behaviour per round and is kept.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SELECT = ("best", "last")
+#: Ultralytics arguments fixed by this wrapper (not overridable through config)
+FIXED_ARGS = ("model", "data", "epochs", "batch", "imgsz", "seed", "device", "project", "name", "exist_ok",
+              "plots", "save", "val", "workers", "resume", "pretrained")
+
+
+def build_yolo(cfg: str, nc: int, seed: int, weights: str | None = None) -> torch.nn.Module:
+    """A DetectionModel for ``nc`` classes from a yaml (random init, seeded: every process builds the
+    same initial weights); ``weights``: a local ``.pt`` whose matching tensors are transferred."""
+    from ultralytics.nn.tasks import DetectionModel, load_checkpoint
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = DetectionModel(cfg, nc=nc, verbose=False)
+    if weights:
+        path = Path(weights)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: YOLO weights not found (model.weights); no download is attempted")
+        loaded, _ = load_checkpoint(str(path))
+        model.load(loaded, verbose=False)
+    return model.float()
+
+
+def device_arg(device: torch.device) -> str:
+    return "cpu" if device.type == "cpu" else str(device.index or 0)
+
+
+@dataclass
+class TrainOutcome:
+    """What one local training produced: the selected fp32 weights and what was measured."""
+
+    state: dict[str, torch.Tensor]
+    selected_epoch: int
+    val_map50: list[float] = field(default_factory=list)  # per epoch (NaN where not validated)
+    train_loss: float = math.nan
+
+    @property
+    def selected_val_map50(self) -> float:
+        return self.val_map50[self.selected_epoch] if self.val_map50 else math.nan
+
+
+def _fp32_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu().clone() for k, v in state.items()}
+
+
+def train_yolo(
+    model: torch.nn.Module, data_yaml: str | Path, *, epochs: int, batch: int, imgsz: int, seed: int,
+    device: torch.device, workdir: str | Path, select: str = "best", extra: dict[str, Any] | None = None,
+) -> TrainOutcome:
+    """Train ``model`` (its current weights) for ``epochs`` with Ultralytics' detection trainer."""
+    from ultralytics.models.yolo.detect import DetectionTrainer
+
+    if select not in SELECT:
+        raise ValueError(f"select must be one of {SELECT}, got '{select}'")
+    extra = dict(extra or {})
+    fixed = sorted(set(extra) & set(FIXED_ARGS))
+    if fixed:
+        raise ValueError(f"ultralytics overrides {fixed} are set by the study itself (train.ultralytics)")
+
+    class _Trainer(DetectionTrainer):
+        def save_model(self):  # weights are captured in fp32 by the callback, no fp16 checkpoints on disk
+            return False
+
+        def final_eval(self):  # nothing to re-validate: no best.pt
+            return None
+
+        def validate(self):  # marks the epochs really validated (with val=False only the last one is;
+            out = super().validate()  # tr.metrics then still holds placeholder zeros, not a measurement)
+            self.validated_epoch = self.epoch
+            return out
+
+    args = dict(model=str(getattr(model, "yaml_file", "") or "yolo11n.yaml"), data=str(data_yaml), epochs=int(epochs),
+                batch=int(batch), imgsz=int(imgsz), seed=int(seed), deterministic=True, device=device_arg(device),
+                workers=0, project=str(Path(workdir).resolve()), name="train", exist_ok=True, plots=False, save=False,
+                val=select == "best", amp=device.type == "cuda", verbose=False, **extra)
+    trainer = _Trainer(overrides=args)
+    trainer.model = model  # used as is by setup_model (no rebuild, our weights)
+    seen: dict[str, Any] = {"best": -math.inf, "state": None, "epoch": -1, "curve": []}
+
+    def capture(tr) -> None:
+        metrics = tr.metrics or {}
+        m50 = float(metrics.get("metrics/mAP50(B)", math.nan))
+        validated = getattr(tr, "validated_epoch", None) == tr.epoch and not math.isnan(m50)
+        seen["curve"].append(m50 if validated else math.nan)
+        last = tr.epoch + 1 >= tr.epochs or tr.stop
+        if (select == "best" and validated and m50 > seen["best"]) or (select == "last" and last) or seen["state"] is None:
+            seen["best"] = m50 if validated else seen["best"]
+            seen["state"] = _fp32_copy(tr.ema.ema.state_dict())
+            seen["epoch"] = tr.epoch
+
+    trainer.add_callback("on_fit_epoch_end", capture)
+    trainer.train()
+    return TrainOutcome(state=seen["state"], selected_epoch=int(seen["epoch"]), val_map50=seen["curve"],
+                        train_loss=_total_loss(getattr(trainer, "tloss", None)))
+
+
+def _total_loss(tloss) -> float:
+    """The last epoch's mean training loss (box + cls + dfl), whatever container Ultralytics keeps it in."""
+    if tloss is None:
+        return math.nan
+    values = tloss.values() if isinstance(tloss, dict) else [tloss]
+    return float(sum(float(torch.as_tensor(v).float().sum()) for v in values))
+
+
+def validate_yolo(
+    model: torch.nn.Module, data_yaml: str | Path, split: str, *, imgsz: int, batch: int, device: torch.device,
+    workdir: str | Path, conf: float = 0.001, iou: float = 0.7,
+) -> dict[str, float]:
+    """mAP50 and mAP50-95 of ``model`` on ``split`` of ``data_yaml`` with Ultralytics' DetectionValidator."""
+    from ultralytics.models.yolo.detect import DetectionValidator
+
+    args = dict(data=str(data_yaml), split=split, imgsz=int(imgsz), batch=int(batch), device=device_arg(device),
+                workers=0, plots=False, save_json=False, verbose=False, conf=conf, iou=iou,
+                project=str(Path(workdir).resolve()), name="val", exist_ok=True)
+    validator = DetectionValidator(args=args)
+    stats = validator(model=copy.deepcopy(model).float().eval())  # the backend fuses conv+bn in place
+    return {"map50": float(stats["metrics/mAP50(B)"]), "map50_95": float(stats["metrics/mAP50-95(B)"])}

@@ -1,0 +1,126 @@
+"""UltraFlwr (Li et al.): federated Ultralytics YOLO with full or partial aggregation (YOLO-PA).
+
+Client (each round): load the broadcast components into its model, keep its own
+weights for every other component (persistent client state, restored on resume),
+train E local epochs with Ultralytics, select the local model by validation mAP50
+(best epoch, the paper) or the last epoch, send only the arrays of the aggregated
+components, in fp32.
+Server: FedAvg (weighted by the clients' real training image counts) or coordinate-wise
+FedMedian over the received components. The final aggregation after the last round is
+omitted (``final_aggregation``): each client is then evaluated with its own last model.
+Communication: bytes each client sent per round, from the arrays actually sent.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fedmedbench.fl.detection.components import SPLITS, aggregated_keys, parse_strategy
+from fedmedbench.fl.detection.yolo import SELECT
+from fedmedbench.fl.registry import (
+    Arrays,
+    ClientContext,
+    ClientResult,
+    Method,
+    ServerContext,
+    load_arrays,
+    register_method,
+    weighted_average,
+)
+
+FINAL_AGGREGATION = ("skip_all", "skip_partial", "keep")
+
+
+def median_arrays(arrays: list[Arrays]) -> Arrays:
+    """Coordinate-wise median per key (Flower's FedMedian), cast back to each key's dtype."""
+    if not arrays:
+        raise ValueError("nothing to aggregate: no client results")
+    return {k: np.median(np.stack([a[k] for a in arrays]), axis=0).astype(arrays[0][k].dtype) for k in arrays[0]}
+
+
+def bytes_of(arrays: Arrays) -> int:
+    return int(sum(np.asarray(a).nbytes for a in arrays.values()))
+
+
+@register_method("ultraflwr")
+class UltraFlwr(Method):
+    personalized = True  # partial strategies leave each client its own model; all are evaluated per client
+
+    def __init__(self, strategy: str = "FedAvg", split: str = "ultraflwr", select: str = "best",
+                 final_aggregation: str = "skip_all", ultralytics: dict | None = None) -> None:
+        self.components, self.aggregator = parse_strategy(strategy)
+        if split not in SPLITS:
+            raise ValueError(f"method_params.ultraflwr.split must be one of {SPLITS}, got '{split}'")
+        if select not in SELECT:
+            raise ValueError(f"method_params.ultraflwr.select must be one of {SELECT}, got '{select}'")
+        if final_aggregation not in FINAL_AGGREGATION:
+            raise ValueError(f"method_params.ultraflwr.final_aggregation must be one of {FINAL_AGGREGATION}")
+        self.strategy, self.split, self.select = strategy, split, select
+        self.final_aggregation = final_aggregation
+        self.ultralytics = dict(ultralytics or {})
+
+    @property
+    def partial(self) -> bool:
+        return len(self.components) < 3
+
+    def skips_final(self) -> bool:
+        return self.final_aggregation == "skip_all" or (self.final_aggregation == "skip_partial" and self.partial)
+
+    # --- model -------------------------------------------------------------------
+    def build_model(self, spec):
+        from fedmedbench.fl.detection.yolo import build_yolo
+
+        return build_yolo(spec.model, int(spec.num_classes), seed=spec.seed, weights=spec.pretrained_path)
+
+    def shared_keys(self, model) -> list[str]:
+        return aggregated_keys(model, self.components, self.split)
+
+    # --- client ------------------------------------------------------------------
+    def _restore_own(self, ctx: ClientContext, everything: bool) -> None:
+        """Load the client's own weights: the non-aggregated components (or all of them)."""
+        own = ctx.state.get("model")
+        if not own:
+            return  # round 1: the common initial model
+        shared = set(self.shared_keys(ctx.model))
+        keys = list(own) if everything else [k for k in own if k not in shared]
+        load_arrays(ctx.model, {k: own[k].numpy() for k in keys}, keys)
+
+    def client_fit(self, ctx: ClientContext) -> ClientResult:
+        from fedmedbench.fl.detection.yolo import train_yolo
+
+        data = ctx.data
+        self._restore_own(ctx, everything=False)
+        outcome = train_yolo(ctx.model, data.data_yaml, epochs=int(round(ctx.train.local_epochs)),
+                             batch=ctx.train.batch_size, imgsz=data.imgsz, seed=data.seed, device=ctx.device,
+                             workdir=f"{data.workdir}/r{ctx.rnd:03d}", select=self.select, extra=self.ultralytics)
+        ctx.state["model"] = outcome.state
+        last = ctx.rnd >= ctx.train.rounds
+        keys = [] if (last and self.skips_final()) else self.shared_keys(ctx.model)
+        arrays = {k: outcome.state[k].numpy().copy() for k in keys}
+        metrics = {"train_loss": outcome.train_loss, "bytes_sent": float(bytes_of(arrays)),
+                   "elements_sent": float(sum(a.size for a in arrays.values())),
+                   "selected_epoch": float(outcome.selected_epoch), "selected_val_map50": outcome.selected_val_map50}
+        return ClientResult(arrays=arrays, num_examples=data.num_train, metrics=metrics)
+
+    def personal_model(self, ctx: ClientContext):
+        final = ctx.rnd - 1 >= ctx.train.rounds and self.skips_final()
+        self._restore_own(ctx, everything=final)
+        return ctx.model
+
+    # --- server ------------------------------------------------------------------
+    def aggregate(self, ctx: ServerContext) -> Arrays:
+        log = ctx.state.setdefault("ultraflwr_clients", [])
+        for pid, r in zip(ctx.pids, ctx.results, strict=True):
+            log.append({"round": ctx.rnd, "client": pid, "num_examples": r.num_examples,
+                        **{k: float(r.metrics.get(k, math.nan)) for k in
+                           ("bytes_sent", "elements_sent", "selected_epoch", "selected_val_map50", "train_loss")}})
+        sent = [r.arrays for r in ctx.results]
+        if not any(sent):  # the omitted final aggregation: nothing was sent
+            return ctx.global_arrays
+        if self.aggregator == "median":
+            new = median_arrays(sent)
+        else:
+            new = weighted_average(sent, [r.num_examples for r in ctx.results])
+        return {**ctx.global_arrays, **new}

@@ -1,0 +1,459 @@
+"""UltraFlwr: component key maps, Table I from the model, what partial aggregation does and does
+not aggregate, persistent client components across rounds and resume, the YOLO wrapper's
+weight capture, and one small federated run through the detection task."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from helpers import surgical as F
+
+from fedmedbench.fl import federation as fed
+from fedmedbench.fl.detection import components as C
+from fedmedbench.fl.detection.yolo import build_yolo, train_yolo
+from fedmedbench.fl.registry import ClientResult, ServerContext, TrainConfig, get_method
+from fedmedbench.fl.spec import RunSpec
+
+
+@pytest.fixture(scope="module")
+def yolo80():
+    return build_yolo("yolo11n.yaml", 80, seed=0)
+
+
+def test_fourteen_strategies_parse():
+    names = C.strategy_names()
+    assert len(names) == 14 and len(set(names)) == 14
+    assert C.parse_strategy("FedBackboneNeckMedian") == (("backbone", "neck"), "median")
+    assert C.parse_strategy("FedAvg") == (("backbone", "neck", "head"), "mean")
+    with pytest.raises(ValueError, match="unknown strategy"):
+        C.parse_strategy("FedTailAvg")
+
+
+def test_table1_counts_from_the_model(yolo80):
+    """Whole state_dict 2,639,825 elements, Detect head 468,034; the 2025-01 split reproduces the paper."""
+    from fedmedbench.report.ultraflwr import PAPER_TABLE1, table1
+
+    for split in C.SPLITS:
+        sizes = C.component_sizes(yolo80, split)
+        assert sum(sizes.values()) == 2_639_825
+        assert sizes["head"] == 468_034
+    t = table1("yolo11n.yaml", 80)
+    old = t[t["split"] == "ultraflwr_2025_01"].set_index("strategy")
+    assert all(old.loc[name, "saved"] == saved for name, saved in PAPER_TABLE1.items())
+    cur = t[t["split"] == "ultraflwr"].set_index("strategy")
+    assert cur.loc["FedNeckHead", "saved"] == 955_951  # backbone = layers 0-8 in UltraFlwr's current code
+    assert not cur["matches_paper"].all()
+
+
+def test_key_maps_partition_the_learnt_keys(yolo80):
+    state = yolo80.state_dict()
+    for split in C.SPLITS:
+        keys = C.component_keys(yolo80, split)
+        flat = [k for c in C.COMPONENTS for k in keys[c]]
+        assert len(flat) == len(set(flat))
+        assert set(flat) == {k for k in state if C.is_learnt(k)}
+        assert all(k.startswith("model.23.") for k in keys["head"])
+    yaml_keys = C.component_keys(yolo80, "yaml")
+    assert any(k.startswith("model.10.") for k in yaml_keys["backbone"])  # C2PSA is in the yaml's backbone
+    assert any(k.startswith("model.9.") for k in C.component_keys(yolo80, "ultraflwr")["neck"])  # SPPF = neck
+    sent = C.aggregated_keys(yolo80, ("backbone", "neck", "head"), "ultraflwr")
+    assert not any(k.endswith("num_batches_tracked") or ".dfl." in k for k in sent)
+
+
+def _results(method, model, n=3):
+    keys = method.shared_keys(model)
+    rng = np.random.default_rng(0)
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    out = []
+    for i in range(n):
+        arrays = {k: (state[k] + rng.normal(size=state[k].shape).astype(state[k].dtype)) for k in keys}
+        out.append(ClientResult(arrays=arrays, num_examples=[1, 2, 7][i]))
+    return keys, out
+
+
+@pytest.mark.parametrize("strategy", ["FedBackboneNeckAvg", "FedHeadMedian"])
+def test_aggregation_only_touches_selected_components(strategy):
+    method = get_method("ultraflwr", {"strategy": strategy})
+    model = build_yolo("yolo11n.yaml", 3, seed=0)
+    keys, results = _results(method, model)
+    old = {k: v.numpy() for k, v in model.state_dict().items() if k in keys}
+    ctx = ServerContext(rnd=1, global_arrays=old, results=results, pids=[0, 1, 2], state={}, num_clients=3,
+                        device=torch.device("cpu"), train=TrainConfig(rounds=3, local_epochs=1, batch_size=8, lr=0.01),
+                        new_model=lambda: model)
+    new = method.aggregate(ctx)
+    assert set(new) == set(keys)
+    k = keys[0]
+    stack = np.stack([r.arrays[k] for r in results])
+    expected = np.median(stack, 0) if "Median" in strategy else np.tensordot(np.array([1, 2, 7]) / 10, stack, 1)
+    np.testing.assert_allclose(new[k], expected, rtol=1e-5, atol=1e-6)
+    components, _ = C.parse_strategy(strategy)
+    other = [c for c in C.COMPONENTS if c not in components]
+    assert not set(new) & {k for c in other for k in C.component_keys(model, "ultraflwr")[c]}
+    assert ctx.state["ultraflwr_clients"][0]["round"] == 1
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    from fedmedbench.data.surgical import recurate as R
+    from fedmedbench.data.surgical.export_yolo import export_group
+    from fedmedbench.data.surgical.group_io import write_group
+    from fedmedbench.data.surgical.index import build_index
+    from fedmedbench.data.surgical.schema import read_index
+
+    root = tmp_path_factory.mktemp("uf")
+    cfg, _ = F.make(root / "raw", "cholectrack20")
+    build_index("cholectrack20", cfg, root / "raw", root / "idx", log=lambda m: None)
+    df, meta = read_index(root / "idx")
+    group = {"datasets": ["cholectrack20"], "num_clients": 3, "seed": 0,
+             "exclude_videos": {"cholectrack20": ["VID30", "VID31"]}, "video_splits": {"cholectrack20": F.CT20_SPLITS},
+             "settings": {"a": {"scheme": "iid"}}}
+    g = R.build_group("g", {"cholectrack20": df}, {"cholectrack20": meta}, group, F.TOOL_GROUPS)
+    write_group(g, root / "group", "synthetic")
+    export_group(root / "group", root / "yolo")
+    return root / "yolo" / "a" / "manifest.json"
+
+
+def _spec(export, tmp_path, strategy, rounds=2, **mp):
+    spec = RunSpec(run_dir=str(tmp_path / strategy), study="ultraflwr", dataset="g", setting="a", method="ultraflwr",
+                   seed=0, partition_path=str(export), sources={}, image_size=64, model="yolo11n.yaml",
+                   train={"rounds": rounds, "local_epochs": 1, "batch_size": 8, "lr": 0.01},
+                   method_params={"strategy": strategy, **mp}, task="detection", device="cpu")
+    return fed.resolve_data_shapes(spec)
+
+
+def test_trainer_uses_our_weights_and_returns_fp32_validated_ema(export, tmp_path):
+    """The model handed in is trained (not rebuilt), weights come back in fp32 from the selected epoch."""
+    from fedmedbench.fl.detection.task import DetectionTask
+
+    spec = _spec(export, tmp_path, "FedAvg")
+    data = DetectionTask(spec).client_data(0)
+    model = build_yolo("yolo11n.yaml", spec.num_classes, seed=5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    out = train_yolo(model, data.data_yaml, epochs=2, batch=8, imgsz=64, seed=0, device=torch.device("cpu"),
+                     workdir=tmp_path / "w", select="best")
+    assert set(out.state) == set(before)
+    assert all(v.dtype == torch.float32 for v in out.state.values() if v.is_floating_point())
+    assert len(out.val_map50) == 2 and 0 <= out.selected_epoch < 2
+    # started from OUR weights: the frozen DFL projection is untouched, BN counters kept counting from ours
+    assert torch.equal(out.state["model.23.dfl.conv.weight"], before["model.23.dfl.conv.weight"])
+    changed = [k for k in before if before[k].is_floating_point() and not torch.equal(before[k], out.state[k])]
+    assert changed
+    assert not list((tmp_path / "w").rglob("*.pt"))  # no fp16 checkpoints written
+    assert not list(export.parent.rglob("*.cache"))  # label caches stay in the run's stage
+
+
+class _Recording(fed.InProcessTransport):
+    """Records, after each round's training, the model each client kept in its persistent state."""
+
+    def __init__(self, spec, federation):
+        super().__init__(spec)
+        self.federation, self.kept = federation, {}
+
+    def train(self, rnd, steps, arrays, broadcast):
+        out = super().train(rnd, steps, arrays, broadcast)
+        self.kept[rnd] = {p: self.federation.store.load(p, before_round=rnd + 1)["model"] for p in steps}
+        return out
+
+
+@pytest.fixture(scope="module")
+def partial_run(export, tmp_path_factory):
+    """One uninterrupted 2-round FedBackboneNeckAvg run (shared by the PA and resume tests)."""
+    spec = _spec(export, tmp_path_factory.mktemp("pa"), "FedBackboneNeckAvg", rounds=2)
+    f = fed.Federation(spec, log=lambda m: None)
+    transport = _Recording(spec, f)
+    state = f.run(transport)
+    return spec, f, state, transport.kept
+
+
+def test_partial_run_keeps_local_components_bit_identical(partial_run):
+    """FedBackboneNeckAvg: after aggregation the head of each client is exactly its own; the
+    aggregated components equal the weighted mean; the last round uploads nothing (omitted)."""
+    spec, f, state, kept = partial_run
+    method = get_method("ultraflwr", spec.method_params)
+    model = fed.new_model(spec)
+    head = C.component_keys(model, "ultraflwr")["head"]
+    shared = method.shared_keys(model)
+    assert not set(head) & set(shared)
+    r1 = kept[1]
+    for p in range(3):
+        ctx, _ = fed._client_context(spec, p, 3, state.arrays, steps=0)  # as client_evaluate after round 2
+        personal = method.personal_model(ctx).state_dict()
+        # final aggregation omitted: the client's own round-2 model, everything included
+        r2 = kept[2][p]
+        assert all(torch.equal(personal[k], r2[k]) for k in r2)
+    # round-1 aggregation: shared keys = weighted mean of what clients trained, head not touched
+    sizes = np.array(f.task.client_sizes(), dtype=float)
+    k = shared[0]
+    expected = sum(w * r1[p][k].numpy().astype(np.float64) for p, w in enumerate(sizes / sizes.sum()))
+    rows = state.server_state["ultraflwr_clients"]
+    assert [r["bytes_sent"] > 0 for r in rows] == [True] * 3 + [False] * 3
+    assert rows[0]["elements_sent"] == sum(r1[0][k].numel() for k in shared)
+    assert np.allclose(state.arrays[k], expected, atol=1e-6)
+    # the client's head after round 1 == its own trained head (not averaged with the others)
+    restored, _ = fed._client_context(spec, 1, 2, state.arrays, steps=0)
+    restored.state = {"model": r1[1]}
+    method._restore_own(restored, everything=False)
+    sd = restored.model.state_dict()
+    assert all(torch.equal(sd[h], r1[1][h]) for h in head)
+    assert all(np.array_equal(sd[s].numpy(), state.arrays[s]) for s in shared)
+    assert not torch.equal(r1[0][head[-2]], r1[1][head[-2]])  # clients' heads really differ
+    client_rows = json.loads(json.dumps(state.client_rows))
+    assert {"local_map50", "cd_map50", "cval_map50"} <= set(client_rows[0])
+
+
+class _Killed(Exception):
+    pass
+
+
+class _CrashAt(fed.InProcessTransport):
+    """Stands for a job killed after round ``rnd - 1`` was checkpointed."""
+
+    def __init__(self, spec, rnd):
+        super().__init__(spec)
+        self.rnd = rnd
+
+    def train(self, rnd, steps, arrays, broadcast):
+        if rnd == self.rnd:
+            raise _Killed(f"killed before round {rnd}")
+        return super().train(rnd, steps, arrays, broadcast)
+
+
+def test_resumed_partial_run_is_bit_identical(partial_run, export, tmp_path):
+    """A PA run stopped after round 1 and resumed from its checkpoint ends with the same global
+    arrays, the same per-client kept models (head never aggregated) and the same metrics as the
+    uninterrupted run: the non-aggregated components survive the restart bit for bit."""
+    ref_spec, ref_fed, ref_state, _ = partial_run
+    spec = _spec(export, tmp_path, "FedBackboneNeckAvg", rounds=2)
+    assert spec.run_hash() == ref_spec.run_hash()
+    with pytest.raises(_Killed):
+        fed.Federation(spec, log=lambda m: None).run(_CrashAt(spec, 2))
+    logged: list[str] = []
+    f = fed.Federation(spec, log=logged.append)
+    state = f.run(fed.InProcessTransport(spec))
+    assert any("resuming from checkpoint at round 1/2" in m for m in logged)
+    assert state.round == ref_state.round == 2
+    assert set(state.arrays) == set(ref_state.arrays)
+    assert all(np.array_equal(state.arrays[k], ref_state.arrays[k]) for k in ref_state.arrays)
+    for p in range(3):
+        mine, ref = f.store.load(p, before_round=3)["model"], ref_fed.store.load(p, before_round=3)["model"]
+        assert set(mine) == set(ref) and all(torch.equal(mine[k], ref[k]) for k in ref)
+    import pandas as pd
+
+    def frame(rows):  # NaN-aware comparison; wall time differs by nature
+        return pd.DataFrame(rows).drop(columns=["elapsed_s"], errors="ignore")
+
+    pd.testing.assert_frame_equal(frame(state.rows), frame(ref_state.rows), check_exact=True)
+    pd.testing.assert_frame_equal(frame(state.client_rows), frame(ref_state.client_rows), check_exact=True)
+    pd.testing.assert_frame_equal(frame(state.server_state["ultraflwr_clients"]),
+                                  frame(ref_state.server_state["ultraflwr_clients"]), check_exact=True)
+
+
+@pytest.mark.parametrize("select", ["best", "last"])
+def test_select_captures_the_chosen_epochs_weights(export, tmp_path, monkeypatch, select):
+    """select=best: the EMA weights of the first epoch with the highest validation mAP50;
+    select=last: those of the last epoch (recorded independently at every epoch end)."""
+    from ultralytics.models.yolo.detect import DetectionTrainer
+
+    from fedmedbench.fl.detection import yolo as Y
+    from fedmedbench.fl.detection.task import DetectionTask
+
+    epochs: list[tuple[float, dict]] = []
+    init = DetectionTrainer.__init__
+
+    def recording_init(self, *a, **kw):
+        init(self, *a, **kw)
+
+        def record(tr):
+            m50 = float((tr.metrics or {}).get("metrics/mAP50(B)", float("nan")))
+            epochs.append((m50, Y._fp32_copy(tr.ema.ema.state_dict())))
+
+        self.add_callback("on_fit_epoch_end", record)  # registered before train_yolo's own callback
+
+    monkeypatch.setattr(DetectionTrainer, "__init__", recording_init)
+    spec = _spec(export, tmp_path, "FedAvg")
+    data = DetectionTask(spec).client_data(0)
+    model = build_yolo("yolo11n.yaml", spec.num_classes, seed=5)
+    # nbs = batch, no warm-up: an optimizer step every batch, so each epoch's EMA weights differ
+    # (Ultralytics' nominal batch 64 would accumulate over the few tiny test images)
+    out = train_yolo(model, data.data_yaml, epochs=2, batch=8, imgsz=64, seed=0, device=torch.device("cpu"),
+                     workdir=tmp_path / "w", select=select, extra={"nbs": 8, "warmup_epochs": 0})
+    assert len(epochs) == 2
+    if select == "last":
+        expected = 1
+        assert np.isnan(out.val_map50[0]) and not np.isnan(out.val_map50[1])  # only the final epoch validated
+    else:
+        m = [e[0] for e in epochs]
+        expected = int(np.argmax(m))  # first epoch reaching the maximum (strict improvement needed)
+        assert out.val_map50 == pytest.approx(m)
+    assert out.selected_epoch == expected
+    assert all(torch.equal(out.state[k], epochs[expected][1][k]) for k in out.state)
+    other = epochs[1 - expected][1]
+    assert any(not torch.equal(out.state[k], other[k]) for k in out.state)  # the epochs' weights really differ
+
+
+@pytest.mark.parametrize("final", ["skip_all", "skip_partial", "keep"])
+def test_final_aggregation_options(monkeypatch, final):
+    """What the last round uploads and which model each client is evaluated with afterwards:
+    skip_all -> nothing sent, own model; skip_partial -> only PA strategies skip; keep -> all send,
+    the aggregated components then come from the server."""
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.detection import yolo as Y
+    from fedmedbench.fl.registry import ClientContext, load_arrays
+
+    base = build_yolo("yolo11n.yaml", 3, seed=0)
+    own = {k: (v + 1.0 if v.is_floating_point() else v.clone()) for k, v in base.state_dict().items()}
+    monkeypatch.setattr(Y, "train_yolo", lambda *a, **kw: Y.TrainOutcome(state=own, selected_epoch=0, val_map50=[0.0]))
+    train = TrainConfig(rounds=2, local_epochs=1, batch_size=8, lr=0.01)
+    data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=0, workdir="unused", num_train=5)
+    expected_skip = {"skip_all": {"FedAvg": True, "FedHeadAvg": True},
+                     "skip_partial": {"FedAvg": False, "FedHeadAvg": True},
+                     "keep": {"FedAvg": False, "FedHeadAvg": False}}[final]
+    for strategy, skip in expected_skip.items():
+        method = get_method("ultraflwr", {"strategy": strategy, "final_aggregation": final})
+        assert method.skips_final() is skip
+        shared = method.shared_keys(base)
+        glob = {k: base.state_dict()[k].numpy() for k in shared}
+
+        def ctx(rnd, state, glob=glob, shared=shared):
+            model = build_yolo("yolo11n.yaml", 3, seed=0)
+            load_arrays(model, glob, shared)
+            return ClientContext(pid=0, rnd=rnd, model=model, data=data, train=train, device=torch.device("cpu"),
+                                 generator=torch.Generator(), state=state, steps=0, global_arrays=glob)
+
+        assert set(method.client_fit(ctx(1, {})).arrays) == set(shared)  # earlier rounds always send
+        last = method.client_fit(ctx(2, {}))
+        assert set(last.arrays) == (set() if skip else set(shared))
+        assert last.metrics["bytes_sent"] == (0 if skip else 4 * sum(own[k].numel() for k in shared))
+        personal = method.personal_model(ctx(3, {"model": own})).state_dict()  # evaluation after the last round
+        for k, v in own.items():
+            from_server = k in shared and not skip
+            assert torch.equal(personal[k], base.state_dict()[k] if from_server else v), (strategy, k)
+
+
+# ----------------------------------------------------------------------------- report (hand-made run outputs)
+
+_OFFSETS = {0: [0.0, 0.1, 0.2], 1: [0.05, 0.15, 0.25]}  # per seed set, clients 0-2: mean +0.125, std (ddof=1) 0.0935
+
+
+def _client_csv(path, base, cd_shift=-0.1, rounds=2, early=0.99):
+    """Final round: local = base + offset, cd = local + cd_shift; earlier rounds: ``early`` (must be ignored)."""
+    import pandas as pd
+
+    rows = []
+    for seed, off in _OFFSETS.items():
+        for r in range(1, rounds + 1):
+            for c, o in enumerate(off):
+                v = base + o if r == rounds else early
+                rows.append({"round": r, "client": c, "local_map50": v, "cd_map50": v + cd_shift,
+                             "cval_map50": 0.1 * r + 0.01 * c + 0.1 * seed})
+    df = pd.DataFrame(rows)
+    out = {}
+    for seed in _OFFSETS:
+        keep = df.index[(df.index // (3 * rounds)) == seed]
+        p = path / f"seed{seed}_clients.csv"
+        df.loc[keep].to_csv(p, index=False)
+        out[seed] = p
+    return out
+
+
+def _runs(tmp_path):
+    import pandas as pd
+
+    runs = []
+    bases = {"a": {"FedAvg": 0.5, "FedMedian": 0.6, "FedHeadAvg": 0.55, "FedNeckAvg": 0.3, "Centralized": 0.45},
+             "b": {"FedAvg": 0.4, "FedMedian": 0.4, "FedHeadAvg": 0.2, "FedNeckAvg": 0.1, "Centralized": 0.7}}
+    for setting, strategies in bases.items():
+        for strategy, base in strategies.items():
+            d = tmp_path / setting / strategy
+            d.mkdir(parents=True)
+            for seed, clients in _client_csv(d, base).items():
+                metrics = d / f"seed{seed}_metrics.csv"
+                if strategy == "Centralized":  # per round-equivalent and client
+                    pd.DataFrame([{"round": r, "client": c, "cval_map50": 0.2 * r + 0.1 * c}
+                                  for r in (1, 2) for c in range(3)]).to_csv(metrics, index=False)
+                else:
+                    pd.DataFrame({"round": [1, 2]}).to_csv(metrics, index=False)
+                runs.append({"setting": setting, "strategy": strategy, "seed": seed, "clients": str(clients),
+                             "metrics": str(metrics)})
+    return runs
+
+
+def test_top_strategies_ranks_by_id_and_reports_mean_std_over_clients_and_seeds(tmp_path):
+    """Tables II/III: top-3 per setting by federated ID mAP50 of the FINAL round, mean±std (ddof=1)
+    over 3 clients x 2 seed sets, centralized ID-C/CD-C on the first row only; ties in name order."""
+    from fedmedbench.report.ultraflwr import collect, top_strategies
+
+    ranked, shown = top_strategies(collect(_runs(tmp_path)), top_k=3)
+    a = shown[shown["Setting"] == "a"]
+    assert a["Aggregation"].tolist() == ["FedMedian", "FedHeadAvg", "FedAvg"]  # FedNeckAvg (4th) left out
+    assert a["Rank (ID)"].tolist() == [1, 2, 3]
+    # values 0.6 + {0, .1, .2, .05, .15, .25}: mean 72.5 %, sample std 9.35 %
+    assert a["mAP50 ID (%)"].tolist() == ["72.5±9.4", "67.5±9.4", "62.5±9.4"]
+    assert a["mAP50 CD (%)"].tolist() == ["62.5±9.4", "57.5±9.4", "52.5±9.4"]
+    assert a["mAP50 ID-C (%)"].tolist() == ["57.5±9.4", "", ""]
+    assert a["mAP50 CD-C (%)"].tolist() == ["47.5±9.4", "", ""]
+    b = shown[shown["Setting"] == "b"]
+    assert b["Aggregation"].tolist() == ["FedAvg", "FedMedian", "FedHeadAvg"]  # FedAvg/FedMedian tie: name order
+    assert b["mAP50 ID-C (%)"].iloc[0] == "82.5±9.4"  # centralized better than every federated strategy: still shown
+    row = ranked[(ranked["setting"] == "a") & (ranked["strategy"] == "FedAvg")].iloc[0]
+    assert row["local_map50_count"] == 6 and row["local_map50_mean"] == pytest.approx(0.625)
+    assert row["local_map50_std"] == pytest.approx(np.std([0.5, 0.6, 0.7, 0.55, 0.65, 0.75], ddof=1))
+    assert "Centralized" not in set(ranked["strategy"])
+
+
+def test_collect_names_the_file_without_detection_metrics(tmp_path):
+    import pandas as pd
+
+    from fedmedbench.report.ultraflwr import collect
+
+    bad = tmp_path / "client_metrics.csv"
+    pd.DataFrame({"round": [1], "client": [0], "accuracy": [0.5]}).to_csv(bad, index=False)
+    with pytest.raises(ValueError, match="client_metrics.csv: no per-client detection metrics"):
+        collect([{"setting": "a", "strategy": "FedAvg", "seed": 0, "clients": str(bad)}])
+
+
+def test_figure3_curves_mean_std_per_round_over_clients_and_seeds(tmp_path):
+    """Figure 3 data: per strategy and round, validation mAP50 over clients x seeds (federated from
+    client_metrics, centralized from its per-client round-equivalent curve), and the figure is written."""
+    from fedmedbench.report.ultraflwr import curves, figure3
+
+    runs = [r for r in _runs(tmp_path) if r["setting"] == "a" and r["strategy"] in ("FedAvg", "Centralized")]
+    c = curves(runs).set_index(["strategy", "round"])
+    fed_r2 = [0.2 + 0.01 * k + 0.1 * s for s in (0, 1) for k in range(3)]
+    assert c.loc[("FedAvg", 2), "mean"] == pytest.approx(np.mean(fed_r2))
+    assert c.loc[("FedAvg", 2), "std"] == pytest.approx(np.std(fed_r2, ddof=1))
+    assert c.loc[("FedAvg", 1), "mean"] == pytest.approx(np.mean(fed_r2) - 0.1)
+    cen_r1 = [0.2, 0.3, 0.4] * 2
+    assert c.loc[("Centralized", 1), "mean"] == pytest.approx(0.3)
+    assert c.loc[("Centralized", 1), "std"] == pytest.approx(np.std(cen_r1, ddof=1))
+    assert c["count"].eq(6).all()
+    target = tmp_path / "fig3.png"
+    figure3(curves(runs), "combined", "synthetic", target)
+    assert target.stat().st_size > 1000
+
+
+def test_study_config_validates_with_no_medmnist_study():
+    """config/studies/ultraflwr.yaml (the paper's grid) has no MedMNIST study: the schema accepts an
+    empty ``studies`` only when ultraflwr.groups has runs."""
+    from pathlib import Path
+
+    import yaml
+    from snakemake.utils import validate
+
+    root = Path(__file__).resolve().parents[1]
+    schema = str(root / "config" / "schema.yaml")
+    cfg = yaml.safe_load((root / "config" / "studies" / "ultraflwr.yaml").read_text())
+    validate(cfg, schema)
+    uf = cfg["ultraflwr"]
+    assert cfg["studies"] == {} and cfg["surgical"]["origin"] == "real"
+    assert uf["groups"] == {"combined": ["a", "b", "c"], "track20": ["a", "b", "c", "d"]}
+    assert sorted(uf["strategies"]) == sorted(C.strategy_names()) and uf["seed_sets"] == [0, 1, 2]
+    t = uf["train"]
+    assert (t["rounds"], t["epochs"], t["batch"], t["select"], t["final_aggregation"]) == (20, 20, 8, "best", "skip_all")
+    empty = {**cfg, "ultraflwr": {**uf, "groups": {}}}
+    with pytest.raises(Exception, match="studies|groups"):
+        validate(yaml.safe_load(yaml.safe_dump(empty)), schema)
