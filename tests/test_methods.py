@@ -322,3 +322,35 @@ def test_convnextv2_builds_offline_at_64px(name):
     model = build_model(name, in_channels=3, num_classes=7, image_size=64)
     assert model(torch.zeros(2, 3, 64, 64)).shape == (2, 7)
     assert not any("num_batches_tracked" in k for k in model.state_dict())  # LayerNorm/GRN, no BN buffers
+
+
+def test_bf16_autocast_and_channels_last_train_and_differ_from_fp32():
+    """train.autocast=bf16 really computes forwards in bfloat16 (different weights than fp32, still finite);
+    channels_last keeps the same maths (close to fp32) with NHWC conv weights."""
+    from fedmedbench.fl.registry import TrainConfig
+    from fedmedbench.fl.training import local_sgd
+    from fedmedbench.models import build_model
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (64, 3, 28, 28), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, 4, (64,), generator=g)
+
+    def train(**opts):
+        torch.manual_seed(0)
+        model = build_model("cnn_small", 3, 4, 28)
+        cfg = TrainConfig(rounds=1, local_epochs=1, batch_size=16, lr=0.05, **opts)
+        loss = local_sgd(model, x, y, 4, cfg, 1, torch.device("cpu"), torch.Generator().manual_seed(1))
+        return model, loss
+
+    ref, _ = train()
+    bf16, loss = train(autocast="bf16")
+    nhwc, _ = train(channels_last=True)
+    assert np.isfinite(loss)
+    diffs = [float((a - b).abs().max()) for a, b in zip(ref.parameters(), bf16.parameters(), strict=True)]
+    assert max(diffs) > 1e-4  # bf16 forwards change the result
+    for a, b in zip(ref.parameters(), nhwc.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    conv = next(m for m in nhwc.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match="train.autocast"):
+        train(autocast="fp8")

@@ -89,6 +89,8 @@ class TrainConfig:
     grad_clip: float | None = None
     eval_batch_size: int = 256
     aggregation: str = "examples"  # examples | uniform (FL-Simulator averages clients uniformly)
+    autocast: str = "none"  # none | bf16: forward passes under bfloat16 autocast (GPU; also works on CPU)
+    channels_last: bool = False  # NHWC memory layout for conv models (faster on GPUs with tensor cores)
 
     def lr_at(self, rnd: int) -> float:
         return self.lr * (self.lr_decay ** (rnd - 1))

@@ -7,6 +7,7 @@ makes resumed runs bit-identical to uninterrupted ones on CPU.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator
 
@@ -21,9 +22,28 @@ class NonFiniteLossError(FloatingPointError):
     """Training produced a NaN/inf loss; the job stops with this message."""
 
 
-def to_float(x_u8: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """uint8 images (N,C,H,W) -> float in [-1, 1] on ``device``."""
-    return x_u8.to(device, non_blocking=True).float().div_(127.5).sub_(1.0)
+def to_float(x_u8: torch.Tensor, device: torch.device, channels_last: bool = False) -> torch.Tensor:
+    """uint8 images (N,C,H,W) -> float in [-1, 1] on ``device`` (optionally NHWC memory layout)."""
+    x = x_u8.to(device, non_blocking=True).float().div_(127.5).sub_(1.0)
+    return x.contiguous(memory_format=torch.channels_last) if channels_last and x.dim() == 4 else x
+
+
+def forward_precision(cfg, device: torch.device):
+    """``train.autocast: bf16`` runs forward passes under bfloat16 autocast (GPU or CPU); else fp32."""
+    mode = getattr(cfg, "autocast", "none")
+    if mode == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    if mode != "none":
+        raise ValueError(f"train.autocast = {mode!r}: use none or bf16")
+    return contextlib.nullcontext()
+
+
+def place_model(model: nn.Module, cfg, device: torch.device) -> nn.Module:
+    """Move to ``device``; ``train.channels_last`` also switches conv weights to NHWC (faster convs on GPU)."""
+    model.to(device)
+    if getattr(cfg, "channels_last", False):
+        model.to(memory_format=torch.channels_last)
+    return model
 
 
 def steps_for_epochs(num_examples: int, epochs: float, batch_size: int) -> int:
@@ -78,16 +98,17 @@ def local_sgd(
     extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
 ) -> float:
     """Run ``steps`` optimisation steps of cross-entropy (+ ``extra_loss``); mean loss."""
-    model.to(device).train()
+    place_model(model, cfg, device).train()
     opt = make_optimizer(model, cfg, rnd)
     loss_fn = nn.CrossEntropyLoss()
     total, count = 0.0, 0
     for idx in batch_indices(y.shape[0], cfg.batch_size, steps, generator):
-        xb, yb = to_float(x_u8[idx], device), y[idx].to(device)
+        xb, yb = to_float(x_u8[idx], device, cfg.channels_last), y[idx].to(device)
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xb), yb)
-        if extra_loss is not None:
-            loss = loss + extra_loss(model)
+        with forward_precision(cfg, device):
+            loss = loss_fn(model(xb).float(), yb)
+            if extra_loss is not None:
+                loss = loss + extra_loss(model)
         total += optimizer_step(loss, model, opt, cfg, rnd, count + 1)
         count += 1
     return total / max(count, 1)

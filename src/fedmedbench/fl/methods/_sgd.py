@@ -34,7 +34,14 @@ from fedmedbench.fl.registry import (
     model_arrays,
     weighted_average,
 )
-from fedmedbench.fl.training import NonFiniteLossError, batch_indices, make_optimizer, to_float
+from fedmedbench.fl.training import (
+    NonFiniteLossError,
+    batch_indices,
+    forward_precision,
+    make_optimizer,
+    place_model,
+    to_float,
+)
 
 Tensors = dict[str, torch.Tensor]
 
@@ -82,7 +89,8 @@ class StepHooks:
 
 def local_loop(ctx: ClientContext, hooks: StepHooks) -> float:
     """``ctx.steps`` mini-batch SGD steps on the client's training data; mean loss."""
-    model, cfg, device = ctx.model.to(ctx.device), ctx.train, ctx.device
+    cfg, device = ctx.train, ctx.device
+    model = place_model(ctx.model, cfg, device)
     model.train()
     params = trainable(model)
     opt = make_optimizer(model, cfg, ctx.rnd, hooks.extra_weight_decay)
@@ -90,14 +98,16 @@ def local_loop(ctx: ClientContext, hooks: StepHooks) -> float:
     total, count = 0.0, 0
     x_u8, y = ctx.data.train_x, ctx.data.train_y
     for idx in batch_indices(y.shape[0], cfg.batch_size, ctx.steps, ctx.generator):
-        xb, yb = to_float(x_u8[idx], device), y[idx].to(device)
-        e = hooks.perturb(model, xb, yb) if hooks.perturb else None
+        xb, yb = to_float(x_u8[idx], device, cfg.channels_last), y[idx].to(device)
+        with forward_precision(cfg, device):
+            e = hooks.perturb(model, xb, yb) if hooks.perturb else None
         if e:
             with torch.no_grad():
                 for n, t in e.items():
                     params[n].add_(t)
         opt.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(model(xb), yb)
+        with forward_precision(cfg, device):
+            loss = nn.functional.cross_entropy(model(xb).float(), yb)
         if not torch.isfinite(loss):
             raise NonFiniteLossError(f"non-finite training loss ({loss.item()}) at round {ctx.rnd}, step {count + 1}; "
                                      "lower train.lr or set train.grad_clip")
