@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 CORES  ?= 2
 PIP    := $(BIN)/python -m pip
 
-.PHONY: demo test lint report venv system-deps freeze clean-results
+.PHONY: demo test bench lint report venv system-deps freeze clean-results
 
 venv: $(STAMP)
 
@@ -42,6 +42,16 @@ report: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# CPU benchmarks (docs/benchmarks.md); results appended to bench/results.jsonl
+BENCH_OUT := bench/results.jsonl
+bench: $(STAMP)
+	$(BIN)/python bench/planning.py --out $(BENCH_OUT)
+	$(BIN)/python bench/data_speed.py --out $(BENCH_OUT)
+	$(BIN)/python bench/engine_overhead.py --model cnn_small --rounds 5 --out $(BENCH_OUT)
+	$(BIN)/python bench/engine_overhead.py --model timm:convnextv2_atto --rounds 2 --out $(BENCH_OUT)
+	$(BIN)/python bench/memory.py --methods fedavg scaffold feddyn --clients 10 100 --rounds 1 --out $(BENCH_OUT)
+	@if [ -d benchmarks ]; then $(BIN)/python bench/demo_breakdown.py --out $(BENCH_OUT); fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

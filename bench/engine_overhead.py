@@ -50,11 +50,12 @@ def make_data(workdir: Path, clients: int, seed: int = 0) -> tuple[Path, Path]:
     return npz, part
 
 
-def make_spec(workdir: Path, npz: Path, part: Path, model: str, rounds: int, per_round: int, threads: int, backend: str) -> RunSpec:
+def make_spec(workdir: Path, npz: Path, part: Path, model: str, rounds: int, per_round: int, threads: int, backend: str,
+              local_epochs: float = 5) -> RunSpec:
     return RunSpec(
         run_dir=str(workdir / f"run-{model}-{backend}"), study="bench", dataset="dermamnist", setting="dir0.1",
         method="fedavg", seed=0, partition_path=str(part), sources={"base": str(npz)}, image_size=64, model=model,
-        train={"rounds": rounds, "local_epochs": 5, "batch_size": 50, "lr": 0.01, "weight_decay": 0.001,
+        train={"rounds": rounds, "local_epochs": local_epochs, "batch_size": 50, "lr": 0.01, "weight_decay": 0.001,
                "lr_decay": 0.998, "grad_clip": 10.0, "aggregation": "uniform"},
         clients_per_round=per_round, device="cpu", threads=threads, backend=backend, eval_every=rounds, log_every=rounds,
     )
@@ -93,18 +94,20 @@ def through_engine(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
     return {k: v.numpy() for k, v in final.items()}, elapsed
 
 
-def measure(model: str, clients: int, per_round: int, rounds: int, threads: int, backend: str, workdir: Path) -> dict:
+def measure(model: str, clients: int, per_round: int, rounds: int, threads: int, backend: str, workdir: Path,
+            local_epochs: float = 5) -> dict:
     npz, part = make_data(workdir, clients)
-    spec = make_spec(workdir, npz, part, model, rounds, per_round, threads, backend)
+    spec = make_spec(workdir, npz, part, model, rounds, per_round, threads, backend, local_epochs)
     # warm-up: imports, first model build, data loading (both sides then find them cached)
-    warm = make_spec(workdir, npz, part, model, 1, min(per_round, 2), threads, backend)
+    warm = make_spec(workdir, npz, part, model, 1, min(per_round, 2), threads, backend, local_epochs)
     warm.run_dir = str(workdir / "warmup")
     engine.run(warm, log=lambda m: None)
     plain_arrays, plain_s = plain_loop(spec)
     engine_arrays, engine_s = through_engine(spec)
     identical = plain_arrays.keys() == engine_arrays.keys() and all(
         np.array_equal(plain_arrays[k], engine_arrays[k]) for k in plain_arrays)
-    return {"model": model, "backend": backend, "clients": clients, "per_round": per_round, "rounds": rounds,
+    return {"bench": "engine_overhead", "model": model, "backend": backend, "clients": clients, "per_round": per_round,
+            "rounds": rounds, "local_epochs": local_epochs,
             "threads": threads, "plain_s": round(plain_s, 2), "engine_s": round(engine_s, 2),
             "ratio": round(engine_s / plain_s, 3), "identical_weights": identical}
 
@@ -115,13 +118,15 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--per-round", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--local-epochs", type=float, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--backend", default="inline", choices=engine.BACKENDS)
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")
     args = ap.parse_args()
     limit_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="fmb-bench-") as tmp:
-        row = measure(args.model, args.clients, args.per_round, args.rounds, args.threads, args.backend, Path(tmp))
+        row = measure(args.model, args.clients, args.per_round, args.rounds, args.threads, args.backend, Path(tmp),
+                      args.local_epochs)
     print(json.dumps(row))
     if args.out:
         with args.out.open("a") as fh:

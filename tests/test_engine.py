@@ -269,3 +269,21 @@ def test_inline_grid_delivers_like_flower(workdir):
     assert all(r.has_error() and "boom on purpose" in r.error.reason for r in replies)
     with pytest.raises(ValueError, match="unknown node"):
         grid.push_messages([Message(RecordDict(), dst_node_id=12345, message_type=MessageType.QUERY)])
+
+
+def test_client_metrics_from_the_shared_global_prediction_equal_direct_evaluation(workdir):
+    """The server predicts the global test set once; each client's numbers come from its rows."""
+    from fedmedbench.fl.tasks import ClassificationTask
+    from fedmedbench.fl.training import evaluate
+
+    spec = fed.resolve_data_shapes(make_spec(workdir, "evalrows"))
+    task = ClassificationTask(spec)
+    torch.manual_seed(3)
+    model = fed.new_model(spec)
+    _, per_client = task.evaluate_global(model, torch.device("cpu"))
+    assert all(r is not None for r in task._eval_cache["rows"])  # every client's test split is in the global set
+    for pid in range(task.num_clients):
+        c = task.data.client(pid)
+        direct = evaluate(model, c.test_x, c.test_y, 64, torch.device("cpu"))
+        for k, v in direct.items():
+            np.testing.assert_allclose(per_client[pid][f"local_{k}"], v, rtol=1e-6, equal_nan=True)

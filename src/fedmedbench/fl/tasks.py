@@ -16,11 +16,13 @@ cross-distribution ``cd_<m>``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -157,20 +159,50 @@ class ClassificationTask(Task):
         return self.spec.train_config().eval_batch_size
 
     def evaluate_global(self, model, device):
-        from fedmedbench.fl.training import evaluate
+        """Global test and validation sets, and every client's test split.
+
+        A client's test split is a subset of the global test set (every scheme builds the
+        global test from the same pool indices), so the global test set is predicted once and
+        each client's metrics come from its rows: 100 clients cost no extra forward passes.
+        """
+        from fedmedbench.fl.training import evaluate, predict_samples
+        from fedmedbench.metrics import classification_metrics
 
         if not self._eval_cache:
-            self._eval_cache["global"] = self.data.global_test()
+            gx, gy = self.data.global_test()
+            self._eval_cache["global"] = (gx, gy)
             self._eval_cache["val"] = self.data.global_val()
-            self._eval_cache["clients"] = [self.data.client(i) for i in range(self.num_clients)]
+            self._eval_cache["rows"] = self._client_test_rows()
         bs = self._bs()
-        row = {f"global_{k}": v for k, v in evaluate(model, *self._eval_cache["global"], bs, device).items()}
+        gx, gy = self._eval_cache["global"]
+        probs, losses = predict_samples(model, gx, gy, bs, device)
+        labels = gy.numpy()
+        row = {f"global_{k}": v for k, v in
+               classification_metrics(labels, probs, float(losses.mean()) if len(losses) else math.nan).items()}
         row.update({f"val_{k}": v for k, v in evaluate(model, *self._eval_cache["val"], bs, device).items()})
-        per_client = [
-            {f"local_{k}": v for k, v in evaluate(model, c.test_x, c.test_y, bs, device).items()}
-            for c in self._eval_cache["clients"]
-        ]
+        per_client = []
+        for pid, rows in enumerate(self._eval_cache["rows"]):
+            if rows is None:  # not inside the global test set: predict it separately
+                c = self.data.client(pid)
+                metrics = evaluate(model, c.test_x, c.test_y, bs, device)
+            else:
+                metrics = classification_metrics(labels[rows], probs[rows], float(losses[rows].mean()) if len(rows) else math.nan)
+            per_client.append({f"local_{k}": v for k, v in metrics.items()})
         return row, per_client
+
+    def _client_test_rows(self) -> list[np.ndarray | None]:
+        """For each client, the rows of the global test set holding its test split (None if not all there)."""
+        position: dict[tuple[str, int], int] = {}
+        offset = 0
+        for g in self.data.partition["global_test"]:
+            for k, idx in enumerate(g["idx"]):
+                position.setdefault((g["source"], int(idx)), offset + k)
+            offset += len(g["idx"])
+        out: list[np.ndarray | None] = []
+        for c in self.data.partition["clients"]:
+            rows = [position.get((c["source"], int(i))) for i in c["test"]]
+            out.append(None if any(r is None for r in rows) else np.asarray(rows, dtype=np.int64))
+        return out
 
     def evaluate_client(self, model, data, device):
         from fedmedbench.fl.training import evaluate

@@ -115,20 +115,26 @@ def local_sgd(
 
 
 @torch.no_grad()
-def predict(model: nn.Module, x_u8: torch.Tensor, y: torch.Tensor, batch_size: int, device: torch.device) -> tuple[np.ndarray, float]:
-    """Class probabilities (N x C) and mean cross-entropy."""
+def predict_samples(model: nn.Module, x_u8: torch.Tensor, y: torch.Tensor, batch_size: int,
+                    device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+    """Class probabilities (N x C) and per-sample cross-entropy (N), float64."""
     model.to(device).eval()
-    probs, loss_sum = [], 0.0
+    probs, losses = [], []
     for start in range(0, y.shape[0], batch_size):
         xb = to_float(x_u8[start : start + batch_size], device)
         yb = y[start : start + batch_size].to(device)
         logits = model(xb)
-        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        losses.append(nn.functional.cross_entropy(logits.float(), yb, reduction="none").double().cpu().numpy())
         probs.append(torch.softmax(logits.float(), dim=1).cpu().numpy())
-    n = y.shape[0]
-    if n == 0:
-        return np.zeros((0, 1)), math.nan
-    return np.concatenate(probs), loss_sum / n
+    if not probs:
+        return np.zeros((0, 1)), np.zeros(0)
+    return np.concatenate(probs), np.concatenate(losses)
+
+
+def predict(model: nn.Module, x_u8: torch.Tensor, y: torch.Tensor, batch_size: int, device: torch.device) -> tuple[np.ndarray, float]:
+    """Class probabilities (N x C) and mean cross-entropy."""
+    probs, losses = predict_samples(model, x_u8, y, batch_size, device)
+    return probs, (float(losses.mean()) if len(losses) else math.nan)
 
 
 def evaluate(model: nn.Module, x_u8: torch.Tensor, y: torch.Tensor, batch_size: int, device: torch.device) -> dict[str, float]:

@@ -1,0 +1,46 @@
+"""Per-rule breakdown of the last ``make demo`` from Snakemake's ``benchmark:`` files.
+
+Jobs run 2 at a time (``--cores 2``), so the summed job seconds exceed the wall time.
+
+    python bench/demo_breakdown.py [--benchmarks benchmarks] [--out bench/results.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+
+def breakdown(root: Path) -> pd.DataFrame:
+    rows = []
+    for tsv in root.rglob("*.tsv"):
+        rule = tsv.relative_to(root).parts[0].removesuffix(".tsv")
+        first = pd.read_csv(tsv, sep="\t").iloc[0]
+        rows.append({"rule": rule, "s": float(first["s"]), "cpu_s": float(first["cpu_time"]), "max_rss_mb": float(first["max_rss"])})
+    if not rows:
+        raise SystemExit(f"no benchmark files under {root}: run `make demo` first")
+    df = pd.DataFrame(rows)
+    out = df.groupby("rule").agg(jobs=("s", "size"), total_s=("s", "sum"), mean_s=("s", "mean"), max_s=("s", "max"),
+                                 cpu_s=("cpu_s", "sum"), max_rss_mb=("max_rss_mb", "max"))
+    return out.sort_values("total_s", ascending=False).round(1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--benchmarks", type=Path, default=Path("benchmarks"))
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    table = breakdown(args.benchmarks)
+    print(table.to_markdown())
+    print(f"\n{int(table['jobs'].sum())} jobs, {table['total_s'].sum():.0f} job-seconds")
+    if args.out:
+        with args.out.open("a") as fh:
+            for rule, r in table.iterrows():
+                fh.write(json.dumps({"bench": "demo_rule", "rule": rule, **r.to_dict()}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
