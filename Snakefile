@@ -23,6 +23,7 @@ include: "rules/report.smk"
 include: "rules/surgical.smk"
 include: "rules/report_earlystop.smk"
 include: "rules/report_gpaf.smk"
+include: "rules/fedst.smk"
 
 
 # Quick steps run on the submitting node, not as cluster jobs.
@@ -36,6 +37,7 @@ localrules:
     earlystop_figures,
     gpaf_table1,
     gpaf_convergence,
+    fedst_tables,
 
 
 if config["cluster"]["local_downloads"]:
@@ -48,4 +50,5 @@ rule all:
     input:
         all_targets(),
         surgical_targets(),
+        fedst_targets(),
     default_target: True
