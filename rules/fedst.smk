@@ -78,6 +78,7 @@ rule fedst_pretrain:
         "results/fedst/{sites}/pretrain/seed{seed}/pretrained.pt",
     params:
         pre=FS.pretrain_params(FEDST, FEDST_CLIPS),
+        device=config["device"],
     log:
         "logs/fedst_pretrain/{sites}/seed{seed}.log",
     benchmark:

@@ -6,5 +6,6 @@ from fedmedbench.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     limit_threads(snakemake.threads)
-    pretrain(dict(snakemake.params.pre), int(snakemake.wildcards.seed), snakemake.output[0], log=log)
+    pretrain(dict(snakemake.params.pre), int(snakemake.wildcards.seed), snakemake.output[0],
+             device=snakemake.params.device, log=log)
     log("done")

@@ -121,8 +121,9 @@ def run_spec(cfg: dict[str, Any], variant: str, method: str, seed: int, clips_ro
 # ----------------------------------------------------------------------------- pre-training
 
 
-def pretrain(params: dict[str, Any], seed: int, out: str | Path, log=print) -> None:
+def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "cpu", log=print) -> None:
     """Synthetic pre-training (Algorithm 1 input v_pre^0): the FedST network on the simulator clips."""
+    from fedmedbench.fl.federation import resolve_device
     from fedmedbench.fl.registry import TrainConfig
     from fedmedbench.fl.segmentation import load_clipset, load_sites, site_indicators, train_steps
     from fedmedbench.io import atomic_path
@@ -133,16 +134,17 @@ def pretrain(params: dict[str, Any], seed: int, out: str | Path, log=print) -> N
         torch.manual_seed(int(seed))
         model = build_fedst_net(params["model"])
     data = load_clipset(params["clips_root"], params["site"], None, len(params["model"]["pools"]))
-    model.set_indicator(site_indicators(sites, params["indicator"])[params["site"]])
+    dev = resolve_device(device)
+    model.to(dev).set_indicator(site_indicators(sites, params["indicator"])[params["site"]])
     steps = int(params["steps"]) if params.get("enabled", True) else 0
     t0 = time.monotonic()
     if steps:
         train = TrainConfig(rounds=1, local_epochs=1, batch_size=int(params["batch_size"]), lr=float(params["lr"]), optimizer="adam")
-        loss = train_steps(model, data, steps, train, train.lr, torch.device("cpu"), torch.Generator().manual_seed(int(seed)), params["loss"])
+        loss = train_steps(model, data, steps, train, train.lr, dev, torch.Generator().manual_seed(int(seed)), params["loss"])
         log(f"pre-trained {steps} steps on {len(data)} synthetic clips of site {params['site']}: loss {loss:.4f}")
     else:
         log("pre-training disabled: the sites start from the random initialisation")
-    state = {k: v for k, v in model.state_dict().items() if k != "cs.indicator"}
+    state = {k: v.cpu() for k, v in model.state_dict().items() if k != "cs.indicator"}
     with atomic_path(Path(out)) as tmp:
         torch.save({**state, "_pretrain_steps": torch.tensor(steps), "_pretrain_s": torch.tensor(time.monotonic() - t0)}, tmp)
 
@@ -184,40 +186,45 @@ def communication_mb(method, model: torch.nn.Module) -> float:
 
 
 @torch.no_grad()
-def inference_fps(model: torch.nn.Module, clips, n: int) -> float:
+def inference_fps(model: torch.nn.Module, clips, n: int, device: torch.device) -> float:
     """Frames per second of single-clip inference (batch 1) over the first ``n`` clips."""
     model.eval()
     n = min(n, len(clips))
     if n == 0:
         return math.nan
-    x0, _ = clips.batch([0])
-    model(x0)  # warm-up
+    batches = [clips.batch([i])[0].to(device) for i in range(n)]  # reading files is not inference
+    model(batches[0])  # warm-up
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for i in range(n):
-        model(clips.batch([i])[0])
+    for x in batches:
+        model(x)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     return n / (time.perf_counter() - t0)
 
 
 def deploy_eval(spec, state, outfed_site: str, unseen_site: str, fps_clips: int) -> dict[str, Any]:
     """Out-of-federation (parts) and unseen (binary) metrics of the deployed model, plus cost."""
-    from fedmedbench.fl.federation import new_model
+    from fedmedbench.fl.federation import new_model, resolve_device
     from fedmedbench.fl.registry import get_method
     from fedmedbench.fl.segmentation import evaluate_clips
     from fedmedbench.fl.tasks import task_for
 
     method = get_method(spec.method, spec.method_params)
     task = task_for(spec)
-    model = deployed_model(spec, method, state.arrays, task.client_sizes())
+    dev = resolve_device(spec.device)
+    model = deployed_model(spec, method, state.arrays, task.client_sizes()).to(dev)
     bs = int(spec.task_params.get("eval_batch_size", 8))
     out: dict[str, Any] = {"outfed_site": outfed_site, "unseen_site": unseen_site}
     e = task.site(outfed_site)
     model.set_indicator(e.indicator)
-    out.update({f"outfed_{k}": v for k, v in evaluate_clips(model, e.test, task.classes, torch.device("cpu"), bs).items()})
+    out.update({f"outfed_{k}": v for k, v in evaluate_clips(model, e.test, task.classes, dev, bs).items()})
     u = task.site(unseen_site)
     model.set_indicator(u.indicator)
-    out.update({f"unseen_{k}": v for k, v in evaluate_clips(model, u.test, task.classes, torch.device("cpu"), bs, binary=True).items()})
+    out.update({f"unseen_{k}": v for k, v in evaluate_clips(model, u.test, task.classes, dev, bs, binary=True).items()})
     out["comm_mb_per_round"] = communication_mb(method, new_model(spec))
     out["train_time_s"] = float(state.elapsed)
-    out["fps"] = inference_fps(model, e.test, fps_clips)
+    out["fps"] = inference_fps(model, e.test, fps_clips, dev)
     out["frames_per_clip"] = len(spec.task_params["model"]["pools"]) if spec.task_params["model"].get("temporal") else 1
     return out
