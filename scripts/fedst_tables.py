@@ -14,7 +14,8 @@ TITLES = {
     "table6": "Table VI: personalised layers of the PVT backbone (Dice %)",
     "table7": "Table VII: indicator of the channel selection (Dice %)",
     "table8": "Table VIII: unseen binary set (all parts = foreground), deployed model",
-    "table9": "Table IX: communication per client and round (shared trainable float32 parameters), training time, inference FPS",
+    "table9": ("Table IX: communication per client and round (shared trainable float32 parameters), training time "
+               "(wall time of the whole run, engine start-up included), inference FPS (batch 1)"),
 }
 
 with log_to(snakemake.log[0]) as log:

@@ -180,12 +180,15 @@ def test_personal_parameters_never_leave_a_site_over_flower(clips, tmp_path, mon
 
     monkeypatch.setattr(engine.FlowerTransport, "inspect", record)
     cfg = study_cfg(train={**study_cfg()["train"], "rounds": 1})
-    spec = make_spec(clips, tmp_path, "feddp", cfg=cfg)
+    spec = make_spec(clips, tmp_path, "fedst", cfg=cfg)  # FedST with SERQ
     engine.run(spec, log=lambda m: None)
-    assert len(seen) == 2
+    method = get_method(spec.method, spec.method_params)
+    model = fed.new_model(spec)
+    personal, shared = set(method.personal(model)), set(method.shared_keys(model))
+    assert len(seen) == 2  # 1 round x 2 sites
     for keys in seen:
-        assert keys and not any(".attn.q." in k and k.startswith("encoder.") for k in keys)
-        assert any(".attn.kv.k." in k for k in keys)
+        assert set(keys) == shared and not personal & set(keys)
+    assert any(".attn.q." in k for k in personal) and "cs.fc.weight" in personal
 
 
 def test_fedld_principal_aggregation():
