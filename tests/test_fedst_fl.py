@@ -252,3 +252,13 @@ def test_clip_indicator_from_a_local_weights_file(clips, tmp_path):
     assert not torch.allclose(emb["A"], emb["B"])  # different prompts, different indicators
     with pytest.raises(ValueError, match="dimensions"):
         site_indicators(sites, {"kind": "clip", "dim": 8, "clip_weights": str(path)})
+
+
+def test_feddp_inconsistency_weights_disagreeing_pixels():
+    from fedmedbench.fl.methods.feddp import inconsistency
+
+    a = torch.tensor([[[[9.0, -9.0]], [[-9.0, -9.0]]]])  # pixel 0 class 0, pixel 1 tie
+    b = torch.tensor([[[[9.0, -9.0]], [[-9.0, 9.0]]]])   # pixel 0 same, pixel 1 class 1
+    u = inconsistency(a, b)
+    assert u.shape == (1, 1, 2)
+    assert u[0, 0, 0] < 1e-6 and 0.4 < u[0, 0, 1] <= 1.0
