@@ -122,7 +122,10 @@ def run_spec(cfg: dict[str, Any], variant: str, method: str, seed: int, clips_ro
 
 
 def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "cpu", log=print) -> None:
-    """Synthetic pre-training (Algorithm 1 input v_pre^0): the FedST network on the simulator clips."""
+    """Synthetic pre-training (Algorithm 1 input v_pre^0): the FedST network on the simulator clips.
+
+    The simulator's still frames carry no motion, so the temporal module is bypassed here (as
+    in SERQ) and learns only from the sites' videos."""
     from fedmedbench.fl.federation import resolve_device
     from fedmedbench.fl.registry import TrainConfig
     from fedmedbench.fl.segmentation import load_clipset, load_sites, site_indicators, train_steps
@@ -140,7 +143,8 @@ def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "
     t0 = time.monotonic()
     if steps:
         train = TrainConfig(rounds=1, local_epochs=1, batch_size=int(params["batch_size"]), lr=float(params["lr"]), optimizer="adam")
-        loss = train_steps(model, data, steps, train, train.lr, dev, torch.Generator().manual_seed(int(seed)), params["loss"])
+        loss = train_steps(model, data, steps, train, train.lr, dev, torch.Generator().manual_seed(int(seed)), params["loss"],
+                           temporal=False)
         log(f"pre-trained {steps} steps on {len(data)} synthetic clips of site {params['site']}: loss {loss:.4f}")
     else:
         log("pre-training disabled: the sites start from the random initialisation")

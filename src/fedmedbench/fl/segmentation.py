@@ -233,11 +233,13 @@ def train_steps(
     loss_cfg: dict[str, Any],
     params: list[torch.nn.Parameter] | None = None,
     extra_loss: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    temporal: bool = True,
 ) -> float:
     """``steps`` optimisation steps on random batches of ``data``; returns the mean loss.
 
     ``params``: what is trained (default: every parameter); ``extra_loss(model, x, y,
-    logits)`` adds a method's regulariser (FedLD's margin control, ...).
+    logits)`` adds a method's regulariser (FedLD's margin control, ...); ``temporal=False``
+    bypasses the temporal module (still synthetic frames).
     """
     if len(data) == 0:
         raise ValueError(f"{data.source}: no training clips")
@@ -255,7 +257,7 @@ def train_steps(
         if loss_cfg.get("augment", True):
             x, y = augment(x, y, generator, float(loss_cfg.get("rotate_deg", 15)), float(loss_cfg.get("scale", 0.1)))
         x, y = x.to(device), y.to(device)
-        logits = model(x)
+        logits = model(x) if temporal else model(x, temporal=False)
         loss = seg_loss(logits, y, float(loss_cfg.get("dice_weight", 0.3)))
         if extra_loss is not None:
             loss = loss + extra_loss(model, x, y, logits)

@@ -22,6 +22,8 @@ model's, since no site sends its rho); then SERQ on the synthetic simulator clip
 * Eq. 12: v_pre and D_sy fixed, v_g takes ``steps`` Adam steps on
   L_seg + lambda3 * mean((F_g - (F_sy - D_sy))^2).
 
+Synthetic data "lacks temporal information" (Sec. III-C): SERQ's L_seg bypasses the RSC
+module (F* = F_ts), so the shared temporal module learns from the sites' videos only.
 SERQ's state (v_pre, D_sy, F_hat_g) is server state (checkpointed). v_pre starts from the
 synthetically pre-trained model that also initialises the sites (``fedst_pretrain``).
 """
@@ -109,7 +111,7 @@ def serq_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
     opt = torch.optim.Adam([*pre.parameters(), d_sy], lr=float(cfg["lr"]))
     for x, y in batches():
         f_sy = _deep(pre, x[:, -1])
-        loss = seg_loss(pre(x), y, dice_w) + cfg["lambda2"] * (f_sy - d_sy - f_hat).pow(2).mean()
+        loss = seg_loss(pre(x, temporal=False), y, dice_w) + cfg["lambda2"] * (f_sy - d_sy - f_hat).pow(2).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -121,7 +123,7 @@ def serq_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
     for x, y in batches():
         with torch.no_grad():
             target = _deep(pre, x[:, -1]) - d_fixed
-        loss = seg_loss(glob(x), y, dice_w) + cfg["lambda3"] * (_deep(glob, x[:, -1]) - target).pow(2).mean()
+        loss = seg_loss(glob(x, temporal=False), y, dice_w) + cfg["lambda3"] * (_deep(glob, x[:, -1]) - target).pow(2).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

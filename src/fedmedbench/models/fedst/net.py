@@ -83,12 +83,16 @@ class FedSTNet(nn.Module):
         """Encoder pyramid of single frames (B, 3, H, W) (SERQ's F: spatial only)."""
         return self.encoder(self.normalize(frames))
 
-    def forward(self, clip: torch.Tensor) -> torch.Tensor:
-        """(B, T, 3, H, W) clip, oldest .. current frame -> logits (B, classes, H, W) of the current frame."""
+    def forward(self, clip: torch.Tensor, temporal: bool = True) -> torch.Tensor:
+        """(B, T, 3, H, W) clip, oldest .. current frame -> logits (B, classes, H, W) of the current frame.
+
+        ``temporal=False`` bypasses the RSC module (F* = F_ts): SERQ and the synthetic
+        pre-training work on still synthetic frames, which carry no motion (paper Sec. III-C).
+        """
         if clip.ndim != 5:
             raise ValueError(f"expected a clip tensor (B, T, 3, H, W), got shape {tuple(clip.shape)}")
         b, t, _, h, w = clip.shape
-        if self.rsc is not None:
+        if self.rsc is not None and temporal:
             if t != self.cfg.num_frames:
                 raise ValueError(f"the temporal module is configured for {self.cfg.num_frames} frames, the clip has {t}")
             pyr = self.features(clip.reshape(b * t, *clip.shape[2:]))
