@@ -3,14 +3,14 @@
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench import io
 from fedmedbench.compat import limit_threads
-from fedmedbench.fedst_study import deploy_eval
+from fedmedbench.fedst_study import deploy_eval, pin_initial_model
 from fedmedbench.fl import engine
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     limit_threads(snakemake.threads)
-    spec = RunSpec.from_dict(dict(snakemake.params.spec))
+    spec = pin_initial_model(RunSpec.from_dict(dict(snakemake.params.spec)))
     federation = engine.run(spec, log=log)
     d = dict(snakemake.params.deploy)
     out = deploy_eval(federation.spec, federation.final_state, d["outfed_site"], d["unseen_site"], int(d["fps_clips"]))

@@ -78,3 +78,20 @@ def test_cross_field_errors_name_the_key(tmp_path, mutate, needle):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert needle in proc.stdout + proc.stderr
+
+
+def test_a_new_pretrained_model_changes_the_run_hash(tmp_path):
+    """A redone pre-training must not let a rerun resume the old checkpoint."""
+    from fedmedbench.fl.spec import RunSpec
+
+    demo = copy.deepcopy(DEMO)
+    validate(demo, SCHEMA)
+    pre = tmp_path / "pretrained.pt"
+    spec = RunSpec.from_dict(FS.run_spec(demo["fedst"], "main", "fedst", 0, "clips", "run", str(pre), "cpu", 1, "synthetic"))
+    pre.write_bytes(b"first")
+    h1 = FS.pin_initial_model(spec).run_hash()
+    pre.write_bytes(b"second")
+    assert FS.pin_initial_model(spec).run_hash() != h1
+    pre.unlink()
+    with pytest.raises(FileNotFoundError, match="pretrain"):
+        FS.pin_initial_model(spec)

@@ -118,6 +118,23 @@ def run_spec(cfg: dict[str, Any], variant: str, method: str, seed: int, clips_ro
     }
 
 
+def pin_initial_model(spec):
+    """The spec with the pre-trained file's SHA-256 in ``task_params.init_sha256``.
+
+    The path alone does not change when the pre-training is redone, so without this a rerun
+    would resume the old run's checkpoint (the resume guard compares spec hashes)."""
+    import hashlib
+    from dataclasses import replace
+
+    if not spec.pretrained_path:
+        return spec
+    path = Path(spec.pretrained_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: pre-trained model not found (fedst pretrain)")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return replace(spec, task_params={**spec.task_params, "init_sha256": digest})
+
+
 # ----------------------------------------------------------------------------- pre-training
 
 
