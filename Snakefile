@@ -24,6 +24,7 @@ include: "rules/surgical.smk"
 include: "rules/report_earlystop.smk"
 include: "rules/report_gpaf.smk"
 include: "rules/ultraflwr.smk"
+include: "rules/fedst.smk"
 
 
 # Quick steps run on the submitting node, not as cluster jobs.
@@ -41,6 +42,7 @@ localrules:
     ultraflwr_top_strategies,
     ultraflwr_figure3,
     ultraflwr_communication,
+    fedst_tables,
 
 
 if config["cluster"]["local_downloads"]:
@@ -54,4 +56,5 @@ rule all:
         all_targets(),
         surgical_targets(),
         ultraflwr_targets(),
+        fedst_targets(),
     default_target: True

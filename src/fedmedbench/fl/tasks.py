@@ -103,7 +103,7 @@ def task_for(spec: RunSpec) -> Task:
 
 
 #: modules whose import registers a task (one line per task family)
-BUILTIN_TASK_MODULES: tuple[str, ...] = ("fedmedbench.fl.detection.task",)
+BUILTIN_TASK_MODULES: tuple[str, ...] = ("fedmedbench.fl.detection.task", "fedmedbench.fl.segmentation")
 
 
 def _load_builtin_tasks() -> None:

@@ -1,0 +1,69 @@
+# Study fedst: config checks, wildcard constraints and target helpers (rules in fedst.smk).
+import fedmedbench.fedst_study as FS
+
+FEDST = config["fedst"]
+FEDST_CLIPS = f"{SURG}/clips"
+FEDST_TABLES = ["table2", "table3", "table4", "table5", "table6", "table7", "table8", "table9"]
+
+
+def _check_fedst_config():
+    if not FEDST["enabled"]:
+        return
+    sites = SURGICAL["sites"]
+    for key in ("outfed_site", "unseen_site", "server_site"):
+        if FEDST[key] not in sites:
+            _config_error(f"fedst.{key}", f"'{FEDST[key]}' is not a surgical.sites entry {sorted(sites)}")
+    for s in FEDST["sites"]:
+        if s not in sites:
+            _config_error("fedst.sites", f"'{s}' is not a surgical.sites entry {sorted(sites)}")
+        elif sites[s].get("role", "federated") != "federated":
+            _config_error("fedst.sites", f"site '{s}' has role {sites[s]['role']}, not federated")
+    m = FEDST["model"]
+    if len(m["pools"]) != len(m["fields"]):
+        _config_error("fedst.model.fields", f"needs one entry per entry of fedst.model.pools ({len(m['pools'])})")
+    if len(m["pools"]) != SURGICAL["clips"]["num_previous"] + 1:
+        _config_error("fedst.model.pools", f"needs one entry per clip frame (surgical.clips.num_previous + 1 = "
+                      f"{SURGICAL['clips']['num_previous'] + 1})")
+    if "ind_clip" in FEDST["variants"] or FEDST["indicator"]["kind"] == "clip":
+        if not FEDST["indicator"]["clip_weights"]:
+            _config_error("fedst.indicator.clip_weights", "the CLIP indicator (kind clip or variant ind_clip) needs a local "
+                          "open_clip state_dict file; or use kind onehot/gaussian/random and drop ind_clip")
+    if FEDST["indicator"]["kind"] != "clip" and FEDST["model"]["indicator_dim"] < len(sites):
+        _config_error("fedst.model.indicator_dim", f"must be >= the number of sites ({len(sites)}) for one-hot indicators")
+    unknown = set(FEDST["method_params"]) - set(FEDST["methods"])
+    if unknown:
+        _config_error("fedst.method_params", f"{sorted(unknown)} are not among fedst.methods")
+
+
+_check_fedst_config()
+
+
+def fedst_run_dir(w):
+    return f"results/fedst/{w.sites}/{w.variant}/{w.method}/seed{w.seed}"
+
+
+def fedst_pretrained(w):
+    return f"results/fedst/{w.sites}/pretrain/seed{w.seed}/pretrained.pt" if FEDST["pretrain"]["enabled"] else []
+
+
+def fedst_spec(w):
+    pre = fedst_pretrained(w) or None
+    return FS.run_spec(FEDST, w.variant, w.method, int(w.seed), FEDST_CLIPS, fedst_run_dir(w), pre,
+                       config["device"], config["threads"]["train"], SORIGIN)
+
+
+def fedst_run_files(name):
+    key = FS.sites_key(FEDST)
+    return [f"results/fedst/{key}/{v}/{m}/seed{s}/{name}" for v, m, s in FS.runs(FEDST)]
+
+
+def fedst_targets():
+    """Every fedst output the config asks for (added to rule all)."""
+    if not FEDST["enabled"]:
+        return []
+    return [f"results/fedst/tables/{t}.md" for t in FEDST_TABLES]
+
+
+wildcard_constraints:
+    sites="[A-Za-z0-9]+",
+    variant="|".join(["main", *FS.VARIANTS]),

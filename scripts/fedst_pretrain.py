@@ -1,0 +1,11 @@
+"""Snakemake entry: FedST's synthetic pre-training (the initial model of every site and of SERQ)."""
+import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
+from fedmedbench.compat import limit_threads
+from fedmedbench.fedst_study import pretrain
+from fedmedbench.runlog import log_to
+
+with log_to(snakemake.log[0]) as log:
+    limit_threads(snakemake.threads)
+    pretrain(dict(snakemake.params.pre), int(snakemake.wildcards.seed), snakemake.output[0],
+             device=snakemake.params.device, log=log)
+    log("done")

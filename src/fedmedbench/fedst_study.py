@@ -1,0 +1,251 @@
+"""The FedST study: which runs exist, how one run's RunSpec is resolved from the ``fedst``
+config block, synthetic pre-training, and the after-training evaluation of the deployed
+model (out-of-federation site E, unseen binary set, communication, FPS).
+
+A run = sites x variant x method x seed. Variant ``main`` runs every method with its own
+architecture (baselines: PVT-v2 + decoder, no temporal module, no channel selection, as
+FedST's Table IV row 1; FedST: RSC temporal module + channel selection + SERQ). The other
+variants are FedST with one thing changed, one per row of Tables IV-VII (:data:`VARIANTS`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+#: architecture of the baselines and of FedST in variant ``main``
+BASELINE_MODEL = {"temporal": False, "selection": "none"}
+FEDST_MODEL = {"temporal": True, "selection": "cs"}
+BASELINES = ("seg_local", "seg_centralized", "seg_fedavg", "fedrep", "feddp", "fedld", "fedas")
+METHODS = (*BASELINES, "fedst")
+
+#: FedST variants: model overrides, SERQ on/off, personal groups, indicator kind
+VARIANTS: dict[str, dict[str, Any]] = {
+    # Table IV (row 1 = main/feddp, row 7 = main/fedst)
+    "abl_ts": {"model": {"temporal": True, "selection": "none"}, "serq": False, "personal": ["enc_q"]},
+    "abl_ts_prompt": {"model": {"temporal": True, "selection": "prompt"}, "serq": False, "personal": ["enc_q", "cs"]},
+    "abl_ts_cs": {"model": {"temporal": True, "selection": "cs"}, "serq": False, "personal": ["enc_q", "cs"]},
+    "abl_serq": {"model": {"temporal": False, "selection": "none"}, "serq": True, "personal": ["enc_q"]},
+    "abl_ts_serq": {"model": {"temporal": True, "selection": "none"}, "serq": True, "personal": ["enc_q"]},
+    # Table V (row 5 = main/fedst)
+    "pers_none": {"personal": []},
+    "pers_all": {"personal": ["all"]},
+    "pers_dec_q": {"personal": ["dec_q", "cs"]},
+    "pers_enc_dec_q": {"personal": ["enc_q", "dec_q", "cs"]},
+    # Table VI (row 5 = main/fedst)
+    "pers_norm": {"personal": ["enc_norm", "cs"]},
+    "pers_k": {"personal": ["enc_k", "cs"]},
+    "pers_v": {"personal": ["enc_v", "cs"]},
+    "pers_kv": {"personal": ["enc_k", "enc_v", "cs"]},
+    # Table VII (the main run uses fedst.indicator.kind)
+    "ind_random": {"indicator": "random"},
+    "ind_gaussian": {"indicator": "gaussian"},
+    "ind_onehot": {"indicator": "onehot"},
+    "ind_clip": {"indicator": "clip"},
+}
+
+
+def sites_key(cfg: dict[str, Any]) -> str:
+    return "".join(cfg["sites"])
+
+
+def runs(cfg: dict[str, Any]) -> list[tuple[str, str, int]]:
+    """(variant, method, seed) of every run the config asks for (duplicates of main left out)."""
+    out = [("main", m, s) for m in cfg["methods"] for s in cfg["seeds"]]
+    for v in cfg["variants"]:
+        if v == f"ind_{cfg['indicator']['kind']}":
+            continue  # the same run as main/fedst
+        out += [(v, "fedst", s) for s in cfg["seeds"]]
+    return out
+
+
+def model_config(cfg: dict[str, Any], variant: str, method: str) -> dict[str, Any]:
+    model = dict(cfg["model"])
+    model.update(FEDST_MODEL if method == "fedst" else BASELINE_MODEL)
+    model.update(VARIANTS.get(variant, {}).get("model", {}))
+    return model
+
+
+def indicator_config(cfg: dict[str, Any], variant: str) -> dict[str, Any]:
+    ind = dict(cfg["indicator"])
+    if "indicator" in VARIANTS.get(variant, {}):
+        ind["kind"] = VARIANTS[variant]["indicator"]
+    ind["dim"] = int(cfg["model"]["indicator_dim"])
+    return ind
+
+
+def method_params(cfg: dict[str, Any], variant: str, method: str, clips_root: str) -> dict[str, Any]:
+    params = copy.deepcopy(cfg["method_params"].get(method, {}))
+    var = VARIANTS.get(variant, {})
+    if method == "fedst":
+        if "personal" in var:
+            params["personal"] = list(var["personal"])
+        serq = dict(cfg["serq"])
+        serq.update(enabled=bool(var.get("serq", True)), clips_root=clips_root, site=cfg["server_site"],
+                    num_frames=len(cfg["model"]["pools"]), indicator=indicator_config(cfg, variant), loss=dict(cfg["loss"]))
+        params["serq"] = serq
+    return params
+
+
+def pretrain_params(cfg: dict[str, Any], clips_root: str) -> dict[str, Any]:
+    """Everything the synthetic pre-training job depends on (its ``params:``)."""
+    return {"clips_root": clips_root, "site": cfg["server_site"], "model": model_config(cfg, "main", "fedst"),
+            "indicator": indicator_config(cfg, "main"), "loss": dict(cfg["loss"]), **cfg["pretrain"],
+            "batch_size": cfg["train"]["batch_size"]}
+
+
+def run_spec(cfg: dict[str, Any], variant: str, method: str, seed: int, clips_root: str, run_dir: str,
+             pretrained: str | None, device: str, threads: int, origin: str) -> dict[str, Any]:
+    """The RunSpec dict of one run (travels through ``params:``: every hyper-parameter is in it)."""
+    return {
+        "run_dir": run_dir, "study": "fedst", "dataset": sites_key(cfg), "setting": variant, "method": method,
+        "seed": int(seed), "partition_path": "", "sources": {}, "image_size": 0, "model": "fedst_net",
+        "pretrained_path": pretrained, "train": dict(cfg["train"]), "clients_per_round": None,
+        "method_params": method_params(cfg, variant, method, clips_root), "device": device, "threads": int(threads),
+        "data_origin": origin, "log_every": 1, "eval_every": int(cfg["eval"]["eval_every"]),
+        "task": "segmentation",
+        "task_params": {
+            "clips_root": clips_root, "sites": list(cfg["sites"]), "model": model_config(cfg, variant, method),
+            "indicator": indicator_config(cfg, variant), "loss": dict(cfg["loss"]),
+            "cross_site_eval": bool(cfg["eval"]["cross_site_eval"]), "eval_batch_size": int(cfg["eval"]["batch_size"]),
+        },
+    }
+
+
+def pin_initial_model(spec):
+    """The spec with the pre-trained file's SHA-256 in ``task_params.init_sha256``.
+
+    The path alone does not change when the pre-training is redone, so without this a rerun
+    would resume the old run's checkpoint (the resume guard compares spec hashes)."""
+    import hashlib
+    from dataclasses import replace
+
+    if not spec.pretrained_path:
+        return spec
+    path = Path(spec.pretrained_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: pre-trained model not found (fedst pretrain)")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return replace(spec, task_params={**spec.task_params, "init_sha256": digest})
+
+
+# ----------------------------------------------------------------------------- pre-training
+
+
+def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "cpu", log=print) -> None:
+    """Synthetic pre-training (Algorithm 1 input v_pre^0): the FedST network on the simulator clips.
+
+    The simulator's still frames carry no motion, so the temporal module is bypassed here (as
+    in SERQ) and learns only from the sites' videos."""
+    from fedmedbench.fl.federation import resolve_device
+    from fedmedbench.fl.registry import TrainConfig
+    from fedmedbench.fl.segmentation import load_clipset, load_sites, site_indicators, train_steps
+    from fedmedbench.io import atomic_path
+    from fedmedbench.models.fedst import build_fedst_net
+
+    sites = load_sites(params["clips_root"])["sites"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = build_fedst_net(params["model"])
+    data = load_clipset(params["clips_root"], params["site"], None, len(params["model"]["pools"]))
+    dev = resolve_device(device)
+    model.to(dev).set_indicator(site_indicators(sites, params["indicator"])[params["site"]])
+    steps = int(params["steps"]) if params.get("enabled", True) else 0
+    t0 = time.monotonic()
+    if steps:
+        train = TrainConfig(rounds=1, local_epochs=1, batch_size=int(params["batch_size"]), lr=float(params["lr"]), optimizer="adam")
+        loss = train_steps(model, data, steps, train, train.lr, dev, torch.Generator().manual_seed(int(seed)), params["loss"],
+                           temporal=False)
+        log(f"pre-trained {steps} steps on {len(data)} synthetic clips of site {params['site']}: loss {loss:.4f}")
+    else:
+        log("pre-training disabled: the sites start from the random initialisation")
+    state = {k: v.cpu() for k, v in model.state_dict().items() if k != "cs.indicator"}
+    with atomic_path(Path(out)) as tmp:
+        torch.save({**state, "_pretrain_steps": torch.tensor(steps), "_pretrain_s": torch.tensor(time.monotonic() - t0)}, tmp)
+
+
+# ----------------------------------------------------------------------------- deployment
+
+
+def deployed_model(spec, method, final_arrays: dict[str, np.ndarray], sizes: list[int]) -> torch.nn.Module:
+    """The model used on unseen sites: shared arrays + the size-weighted average of the sites'
+    personal parameters (FedST Sec. IV-B2: "we aggregate the parameters of personalized
+    models on the server via weighted averaging"). This is the only point where personal
+    parameters are combined; it happens after training, from the sites' final states."""
+    from fedmedbench.fl import checkpoint
+    from fedmedbench.fl.client_state import ClientStateStore
+    from fedmedbench.fl.registry import load_arrays, weighted_average
+
+    model = method.build_model(spec)
+    shared = [k for k in method.shared_keys(model) if k in final_arrays]
+    load_arrays(model, final_arrays, shared)
+    if method.personalized:
+        store = ClientStateStore(checkpoint.checkpoint_dir(spec.run_dir) / "clients")
+        states = [store.load(pid, before_round=10**9).get("personal") for pid in range(len(sizes))]
+        if any(s is None for s in states):
+            missing = [i for i, s in enumerate(states) if s is None]
+            raise RuntimeError(f"{spec.run_dir}: no final personal state for client(s) {missing}")
+        arrays = [{k: v.numpy() for k, v in s.items() if k != "cs.indicator"} for s in states]
+        if arrays[0]:
+            load_arrays(model, weighted_average(arrays, [float(n) for n in sizes]), list(arrays[0]))
+    return model
+
+
+def communication_mb(method, model: torch.nn.Module) -> float:
+    """MB one client uploads per round: the trainable parameters among the shared entries (float32)."""
+    if not getattr(method, "communicates", True):
+        return 0.0
+    shared = set(method.shared_keys(model))
+    n = sum(p.numel() for name, p in model.named_parameters() if name in shared and p.requires_grad)
+    return n * 4 / 2**20
+
+
+@torch.no_grad()
+def inference_fps(model: torch.nn.Module, clips, n: int, device: torch.device) -> float:
+    """Frames per second of single-clip inference (batch 1) over the first ``n`` clips."""
+    model.eval()
+    n = min(n, len(clips))
+    if n == 0:
+        return math.nan
+    batches = [clips.batch([i])[0].to(device) for i in range(n)]  # reading files is not inference
+    model(batches[0])  # warm-up
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for x in batches:
+        model(x)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return n / (time.perf_counter() - t0)
+
+
+def deploy_eval(spec, state, outfed_site: str, unseen_site: str, fps_clips: int) -> dict[str, Any]:
+    """Out-of-federation (parts) and unseen (binary) metrics of the deployed model, plus cost."""
+    from fedmedbench.fl.federation import new_model, resolve_device
+    from fedmedbench.fl.registry import get_method
+    from fedmedbench.fl.segmentation import evaluate_clips
+    from fedmedbench.fl.tasks import task_for
+
+    method = get_method(spec.method, spec.method_params)
+    task = task_for(spec)
+    dev = resolve_device(spec.device)
+    model = deployed_model(spec, method, state.arrays, task.client_sizes()).to(dev)
+    bs = int(spec.task_params.get("eval_batch_size", 8))
+    out: dict[str, Any] = {"outfed_site": outfed_site, "unseen_site": unseen_site}
+    e = task.site(outfed_site)
+    model.set_indicator(e.indicator)
+    out.update({f"outfed_{k}": v for k, v in evaluate_clips(model, e.test, task.classes, dev, bs).items()})
+    u = task.site(unseen_site)
+    model.set_indicator(u.indicator)
+    out.update({f"unseen_{k}": v for k, v in evaluate_clips(model, u.test, task.classes, dev, bs, binary=True).items()})
+    out["comm_mb_per_round"] = communication_mb(method, new_model(spec))
+    out["train_time_s"] = float(state.elapsed)
+    out["fps"] = inference_fps(model, e.test, fps_clips, dev)
+    out["frames_per_clip"] = len(spec.task_params["model"]["pools"]) if spec.task_params["model"].get("temporal") else 1
+    return out

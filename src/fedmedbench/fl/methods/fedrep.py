@@ -1,0 +1,35 @@
+"""FedRep (Collins et al., ICML 2021) for the FedST study: shared representation, personal head.
+
+As FedST's paper describes it for segmentation, the head is the whole decoder: it stays on
+its site; the encoder (and temporal module, if configured) is shared and averaged. Client
+round (FedRep's algorithm): first ``head_fraction`` of the step budget trains only the
+head with the representation frozen, then the representation trains with the head frozen.
+The split of one round's step budget between the two phases is our choice (FedRep counts
+epochs of each; the FedST study counts iterations).
+"""
+
+from __future__ import annotations
+
+from fedmedbench.fl.methods.fedst_base import SegMethod
+from fedmedbench.fl.registry import register_method
+from fedmedbench.fl.segmentation import train_steps
+
+
+@register_method("fedrep")
+class FedRep(SegMethod):
+    defaults = {"personal": ["decoder"], "head_fraction": 0.5}
+
+    def local_train(self, ctx, model):
+        head = set(self.personal(model))
+        named = dict(model.named_parameters())
+        head_params = [p for n, p in named.items() if n in head]
+        body_params = [p for n, p in named.items() if n not in head]
+        head_steps = max(1, int(round(ctx.steps * float(self.p["head_fraction"]))))
+        lr = ctx.train.lr_at(ctx.rnd)
+        common = (ctx.train, lr, ctx.device, ctx.generator, self.loss_cfg(ctx))
+        loss_h = train_steps(model, ctx.data.train, head_steps, *common, params=head_params)
+        body_steps = max(0, ctx.steps - head_steps)
+        if body_steps == 0:
+            return loss_h
+        loss_b = train_steps(model, ctx.data.train, body_steps, *common, params=body_params)
+        return (loss_h * head_steps + loss_b * body_steps) / ctx.steps

@@ -1,0 +1,133 @@
+"""FedST (Fang et al., "Spatio-temporal representation decoupling and enhancement for
+federated instrument segmentation in surgical videos"), Algorithm 1.
+
+Client (RSC, Sec. III-B): the site's model = broadcast shared parameters gamma + its own
+personal parameters rho (the encoder's attention query embeddings, ``enc_q``, plus the
+channel-selection network ``cs``, which the paper calls "a personalized lightweight
+network"); E local steps of CE + lambda1 Dice (Eq. 9) on its clips; rho stays on the
+site (Eq. 5), gamma is sent (Eq. 6). The temporal module and channel selection are parts
+of the network (``task_params.model``: ``temporal``, ``selection``).
+
+Server (Algorithm 1, lines 8-12): gamma_g = uniform mean of the sites' gamma (line 8,
+``train.aggregation: uniform``); v_g = gamma_g with the server's rho_g (the initial
+model's, since no site sends its rho); then SERQ on the synthetic simulator clips:
+
+* Eq. 10: F_hat_g <- (1 - mu) F_hat_g + mu F_g, with F_g the global model's deepest
+  encoder feature map averaged over a fixed probe batch of synthetic frames (the paper
+  does not say over which inputs the moving average runs; a fixed probe set makes it a
+  moving average of one quantity);
+* Eq. 11: the synthetic model v_pre and the learnable domain descriptor D_sy (one map
+  (C, h, w), small random init, ``descriptor_init``) take ``steps`` Adam steps on
+  L_seg + lambda2 * mean((F_sy - D_sy - F_hat_g)^2), the global model fixed;
+* Eq. 12: v_pre and D_sy fixed, v_g takes ``steps`` Adam steps on
+  L_seg + lambda3 * mean((F_g - (F_sy - D_sy))^2).
+
+Synthetic data "lacks temporal information" (Sec. III-C): SERQ's L_seg bypasses the RSC
+module (F* = F_ts), so the shared temporal module learns from the sites' videos only.
+SERQ's state (v_pre, D_sy, F_hat_g) is server state (checkpointed). v_pre starts from the
+synthetically pre-trained model that also initialises the sites (``fedst_pretrain``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fedmedbench.fl.methods.fedst_base import SegMethod, client_weights, tensors
+from fedmedbench.fl.registry import load_arrays, model_arrays, register_method, weighted_average
+from fedmedbench.fl.segmentation import load_clipset, load_sites, seg_loss, site_indicators
+
+SERQ_DEFAULTS: dict[str, Any] = {
+    "enabled": True, "steps": 100, "lr": 1e-4, "batch_size": 2, "lambda2": 0.3, "lambda3": 0.3, "mu": 0.5,
+    "probe": 4, "descriptor_init": 0.01,
+    # filled in by the rule from the fedst config (where the server's synthetic clips are)
+    "clips_root": None, "site": "sim", "num_frames": 4, "indicator": {}, "loss": {},
+}
+
+
+@register_method("fedst")
+class FedST(SegMethod):
+    defaults = {"personal": ["enc_q", "cs"], "serq": {}}
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        unknown = set(self.p["serq"]) - set(SERQ_DEFAULTS)
+        if unknown:
+            raise TypeError(f"method_params.fedst.serq has unknown key(s) {sorted(unknown)}; known: {sorted(SERQ_DEFAULTS)}")
+        self.serq = {**SERQ_DEFAULTS, **self.p["serq"]}
+        if self.serq["enabled"] and not self.serq["clips_root"]:
+            raise ValueError("method_params.fedst.serq.clips_root: SERQ needs the synthetic clips (set by the fedst rules)")
+
+    def aggregate(self, ctx):
+        gamma = weighted_average([r.arrays for r in ctx.results], client_weights(ctx))
+        if not self.serq["enabled"]:
+            return gamma
+        return serq_round(ctx, gamma, self.serq)
+
+
+def _deep(model, frames: torch.Tensor) -> torch.Tensor:
+    return model.features(frames)[-1]
+
+
+def serq_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
+    """SERQ for one round (Algorithm 1, lines 9-11); returns the new shared arrays."""
+    g = torch.Generator().manual_seed(int(ctx.seed) * 100003 + int(ctx.rnd))
+    sites = load_sites(cfg["clips_root"])["sites"]
+    if cfg["site"] not in sites:
+        raise KeyError(f"method_params.fedst.serq.site = {cfg['site']!r} is not among the exported sites {sorted(sites)}")
+    data = load_clipset(cfg["clips_root"], cfg["site"], None, int(cfg["num_frames"]))
+    indicator = site_indicators(sites, cfg["indicator"])[cfg["site"]]
+    dev = ctx.device
+    glob = ctx.new_model()
+    load_arrays(glob, gamma, list(gamma))
+    pre = ctx.new_model()
+    if "serq_pre" in ctx.state:
+        load_arrays(pre, {k: v.numpy() for k, v in ctx.state["serq_pre"].items()})
+    for m in (glob, pre):
+        m.to(dev).set_indicator(indicator)
+
+    probe_x, _ = data.batch(list(range(min(len(data), int(cfg["probe"])))))
+    with torch.no_grad():
+        glob.eval()
+        f_g = _deep(glob, probe_x[:, -1].to(dev)).mean(0)
+    f_hat = f_g if "serq_Fg" not in ctx.state else (1 - cfg["mu"]) * ctx.state["serq_Fg"].to(dev) + cfg["mu"] * f_g
+    if "serq_D" in ctx.state:
+        d_sy = ctx.state["serq_D"].to(dev).clone().requires_grad_(True)
+    else:
+        d_sy = (float(cfg["descriptor_init"]) * torch.randn(f_g.shape, generator=g)).to(dev).requires_grad_(True)
+
+    bs = min(int(cfg["batch_size"]), len(data))
+    dice_w = float(cfg["loss"].get("dice_weight", 0.3))
+
+    def batches():
+        for _ in range(int(cfg["steps"])):
+            idx = torch.randint(len(data), (bs,), generator=g).tolist()
+            x, y = data.batch(idx)
+            yield x.to(dev), y.to(dev)
+
+    # Eq. 11: update v_pre and D_sy towards the global features' moving average
+    pre.train()
+    opt = torch.optim.Adam([*pre.parameters(), d_sy], lr=float(cfg["lr"]))
+    for x, y in batches():
+        f_sy = _deep(pre, x[:, -1])
+        loss = seg_loss(pre(x, temporal=False), y, dice_w) + cfg["lambda2"] * (f_sy - d_sy - f_hat).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    # Eq. 12: v_pre and D_sy fixed; the global model learns the instrument part I_sy = F_sy - D_sy
+    pre.eval()
+    glob.train()
+    opt = torch.optim.Adam(glob.parameters(), lr=float(cfg["lr"]))
+    d_fixed = d_sy.detach()
+    for x, y in batches():
+        with torch.no_grad():
+            target = _deep(pre, x[:, -1]) - d_fixed
+        loss = seg_loss(glob(x, temporal=False), y, dice_w) + cfg["lambda3"] * (_deep(glob, x[:, -1]) - target).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    ctx.state["serq_pre"] = tensors(pre, list(pre.state_dict()))
+    ctx.state["serq_D"] = d_fixed.cpu()
+    ctx.state["serq_Fg"] = f_hat.detach().cpu()
+    return model_arrays(glob, list(gamma))

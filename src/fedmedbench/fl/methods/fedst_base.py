@@ -1,0 +1,210 @@
+"""Shared machinery of the FedST study's methods (segmentation task only) and its three
+plain baselines: ``seg_local`` (Local Train), ``seg_centralized`` (Upperbound), ``seg_fedavg``.
+
+Every method trains the same :class:`~fedmedbench.models.fedst.FedSTNet` (its architecture
+comes from ``task_params.model``) with the same loop (``fl.segmentation.train_steps``), and
+differs in which parameters stay on a site and how the server combines the rest:
+
+* ``personal`` (method parameter) names parameter groups that never leave a site
+  (:data:`PERSONAL_GROUPS`); they live in the client's persistent state and are loaded
+  over the broadcast model before training and evaluation. Everything else is in
+  ``shared_keys`` and is averaged. The site indicator buffer (``cs.indicator``) is a
+  fixed property of the site and always stays local.
+* Every build of the model is seeded by the run's seed, so the personal parameters of all
+  sites start from the same initial (synthetically pre-trained, when configured) model.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedmedbench.fl.methods._shared import check_params
+from fedmedbench.fl.registry import (
+    Arrays,
+    ClientContext,
+    ClientResult,
+    Method,
+    ServerContext,
+    load_arrays,
+    model_arrays,
+    register_method,
+    weighted_average,
+)
+
+#: parameter groups a method can keep on its sites (regular expressions on state_dict keys)
+PERSONAL_GROUPS: dict[str, str] = {
+    "enc_q": r"^encoder\..*\.attn\.q\.",          # query embeddings of the encoder (rho, FedST)
+    "enc_k": r"^encoder\..*\.attn\.kv\.k\.",      # Table VI: keys
+    "enc_v": r"^encoder\..*\.attn\.kv\.v\.",      # Table VI: values
+    "enc_norm": r"^encoder\..*norm",              # Table VI: LayerNorms of the encoder
+    "dec_q": r"^decoder\.attn\.q\.",              # Table V: query embeddings of the decoder
+    "dec_other": r"^decoder\.(?!attn\.q\.)",      # Table V: the rest of the decoder
+    "decoder": r"^decoder\.",                     # FedRep: the whole decoder is the head
+    "head": r"^decoder\.head\.",                  # FedAS: the classifier
+    "cs": r"^cs\.",                               # the channel-selection network (site-specific)
+    "all": r".",                                  # Table V row 2 / Local Train
+}
+_ALWAYS_PERSONAL = re.compile(r"^cs\.indicator$")
+
+
+def personal_keys(model: torch.nn.Module, groups: list[str]) -> list[str]:
+    unknown = [g for g in groups if g not in PERSONAL_GROUPS]
+    if unknown:
+        raise ValueError(f"personal groups {unknown} unknown; choose from {sorted(PERSONAL_GROUPS)}")
+    pats = [re.compile(PERSONAL_GROUPS[g]) for g in groups]
+    return [k for k in model.state_dict() if _ALWAYS_PERSONAL.match(k) or any(p.search(k) for p in pats)]
+
+
+def build_seeded(spec) -> torch.nn.Module:
+    """The run's FedSTNet, identical in every process (seeded), with synthetic pre-training loaded."""
+    from fedmedbench.models.fedst import build_fedst_net
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(spec.seed))
+        model = build_fedst_net(spec.task_params["model"])
+    if spec.pretrained_path:
+        load_matching(model, spec.pretrained_path)
+    return model
+
+
+def load_matching(model: torch.nn.Module, path: str | Path) -> list[str]:
+    """Load the entries of a state_dict file whose name and shape match (pre-training of
+    another variant of the network: absent modules keep their initialisation)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: pre-trained model not found (fedst pretrain)")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    own = model.state_dict()
+    take = {k: v for k, v in state.items() if k in own and tuple(v.shape) == tuple(own[k].shape) and k != "cs.indicator"}
+    if not take:
+        raise ValueError(f"{path}: no entry matches the model (is it a FedSTNet state_dict?)")
+    model.load_state_dict(take, strict=False)
+    return sorted(take)
+
+
+def tensors(model: torch.nn.Module, keys: list[str]) -> dict[str, torch.Tensor]:
+    state = model.state_dict()
+    return {k: state[k].detach().cpu().clone() for k in keys}
+
+
+def client_weights(ctx: ServerContext) -> list[float]:
+    """Aggregation weights: examples, or uniform (FedST Algorithm 1, line 8) per ``train.aggregation``."""
+    if ctx.train.aggregation == "uniform":
+        return [1.0] * len(ctx.results)
+    return [float(r.num_examples) for r in ctx.results]
+
+
+class SegMethod(Method):
+    """Base: local training of the whole model, personal groups kept on the site, averaging."""
+
+    personalized = True
+    #: False for methods whose clients send nothing (Local Train) or that have one node
+    communicates = True
+    defaults: dict[str, Any] = {"personal": []}
+    choices: dict[str, tuple] = {}
+
+    def __init__(self, **params: Any) -> None:
+        self.p = check_params(self.name, self.defaults, self.choices, params)
+
+    # --- model ---------------------------------------------------------------------------
+    def build_model(self, spec) -> torch.nn.Module:
+        if spec.task != "segmentation":
+            raise ValueError(f"method '{self.name}' needs the segmentation task (RunSpec.task = {spec.task!r})")
+        return build_seeded(spec)
+
+    def personal(self, model: torch.nn.Module) -> list[str]:
+        return personal_keys(model, list(self.p["personal"]))
+
+    def shared_keys(self, model: torch.nn.Module) -> list[str]:
+        mine = set(self.personal(model))
+        return [k for k in model.state_dict() if k not in mine]
+
+    # --- client --------------------------------------------------------------------------
+    def prepare(self, ctx: ClientContext) -> torch.nn.Module:
+        """The site's model: broadcast shared arrays + its own personal parameters + its indicator."""
+        model = ctx.model
+        if "personal" in ctx.state:
+            load_arrays(model, {k: v.numpy() for k, v in ctx.state["personal"].items()}, list(ctx.state["personal"]))
+        if hasattr(model, "set_indicator"):
+            model.set_indicator(ctx.data.indicator)
+        return model
+
+    def local_train(self, ctx: ClientContext, model: torch.nn.Module) -> float:
+        from fedmedbench.fl.segmentation import train_steps
+
+        return train_steps(model, ctx.data.train, ctx.steps, ctx.train, ctx.train.lr_at(ctx.rnd), ctx.device,
+                           ctx.generator, self.loss_cfg(ctx))
+
+    @staticmethod
+    def loss_cfg(ctx: ClientContext) -> dict[str, Any]:
+        return ctx.data.loss
+
+    def finish(self, ctx: ClientContext, model: torch.nn.Module, loss: float, metrics: dict[str, float] | None = None) -> ClientResult:
+        ctx.state["personal"] = tensors(model, self.personal(model))
+        return ClientResult(arrays=model_arrays(model, self.shared_keys(model)), num_examples=ctx.data.num_train,
+                            metrics={"train_loss": loss, **(metrics or {})})
+
+    def client_fit(self, ctx: ClientContext) -> ClientResult:
+        model = self.prepare(ctx)
+        return self.finish(ctx, model, self.local_train(ctx, model))
+
+    def personal_model(self, ctx: ClientContext) -> torch.nn.Module:
+        return self.prepare(ctx)
+
+    # --- server --------------------------------------------------------------------------
+    def aggregate(self, ctx: ServerContext) -> Arrays:
+        return weighted_average([r.arrays for r in ctx.results], client_weights(ctx))
+
+
+@register_method("seg_local")
+class SegLocal(SegMethod):
+    """Local Train: each site trains the whole model alone; nothing leaves a site."""
+
+    communicates = False
+    defaults = {"personal": ["all"]}
+
+    def shared_keys(self, model):  # the common initial model is broadcast once; never updated
+        return [k for k in model.state_dict() if not _ALWAYS_PERSONAL.match(k)]
+
+    def client_fit(self, ctx):
+        model = self.prepare(ctx)
+        loss = self.local_train(ctx, model)
+        ctx.state["personal"] = tensors(model, self.personal(model))
+        return ClientResult(arrays={}, num_examples=ctx.data.num_train, metrics={"train_loss": loss})
+
+    def aggregate(self, ctx):
+        return ctx.global_arrays
+
+
+@register_method("seg_centralized")
+class SegCentralized(SegMethod):
+    """Upperbound: one model on the pooled training clips of all sites (same steps per round)."""
+
+    personalized = False
+    centralized = True
+    communicates = False
+
+
+@register_method("seg_fedavg")
+class SegFedAvg(SegMethod):
+    """FedAvg: the whole network is shared and averaged; one global model is evaluated."""
+
+    personalized = False
+
+
+def flat(arrays: Arrays, keys: list[str]) -> np.ndarray:
+    return np.concatenate([np.asarray(arrays[k], dtype=np.float64).ravel() for k in keys])
+
+
+def unflat(vec: np.ndarray, like: Arrays, keys: list[str]) -> Arrays:
+    out, i = {}, 0
+    for k in keys:
+        n = int(np.prod(like[k].shape))
+        out[k] = vec[i:i + n].reshape(like[k].shape).astype(like[k].dtype)
+        i += n
+    return out

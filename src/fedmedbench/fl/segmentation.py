@@ -1,0 +1,375 @@
+"""The ``segmentation`` task: surgical clips per site (``export_clips``), part segmentation.
+
+Data: ``task_params.clips_root`` holds ``sites.json`` and ``<site>/clips.parquet`` (one row
+per labelled frame: ``clip_paths`` oldest .. current, ``mask_path``, ``split``). Clients
+are ``task_params.sites`` in order (partition id = position). A clip is loaded as uint8
+(T, 3, H, W) with exactly the frames ``clip_paths`` lists (T = num_previous + 1), its mask
+as int64 (H, W).
+
+Evaluation (metrics from :mod:`fedmedbench.segmetrics`): ``local_*`` = a model on one
+site's test clips; ``global_*`` = on the test clips of all federated sites together.
+Metric names: ``dice``, ``iou``, ``hd95``, ``assd`` (means over the part classes) and
+``<metric>_<class>`` per class. Out-of-federation and unseen-binary evaluation of the
+deployed model are done after training (``scripts/fedst_train.py``).
+
+Also here: the local training loop every method of the study uses (CE + lambda1 Dice,
+Eq. 9; AdamW or Adam; rotation/scale augmentation) and the per-site indicators of the
+channel selection (CLIP text embeddings from a local weights file, or the paper's
+one-hot / Gaussian / random alternatives of Table VII).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedmedbench.fl.registry import TrainConfig
+from fedmedbench.fl.tasks import Task, register_task
+from fedmedbench.segmetrics import METRICS, SegmentationMeter
+
+INDICATORS = ("clip", "onehot", "gaussian", "random")
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@dataclass
+class ClipSet:
+    """Clips of one site and split; images are read on demand and cached (small sets)."""
+
+    clip_paths: list[list[str]]
+    mask_paths: list[str]
+    source: str  # for error messages
+    cache: bool = True
+
+    def __post_init__(self) -> None:
+        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        return len(self.mask_paths)
+
+    @staticmethod
+    def concat(sets: list[ClipSet], source: str) -> ClipSet:
+        return ClipSet([p for s in sets for p in s.clip_paths], [m for s in sets for m in s.mask_paths], source)
+
+    def item(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if i in self._cache:
+            return self._cache[i]
+        from PIL import Image
+
+        try:
+            frames = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in self.clip_paths[i]])
+            mask = np.asarray(Image.open(self.mask_paths[i]))
+        except OSError as exc:
+            raise RuntimeError(f"{self.source}: clip {i}: cannot read an image ({exc})") from exc
+        if mask.shape != frames.shape[1:3]:
+            raise ValueError(f"{self.mask_paths[i]}: mask {mask.shape} does not match its frames {frames.shape[1:3]} ({self.source})")
+        out = (torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(mask.astype(np.int64)))
+        if self.cache:
+            self._cache[i] = out
+        return out
+
+    def batch(self, idx: list[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        items = [self.item(int(i)) for i in idx]
+        return torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
+
+    def batches(self, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for start in range(0, len(self), size):
+            yield self.batch(list(range(start, min(len(self), start + size))))
+
+
+@dataclass
+class SiteData:
+    """What ``ctx.data`` holds on a client of the segmentation task."""
+
+    site: str
+    index: int  # position among all sites of sites.json (one-hot indicator)
+    prompt: str
+    train: ClipSet
+    test: ClipSet
+    indicator: torch.Tensor
+    loss: dict[str, Any]  # task_params.loss: dice_weight, augment, rotate_deg, scale
+
+    @property
+    def num_train(self) -> int:
+        return len(self.train)
+
+
+def load_sites(clips_root: str | Path) -> dict[str, Any]:
+    path = Path(clips_root) / "sites.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: clip export not found (task_params.clips_root; run export_clips)")
+    return json.loads(path.read_text())
+
+
+def load_clipset(clips_root: str | Path, site: str, split: str | None, num_frames: int) -> ClipSet:
+    """Clips of ``site`` (``split`` None = all splits), each with exactly ``num_frames`` frames."""
+    import pandas as pd
+
+    path = Path(clips_root) / site / "clips.parquet"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no clips for site '{site}' (fedst sites / surgical.sites)")
+    df = pd.read_parquet(path)
+    if split is not None:
+        df = df[df["split"] == split]
+    df = df.sort_values(["video_id", "frame"])
+    clips = [list(p) for p in df["clip_paths"]]
+    bad = [len(c) for c in clips if len(c) != num_frames]
+    if bad:
+        raise ValueError(f"{path}: clips have {bad[0]} frames, the model is configured for {num_frames} "
+                         "(fedst model.pools / surgical.clips.num_previous + 1)")
+    return ClipSet(clips, list(df["mask_path"]), f"{path} [{split or 'all'}]")
+
+
+# ----------------------------------------------------------------------------- indicators
+
+
+def site_indicators(sites: dict[str, dict], cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """One fixed indicator vector per site (all sites of sites.json, in their order)."""
+    kind, dim = cfg.get("kind", "onehot"), int(cfg.get("dim", 512))
+    names = list(sites)
+    if kind not in INDICATORS:
+        raise ValueError(f"fedst indicator.kind = {kind!r}: choose one of {list(INDICATORS)}")
+    if kind == "clip":
+        return _clip_indicators(sites, cfg, dim)
+    if dim < len(names):
+        raise ValueError(f"fedst indicator.dim = {dim} is smaller than the number of sites ({len(names)})")
+    out = {}
+    for i, name in enumerate(names):
+        g = torch.Generator().manual_seed(1000 + i)
+        onehot = F.one_hot(torch.tensor(i), dim).float()
+        if kind == "onehot":
+            out[name] = onehot
+        elif kind == "gaussian":  # Table VII: N(one-hot of the site, sigma^2), drawn once
+            out[name] = onehot + float(cfg.get("sigma", 0.1)) * torch.randn(dim, generator=g)
+        else:  # random: no relation to the site identity
+            out[name] = torch.randn(dim, generator=g)
+    return out
+
+
+def _clip_indicators(sites: dict[str, dict], cfg: dict[str, Any], dim: int) -> dict[str, torch.Tensor]:
+    """Frozen CLIP text embeddings of each site's prompt (L2-normalised), from a local file."""
+    weights = cfg.get("clip_weights")
+    if not weights:
+        raise ValueError("fedst indicator.kind = clip needs indicator.clip_weights: a local open_clip state_dict file "
+                         "(weights cannot be downloaded here); or choose onehot, gaussian or random (Table VII)")
+    path = Path(weights)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: CLIP weights file not found (fedst indicator.clip_weights)")
+    import open_clip
+
+    model = open_clip.create_model(cfg.get("clip_model", "ViT-B-32"), pretrained=None)
+    try:
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"{path}: not a {cfg.get('clip_model', 'ViT-B-32')} open_clip state_dict ({exc})") from exc
+    model.eval()
+    tokenizer = open_clip.get_tokenizer(cfg.get("clip_model", "ViT-B-32"))
+    names = list(sites)
+    with torch.no_grad():
+        emb = F.normalize(model.encode_text(tokenizer([sites[n]["prompt"] for n in names])).float(), dim=-1)
+    if emb.shape[1] != dim:
+        raise ValueError(f"fedst indicator.dim = {dim} but the CLIP text embedding has {emb.shape[1]} dimensions")
+    return {n: emb[i].clone() for i, n in enumerate(names)}
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def dice_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Soft multi-class Dice loss (mean over classes present in the batch or predicted)."""
+    prob = logits.softmax(dim=1)
+    onehot = F.one_hot(target, logits.shape[1]).permute(0, 3, 1, 2).float()
+    inter = (prob * onehot).sum(dim=(0, 2, 3))
+    denom = prob.sum(dim=(0, 2, 3)) + onehot.sum(dim=(0, 2, 3))
+    return 1.0 - ((2 * inter + 1e-5) / (denom + 1e-5)).mean()
+
+
+def seg_loss(logits: torch.Tensor, target: torch.Tensor, dice_weight: float) -> torch.Tensor:
+    """Eq. 9: L_CE + lambda1 * L_Dice."""
+    return F.cross_entropy(logits, target) + dice_weight * dice_loss(logits, target)
+
+
+def augment(x: torch.Tensor, y: torch.Tensor, g: torch.Generator, degrees: float, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random rotation and scale (the paper's augmentation), the same for every frame of a clip."""
+    b, t, c, h, w = x.shape
+    ang = (torch.rand(b, generator=g) * 2 - 1) * math.radians(degrees)
+    sc = 1 + (torch.rand(b, generator=g) * 2 - 1) * scale
+    cos, sin = torch.cos(ang) / sc, torch.sin(ang) / sc
+    theta = torch.stack([torch.stack([cos, -sin, torch.zeros(b)], 1), torch.stack([sin, cos, torch.zeros(b)], 1)], 1)
+    grid = F.affine_grid(theta.to(x.device), [b, c, h, w], align_corners=False)
+    xf = x.float().reshape(b, t * c, h, w)
+    xa = F.grid_sample(xf, grid, mode="bilinear", align_corners=False).reshape(b, t, c, h, w)
+    ya = F.grid_sample(y[:, None].float(), grid, mode="nearest", align_corners=False)[:, 0].long()
+    return xa.round().clamp(0, 255).to(torch.uint8), ya
+
+
+def make_optimizer(params: list[torch.nn.Parameter], train: TrainConfig, lr: float) -> torch.optim.Optimizer:
+    if train.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=train.weight_decay)
+    if train.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=train.weight_decay)
+    if train.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay)
+    raise ValueError(f"fedst train.optimizer = {train.optimizer!r}: choose adamw, adam or sgd")
+
+
+def train_steps(
+    model: torch.nn.Module,
+    data: ClipSet,
+    steps: int,
+    train: TrainConfig,
+    lr: float,
+    device: torch.device,
+    generator: torch.Generator,
+    loss_cfg: dict[str, Any],
+    params: list[torch.nn.Parameter] | None = None,
+    extra_loss: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    temporal: bool = True,
+) -> float:
+    """``steps`` optimisation steps on random batches of ``data``; returns the mean loss.
+
+    ``params``: what is trained (default: every parameter); ``extra_loss(model, x, y,
+    logits)`` adds a method's regulariser (FedLD's margin control, ...); ``temporal=False``
+    bypasses the temporal module (still synthetic frames).
+    """
+    if len(data) == 0:
+        raise ValueError(f"{data.source}: no training clips")
+    model.train()
+    params = [p for p in (params if params is not None else model.parameters()) if p.requires_grad]
+    opt = make_optimizer(params, train, lr)
+    bs = min(train.batch_size, len(data))
+    order: list[int] = []
+    total = 0.0
+    for _ in range(steps):
+        if len(order) < bs:
+            order += torch.randperm(len(data), generator=generator).tolist()
+        idx, order = order[:bs], order[bs:]
+        x, y = data.batch(idx)
+        if loss_cfg.get("augment", True):
+            x, y = augment(x, y, generator, float(loss_cfg.get("rotate_deg", 15)), float(loss_cfg.get("scale", 0.1)))
+        x, y = x.to(device), y.to(device)
+        logits = model(x) if temporal else model(x, temporal=False)
+        loss = seg_loss(logits, y, float(loss_cfg.get("dice_weight", 0.3)))
+        if extra_loss is not None:
+            loss = loss + extra_loss(model, x, y, logits)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if train.grad_clip:
+            torch.nn.utils.clip_grad_norm_(params, train.grad_clip)
+        opt.step()
+        total += float(loss.detach())
+    return total / max(1, steps)
+
+
+@torch.no_grad()
+def evaluate_clips(model: torch.nn.Module, data: ClipSet, classes: dict[int, str], device: torch.device,
+                   batch_size: int, binary: bool = False) -> dict[str, float]:
+    """Metrics of ``model`` on ``data`` (names: ``dice`` .. and ``dice_<class>`` ..)."""
+    model.eval()
+    meter = SegmentationMeter(classes, binary=binary)
+    for x, y in data.batches(batch_size):
+        pred = model(x.to(device)).argmax(dim=1).cpu().numpy()
+        meter.add(pred, y.numpy())
+    return {k.removeprefix("mean_"): v for k, v in meter.result().items()}
+
+
+def metric_names(classes: dict[int, str]) -> tuple[str, ...]:
+    return tuple(METRICS) + tuple(f"{m}_{c}" for m in METRICS for c in classes.values())
+
+
+# ----------------------------------------------------------------------------- task
+
+
+@register_task("segmentation")
+class SegmentationTask(Task):
+    """Sites = clients; see the module docstring. ``task_params`` keys:
+
+    ``clips_root``, ``sites`` (federated, in client order), ``model`` (FedSTNet config),
+    ``indicator`` (kind, dim, clip_weights, clip_model, sigma), ``loss`` (dice_weight,
+    augment, rotate_deg, scale), ``cross_site_eval`` (personalised models also on the
+    pooled test set; off = ``global_*`` NaN for them), ``eval_batch_size``.
+    """
+
+    primary_metric = "dice"
+
+    def __init__(self, spec) -> None:
+        super().__init__(spec)
+        tp = spec.task_params
+        for key in ("clips_root", "sites", "model"):
+            if key not in tp:
+                raise KeyError(f"segmentation task needs task_params.{key}")
+        self.meta = load_sites(tp["clips_root"])
+        self.all_sites = self.meta["sites"]
+        for s in tp["sites"]:
+            if s not in self.all_sites:
+                raise KeyError(f"fedst sites: '{s}' is not in {Path(tp['clips_root']) / 'sites.json'} ({sorted(self.all_sites)})")
+        first = self.all_sites[tp["sites"][0]]
+        self.classes = {i: c for i, c in enumerate(first["classes"]) if i > 0}
+        self.metric_names = metric_names(self.classes)
+        self.num_frames = len(tp["model"].get("pools", [7, 4, 2, 1]))
+        self.indicators = site_indicators(self.all_sites, tp.get("indicator", {}))
+        self._sites: dict[str, SiteData] = {}
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.spec.task_params["sites"])
+
+    def site(self, name: str) -> SiteData:
+        """A site's data (any site of sites.json: federated, out-of-federation or server)."""
+        if name not in self._sites:
+            root = self.spec.task_params["clips_root"]
+            info = self.all_sites[name]
+            test_split = None if info.get("role") == "out_of_federation" else "test"
+            self._sites[name] = SiteData(
+                site=name, index=list(self.all_sites).index(name), prompt=info["prompt"],
+                train=load_clipset(root, name, "train", self.num_frames) if test_split else ClipSet([], [], name),
+                test=load_clipset(root, name, test_split, self.num_frames), indicator=self.indicators[name],
+                loss=dict(self.spec.task_params.get("loss", {})),
+            )
+        return self._sites[name]
+
+    def client_sizes(self) -> list[int]:
+        return [self.site(s).num_train for s in self.spec.task_params["sites"]]
+
+    def client_data(self, pid: int) -> SiteData:
+        return self.site(self.spec.task_params["sites"][pid])
+
+    def pooled_data(self) -> SiteData:
+        sites = [self.site(s) for s in self.spec.task_params["sites"]]
+        mean_ind = torch.stack([s.indicator for s in sites]).mean(0)
+        return SiteData("pooled", -1, "", ClipSet.concat([s.train for s in sites], "pooled train"),
+                        self.pooled_test(), mean_ind, dict(self.spec.task_params.get("loss", {})))
+
+    def pooled_test(self) -> ClipSet:
+        return ClipSet.concat([self.site(s).test for s in self.spec.task_params["sites"]], "pooled test")
+
+    def _bs(self) -> int:
+        return int(self.spec.task_params.get("eval_batch_size", 8))
+
+    def evaluate_global(self, model, device):
+        per_client = []
+        for s in self.spec.task_params["sites"]:
+            model.set_indicator(self.site(s).indicator)
+            per_client.append({f"local_{k}": v for k, v in evaluate_clips(model, self.site(s).test, self.classes, device, self._bs()).items()})
+        # pooled test = frame-weighted mean of the sites' per-frame scores
+        n = np.array([len(self.site(s).test) for s in self.spec.task_params["sites"]], dtype=float)
+        row = {f"global_{k}": float(np.average([c[f"local_{k}"] for c in per_client], weights=n)) for k in self.metric_names}
+        return row, per_client
+
+    def evaluate_client(self, model, data, device):
+        model.set_indicator(data.indicator)
+        out = {f"local_{k}": v for k, v in evaluate_clips(model, data.test, self.classes, device, self._bs()).items()}
+        if self.spec.task_params.get("cross_site_eval", True):
+            out.update({f"global_{k}": v for k, v in evaluate_clips(model, self.pooled_test(), self.classes, device, self._bs()).items()})
+        else:
+            out.update({f"global_{k}": math.nan for k in self.metric_names})
+        return out

@@ -1,0 +1,103 @@
+"""RSC temporal module (FedST Eq. 3-4): windowed cross-attention from the current frame
+to multi-scale pooled context of the current and previous frames.
+
+Frame j of the clip (oldest .. current) has a pooling size p_j and a receptive field r_j
+(paper: p = {7, 4, 2, 1}, r = {49, 20, 6, 7}, window s = 7: distant frames are seen
+coarsely over a large area, the current frame at full resolution within its window).
+
+* Eq. 3: frame j's feature map is cut into non-overlapping p_j x p_j patches, each
+  flattened (c * p_j^2) and mapped back to c channels by a Linear layer.
+* For every s x s window of the current frame, the context tokens of frame j are the
+  ceil(r_j / p_j)^2 pooled tokens whose cells lie in the r_j x r_j square centred on the
+  window (tokens outside the map are masked out). The paper does not say how the square is
+  placed; centring it on the window is our choice.
+* Eq. 4: multi-head cross-attention, queries from the window, keys and values from the
+  concatenated context, plus a learned position bias B (one value per head, query position
+  in the window and context slot), plus the residual F_ts. Scores are scaled by the head
+  dimension (standard multi-head attention; Eq. 4 writes sqrt(c) for one head).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RSCTemporal(nn.Module):
+    def __init__(self, dim: int, heads: int, window: int, pools: list[int], fields: list[int]) -> None:
+        super().__init__()
+        if len(pools) != len(fields):
+            raise ValueError(f"temporal.pools ({len(pools)}) and temporal.fields ({len(fields)}) need one entry per frame")
+        if dim % heads:
+            raise ValueError(f"temporal.heads = {heads} must divide the feature channels ({dim})")
+        self.dim, self.heads, self.window = dim, heads, window
+        self.pools, self.fields = list(pools), list(fields)
+        self.pool_fc = nn.ModuleList(nn.Linear(dim * p * p, dim) for p in pools)
+        self.sizes = [math.ceil(r / p) for r, p in zip(fields, pools, strict=True)]
+        n_ctx = sum(k * k for k in self.sizes)
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim)
+        self.bias = nn.Parameter(torch.zeros(heads, window * window, n_ctx))
+        nn.init.trunc_normal_(self.bias, std=0.02)
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.pools)
+
+    def _pooled(self, f: torch.Tensor, j: int) -> torch.Tensor:
+        """Eq. 3: (B, C, h, w) -> (B, ceil(h/p), ceil(w/p), C)."""
+        p = self.pools[j]
+        b, c, h, w = f.shape
+        f = F.pad(f, (0, (-w) % p, 0, (-h) % p))
+        cols = F.unfold(f, kernel_size=p, stride=p)  # (B, C*p*p, L)
+        hp, wp = f.shape[2] // p, f.shape[3] // p
+        return self.pool_fc[j](cols.transpose(1, 2)).reshape(b, hp, wp, c)
+
+    def _context(self, pooled: torch.Tensor, j: int, n_wh: int, n_ww: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context tokens of every window from frame j: (B, nW, k*k, C) and validity (nW, k*k)."""
+        p, k, s = self.pools[j], self.sizes[j], self.window
+        b, hp, wp, c = pooled.shape
+        dev = pooled.device
+
+        def index(n_win: int, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+            centre = (torch.arange(n_win, device=dev) * s + s / 2) / p
+            start = torch.floor(centre - k / 2).long()
+            idx = start[:, None] + torch.arange(k, device=dev)[None]
+            return idx.clamp(0, limit - 1), (idx >= 0) & (idx < limit)
+
+        ri, rv = index(n_wh, hp)
+        ci, cv = index(n_ww, wp)
+        tok = pooled[:, ri[:, :, None, None], ci[None, None, :, :]]  # (B, nWh, k, nWw, k, C)
+        tok = tok.permute(0, 1, 3, 2, 4, 5).reshape(b, n_wh * n_ww, k * k, c)
+        valid = (rv[:, None, :, None] & cv[None, :, None, :]).reshape(n_wh * n_ww, k * k)
+        return tok, valid
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        """(B, T, C, h, w) clip features, oldest .. current -> enhanced current map (B, C, h, w)."""
+        b, t, c, h, w = feats.shape
+        if t != self.num_frames:
+            raise ValueError(f"RSC expects {self.num_frames} frames per clip (temporal.pools), got {t}")
+        s = self.window
+        cur = feats[:, -1]
+        padded = F.pad(cur, (0, (-w) % s, 0, (-h) % s))
+        hh, ww = padded.shape[2:]
+        n_wh, n_ww = hh // s, ww // s
+        q_tok = padded.reshape(b, c, n_wh, s, n_ww, s).permute(0, 2, 4, 3, 5, 1).reshape(b, n_wh * n_ww, s * s, c)
+        ctx, valid = zip(*(self._context(self._pooled(feats[:, j], j), j, n_wh, n_ww) for j in range(t)), strict=True)
+        ctx_t = torch.cat(ctx, dim=2)
+        valid_t = torch.cat(valid, dim=1)
+        hd = c // self.heads
+        nw = n_wh * n_ww
+        q = self.q(q_tok).reshape(b, nw, s * s, self.heads, hd).transpose(2, 3)
+        k = self.k(ctx_t).reshape(b, nw, -1, self.heads, hd).transpose(2, 3)
+        v = self.v(ctx_t).reshape(b, nw, -1, self.heads, hd).transpose(2, 3)
+        attn = (q @ k.transpose(-2, -1)) / math.sqrt(hd) + self.bias[None, None]
+        attn = attn.masked_fill(~valid_t[None, :, None, None, :], float("-inf")).softmax(dim=-1)
+        out = self.proj((attn @ v).transpose(2, 3).reshape(b, nw, s * s, c))
+        out = out.reshape(b, n_wh, n_ww, s, s, c).permute(0, 5, 1, 3, 2, 4).reshape(b, c, hh, ww)
+        return out[:, :, :h, :w] + cur

@@ -1,0 +1,153 @@
+"""FedST study tables (II-IX) from the runs' client_metrics.csv, deploy.json and summary.json.
+
+Per-site numbers are the last evaluated round of ``client_metrics.csv`` (``local_*``: each
+site's own test clips, with its personalised model, or the global model for FedAvg-like
+methods). Site E and the binary set come from ``deploy.json`` (the deployed model: shared
+parameters + weighted average of the personalised ones). Dice and IoU are in %, HD95 and
+ASSD in pixels; cells are mean ± std over seeds (std shown only with more than one seed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+METRICS = ("dice", "iou", "hd95", "assd")
+LABELS = {"dice": "Dice(%)↑", "iou": "IoU(%)↑", "hd95": "HD95(pix.)↓", "assd": "ASSD(pix.)↓"}
+METHOD_NAMES = {"seg_local": "Local Train", "seg_centralized": "Upperbound", "seg_fedavg": "FedAvg", "fedrep": "FedRep",
+                "feddp": "FedDP", "fedld": "FedLD", "fedas": "FedAS", "fedst": "FedST"}
+
+
+def load_runs(clients: list[str], deploys: list[str]) -> pd.DataFrame:
+    """One row per run: variant, method, seed, ``<site>_<metric>`` of the last evaluated round,
+    and every deploy.json entry."""
+    rows = []
+    for cpath, dpath in zip(sorted(clients), sorted(deploys), strict=True):
+        run = Path(cpath).parent
+        if run != Path(dpath).parent:
+            raise ValueError(f"{cpath} and {dpath} belong to different runs")
+        variant, method, seed = run.parent.parent.name, run.parent.name, int(run.name.removeprefix("seed"))
+        cm = pd.read_csv(cpath)
+        if cm.empty:
+            raise ValueError(f"{cpath}: no evaluated round")
+        last = cm[cm["round"] == cm["round"].max()]
+        row: dict[str, Any] = {"variant": variant, "method": method, "seed": seed}
+        for _, r in last.iterrows():
+            for m in METRICS:
+                row[f"c{int(r['client'])}_{m}"] = float(r[f"local_{m}"])
+        row.update(json.loads(Path(dpath).read_text()))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _scale(metric: str) -> float:
+    return 100.0 if metric in ("dice", "iou") else 1.0
+
+
+def _cell(values: pd.Series, metric: str) -> str:
+    v = values.dropna().to_numpy(dtype=float) * _scale(metric)
+    if len(v) == 0:
+        return "n/a"
+    return f"{v.mean():.2f}" if len(v) == 1 else f"{v.mean():.2f} ± {v.std(ddof=0):.2f}"
+
+
+def _with_avg(runs: pd.DataFrame, sites: list[str]) -> pd.DataFrame:
+    runs = runs.copy()
+    for m in METRICS:
+        runs[f"avg_{m}"] = runs[[f"c{i}_{m}" for i in range(len(sites))]].mean(axis=1)
+    return runs
+
+
+def table2(runs: pd.DataFrame, sites: list[str], methods: list[str]) -> pd.DataFrame:
+    runs = _with_avg(runs[runs["variant"] == "main"], sites)
+    out = []
+    for method in methods:
+        sel = runs[runs["method"] == method]
+        row = {"Method": METHOD_NAMES[method]}
+        for m in METRICS:
+            for i, s in enumerate(sites):
+                row[f"{LABELS[m]} {s}"] = _cell(sel[f"c{i}_{m}"], m)
+            row[f"{LABELS[m]} Avg."] = _cell(sel[f"avg_{m}"], m)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def table_deploy(runs: pd.DataFrame, methods: list[str], prefix: str) -> pd.DataFrame:
+    """Table III (``outfed``) or VIII (``unseen``): the deployed model of each method."""
+    sel = runs[runs["variant"] == "main"]
+    return pd.DataFrame([{"Method": METHOD_NAMES[m], **{LABELS[k]: _cell(sel[sel["method"] == m][f"{prefix}_{k}"], k) for k in METRICS}}
+                         for m in methods])
+
+
+#: (label, variant, method, flags) rows of tables IV-VII; ``main`` rows reuse the main runs
+ROWS: dict[str, list[tuple[str, str, str, dict[str, str]]]] = {
+    "table4": [
+        ("FedDP baseline", "main", "feddp", {"TS": "", "Prompt": "", "CS": "", "SERQ": ""}),
+        ("+TS", "abl_ts", "fedst", {"TS": "✓", "Prompt": "", "CS": "", "SERQ": ""}),
+        ("+TS +Prompt", "abl_ts_prompt", "fedst", {"TS": "✓", "Prompt": "✓", "CS": "", "SERQ": ""}),
+        ("+TS +Prompt +CS", "abl_ts_cs", "fedst", {"TS": "✓", "Prompt": "✓", "CS": "✓", "SERQ": ""}),
+        ("SERQ only", "abl_serq", "fedst", {"TS": "", "Prompt": "", "CS": "", "SERQ": "✓"}),
+        ("+TS +SERQ", "abl_ts_serq", "fedst", {"TS": "✓", "Prompt": "", "CS": "", "SERQ": "✓"}),
+        ("FedST (full)", "main", "fedst", {"TS": "✓", "Prompt": "✓", "CS": "✓", "SERQ": "✓"}),
+    ],
+    "table5": [
+        ("all shared", "pers_none", "fedst", {"Enc. Attn.q": "", "Dec. Attn.q": "", "Dec. other": ""}),
+        ("all personalised", "pers_all", "fedst", {"Enc. Attn.q": "Δ", "Dec. Attn.q": "Δ", "Dec. other": "Δ"}),
+        ("decoder q", "pers_dec_q", "fedst", {"Enc. Attn.q": "", "Dec. Attn.q": "Δ", "Dec. other": ""}),
+        ("encoder + decoder q", "pers_enc_dec_q", "fedst", {"Enc. Attn.q": "Δ", "Dec. Attn.q": "Δ", "Dec. other": ""}),
+        ("encoder q (FedST)", "main", "fedst", {"Enc. Attn.q": "Δ", "Dec. Attn.q": "", "Dec. other": ""}),
+    ],
+    "table6": [
+        ("Norm", "pers_norm", "fedst", {}), ("Key", "pers_k", "fedst", {}), ("Value", "pers_v", "fedst", {}),
+        ("Key&Value", "pers_kv", "fedst", {}), ("Query (FedST)", "main", "fedst", {}),
+    ],
+    "table7": [
+        ("Random", "ind_random", "fedst", {}), ("Gaussian", "ind_gaussian", "fedst", {}),
+        ("One-hot", "ind_onehot", "fedst", {}), ("CLIP", "ind_clip", "fedst", {}),
+    ],
+}
+
+
+def table_dice_rows(runs: pd.DataFrame, sites: list[str], rows, main_indicator: str) -> pd.DataFrame:
+    """Dice per site, average and site E for a list of (label, variant, method, flags); a
+    variant that is the main run (the configured indicator) reads the main run; one not
+    run says so."""
+    runs = _with_avg(runs, sites)
+    out = []
+    for label, variant, method, flags in rows:
+        if variant == f"ind_{main_indicator}":
+            variant = "main"
+        sel = runs[(runs["variant"] == variant) & (runs["method"] == method)]
+        row = {"Setting": label, **flags}
+        for i, s in enumerate(sites):
+            row[f"Dice {s}"] = _cell(sel[f"c{i}_dice"], "dice") if len(sel) else "not run"
+        row["Dice Avg."] = _cell(sel["avg_dice"], "dice") if len(sel) else "not run"
+        row["Dice E (out fed)"] = _cell(sel["outfed_dice"], "dice") if len(sel) else "not run"
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def table9(runs: pd.DataFrame, methods: list[str]) -> pd.DataFrame:
+    sel = runs[runs["variant"] == "main"]
+    out = []
+    for m in methods:
+        r = sel[sel["method"] == m]
+        out.append({"Method": METHOD_NAMES[m],
+                    "Cost (MB/round)": f"{r['comm_mb_per_round'].mean():.2f}" if len(r) else "n/a",
+                    "Training time (s)": _cell(r["train_time_s"], "time"),
+                    "FPS": _cell(r["fps"], "fps")})
+    return pd.DataFrame(out)
+
+
+def caption(title: str, origin: str, seeds: list[int], rounds: int) -> str:
+    src = ("SYNTHETIC surgical clips (demo data; NOT a reproduction of the paper's numbers)"
+           if origin == "synthetic" else "real surgical datasets")
+    return f"{title}. Source: {src}; seeds {seeds}; {rounds} rounds."
+
+
+def to_markdown(frame: pd.DataFrame, cap: str) -> str:
+    body = frame.to_markdown(index=False) if not frame.empty else "(no rows)"
+    return f"{cap}\n\n{body}\n"

@@ -1,0 +1,97 @@
+"""fedst config: schema defaults and errors, cross-field checks naming the dotted key."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake.utils import validate
+
+from fedmedbench import fedst_study as FS
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = str(ROOT / "config" / "schema.yaml")
+DEMO = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+
+def test_demo_and_full_grid_validate_with_defaults():
+    demo = copy.deepcopy(DEMO)
+    validate(demo, SCHEMA)
+    f = demo["fedst"]
+    assert f["serq"]["lambda2"] == 0.3 and f["serq"]["mu"] == 0.5 and f["loss"]["dice_weight"] == 0.3
+    assert f["train"]["optimizer"] == "adamw" and f["train"]["aggregation"] == "uniform"
+    full = yaml.safe_load((ROOT / "config" / "studies" / "fedst.yaml").read_text())
+    validate(full, SCHEMA)
+    assert full["fedst"]["model"]["pools"] == [7, 4, 2, 1] and full["fedst"]["model"]["fields"] == [49, 20, 6, 7]
+    runs = FS.runs(full["fedst"])  # every method x 3 seeds + every variant but the main run's indicator
+    assert len(runs) == 3 * (8 + len(FS.VARIANTS) - 1)
+    assert ("ind_clip", "fedst", 0) not in runs and ("ind_onehot", "fedst", 0) in runs
+
+
+def test_every_variant_and_method_resolves_to_a_spec():
+    demo = copy.deepcopy(DEMO)
+    validate(demo, SCHEMA)
+    cfg = demo["fedst"]
+    spec = FS.run_spec(cfg, "abl_serq", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")
+    assert spec["task_params"]["model"]["temporal"] is False and spec["method_params"]["serq"]["enabled"] is True
+    assert spec["method_params"]["personal"] == ["enc_q"]
+    base = FS.run_spec(cfg, "main", "fedrep", 0, "clips", "run", None, "cpu", 1, "synthetic")
+    assert base["task_params"]["model"]["selection"] == "none" and "serq" not in base["method_params"]
+    for v in FS.VARIANTS:
+        FS.run_spec(cfg, v, "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")
+
+
+@pytest.mark.parametrize("path,value,needle", [
+    (["fedst", "methods"], ["fedfoo"], "'fedfoo' is not one of"),
+    (["fedst", "variants"], ["pers_x"], "'pers_x' is not one of"),
+    (["fedst", "model", "encoder"], "resnet50", "does not match"),
+    (["fedst", "indicator", "kind"], "bert", "'bert' is not one of"),
+    (["fedst", "serq", "mu"], 2, "mu"),
+])
+def test_schema_errors_name_the_key(path, value, needle):
+    cfg = copy.deepcopy(DEMO)
+    node = cfg
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(Exception) as info:
+        validate(cfg, SCHEMA)
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda f: f.update(variants=["ind_clip"]), "fedst.indicator.clip_weights"),
+    (lambda f: f["model"].update(pools=[2, 1, 1], fields=[4, 3, 2]), "fedst.model.pools"),
+    (lambda f: f["model"].update(fields=[4, 3, 2]), "fedst.model.fields"),
+    (lambda f: f.update(outfed_site="Z"), "fedst.outfed_site"),
+])
+def test_cross_field_errors_name_the_key(tmp_path, mutate, needle):
+    cfg = copy.deepcopy(DEMO)
+    mutate(cfg["fedst"])
+    f = tmp_path / "cfg.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--quiet", "--configfile", str(f)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert needle in proc.stdout + proc.stderr
+
+
+def test_a_new_pretrained_model_changes_the_run_hash(tmp_path):
+    """A redone pre-training must not let a rerun resume the old checkpoint."""
+    from fedmedbench.fl.spec import RunSpec
+
+    demo = copy.deepcopy(DEMO)
+    validate(demo, SCHEMA)
+    pre = tmp_path / "pretrained.pt"
+    spec = RunSpec.from_dict(FS.run_spec(demo["fedst"], "main", "fedst", 0, "clips", "run", str(pre), "cpu", 1, "synthetic"))
+    pre.write_bytes(b"first")
+    h1 = FS.pin_initial_model(spec).run_hash()
+    pre.write_bytes(b"second")
+    assert FS.pin_initial_model(spec).run_hash() != h1
+    pre.unlink()
+    with pytest.raises(FileNotFoundError, match="pretrain"):
+        FS.pin_initial_model(spec)

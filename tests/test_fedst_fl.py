@@ -1,0 +1,264 @@
+"""FedST study on the FL engine: personal parameters never leave their site, shared ones
+are averaged, clips carry exactly their configured frames, FedLD/FedAS server rules, CLIP indicators."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+import fedmedbench  # noqa: F401
+from fedmedbench import fedst_study as FS
+from fedmedbench.fl import federation as fed
+from fedmedbench.fl.registry import get_method
+from fedmedbench.fl.spec import RunSpec
+
+SITES = {"A": "federated", "B": "federated", "E": "out_of_federation", "sim": "server"}
+
+
+def _write_site(root: Path, site: str, role: str, rng: np.random.Generator) -> None:
+    rows = []
+    splits = ["test"] * 2 if role == "out_of_federation" else ["train"] * 4 + ["test"] * 2
+    for i, split in enumerate(splits):
+        frames = []
+        for t in range(4):
+            p = root / "raw" / site / f"c{i}_f{t}.png"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(p)
+            frames.append(str(p))
+        mask = np.zeros((64, 64), dtype=np.uint8)
+        mask[10:30, 10 + i:20 + i] = 1
+        mask[30:40, 20:30] = 2
+        mask[40:50, 20:30] = 3
+        mp = root / "raw" / site / f"c{i}_mask.png"
+        Image.fromarray(mask).save(mp)
+        rows.append({"site": site, "dataset": site, "split": split, "video_id": "v", "frame": i, "timestamp_s": i * 0.2,
+                     "clip_paths": frames, "clip_offsets_s": [-0.6, -0.4, -0.2, 0.0], "n_duplicated": 0, "mask_path": str(mp)})
+    (root / site).mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(root / site / "clips.parquet")
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fedst_clips")
+    rng = np.random.default_rng(0)
+    meta = {"sites": {}}
+    for s, role in SITES.items():
+        _write_site(root, s, role, rng)
+        meta["sites"][s] = {"site": s, "role": role, "prompt": f"This is the Local site {s} model and the surgery type is x",
+                            "label_set": "parts", "classes": ["background", "shaft", "wrist", "clasper"]}
+    (root / "sites.json").write_text(json.dumps(meta))
+    return root
+
+
+def study_cfg(**over):
+    cfg = {
+        "sites": ["A", "B"], "outfed_site": "E", "unseen_site": "E", "server_site": "sim", "seeds": [0],
+        "methods": list(FS.METHODS), "variants": [],
+        "model": {"encoder": "pvt_v2_b0", "window": 2, "pools": [2, 1, 1, 1], "fields": [4, 3, 2, 2], "heads": 1,
+                  "indicator_dim": 8, "decoder_dim": 16, "decoder_heads": 1},
+        "indicator": {"kind": "onehot", "clip_weights": None, "clip_model": "ViT-B-32", "sigma": 0.1},
+        "train": {"rounds": 2, "local_epochs": 0.5, "batch_size": 2, "lr": 1e-3, "optimizer": "adamw", "aggregation": "uniform"},
+        "loss": {"dice_weight": 0.3, "augment": True, "rotate_deg": 15, "scale": 0.1},
+        "pretrain": {"enabled": True, "steps": 1, "lr": 1e-4},
+        "serq": {"steps": 1, "lr": 1e-4, "lambda2": 0.3, "lambda3": 0.3, "mu": 0.5, "probe": 2, "batch_size": 2},
+        "method_params": {}, "eval": {"eval_every": 2, "cross_site_eval": False, "batch_size": 4, "fps_clips": 1},
+    }
+    cfg.update(over)
+    return cfg
+
+
+def make_spec(clips: Path, tmp: Path, method: str, variant: str = "main", cfg=None) -> RunSpec:
+    cfg = cfg or study_cfg()
+    d = FS.run_spec(cfg, variant, method, 0, str(clips), str(tmp / f"{variant}-{method}"), None, "cpu", 1, "synthetic")
+    return fed.resolve_data_shapes(RunSpec.from_dict(d))
+
+
+class Recorder(fed.InProcessTransport):
+    """Keeps every client reply (what would travel over Flower) for inspection."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.replies = []
+
+    def train(self, rnd, steps, arrays, broadcast):
+        out = super().train(rnd, steps, arrays, broadcast)
+        self.replies.append((rnd, arrays, out))
+        return out
+
+
+def test_clips_carry_exactly_their_configured_frames(clips):
+    from fedmedbench.fl.segmentation import load_clipset
+
+    cs = load_clipset(clips, "A", "train", 4)
+    x, y = cs.batch([1])
+    df = pd.read_parquet(clips / "A" / "clips.parquet").sort_values(["video_id", "frame"])
+    paths = list(df[df["split"] == "train"]["clip_paths"].iloc[1])
+    assert x.shape == (1, 4, 3, 64, 64) and y.shape == (1, 64, 64)
+    for t, p in enumerate(paths):  # frame t of the tensor is the t-th listed file, oldest .. current
+        assert torch.equal(x[0, t], torch.from_numpy(np.asarray(Image.open(p).convert("RGB"))).permute(2, 0, 1))
+    with pytest.raises(ValueError, match="configured for 3"):
+        load_clipset(clips, "A", "train", 3)
+
+
+def test_fedst_keeps_query_embeddings_and_selection_on_site_and_averages_the_rest(clips, tmp_path):
+    cfg = study_cfg()
+    cfg["serq"] = {**cfg["serq"]}
+    spec = make_spec(clips, tmp_path, "fedst", "abl_ts_cs", cfg)  # SERQ off: the server step is the plain mean
+    method = get_method(spec.method, spec.method_params)
+    model = fed.new_model(spec)
+    personal = set(method.personal(model))
+    assert any(".attn.q." in k for k in personal) and any(k.startswith("cs.") for k in personal)
+    assert not any(".attn.kv." in k or k.startswith(("rsc.", "decoder.")) for k in personal)
+    transport = Recorder(spec)
+    state = fed.Federation(spec, log=lambda m: None).run(transport)
+    shared = set(method.shared_keys(model))
+    for _rnd, sent, results in transport.replies:
+        assert set(sent) == shared  # the broadcast carries no personal entry either
+        for r in results.values():
+            assert set(r.arrays) == shared and not personal & set(r.arrays)
+    # shared entries: the new global model is the uniform mean of what the sites sent
+    _, _, last = transport.replies[-1]
+    for k in ("encoder.backbone.stages.3.blocks.0.attn.kv.k.weight", "rsc.q.weight", "decoder.head.weight"):
+        assert np.allclose(state.arrays[k], (last[0].arrays[k] + last[1].arrays[k]) / 2, atol=1e-6)
+    # personal entries: different on the two sites, stored only in each site's own state
+    from fedmedbench.fl import checkpoint
+    from fedmedbench.fl.client_state import ClientStateStore
+
+    store = ClientStateStore(checkpoint.checkpoint_dir(spec.run_dir) / "clients")
+    s0, s1 = (store.load(p, before_round=99)["personal"] for p in (0, 1))
+    assert set(s0) == personal
+    q = "encoder.backbone.stages.0.blocks.0.attn.q.weight"
+    assert not torch.equal(s0[q], s1[q])
+    assert not torch.equal(s0["cs.indicator"], s1["cs.indicator"])
+    # the deployed model (site E) averages the personal parameters after training
+    dep = FS.deployed_model(spec, method, state.arrays, [4, 4])
+    assert torch.allclose(dep.state_dict()[q], (s0[q] + s1[q]) / 2)
+
+
+def test_fedst_with_serq_updates_its_server_state_and_broadcasts_shared_only(clips, tmp_path):
+    spec = make_spec(clips, tmp_path, "fedst")
+    transport = Recorder(spec)
+    state = fed.Federation(spec, log=lambda m: None).run(transport)
+    assert {"serq_pre", "serq_D", "serq_Fg"} <= set(state.server_state)
+    _, _, last = transport.replies[-1]
+    mean = (last[0].arrays["decoder.head.weight"] + last[1].arrays["decoder.head.weight"]) / 2
+    assert not np.allclose(state.arrays["decoder.head.weight"], mean)  # SERQ moved the averaged model (Eq. 12)
+    assert not any(".attn.q." in k for k in state.arrays if k.startswith("encoder."))
+    out = FS.deploy_eval(spec, state, "E", "E", 1)
+    assert 0.0 <= out["outfed_dice"] <= 1.0 and "unseen_dice_instrument" in out
+    assert out["comm_mb_per_round"] > 0
+
+
+def test_local_train_sends_nothing_and_fedavg_sends_everything(clips, tmp_path):
+    spec = make_spec(clips, tmp_path, "seg_local")
+    transport = Recorder(spec)
+    fed.Federation(spec, log=lambda m: None).run(transport)
+    assert all(r.arrays == {} for _, _, res in transport.replies for r in res.values())
+    assert FS.communication_mb(get_method("seg_local"), fed.new_model(spec)) == 0.0
+    spec = make_spec(clips, tmp_path, "seg_fedavg")
+    model = fed.new_model(spec)
+    assert set(get_method("seg_fedavg").shared_keys(model)) == set(model.state_dict()) - {"cs.indicator"}
+
+
+@pytest.mark.slow
+def test_personal_parameters_never_leave_a_site_over_flower(clips, tmp_path, monkeypatch):
+    """A real Flower run: every reply is recorded; no personal key is in any message."""
+    from fedmedbench.fl import engine
+
+    seen = []
+    original = engine.FlowerTransport.inspect
+
+    def record(self, reply):
+        seen.append(sorted(reply.content["arrays"].keys()))
+        original(self, reply)
+
+    monkeypatch.setattr(engine.FlowerTransport, "inspect", record)
+    cfg = study_cfg(train={**study_cfg()["train"], "rounds": 1})
+    spec = make_spec(clips, tmp_path, "fedst", cfg=cfg)  # FedST with SERQ
+    engine.run(spec, log=lambda m: None)
+    method = get_method(spec.method, spec.method_params)
+    model = fed.new_model(spec)
+    personal, shared = set(method.personal(model)), set(method.shared_keys(model))
+    assert len(seen) == 2  # 1 round x 2 sites
+    for keys in seen:
+        assert set(keys) == shared and not personal & set(keys)
+    assert any(".attn.q." in k for k in personal) and "cs.fc.weight" in personal
+
+
+def test_fedld_principal_aggregation():
+    from fedmedbench.fl.methods.fedld import margin_penalty, principal_update
+
+    rng = np.random.default_rng(0)
+    deltas = rng.normal(size=(4, 50))
+    w = np.array([1.0, 2.0, 1.0, 1.0])
+    full, r = principal_update(deltas, w, energy=1.0)
+    assert r == 4 and np.allclose(full, (w / w.sum()) @ deltas)  # all directions kept = weighted mean
+    part, r1 = principal_update(deltas, w, energy=0.3)
+    assert r1 < 4 and np.linalg.norm(part) < np.linalg.norm(full)
+    # the kept update lies in the span of the client updates
+    coef, *_ = np.linalg.lstsq(deltas.T, part, rcond=None)
+    assert np.allclose(deltas.T @ coef, part)
+    logits = torch.tensor([[[[10.0]], [[0.0]]]])  # margin 10 for class 0
+    assert margin_penalty(logits, torch.tensor([[[0]]]), cap=5.0) == pytest.approx(25.0)
+    assert margin_penalty(logits, torch.tensor([[[0]]]), cap=20.0) == 0.0
+
+
+def test_fedas_weights_clients_by_fisher_trace():
+    from fedmedbench.fl.registry import ClientResult, ServerContext, TrainConfig
+
+    a = {"w": np.zeros(3, dtype=np.float32)}
+    b = {"w": np.ones(3, dtype=np.float32)}
+    ctx = ServerContext(rnd=1, global_arrays=a, results=[ClientResult(a, 100, {"fisher_trace": 1.0}),
+                                                          ClientResult(b, 1, {"fisher_trace": 3.0})],
+                        pids=[0, 1], state={}, num_clients=2, device=torch.device("cpu"),
+                        train=TrainConfig(rounds=1, local_epochs=1, batch_size=2, lr=0.1), new_model=lambda: None)
+    assert np.allclose(get_method("fedas").aggregate(ctx)["w"], 0.75)  # 3/4 of the weight, not by examples
+
+
+def test_indicators(clips, tmp_path):
+    from fedmedbench.fl.segmentation import load_sites, site_indicators
+
+    sites = load_sites(clips)["sites"]
+    one = site_indicators(sites, {"kind": "onehot", "dim": 8})
+    assert torch.equal(one["B"], torch.nn.functional.one_hot(torch.tensor(1), 8).float())
+    gauss = site_indicators(sites, {"kind": "gaussian", "dim": 8, "sigma": 0.1})
+    assert (gauss["B"] - one["B"]).abs().max() < 0.6 and not torch.equal(gauss["B"], one["B"])
+    with pytest.raises(ValueError, match="clip_weights"):
+        site_indicators(sites, {"kind": "clip", "dim": 512})
+    with pytest.raises(FileNotFoundError, match="clip_weights"):
+        site_indicators(sites, {"kind": "clip", "dim": 512, "clip_weights": str(tmp_path / "none.pt")})
+
+
+@pytest.mark.slow
+def test_clip_indicator_from_a_local_weights_file(clips, tmp_path):
+    """The CLIP path with a randomly initialised open_clip model saved as the 'local file'."""
+    import open_clip
+
+    from fedmedbench.fl.segmentation import load_sites, site_indicators
+
+    torch.manual_seed(0)
+    model = open_clip.create_model("ViT-B-32", pretrained=None)
+    path = tmp_path / "clip.pt"
+    torch.save(model.state_dict(), path)
+    sites = load_sites(clips)["sites"]
+    emb = site_indicators(sites, {"kind": "clip", "dim": 512, "clip_weights": str(path), "clip_model": "ViT-B-32"})
+    assert set(emb) == set(sites) and all(abs(float(v.norm()) - 1) < 1e-5 for v in emb.values())
+    assert not torch.allclose(emb["A"], emb["B"])  # different prompts, different indicators
+    with pytest.raises(ValueError, match="dimensions"):
+        site_indicators(sites, {"kind": "clip", "dim": 8, "clip_weights": str(path)})
+
+
+def test_feddp_inconsistency_weights_disagreeing_pixels():
+    from fedmedbench.fl.methods.feddp import inconsistency
+
+    a = torch.tensor([[[[9.0, -9.0]], [[-9.0, -9.0]]]])  # pixel 0 class 0, pixel 1 tie
+    b = torch.tensor([[[[9.0, -9.0]], [[-9.0, 9.0]]]])   # pixel 0 same, pixel 1 class 1
+    u = inconsistency(a, b)
+    assert u.shape == (1, 1, 2)
+    assert u[0, 0, 0] < 1e-6 and 0.4 < u[0, 0, 1] <= 1.0

@@ -1,0 +1,75 @@
+"""FedST study metrics: MedPy values on hand-made masks and the documented empty-mask rule."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from medpy.metric import binary as mb
+
+from fedmedbench.segmetrics import SegmentationMeter, binary_scores, empty_penalty
+
+
+def square(shape, y0, x0, size):
+    m = np.zeros(shape, dtype=bool)
+    m[y0:y0 + size, x0:x0 + size] = True
+    return m
+
+
+def test_scores_match_medpy_and_hand_computed_values():
+    gt = square((20, 20), 2, 2, 6)      # 36 px
+    pred = square((20, 20), 2, 5, 6)    # shifted 3 px right: overlap 6x3 = 18 px
+    s = binary_scores(pred, gt)
+    assert s["dice"] == pytest.approx(2 * 18 / 72)
+    assert s["iou"] == pytest.approx(18 / 54)
+    assert s["dice"] == pytest.approx(mb.dc(pred, gt))
+    assert s["hd95"] == pytest.approx(mb.hd95(pred, gt))
+    assert s["assd"] == pytest.approx(mb.assd(pred, gt))
+    assert s["hd95"] == pytest.approx(3.0)  # a pure 3-pixel shift: every far-side border point is 3 px away
+
+
+def test_identical_masks_are_perfect():
+    m = square((16, 16), 3, 3, 5)
+    assert binary_scores(m, m) == {"dice": 1.0, "iou": 1.0, "hd95": 0.0, "assd": 0.0}
+
+
+def test_empty_mask_rule():
+    shape = (30, 40)
+    empty = np.zeros(shape, dtype=bool)
+    some = square(shape, 5, 5, 4)
+    assert binary_scores(empty, empty) == {"dice": 1.0, "iou": 1.0, "hd95": 0.0, "assd": 0.0}
+    worst = empty_penalty(shape)
+    assert worst == pytest.approx(50.0)  # the image diagonal
+    for pred, gt in ((empty, some), (some, empty)):  # missed and hallucinated part
+        assert binary_scores(pred, gt) == {"dice": 0.0, "iou": 0.0, "hd95": worst, "assd": worst}
+    # a wrong but present prediction is always scored better than a missed part
+    far = square(shape, 25, 35, 4)
+    assert binary_scores(far, some)["hd95"] < worst
+
+
+def test_meter_per_class_binary_collapse_and_frame_average():
+    gt = np.zeros((2, 10, 10), dtype=np.int64)
+    gt[0, 1:4, 1:4] = 1
+    gt[0, 6:9, 6:9] = 2
+    gt[1, 2:5, 2:5] = 3
+    pred = gt.copy()
+    pred[0, 6:9, 6:9] = 3  # wrist predicted as clasper in frame 0
+    meter = SegmentationMeter({1: "shaft", 2: "wrist", 3: "clasper"})
+    meter.add(pred, gt)
+    r = meter.result()
+    assert r["dice_shaft"] == 1.0                      # frame 0 exact, frame 1 both empty
+    assert r["dice_wrist"] == pytest.approx(0.5)       # frame 0 missed (0), frame 1 both empty (1)
+    assert r["dice_clasper"] == pytest.approx(0.5)     # frame 0 hallucinated (0), frame 1 exact (1)
+    assert r["mean_dice"] == pytest.approx(2 / 3)
+    assert r["hd95_wrist"] == pytest.approx(empty_penalty((10, 10)) / 2)
+    binary = SegmentationMeter({1: "shaft"}, binary=True)
+    binary.add(pred, gt)
+    b = binary.result()
+    assert b["dice_instrument"] == 1.0 and b["mean_hd95"] == 0.0  # every part is foreground
+    assert math.isnan(SegmentationMeter({1: "x"}).result()["mean_dice"])
+
+
+def test_shape_mismatch_is_named():
+    with pytest.raises(ValueError, match="shape"):
+        binary_scores(np.zeros((3, 3)), np.zeros((4, 4)))
