@@ -8,7 +8,6 @@ synthetic MedMNIST generation time.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,9 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import emit  # noqa: E402
 
 from fedmedbench import compat  # noqa: E402
 from fedmedbench import partition as P  # noqa: E402
@@ -96,11 +98,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     rows = bench_partitions() + bench_corruptions() + bench_synthetic()
-    for row in rows:
-        print(json.dumps(row))
-    if args.out:
-        with args.out.open("a") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in rows)
+    emit(rows, args.out)
 
 
 if __name__ == "__main__":

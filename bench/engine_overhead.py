@@ -14,7 +14,6 @@ model rebuild and state store, per-round checkpoints, metric rows and output fil
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -24,6 +23,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import emit  # noqa: E402
 
 from fedmedbench import io  # noqa: E402
 from fedmedbench import partition as P  # noqa: E402
@@ -127,10 +130,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fmb-bench-") as tmp:
         row = measure(args.model, args.clients, args.per_round, args.rounds, args.threads, args.backend, Path(tmp),
                       args.local_epochs)
-    print(json.dumps(row))
-    if args.out:
-        with args.out.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
+    emit([row], args.out)
     if not row["identical_weights"]:
         sys.exit("engine and plain loop ended with different weights: the comparison is not like for like")
 

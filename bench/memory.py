@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _report import emit  # noqa: E402
 from engine_overhead import make_data, make_spec  # noqa: E402
 
 CHILD = """
@@ -60,7 +61,6 @@ def main() -> None:
     if args.single:
         print(peak_rss_gib(args.single, args.threads))
         return
-    rows = []
     with tempfile.TemporaryDirectory(prefix="fmb-mem-") as tmp:
         for n in args.clients:
             workdir = Path(tmp) / f"n{n}"
@@ -77,11 +77,7 @@ def main() -> None:
                     raise SystemExit(out.stdout[-3000:] + out.stderr[-3000:])
                 row = {"bench": "memory", "model": args.model, "method": method, "clients": n, "per_round": min(10, n),
                        "rounds": args.rounds, "peak_rss_gib": round(float(out.stdout.strip().splitlines()[-1]), 2)}
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-    if args.out:
-        with args.out.open("a") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in rows)
+                emit([row], args.out)
 
 
 if __name__ == "__main__":

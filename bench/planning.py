@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
@@ -14,6 +13,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _report import emit  # noqa: E402
 
 
 def plan(configfile: Path) -> dict:
@@ -35,11 +37,7 @@ def main() -> None:
     args = ap.parse_args()
     configs = [ROOT / "config" / "config.yaml", *sorted((ROOT / "config" / "studies").glob("*.yaml"))]
     rows = [plan(c) for c in configs]
-    for row in rows:
-        print(json.dumps(row))
-    if args.out:
-        with args.out.open("a") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in rows)
+    emit(rows, args.out)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import schema_error
 from snakemake.utils import validate
 
 from fedmedbench import fedst_study as FS
@@ -53,14 +54,7 @@ def test_every_variant_and_method_resolves_to_a_spec():
     (["fedst", "serq", "mu"], 2, "mu"),
 ])
 def test_schema_errors_name_the_key(path, value, needle):
-    cfg = copy.deepcopy(DEMO)
-    node = cfg
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    with pytest.raises(Exception) as info:
-        validate(cfg, SCHEMA)
-    assert needle in str(info.value)
+    assert needle in schema_error(DEMO, path, value, SCHEMA)
 
 
 @pytest.mark.parametrize("mutate,needle", [

@@ -21,3 +21,20 @@ def copy_workflow(dest: Path) -> Path:
 def split_labels(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Flat int labels per split from MedMNIST-format arrays."""
     return {s: arrays[f"{s}_labels"].reshape(-1).astype(np.int64) for s in ("train", "val", "test")}
+
+
+def schema_error(cfg: dict, path: list, value, schema: dict) -> str:
+    """Set ``cfg[path...] = value`` on a deep copy and return the schema validation error text."""
+    import copy
+
+    import pytest
+    from snakemake.utils import validate
+
+    cfg = copy.deepcopy(cfg)
+    node = cfg
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(Exception) as info:
+        validate(cfg, schema)
+    return str(info.value)
