@@ -50,7 +50,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/data_speed.py --out $(BENCH_OUT)
 	$(BIN)/python bench/engine_overhead.py --model cnn_small --rounds 5 --out $(BENCH_OUT)
 	$(BIN)/python bench/engine_overhead.py --model timm:convnextv2_atto --rounds 2 --out $(BENCH_OUT)
-	$(BIN)/python bench/memory.py --methods fedavg scaffold feddyn --clients 10 100 --rounds 1 --out $(BENCH_OUT)
+	$(BIN)/python bench/memory.py --methods fedavg --clients 10 --rounds 1 --out $(BENCH_OUT)
+	$(BIN)/python bench/memory.py --methods fedavg scaffold feddyn --clients 100 --rounds 1 --out $(BENCH_OUT)
 	@if [ -d benchmarks ]; then $(BIN)/python bench/demo_breakdown.py --out $(BENCH_OUT); fi
 
 lint: $(STAMP)

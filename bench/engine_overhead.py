@@ -14,6 +14,7 @@ model rebuild and state store, per-round checkpoints, metric rows and output fil
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -36,7 +37,7 @@ from fedmedbench.fl import engine  # noqa: E402
 from fedmedbench.fl import federation as fed  # noqa: E402
 from fedmedbench.fl.registry import load_arrays, model_arrays, weighted_average  # noqa: E402
 from fedmedbench.fl.spec import RunSpec  # noqa: E402
-from fedmedbench.fl.tasks import task_for  # noqa: E402
+from fedmedbench.fl.tasks import _task_cached, task_for  # noqa: E402
 from fedmedbench.fl.training import local_sgd  # noqa: E402
 
 #: DermaMNIST's official split sizes (the earlystop study's per-round work at 64 px)
@@ -66,6 +67,7 @@ def make_spec(workdir: Path, npz: Path, part: Path, model: str, rounds: int, per
 
 def plain_loop(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
     """The same federated training as a bare loop: no messages, no checkpoints, no files."""
+    _task_cached.cache_clear()  # both sides load their data and build their caches themselves
     t0 = time.perf_counter()
     spec = fed.resolve_data_shapes(spec)
     task = task_for(spec)
@@ -74,12 +76,11 @@ def plain_loop(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
     fed.seed_everything(spec.seed)
     model = fed.new_model(spec)
     global_arrays = model_arrays(model)
-    clients = [task.client_data(p) for p in range(task.num_clients)]
     for rnd in range(1, cfg.rounds + 1):
         updates = []
         for pid in federation.sample(rnd):
             load_arrays(model, global_arrays)
-            data = clients[pid]
+            data = task.client_data(pid)
             local_sgd(model, data.train_x, data.train_y, federation.steps(pid), cfg, rnd, torch.device("cpu"),
                       fed.client_generator(spec.seed, rnd, pid))
             updates.append(model_arrays(model))
@@ -90,6 +91,8 @@ def plain_loop(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
 
 
 def through_engine(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
+    _task_cached.cache_clear()
+    shutil.rmtree(spec.run_dir, ignore_errors=True)  # a fresh run, never a resume
     t0 = time.perf_counter()
     engine.run(spec, log=lambda m: None)
     elapsed = time.perf_counter() - t0
@@ -98,21 +101,27 @@ def through_engine(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
 
 
 def measure(model: str, clients: int, per_round: int, rounds: int, threads: int, backend: str, workdir: Path,
-            local_epochs: float = 5) -> dict:
+            local_epochs: float = 5, repeats: int = 2) -> dict:
     npz, part = make_data(workdir, clients)
     spec = make_spec(workdir, npz, part, model, rounds, per_round, threads, backend, local_epochs)
     # warm-up: imports, first model build, data loading (both sides then find them cached)
     warm = make_spec(workdir, npz, part, model, 1, min(per_round, 2), threads, backend, local_epochs)
     warm.run_dir = str(workdir / "warmup")
     engine.run(warm, log=lambda m: None)
-    plain_arrays, plain_s = plain_loop(spec)
-    engine_arrays, engine_s = through_engine(spec)
+    # alternate the two sides and keep each side's best time (order and warm-up effects cancel)
+    plain_times, engine_times = [], []
+    for _ in range(repeats):
+        engine_arrays, t = through_engine(spec)
+        engine_times.append(t)
+        plain_arrays, t = plain_loop(spec)
+        plain_times.append(t)
+    plain_s, engine_s = min(plain_times), min(engine_times)
     identical = plain_arrays.keys() == engine_arrays.keys() and all(
         np.array_equal(plain_arrays[k], engine_arrays[k]) for k in plain_arrays)
     return {"bench": "engine_overhead", "model": model, "backend": backend, "clients": clients, "per_round": per_round,
             "rounds": rounds, "local_epochs": local_epochs,
             "threads": threads, "plain_s": round(plain_s, 2), "engine_s": round(engine_s, 2),
-            "ratio": round(engine_s / plain_s, 3), "identical_weights": identical}
+            "ratio": round(engine_s / plain_s, 3), "repeats": repeats, "identical_weights": identical}
 
 
 def main() -> None:
@@ -122,6 +131,7 @@ def main() -> None:
     ap.add_argument("--per-round", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--local-epochs", type=float, default=5)
+    ap.add_argument("--repeats", type=int, default=2, help="alternating runs per side; the best of each counts")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--backend", default="inline", choices=engine.BACKENDS)
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")
@@ -129,7 +139,7 @@ def main() -> None:
     limit_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="fmb-bench-") as tmp:
         row = measure(args.model, args.clients, args.per_round, args.rounds, args.threads, args.backend, Path(tmp),
-                      args.local_epochs)
+                      args.local_epochs, args.repeats)
     emit([row], args.out)
     if not row["identical_weights"]:
         sys.exit("engine and plain loop ended with different weights: the comparison is not like for like")

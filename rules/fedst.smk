@@ -63,11 +63,12 @@ rule fedst_tables:
         deploy=fedst_run_files("deploy.json"),
         summary=fedst_run_files("summary.json"),
     output:
-        md=[f"results/fedst/tables/{t}.md" for t in FEDST_TABLES],
-        csv=[f"results/fedst/tables/{t}.csv" for t in FEDST_TABLES],
+        md=[f"results/fedst/tables/{t}{STAG}.md" for t in FEDST_TABLES],
+        csv=[f"results/fedst/tables/{t}{STAG}.csv" for t in FEDST_TABLES],
     params:
         cfg={k: FEDST[k] for k in ("sites", "outfed_site", "unseen_site", "seeds", "methods", "variants", "indicator", "train")},
         origin=SORIGIN,
+        tag=STAG,
     log:
         "logs/fedst_tables/tables.log",
     conda:

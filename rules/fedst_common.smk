@@ -61,7 +61,7 @@ def fedst_targets():
     """Every fedst output the config asks for (added to rule all)."""
     if not FEDST["enabled"]:
         return []
-    return [f"results/fedst/tables/{t}.md" for t in FEDST_TABLES]
+    return [f"results/fedst/tables/{t}{STAG}.md" for t in FEDST_TABLES]
 
 
 wildcard_constraints:

@@ -34,8 +34,9 @@ with log_to(snakemake.log[0]) as log:
         "table9": R.table9(runs, methods),
     }
     for name, frame in tables.items():
-        md = next(p for p in snakemake.output.md if Path(p).stem == name)
-        csv = next(p for p in snakemake.output.csv if Path(p).stem == name)
+        stem = name + snakemake.params.tag  # _synthetic on demo data
+        md = next(p for p in snakemake.output.md if Path(p).stem == stem)
+        csv = next(p for p in snakemake.output.csv if Path(p).stem == stem)
         cap = R.caption(TITLES[name], snakemake.params.origin, cfg["seeds"], cfg["train"]["rounds"])
         if name in ("table3", "table8"):
             cap += f" Site: {cfg['outfed_site'] if name == 'table3' else cfg['unseen_site']}."
