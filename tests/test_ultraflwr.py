@@ -74,8 +74,9 @@ def _results(method, model, n=3):
     return keys, out
 
 
-@pytest.mark.parametrize("strategy", ["FedBackboneNeckAvg", "FedHeadMedian"])
+@pytest.mark.parametrize("strategy", C.strategy_names())
 def test_aggregation_only_touches_selected_components(strategy):
+    """Each of the 14 strategies aggregates exactly its components' keys (mean or median) and nothing else."""
     method = get_method("ultraflwr", {"strategy": strategy})
     model = build_yolo("yolo11n.yaml", 3, seed=0)
     keys, results = _results(method, model)
@@ -91,7 +92,9 @@ def test_aggregation_only_touches_selected_components(strategy):
     np.testing.assert_allclose(new[k], expected, rtol=1e-5, atol=1e-6)
     components, _ = C.parse_strategy(strategy)
     other = [c for c in C.COMPONENTS if c not in components]
-    assert not set(new) & {k for c in other for k in C.component_keys(model, "ultraflwr")[c]}
+    component_keys = C.component_keys(model, "ultraflwr")
+    assert not set(new) & {k for c in other for k in component_keys[c]}
+    assert set(new) == {k for c in components for k in component_keys[c]} & set(keys)
     assert ctx.state["ultraflwr_clients"][0]["round"] == 1
 
 

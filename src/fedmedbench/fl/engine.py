@@ -168,6 +168,7 @@ class FlowerTransport:
         self.grid = grid
         self.allowed = allowed
         self.node_of = _partition_map(grid, _wait_for_nodes(grid, num_nodes))
+        self.sequential = isinstance(grid, InlineGrid)
         self.pid_of = {v: k for k, v in self.node_of.items()}
 
     def train(self, rnd, steps, arrays, broadcast):
@@ -178,15 +179,21 @@ class FlowerTransport:
                     dst_node_id=self.node_of[p], message_type=MessageType.TRAIN, group_id=str(rnd))
             for p, k in steps.items()
         ]
-        replies = list(self.grid.send_and_receive(msgs))
-        _check_replies(replies, len(msgs), f"round {rnd} training")
+        # the inline grid runs clients one after another anyway: send one message at a time and decode
+        # each reply at once, so the server never holds every client's serialised reply together
+        batches = [[m] for m in msgs] if self.sequential else [msgs]
         results = {}
-        for r in replies:
-            self.inspect(r)
-            metrics = dict(r.content["metrics"])
-            n = int(metrics.pop("num-examples"))
-            extras = {k[len("extra."):]: _from_record(v) for k, v in r.content.array_records.items() if k.startswith("extra.")}
-            results[self.pid_of[r.metadata.src_node_id]] = ClientResult(_from_record(r.content["arrays"]), n, metrics, extras)
+        for batch in batches:
+            replies = list(self.grid.send_and_receive(batch))
+            _check_replies(replies, len(batch), f"round {rnd} training")
+            for r in replies:
+                self.inspect(r)
+                metrics = dict(r.content["metrics"])
+                n = int(metrics.pop("num-examples"))
+                extras = {k[len("extra."):]: _from_record(v) for k, v in r.content.array_records.items()
+                          if k.startswith("extra.")}
+                results[self.pid_of[r.metadata.src_node_id]] = ClientResult(_from_record(r.content["arrays"]), n, metrics,
+                                                                            extras)
         return results
 
     def inspect(self, reply: Message) -> None:

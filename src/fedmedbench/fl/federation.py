@@ -272,8 +272,9 @@ class Federation:
     ) -> checkpoint.RunState:
         """Evaluate, record metrics, checkpoint; returns the new state."""
         row: dict[str, Any] = {"round": rnd, "clients": len(results)}
-        n = np.array([r.num_examples for r in results.values()], dtype=float)
-        losses = np.array([r.metrics.get("train_loss", math.nan) for r in results.values()])
+        ordered = [results[p] for p in sorted(results)]  # partition order, whatever order replies came in
+        n = np.array([r.num_examples for r in ordered], dtype=float)
+        losses = np.array([r.metrics.get("train_loss", math.nan) for r in ordered])
         row["train_loss"] = float(np.average(losses, weights=n)) if len(n) else math.nan
         per_client: list[dict[str, float]] = []
         if self._is_eval_round(rnd):
@@ -318,6 +319,8 @@ class Federation:
             if sorted(results) != sampled:
                 raise RuntimeError(f"round {rnd}: results for clients {sorted(results)}, expected {sampled}")
             new_arrays = self.aggregate(state, rnd, results)
+            if not (self.spec.save_client_models and rnd == rounds):  # aggregated: drop the clients' arrays
+                results = {p: ClientResult({}, r.num_examples, r.metrics) for p, r in results.items()}
             client_eval = transport.evaluate(rnd, list(range(self.num_nodes)), new_arrays) if self.needs_client_eval(rnd) else None
             state = self.finish_round(state, rnd, results, new_arrays, client_eval)
             if self.should_stop(state):
