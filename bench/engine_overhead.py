@@ -84,7 +84,8 @@ def plain_loop(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
             local_sgd(model, data.train_x, data.train_y, federation.steps(pid), cfg, rnd, torch.device("cpu"),
                       fed.client_generator(spec.seed, rnd, pid))
             updates.append(model_arrays(model))
-        global_arrays = weighted_average(updates, [1.0] * len(updates))
+        # uniform weights normalised as FedAvg's server does (w / w.sum()), so the sums match bit for bit
+        global_arrays = weighted_average(updates, list(np.ones(len(updates)) / len(updates)))
     load_arrays(model, global_arrays)
     task.evaluate_global(model, torch.device("cpu"))
     return global_arrays, time.perf_counter() - t0
