@@ -22,9 +22,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, split_folders, timestamp
+from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, split_folders
 from fedmedbench.data.surgical.schema import PART_CLASSES
-from fedmedbench.data.surgical.segmasks import checked_mask, readable_frames, save_canonical, value_map
+from fedmedbench.data.surgical.segmasks import (
+    checked_mask,
+    frame_row,
+    readable_frames,
+    save_canonical,
+    value_map,
+)
 
 TASK = "segmentation"
 OFFICIAL_FPS = 2.0  # "we sample the frames from 30 Hz video at 2 Hz"
@@ -71,8 +77,6 @@ def index(ctx: AdapterContext) -> tuple[list[dict], dict]:
                     if mask is None:
                         continue
                     mask_path = save_canonical(ctx, vid, frame, mask)
-                rows.append({"dataset": ctx.name, "video_id": vid, "frame": frame, "timestamp_s": timestamp(frame, fps),
-                             "image_path": str(img), "width": size[0], "height": size[1], "split": split,
-                             "labelled": bool(mask_path), "boxes": "", "mask_path": mask_path})
+                rows.append(frame_row(ctx, vid, frame, fps, img, size, split, mask_path))
     return rows, {"task": TASK, "classes": list(PART_CLASSES), "label_set": "parts", "fps": fps,
                   "fps_source": fps_source, "split_source": f"release folders {present}"}

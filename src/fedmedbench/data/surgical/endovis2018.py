@@ -21,10 +21,10 @@ import json
 
 import numpy as np
 
-from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, split_folders, timestamp
+from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, split_folders
 from fedmedbench.data.surgical.fsutil import read_image
 from fedmedbench.data.surgical.schema import PART_CLASSES
-from fedmedbench.data.surgical.segmasks import readable_frames, save_canonical
+from fedmedbench.data.surgical.segmasks import frame_row, readable_frames, save_canonical
 
 TASK = "segmentation"
 OFFICIAL_FPS = 2.0  # "recorded at 60 Hz ... we subsample this to 2 Hz"
@@ -102,8 +102,6 @@ def index(ctx: AdapterContext) -> tuple[list[dict], dict]:
                         ctx.bad.add(label, problem, vid, frame)
                         continue
                     mask_path = save_canonical(ctx, vid, frame, mask)
-                rows.append({"dataset": ctx.name, "video_id": vid, "frame": frame, "timestamp_s": timestamp(frame, fps),
-                             "image_path": str(img), "width": size[0], "height": size[1], "split": split,
-                             "labelled": bool(mask_path), "boxes": "", "mask_path": mask_path})
+                rows.append(frame_row(ctx, vid, frame, fps, img, size, split, mask_path))
     return rows, {"task": TASK, "classes": list(PART_CLASSES), "label_set": "parts", "fps": fps,
                   "fps_source": fps_source, "split_source": f"release folders {present}"}

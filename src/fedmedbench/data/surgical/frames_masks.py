@@ -19,13 +19,14 @@ from __future__ import annotations
 import re
 
 from fedmedbench.data.surgical.badfiles import DatasetNotFoundError
-from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, timestamp
+from fedmedbench.data.surgical.base import AdapterContext, resolve_fps
 from fedmedbench.data.surgical.fsutil import image_size, sorted_images
 from fedmedbench.data.surgical.schema import LABEL_SETS, SPLITS
 from fedmedbench.data.surgical.segmasks import (
     FRAME_RE,
     checked_mask,
     frame_number,
+    frame_row,
     save_canonical,
     value_map,
 )
@@ -68,8 +69,6 @@ def index(ctx: AdapterContext) -> tuple[list[dict], dict]:
                     if mask is None:
                         continue
                     mask_path = save_canonical(ctx, vid, frame, mask)
-                rows.append({"dataset": ctx.name, "video_id": vid, "frame": frame, "timestamp_s": timestamp(frame, fps),
-                             "image_path": str(img), "width": size[0], "height": size[1], "split": split,
-                             "labelled": bool(mask_path), "boxes": "", "mask_path": mask_path})
+                rows.append(frame_row(ctx, vid, frame, fps, img, size, split, mask_path))
     return rows, {"task": TASK, "classes": list(LABEL_SETS[label_set]), "label_set": label_set, "fps": fps,
                   "fps_source": fps_source, "split_source": "split folders"}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmedbench.data.surgical.base import AdapterContext
+from fedmedbench.data.surgical.base import AdapterContext, timestamp
 from fedmedbench.data.surgical.fsutil import read_image, write_png
 from fedmedbench.data.surgical.schema import LABEL_SETS
 
@@ -103,3 +103,11 @@ def save_canonical(ctx: AdapterContext, video: str, frame: int, mask: np.ndarray
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", name)
+
+
+def frame_row(ctx: AdapterContext, vid: str, frame: int, fps: float, img: Path, size: tuple[int, int], split: str,
+              mask_path: str) -> dict:
+    """One index row of a segmentation dataset (no boxes; labelled when a canonical mask was written)."""
+    return {"dataset": ctx.name, "video_id": vid, "frame": frame, "timestamp_s": timestamp(frame, fps),
+            "image_path": str(img), "width": size[0], "height": size[1], "split": split,
+            "labelled": bool(mask_path), "boxes": "", "mask_path": mask_path}
