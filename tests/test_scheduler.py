@@ -7,6 +7,7 @@ come from its ``benchmark:`` file (end = file time, start = end - measured secon
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,7 @@ def job_intervals(bench: Path) -> list[tuple[float, float, str]]:
 
 def overlaps(intervals: list[tuple[float, float, str]], slack: float = 0.2) -> list[tuple[str, str]]:
     """Pairs of jobs that ran at the same time (beyond ``slack`` seconds of timing noise)."""
-    return [(a[2], b[2]) for a, b in zip(intervals, intervals[1:]) if b[0] < a[1] - slack]
+    return [(a[2], b[2]) for a, b in itertools.pairwise(intervals) if b[0] < a[1] - slack]
 
 
 def test_overlap_detector_on_hand_made_intervals():

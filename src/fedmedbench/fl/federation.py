@@ -346,18 +346,14 @@ class Federation:
             torch.save(payload, tmp)
 
     def _progress(self, row: dict[str, Any]) -> None:
+        """One line per round: in the log, and on the console when the log offers one (``log.console``)."""
         rnd, total = row["round"], self.train.rounds
         if rnd % max(1, self.spec.log_every) and rnd != total:
             return
-        elapsed = row["elapsed_s"]
-        eta = elapsed / rnd * (total - rnd)
-        parts = [f"round {rnd}/{total}", f"train_loss {row['train_loss']:.4f}"]
-        primary = self.task.primary_metric
-        for key in (f"global_{primary}", "global_balanced_accuracy", "global_loss", f"local_mean_{primary}", "growth_rate"):
-            if key in row and row[key] == row[key]:
-                parts.append(f"{key} {row[key]:.4f}")
-        parts.append(f"elapsed {elapsed:.1f}s ETA {eta:.1f}s")
-        self.log(" | ".join(parts))
+        self.log(progress_line(row, total, self.task.primary_metric))
+        console = getattr(self.log, "console", None)
+        if console is not None:
+            console(console_line(self.spec, row, total, self.task.primary_metric))
 
     def stage_outputs(self, state: checkpoint.RunState) -> dict[str, Path]:
         """Write metrics CSV, per-client CSV, summary JSON and final model (atomically)."""
@@ -396,3 +392,34 @@ class Federation:
             summary[f"best_{primary}"] = float(best[primary])
         io.write_json(run_dir / "summary.json", summary)
         return {"metrics": run_dir / "metrics.csv", "summary": run_dir / "summary.json"}
+
+
+def progress_line(row: dict[str, Any], total: int, primary: str) -> str:
+    """The log file's round line: train loss, the evaluated metrics, elapsed time and ETA."""
+    rnd, elapsed = row["round"], row["elapsed_s"]
+    eta = elapsed / rnd * (total - rnd)
+    parts = [f"round {rnd}/{total}", f"train_loss {row['train_loss']:.4f}"]
+    for key in (f"global_{primary}", "global_balanced_accuracy", "global_loss", f"local_mean_{primary}", "growth_rate"):
+        if key in row and row[key] == row[key]:
+            parts.append(f"{key} {row[key]:.4f}")
+    parts.append(f"elapsed {elapsed:.1f}s ETA {eta:.1f}s")
+    return " | ".join(parts)
+
+
+def console_line(spec: RunSpec, row: dict[str, Any], total: int, primary: str) -> str:
+    """The console's round line: which job, round r/R, its main metric, seconds per round, ETA."""
+    rnd, elapsed = row["round"], row["elapsed_s"]
+    per_round = elapsed / rnd
+    metric = next((k for k in (f"global_{primary}", f"local_mean_{primary}") if k in row and row[k] == row[k]), None)
+    shown = f"{metric} {row[metric]:.4f}" if metric else f"train_loss {row['train_loss']:.4f}"
+    job = f"{spec.study}/{spec.dataset}/{spec.setting}/{spec.method}/seed{spec.seed}"
+    return f"{job}: round {rnd}/{total} | {shown} | {per_round:.1f} s/round | ETA {_duration(per_round * (total - rnd))}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
