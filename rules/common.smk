@@ -2,23 +2,27 @@
 # turn the config into file names, targets and per-run parameters.
 from snakemake.utils import validate
 
+import fedmedbench.data.user as USER
+
 SOFTWARE_ENV = "../envs/environment.yaml"
 
 validate(config, "../config/schema.yaml")
 
 ORIGIN = config["data"]["origin"]
+#: the user's own datasets (name -> registry entry); every other dataset name is an official MedMNIST flag
+USER_DATASETS = config["datasets"]
 #: file-name tag that marks outputs computed from synthetic data
 TAG = "_synthetic" if ORIGIN == "synthetic" else ""
 ID = "[A-Za-z0-9][A-Za-z0-9_.-]*"
 
 wildcard_constraints:
     study=ID,
-    dataset="[a-z]+mnist",
+    dataset="[a-z][a-z0-9-]*",
     setting=ID,
     method="[a-z_0-9]+",
     seed=r"\d+",
     size=r"28|64|128|224",
-    origin="synthetic|real",
+    origin="synthetic|real|user",
     domain=ID,
     sdataset=ID,
     sgroup=ID,
@@ -42,9 +46,32 @@ def _check_gpaf_report(sname, study):
         _config_error(f"studies.{sname}.save_client_models", "must be true for the t-SNE of client features (report.gpaf.tsne)")
 
 
+OFFICIAL_FLAGS = ("pathmnist", "dermamnist", "octmnist", "pneumoniamnist", "retinamnist", "breastmnist", "bloodmnist",
+                  "tissuemnist", "organamnist", "organcmnist", "organsmnist")
+
+
+def _check_registry():
+    for name, entry in USER_DATASETS.items():
+        if name in OFFICIAL_FLAGS:
+            _config_error(f"datasets.{name}", "is an official MedMNIST flag; give your dataset another name")
+        USER.check_registry_entry(name, entry)
+
+
+def _check_datasets(sname, study):
+    for ds in study["datasets"]:
+        if ds not in OFFICIAL_FLAGS and ds not in USER_DATASETS:
+            _config_error(f"studies.{sname}.datasets", f"'{ds}' is neither an official MedMNIST flag {list(OFFICIAL_FLAGS)} "
+                          f"nor registered under 'datasets' {sorted(USER_DATASETS)}")
+        if ds in USER_DATASETS and study["size"] not in USER_DATASETS[ds]["sizes"]:
+            _config_error(f"studies.{sname}.size", f"{study['size']} px is not one of the sizes of dataset '{ds}' "
+                          f"(datasets.{ds}.sizes: {USER_DATASETS[ds]['sizes']})")
+
+
 def _check_config():
+    _check_registry()
     for sname, study in config["studies"].items():
         _check_gpaf_report(sname, study)
+        _check_datasets(sname, study)
         for setname, setting in study["settings"].items():
             key = f"studies.{sname}.settings.{setname}"
             scheme, params = setting["scheme"], setting["params"]
@@ -77,7 +104,30 @@ def study_size(study):
     return config["studies"][study]["size"]
 
 
+def user_dataset(dataset):
+    """The registry entry of a user dataset; None for an official flag."""
+    return USER_DATASETS.get(dataset)
+
+
+def dataset_origin(dataset, size):
+    """Where a dataset's data come from, as tables and captions say it."""
+    if dataset in USER_DATASETS:
+        return USER.origin_label(USER_DATASETS[dataset], size)
+    return ORIGIN
+
+
+def study_origin(study):
+    """The study's data origin for captions: synthetic, real, and/or 'user data: <path>' (joined by '; ')."""
+    size = study_size(study)
+    names = sorted({r["dataset"] for r in runs(study)})
+    parts = [ORIGIN] if any(n not in USER_DATASETS for n in names) else []
+    parts += [dataset_origin(n, size) for n in names if n in USER_DATASETS]
+    return "; ".join(parts)
+
+
 def base_npz(dataset, size):
+    if dataset in USER_DATASETS:
+        return f"resources/user/{dataset}_{size}.npz"
     if ORIGIN == "synthetic":
         return f"resources/synthetic/{dataset}_{size}.npz"
     return f"resources/medmnist/{dataset}_{size}.npz"
@@ -87,7 +137,8 @@ def domain_npz(dataset, size, domain):
     """A domain with no corruption steps is the base file itself (no copy)."""
     if not config["domains"][domain]:
         return base_npz(dataset, size)
-    return f"resources/domains/{ORIGIN}/{dataset}_{size}/{domain}.npz"
+    origin = "user" if dataset in USER_DATASETS else ORIGIN
+    return f"resources/domains/{origin}/{dataset}_{size}/{domain}.npz"
 
 
 def setting_sources(study, dataset, setting):
@@ -153,7 +204,7 @@ def run_spec(wildcards):
         "method_params": dict(st["method_params"].get(w["method"], {})),
         "device": config["device"],
         "threads": config["threads"]["train"],
-        "data_origin": ORIGIN,
+        "data_origin": dataset_origin(w["dataset"], st["size"]),
         "log_every": st["log_every"],
         "eval_every": st["eval_every"],
         "early_stopping": early_stopping_spec(st["early_stopping"]),
@@ -181,6 +232,8 @@ def all_targets():
 
 def corrupt_input(wildcards):
     """The base file a domain is corrupted from (by the origin wildcard)."""
+    if wildcards.origin == "user":
+        return f"resources/user/{wildcards.dataset}_{wildcards.size}.npz"
     if wildcards.origin == "synthetic":
         return f"resources/synthetic/{wildcards.dataset}_{wildcards.size}.npz"
     return f"resources/medmnist/{wildcards.dataset}_{wildcards.size}.npz"

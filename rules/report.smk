@@ -15,7 +15,7 @@ rule aggregate_results:
         tex=f"results/{{study}}/tables/final_metrics{TAG}.tex",
     params:
         metrics=lambda wc: config["studies"][wc.study]["report"]["metrics"],
-        origin=ORIGIN,
+        origin=lambda wc: study_origin(wc.study),
     log:
         "logs/aggregate_results/{study}.log",
     threads: 1
@@ -40,7 +40,7 @@ rule plot_study:
         ),
     params:
         metric=lambda wc: config["studies"][wc.study]["report"]["curve_metric"],
-        origin=ORIGIN,
+        origin=lambda wc: study_origin(wc.study),
     log:
         "logs/plot_study/{study}.log",
     threads: 1

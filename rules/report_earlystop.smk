@@ -36,7 +36,7 @@ rule earlystop_table1:
         settings=lambda wc: list(config["studies"][wc.study]["settings"]),
         methods=lambda wc: config["studies"][wc.study]["methods"],
         seeds=lambda wc: config["studies"][wc.study]["seeds"],
-        origin=ORIGIN,
+        origin=lambda wc: study_origin(wc.study),
     log:
         "logs/earlystop_table1/{study}.log",
     threads: 1
@@ -61,7 +61,7 @@ rule earlystop_table2:
         settings=lambda wc: list(config["studies"][wc.study]["settings"]),
         methods=lambda wc: config["studies"][wc.study]["methods"],
         seeds=lambda wc: config["studies"][wc.study]["seeds"],
-        origin=ORIGIN,
+        origin=lambda wc: study_origin(wc.study),
     log:
         "logs/earlystop_table2/{study}.log",
     threads: 1
@@ -85,7 +85,7 @@ rule earlystop_figures:
         es=lambda wc: config["studies"][wc.study]["early_stopping"],
         setting=lambda wc: es_figure_setting(wc.study),
         methods=lambda wc: config["studies"][wc.study]["methods"],
-        origin=ORIGIN,
+        origin=lambda wc: study_origin(wc.study),
     log:
         "logs/earlystop_figures/{study}.log",
     threads: 1

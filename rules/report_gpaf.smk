@@ -19,7 +19,7 @@ rule gpaf_table1:
         report=lambda wc: config["studies"][wc.study]["report"]["gpaf"],
         settings=lambda wc: config["studies"][wc.study]["settings"],
         setting_order=lambda wc: list(config["studies"][wc.study]["settings"]),
-        origin=ORIGIN,
+        origin=lambda wc: study_origin(wc.study),
     log:
         "logs/gpaf_table1/{study}/{dataset}.log",
     threads: 1
@@ -47,7 +47,7 @@ rule gpaf_convergence:
     params:
         report=lambda wc: config["studies"][wc.study]["report"]["gpaf"],
         setting_order=lambda wc: list(config["studies"][wc.study]["settings"]),
-        origin=ORIGIN,
+        origin=lambda wc: study_origin(wc.study),
     log:
         "logs/gpaf_convergence/{study}.log",
     threads: 1
@@ -73,7 +73,7 @@ rule gpaf_tsne:
     params:
         specs=gpaf_tsne_specs,
         tsne=lambda wc: config["studies"][wc.study]["report"]["gpaf"]["tsne"],
-        origin=ORIGIN,
+        origin=lambda wc: study_origin(wc.study),
     log:
         "logs/gpaf_tsne/{study}/{dataset}_{setting}.log",
     benchmark:

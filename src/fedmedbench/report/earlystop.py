@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from fedmedbench.fl.stopping import datafree_stop, growth_rates, validation_stop
+from fedmedbench.report import origin as origin_note
 from fedmedbench.report.figures import plt
 
 KEYS = ["dataset", "setting", "method"]
@@ -91,8 +92,7 @@ def table2(points: pd.DataFrame, setting: str, tau: float, method_order: list[st
 
 
 def caption(what: str, origin: str, seeds: list[int], tau: float, patience: int, metric: str) -> str:
-    source = ("SYNTHETIC data (demo stand-in; NOT a reproduction of the paper's numbers)" if origin == "synthetic"
-              else "official MedMNIST data")
+    source = origin_note.source_note(origin, "SYNTHETIC data (demo stand-in; NOT a reproduction of the paper's numbers)")
     return f"{what} Metric: {metric} (%), tau={tau}, patience={patience}, mean over seeds {seeds}. Source: {source}."
 
 

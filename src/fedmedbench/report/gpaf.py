@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from fedmedbench import io  # noqa: E402
+from fedmedbench.report import origin as origin_note  # noqa: E402
 
 LABELS = {"fedavg": "FedAvg", "moon": "MOON", "feddg": "FedDG", "gpaf": "GPAF", "centralized": "Centralized",
           "local": "Local"}
@@ -36,7 +37,7 @@ SYNTHETIC_NOTE = "SYNTHETIC data (deterministic stand-in for the demo; NOT a rep
 
 
 def source_note(origin: str) -> str:
-    return SYNTHETIC_NOTE if origin == "synthetic" else "official MedMNIST data"
+    return origin_note.source_note(origin, SYNTHETIC_NOTE)
 
 
 def setting_label(name: str, setting: dict[str, Any]) -> str:
