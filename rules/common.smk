@@ -125,6 +125,12 @@ def study_origin(study):
     return "; ".join(parts)
 
 
+def synthetic_params(dataset):
+    """The generator's settings for one flag: data.synthetic with that flag's per_dataset overrides."""
+    syn = {k: v for k, v in config["data"]["synthetic"].items() if k != "per_dataset"}
+    return {**syn, **config["data"]["synthetic"]["per_dataset"].get(dataset, {})}
+
+
 def base_npz(dataset, size):
     if dataset in USER_DATASETS:
         return f"resources/user/{dataset}_{size}.npz"

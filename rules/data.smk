@@ -48,7 +48,7 @@ rule synthesize_medmnist:
     output:
         "resources/synthetic/{dataset}_{size}.npz",
     params:
-        synthetic=config["data"]["synthetic"],
+        synthetic=lambda wc: synthetic_params(wc.dataset),
     log:
         "logs/synthesize_medmnist/{dataset}_{size}.log",
     benchmark:
