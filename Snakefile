@@ -25,6 +25,7 @@ include: "rules/report_earlystop.smk"
 include: "rules/report_gpaf.smk"
 include: "rules/ultraflwr.smk"
 include: "rules/fedst.smk"
+include: "rules/report_html.smk"
 
 
 # Quick steps run on the submitting node, not as cluster jobs.
@@ -43,6 +44,7 @@ localrules:
     ultraflwr_figure3,
     ultraflwr_communication,
     fedst_tables,
+    report_table_html,
 
 
 if config["cluster"]["local_downloads"]:
@@ -57,4 +59,5 @@ rule all:
         surgical_targets(),
         ultraflwr_targets(),
         fedst_targets(),
+        report_html_targets(),
     default_target: True

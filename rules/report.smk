@@ -5,12 +5,7 @@ rule aggregate_results:
     input:
         study_summaries,
     output:
-        csv=report(
-            f"results/{{study}}/tables/final_metrics{TAG}.csv",
-            caption="../report/table.rst",
-            category="{study}",
-            subcategory="tables",
-        ),
+        csv=f"results/{{study}}/tables/final_metrics{TAG}.csv",
         md=f"results/{{study}}/tables/final_metrics{TAG}.md",
         tex=f"results/{{study}}/tables/final_metrics{TAG}.tex",
     params:

@@ -28,7 +28,7 @@ rule earlystop_table1:
     input:
         f"results/{{study}}/tables/stopping_points{TAG}.csv",
     output:
-        csv=report(f"results/{{study}}/tables/table1{TAG}.csv", category="{study}", subcategory="tables"),
+        csv=f"results/{{study}}/tables/table1{TAG}.csv",
         md=f"results/{{study}}/tables/table1{TAG}.md",
         tex=f"results/{{study}}/tables/table1{TAG}.tex",
     params:
@@ -53,7 +53,7 @@ rule earlystop_table2:
     input:
         f"results/{{study}}/tables/stopping_points{TAG}.csv",
     output:
-        csv=report(f"results/{{study}}/tables/table2{TAG}.csv", category="{study}", subcategory="tables"),
+        csv=f"results/{{study}}/tables/table2{TAG}.csv",
         md=f"results/{{study}}/tables/table2{TAG}.md",
         tex=f"results/{{study}}/tables/table2{TAG}.tex",
     params:
@@ -79,8 +79,10 @@ rule earlystop_figures:
         metrics=study_metrics,
         points=f"results/{{study}}/tables/stopping_points{TAG}.csv",
     output:
-        fig3=report(f"results/{{study}}/figures/fig3_stopping{TAG}.png", category="{study}", subcategory="figures"),
-        fig4=report(f"results/{{study}}/figures/fig4_tau{TAG}.png", category="{study}", subcategory="figures"),
+        fig3=report(f"results/{{study}}/figures/fig3_stopping{TAG}.png", caption="../report/earlystop_fig3.rst",
+                    category="{study}", subcategory="figures"),
+        fig4=report(f"results/{{study}}/figures/fig4_tau{TAG}.png", caption="../report/earlystop_fig4.rst",
+                    category="{study}", subcategory="figures"),
     params:
         es=lambda wc: config["studies"][wc.study]["early_stopping"],
         setting=lambda wc: es_figure_setting(wc.study),

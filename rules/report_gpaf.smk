@@ -7,12 +7,7 @@ rule gpaf_table1:
     input:
         gpaf_dataset_summaries,
     output:
-        csv=report(
-            f"results/{{study}}/tables/table1_{{dataset}}{TAG}.csv",
-            caption="../report/gpaf_table1.rst",
-            category="{study}",
-            subcategory="tables",
-        ),
+        csv=f"results/{{study}}/tables/table1_{{dataset}}{TAG}.csv",
         md=f"results/{{study}}/tables/table1_{{dataset}}{TAG}.md",
         tex=f"results/{{study}}/tables/table1_{{dataset}}{TAG}.tex",
     params:
