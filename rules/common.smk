@@ -1,8 +1,11 @@
 # Config validation (schema with defaults + cross-field checks) and the helpers that
 # turn the config into file names, targets and per-run parameters.
+from pathlib import Path
+
 from snakemake.utils import validate
 
 import fedmedbench.data.user as USER
+from fedmedbench.report.html import table_caption
 
 SOFTWARE_ENV = "../envs/environment.yaml"
 
@@ -419,3 +422,19 @@ def gpaf_tsne_inputs(wildcards):
 
 def gpaf_tsne_specs(wildcards):
     return {r["method"]: run_spec(r) for r in _gpaf_tsne_runs(wildcards)}
+
+
+# --- HTML report (rules/report_html.smk) --------------------------------------------------------
+def report_origin(study):
+    """Data origin shown in a caption: MedMNIST studies by their datasets, surgical studies by surgical.origin."""
+    return study_origin(study) if study in config["studies"] else SORIGIN
+
+
+def report_html_targets():
+    """One HTML page (results/<study>/report/<table>.html) per Markdown table that rule all builds."""
+    out = []
+    for t in [*all_targets(), *ultraflwr_targets(), *fedst_targets()]:
+        p = Path(t)
+        if p.suffix == ".md" and p.parent.name == "tables":
+            out.append(str(p.parent.parent / "report" / f"{p.stem}.html"))
+    return out

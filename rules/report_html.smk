@@ -1,18 +1,6 @@
 # The HTML report (`snakemake --report`): every study's tables as formatted pages (rounded as the
 # papers print them; the CSVs keep full precision), its figures, partition heatmaps and data
 # statistics, grouped by study (report category) with a short caption each.
-from fedmedbench.report.html import table_caption
-
-
-def report_origin(study):
-    """Data origin shown in a caption: MedMNIST studies by their datasets, surgical studies by surgical.origin."""
-    return study_origin(study) if study in config["studies"] else SORIGIN
-
-
-def report_html_targets():
-    """One HTML page per Markdown table that rule all builds."""
-    tables = [t for t in [*all_targets(), *ultraflwr_targets(), *fedst_targets()] if t.endswith(".md") and "/tables/" in t]
-    return [t.replace("/tables/", "/report/").removesuffix(".md") + ".html" for t in tables]
 
 
 rule report_table_html:
