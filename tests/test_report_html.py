@@ -42,7 +42,7 @@ def tiny_demo(demo: dict) -> dict:
     g["report"]["gpaf"]["tsne"] = {"methods": ["gpaf", "fedavg"], "samples_per_client": 10, "generator_samples": 10,
                                    "perplexity": 5}
     cfg["ultraflwr"].update(strategies=["FedAvg"], report={"top_k": 1}, train={**cfg["ultraflwr"]["train"], "rounds": 1})
-    cfg["fedst"].update(variants=[], train={"rounds": 1, "local_epochs": 0.25})
+    cfg["fedst"].update(methods=["seg_fedavg", "fedst"], variants=[], train={"rounds": 1, "local_epochs": 0.25})
     return cfg
 
 
@@ -76,7 +76,7 @@ def test_report_has_every_study_rendered_in_chromium(tmp_path):
     work = copy_workflow(tmp_path / "wf")
     (work / "tiny.yaml").write_text(yaml.safe_dump(tiny_demo(DEMO)))
     run = lambda *a: subprocess.run([sys.executable, "-m", "snakemake", *a, "--configfile", "tiny.yaml"],  # noqa: E731
-                                    cwd=work, capture_output=True, text=True, timeout=600)
+                                    cwd=work, capture_output=True, text=True, timeout=1500)
     proc = run("--cores", "2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     proc = run("--cores", "1", "--report", "report.zip")
