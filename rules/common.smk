@@ -125,7 +125,7 @@ def early_stopping_spec(es):
     """Only what changes training: tau/patience matter to a run only when it stops itself."""
     if es["mode"] == "none":
         return {"mode": "none"}
-    return {"mode": es["mode"], "tau": es["tau"], "patience": es["patience"]}
+    return {"mode": es["mode"], "tau": es["tau"], "patience": es["patience"], "counting": es["counting"]}
 
 
 def run_spec(wildcards):
