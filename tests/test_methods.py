@@ -415,3 +415,39 @@ def test_bf16_autocast_and_channels_last_train_and_differ_from_fp32():
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
     with pytest.raises(ValueError, match="train.autocast"):
         train(autocast="fp8")
+
+
+def test_double_input_normalisation_as_the_reference_dataset():
+    """dataset.py: Normalize(0.5, 0.5) on ToTensor's [0, 1], stored, then again per item: x = 4 p / 255 - 3."""
+    from fedmedbench.fl.methods._sgd import with_input_norm
+
+    x_u8 = torch.tensor([[[[0, 255], [51, 128]]]], dtype=torch.uint8)
+    x = to_float(x_u8, torch.device("cpu"))
+    seen = with_input_norm(nn.Identity(), "double")(x)
+    torch.testing.assert_close(seen, x_u8.float() * 4 / 255 - 3)
+    assert torch.equal(with_input_norm(nn.Identity(), "single")(x), x)
+    model = with_input_norm(tiny_model(), "double")
+    assert list(model.state_dict()) == list(tiny_model().state_dict())  # a hook: same weights, same keys
+    assert torch.equal(copy.deepcopy(model)(x), tiny_model()(x * 2 - 1))  # survives the engine's model copies
+    with pytest.raises(ValueError, match="input_norm"):
+        with_input_norm(tiny_model(), "triple")
+
+
+def test_nonfinite_loss_stops_by_default_and_continues_as_the_reference_on_request():
+    from fedmedbench.fl.training import NonFiniteLossError
+    from fedmedbench.metrics import classification_metrics
+
+    def broken():
+        m = tiny_model()
+        with torch.no_grad():
+            m[1].weight[0, 0] = float("nan")
+        return m
+
+    with pytest.raises(NonFiniteLossError, match="on_nonfinite"):
+        fit("fedavg", model=broken())
+    result, _ = fit("fedavg", model=broken(), on_nonfinite="continue")
+    assert all(np.isnan(v).all() for k, v in result.arrays.items() if k.startswith("3."))  # NaN spreads, no abort
+    # a NaN model predicts class 0 (argmax of NaN, as torch.argmax in the reference): chance-level balanced accuracy
+    probs = np.full((6, N_CLASSES), np.nan)
+    out = classification_metrics(np.array([0, 1, 2, 0, 1, 2]), probs, float("nan"))
+    assert out["balanced_accuracy"] == pytest.approx(1 / N_CLASSES)
