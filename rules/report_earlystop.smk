@@ -1,13 +1,5 @@
-import os
-
 # Early-stopping study (Beyond Fixed Rounds): stopping points per run x tau, Tables 1-2, Figures 3-4.
 # Everything is computed from the runs' per-round logs, so tau sweeps need no extra training.
-
-
-def paper_values_input(study):
-    """The study's typed-in paper values (config/paper_values/<study>.yaml), when there are any."""
-    path = f"config/paper_values/{study}.yaml"
-    return [path] if os.path.isfile(os.path.join(workflow.basedir, path)) else []
 
 
 rule earlystop_stopping_points:
