@@ -78,6 +78,10 @@ def test_table1_drops_seeds_where_a_rule_never_fired(points):
     assert t1["bad"].tolist() == pytest.approx([-5.0, -5.0])
     assert earlystop.dropped_note(points, 0.01) == ("Runs left out where a rule never fired: data-free 2 of 8; "
                                                    "both validation rules 0 of 8.")
+    assert earlystop.dropped_note(points, 0.01, ["bad"]).startswith("Runs left out where a rule never fired: "
+                                                                    "data-free 0 of 4;")
+    only_dir = earlystop.table1(points, 0.01, ["dir"], ["fedavg", "fedprox"])
+    assert list(only_dir.columns) == ["dataset", "method", "dir"]  # the bad configuration is not a Table 1 column
 
 
 def test_table2_as_ablation_py_with_paper_column(points, tmp_path):
@@ -122,6 +126,7 @@ def test_figure3_content(curves, points):
     top, bottom = fig.axes[0], fig.axes[1]
     xs = sorted(float(line.get_xdata()[0]) for line in top.lines[1:])
     assert xs == [4.0, 5.0, 6.0]
+    assert any("data-free stop (mean r=5.0, fired in 1/2 seeds)" in t.get_text() for t in top.get_legend().get_texts())
     lo, hi = bottom.get_ylim()
     growth_line = next(line for line in bottom.lines if line.get_label() == "growth rate g_r")
     y = np.asarray(growth_line.get_ydata(), dtype=float)
@@ -138,6 +143,7 @@ def test_figure4_content(points):
     fig = earlystop.figure4(points, "dir", [0.005, 0.01, 0.1], ["fedavg", "fedprox"], METRIC, "synthetic")
     assert len(fig.axes) == 2
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["0.005", "0.01", "0.1"]
+    assert "never fired, left out: 4 of 8" in fig._suptitle.get_text()  # seed 1 x 2 methods x 2 taus
 
 
 def test_missing_columns_named(curves):

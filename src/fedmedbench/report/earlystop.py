@@ -84,7 +84,7 @@ def stopping_points(curves: pd.DataFrame, taus: list[float], patience: int, metr
 
 def table1(points: pd.DataFrame, tau: float, setting_order: list[str], method_order: list[str]) -> pd.DataFrame:
     """Mean (over the seeds where it is defined) delta_acc in points: rows dataset x method, columns settings."""
-    sub = points[np.isclose(points["tau"], tau)]
+    sub = points[np.isclose(points["tau"], tau) & points["setting"].isin(setting_order)]
     mean = sub.groupby(["dataset", "method", "setting"])["delta_acc"].mean().mul(100).unstack("setting")
     cols = [s for s in setting_order if s in mean.columns]
     mean = mean[cols].reset_index()
@@ -124,11 +124,11 @@ def with_paper(table: pd.DataFrame, study: str, name: str, metrics: dict[str, st
     return paper_values.beside(table, paper, shown, synthetic), paper_values.note(paper, synthetic)
 
 
-def dropped_note(points: pd.DataFrame, tau: float, setting: str | None = None) -> str:
+def dropped_note(points: pd.DataFrame, tau: float, settings: list[str] | None = None) -> str:
     """How many runs each rule never fired in (left out of the means, as the authors' scripts do)."""
     sub = points[np.isclose(points["tau"], tau)]
-    if setting is not None:
-        sub = sub[sub["setting"] == setting]
+    if settings is not None:
+        sub = sub[sub["setting"].isin(settings)]
     n = len(sub)
     no_df = int((~sub["fired_datafree"].astype(bool)).sum())
     no_val = int((~(sub["fired_val_loss"].astype(bool) | sub["fired_val_acc"].astype(bool))).sum())
@@ -212,7 +212,8 @@ def figure3_data(curves: pd.DataFrame, points: pd.DataFrame, method: str, settin
         pts = points[(points["method"] == method) & (points["setting"] == setting) & (points["dataset"] == ds)
                      & np.isclose(points["tau"], tau)]
         stops = {rule: float(pts[f"r_{rule}"].mean()) if pts[f"fired_{rule}"].any() else None for rule in RULES}
-        out[ds] = {"acc": acc, "growth": growth, "stops": stops}
+        fired = {rule: (int(pts[f"fired_{rule}"].sum()), len(pts)) for rule in RULES}
+        out[ds] = {"acc": acc, "growth": growth, "stops": stops, "fired": fired}
     return out
 
 
@@ -230,8 +231,11 @@ def figure3(curves: pd.DataFrame, points: pd.DataFrame, method: str, setting: st
         _band(axg, d["growth"], "C1", "growth rate g_r")
         for rule, r in d["stops"].items():
             color, ls, label = _STOP_STYLE[rule]
+            k, n = d["fired"][rule]
             if r is not None:
-                ax.axvline(r, color=color, ls=ls, label=f"{label} stop (mean r={r:.1f})")
+                ax.axvline(r, color=color, ls=ls, label=f"{label} stop (mean r={r:.1f}, fired in {k}/{n} seeds)")
+            else:
+                ax.plot([], [], color=color, ls=ls, label=f"{label}: never fired (0/{n} seeds)")
                 if rule == "datafree":
                     axg.axvline(r, color=color, ls=ls)
         ax.set_title(f"{ds} / {setting} / {method}", fontsize=9)
@@ -298,7 +302,10 @@ def figure4(points: pd.DataFrame, setting: str, taus: list[float], method_order:
             if j == 0:
                 ax.set_ylabel(f"{metric} (%)")
             ax.legend(fontsize=6)
-    _suptitle(fig, f"Test metric at the stopping point vs tau ({setting}; Fig. 4)", origin)
+    sub = points[points["setting"] == setting]
+    left_out = int((~sub["fired_datafree"].astype(bool)).sum())
+    _suptitle(fig, f"Test metric at the stopping point vs tau ({setting}; Fig. 4); runs x tau where the data-free "
+                   f"rule never fired, left out: {left_out} of {len(sub)}", origin)
     return fig
 
 
