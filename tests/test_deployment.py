@@ -217,6 +217,22 @@ class Federation:
                                  "--superlink", f"127.0.0.1:{self.port}", "--auth-supernode-private-key", str(key),
                                  "--node-config", node_config, "--port", str(free_port()), *extra])
 
+    def rejoin(self, name: str, key: Path, node_config: str, within_s: float = 240) -> subprocess.Popen:
+        """Restart a site whose SuperNode died: the SuperLink refuses its key until two heartbeats
+        (about a minute) have passed without one, so retry until the node is activated."""
+        deadline = time.monotonic() + within_s
+        attempt = 0
+        while time.monotonic() < deadline:
+            attempt += 1
+            proc = self.supernode(f"{name}-{attempt}", key, node_config)
+            log = self.root / f"{name}-{attempt}.log"
+            while proc.poll() is None and "SuperNode ID" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            if proc.poll() is None:
+                return proc
+            time.sleep(5)
+        raise RuntimeError(f"{name} was not re-activated within {within_s:.0f}s")
+
     def stop(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
@@ -301,8 +317,8 @@ def test_a_site_lost_mid_run_fails_the_round_then_the_run_resumes_bit_identical(
     assert "expected 3 replies, got 2" in text or "client(s) failed" in text, text[-3000:]
 
     key = fl.root / "keys" / "site2"
-    nodes[2] = fl.supernode("site2-again", key, f"partition-id=2 data-dir='{site_folder(d / 'sites', 2)}' "
-                            f"state-dir='{fl.root / 'state2'}'")
+    nodes[2] = fl.rejoin("site2-again", key, f"partition-id=2 data-dir='{site_folder(d / 'sites', 2)}' "
+                         f"state-dir='{fl.root / 'state2'}'")
     again = fl.flwr(*args[1:-1], f"server-spec-file='{fl.root / 'lost.json'}' round-timeout-s=600", timeout=600)
     model = Path(server_spec.run_dir) / "model.pt"
     assert model.is_file(), again.stdout[-3000:]
