@@ -103,7 +103,14 @@ def _nanmean(values: list[float]) -> float:
 client_threads = 1
 
 
+#: a deployed site's own data (partition id -> ClientData, read from its folder by fedmedbench.deploy);
+#: empty in simulation, where every client's data comes from the partition
+site_data: dict[int, Any] = {}
+
+
 def _client_data(spec: RunSpec, pid: int) -> Any:
+    if pid in site_data:
+        return site_data[pid]
     method = get_method(spec.method, spec.method_params)
     task = task_for(spec)
     return task.pooled_data() if method.centralized else task.client_data(pid)
