@@ -8,6 +8,7 @@ include: "ultraflwr_common.smk"
 rule ultraflwr_train:
     input:
         export=f"{SURG}/yolo/{{ugroup}}",
+        weights=ultraflwr_weights()[1],
     output:
         metrics=f"{UF_DIR}/{{ugroup}}/{{usetting}}/{{strategy}}/seed{{seedset}}/metrics.csv",
         clients=f"{UF_DIR}/{{ugroup}}/{{usetting}}/{{strategy}}/seed{{seedset}}/client_metrics.csv",

@@ -166,11 +166,11 @@ def _clip_indicators(sites: dict[str, dict], cfg: dict[str, Any], dim: int) -> d
         raise FileNotFoundError(f"{path}: CLIP weights file not found (fedst indicator.clip_weights)")
     import open_clip
 
+    from fedmedbench.weights.models import load_open_clip, read_open_clip
+
+    state = read_open_clip(path)  # weights_only / safetensors: refused before any model is built
     model = open_clip.create_model(cfg.get("clip_model", "ViT-B-32"), pretrained=None)
-    try:
-        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-    except (RuntimeError, ValueError) as exc:
-        raise ValueError(f"{path}: not a {cfg.get('clip_model', 'ViT-B-32')} open_clip state_dict ({exc})") from exc
+    load_open_clip(model, path, state)  # every tensor must fit
     model.eval()
     tokenizer = open_clip.get_tokenizer(cfg.get("clip_model", "ViT-B-32"))
     names = list(sites)
