@@ -354,3 +354,19 @@ def test_head_of_another_class_count_is_reinitialised_and_listed(tmp_path):
     report = load_backbone(fresh, unwrap(torch.load(tmp_path / "w.pt", weights_only=True)), "w.pt")
     assert report.head_reinitialised == ["classifier.2.weight", "classifier.2.bias"]
     assert all(torch.equal(fresh.state_dict()[k], ref[k]) for k in report.loaded) and len(report.loaded) == len(ref) - 2
+
+
+def test_captions_say_how_models_started():
+    import pandas as pd
+
+    from fedmedbench.fl.federation import init_note
+    from fedmedbench.fl.spec import RunSpec
+    from fedmedbench.report.tables import caption
+
+    spec = RunSpec(run_dir="r", study="s", dataset="d", setting="x", method="fedavg", seed=0, partition_path="p",
+                   sources={}, image_size=28)
+    assert init_note(spec) == "random init"
+    assert init_note(RunSpec(**{**spec.to_dict(), "weights_sha256": {"yolo11n_coco": "ab"}})) == "pretrained yolo11n_coco"
+    runs = pd.DataFrame({"seed": [0, 1], "rounds": [3, 3], "init": ["random init", "random init"]})
+    cap = caption("demo", runs, "synthetic")
+    assert "SYNTHETIC" in cap and "models: random init" in cap

@@ -41,7 +41,7 @@ def build_model(name: str, in_channels: int, num_classes: int, image_size: int, 
     if pretrained_path:
         from fedmedbench.weights.models import load_state_file
 
-        load_state_file(model, pretrained_path, "model.pretrained_path / model.weights")
+        load_state_file(model, pretrained_path, "pretrained weights")
     return model
 
 

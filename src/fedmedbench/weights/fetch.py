@@ -162,7 +162,7 @@ def fetch(name: str, entry: dict[str, Any], out_dir: str | Path | None = None, t
     """Fetch weight set ``name`` into ``out_dir`` (default ``resources/weights/<name>``); its manifest.
 
     A folder whose manifest matches ``entry`` and whose file still has the recorded hash is
-    kept as is (no download). Otherwise the file is fetched into a temporary folder,
+    kept as is (no download); a file already in the folder with the pinned ``sha256`` is adopted. Otherwise the file is fetched into a temporary folder,
     verified, moved into place, and the manifest written last.
     """
     out = Path(out_dir or layout.folder(name))
@@ -177,7 +177,11 @@ def fetch(name: str, entry: dict[str, Any], out_dir: str | Path | None = None, t
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=out))
     try:
         staged = tmp / target.name
-        if entry.get("path"):
+        if entry.get("sha256") and target.is_file() and sha256sum(target) == entry["sha256"].lower():
+            shutil.copyfile(target, staged)  # a file already in place with the pinned hash: no download
+            got = {"path": str(target)}
+            origin = str(target)
+        elif entry.get("path"):
             src = Path(entry["path"])
             if not src.is_file():
                 raise FetchError(f"{src}: file not found (weights.{name}.path)")
