@@ -118,6 +118,21 @@ def test_release_asset_fetch_without_pinned_hash_records_it_and_later_use_verifi
         verify(out / "yolo11n.pt")
 
 
+def test_hub_mirror_from_hf_endpoint(server, files, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    m = fetch("c", {**hub_entry(server), "base_url": None}, tmp_path / "c", log=lambda *_: None)
+    assert m["url"].startswith(server.url + "/timm/") and m["sha256"] == sha(files["convnext"])
+
+
+def test_file_already_in_place_with_the_pinned_hash_is_adopted_without_download(server, files, tmp_path):
+    out = tmp_path / "c"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(files["convnext"])
+    entry = hub_entry(server, repo="timm/not-served", sha256=sha(files["convnext"]))
+    assert fetch("c", entry, out, log=lambda *_: None)["sha256"] == sha(files["convnext"])
+    assert "/timm/not-served/resolve/main/model.safetensors" not in server.hits
+
+
 def test_checksum_mismatch_names_file_and_both_hashes_and_leaves_nothing(server, files, tmp_path):
     wrong = "0" * 64
     with pytest.raises(FetchError) as err:

@@ -159,8 +159,8 @@ def _clip_indicators(sites: dict[str, dict], cfg: dict[str, Any], dim: int) -> d
     """Frozen CLIP text embeddings of each site's prompt (L2-normalised), from a local file."""
     weights = cfg.get("clip_weights")
     if not weights:
-        raise ValueError("fedst indicator.kind = clip needs indicator.clip_weights: a local open_clip state_dict file "
-                         "(weights cannot be downloaded here); or choose onehot, gaussian or random (Table VII)")
+        raise ValueError("fedst indicator.kind = clip needs indicator.clip_weights: an open_clip weight set "
+                         "(docs/weights.md; e.g. clip_vit_b32_laion2b); or choose onehot, gaussian or random (Table VII)")
     path = Path(weights)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: CLIP weights file not found (fedst indicator.clip_weights)")
