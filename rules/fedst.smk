@@ -71,6 +71,7 @@ rule fedst_tables:
         cfg={k: FEDST[k] for k in ("sites", "outfed_site", "unseen_site", "seeds", "methods", "variants", "indicator", "train")},
         origin=SORIGIN,
         tag=STAG,
+        init=fedst_init(),
     log:
         "logs/fedst_tables/tables.log",
     conda:

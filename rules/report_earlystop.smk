@@ -37,6 +37,7 @@ rule earlystop_table1:
         methods=lambda wc: config["studies"][wc.study]["methods"],
         seeds=lambda wc: config["studies"][wc.study]["seeds"],
         origin=ORIGIN,
+        init=lambda wc: study_init(wc.study),
     log:
         "logs/earlystop_table1/{study}.log",
     threads: 1
@@ -62,6 +63,7 @@ rule earlystop_table2:
         methods=lambda wc: config["studies"][wc.study]["methods"],
         seeds=lambda wc: config["studies"][wc.study]["seeds"],
         origin=ORIGIN,
+        init=lambda wc: study_init(wc.study),
     log:
         "logs/earlystop_table2/{study}.log",
     threads: 1

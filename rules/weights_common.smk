@@ -1,5 +1,7 @@
 # Weight sets (docs/weights.md): config/weights.yaml merged with the config's `weights:`, name checks,
 # and the helpers that give training jobs their weight file and manifest (rule in weights.smk).
+import os
+
 import fedmedbench.weights.layout as WL
 
 try:
@@ -32,6 +34,31 @@ def model_weights(model, key):
         name = weight_set_name(model["weights"], f"{key}.weights")
         return weights_file(name), [weights_manifest(name)]
     return model.get("pretrained_path"), []
+
+
+def init_of(model):
+    """Caption words for how a model block starts: its weight set, its local file, or random init."""
+    if model.get("weights"):
+        return f"pretrained {model['weights']}"
+    if model.get("pretrained_path"):
+        return f"pretrained {os.path.basename(model['pretrained_path'])}"
+    return "random init"
+
+
+def study_init(study):
+    """How a study's models start (per method where methods differ), for its table captions."""
+    labels = {}
+    for m in config["studies"][study]["methods"]:
+        labels.setdefault(init_of(run_model(study, m)), []).append(m)
+    if len(labels) == 1:
+        return next(iter(labels))
+    return "; ".join(f"{label} ({', '.join(ms)})" for label, ms in labels.items())
+
+
+def fedst_init():
+    f = config["fedst"]
+    enc = f"pretrained {f['model']['encoder_weights']} encoder" if f["model"]["encoder_weights"] else "random init encoder"
+    return enc + (f", CLIP {f['indicator']['clip_weights']}" if f["indicator"]["clip_weights"] else "")
 
 
 def _check_weight_refs():

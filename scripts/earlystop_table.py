@@ -18,6 +18,6 @@ with log_to(snakemake.log[0]):
         what, label = (f"Table 2: deliberately bad configuration '{es['bad_setting']}': metric at r*, r*, and differences "
                        "to the best validation-based stopping point."), "tab:earlystop-table2"
         tau = es["table2_tau"]
-    cap = earlystop.caption(what, p.origin, list(p.seeds), tau, es["patience"], es["metric"])
+    cap = earlystop.caption(what, p.origin, list(p.seeds), tau, es["patience"], es["metric"]) + f" Models: {p.init}."
     io.write_csv(snakemake.output.csv, table)
     earlystop.write_markdown_latex(table, cap, snakemake.output.md, snakemake.output.tex, label)
