@@ -234,10 +234,10 @@ def figure3(curves: pd.DataFrame, points: pd.DataFrame, method: str, setting: st
             k, n = d["fired"][rule]
             if r is not None:
                 ax.axvline(r, color=color, ls=ls, label=f"{label} stop (mean r={r:.1f}, fired in {k}/{n} seeds)")
-            else:
-                ax.plot([], [], color=color, ls=ls, label=f"{label}: never fired (0/{n} seeds)")
                 if rule == "datafree":
                     axg.axvline(r, color=color, ls=ls)
+            else:
+                ax.plot([], [], color=color, ls=ls, label=f"{label}: never fired (0/{n} seeds)")
         ax.set_title(f"{ds} / {setting} / {method}", fontsize=9)
         ax.set_ylabel(f"{metric} (%)")
         ax.legend(fontsize=7)
