@@ -1,5 +1,7 @@
 # Config validation (schema with defaults + cross-field checks) and the helpers that
 # turn the config into file names, targets and per-run parameters.
+import os
+
 from snakemake.utils import validate
 
 SOFTWARE_ENV = "../envs/environment.yaml"
@@ -335,6 +337,12 @@ def gpaf_targets(study):
             for dataset in setting_datasets(study, setting):
                 out.append(f"results/{study}/figures/tsne_{dataset}_{setting}{TAG}.png")
     return out
+
+
+def paper_values_file(wildcards):
+    """The study's typed-in paper values (config/paper_values/<study>.yaml), when there are any."""
+    path = f"config/paper_values/{wildcards.study}.yaml"
+    return [path] if os.path.isfile(path) else []
 
 
 def gpaf_dataset_summaries(wildcards):

@@ -5,7 +5,8 @@
 
 rule gpaf_table1:
     input:
-        gpaf_dataset_summaries,
+        summaries=gpaf_dataset_summaries,
+        paper=paper_values_file,
     output:
         csv=report(
             f"results/{{study}}/tables/table1_{{dataset}}{TAG}.csv",

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from helpers import copy_workflow
 
-from fedmedbench.report import gpaf
+from fedmedbench.report import gpaf, paper_values
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = yaml.safe_load((ROOT / "tests" / "fixtures" / "micro_gpaf.yaml").read_text())
@@ -35,13 +35,53 @@ def test_table1_has_the_paper_layout():
     metrics = ["global_accuracy", "global_f1", "global_recall", "global_precision"]
     long, display = gpaf.table1(runs_frame(), metrics, ["fedavg", "moon", "feddg", "gpaf", "centralized"], SETTINGS)
     assert list(display["Method"]) == ["FedAvg", "GPAF", "Centralized"]
-    assert list(display.columns[1:3]) == ["Accuracy (alpha=0.5)", "Accuracy (alpha=0.1)"]
-    assert list(display.columns[3:5]) == ["F1-Score (alpha=0.5)", "F1-Score (alpha=0.1)"]
+    assert list(display.columns[1:4]) == ["Accuracy (alpha=0.5)", "Accuracy (alpha=0.5) paper", "Accuracy (alpha=0.5) Δ"]
+    assert display.columns[4] == "Accuracy (alpha=0.1)" and display.columns[7] == "F1-Score (alpha=0.5)"
     assert display.loc[1, "Accuracy (alpha=0.5)"] == "86.00 ± 1.00"  # gpaf: 0.85, 0.86, 0.87
     row = long[(long["setting"] == "alpha0.1") & (long["method"] == "fedavg")].iloc[0]
     assert row["n_seeds"] == 3 and row["global_accuracy_mean"] == pytest.approx(0.71)
     with pytest.raises(KeyError, match="table_metrics"):
         gpaf.table1(runs_frame(), ["global_nonsense"], ["gpaf"], SETTINGS)
+
+
+def test_table1_puts_the_papers_values_beside_ours():
+    """The typed-in Table 1: paper value per cell, difference in points, empty difference on synthetic data."""
+    paper = paper_values.load("gpaf", "table1", ROOT / "config" / "paper_values")
+    metrics = ["global_accuracy", "global_f1"]
+    real_long, real = gpaf.table1(runs_frame(), metrics, ["fedavg", "gpaf", "centralized"], SETTINGS, paper, synthetic=False)
+    gp = real.set_index("Method").loc["GPAF"]
+    assert gp["Accuracy (alpha=0.5)"] == "86.00 ± 1.00" and gp["Accuracy (alpha=0.5) paper"] == "84.62"
+    assert gp["Accuracy (alpha=0.5) Δ"] == "+1.38"  # 86.00 - 84.62
+    assert gp["F1-Score (alpha=0.1) paper"] == "81.50"
+    assert real.set_index("Method").loc["Centralized", "Accuracy (alpha=0.1) paper"] == "85.44"
+    row = real_long[(real_long["setting"] == "alpha0.1") & (real_long["method"] == "fedavg")].iloc[0]
+    assert row["global_accuracy_paper"] == pytest.approx(64.21) and row["global_accuracy_diff"] == pytest.approx(71 - 64.21)
+    _, synth = gpaf.table1(runs_frame(), metrics, ["fedavg", "gpaf"], SETTINGS, paper, synthetic=True)
+    assert synth["Accuracy (alpha=0.5) paper"].tolist() == ["76.08", "84.62", "85.44"]
+    assert (synth["Accuracy (alpha=0.5) Δ"] == "").all()
+    _, none = gpaf.table1(runs_frame(), metrics, ["gpaf"], SETTINGS, None, synthetic=False)
+    assert (none["Accuracy (alpha=0.5) paper"] == "").all()
+
+
+def test_typed_in_table1_is_binary_f1_of_its_precision_and_recall():
+    """A typo check, and the reason the table's F1 is binary: F1 = 2PR/(P+R) in all ten typed rows."""
+    paper = paper_values.load("gpaf", "table1", ROOT / "config" / "paper_values")
+    assert len(paper.rows) == 10
+    for r in paper.rows:
+        assert 2 * r["precision"] * r["recall"] / (r["precision"] + r["recall"]) == pytest.approx(r["f1"], abs=0.1)
+
+
+def test_table1_caption_names_the_metric_definition(tmp_path):
+    from types import SimpleNamespace
+
+    assert "class 1 ('normal, benign') as the positive class" in gpaf.metric_definition(2, ("malignant", "normal, benign"))
+    assert "macro averages over the 9 classes" in gpaf.metric_definition(9)
+    runs = runs_frame()
+    long, display = gpaf.table1(runs, ["global_accuracy", "global_f1"], ["fedavg"], SETTINGS)
+    out = SimpleNamespace(csv=tmp_path / "t.csv", md=tmp_path / "t.md", tex=tmp_path / "t.tex")
+    gpaf.write_table1(long, display, runs, out, "s", "breastmnist", "synthetic")
+    md = out.md.read_text()
+    assert "binary with class 1 ('normal, benign')" in md and "SYNTHETIC" in md
 
 
 def curves_frame() -> pd.DataFrame:

@@ -1,7 +1,10 @@
 """GPAF-paper outputs: Table 1, rounds to a target accuracy (the "25% faster convergence"), t-SNE.
 
 * :func:`table1` — methods x (metric, setting), mean ± std over seeds of the final round, in
-  the layout of the paper's Table 1 (accuracy, macro F1, recall, precision per alpha).
+  the layout of the paper's Table 1 (accuracy, F1, recall, precision per alpha), each cell
+  followed by the paper's value and the difference (:mod:`fedmedbench.report.paper_values`).
+  The paper's F1/recall/precision are binary with label 1 positive (F1 = 2PR/(P+R) of its
+  printed P and R); so are ours on 2-class data, macro on multi-class: :func:`metric_definition`.
 * :func:`rounds_to_target` — per run the first round whose metric reaches the target; the
   target is given, or ``target_fraction`` x the lowest best accuracy among the federated
   methods (so every method can reach it); speed-up = 1 - rounds / rounds of the reference.
@@ -27,6 +30,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from fedmedbench import io  # noqa: E402
+from fedmedbench.report import paper_values  # noqa: E402
 
 LABELS = {"fedavg": "FedAvg", "moon": "MOON", "feddg": "FedDG", "gpaf": "GPAF", "centralized": "Centralized",
           "local": "Local"}
@@ -63,9 +67,27 @@ def load_runs(paths) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def table1(runs: pd.DataFrame, metrics: list[str], method_order: list[str],
-           settings: dict[str, dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(long table: one row per setting x method with mean/std/n; display table in the paper's layout)."""
+def metric_name(metric: str) -> str:
+    """``global_f1`` -> ``f1``: the metric's name in the paper's table."""
+    return metric.split("_", 1)[-1] if metric.startswith(("global_", "local_")) else metric
+
+
+def metric_definition(n_classes: int, class_names: tuple[str, ...] = ()) -> str:
+    """Caption sentence: which F1/recall/precision the table shows for a dataset with ``n_classes``."""
+    if n_classes == 2:
+        name = f" ('{class_names[1]}')" if len(class_names) > 1 else ""
+        return (f"F1, recall and precision are binary with class 1{name} as the positive class, as the paper's "
+                "(its F1 = 2PR/(P+R)); macro averages are kept in the run summaries as *_macro.")
+    return f"F1, recall and precision are macro averages over the {n_classes} classes."
+
+
+def table1(runs: pd.DataFrame, metrics: list[str], method_order: list[str], settings: dict[str, dict],
+           paper: paper_values.PaperTable | None = None, synthetic: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(long table: one row per setting x method with mean/std/n and the paper's value; display table in the paper's layout).
+
+    Each metric x setting column of the display is followed by ``(paper)`` and ``Δ`` (ours minus
+    paper, percentage points; empty on synthetic data).
+    """
     missing = [m for m in metrics if m not in runs]
     if missing:
         raise KeyError(f"report.gpaf.table_metrics names unknown metric(s) {missing}; available: {sorted(runs.columns)}")
@@ -75,17 +97,37 @@ def table1(runs: pd.DataFrame, metrics: list[str], method_order: list[str],
         long[f"{m}_mean"] = grouped[m].mean()
         long[f"{m}_std"] = grouped[m].std(ddof=1)
     long = long.reset_index()
+    pct = long[["dataset", "setting", "method"]].copy()
+    for m in metrics:
+        pct[f"{m}_pct"] = 100 * long[f"{m}_mean"]
+    pct = paper_values.beside(pct, paper, {f"{m}_pct": metric_name(m) for m in metrics}, synthetic)
+    for m in metrics:
+        long[f"{m}_paper"] = pct[f"{m}_pct (paper)"].to_numpy()
+        long[f"{m}_diff"] = pct[f"{m}_pct Δ"].to_numpy()
     set_order = [s for s in settings if s in set(long["setting"])]
-    display = pd.DataFrame({"Method": [LABELS.get(m, m) for m in ordered(long["method"], method_order)]})
+    methods = ordered(long["method"], method_order)
+    display = pd.DataFrame({"Method": [LABELS.get(m, m) for m in methods]})
     for metric in metrics:
         for s in set_order:
-            col = f"{METRIC_LABELS.get(metric.split('_', 1)[-1], metric)} ({setting_label(s, settings[s])})"
-            cells = []
-            for method in ordered(long["method"], method_order):
+            col = f"{METRIC_LABELS.get(metric_name(metric), metric)} ({setting_label(s, settings[s])})"
+            ours, theirs, diff = [], [], []
+            for method in methods:
                 row = long[(long["setting"] == s) & (long["method"] == method)]
-                cells.append(_fmt(row[f"{metric}_mean"].iloc[0], row[f"{metric}_std"].iloc[0]) if len(row) else "–")
-            display[col] = cells
+                if not len(row):
+                    ours.append("–"), theirs.append("–"), diff.append("–")
+                    continue
+                r = row.iloc[0]
+                ours.append(_fmt(r[f"{metric}_mean"], r[f"{metric}_std"]))
+                theirs.append(_number(r[f"{metric}_paper"]))
+                diff.append(_number(r[f"{metric}_diff"], signed=True))
+            display[col], display[f"{col} paper"], display[f"{col} Δ"] = ours, theirs, diff
     return long, display
+
+
+def _number(value: float, signed: bool = False) -> str:
+    if not np.isfinite(value):
+        return ""
+    return f"{value:+.2f}" if signed else f"{value:.2f}"
 
 
 def _fmt(mean: float, std: float) -> str:
@@ -95,11 +137,15 @@ def _fmt(mean: float, std: float) -> str:
 
 
 def write_table1(long: pd.DataFrame, display: pd.DataFrame, runs: pd.DataFrame, outputs, study: str, dataset: str,
-                 origin: str) -> None:
+                 origin: str, paper: paper_values.PaperTable | None = None) -> None:
+    from fedmedbench.data.medmnist import dataset_info
+
+    info = dataset_info(dataset)
     seeds = sorted(runs["seed"].unique().tolist())
     rounds = sorted(runs["rounds"].unique().tolist())
-    cap = (f"Study '{study}', {dataset}: GPAF paper Table 1 layout; final-round global test metrics in % "
-           f"(macro F1/recall/precision), mean ± std over seeds {seeds}; rounds {rounds}. Source: {source_note(origin)}.")
+    cap = (f"Study '{study}', {dataset}: GPAF paper Table 1 layout; final-round global test metrics in %, "
+           f"mean ± std over seeds {seeds}; rounds {rounds}. {metric_definition(info.n_classes, info.class_names)} "
+           f"{paper_values.note(paper, origin == 'synthetic')} Source: {source_note(origin)}.")
     io.write_csv(outputs.csv, long)
     io.write_text(outputs.md, f"{cap}\n\n{display.to_markdown(index=False)}\n")
     io.write_text(outputs.tex, display.to_latex(index=False, caption=cap.replace("%", r"\%"), label=f"tab:{study}-{dataset}",
