@@ -4,6 +4,8 @@ import os
 
 from snakemake.utils import validate
 
+from fedmedbench.fl import method_params
+
 SOFTWARE_ENV = "../envs/environment.yaml"
 
 validate(config, "../config/schema.yaml")
@@ -152,7 +154,7 @@ def run_spec(wildcards):
             **st["method_train"].get(w["method"], {}),
         },
         "clients_per_round": st["clients_per_round"],
-        "method_params": dict(st["method_params"].get(w["method"], {})),
+        "method_params": method_params.resolve(w["method"], st["method_params"], st["settings"][w["setting"]]),
         "device": config["device"],
         "threads": config["threads"]["train"],
         "data_origin": ORIGIN,
