@@ -334,6 +334,15 @@ def gpaf_targets(study):
                  ext=["csv", "md", "tex"])
     out += expand("results/{study}/tables/convergence_rounds{tag}.{ext}", study=study, tag=TAG, ext=["csv", "md"])
     out.append(f"results/{study}/figures/gpaf_convergence{TAG}.png")
+    seen = set()
+    for setting, s in st["settings"].items():  # one domain figure per dataset and set of domains
+        if s["scheme"] != "domain":
+            continue
+        for dataset in setting_datasets(study, setting):
+            key = (dataset, tuple(s["params"]["domains"]))
+            if key not in seen:
+                seen.add(key)
+                out.append(f"results/{study}/figures/domains_{dataset}_{setting}{TAG}.png")
     if st["report"]["gpaf"]["tsne"]["methods"]:
         for setting in st["settings"]:
             for dataset in setting_datasets(study, setting):

@@ -186,7 +186,8 @@ def test_pipeline_produces_every_gpaf_output(pipeline):
     rounds = pd.read_csv(res / "tables" / "convergence_rounds_synthetic.csv")
     assert set(rounds["method"]) == {"fedavg", "moon", "feddg", "gpaf", "centralized"}
     assert "SYNTHETIC" in (res / "tables" / "convergence_rounds_synthetic.md").read_text()
-    for fig in ("gpaf_convergence_synthetic.png", "tsne_breastmnist_dom_synthetic.png", "convergence_synthetic.png"):
+    for fig in ("gpaf_convergence_synthetic.png", "tsne_breastmnist_dom_synthetic.png", "convergence_synthetic.png",
+                "domains_breastmnist_dom_synthetic.png"):
         assert (res / "figures" / fig).stat().st_size > 10_000
     run = res / "breastmnist" / "dom" / "gpaf" / "seed0"
     import torch
@@ -197,3 +198,22 @@ def test_pipeline_produces_every_gpaf_output(pipeline):
     assert any(k.startswith("generator.") for k in torch.load(run / "model.pt", weights_only=True))
     metrics = pd.read_csv(run / "metrics.csv")
     assert list(metrics["round"]) == [1, 2] and metrics["global_accuracy"].notna().all()
+
+
+def test_domain_profiles_and_figure_on_hand_made_domains():
+    """Fig. 2: per domain and class, the grey-level distribution; the same image index shown in every domain."""
+    from fedmedbench.report import domains as report
+
+    labels = np.array([0, 1, 0, 1]).reshape(-1, 1)
+    dark = {"train_images": np.stack([np.full((28, 28), v, np.uint8) for v in (10, 200, 10, 200)]), "train_labels": labels}
+    bright = {"train_images": np.clip(dark["train_images"].astype(int) + 40, 0, 255).astype(np.uint8), "train_labels": labels}
+    prof = report.intensity_profiles({"clean": dark, "bright": bright}, bins=32)
+    assert set(prof["domain"]) == {"clean", "bright"} and set(prof["class"]) == {0, 1}
+    c0 = prof[(prof["domain"] == "clean") & (prof["class"] == 0)]
+    assert c0["mean"].iloc[0] == 10 and c0["std"].iloc[0] == 0
+    assert c0.loc[c0["density"].idxmax(), "bin_low"] == 8  # grey level 10 lies in [8, 16)
+    assert prof[(prof["domain"] == "bright") & (prof["class"] == 1)]["mean"].iloc[0] == 240
+    assert report.example_indices(labels, [0, 1]) == {0: 0, 1: 1}
+    fig = report.domain_figure({"clean": dark, "bright": bright}, prof, "t", ("a", "b"))
+    assert len(fig.axes) == 2 * 2 + 2  # a thumbnail per class and domain, a histogram panel per class
+    assert fig.axes[2].get_title().startswith("(a) a")
