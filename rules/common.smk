@@ -132,6 +132,11 @@ def early_stopping_spec(es):
     return {"mode": es["mode"], "tau": es["tau"], "patience": es["patience"]}
 
 
+def run_model(st, method):
+    """The model block a method trains: the study's, or its entry under method_models."""
+    return st["method_models"].get(method, st["model"])
+
+
 def run_spec(wildcards):
     """The resolved per-run parameters (a fedmedbench RunSpec as a dict)."""
     w = dict(wildcards)
@@ -146,8 +151,8 @@ def run_spec(wildcards):
         "partition_path": partition_json(w),
         "sources": setting_sources(w["study"], w["dataset"], w["setting"]),
         "image_size": st["size"],
-        "model": st["model"]["name"],
-        "pretrained_path": st["model"]["pretrained_path"],
+        "model": run_model(st, w["method"])["name"],
+        "pretrained_path": run_model(st, w["method"])["pretrained_path"],
         "train": {
             **st["train"],
             **st["settings"][w["setting"]].get("train", {}),
