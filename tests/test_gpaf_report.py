@@ -92,7 +92,7 @@ def curves_frame() -> pd.DataFrame:
         for seed in (0, 1):
             for r, a in enumerate(ys, start=1):
                 rows.append({"dataset": "breastmnist", "setting": "alpha0.5", "method": method, "seed": seed, "round": r,
-                             "global_accuracy": a, "train_loss": 1.0 / r})
+                             "global_accuracy": a, "val_accuracy": a - 0.3 * (r == 2) + 0.01 * seed, "train_loss": 1.0 / r})
     return pd.DataFrame(rows)
 
 
@@ -117,8 +117,20 @@ def test_convergence_outputs_say_synthetic(tmp_path):
     gpaf.write_rounds_table(table, tmp_path / "r.csv", tmp_path / "r.md", study="s", origin="synthetic", reference="fedavg")
     md = (tmp_path / "r.md").read_text()
     assert "SYNTHETIC" in md and "25%" in md
-    fig = gpaf.convergence_figure(curves, table, "global_accuracy", "s", "synthetic", ["fedavg", "gpaf"])
+    fig = gpaf.convergence_figure(curves, table, "global_accuracy", "s", "synthetic", ["fedavg", "gpaf"], "val_accuracy")
     assert "SYNTHETIC" in fig._suptitle.get_text()
+    assert fig.axes[0].get_ylabel() == "best val_accuracy so far"
+
+
+def test_fig5a_is_the_best_validation_accuracy_so_far():
+    """Recorded only when it beats the previous best: a dip (round 2) does not show; mean over seeds."""
+    gp = curves_frame()[lambda d: d["method"] == "fedavg"]
+    best = gpaf.best_so_far(gp, "val_accuracy")
+    # fedavg val: seed 0 [0.6, 0.4, 0.75, 0.82, 0.83] (round 2: 0.7 - 0.3), seed 1 the same + 0.01
+    assert best.loc[1] == pytest.approx(0.605) and best.loc[2] == pytest.approx(0.605)
+    assert best.loc[3] == pytest.approx(0.755) and best.loc[5] == pytest.approx(0.835)
+    with pytest.raises(KeyError, match="fig5a_metric"):
+        gpaf.best_so_far(gp, "val_nonsense")
 
 
 def test_heldout_sample_is_fixed_and_tsne_figure_draws_every_group():

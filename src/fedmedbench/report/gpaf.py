@@ -216,25 +216,38 @@ def write_rounds_table(table: pd.DataFrame, csv: str, md: str, study: str, origi
     io.write_text(md, f"{cap}\n\n{shown.to_markdown(index=False)}\n")
 
 
+def best_so_far(curves: pd.DataFrame, metric: str) -> pd.Series:
+    """Mean over seeds of the best ``metric`` reached up to each round (Fig. 5a records a value
+    "only when it surpassed the previous best"), indexed by round."""
+    if metric not in curves:
+        raise KeyError(f"report.gpaf.fig5a_metric '{metric}' is not a logged metric; available: {sorted(curves.columns)}")
+    g = curves.sort_values("round").copy()
+    g["best"] = g.groupby("seed")[metric].cummax()
+    return g.groupby("round")["best"].mean()
+
+
 def convergence_figure(curves: pd.DataFrame, targets: pd.DataFrame, metric: str, study: str, origin: str,
-                       method_order: list[str]):
-    """Row 1: best-so-far metric per round (Fig. 5a) with the target; row 2: mean client training loss (Fig. 5b)."""
+                       method_order: list[str], fig5a_metric: str | None = None):
+    """Row 1 (Fig. 5a): best-so-far ``fig5a_metric`` per round (default: the clients' validation
+    accuracy, ``val_accuracy``, the global model on every client's validation data) and the
+    rounds-to-target line of ``metric`` when it is the same metric; row 2 (Fig. 5b): the clients'
+    mean training loss per round."""
+    shown = fig5a_metric or metric
     panels = curves[["dataset", "setting"]].drop_duplicates().values.tolist()
     fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels), 6.2), squeeze=False)
     for j, (dataset, setting) in enumerate(panels):
         sub = curves[(curves["dataset"] == dataset) & (curves["setting"] == setting)].sort_values("round")
         for method in ordered(sub["method"], method_order):
-            g = sub[sub["method"] == method].copy()
-            g["best"] = g.groupby("seed")[metric].cummax()
-            best = g.groupby("round")["best"].mean()
+            g = sub[sub["method"] == method]
+            best = best_so_far(g, shown)
             loss = g.groupby("round")["train_loss"].mean()
             axes[0, j].plot(best.index, best.values, marker="o", ms=3, label=LABELS.get(method, method))
             axes[1, j].plot(loss.index, loss.values, marker="o", ms=3, label=LABELS.get(method, method))
         tgt = targets[(targets["dataset"] == dataset) & (targets["setting"] == setting)]["target"]
-        if len(tgt):
+        if len(tgt) and shown == metric:
             axes[0, j].axhline(float(tgt.iloc[0]), color="grey", ls="--", lw=1, label="target")
         axes[0, j].set_title(f"{dataset} / {setting}", fontsize=9)
-        axes[0, j].set_ylabel(f"best {metric} so far")
+        axes[0, j].set_ylabel(f"best {shown} so far")
         axes[1, j].set_ylabel("train loss (each method's objective)")
         for ax in axes[:, j]:
             ax.set_xlabel("round")
