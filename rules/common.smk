@@ -44,6 +44,9 @@ def _check_gpaf_report(sname, study):
             _config_error(key, f"'{m}' has no federated client models to show")
     if rep["tsne"]["methods"] and not study["save_client_models"]:
         _config_error(f"studies.{sname}.save_client_models", "must be true for the t-SNE of client features (report.gpaf.tsne)")
+    kept = study["client_models_round"]
+    if kept is not None and kept > study["train"]["rounds"]:
+        _config_error(f"studies.{sname}.client_models_round", f"{kept} is after the last round ({study['train']['rounds']})")
 
 
 def _check_config():
@@ -167,6 +170,7 @@ def run_spec(wildcards):
         "eval_every": st["eval_every"],
         "early_stopping": early_stopping_spec(st["early_stopping"]),
         "save_client_models": st["save_client_models"],
+        "client_models_round": st["client_models_round"],
     }
 
 

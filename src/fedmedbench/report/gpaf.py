@@ -285,7 +285,11 @@ def latent_features(spec_dict: dict, samples_per_client: int, generator_samples:
         raise FileNotFoundError(f"{run_dir / 'summary.json'}: the run kept no client models; set the study's "
                                 "save_client_models: true (needed by report.gpaf.tsne)")
     clients = torch.load(run_dir / summary["client_models"], map_location="cpu", weights_only=True)
-    global_arrays = {k: v.numpy() for k, v in torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True).items()}
+    # the kept round's global model: stored beside the clients for an earlier round, else the final model.pt
+    stored_global = clients.pop("global", None)
+    if stored_global is None:
+        stored_global = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
+    global_arrays = {k: v.numpy() for k, v in stored_global.items()}
     method = get_method(spec.method, spec.method_params)
     data = FederatedData(spec.partition_path, spec.sources)
     cpu = torch.device("cpu")
