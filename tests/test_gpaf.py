@@ -266,3 +266,16 @@ def test_vae_loss_reductions():
     mu, logvar = torch.ones(2, 3), torch.zeros(2, 3)  # KL per dimension = 0.5
     assert float(vae_loss(x_hat, x, mu, logvar, 1.0, "mean")) == pytest.approx(1.0 + 0.5)
     assert float(vae_loss(x_hat, x, mu, logvar, 1.0, "sum")) == pytest.approx(16.0 + 1.5)  # per image: 16 pixels, 3 dims
+
+
+@pytest.mark.parametrize("kl_weight", [0.4, 0.0])
+def test_generator_objective_is_eq7_plus_the_optional_kl_term(kl_weight):
+    """J = lambda_1 L_s + lambda_2 L_diver (+ generator_kl KL(G_w(z|y) || N(0, I)), an added term; 0 removes it)."""
+    method = GPAF(server_epochs=2, server_steps_per_epoch=1, generator_kl=kl_weight)
+    model = method.build_model(SPEC)
+    history = method.train_generator(model.generator, fixed_ensemble(), fixed_ensemble(1, seed=1)[0], LatentDiscriminator(64),
+                                     server_generator(0, 1), torch.device("cpu"))
+    for h in history:
+        s = 0.5 * h["kd"] + 0.5 * h["gm"]
+        assert h["J"] == pytest.approx(1.0 * s + 0.3 * h["diver"] + kl_weight * h["kl"], rel=1e-5)
+        assert h["kl"] > 0
