@@ -132,12 +132,7 @@ def early_stopping_spec(es):
     """Only what changes training: tau/patience matter to a run only when it stops itself."""
     if es["mode"] == "none":
         return {"mode": "none"}
-    return {"mode": es["mode"], "tau": es["tau"], "patience": es["patience"]}
-
-
-def run_model(st, method):
-    """The model block a method trains: the study's, or its entry under method_models."""
-    return st["method_models"].get(method, st["model"])
+    return {"mode": es["mode"], "tau": es["tau"], "patience": es["patience"], "counting": es["counting"]}
 
 
 def run_spec(wildcards):
@@ -154,8 +149,8 @@ def run_spec(wildcards):
         "partition_path": partition_json(w),
         "sources": setting_sources(w["study"], w["dataset"], w["setting"]),
         "image_size": st["size"],
-        "model": run_model(st, w["method"])["name"],
-        "pretrained_path": run_model(st, w["method"])["pretrained_path"],
+        "model": run_model(w["study"], w["method"])["name"],
+        "pretrained_path": run_weights(w["study"], w["method"])[0],
         "train": {
             **st["train"],
             **st["settings"][w["setting"]].get("train", {}),
@@ -172,6 +167,18 @@ def run_spec(wildcards):
         "save_client_models": st["save_client_models"],
         "client_models_round": st["client_models_round"],
     }
+
+
+def run_model(study, method):
+    """The model block of one method: the study's, with the method's override (method_model) on top."""
+    st = config["studies"][study]
+    return {**st["model"], **st["method_model"].get(method, {})}
+
+
+def run_weights(study, method):
+    """(weight file, manifests) of a method's model block (rules/weights.smk)."""
+    key = f"studies.{study}.method_model.{method}" if method in config["studies"][study]["method_model"] else f"studies.{study}.model"
+    return model_weights(run_model(study, method), key)
 
 
 def study_summaries(wildcards):
@@ -203,6 +210,12 @@ def es_taus(study):
     """Every tau the early-stopping report evaluates (sweep, study tau, Table 2 tau)."""
     es = config["studies"][study]["early_stopping"]
     return sorted({*es["taus"], es["tau"], es["table2_tau"]})
+
+
+def paper_values_input(study):
+    """The study's typed-in paper values (config/paper_values/<study>.yaml), when there are any."""
+    path = f"config/paper_values/{study}.yaml"
+    return [path] if os.path.isfile(os.path.join(workflow.basedir, path)) else []
 
 
 def es_figure_setting(study):
@@ -357,12 +370,6 @@ def gpaf_targets(study):
             for dataset in setting_datasets(study, setting):
                 out.append(f"results/{study}/figures/tsne_{dataset}_{setting}{TAG}.png")
     return out
-
-
-def paper_values_file(wildcards):
-    """The study's typed-in paper values (config/paper_values/<study>.yaml), when there are any."""
-    path = f"config/paper_values/{wildcards.study}.yaml"
-    return [path] if os.path.isfile(path) else []
 
 
 def gpaf_dataset_summaries(wildcards):

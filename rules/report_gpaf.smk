@@ -7,7 +7,7 @@
 rule gpaf_table1:
     input:
         summaries=gpaf_dataset_summaries,
-        paper=paper_values_file,
+        paper=lambda wc: paper_values_input(wc.study),
     output:
         csv=report(
             f"results/{{study}}/tables/table1_{{dataset}}{TAG}.csv",
@@ -22,6 +22,7 @@ rule gpaf_table1:
         settings=lambda wc: config["studies"][wc.study]["settings"],
         setting_order=lambda wc: list(config["studies"][wc.study]["settings"]),
         origin=ORIGIN,
+        init=lambda wc: study_init(wc.study),
     log:
         "logs/gpaf_table1/{study}/{dataset}.log",
     threads: 1

@@ -13,5 +13,5 @@ with log_to(snakemake.log[0]) as log:
     synthetic = p.origin == "synthetic"
     long, display = gpaf.table1(runs, p.report["table_metrics"], p.report["method_order"], settings, paper, synthetic)
     gpaf.write_table1(long, display, runs, snakemake.output, study=w.study, dataset=w.dataset, origin=p.origin,
-                      paper=paper)
+                      paper=paper, init=p.init)
     log(f"{len(runs)} runs -> Table 1 with {len(display)} methods")

@@ -230,23 +230,3 @@ def test_domain_profiles_and_figure_on_hand_made_domains():
     assert len(fig.axes) == 2 * 2 + 2  # a thumbnail per class and domain, a histogram panel per class
     assert fig.axes[2].get_title().startswith("(a) a")
 
-
-def test_method_models_reuse_the_study_model_schema():
-    """The centralized row may train another network; its block is the study model block (same keys, defaults)."""
-    from snakemake.utils import validate
-
-    schema = str(ROOT / "config" / "schema.yaml")
-    cfg = copy.deepcopy(MICRO)
-    cfg["studies"]["gmicro"]["method_models"] = {"centralized": {"name": "cnn_small"}}
-    validate(cfg, schema)
-    assert cfg["studies"]["gmicro"]["method_models"]["centralized"] == {"name": "cnn_small", "pretrained_path": None}
-    study_model = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())["definitions"]["study"]["properties"]
-    assert study_model["method_models"]["additionalProperties"] == {"$ref": "#/definitions/study/properties/model"}
-    bad = copy.deepcopy(MICRO)
-    bad["studies"]["gmicro"]["method_models"] = {"centralized": {"nam": "x"}}
-    with pytest.raises(Exception, match="nam"):
-        validate(bad, schema)
-    unknown = copy.deepcopy(MICRO)
-    unknown["studies"]["gmicro"]["method_models"] = {"fedfoo": {"name": "cnn_small"}}
-    with pytest.raises(Exception, match="fedfoo"):
-        validate(unknown, schema)

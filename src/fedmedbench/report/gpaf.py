@@ -137,7 +137,7 @@ def _fmt(mean: float, std: float) -> str:
 
 
 def write_table1(long: pd.DataFrame, display: pd.DataFrame, runs: pd.DataFrame, outputs, study: str, dataset: str,
-                 origin: str, paper: paper_values.PaperTable | None = None) -> None:
+                 origin: str, paper: paper_values.PaperTable | None = None, init: str = "random init") -> None:
     from fedmedbench.data.medmnist import dataset_info
 
     info = dataset_info(dataset)
@@ -145,7 +145,8 @@ def write_table1(long: pd.DataFrame, display: pd.DataFrame, runs: pd.DataFrame, 
     rounds = sorted(runs["rounds"].unique().tolist())
     cap = (f"Study '{study}', {dataset}: GPAF paper Table 1 layout; final-round global test metrics in %, "
            f"mean ± std over seeds {seeds}; rounds {rounds}. {metric_definition(info.n_classes, info.class_names)} "
-           f"{paper_values.note(paper, origin == 'synthetic')} Source: {source_note(origin)}.")
+           f"{paper_values.note(paper, origin == 'synthetic')} Source: {source_note(origin)}. "
+           f"Models: {init}.")
     io.write_csv(outputs.csv, long)
     io.write_text(outputs.md, f"{cap}\n\n{display.to_markdown(index=False)}\n")
     io.write_text(outputs.tex, display.to_latex(index=False, caption=cap.replace("%", r"\%"), label=f"tab:{study}-{dataset}",
