@@ -148,7 +148,7 @@ def write_table1(long: pd.DataFrame, display: pd.DataFrame, runs: pd.DataFrame, 
            f"{paper_values.note(paper, origin == 'synthetic')} Source: {source_note(origin)}. "
            f"Models: {init}.")
     io.write_csv(outputs.csv, long)
-    io.write_text(outputs.md, f"{cap}\n\n{display.to_markdown(index=False)}\n")
+    io.write_text(outputs.md, f"{cap}\n\n{display.to_markdown(index=False, disable_numparse=True)}\n")  # keep "+1.38"
     io.write_text(outputs.tex, display.to_latex(index=False, caption=cap.replace("%", r"\%"), label=f"tab:{study}-{dataset}",
                                                 escape=True))
 
