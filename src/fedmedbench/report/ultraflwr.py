@@ -40,7 +40,9 @@ def table1(cfg: str = "yolo11n.yaml", nc: int = 80) -> pd.DataFrame:
 
 
 def write_table(frame: pd.DataFrame, shown: pd.DataFrame, caption: str, csv, md, tex, label: str) -> None:
+    """The full numbers to CSV; the shown view to Markdown and LaTeX with missing values left blank."""
     io.write_csv(csv, frame)
+    shown = shown.astype(object).where(shown.notna(), "")
     io.write_text(md, f"{caption}\n\n{shown.to_markdown(index=False)}\n")
     io.write_text(tex, shown.to_latex(index=False, caption=caption.replace("%", r"\%"), label=label, escape=True))
 
