@@ -154,7 +154,10 @@ def with_paper(shown: pd.DataFrame, group: str, synthetic: bool, root=None) -> t
     first = ~out["setting"].duplicated()
     for name in SHOWN_C.values():
         out.loc[~first, [f"{name} (paper)", f"{name} Δ"]] = np.nan
-    return out, PV.note(fed_paper, synthetic)
+    order = [c for c in out.columns if not c.endswith(" std")]
+    for name in [*SHOWN.values(), *SHOWN_C.values()]:  # each std right after its mean
+        order.insert(order.index(name) + 1, f"{name} std")
+    return out[order], PV.note(fed_paper, synthetic)
 
 
 def matrix_table(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
