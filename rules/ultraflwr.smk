@@ -59,7 +59,7 @@ rule ultraflwr_table1:
 rule ultraflwr_top_strategies:
     input:
         unpack(ultraflwr_group_inputs),
-        paper="config/paper_values/ultraflwr.yaml",
+        paper=paper_values_input("ultraflwr"),
     output:
         csv=f"{UF_DIR}/tables/top_strategies_{{ugroup}}{STAG}.csv",
         md=f"{UF_DIR}/tables/top_strategies_{{ugroup}}{STAG}.md",
