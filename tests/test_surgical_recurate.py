@@ -104,7 +104,7 @@ def test_curation_setting_separates_datasets_and_pools_the_iid_setting(combined)
     assert _videos(a, split="train") == _videos(b, split="train") == set(combined.pool)
 
 
-def test_combined_uses_every_training_video(combined):
+def test_combined_uses_every_training_video(combined, tmp_path):
     """No training video is left out in any G_combined setting, and the stats table's per-client training
     frame counts are those of the videos each client holds; CholecTrack20's two clients are balanced
     within one video."""
@@ -122,6 +122,9 @@ def test_combined_uses_every_training_video(combined):
     loads = [sum(combined.lengths[v] for v in c) for c in b.train]
     longest = max(n for v, n in combined.lengths.items() if v[0] == "cholectrack20")
     assert abs(loads[1] - loads[2]) <= longest, loads
+    write_group(combined, tmp_path / "g", "synthetic")
+    for name in combined.settings:
+        assert "videos used by no client: 0 []" in (tmp_path / "g" / name / "stats.md").read_text()
 
 
 def test_match_lengths_option_fills_towards_the_smallest_client(indices):

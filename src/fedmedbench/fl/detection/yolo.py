@@ -38,6 +38,8 @@ def selection_score(metrics: dict, select_metric: str) -> float:
     if select_metric == "fitness":
         return FITNESS_83[2] * m50 + FITNESS_83[3] * float(metrics.get("metrics/mAP50-95(B)", math.nan))
     raise ValueError(f"select_metric must be one of {SELECT_METRICS}, got '{select_metric}'")
+
+
 #: Ultralytics arguments fixed by this wrapper (not overridable through config)
 FIXED_ARGS = ("model", "data", "epochs", "batch", "imgsz", "seed", "device", "project", "name", "exist_ok",
               "plots", "save", "val", "workers", "resume", "pretrained")
