@@ -19,7 +19,8 @@ with log_to(snakemake.log[0]) as log:
         cap = (f"UltraFlwr Tables II/III, group {group}: top-{p.top_k} strategies per setting by federated ID mAP50 "
                f"(%), mean and std (ddof=1) over clients x seed sets, from the ID/CD matrix (ID = own test split, "
                f"CD = mean over the other clients' test splits); -C = per-client centralized; local model selected "
-               f"by {p.select} epoch ({p.select_metric}). {paper_note} Source: {U.source_note(p.origin)}.")
+               f"by {p.select} epoch ({p.select_metric}). {paper_note} Source: {U.source_note(p.origin)}. "
+               f"Models: {p.init}.")
         U.write_table(ranked, shown, cap, out.csv, out.md, out.tex, f"tab:ultraflwr_{group}")
         log(shown.to_string())
     elif rule == "ultraflwr_matrix":
@@ -27,13 +28,14 @@ with log_to(snakemake.log[0]) as log:
         mean, wide = U.matrix_table(U.pair_matrix(U.collect(list(p.runs))))
         cap = (f"UltraFlwr ID/CD matrix, group {group}: mAP50 (%) of the final model of client i (row) on the test "
                f"split of client j (column), mean over seed sets; the diagonal is ID, the rest CD. The .csv holds "
-               f"mAP50 and mAP50-95 means, stds and counts. Source: {U.source_note(p.origin)}.")
+               f"mAP50 and mAP50-95 means, stds and counts. Source: {U.source_note(p.origin)}. Models: {p.init}.")
         U.write_table(mean, wide, cap, out.csv, out.md, out.tex, f"tab:ultraflwr_matrix_{group}")
     elif rule == "ultraflwr_figure3":
         U.figure3(U.curves(list(p.runs)), snakemake.wildcards.ugroup, p.origin, out[0])
     elif rule == "ultraflwr_communication":
         t = U.communication(list(p.runs))
-        cap = f"UltraFlwr: measured bytes sent per client per round (fp32 arrays). Source: {U.source_note(p.origin)}."
+        cap = (f"UltraFlwr: measured bytes sent per client per round (fp32 arrays). Source: {U.source_note(p.origin)}. "
+               f"Models: {p.init}.")
         U.write_table(t, t, cap, out.csv, out.md, out.tex, "tab:ultraflwr_communication")
     else:
         raise ValueError(f"unknown rule {rule}")
