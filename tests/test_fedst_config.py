@@ -39,7 +39,12 @@ def test_every_variant_and_method_resolves_to_a_spec():
     cfg = demo["fedst"]
     spec = FS.run_spec(cfg, "abl_serq", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")
     assert spec["task_params"]["model"]["temporal"] is False and spec["method_params"]["serq"]["enabled"] is True
-    assert spec["method_params"]["personal"] == ["enc_q"]
+    assert spec["method_params"]["personal"] == ["enc_q", "rsc"]  # Sec. IV-D2: RSC is not communicated
+    main = FS.run_spec(cfg, "main", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")
+    assert main["method_params"]["personal"] == ["enc_q", "cs", "rsc"]
+    shared = FS.run_spec({**cfg, "rsc_communicated": True}, "main", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")
+    assert shared["method_params"]["personal"] == ["enc_q", "cs"]  # Sec. III-B reading
+    assert FS.run_spec(cfg, "pers_all", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")["method_params"]["personal"] == ["all"]
     base = FS.run_spec(cfg, "main", "fedrep", 0, "clips", "run", None, "cpu", 1, "synthetic")
     assert base["task_params"]["model"]["selection"] == "none" and "serq" not in base["method_params"]
     for v in FS.VARIANTS:

@@ -22,6 +22,8 @@ import torch
 #: architecture of the baselines and of FedST in variant ``main``
 BASELINE_MODEL = {"temporal": False, "selection": "none"}
 FEDST_MODEL = {"temporal": True, "selection": "cs"}
+#: FedST's personal groups (Sec. III-B: encoder queries rho + the channel-selection network)
+FEDST_PERSONAL = ("enc_q", "cs")
 BASELINES = ("seg_local", "seg_centralized", "seg_fedavg", "fedrep", "feddp", "fedld", "fedas")
 METHODS = (*BASELINES, "fedst")
 
@@ -84,8 +86,10 @@ def method_params(cfg: dict[str, Any], variant: str, method: str, clips_root: st
     params = copy.deepcopy(cfg["method_params"].get(method, {}))
     var = VARIANTS.get(variant, {})
     if method == "fedst":
-        if "personal" in var:
-            params["personal"] = list(var["personal"])
+        personal = list(var.get("personal", params.get("personal", FEDST_PERSONAL)))
+        if not cfg["rsc_communicated"] and "all" not in personal:
+            personal.append("rsc")  # Sec. IV-D2 / Table IX: the temporal module is not communicated
+        params["personal"] = personal
         serq = dict(cfg["serq"])
         serq.update(enabled=bool(var.get("serq", True)), clips_root=clips_root, site=cfg["server_site"],
                     num_frames=len(cfg["model"]["pools"]), indicator=indicator_config(cfg, variant), loss=dict(cfg["loss"]))

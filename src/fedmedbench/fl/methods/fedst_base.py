@@ -47,6 +47,7 @@ PERSONAL_GROUPS: dict[str, str] = {
     "decoder": r"^decoder\.",                     # FedRep: the whole decoder is the head
     "head": r"^decoder\.head\.",                  # FedAS: the classifier
     "cs": r"^cs\.",                               # the channel-selection network (site-specific)
+    "rsc": r"^rsc\.",                             # the temporal module (Sec. IV-D2: not communicated)
     "all": r".",                                  # Table V row 2 / Local Train
 }
 _ALWAYS_PERSONAL = re.compile(r"^cs\.indicator$")
