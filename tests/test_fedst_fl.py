@@ -67,7 +67,8 @@ def study_cfg(**over):
         "loss": {"dice_weight": 0.3, "augment": True, "rotate_deg": 15, "scale": 0.1},
         "pretrain": {"enabled": True, "steps": 1, "lr": 1e-4},
         "serq": {"steps": 1, "lr": 1e-4, "lambda2": 0.3, "lambda3": 0.3, "mu": 0.5, "probe": 2, "batch_size": 2},
-        "method_params": {}, "eval": {"eval_every": 2, "cross_site_eval": False, "batch_size": 4, "fps_clips": 1},
+        "method_params": {}, "rsc_communicated": False, "data": {"input_size": [32, 32], "cache_mb": 64},
+        "eval": {"eval_every": 2, "cross_site_eval": False, "batch_size": 4, "fps_clips": 1},
     }
     cfg.update(over)
     return cfg
@@ -114,7 +115,8 @@ def test_fedst_keeps_query_embeddings_and_selection_on_site_and_averages_the_res
     model = fed.new_model(spec)
     personal = set(method.personal(model))
     assert any(".attn.q." in k for k in personal) and any(k.startswith("cs.") for k in personal)
-    assert not any(".attn.kv." in k or k.startswith(("rsc.", "decoder.")) for k in personal)
+    assert any(k.startswith("rsc.") for k in personal)  # Sec. IV-D2: the temporal module is not communicated
+    assert not any(".attn.kv." in k or k.startswith("decoder.") for k in personal)
     transport = Recorder(spec)
     state = fed.Federation(spec, log=lambda m: None).run(transport)
     shared = set(method.shared_keys(model))
@@ -124,7 +126,7 @@ def test_fedst_keeps_query_embeddings_and_selection_on_site_and_averages_the_res
             assert set(r.arrays) == shared and not personal & set(r.arrays)
     # shared entries: the new global model is the uniform mean of what the sites sent
     _, _, last = transport.replies[-1]
-    for k in ("encoder.backbone.stages.3.blocks.0.attn.kv.k.weight", "rsc.q.weight", "decoder.head.weight"):
+    for k in ("encoder.backbone.stages.3.blocks.0.attn.kv.k.weight", "decoder.head.weight"):
         assert np.allclose(state.arrays[k], (last[0].arrays[k] + last[1].arrays[k]) / 2, atol=1e-6)
     # personal entries: different on the two sites, stored only in each site's own state
     from fedmedbench.fl import checkpoint
@@ -262,3 +264,26 @@ def test_feddp_inconsistency_weights_disagreeing_pixels():
     u = inconsistency(a, b)
     assert u.shape == (1, 1, 2)
     assert u[0, 0, 0] < 1e-6 and 0.4 < u[0, 0, 1] <= 1.0
+
+
+def test_every_site_and_the_upperbound_take_exactly_local_steps(clips, tmp_path, monkeypatch):
+    """The paper's 100 iterations per round, whatever a site's size (here 3 vs the engine's 1)."""
+    from fedmedbench.fl import segmentation
+    from fedmedbench.fl.registry import model_arrays
+
+    seen = []
+    monkeypatch.setattr(segmentation, "train_steps", lambda model, data, steps, *a, **k: seen.append(steps) or 0.0)
+    cfg = study_cfg()
+    cfg["train"] = {**cfg["train"], "local_steps": 3}
+    for method in ("seg_fedavg", "seg_centralized", "fedst"):
+        spec = make_spec(clips, tmp_path, method, "abl_ts_cs" if method == "fedst" else "main", cfg)
+        m = get_method(spec.method, spec.method_params)
+        model = fed.new_model(spec)
+        fed.client_train(spec, 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
+    assert seen == [3, 3, 3]
+    cfg["train"]["local_steps"] = None
+    spec = make_spec(clips, tmp_path, "seg_fedavg", "main", cfg)
+    m = get_method(spec.method, spec.method_params)
+    model = fed.new_model(spec)
+    fed.client_train(spec, 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
+    assert seen[-1] == 1  # null: the engine's epochs-based count

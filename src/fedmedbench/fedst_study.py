@@ -92,6 +92,7 @@ def method_params(cfg: dict[str, Any], variant: str, method: str, clips_root: st
         params["personal"] = personal
         serq = dict(cfg["serq"])
         serq.update(enabled=bool(var.get("serq", True)), clips_root=clips_root, site=cfg["server_site"],
+                    input_size=cfg["data"]["input_size"], cache_mb=int(cfg["data"]["cache_mb"]),
                     num_frames=len(cfg["model"]["pools"]), indicator=indicator_config(cfg, variant), loss=dict(cfg["loss"]))
         params["serq"] = serq
     return params
@@ -101,6 +102,7 @@ def pretrain_params(cfg: dict[str, Any], clips_root: str) -> dict[str, Any]:
     """Everything the synthetic pre-training job depends on (its ``params:``)."""
     return {"clips_root": clips_root, "site": cfg["server_site"], "model": model_config(cfg, "main", "fedst"),
             "indicator": indicator_config(cfg, "main"), "loss": dict(cfg["loss"]), **cfg["pretrain"],
+            "input_size": cfg["data"]["input_size"], "cache_mb": int(cfg["data"]["cache_mb"]),
             "batch_size": cfg["train"]["batch_size"]}
 
 
@@ -110,13 +112,16 @@ def run_spec(cfg: dict[str, Any], variant: str, method: str, seed: int, clips_ro
     return {
         "run_dir": run_dir, "study": "fedst", "dataset": sites_key(cfg), "setting": variant, "method": method,
         "seed": int(seed), "partition_path": "", "sources": {}, "image_size": 0, "model": "fedst_net",
-        "pretrained_path": pretrained, "train": dict(cfg["train"]), "clients_per_round": None,
+        "pretrained_path": pretrained, "train": {k: v for k, v in cfg["train"].items() if k != "local_steps"},
+        "clients_per_round": None,
         "method_params": method_params(cfg, variant, method, clips_root), "device": device, "threads": int(threads),
         "data_origin": origin, "log_every": 1, "eval_every": int(cfg["eval"]["eval_every"]),
         "task": "segmentation",
         "task_params": {
             "clips_root": clips_root, "sites": list(cfg["sites"]), "model": model_config(cfg, variant, method),
             "indicator": indicator_config(cfg, variant), "loss": dict(cfg["loss"]),
+            "input_size": cfg["data"]["input_size"], "cache_mb": int(cfg["data"]["cache_mb"]),
+            "local_steps": cfg["train"].get("local_steps"),
             "cross_site_eval": bool(cfg["eval"]["cross_site_eval"]), "eval_batch_size": int(cfg["eval"]["batch_size"]),
         },
     }
@@ -149,7 +154,14 @@ def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "
     in SERQ) and learns only from the sites' videos."""
     from fedmedbench.fl.federation import resolve_device
     from fedmedbench.fl.registry import TrainConfig
-    from fedmedbench.fl.segmentation import load_clipset, load_sites, site_indicators, train_steps
+    from fedmedbench.fl.segmentation import (
+        FrameCache,
+        input_size,
+        load_clipset,
+        load_sites,
+        site_indicators,
+        train_steps,
+    )
     from fedmedbench.io import atomic_path
     from fedmedbench.models.fedst import build_fedst_net
 
@@ -157,7 +169,8 @@ def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         model = build_fedst_net(params["model"])
-    data = load_clipset(params["clips_root"], params["site"], None, len(params["model"]["pools"]))
+    data = load_clipset(params["clips_root"], params["site"], None, len(params["model"]["pools"]),
+                        input_size(params.get("input_size")), FrameCache(int(params.get("cache_mb", 2048)) * 2**20))
     dev = resolve_device(device)
     model.to(dev).set_indicator(site_indicators(sites, params["indicator"])[params["site"]])
     steps = int(params["steps"]) if params.get("enabled", True) else 0

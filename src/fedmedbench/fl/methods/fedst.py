@@ -36,13 +36,20 @@ import torch
 
 from fedmedbench.fl.methods.fedst_base import SegMethod, client_weights, tensors
 from fedmedbench.fl.registry import load_arrays, model_arrays, register_method, weighted_average
-from fedmedbench.fl.segmentation import load_clipset, load_sites, seg_loss, site_indicators
+from fedmedbench.fl.segmentation import (
+    FrameCache,
+    input_size,
+    load_clipset,
+    load_sites,
+    seg_loss,
+    site_indicators,
+)
 
 SERQ_DEFAULTS: dict[str, Any] = {
     "enabled": True, "steps": 100, "lr": 1e-4, "batch_size": 2, "lambda2": 0.3, "lambda3": 0.3, "mu": 0.5,
     "probe": 4, "descriptor_init": 0.01,
     # filled in by the rule from the fedst config (where the server's synthetic clips are)
-    "clips_root": None, "site": "sim", "num_frames": 4, "indicator": {}, "loss": {},
+    "clips_root": None, "site": "sim", "num_frames": 4, "indicator": {}, "loss": {}, "input_size": None, "cache_mb": 2048,
 }
 
 
@@ -70,13 +77,27 @@ def _deep(model, frames: torch.Tensor) -> torch.Tensor:
     return model.features(frames)[-1]
 
 
+_SERVER_CLIPS: dict[tuple, object] = {}
+
+
+def _server_clips(cfg: dict[str, Any]):
+    """The simulator clips SERQ draws from, with one bounded cache kept across rounds."""
+    size = input_size(cfg.get("input_size"))
+    key = (str(cfg["clips_root"]), cfg["site"], int(cfg["num_frames"]), size)
+    if key not in _SERVER_CLIPS:
+        _SERVER_CLIPS.clear()
+        _SERVER_CLIPS[key] = load_clipset(cfg["clips_root"], cfg["site"], None, int(cfg["num_frames"]), size,
+                                          FrameCache(int(cfg.get("cache_mb", 2048)) * 2**20))
+    return _SERVER_CLIPS[key]
+
+
 def serq_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
     """SERQ for one round (Algorithm 1, lines 9-11); returns the new shared arrays."""
     g = torch.Generator().manual_seed(int(ctx.seed) * 100003 + int(ctx.rnd))
     sites = load_sites(cfg["clips_root"])["sites"]
     if cfg["site"] not in sites:
         raise KeyError(f"method_params.fedst.serq.site = {cfg['site']!r} is not among the exported sites {sorted(sites)}")
-    data = load_clipset(cfg["clips_root"], cfg["site"], None, int(cfg["num_frames"]))
+    data = _server_clips(cfg)
     indicator = site_indicators(sites, cfg["indicator"])[cfg["site"]]
     dev = ctx.device
     glob = ctx.new_model()

@@ -129,6 +129,8 @@ class SegMethod(Method):
     def prepare(self, ctx: ClientContext) -> torch.nn.Module:
         """The site's model: broadcast shared arrays + its own personal parameters + its indicator."""
         model = ctx.model
+        if getattr(ctx.data, "local_steps", None):  # the paper's fixed 100 iterations, whatever the site's size
+            ctx.steps = int(ctx.data.local_steps)
         if "personal" in ctx.state:
             load_arrays(model, {k: v.numpy() for k, v in ctx.state["personal"].items()}, list(ctx.state["personal"]))
         if hasattr(model, "set_indicator"):
