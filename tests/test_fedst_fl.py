@@ -193,22 +193,53 @@ def test_personal_parameters_never_leave_a_site_over_flower(clips, tmp_path, mon
     assert any(".attn.q." in k for k in personal) and "cs.fc.weight" in personal
 
 
-def test_fedld_principal_aggregation():
-    from fedmedbench.fl.methods.fedld import margin_penalty, principal_update
+def test_fedld_principal_aggregation_on_hand_made_updates():
+    from fedmedbench.fl.methods.fedld import margin_loss, principal_layer_update
 
-    rng = np.random.default_rng(0)
-    deltas = rng.normal(size=(4, 50))
-    w = np.array([1.0, 2.0, 1.0, 1.0])
-    full, r = principal_update(deltas, w, energy=1.0)
-    assert r == 4 and np.allclose(full, (w / w.sum()) @ deltas)  # all directions kept = weighted mean
-    part, r1 = principal_update(deltas, w, energy=0.3)
-    assert r1 < 4 and np.linalg.norm(part) < np.linalg.norm(full)
-    # the kept update lies in the span of the client updates
-    coef, *_ = np.linalg.lstsq(deltas.T, part, rcond=None)
-    assert np.allclose(deltas.T @ coef, part)
-    logits = torch.tensor([[[[10.0]], [[0.0]]]])  # margin 10 for class 0
-    assert margin_penalty(logits, torch.tensor([[[0]]]), cap=5.0) == pytest.approx(25.0)
-    assert margin_penalty(logits, torch.tensor([[[0]]]), cap=20.0) == 0.0
+    # two directions; three clients along +e1 (two) and -e1 (one), all with a small e2 part
+    g = np.array([[2.0, 0.1], [1.0, 0.1], [-1.0, 0.1]])
+    upd = principal_layer_update(g, k_proportion=0.8)  # k = floor(0.8 * 3) = 2 directions
+    h = g @ g.T / 3
+    e, s, _ = np.linalg.svd(h)
+    w = (g.T @ e[:, :2]).T
+    for j in range(2):
+        if (g @ w[j] >= 0).sum() < (g @ w[j] < 0).sum():
+            w[j] = -w[j]
+    expect = np.zeros(2)
+    for i in range(3):
+        for j in range(2):
+            proj = (g[i] @ w[j]) / (w[j] @ w[j]) * w[j]
+            expect += proj * s[j] / s.sum() * np.linalg.norm(g[i]) / np.linalg.norm(proj)
+    assert np.allclose(upd, expect / 3)
+    assert upd[0] > 0  # the majority direction (+e1) wins after sign alignment
+    # each client's revised update keeps its norm split by the singular values: |comp_j| = s_j / sum(s) * |g_i|
+    one = principal_layer_update(g[:1].repeat(2, 0), 0.5)  # k = 1: both clients identical
+    assert np.allclose(np.linalg.norm(one), np.linalg.norm(g[0]) * 1.0)  # s_2 = 0: all weight on direction 1
+    assert np.allclose(principal_layer_update(np.array([[1.0], [3.0]]), 0.8), [2.0])  # one-element layers: the mean
+    # the margin term: 0.03 * log(1 + ||softmax||^2) over the whole batch
+    logits = torch.zeros(1, 2, 1, 2)  # 2 pixels, 2 classes, softmax 0.5 everywhere: ||.||^2 = 4 * 0.25 = 1
+    assert float(margin_loss(logits, 0.03)) == pytest.approx(0.03 * np.log(2.0))
+
+
+def test_fedld_round_one_is_the_plain_mean():
+    from fedmedbench.fl.registry import ClientResult, ServerContext, TrainConfig
+
+    method = get_method("fedld", {})
+    glob = {"w": np.zeros(2, np.float32), "n": np.array(3)}
+    res = [ClientResult(arrays={"w": np.array(v, np.float32), "n": np.array(3)}, num_examples=n)
+           for v, n in (([1.0, 0.0], 1), ([3.0, 3.0], 3), ([-1.0, 0.0], 1))]
+    tc = TrainConfig(rounds=2, local_epochs=1, batch_size=1, lr=0.1, aggregation="uniform")
+    ctx = ServerContext(rnd=1, global_arrays=glob, results=res, pids=[0, 1, 2], state={}, num_clients=3,
+                        device=torch.device("cpu"), train=tc, new_model=lambda: None)
+    out = method.aggregate(ctx)
+    assert np.allclose(out["w"], [1.0, 1.0]) and int(out["n"]) == 3  # uniform mean, not by examples
+    ctx.rnd = 2
+    out2 = method.aggregate(ctx)
+    from fedmedbench.fl.methods.fedld import principal_layer_update
+
+    g = np.array([[1.0, 0.0], [3.0, 3.0], [-1.0, 0.0]])
+    assert np.allclose(out2["w"], principal_layer_update(g, 0.8), atol=1e-6)  # from round 2 on: the SVD step
+    assert not np.allclose(out2["w"], [1.0, 1.0])
 
 
 def test_fedas_weights_clients_by_fisher_trace():
