@@ -318,3 +318,116 @@ def test_every_site_and_the_upperbound_take_exactly_local_steps(clips, tmp_path,
     model = fed.new_model(spec)
     fed.client_train(spec, 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
     assert seen[-1] == 1  # null: the engine's epochs-based count
+
+
+def test_fedrep_trains_the_head_first_then_the_body(clips, tmp_path, monkeypatch):
+    """FedRep's reference split: 4/5 of the round on the decoder (head) alone, then 1/5 on the rest."""
+    from fedmedbench.fl import segmentation
+    from fedmedbench.fl.registry import model_arrays
+
+    calls = []
+    monkeypatch.setattr(segmentation, "train_steps",
+                        lambda model, data, steps, *a, params=None, **k: calls.append((steps, {id(p) for p in params})) or 0.0)
+    cfg = study_cfg()
+    cfg["train"] = {**cfg["train"], "local_steps": 10}
+    spec = make_spec(clips, tmp_path, "fedrep", "main", cfg)
+    m = get_method(spec.method, spec.method_params)
+    model = fed.new_model(spec)
+    captured = {}
+    real_prepare = m.prepare
+
+    def prepare(ctx):
+        captured["model"] = real_prepare(ctx)
+        return captured["model"]
+
+    monkeypatch.setattr(type(m), "prepare", lambda self, ctx: prepare(ctx))
+    from fedmedbench.fl import registry
+
+    monkeypatch.setattr(registry, "get_method", lambda *a, **k: m)
+    monkeypatch.setattr(fed, "get_method", lambda *a, **k: m, raising=False)
+    fed.client_train(spec, 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
+    net = captured["model"]
+    head = {id(p) for n, p in net.named_parameters() if n.startswith("decoder.")}
+    body = {id(p) for n, p in net.named_parameters() if not n.startswith("decoder.")}
+    assert [c[0] for c in calls] == [8, 2]
+    assert calls[0][1] == head and calls[1][1] == body
+
+
+class _TinySeg(torch.nn.Module):
+    """logits = w * (current frame's first channel) for class 1, 0 for class 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, x):
+        f = x[:, -1, 0].float()
+        return torch.stack([torch.zeros_like(f), self.w * f], dim=1)
+
+
+class _Batches:
+    def __init__(self, xs, ys):
+        self.xs, self.ys, self.seen = xs, ys, []
+
+    def batches(self, size):
+        for i in range(0, len(self.xs), size):
+            self.seen.append(i)
+            yield torch.stack(self.xs[i:i + size]), torch.stack(self.ys[i:i + size])
+
+
+def test_fedas_fisher_trace_sums_every_training_batch():
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.registry import TrainConfig
+
+    xs = [torch.full((1, 3, 1, 1), float(v)) for v in (1.0, 2.0, 3.0)]
+    ys = [torch.tensor([[1]]), torch.tensor([[0]]), torch.tensor([[1]])]
+    data = _Batches(xs, ys)
+    ctx = SimpleNamespace(data=SimpleNamespace(train=data), train=TrainConfig(rounds=1, local_epochs=1, batch_size=2, lr=0.1),
+                          device=torch.device("cpu"))
+    method = get_method("fedas", {})
+    model = _TinySeg()
+    got = method._fisher_trace(ctx, model)
+    # by hand: NLL of class y with logits (0, w f) is softplus(w f) - y w f; d/dw = f (sigmoid(w f) - y)
+    expect = 0.0
+    for batch in ((0, 1), (2,)):
+        g = np.mean([float(xs[i].flatten()[0]) * (1 / (1 + np.exp(-0.5 * float(xs[i].flatten()[0]))) - int(ys[i])) for i in batch])
+        expect += g ** 2
+    assert got == pytest.approx(expect, rel=1e-5)
+    assert data.seen == [0, 2]  # all the site's training data, not a fixed number of batches
+    assert get_method("fedas", {"fisher_batches": 1})._fisher_trace(ctx, model) == pytest.approx(
+        (np.mean([1.0 * (1 / (1 + np.exp(-0.5)) - 1), 2.0 * (1 / (1 + np.exp(-1.0)))])) ** 2, rel=1e-5)
+
+
+def test_fedas_alignment_pulls_shared_features_to_the_previous_models_prototypes(monkeypatch):
+    """One SGD epoch (lr 0.01) over every training batch on sum_c MSE(feature of class c, prototype_c)."""
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.methods import fedas
+    from fedmedbench.fl.registry import TrainConfig
+
+    class Feat(torch.nn.Module):  # feature of a pixel = a * x; personal head unused here
+        def __init__(self, a):
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.tensor(float(a)))
+
+        def set_indicator(self, v):
+            pass
+
+    monkeypatch.setattr(fedas, "pixel_features", lambda m, x, y: ((m.a * x[:, -1, 0].float()).reshape(-1, 1), y.reshape(-1)))
+    xs = [torch.full((1, 3, 1, 1), 1.0), torch.full((1, 3, 1, 1), 1.0)]
+    ys = [torch.tensor([[1]]), torch.tensor([[1]])]
+    data = _Batches(xs, ys)
+    method = get_method("fedas", {})
+    monkeypatch.setattr(type(method), "shared_keys", lambda self, m: ["a"])
+    prev = {"a": torch.tensor(3.0)}  # the site's previous model: prototype of class 1 = 3
+    ctx = SimpleNamespace(data=SimpleNamespace(train=data, indicator=None), state={"personal": {}, "previous": prev},
+                          train=TrainConfig(rounds=1, local_epochs=1, batch_size=1, lr=0.1), device=torch.device("cpu"))
+    model = Feat(1.0)
+    method._align(ctx, model)
+    # prototypes: 1 pass (2 batches); alignment: 1 pass (2 batches), each a <- a - 0.01 * 2 (a - 3)
+    a = 1.0
+    for _ in range(2):
+        a -= 0.01 * 2 * (a - 3.0)
+    assert float(model.a.detach()) == pytest.approx(a)
+    assert data.seen == [0, 1, 0, 1]
