@@ -431,3 +431,18 @@ def test_fedas_alignment_pulls_shared_features_to_the_previous_models_prototypes
         a -= 0.01 * 2 * (a - 3.0)
     assert float(model.a.detach()) == pytest.approx(a)
     assert data.seen == [0, 1, 0, 1]
+
+
+def test_fedavg_weights_by_training_clips_uniform_as_option():
+    from fedmedbench.fl.registry import ClientResult, ServerContext, TrainConfig
+
+    a, b = {"w": np.zeros(2, np.float32)}, {"w": np.ones(2, np.float32)}
+
+    def ctx():  # the study's train.aggregation is uniform (FedST); FedAvg still weighs by examples
+        return ServerContext(rnd=1, global_arrays=a, results=[ClientResult(a, 1), ClientResult(b, 3)], pids=[0, 1], state={},
+                             num_clients=2, device=torch.device("cpu"), new_model=lambda: None,
+                             train=TrainConfig(rounds=1, local_epochs=1, batch_size=2, lr=0.1, aggregation="uniform"))
+
+    assert np.allclose(get_method("seg_fedavg", {}).aggregate(ctx())["w"], 0.75)
+    assert np.allclose(get_method("seg_fedavg", {"aggregation": "uniform"}).aggregate(ctx())["w"], 0.5)
+    assert np.allclose(get_method("seg_fedavg", {"aggregation": None}).aggregate(ctx())["w"], 0.5)

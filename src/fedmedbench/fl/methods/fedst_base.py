@@ -93,9 +93,10 @@ def tensors(model: torch.nn.Module, keys: list[str]) -> dict[str, torch.Tensor]:
     return {k: state[k].detach().cpu().clone() for k in keys}
 
 
-def client_weights(ctx: ServerContext) -> list[float]:
-    """Aggregation weights: examples, or uniform (FedST Algorithm 1, line 8) per ``train.aggregation``."""
-    if ctx.train.aggregation == "uniform":
+def client_weights(ctx: ServerContext, rule: str | None = None) -> list[float]:
+    """Aggregation weights: ``examples`` (training clips, FedAvg) or ``uniform`` (FedST Algorithm 1,
+    line 8: 1/K); ``rule`` None = ``train.aggregation``."""
+    if (rule or ctx.train.aggregation) == "uniform":
         return [1.0] * len(ctx.results)
     return [float(r.num_examples) for r in ctx.results]
 
@@ -195,9 +196,16 @@ class SegCentralized(SegMethod):
 
 @register_method("seg_fedavg")
 class SegFedAvg(SegMethod):
-    """FedAvg: the whole network is shared and averaged; one global model is evaluated."""
+    """FedAvg: the whole network is shared and averaged, weighted by the sites' training clips
+    (McMahan et al.: n_k / n); ``aggregation: uniform`` averages 1/K; ``null`` follows
+    ``train.aggregation``. One global model is evaluated."""
 
     personalized = False
+    defaults = {"personal": [], "aggregation": "examples"}
+    choices = {"aggregation": ("examples", "uniform", None)}
+
+    def aggregate(self, ctx: ServerContext) -> Arrays:
+        return weighted_average([r.arrays for r in ctx.results], client_weights(ctx, self.p["aggregation"]))
 
 
 def flat(arrays: Arrays, keys: list[str]) -> np.ndarray:
