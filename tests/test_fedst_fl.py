@@ -261,7 +261,10 @@ def test_indicators(clips, tmp_path):
     one = site_indicators(sites, {"kind": "onehot", "dim": 8})
     assert torch.equal(one["B"], torch.nn.functional.one_hot(torch.tensor(1), 8).float())
     gauss = site_indicators(sites, {"kind": "gaussian", "dim": 8, "sigma": 0.1})
-    assert (gauss["B"] - one["B"]).abs().max() < 0.6 and not torch.equal(gauss["B"], one["B"])
+    # the paper's formula exp(-(x - mu)^2 / (2 sigma^2)), x = dimension index, mu = site id (B = 1)
+    assert gauss["B"][1] == 1.0 and gauss["B"][0] == pytest.approx(np.exp(-50.0), rel=1e-5)
+    wide = site_indicators(sites, {"kind": "gaussian", "dim": 8, "sigma": 1.0})["B"]
+    assert torch.allclose(wide, torch.exp(-((torch.arange(8.0) - 1) ** 2) / 2))
     with pytest.raises(ValueError, match="clip_weights"):
         site_indicators(sites, {"kind": "clip", "dim": 512})
     with pytest.raises(FileNotFoundError, match="clip_weights"):

@@ -230,8 +230,10 @@ def site_indicators(sites: dict[str, dict], cfg: dict[str, Any]) -> dict[str, to
         onehot = F.one_hot(torch.tensor(i), dim).float()
         if kind == "onehot":
             out[name] = onehot
-        elif kind == "gaussian":  # Table VII: N(one-hot of the site, sigma^2), drawn once
-            out[name] = onehot + float(cfg.get("sigma", 0.1)) * torch.randn(dim, generator=g)
+        elif kind == "gaussian":  # Table VII: exp(-(x - mu)^2 / (2 sigma^2)) over dimensions x, mu = the site's id
+            x = torch.arange(dim, dtype=torch.float32)
+            sigma = float(cfg.get("sigma", 0.1))
+            out[name] = torch.exp(-((x - i) ** 2) / (2 * sigma**2))
         else:  # random: no relation to the site identity
             out[name] = torch.randn(dim, generator=g)
     return out
