@@ -151,6 +151,8 @@ def test_fedst_with_serq_updates_its_server_state_and_broadcasts_shared_only(cli
     _, _, last = transport.replies[-1]
     mean = (last[0].arrays["decoder.head.weight"] + last[1].arrays["decoder.head.weight"]) / 2
     assert not np.allclose(state.arrays["decoder.head.weight"], mean)  # SERQ moved the averaged model (Eq. 12)
+    for k in ("decoder.fuse.1.running_mean", "decoder.fuse.1.running_var"):  # Eq. 12 keeps the sites' BN statistics
+        assert np.allclose(state.arrays[k], (last[0].arrays[k] + last[1].arrays[k]) / 2, atol=1e-6)
     assert not any(".attn.q." in k for k in state.arrays if k.startswith("encoder."))
     out = FS.deploy_eval(spec, state, "E", "E", 1)
     assert 0.0 <= out["outfed_dice"] <= 1.0 and "unseen_dice_instrument" in out

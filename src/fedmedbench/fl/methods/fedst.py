@@ -73,6 +73,14 @@ class FedST(SegMethod):
         return serq_round(ctx, gamma, self.serq)
 
 
+def freeze_bn_statistics(model: torch.nn.Module) -> None:
+    """BatchNorm layers normalise with (and keep) the running statistics the sites built: the
+    Eq. 12 step learns from synthetic frames but must not overwrite real-data statistics."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.eval()
+
+
 def _deep(model, frames: torch.Tensor) -> torch.Tensor:
     return model.features(frames)[-1]
 
@@ -139,6 +147,7 @@ def serq_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
     # Eq. 12: v_pre and D_sy fixed; the global model learns the instrument part I_sy = F_sy - D_sy
     pre.eval()
     glob.train()
+    freeze_bn_statistics(glob)
     opt = torch.optim.Adam(glob.parameters(), lr=float(cfg["lr"]))
     d_fixed = d_sy.detach()
     for x, y in batches():
