@@ -74,3 +74,18 @@ def test_clips_of_different_sizes_come_out_at_the_configured_size(tmp_path):
     raw = ClipSet([a[0], b[0]], [a[1], b[1]], "raw")
     with pytest.raises(ValueError, match="data.input_size"):
         raw.batch([0, 1])
+
+
+def test_a_2hz_release_gives_one_real_previous_frame():
+    """docs/fedst.md, docs/surgical_data.md: at 2 Hz a 0.2 s clip is (t-0.5, t-0.5, t, t)."""
+    import pandas as pd
+
+    from fedmedbench.data.surgical.export_clips import build_clips
+
+    index = pd.DataFrame({"dataset": "ev17", "split": "train", "video_id": "v", "frame": range(4),
+                          "timestamp_s": [0.0, 0.5, 1.0, 1.5], "image_path": [f"f{i}.png" for i in range(4)],
+                          "labelled": True, "mask_path": [f"m{i}.png" for i in range(4)]})
+    clips = build_clips(index, num_previous=3, interval_s=0.2, tolerance_s=0.1)
+    last = clips.iloc[-1]
+    assert list(last["clip_paths"]) == ["f2.png", "f2.png", "f3.png", "f3.png"]
+    assert int(last["n_duplicated"]) == 1
