@@ -263,6 +263,9 @@ def deploy_eval(spec, state, outfed_site: str, unseen_site: str, fps_clips: int)
     out.update({f"unseen_{k}": v for k, v in evaluate_clips(model, u.test, task.classes, dev, bs, binary=True).items()})
     out["comm_mb_per_round"] = communication_mb(method, new_model(spec))
     out["train_time_s"] = float(state.elapsed)
+    out["server_time_s"] = float(state.server_state.get("server_time_s", 0.0))  # SERQ; other servers only average
+    out["local_time_s"] = out["train_time_s"] - out["server_time_s"]
+    out["input_size"] = spec.task_params.get("input_size")
     out["fps"] = inference_fps(model, e.test, fps_clips, dev)
     out["frames_per_clip"] = len(spec.task_params["model"]["pools"]) if spec.task_params["model"].get("temporal") else 1
     return out

@@ -30,6 +30,7 @@ synthetically pre-trained model that also initialises the sites (``fedst_pretrai
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -70,7 +71,11 @@ class FedST(SegMethod):
         gamma = weighted_average([r.arrays for r in ctx.results], client_weights(ctx))
         if not self.serq["enabled"]:
             return gamma
-        return serq_round(ctx, gamma, self.serq)
+        t0 = time.perf_counter()
+        out = serq_round(ctx, gamma, self.serq)
+        # Table IX splits training time into local and server work
+        ctx.state["server_time_s"] = float(ctx.state.get("server_time_s", 0.0)) + time.perf_counter() - t0
+        return out
 
 
 def freeze_bn_statistics(model: torch.nn.Module) -> None:
