@@ -89,3 +89,18 @@ def test_a_2hz_release_gives_one_real_previous_frame():
     last = clips.iloc[-1]
     assert list(last["clip_paths"]) == ["f2.png", "f2.png", "f3.png", "f3.png"]
     assert int(last["n_duplicated"]) == 1
+
+
+def test_synthetic_grasp_stand_in_writes_binary_masks(tmp_path):
+    """Table VIII's set: the frames+masks adapter with label_set binary reads 0 / 1 masks."""
+    from fedmedbench.data.surgical.synthetic_layouts import generate
+
+    out = generate("grasp", {"layout": "frames_masks", "fps": 1, "label_set": "binary"},
+                   {"style": "prostatectomy", "test_videos": 1, "test_frames": [3, 3]}, 0, 48, 32, tmp_path / "GraSP")
+    values = set()
+    for m in out.glob("test/*/masks/*.png"):
+        values |= set(np.unique(np.asarray(Image.open(m))).tolist())
+    assert values and values <= {0, 1} and 1 in values
+    parts = generate("rarp", {"layout": "frames_masks", "fps": 1}, {"style": "prostatectomy", "test_videos": 1, "test_frames": [3, 3]},
+                     0, 48, 32, tmp_path / "RARP")
+    assert max(int(np.asarray(Image.open(m)).max()) for m in parts.glob("test/*/masks/*.png")) > 1  # parts kept
