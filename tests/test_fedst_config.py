@@ -28,8 +28,9 @@ def test_demo_and_full_grid_validate_with_defaults():
     full = yaml.safe_load((ROOT / "config" / "studies" / "fedst.yaml").read_text())
     validate(full, SCHEMA)
     assert full["fedst"]["model"]["pools"] == [7, 4, 2, 1] and full["fedst"]["model"]["fields"] == [49, 20, 6, 7]
-    runs = FS.runs(full["fedst"])  # every method x 3 seeds + every variant but the main run's indicator
-    assert len(runs) == 3 * (8 + len(FS.VARIANTS) - 1)
+    runs = FS.runs(full["fedst"])  # every method x 3 seeds + every variant but the main run's indicator + Fig. 6
+    assert len(runs) == 3 * (8 + len(FS.VARIANTS) - 1 + 4)
+    assert full["fedst"]["train"]["local_steps"] == 100 and ("comm10", "fedst", 0) in runs and ("comm100", "fedst", 0) not in runs
     assert ("ind_clip", "fedst", 0) not in runs and ("ind_onehot", "fedst", 0) in runs
 
 

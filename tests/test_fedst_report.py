@@ -65,3 +65,29 @@ def test_the_typed_paper_tables_load():
     assert t9.lookup({"Method": "FedST"}, "Cost (MB/round)") == 12.69 and t9.lookup({"Method": "FedAvg"}, "Cost (MB/round)") == 19.71
     assert PV.load("fedst", "table2").lookup({"Method": "FedST"}, "Dice(%)↑ Avg.") == 82.62
     assert PV.load("fedst", "table8").lookup({"Method": "Upperbound"}, "Dice(%)↑") == 26.46
+
+
+def test_fig6_points_per_interval_and_site(tmp_path):
+    def run(variant, seed, dice):
+        d = tmp_path / "ABCD" / variant / "fedst" / f"seed{seed}"
+        d.mkdir(parents=True)
+        rows = [{"round": r, "client": c, "local_dice": (0.1 if r == 1 else dice[c])} for r in (1, 2) for c in range(2)]
+        pd.DataFrame(rows).to_csv(d / "client_metrics.csv", index=False)
+        return str(d / "client_metrics.csv")
+
+    files = [run("main", 0, [0.8, 0.6]), run("main", 1, [0.6, 0.6]), run("comm10", 0, [0.5, 0.7])]
+    f = R.fig6_frame(files, ["A", "B"], base_steps=100)
+    row = f.set_index(["interval", "site"])
+    assert row.loc[(100, "A"), "dice_mean"] == pytest.approx(70.0) and row.loc[(100, "A"), "dice_std"] == pytest.approx(10.0)
+    assert row.loc[(100, "Avg."), "dice_mean"] == pytest.approx(65.0) and row.loc[(10, "B"), "dice_mean"] == pytest.approx(70.0)
+    assert sorted(f["interval"].unique()) == [10, 100]  # last evaluated round only (round 1's 10 % is ignored)
+
+
+def test_comm_variants_keep_the_total_iterations():
+    from fedmedbench import fedst_study as FS
+
+    cfg = {"train": {"rounds": 300, "local_steps": 100, "batch_size": 2}, "fig6": {"intervals": [10, 100, 500]}}
+    assert FS.comm_variants(cfg) == ["comm10", "comm500"]
+    assert FS.train_config(cfg, "comm10") == ({"rounds": 3000, "batch_size": 2}, 10)
+    assert FS.train_config(cfg, "comm500") == ({"rounds": 60, "batch_size": 2}, 500)
+    assert FS.train_config(cfg, "main") == ({"rounds": 300, "batch_size": 2}, 100)

@@ -57,14 +57,39 @@ def sites_key(cfg: dict[str, Any]) -> str:
     return "".join(cfg["sites"])
 
 
+def comm_variants(cfg: dict[str, Any]) -> list[str]:
+    """Fig. 6: FedST communicating every k local iterations (``comm<k>``); k = train.local_steps is the main run."""
+    base = cfg["train"].get("local_steps")
+    return [f"comm{k}" for k in cfg.get("fig6", {}).get("intervals", []) if k != base]
+
+
+def comm_interval(variant: str) -> int | None:
+    return int(variant.removeprefix("comm")) if variant.startswith("comm") and variant[4:].isdigit() else None
+
+
 def runs(cfg: dict[str, Any]) -> list[tuple[str, str, int]]:
     """(variant, method, seed) of every run the config asks for (duplicates of main left out)."""
     out = [("main", m, s) for m in cfg["methods"] for s in cfg["seeds"]]
-    for v in cfg["variants"]:
+    for v in [*cfg["variants"], *comm_variants(cfg)]:
         if v == f"ind_{cfg['indicator']['kind']}":
             continue  # the same run as main/fedst
         out += [(v, "fedst", s) for s in cfg["seeds"]]
     return out
+
+
+def train_config(cfg: dict[str, Any], variant: str) -> tuple[dict[str, Any], int | None]:
+    """The run's ``train`` block (without local_steps) and its local steps per round. A Fig. 6
+    variant ``comm<k>`` trains k iterations per round for as many rounds as keep the total
+    number of iterations of the main run (rounds x local_steps)."""
+    train = {k: v for k, v in cfg["train"].items() if k != "local_steps"}
+    steps = cfg["train"].get("local_steps")
+    k = comm_interval(variant)
+    if k is not None:
+        if steps is None:
+            raise ValueError("fedst.fig6.intervals needs fedst.train.local_steps (iterations per round), not null")
+        train["rounds"] = max(1, round(int(cfg["train"]["rounds"]) * int(steps) / k))
+        steps = k
+    return train, steps
 
 
 def model_config(cfg: dict[str, Any], variant: str, method: str) -> dict[str, Any]:
@@ -112,8 +137,7 @@ def run_spec(cfg: dict[str, Any], variant: str, method: str, seed: int, clips_ro
     return {
         "run_dir": run_dir, "study": "fedst", "dataset": sites_key(cfg), "setting": variant, "method": method,
         "seed": int(seed), "partition_path": "", "sources": {}, "image_size": 0, "model": "fedst_net",
-        "pretrained_path": pretrained, "train": {k: v for k, v in cfg["train"].items() if k != "local_steps"},
-        "clients_per_round": None,
+        "pretrained_path": pretrained, "train": train_config(cfg, variant)[0], "clients_per_round": None,
         "method_params": method_params(cfg, variant, method, clips_root), "device": device, "threads": int(threads),
         "data_origin": origin, "log_every": 1, "eval_every": int(cfg["eval"]["eval_every"]),
         "task": "segmentation",
@@ -121,7 +145,7 @@ def run_spec(cfg: dict[str, Any], variant: str, method: str, seed: int, clips_ro
             "clips_root": clips_root, "sites": list(cfg["sites"]), "model": model_config(cfg, variant, method),
             "indicator": indicator_config(cfg, variant), "loss": dict(cfg["loss"]),
             "input_size": cfg["data"]["input_size"], "cache_mb": int(cfg["data"]["cache_mb"]),
-            "local_steps": cfg["train"].get("local_steps"),
+            "local_steps": train_config(cfg, variant)[1],
             "cross_site_eval": bool(cfg["eval"]["cross_site_eval"]), "eval_batch_size": int(cfg["eval"]["batch_size"]),
         },
     }
