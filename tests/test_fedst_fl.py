@@ -451,3 +451,27 @@ def test_fedavg_weights_by_training_clips_uniform_as_option():
     assert np.allclose(get_method("seg_fedavg", {}).aggregate(ctx())["w"], 0.75)
     assert np.allclose(get_method("seg_fedavg", {"aggregation": "uniform"}).aggregate(ctx())["w"], 0.5)
     assert np.allclose(get_method("seg_fedavg", {"aggregation": None}).aggregate(ctx())["w"], 0.5)
+
+
+def test_feddp_calibration_stage_after_federated_rounds(clips, tmp_path):
+    """Round 1 federated (queries stay home, but are sent once as an extra for the memory models);
+    round 2 = the reference's calibration: no aggregation, each site fine-tunes its whole model."""
+    from fedmedbench.fl.methods.feddp import SITES, spread_map, weighted_bce
+
+    spec = make_spec(clips, tmp_path, "feddp")
+    transport = Recorder(spec)
+    state = fed.Federation(spec, log=lambda m: None).run(transport)
+    (r1, sent1, res1), (r2, sent2, res2) = transport.replies
+    q = "encoder.backbone.stages.0.blocks.0.attn.q.weight"
+    assert q not in res1[0].arrays and q in res1[0].extras["queries"]  # queries: only as the declared extra
+    assert res2[0].arrays == {} and res2[1].arrays == {}  # calibration sends nothing
+    for k, v in sent2.items():  # calibration does not aggregate: the global model stays as after round 1
+        assert np.array_equal(state.arrays[k], v)
+    assert set(state.server_state["_broadcast"][SITES]) >= {f"0/{q}", f"1/{q}"}
+    # spread map and weighted BCE on hand-made predictions
+    probs = torch.tensor([[[[0.9]], [[0.1]]], [[[0.5]], [[0.5]]]])[:, None]  # K=2 models, B=1, C=2, 1x1
+    u = spread_map(probs)
+    assert torch.allclose(u, torch.ones_like(u))  # equal spread on both classes, normalised to 1
+    p = torch.tensor([[[[0.8]], [[0.2]]]])
+    bce = weighted_bce(p, torch.tensor([[[0]]]), torch.tensor([[[[1.0]], [[0.0]]]]))
+    assert float(bce) == pytest.approx(-np.log(0.8) / 2)
