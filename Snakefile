@@ -25,6 +25,7 @@ include: "rules/report_earlystop.smk"
 include: "rules/report_gpaf.smk"
 include: "rules/ultraflwr.smk"
 include: "rules/fedst.smk"
+include: "rules/deploy.smk"
 
 
 # Quick steps run on the submitting node, not as cluster jobs.

@@ -103,7 +103,14 @@ def _nanmean(values: list[float]) -> float:
 client_threads = 1
 
 
+#: a deployed site's own data (partition id -> ClientData, read from its folder by fedmedbench.deploy);
+#: empty in simulation, where every client's data comes from the partition
+site_data: dict[int, Any] = {}
+
+
 def _client_data(spec: RunSpec, pid: int) -> Any:
+    if pid in site_data:
+        return site_data[pid]
     method = get_method(spec.method, spec.method_params)
     task = task_for(spec)
     return task.pooled_data() if method.centralized else task.client_data(pid)
@@ -120,7 +127,7 @@ def _client_context(
     ctx = ClientContext(
         pid=pid, rnd=rnd, model=model.to(device), data=_client_data(spec, pid), train=spec.train_config(),
         device=device, generator=client_generator(spec.seed, rnd, pid), state=store.load(pid, before_round=rnd),
-        steps=steps, global_arrays=arrays, broadcast=broadcast or {},
+        steps=steps, global_arrays=arrays, broadcast=broadcast or {}, client_sizes=task_for(spec).client_sizes,
     )
     return ctx, store
 
@@ -196,7 +203,7 @@ class Federation:
         if es["mode"] not in ("none", "datafree"):
             raise ValueError(f"early_stopping.mode must be none or datafree, got {es['mode']}")
         self.stop_mode = es["mode"]
-        self.monitor = DataFreeMonitor(float(es["tau"]), int(es["patience"]))
+        self.monitor = DataFreeMonitor(float(es["tau"]), int(es["patience"]), es.get("counting", "reference"))
         self._t0 = time.monotonic()
 
     # -- state ------------------------------------------------------------------
