@@ -62,7 +62,7 @@ rule fedst_tables:
         clients=fedst_run_files("client_metrics.csv"),
         deploy=fedst_run_files("deploy.json"),
         summary=fedst_run_files("summary.json"),
-        paper="config/paper_values/fedst.yaml",
+        paper=paper_values_input("fedst"),
     output:
         md=[f"results/fedst/tables/{t}{STAG}.md" for t in FEDST_TABLES],
         csv=[f"results/fedst/tables/{t}{STAG}.csv" for t in FEDST_TABLES],
