@@ -328,11 +328,17 @@ def test_every_site_and_the_upperbound_take_exactly_local_steps(clips, tmp_path,
 def test_fedrep_trains_the_head_first_then_the_body(clips, tmp_path, monkeypatch):
     """FedRep's reference split: 4/5 of the round on the decoder (head) alone, then 1/5 on the rest."""
     from fedmedbench.fl import segmentation
+    from fedmedbench.fl.methods import fedrep
     from fedmedbench.fl.registry import model_arrays
 
     calls = []
-    monkeypatch.setattr(segmentation, "train_steps",
-                        lambda model, data, steps, *a, params=None, **k: calls.append((steps, {id(p) for p in params})) or 0.0)
+
+    def fake(model, data, steps, *a, params=None, **k):
+        calls.append((steps, {id(p) for p in params}))
+        return 0.0
+
+    monkeypatch.setattr(segmentation, "train_steps", fake)
+    monkeypatch.setattr(fedrep, "train_steps", fake)  # bound at import
     cfg = study_cfg()
     cfg["train"] = {**cfg["train"], "local_steps": 10}
     spec = make_spec(clips, tmp_path, "fedrep", "main", cfg)
