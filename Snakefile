@@ -16,6 +16,7 @@ report: "report/workflow.rst"
 
 
 include: "rules/common.smk"
+include: "rules/weights.smk"
 include: "rules/data.smk"
 include: "rules/partition.smk"
 include: "rules/train.smk"
