@@ -481,3 +481,48 @@ def test_feddp_calibration_stage_after_federated_rounds(clips, tmp_path):
     p = torch.tensor([[[[0.8]], [[0.2]]]])
     bce = weighted_bce(p, torch.tensor([[[0]]]), torch.tensor([[[[1.0]], [[0.0]]]]))
     assert float(bce) == pytest.approx(-np.log(0.8) / 2)
+
+
+def test_serq_moving_average_and_which_model_each_step_trains(clips):
+    """Eq. 10: F_hat = (1 - mu) F_hat_prev + mu F_g; Eq. 12 trains the global model only (v_pre fixed)."""
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.methods.fedst import SERQ_DEFAULTS, serq_round
+    from fedmedbench.fl.registry import load_arrays, model_arrays
+    from fedmedbench.fl.segmentation import load_clipset
+    from fedmedbench.models.fedst import build_fedst_net
+
+    tiny = {"window": 2, "pools": [2, 1, 1, 1], "fields": [4, 3, 2, 2], "indicator_dim": 8, "decoder_dim": 16}
+
+    def new_model():
+        torch.manual_seed(0)
+        return build_fedst_net(tiny)
+
+    gamma = model_arrays(new_model())
+    base = {**SERQ_DEFAULTS, "clips_root": str(clips), "site": "sim", "num_frames": 4, "steps": 1, "probe": 2, "mu": 0.5,
+            "indicator": {"kind": "onehot", "dim": 8}, "loss": {"dice_weight": 0.3}, "input_size": [32, 32]}
+
+    def run(cfg, state):
+        ctx = SimpleNamespace(seed=0, rnd=2, device=torch.device("cpu"), state=state, new_model=new_model)
+        return serq_round(ctx, dict(gamma), cfg), ctx.state
+
+    prev = torch.zeros(1)
+    out_a, st_a = run(base, {"serq_Fg": prev})
+    # F_g of the received global model on the probe frames, by hand
+    glob = new_model()
+    load_arrays(glob, gamma)
+    glob.eval()
+    glob.set_indicator(torch.nn.functional.one_hot(torch.tensor(3), 8).float())
+    probe, _ = load_clipset(clips, "sim", None, 4, (32, 32)).batch([0, 1])
+    with torch.no_grad():
+        f_g = glob.features(probe[:, -1])[-1].mean(0)
+    assert torch.allclose(st_a["serq_Fg"], 0.5 * prev + 0.5 * f_g, atol=1e-5)
+    # v_pre after the round does not depend on Eq. 12's weight (v_pre is fixed there) ...
+    out_b, st_b = run({**base, "lambda3": 5.0}, {"serq_Fg": prev})
+    for k in st_a["serq_pre"]:
+        assert torch.equal(st_a["serq_pre"][k], st_b["serq_pre"][k]), k
+    # ... while the global model Eq. 12 trains does
+    assert any(not np.allclose(out_a[k], out_b[k]) for k in out_a if np.issubdtype(out_a[k].dtype, np.floating))
+    # Eq. 11 trained v_pre away from the initial model
+    init = model_arrays(new_model())
+    assert any(not np.allclose(st_a["serq_pre"][k].numpy(), init[k]) for k in init if np.issubdtype(init[k].dtype, np.floating))
