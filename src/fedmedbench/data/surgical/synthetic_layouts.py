@@ -10,6 +10,7 @@ and the simulator set). ``spec`` is one entry of ``surgical.synthetic.datasets``
 * ``val_videos``, ``test_videos``: frames+masks, EndoVis (test folders) only
 * ``frames`` [min, max]: frames per video; ``test_frames`` [min, max] for test videos
 * ``label_every``: frames+masks only; frames in between get no mask (history-only frames)
+* ``tool_scale``: m2cai16/CholecTrack20 only: tools (and their boxes) drawn this much larger
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def write_m2cai16(out: Path, name: str, spec: dict, seed: int, width: int, heigh
         vid = f"v{v:02d}"
         rng = rng_for(seed, name, vid)
         n = _n_frames(rng, spec)
-        frames = render_video(rng, style, n, width, height, 1.0, detection_tracks(rng, width, height, n, 1.0))
+        frames = render_video(rng, style, n, width, height, 1.0, detection_tracks(rng, width, height, n, 1.0),
+                              tool_scale=float(spec.get("tool_scale") or 1.0))
         start = int(rng.integers(1, 40))
         for k, fr in enumerate(frames):
             stem = f"{vid}_{int(fps) * (start + k):06d}"
@@ -118,7 +120,8 @@ def write_cholectrack20(out: Path, name: str, spec: dict, seed: int, width: int,
         for vid in videos:
             rng = rng_for(seed, name, vid)
             n = _n_frames(rng, spec)
-            frames = render_video(rng, style, n, width, height, 1.0, detection_tracks(rng, width, height, n, 1.0))
+            frames = render_video(rng, style, n, width, height, 1.0, detection_tracks(rng, width, height, n, 1.0),
+                              tool_scale=float(spec.get("tool_scale") or 1.0))
             annotations = {}
             for k, fr in enumerate(frames):
                 frame = int(fps) * k + 1  # 000001.png, 000026.png, ... (1 fps of the 25 fps video)
