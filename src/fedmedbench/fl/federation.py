@@ -136,7 +136,9 @@ def _client_context(
     ctx = ClientContext(
         pid=pid, rnd=rnd, model=model.to(device), data=_client_data(spec, pid), train=spec.train_config(),
         device=device, generator=client_generator(spec.seed, rnd, pid), state=store.load(pid, before_round=rnd),
-        steps=steps, global_arrays=arrays, broadcast=broadcast or {}, client_sizes=task_for(spec).client_sizes,
+        steps=steps, global_arrays=arrays, broadcast=broadcast or {},
+        # a deployed site knows no other site's size (methods that need them say so)
+        client_sizes=None if pid in site_data else (lambda: task_for(spec).client_sizes()),
     )
     return ctx, store
 
