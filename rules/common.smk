@@ -1,16 +1,19 @@
 # Config validation (schema with defaults + cross-field checks) and the helpers that
 # turn the config into file names, targets and per-run parameters.
+import sys
 from pathlib import Path
 
 from snakemake.utils import validate
 
-from fedmedbench.configcheck import coerce_numbers
+from fedmedbench.configcheck import coerce_numbers, ignored_settings
 
 SOFTWARE_ENV = "../envs/environment.yaml"
 
 # YAML 1.1 reads 5e-2 as text: numbers where the schema asks for one
 coerce_numbers(config, Path(workflow.basedir) / "config" / "schema.yaml")
 validate(config, "../config/schema.yaml")
+for _warning in ignored_settings(config):
+    print(f"config warning: {_warning}", file=sys.stderr)
 
 ORIGIN = config["data"]["origin"]
 #: file-name tag that marks outputs computed from synthetic data

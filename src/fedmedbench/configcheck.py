@@ -97,6 +97,16 @@ def coerce_numbers(config: dict, schema_path: str | Path) -> list[str]:
     return done
 
 
+def ignored_settings(config: dict) -> list[str]:
+    """Settings that have no effect under the rest of the config (a warning each, so nobody relies on them)."""
+    data = config.get("data") or {}
+    out = []
+    if data.get("origin", "synthetic") == "synthetic" and data.get("medmnist_root"):
+        out.append(f"data.medmnist_root = {data['medmnist_root']!r} is ignored: data.origin is synthetic "
+                   "(set data.origin: real to use the official files)")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m fedmedbench.configcheck FILE...``: check files before handing them to Snakemake."""
     import sys

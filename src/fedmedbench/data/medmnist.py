@@ -214,7 +214,7 @@ def _check_labels(path: Path, key: str, labels: np.ndarray, num_classes: int | N
         bad = ~np.isfinite(labels) | (labels != np.round(labels))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise DataError(f"{path}: {key} ({split} split) has a non-integer label {labels[i]!r} at index {i} "
+            raise DataError(f"{path}: {key} ({split} split) has a non-integer label {labels[i].item()!r} at index {i} "
                             f"({int(bad.sum())} such); labels must be whole class numbers")
     if labels.size:
         low = labels < 0
@@ -222,7 +222,7 @@ def _check_labels(path: Path, key: str, labels: np.ndarray, num_classes: int | N
         if low.any() or high.any():
             i = int(np.flatnonzero(low | high)[0])
             rng = f"[0, {num_classes})" if num_classes is not None else ">= 0"
-            raise DataError(f"{path}: {key} ({split} split) label {labels[i]!r} at index {i} is outside {rng}")
+            raise DataError(f"{path}: {key} ({split} split) label {labels[i].item()!r} at index {i} is outside {rng}")
 
 
 def load_npz(path: str | Path, expect_size: int | None = None, expect_channels: int | None = None,

@@ -69,8 +69,9 @@ class ClientStateStore:
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 - name the file
-            raise ClientStateError(f"{path}: cannot load client state ({exc}); the file is damaged: "
-                                   f"{RESTART_HINT}") from exc
+            # torch's own text suggests weights_only=False, which is never the fix here: keep it to the chained error
+            raise ClientStateError(f"{path}: cannot load client state ({type(exc).__name__}: not a readable tensor "
+                                   f"archive); the file is damaged: {RESTART_HINT}") from exc
 
     def save(self, pid: int, rnd: int, state: dict[str, Any]) -> None:
         if not state:
