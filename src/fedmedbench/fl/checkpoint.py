@@ -100,5 +100,7 @@ def release(run_dir: str | Path, keep: bool = False) -> int:
     if keep or not folder.exists():
         return 0
     freed = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    # the server checkpoint first: a kill half-way leaves no checkpoint pointing at deleted client states
+    (folder / "server.pt").unlink(missing_ok=True)
     shutil.rmtree(folder)
     return freed
