@@ -1,5 +1,6 @@
 # Config validation (schema with defaults + cross-field checks) and the helpers that
 # turn the config into file names, targets and per-run parameters.
+import os
 import sys
 from pathlib import Path
 
@@ -142,7 +143,7 @@ def early_stopping_spec(es):
     """Only what changes training: tau/patience matter to a run only when it stops itself."""
     if es["mode"] == "none":
         return {"mode": "none"}
-    return {"mode": es["mode"], "tau": es["tau"], "patience": es["patience"]}
+    return {"mode": es["mode"], "tau": es["tau"], "patience": es["patience"], "counting": es["counting"]}
 
 
 def run_spec(wildcards):
@@ -206,6 +207,12 @@ def es_taus(study):
     """Every tau the early-stopping report evaluates (sweep, study tau, Table 2 tau)."""
     es = config["studies"][study]["early_stopping"]
     return sorted({*es["taus"], es["tau"], es["table2_tau"]})
+
+
+def paper_values_input(study):
+    """The study's typed-in paper values (config/paper_values/<study>.yaml), when there are any."""
+    path = f"config/paper_values/{study}.yaml"
+    return [path] if os.path.isfile(os.path.join(workflow.basedir, path)) else []
 
 
 def es_figure_setting(study):

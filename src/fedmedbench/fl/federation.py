@@ -120,7 +120,7 @@ def _client_context(
     ctx = ClientContext(
         pid=pid, rnd=rnd, model=model.to(device), data=_client_data(spec, pid), train=spec.train_config(),
         device=device, generator=client_generator(spec.seed, rnd, pid), state=store.load(pid, before_round=rnd),
-        steps=steps, global_arrays=arrays, broadcast=broadcast or {},
+        steps=steps, global_arrays=arrays, broadcast=broadcast or {}, client_sizes=task_for(spec).client_sizes,
     )
     return ctx, store
 
@@ -196,7 +196,7 @@ class Federation:
         if es["mode"] not in ("none", "datafree"):
             raise ValueError(f"early_stopping.mode must be none or datafree, got {es['mode']}")
         self.stop_mode = es["mode"]
-        self.monitor = DataFreeMonitor(float(es["tau"]), int(es["patience"]))
+        self.monitor = DataFreeMonitor(float(es["tau"]), int(es["patience"]), es.get("counting", "reference"))
         self._t0 = time.monotonic()
 
     # -- state ------------------------------------------------------------------
