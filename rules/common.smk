@@ -161,8 +161,8 @@ def run_spec(wildcards):
         "partition_path": partition_json(w),
         "sources": setting_sources(w["study"], w["dataset"], w["setting"]),
         "image_size": st["size"],
-        "model": st["model"]["name"],
-        "pretrained_path": st["model"]["pretrained_path"],
+        "model": run_model(w["study"], w["method"])["name"],
+        "pretrained_path": run_weights(w["study"], w["method"])[0],
         "train": {
             **st["train"],
             **st["settings"][w["setting"]].get("train", {}),
@@ -176,6 +176,18 @@ def run_spec(wildcards):
         "early_stopping": early_stopping_spec(st["early_stopping"]),
         "save_client_models": st["save_client_models"],
     }
+
+
+def run_model(study, method):
+    """The model block of one method: the study's, with the method's override (method_model) on top."""
+    st = config["studies"][study]
+    return {**st["model"], **st["method_model"].get(method, {})}
+
+
+def run_weights(study, method):
+    """(weight file, manifests) of a method's model block (rules/weights.smk)."""
+    key = f"studies.{study}.method_model.{method}" if method in config["studies"][study]["method_model"] else f"studies.{study}.model"
+    return model_weights(run_model(study, method), key)
 
 
 def study_summaries(wildcards):

@@ -41,6 +41,7 @@ rule earlystop_table1:
         seeds=lambda wc: config["studies"][wc.study]["seeds"],
         study=lambda wc: wc.study,
         origin=ORIGIN,
+        init=lambda wc: study_init(wc.study),
     log:
         "logs/earlystop_table1/{study}.log",
     threads: 1
@@ -68,6 +69,7 @@ rule earlystop_table2:
         seeds=lambda wc: config["studies"][wc.study]["seeds"],
         study=lambda wc: wc.study,
         origin=ORIGIN,
+        init=lambda wc: study_init(wc.study),
     log:
         "logs/earlystop_table2/{study}.log",
     threads: 1

@@ -25,6 +25,7 @@ with log_to(snakemake.log[0]):
                 "validation-based stopping point (delta_r against the earlier validation stop).")
         label = "tab:earlystop-table2"
         tau, dropped = es["table2_tau"], earlystop.dropped_note(points, es["table2_tau"], [es["bad_setting"]])
-    cap = " ".join([earlystop.caption(what, p.origin, list(p.seeds), tau, es["patience"], es["metric"]), dropped, paper])
+    cap = " ".join([earlystop.caption(what, p.origin, list(p.seeds), tau, es["patience"], es["metric"]),
+                    f"Models: {p.init}.", dropped, paper])
     io.write_csv(snakemake.output.csv, table)
     earlystop.write_markdown_latex(table, cap, snakemake.output.md, snakemake.output.tex, label)

@@ -4,6 +4,7 @@ from fedmedbench.compat import limit_threads
 from fedmedbench.fl import engine
 from fedmedbench.fl.spec import for_job
 from fedmedbench.runlog import log_to
+from fedmedbench.weights import fetch as weights
 
 with log_to(snakemake.log[0]) as log:
     limit_threads(snakemake.threads)
@@ -11,6 +12,7 @@ with log_to(snakemake.log[0]) as log:
     # from the job and config, not params, so changing them reruns no finished job
     spec = for_job(snakemake.params.spec, snakemake.threads, snakemake.config,
                    log_every=snakemake.config["studies"][snakemake.wildcards.study]["log_every"])
+    spec = weights.pin(spec, snakemake.input.weights)  # the loaded file is the fetched one (hash in the run hash)
     engine.run(spec, log=log)
     engine.complete(spec, log=log)
     log("done")

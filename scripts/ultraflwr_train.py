@@ -6,12 +6,14 @@ from fedmedbench import io
 from fedmedbench.compat import limit_threads
 from fedmedbench.fl.spec import for_job
 from fedmedbench.runlog import log_to
+from fedmedbench.weights import fetch as weights
 
 with log_to(snakemake.log[0]) as log:
     limit_threads(snakemake.threads)
     # runtime fields (threads, backend, ...) from the job and config, not params (as scripts/train_federated.py),
     # so changing them reruns no finished job; inline = no Ray
     spec = for_job(snakemake.params.spec, snakemake.threads, snakemake.config)
+    spec = weights.pin(spec, snakemake.input.weights)  # the loaded file is the fetched one (hash in the run hash)
     if snakemake.wildcards.strategy == "Centralized":
         from fedmedbench.fl.detection.centralized import run_centralized
 

@@ -60,6 +60,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def init_note(spec: RunSpec) -> str:
+    """How the run's model started, for table captions: the weight sets it loaded, or random init."""
+    if spec.weights_sha256:
+        return "pretrained " + " + ".join(sorted(spec.weights_sha256))
+    if spec.pretrained_path and spec.task in ("classification", "detection"):
+        return f"pretrained {Path(spec.pretrained_path).name}"
+    return "random init"
+
+
 def new_model(spec: RunSpec) -> torch.nn.Module:
     return get_method(spec.method, spec.method_params).build_model(spec)
 
@@ -103,7 +112,14 @@ def _nanmean(values: list[float]) -> float:
 client_threads = 1
 
 
+#: a deployed site's own data (partition id -> ClientData, read from its folder by fedmedbench.deploy);
+#: empty in simulation, where every client's data comes from the partition
+site_data: dict[int, Any] = {}
+
+
 def _client_data(spec: RunSpec, pid: int) -> Any:
+    if pid in site_data:
+        return site_data[pid]
     method = get_method(spec.method, spec.method_params)
     task = task_for(spec)
     return task.pooled_data() if method.centralized else task.client_data(pid)
@@ -383,7 +399,7 @@ class Federation:
             "rounds": self.train.rounds, "rounds_run": state.round, "num_clients": self.num_clients,
             "early_stopping": self.stop_mode, "rounds_saved": self.train.rounds - state.round,
             "clients_per_round": self.per_round, "model": self.spec.model, "device": str(self.device), "task": self.spec.task,
-            "wall_time_s": state.elapsed, "run_hash": self.run_hash,
+            "wall_time_s": state.elapsed, "run_hash": self.run_hash, "init": init_note(self.spec),
             "client_models": "client_models.pt" if self.spec.save_client_models else None,
             "final": {k: v for k, v in last.items() if k not in ("round", "clients")},
         }
