@@ -125,7 +125,7 @@ def test_runtime_settings_rerun_nothing_and_a_deleted_run_is_redone(pipeline):
     # Snakemake does not regenerate a missing intermediate file while the tables are up to date: the README's
     # recipe targets the run's files, which redoes exactly that run
     target = f"{run.relative_to(pipeline)}/metrics.csv"
-    proc = snakemake(pipeline, "-n", "--configfile", "micro.yaml", target)
+    proc = snakemake(pipeline, "-n", target, "--configfile", "micro.yaml")  # the target first: --configfile takes a list
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and planned_jobs(out).get("train_federated") == 1, out[-3000:]
     assert re.findall(r"output: (results/micro/\S+/metrics\.csv)", out) == [target]
