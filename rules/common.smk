@@ -7,6 +7,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from fedmedbench.configcheck import coerce_numbers, ignored_settings
+from fedmedbench.fl import method_params
 
 SOFTWARE_ENV = "../envs/environment.yaml"
 
@@ -50,6 +51,9 @@ def _check_gpaf_report(sname, study):
             _config_error(key, f"'{m}' has no federated client models to show")
     if rep["tsne"]["methods"] and not study["save_client_models"]:
         _config_error(f"studies.{sname}.save_client_models", "must be true for the t-SNE of client features (report.gpaf.tsne)")
+    kept = study["client_models_round"]
+    if kept is not None and kept > study["train"]["rounds"]:
+        _config_error(f"studies.{sname}.client_models_round", f"{kept} is after the last round ({study['train']['rounds']})")
 
 
 def _check_config():
@@ -169,12 +173,13 @@ def run_spec(wildcards):
             **st["method_train"].get(w["method"], {}),
         },
         "clients_per_round": st["clients_per_round"],
-        "method_params": dict(st["method_params"].get(w["method"], {})),
+        "method_params": method_params.resolve(w["method"], st["method_params"], st["settings"][w["setting"]]),
         "device": config["device"],
         "data_origin": ORIGIN,
         "eval_every": st["eval_every"],
         "early_stopping": early_stopping_spec(st["early_stopping"]),
         "save_client_models": st["save_client_models"],
+        "client_models_round": st["client_models_round"],
     }
 
 
@@ -365,6 +370,15 @@ def gpaf_targets(study):
                  ext=["csv", "md", "tex"])
     out += expand("results/{study}/tables/convergence_rounds{tag}.{ext}", study=study, tag=TAG, ext=["csv", "md"])
     out.append(f"results/{study}/figures/gpaf_convergence{TAG}.png")
+    seen = set()
+    for setting, s in st["settings"].items():  # one domain figure per dataset and set of domains
+        if s["scheme"] != "domain":
+            continue
+        for dataset in setting_datasets(study, setting):
+            key = (dataset, tuple(s["params"]["domains"]))
+            if key not in seen:
+                seen.add(key)
+                out.append(f"results/{study}/figures/domains_{dataset}_{setting}{TAG}.png")
     if st["report"]["gpaf"]["tsne"]["methods"]:
         for setting in st["settings"]:
             for dataset in setting_datasets(study, setting):

@@ -136,7 +136,9 @@ def _client_context(
     ctx = ClientContext(
         pid=pid, rnd=rnd, model=model.to(device), data=_client_data(spec, pid), train=spec.train_config(),
         device=device, generator=client_generator(spec.seed, rnd, pid), state=store.load(pid, before_round=rnd),
-        steps=steps, global_arrays=arrays, broadcast=broadcast or {}, client_sizes=task_for(spec).client_sizes,
+        steps=steps, global_arrays=arrays, broadcast=broadcast or {},
+        # a deployed site knows no other site's size (methods that need them say so)
+        client_sizes=None if pid in site_data else (lambda: task_for(spec).client_sizes()),
     )
     return ctx, store
 
@@ -207,6 +209,9 @@ class Federation:
         if not 1 <= per_round <= self.num_clients:
             raise ValueError(f"clients_per_round={per_round} must be between 1 and num_clients={self.num_clients}")
         self.per_round = per_round
+        self.keep_round = spec.client_models_round or self.train.rounds
+        if spec.save_client_models and not 1 <= self.keep_round <= self.train.rounds:
+            raise ValueError(f"client_models_round={self.keep_round} must be between 1 and train.rounds={self.train.rounds}")
         self.store = ClientStateStore(checkpoint.checkpoint_dir(spec.run_dir) / "clients")
         es = {"mode": "none", "tau": 0.01, "patience": 10, **spec.early_stopping}
         if es["mode"] not in ("none", "datafree"):
@@ -316,8 +321,8 @@ class Federation:
             round=rnd, arrays=new_arrays, server_state=state.server_state,
             rows=state.rows + [row], client_rows=state.client_rows + client_rows, elapsed=elapsed,
         )
-        if self.spec.save_client_models and rnd == self.train.rounds:
-            self._save_final_client_models(results)
+        if self.spec.save_client_models and rnd == self.keep_round:
+            self._save_final_client_models(results, new_arrays if rnd != self.train.rounds else None)
         checkpoint.save(self.spec.run_dir, new_state, self.run_hash)
         self.store.prune(rnd)
         self._progress(row)
@@ -335,7 +340,7 @@ class Federation:
             if sorted(results) != sampled:
                 raise RuntimeError(f"round {rnd}: results for clients {sorted(results)}, expected {sampled}")
             new_arrays = self.aggregate(state, rnd, results)
-            if not (self.spec.save_client_models and rnd == rounds):  # aggregated: drop the clients' arrays
+            if not (self.spec.save_client_models and rnd == self.keep_round):  # aggregated: drop the clients' arrays
                 results = {p: ClientResult({}, r.num_examples, r.metrics) for p, r in results.items()}
             client_eval = transport.evaluate(rnd, list(range(self.num_nodes)), new_arrays) if self.needs_client_eval(rnd) else None
             state = self.finish_round(state, rnd, results, new_arrays, client_eval)
@@ -351,13 +356,16 @@ class Federation:
     def _final_client_models_path(self) -> Path:
         return checkpoint.checkpoint_dir(self.spec.run_dir) / "final_client_models.pt"
 
-    def _save_final_client_models(self, results: dict[int, ClientResult]) -> None:
-        """Optional (``save_client_models``): what each client sent in the last round, for analyses
-        such as t-SNE of client features. Written before the round's checkpoint, so a run resumed
-        after its last round still has it."""
+    def _save_final_client_models(self, results: dict[int, ClientResult], global_arrays: Arrays | None = None) -> None:
+        """Optional (``save_client_models``): what each client sent in the kept round (the last one, or
+        ``client_models_round``), for analyses such as t-SNE of client features; before the last round
+        that round's global arrays come with them (``"global"``). Written before the round's
+        checkpoint, so a resumed run still has it."""
         from fedmedbench.io import write_torch
 
         payload = {str(pid): arrays_to_tensors(r.arrays) for pid, r in sorted(results.items()) if r.arrays}
+        if global_arrays is not None:
+            payload["global"] = arrays_to_tensors(global_arrays)
         write_torch(self._final_client_models_path(), payload, what="client models")
 
     def _progress(self, row: dict[str, Any]) -> None:
@@ -401,6 +409,7 @@ class Federation:
             "clients_per_round": self.per_round, "model": self.spec.model, "device": str(self.device), "task": self.spec.task,
             "wall_time_s": state.elapsed, "run_hash": self.run_hash, "init": init_note(self.spec),
             "client_models": "client_models.pt" if self.spec.save_client_models else None,
+            "client_models_round": self.keep_round if self.spec.save_client_models else None,
             "final": {k: v for k, v in last.items() if k not in ("round", "clients")},
         }
         primary = f"global_{self.task.primary_metric}"
