@@ -37,6 +37,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fedmedbench.fl import checkpoint
 from fedmedbench.fl import federation as fed
 from fedmedbench.fl.inline_grid import InlineGrid
 from fedmedbench.fl.registry import Arrays, ClientResult
@@ -226,6 +227,7 @@ def run(spec: RunSpec, log: Callable[[str], None] = print) -> fed.Federation:
     if spec.backend not in BACKENDS:
         raise ValueError(f"engine.backend = {spec.backend!r}: choose one of {list(BACKENDS)}")
     spec = fed.resolve_data_shapes(spec)
+    checkpoint.prepare(spec.run_dir, spec.resume)  # temp files of a killed job; resume=restart drops the checkpoint
     federation = fed.Federation(spec, log)
     federation.final_state = None
     server_app = ServerApp()
@@ -244,6 +246,15 @@ def run(spec: RunSpec, log: Callable[[str], None] = print) -> fed.Federation:
         raise RuntimeError("the Flower run ended without completing the run (see the log above)")
     federation.stage_outputs(federation.final_state)
     return federation
+
+
+def complete(spec: RunSpec, log: Callable[[str], None] = print) -> None:
+    """Call once every output of the job is written: removes the run's resume state
+    (server checkpoint, client states) unless ``keep_checkpoints`` is set."""
+    freed = checkpoint.release(spec.run_dir, keep=spec.keep_checkpoints)
+    if freed:
+        log(f"run complete: removed its resume state {checkpoint.checkpoint_dir(spec.run_dir)} ({freed / 2**20:.1f} MiB; "
+            "keep_checkpoints: true keeps it)")
 
 
 def _job_name(spec: RunSpec) -> str:

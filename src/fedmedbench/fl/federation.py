@@ -361,13 +361,12 @@ class Federation:
         ``client_models_round``), for analyses such as t-SNE of client features; before the last round
         that round's global arrays come with them (``"global"``). Written before the round's
         checkpoint, so a resumed run still has it."""
-        from fedmedbench.io import atomic_path
+        from fedmedbench.io import write_torch
 
         payload = {str(pid): arrays_to_tensors(r.arrays) for pid, r in sorted(results.items()) if r.arrays}
         if global_arrays is not None:
             payload["global"] = arrays_to_tensors(global_arrays)
-        with atomic_path(self._final_client_models_path()) as tmp:
-            torch.save(payload, tmp)
+        write_torch(self._final_client_models_path(), payload, what="client models")
 
     def _progress(self, row: dict[str, Any]) -> None:
         """One line per round: in the log, and on the console when the log offers one (``log.console``)."""
@@ -389,8 +388,7 @@ class Federation:
         metrics = pd.DataFrame(state.rows)
         io.write_csv(run_dir / "metrics.csv", metrics)
         io.write_csv(run_dir / "client_metrics.csv", pd.DataFrame(state.client_rows))
-        with io.atomic_path(run_dir / "model.pt") as tmp:
-            torch.save(arrays_to_tensors(state.arrays), tmp)
+        io.write_torch(run_dir / "model.pt", arrays_to_tensors(state.arrays), what="final model")  # reproducible bytes
         if self.spec.save_client_models:
             src = self._final_client_models_path()
             if not src.is_file():
