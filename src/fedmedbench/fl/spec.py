@@ -15,7 +15,7 @@ from typing import Any
 from fedmedbench.fl.registry import TrainConfig
 
 #: fields that do not change the numbers a run produces
-_NOT_HASHED = {"run_dir", "threads", "log_every", "backend"}
+_NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "cache_on_device"}
 
 
 @dataclass
@@ -40,6 +40,8 @@ class RunSpec:
     threads: int = 1
     #: Flower backend: inline (in-process grid, default) or ray (run_simulation); see fl/engine.py
     backend: str = "inline"
+    #: copy client data to an accelerator once per job while it fits (fl/job.py); never changes results
+    cache_on_device: bool = True
     data_origin: str = "synthetic"
     log_every: int = 1
     eval_every: int = 1
