@@ -2,13 +2,13 @@
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.compat import limit_threads
 from fedmedbench.fl import engine
-from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.spec import RunSpec, engine_options
 from fedmedbench.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     limit_threads(snakemake.threads)
     # the backend changes how messages travel, not the results: read from config, not params,
     # so switching it does not rerun finished jobs
-    spec = RunSpec.from_dict({**snakemake.params.spec, "backend": snakemake.config["engine"]["backend"]})
+    spec = RunSpec.from_dict({**snakemake.params.spec, **engine_options(snakemake.config)})
     engine.run(spec, log=log)
     log("done")

@@ -4,14 +4,14 @@ import pandas as pd
 
 from fedmedbench import io
 from fedmedbench.compat import limit_threads
-from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.spec import RunSpec, engine_options
 from fedmedbench.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     limit_threads(snakemake.threads)
     # the backend changes how messages travel, not the results: read from config, not params (as
     # scripts/train_federated.py), so switching it does not rerun finished jobs; inline = no Ray
-    spec = RunSpec.from_dict({**snakemake.params.spec, "backend": snakemake.config["engine"]["backend"]})
+    spec = RunSpec.from_dict({**snakemake.params.spec, **engine_options(snakemake.config)})
     if snakemake.wildcards.strategy == "Centralized":
         from fedmedbench.fl.detection.centralized import run_centralized
 

@@ -28,6 +28,8 @@ from fedmedbench.fl.tasks import Task, task_for
 
 #: share of the device memory free at the first copy that cached client data may use
 DEVICE_DATA_SHARE = 0.5
+#: devices whose client data is worth caching (on the CPU the data already is where it is used)
+CACHED_DEVICE_TYPES = ("cuda",)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -104,13 +106,13 @@ class Job:
         return data
 
     def _caches_data(self, data: Any) -> bool:
-        return (self.spec.cache_on_device and self.device.type != "cpu" and self.method.device_data
+        return (self.spec.cache_on_device and self.device.type in CACHED_DEVICE_TYPES and self.method.device_data
                 and is_dataclass(data) and isinstance(data, ClientData))
 
 
 def free_device_memory(device: torch.device) -> int:
     """Bytes free on an accelerator (0 where unknown, which turns caching off)."""
-    if device.type == "cuda":
+    if device.type == "cuda" and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
     return 0

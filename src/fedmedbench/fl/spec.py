@@ -18,6 +18,15 @@ from fedmedbench.fl.registry import TrainConfig
 _NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "cache_on_device"}
 
 
+#: the config's ``engine`` entries a spec takes: how a job runs, never what it computes
+ENGINE_OPTIONS = ("backend", "cache_on_device")
+
+
+def engine_options(config: dict[str, Any]) -> dict[str, Any]:
+    """The spec fields from the config's ``engine`` block (read at run time, not from the rule's params)."""
+    return {k: config["engine"][k] for k in ENGINE_OPTIONS if k in config["engine"]}
+
+
 @dataclass
 class RunSpec:
     run_dir: str
