@@ -4,7 +4,8 @@ Server side (:class:`Federation`): initial model, seeded client sampling by
 partition id, step budgets, aggregation through the method, evaluation, metric rows,
 checkpoint/resume, progress lines. Client side (:func:`client_train`,
 :func:`client_evaluate`): what a ClientApp does with a message, using the method's
-client step and the client-state store. ``engine`` moves messages between the two.
+client step and the client-state store. Both sides use the run's :class:`~fedmedbench.fl.job.Job`
+(method, task, device and the reused model, resolved once). ``engine`` moves messages between the two.
 """
 
 from __future__ import annotations
