@@ -16,6 +16,7 @@ report: "report/workflow.rst"
 
 
 include: "rules/common.smk"
+include: "rules/weights.smk"
 include: "rules/data.smk"
 include: "rules/partition.smk"
 include: "rules/train.smk"
@@ -25,6 +26,7 @@ include: "rules/report_earlystop.smk"
 include: "rules/report_gpaf.smk"
 include: "rules/ultraflwr.smk"
 include: "rules/fedst.smk"
+include: "rules/deploy.smk"
 
 
 # Quick steps run on the submitting node, not as cluster jobs.

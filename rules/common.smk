@@ -1,5 +1,7 @@
 # Config validation (schema with defaults + cross-field checks) and the helpers that
 # turn the config into file names, targets and per-run parameters.
+import os
+
 from snakemake.utils import validate
 
 SOFTWARE_ENV = "../envs/environment.yaml"
@@ -125,7 +127,7 @@ def early_stopping_spec(es):
     """Only what changes training: tau/patience matter to a run only when it stops itself."""
     if es["mode"] == "none":
         return {"mode": "none"}
-    return {"mode": es["mode"], "tau": es["tau"], "patience": es["patience"]}
+    return {"mode": es["mode"], "tau": es["tau"], "patience": es["patience"], "counting": es["counting"]}
 
 
 def run_spec(wildcards):
@@ -142,8 +144,8 @@ def run_spec(wildcards):
         "partition_path": partition_json(w),
         "sources": setting_sources(w["study"], w["dataset"], w["setting"]),
         "image_size": st["size"],
-        "model": st["model"]["name"],
-        "pretrained_path": st["model"]["pretrained_path"],
+        "model": run_model(w["study"], w["method"])["name"],
+        "pretrained_path": run_weights(w["study"], w["method"])[0],
         "train": {
             **st["train"],
             **st["settings"][w["setting"]].get("train", {}),
@@ -159,6 +161,18 @@ def run_spec(wildcards):
         "early_stopping": early_stopping_spec(st["early_stopping"]),
         "save_client_models": st["save_client_models"],
     }
+
+
+def run_model(study, method):
+    """The model block of one method: the study's, with the method's override (method_model) on top."""
+    st = config["studies"][study]
+    return {**st["model"], **st["method_model"].get(method, {})}
+
+
+def run_weights(study, method):
+    """(weight file, manifests) of a method's model block (rules/weights.smk)."""
+    key = f"studies.{study}.method_model.{method}" if method in config["studies"][study]["method_model"] else f"studies.{study}.model"
+    return model_weights(run_model(study, method), key)
 
 
 def study_summaries(wildcards):
@@ -190,6 +204,12 @@ def es_taus(study):
     """Every tau the early-stopping report evaluates (sweep, study tau, Table 2 tau)."""
     es = config["studies"][study]["early_stopping"]
     return sorted({*es["taus"], es["tau"], es["table2_tau"]})
+
+
+def paper_values_input(study):
+    """The study's typed-in paper values (config/paper_values/<study>.yaml), when there are any."""
+    path = f"config/paper_values/{study}.yaml"
+    return [path] if os.path.isfile(os.path.join(workflow.basedir, path)) else []
 
 
 def es_figure_setting(study):

@@ -9,10 +9,11 @@ include: "fedst_common.smk"
 rule fedst_pretrain:
     input:
         clips=FEDST_CLIPS,
+        weights=fedst_weights("main"),
     output:
         "results/fedst/{sites}/pretrain/seed{seed}/pretrained.pt",
     params:
-        pre=FS.pretrain_params(FEDST, FEDST_CLIPS),
+        pre=FS.pretrain_params(FEDST_RUN, FEDST_CLIPS),
         device=config["device"],
     log:
         "logs/fedst_pretrain/{sites}/seed{seed}.log",
@@ -33,6 +34,7 @@ rule fedst_train:
     input:
         clips=FEDST_CLIPS,
         pretrained=fedst_pretrained,
+        weights=lambda w: fedst_weights(w.variant),
     output:
         metrics="results/fedst/{sites}/{variant}/{method}/seed{seed}/metrics.csv",
         clients="results/fedst/{sites}/{variant}/{method}/seed{seed}/client_metrics.csv",
@@ -69,6 +71,7 @@ rule fedst_tables:
         cfg={k: FEDST[k] for k in ("sites", "outfed_site", "unseen_site", "seeds", "methods", "variants", "indicator", "train")},
         origin=SORIGIN,
         tag=STAG,
+        init=fedst_init(),
     log:
         "logs/fedst_tables/tables.log",
     conda:

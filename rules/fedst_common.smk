@@ -26,8 +26,8 @@ def _check_fedst_config():
                       f"{SURGICAL['clips']['num_previous'] + 1})")
     if "ind_clip" in FEDST["variants"] or FEDST["indicator"]["kind"] == "clip":
         if not FEDST["indicator"]["clip_weights"]:
-            _config_error("fedst.indicator.clip_weights", "the CLIP indicator (kind clip or variant ind_clip) needs a local "
-                          "open_clip state_dict file; or use kind onehot/gaussian/random and drop ind_clip")
+            _config_error("fedst.indicator.clip_weights", "the CLIP indicator (kind clip or variant ind_clip) needs an open_clip "
+                          "weight set (e.g. clip_vit_b32_laion2b, docs/weights.md); or use kind onehot/gaussian/random and drop ind_clip")
     if FEDST["indicator"]["kind"] != "clip" and FEDST["model"]["indicator_dim"] < len(sites):
         _config_error("fedst.model.indicator_dim", f"must be >= the number of sites ({len(sites)}) for one-hot indicators")
     unknown = set(FEDST["method_params"]) - set(FEDST["methods"])
@@ -36,6 +36,25 @@ def _check_fedst_config():
 
 
 _check_fedst_config()
+
+
+def _fedst_weight(key, name):
+    return (weights_file(weight_set_name(name, key)), weights_manifest(name)) if name else (None, None)
+
+
+FEDST_ENCODER_FILE, FEDST_ENCODER_MANIFEST = _fedst_weight("fedst.model.encoder_weights", FEDST["model"]["encoder_weights"])
+FEDST_CLIP_FILE, FEDST_CLIP_MANIFEST = _fedst_weight("fedst.indicator.clip_weights", FEDST["indicator"]["clip_weights"])
+#: the fedst block with weight-set names resolved to the files the jobs load
+FEDST_RUN = {**FEDST, "model": {**FEDST["model"], "encoder_weights": FEDST_ENCODER_FILE},
+             "indicator": {**FEDST["indicator"], "clip_weights": FEDST_CLIP_FILE}}
+
+
+def fedst_weights(variant="main"):
+    """Manifests a job loads: the encoder's always, CLIP's when the job's indicator is CLIP."""
+    out = [FEDST_ENCODER_MANIFEST] if FEDST_ENCODER_MANIFEST else []
+    if FEDST_CLIP_MANIFEST and FS.indicator_config(FEDST, variant)["kind"] == "clip":
+        out.append(FEDST_CLIP_MANIFEST)
+    return out
 
 
 def fedst_run_dir(w):
@@ -48,7 +67,7 @@ def fedst_pretrained(w):
 
 def fedst_spec(w):
     pre = fedst_pretrained(w) or None
-    return FS.run_spec(FEDST, w.variant, w.method, int(w.seed), FEDST_CLIPS, fedst_run_dir(w), pre,
+    return FS.run_spec(FEDST_RUN, w.variant, w.method, int(w.seed), FEDST_CLIPS, fedst_run_dir(w), pre,
                        config["device"], config["threads"]["train"], SORIGIN)
 
 

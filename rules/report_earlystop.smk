@@ -12,6 +12,8 @@ rule earlystop_stopping_points:
         patience=lambda wc: config["studies"][wc.study]["early_stopping"]["patience"],
         metric=lambda wc: config["studies"][wc.study]["early_stopping"]["metric"],
         min_delta=lambda wc: config["studies"][wc.study]["early_stopping"]["val_min_delta"],
+        counting=lambda wc: config["studies"][wc.study]["early_stopping"]["counting"],
+        never_fired=lambda wc: config["studies"][wc.study]["early_stopping"]["never_fired"],
     log:
         "logs/earlystop_stopping_points/{study}.log",
     threads: 1
@@ -27,6 +29,7 @@ rule earlystop_stopping_points:
 rule earlystop_table1:
     input:
         f"results/{{study}}/tables/stopping_points{TAG}.csv",
+        paper=lambda wc: paper_values_input(wc.study),
     output:
         csv=report(f"results/{{study}}/tables/table1{TAG}.csv", category="{study}", subcategory="tables"),
         md=f"results/{{study}}/tables/table1{TAG}.md",
@@ -36,7 +39,9 @@ rule earlystop_table1:
         settings=lambda wc: list(config["studies"][wc.study]["settings"]),
         methods=lambda wc: config["studies"][wc.study]["methods"],
         seeds=lambda wc: config["studies"][wc.study]["seeds"],
+        study=lambda wc: wc.study,
         origin=ORIGIN,
+        init=lambda wc: study_init(wc.study),
     log:
         "logs/earlystop_table1/{study}.log",
     threads: 1
@@ -52,6 +57,7 @@ rule earlystop_table1:
 rule earlystop_table2:
     input:
         f"results/{{study}}/tables/stopping_points{TAG}.csv",
+        paper=lambda wc: paper_values_input(wc.study),
     output:
         csv=report(f"results/{{study}}/tables/table2{TAG}.csv", category="{study}", subcategory="tables"),
         md=f"results/{{study}}/tables/table2{TAG}.md",
@@ -61,7 +67,9 @@ rule earlystop_table2:
         settings=lambda wc: list(config["studies"][wc.study]["settings"]),
         methods=lambda wc: config["studies"][wc.study]["methods"],
         seeds=lambda wc: config["studies"][wc.study]["seeds"],
+        study=lambda wc: wc.study,
         origin=ORIGIN,
+        init=lambda wc: study_init(wc.study),
     log:
         "logs/earlystop_table2/{study}.log",
     threads: 1

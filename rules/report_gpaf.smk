@@ -20,6 +20,7 @@ rule gpaf_table1:
         settings=lambda wc: config["studies"][wc.study]["settings"],
         setting_order=lambda wc: list(config["studies"][wc.study]["settings"]),
         origin=ORIGIN,
+        init=lambda wc: study_init(wc.study),
     log:
         "logs/gpaf_table1/{study}/{dataset}.log",
     threads: 1

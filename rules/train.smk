@@ -7,6 +7,7 @@ rule train_federated:
     input:
         partition=partition_json,
         sources=lambda wc: sorted(set(setting_sources(wc.study, wc.dataset, wc.setting).values())),
+        weights=lambda wc: run_weights(wc.study, wc.method)[1],
     output:
         metrics="results/{study}/{dataset}/{setting}/{method}/seed{seed}/metrics.csv",
         clients="results/{study}/{dataset}/{setting}/{method}/seed{seed}/client_metrics.csv",

@@ -8,6 +8,7 @@ include: "ultraflwr_common.smk"
 rule ultraflwr_train:
     input:
         export=f"{SURG}/yolo/{{ugroup}}",
+        weights=ultraflwr_weights()[1],
     output:
         metrics=f"{UF_DIR}/{{ugroup}}/{{usetting}}/{{strategy}}/seed{{seedset}}/metrics.csv",
         clients=f"{UF_DIR}/{{ugroup}}/{{usetting}}/{{strategy}}/seed{{seedset}}/client_metrics.csv",
@@ -69,6 +70,7 @@ rule ultraflwr_top_strategies:
         runs=ultraflwr_group_index,
         top_k=UF["report"]["top_k"],
         origin=SORIGIN,
+        init=init_of(UF["model"]),
     log:
         f"logs/ultraflwr_top_strategies/{{ugroup}}.log",
     threads: 1
@@ -113,6 +115,7 @@ rule ultraflwr_communication:
     params:
         runs=ultraflwr_comm_index(),
         origin=SORIGIN,
+        init=init_of(UF["model"]),
     log:
         "logs/ultraflwr_communication.log",
     threads: 1

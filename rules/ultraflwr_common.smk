@@ -39,6 +39,11 @@ def ultraflwr_run_dir(r):
     return f"{UF_DIR}/{r['ugroup']}/{r['usetting']}/{r['strategy']}/seed{r['seedset']}"
 
 
+def ultraflwr_weights():
+    """(weight file, manifests) of the YOLO model: server, every client and the centralized baseline."""
+    return model_weights(UF["model"], "ultraflwr.model")
+
+
 def ultraflwr_spec(wildcards):
     """The resolved RunSpec of one run: every hyper-parameter, so a change reruns exactly its jobs."""
     t = UF["train"]
@@ -53,7 +58,7 @@ def ultraflwr_spec(wildcards):
         "sources": {},
         "image_size": t["imgsz"],
         "model": UF["model"]["cfg"],
-        "pretrained_path": UF["model"]["weights"],
+        "pretrained_path": ultraflwr_weights()[0],
         "train": {"rounds": t["rounds"], "local_epochs": t["epochs"], "batch_size": t["batch"], "lr": t["lr0"]},
         "method_params": {
             "strategy": "FedAvg" if wildcards.strategy == "Centralized" else wildcards.strategy,

@@ -10,5 +10,6 @@ with log_to(snakemake.log[0]):
     curves = figures.load_curves(snakemake.input.metrics)
     points = earlystop.load_points(snakemake.input.points)
     io.save_figure(snakemake.output.fig3, earlystop.figure3(curves, points, es["figure3_method"], p.setting, es["tau"],
+                                                            es["patience"], es["metric"], p.origin, es["counting"]))
+    io.save_figure(snakemake.output.fig4, earlystop.figure4(points, p.setting, list(es["taus"]), list(p.methods),
                                                             es["metric"], p.origin))
-    io.save_figure(snakemake.output.fig4, earlystop.figure4(points, p.setting, list(p.methods), es["metric"], p.origin))

@@ -7,6 +7,6 @@ from fedmedbench.runlog import log_to
 with log_to(snakemake.log[0]) as log:
     p = snakemake.params
     points = earlystop.stopping_points(figures.load_curves(snakemake.input), list(p.taus), int(p.patience), p.metric,
-                                       p.min_delta)
+                                       p.min_delta, p.counting, p.never_fired)
     io.write_csv(snakemake.output[0], points)
     log(f"{points[['dataset', 'setting', 'method', 'seed']].drop_duplicates().shape[0]} runs x {len(p.taus)} taus")

@@ -3,9 +3,12 @@ import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.compat import limit_threads
 from fedmedbench.fedst_study import pretrain
 from fedmedbench.runlog import log_to
+from fedmedbench.weights import fetch as weights
 
 with log_to(snakemake.log[0]) as log:
     limit_threads(snakemake.threads)
+    for name, digest in weights.verify_manifests(snakemake.input.weights).items():
+        log(f"weights {name}: sha256 {digest} (verified against its manifest)")
     pretrain(dict(snakemake.params.pre), int(snakemake.wildcards.seed), snakemake.output[0],
              device=snakemake.params.device, log=log)
     log("done")

@@ -38,6 +38,7 @@ with log_to(snakemake.log[0]) as log:
         md = next(p for p in snakemake.output.md if Path(p).stem == stem)
         csv = next(p for p in snakemake.output.csv if Path(p).stem == stem)
         cap = R.caption(TITLES[name], snakemake.params.origin, cfg["seeds"], cfg["train"]["rounds"])
+        cap += f" Models: {snakemake.params.init}."
         if name in ("table3", "table8"):
             cap += f" Site: {cfg['outfed_site'] if name == 'table3' else cfg['unseen_site']}."
         io.write_csv(csv, frame)

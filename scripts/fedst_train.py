@@ -7,11 +7,13 @@ from fedmedbench.fedst_study import deploy_eval, pin_initial_model
 from fedmedbench.fl import engine
 from fedmedbench.fl.spec import RunSpec, engine_options
 from fedmedbench.runlog import log_to
+from fedmedbench.weights import fetch as weights
 
 with log_to(snakemake.log[0]) as log:
     limit_threads(snakemake.threads)
     # the backend changes how messages travel, not the results: from config, not params
     spec = pin_initial_model(RunSpec.from_dict({**snakemake.params.spec, **engine_options(snakemake.config)}))
+    spec = weights.pin(spec, snakemake.input.weights)  # encoder / CLIP files verified, hashes in the run hash
     federation = engine.run(spec, log=log)
     d = dict(snakemake.params.deploy)
     out = deploy_eval(federation.spec, federation.final_state, d["outfed_site"], d["unseen_site"], int(d["fps_clips"]))

@@ -8,5 +8,5 @@ with log_to(snakemake.log[0]) as log:
     runs = gpaf.load_runs(snakemake.input)
     settings = {name: p.settings[name] for name in p.setting_order}  # config order (params may reorder dicts)
     long, display = gpaf.table1(runs, p.report["table_metrics"], p.report["method_order"], settings)
-    gpaf.write_table1(long, display, runs, snakemake.output, study=w.study, dataset=w.dataset, origin=p.origin)
+    gpaf.write_table1(long, display, runs, snakemake.output, study=w.study, dataset=w.dataset, origin=p.origin, init=p.init)
     log(f"{len(runs)} runs -> Table 1 with {len(display)} methods")

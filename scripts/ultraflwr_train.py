@@ -6,12 +6,14 @@ from fedmedbench import io
 from fedmedbench.compat import limit_threads
 from fedmedbench.fl.spec import RunSpec, engine_options
 from fedmedbench.runlog import log_to
+from fedmedbench.weights import fetch as weights
 
 with log_to(snakemake.log[0]) as log:
     limit_threads(snakemake.threads)
     # the backend changes how messages travel, not the results: read from config, not params (as
     # scripts/train_federated.py), so switching it does not rerun finished jobs; inline = no Ray
     spec = RunSpec.from_dict({**snakemake.params.spec, **engine_options(snakemake.config)})
+    spec = weights.pin(spec, snakemake.input.weights)  # the loaded file is the fetched one (hash in the run hash)
     if snakemake.wildcards.strategy == "Centralized":
         from fedmedbench.fl.detection.centralized import run_centralized
 

@@ -47,6 +47,10 @@ def _bad(path: list, value):
     (["studies", "micro", "method_params"], {"fedavg": {"mu": 0.1}}, "'mu' was unexpected"),
     (["studies", "micro", "method_params"], {"fedprox": {"mu": -1}}, "mu"),
     (["data", "origin"], "imaginary", "origin"),
+    (["studies", "micro", "early_stopping", "counting"], "sideways", "'sideways' is not one of"),
+    (["studies", "micro", "early_stopping", "never_fired"], "ignore", "'ignore' is not one of"),
+    (["studies", "micro", "train", "input_norm"], "triple", "'triple' is not one of"),
+    (["studies", "micro", "method_params"], {"scaffold": {"local_iterations": "textbook"}}, "local_iterations"),
 ])
 def test_schema_errors_name_the_key(path, value, needle):
     with pytest.raises(Exception) as info:

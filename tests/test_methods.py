@@ -47,12 +47,12 @@ def train_cfg(**kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
-def context(model=None, state=None, broadcast=None, steps=3, rnd=1, data=None, **cfg) -> ClientContext:
+def context(model=None, state=None, broadcast=None, steps=3, rnd=1, data=None, sizes=(24, 24), **cfg) -> ClientContext:
     model = model or tiny_model()
     return ClientContext(pid=0, rnd=rnd, model=model, data=data or tiny_data(), train=train_cfg(**cfg),
                          device=torch.device("cpu"), generator=torch.Generator().manual_seed(7),
                          state=state if state is not None else {}, steps=steps,
-                         global_arrays=model_arrays(model), broadcast=broadcast or {})
+                         global_arrays=model_arrays(model), broadcast=broadcast or {}, client_sizes=lambda: list(sizes))
 
 
 def fit(method_name, params=None, **ctx_kw):
@@ -112,6 +112,31 @@ def test_scaffold_control_variate_update():
         expected = c_i_old[n] - torch.from_numpy(c[n]) + (torch.from_numpy(ctx.global_arrays[n]) - p.detach()) / k_lr
         torch.testing.assert_close(ctx.state["c_i"][n], expected, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(torch.from_numpy(result.extras["delta_c"][n]), expected - c_i_old[n], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["scaffold", "fedgamma", "fedwmsam"])
+def test_local_iterations_reference_uses_client0_size_per_client_its_own_steps(method):
+    """K = E * n_0 / B for every client (server/SCAFFOLD.py) vs the client's own step count."""
+    from fedmedbench.fl.methods._sgd import local_iterations
+
+    # a client of 24 examples (3 steps of 8) in a federation whose client 0 holds 60 examples
+    ctx = context(steps=3, sizes=(60, 24), local_epochs=2, batch_size=8)
+    assert local_iterations(ctx, "reference") == pytest.approx(2 * 60 / 8)
+    assert local_iterations(ctx, "per_client") == 3
+    c_i_old = {n: torch.zeros(p.shape) for n, p in tiny_model().named_parameters()}
+    results = {}
+    for form in ("reference", "per_client"):
+        params = {"local_iterations": form, **({"rho": 0.0} if method != "scaffold" else {})}
+        r, c = fit(method, params, steps=3, sizes=(60, 24), lr=0.1, batch_size=8, local_epochs=2,
+                   state={"c_i": {k: v.clone() for k, v in c_i_old.items()}})
+        results[form] = (r, c)
+    ref, per = results["reference"][1].state["c_i"], results["per_client"][1].state["c_i"]
+    for n in ref:  # c_i+ = -(theta_i - theta_g) / (K lr): the two forms differ by K_ref / steps = 15 / 3
+        torch.testing.assert_close(per[n], ref[n] * (15 / 3), rtol=1e-5, atol=1e-7)
+    if method == "fedwmsam":
+        assert results["reference"][0].metrics["k_lr"] == pytest.approx(15 * 0.1)
+    with pytest.raises(ValueError, match="local_iterations"):
+        get_method(method, {"local_iterations": "textbook"})
 
 
 def test_scaffold_with_equal_controls_is_fedavg_and_server_updates_c():
@@ -212,7 +237,7 @@ def test_fedsmoo_dual_and_global_correction():
 
 
 def test_fedlesam_first_participation_plain_then_global_direction():
-    first, ctx = fit("fedlesam", {"rho": 0.1})
+    first, ctx = fit("fedlesam", {"rho": 0.1, "estimate": "previous_global"})
     assert same(first.arrays, fit("fedavg")[0].arrays)  # no previous global model: no perturbation
     prev = ctx.state["prev_global"]
     # next participation: the global model moved; perturbation = rho * (prev - now)/||prev - now||
@@ -220,11 +245,31 @@ def test_fedlesam_first_participation_plain_then_global_direction():
     with torch.no_grad():
         for p in moved.parameters():
             p.add_(0.05)
-    second, _ = fit("fedlesam", {"rho": 0.1}, model=moved, state={"prev_global": prev})
+    second, _ = fit("fedlesam", {"rho": 0.1, "estimate": "previous_global"}, model=moved, state={"prev_global": prev})
     plain, _ = fit("fedavg", model=copy.deepcopy(moved))
     assert not same(second.arrays, plain.arrays)
     zero, _ = fit("fedlesam", {"rho": 0.0}, model=copy.deepcopy(moved), state={"prev_global": prev})
     assert same(zero.arrays, plain.arrays)
+
+
+def test_fedlesam_reference_estimate_is_the_negated_last_global_update():
+    """Default (server/FedLESAM.py, optimizer/LESAM.py): e = -rho * u / ||u||, u the last global update."""
+    assert get_method("fedlesam").estimate == "last_update"
+    first, _ = fit("fedlesam", {"rho": 0.1})
+    assert same(first.arrays, fit("fedavg")[0].arrays)  # round 1: no update broadcast yet, no perturbation
+    u = {n: np.full(p.shape, 0.02, np.float32) for n, p in tiny_model().named_parameters()}
+    m = get_method("fedlesam", {"rho": 0.1})
+    ctx = context(broadcast={"last_update": u})
+    d = m.direction(ctx)
+    for n in u:
+        torch.testing.assert_close(d[n], -torch.from_numpy(u[n]))
+    # the server broadcasts new - old as the next round's update
+    g = model_arrays(tiny_model(0))
+    loc = model_arrays(tiny_model(1))
+    sctx = server_ctx(g, [ClientResult(arrays=loc, num_examples=10)], aggregation="uniform")
+    new = get_method("fedlesam").aggregate(sctx)
+    for k in u:
+        np.testing.assert_allclose(sctx.broadcast["last_update"][k], new[k] - g[k], rtol=1e-5, atol=1e-7)
 
 
 def test_fedwmsam_server_momentum_alpha_and_client_weighting():
@@ -238,8 +283,21 @@ def test_fedwmsam_server_momentum_alpha_and_client_weighting():
         mean_delta = (loc[0][k].astype(np.float64) + loc[1][k] - 2 * g[k]) / 2
         np.testing.assert_allclose(ctx.broadcast["momentum"][k], -mean_delta / 0.3 * 0.998, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(new[k], g[k] + mean_delta, rtol=1e-5, atol=1e-6)
-    # first round: cos term 1.0 -> alpha = 0.99 * 0.1 + 0.01 * 0.9
-    assert math.isclose(float(ctx.broadcast["alpha"]["alpha"]), 0.99 * 0.1 + 0.01 * 0.9)
+    # first round: the momentum is zero, so the reference's cosine_similarity returns 0 (no +1);
+    # the mean 0 is clipped to 0.1 -> alpha = 0.99 * 0.1 + 0.01 * 0.1
+    assert math.isclose(float(ctx.broadcast["alpha"]["alpha"]), 0.99 * 0.1 + 0.01 * 0.1)
+    # the reference's own values: alpha 0.001 -> 0.99 * 0.001 + 0.001 = 0.00199
+    ctx0 = server_ctx(g, results, aggregation="uniform", lr_decay=0.998)
+    get_method("fedwmsam", {"alpha": 0.001}).aggregate(ctx0)
+    assert math.isclose(float(ctx0.broadcast["alpha"]["alpha"]), 0.00199)
+    # next round: v_i = 1 + cos(Delta_i, m); Delta_i = -m gives v = 0 -> clipped to 0.1 again,
+    # Delta_i = m gives v = 2 -> clipped to 0.9
+    from fedmedbench.fl.methods.fedwmsam import similarity
+
+    m = np.array([1.0, 2.0, -1.0])
+    assert similarity(m, m) == pytest.approx(2.0) and similarity(-m, m) == pytest.approx(0.0)
+    assert similarity(m, None) == 0.0 and similarity(np.zeros(3), m) == 0.0
+    assert similarity(np.array([2.0, -1.0, 0.0]), m) == pytest.approx(1.0)  # orthogonal
     # client: with zero momentum and alpha in the broadcast the CE gradient is scaled by alpha
     a1, _ = fit("fedwmsam", {"rho": 0.0}, broadcast={"alpha": {"alpha": np.asarray(1 - 1e-9)}}, momentum=0.0)
     a2, _ = fit("fedwmsam", {"rho": 0.0}, broadcast={"alpha": {"alpha": np.asarray(0.5)}})
@@ -311,8 +369,11 @@ def test_every_method_runs_a_federation_and_resumes_identically(fed_setup, metho
 
 def test_datafree_mode_stops_the_run(fed_setup):
     _, state = run_inprocess(fed_setup, "fedavg", "stop", rounds=8, stop={"mode": "datafree", "tau": 10.0, "patience": 2})
-    assert state.round == 3  # kappa_2 = 1, kappa_3 = 2 >= patience: r* = 3 (every growth rate < 10)
+    assert state.round == 4  # reference counting: g_2 not counted, kappa_3 = 1, kappa_4 = 2: r* = 4
     assert state.rows[-1]["datafree_stop"] == 1
+    _, paper = run_inprocess(fed_setup, "fedavg", "stop-paper", rounds=8,
+                             stop={"mode": "datafree", "tau": 10.0, "patience": 2, "counting": "paper"})
+    assert paper.round == 3  # Eqs. 4-5: kappa_2 = 1, kappa_3 = 2
 
 
 @pytest.mark.parametrize("name", ["timm:convnextv2_atto", "timm:convnextv2_nano"])
@@ -354,3 +415,39 @@ def test_bf16_autocast_and_channels_last_train_and_differ_from_fp32():
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
     with pytest.raises(ValueError, match="train.autocast"):
         train(autocast="fp8")
+
+
+def test_double_input_normalisation_as_the_reference_dataset():
+    """dataset.py: Normalize(0.5, 0.5) on ToTensor's [0, 1], stored, then again per item: x = 4 p / 255 - 3."""
+    from fedmedbench.fl.methods._sgd import with_input_norm
+
+    x_u8 = torch.tensor([[[[0, 255], [51, 128]]]], dtype=torch.uint8)
+    x = to_float(x_u8, torch.device("cpu"))
+    seen = with_input_norm(nn.Identity(), "double")(x)
+    torch.testing.assert_close(seen, x_u8.float() * 4 / 255 - 3)
+    assert torch.equal(with_input_norm(nn.Identity(), "single")(x), x)
+    model = with_input_norm(tiny_model(), "double")
+    assert list(model.state_dict()) == list(tiny_model().state_dict())  # a hook: same weights, same keys
+    assert torch.equal(copy.deepcopy(model)(x), tiny_model()(x * 2 - 1))  # survives the engine's model copies
+    with pytest.raises(ValueError, match="input_norm"):
+        with_input_norm(tiny_model(), "triple")
+
+
+def test_nonfinite_loss_stops_by_default_and_continues_as_the_reference_on_request():
+    from fedmedbench.fl.training import NonFiniteLossError
+    from fedmedbench.metrics import classification_metrics
+
+    def broken():
+        m = tiny_model()
+        with torch.no_grad():
+            m[1].weight[0, 0] = float("nan")
+        return m
+
+    with pytest.raises(NonFiniteLossError, match="on_nonfinite"):
+        fit("fedavg", model=broken())
+    result, _ = fit("fedavg", model=broken(), on_nonfinite="continue")
+    assert all(np.isnan(v).all() for k, v in result.arrays.items() if k.startswith("3."))  # NaN spreads, no abort
+    # a NaN model predicts class 0 (argmax of NaN, as torch.argmax in the reference): chance-level balanced accuracy
+    probs = np.full((6, N_CLASSES), np.nan)
+    out = classification_metrics(np.array([0, 1, 2, 0, 1, 2]), probs, float("nan"))
+    assert out["balanced_accuracy"] == pytest.approx(1 / N_CLASSES)

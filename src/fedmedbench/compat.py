@@ -8,7 +8,9 @@ What it does, and why:
 * Offline switches. Ultralytics, huggingface_hub and albumentations try the network
   at import or first use; there is no network on CI and often none on cluster compute
   nodes. We set their documented environment switches (only if the user did not set
-  them), plus Flower's telemetry switch.
+  them), plus Flower's telemetry switch, and Ultralytics' safe-load switch (weight
+  files are never unpickled with ``weights_only=False``; fedmedbench.weights also asks
+  for the safe path explicitly).
 * ``torchvision::nms``. The torchvision 0.28.0 wheel on PyPI is a CUDA build whose
   compiled ops do not load next to the CPU build of torch 2.13.0; torchvision then
   fails at import (``operator torchvision::nms does not exist``) and Ultralytics with
@@ -40,6 +42,9 @@ OFFLINE_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
     "YOLO_VERBOSE": "False",
     "RAY_DEDUP_LOGS": "0",
+    # Ultralytics' opt-in safe loading: checkpoints are read with torch.load(weights_only=True) and
+    # only known Ultralytics/torch classes are rebuilt, so a crafted .pt cannot run code
+    "ULTRALYTICS_SAFE_LOAD": "1",
 }
 
 #: True when the pure-PyTorch NMS fallback is active in this process.

@@ -178,9 +178,10 @@ def _wait_for_nodes(grid: Grid, n: int) -> list[int]:
         time.sleep(0.05)
 
 
-def _partition_map(grid: Grid, nodes: list[int]) -> dict[int, int]:
-    """partition id -> node id, asked from the nodes themselves."""
-    msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
+def _partition_map(grid: Grid, nodes: list[int], hello: RecordDict | None = None) -> dict[int, int]:
+    """partition id -> node id, asked from the nodes themselves (``hello``: what the first message carries)."""
+    msgs = [Message(hello if hello is not None else RecordDict(), dst_node_id=n, message_type=MessageType.QUERY)
+            for n in nodes]
     replies = list(grid.send_and_receive(msgs))
     _check_replies(replies, len(nodes), "node discovery")
     return {int(r.content["info"]["partition-id"]): r.metadata.src_node_id for r in replies}
@@ -205,12 +206,18 @@ class AllowedContent:
 
 
 class FlowerTransport:
-    """Federation <-> clients over Flower messages (one QUERY to map partition ids to nodes)."""
+    """Federation <-> clients over Flower messages (one QUERY to map partition ids to nodes).
 
-    def __init__(self, grid: Grid, num_nodes: int, allowed: AllowedContent | None = None) -> None:
+    ``timeout``: seconds to wait for a batch of replies (None: forever, as in simulation); a
+    reply missing after it fails the round, it never makes a smaller average.
+    """
+
+    def __init__(self, grid: Grid, num_nodes: int, allowed: AllowedContent | None = None,
+                 hello: RecordDict | None = None, timeout: float | None = None) -> None:
         self.grid = grid
         self.allowed = allowed
-        self.node_of = _partition_map(grid, _wait_for_nodes(grid, num_nodes))
+        self.timeout = timeout
+        self.node_of = _partition_map(grid, _wait_for_nodes(grid, num_nodes), hello)
         self.sequential = isinstance(grid, InlineGrid)
         self.held = self.sequential  # the inline grid delivers Message objects: arrays need no serialisation
         self.pid_of = {v: k for k, v in self.node_of.items()}
@@ -228,7 +235,7 @@ class FlowerTransport:
         batches = [[m] for m in msgs] if self.sequential else [msgs]
         results = {}
         for batch in batches:
-            replies = list(self.grid.send_and_receive(batch))
+            replies = list(self.grid.send_and_receive(batch, timeout=self.timeout))
             _check_replies(replies, len(batch), f"round {rnd} training")
             for r in replies:
                 self.inspect(r)
@@ -250,7 +257,7 @@ class FlowerTransport:
         msgs = [Message(RecordDict({"arrays": rec, "config": ConfigRecord({"round": rnd})}),
                         dst_node_id=self.node_of[p], message_type=MessageType.EVALUATE, group_id=f"eval{rnd}")
                 for p in pids]
-        replies = list(self.grid.send_and_receive(msgs))
+        replies = list(self.grid.send_and_receive(msgs, timeout=self.timeout))
         _check_replies(replies, len(msgs), f"round {rnd} evaluation")
         return {self.pid_of[r.metadata.src_node_id]: dict(r.content["metrics"]) for r in replies}
 

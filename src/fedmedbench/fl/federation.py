@@ -51,6 +51,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def init_note(spec: RunSpec) -> str:
+    """How the run's model started, for table captions: the weight sets it loaded, or random init."""
+    if spec.weights_sha256:
+        return "pretrained " + " + ".join(sorted(spec.weights_sha256))
+    if spec.pretrained_path and spec.task in ("classification", "detection"):
+        return f"pretrained {Path(spec.pretrained_path).name}"
+    return "random init"
+
+
 def new_model(spec: RunSpec) -> torch.nn.Module:
     return get_method(spec.method, spec.method_params).build_model(spec)
 
@@ -74,15 +83,21 @@ def _nanmean(values: list[float]) -> float:
 client_threads = 1
 
 
+#: a deployed site's own data (partition id -> ClientData, read from its folder by fedmedbench.deploy);
+#: empty in simulation, where every client's data comes from the partition
+site_data: dict[int, Any] = {}
+
+
 def _client_context(
     job: Job, pid: int, rnd: int, arrays: Arrays, steps: int, broadcast: dict[str, Arrays] | None = None
 ) -> tuple[ClientContext, ClientStateStore]:
     torch.set_num_threads(client_threads)
     store = ClientStateStore(checkpoint.checkpoint_dir(job.spec.run_dir) / "clients")
     ctx = ClientContext(
-        pid=pid, rnd=rnd, model=job.model_with(arrays), data=job.client_data(pid), train=job.train,
-        device=job.device, generator=client_generator(job.spec.seed, rnd, pid), state=store.load(pid, before_round=rnd),
-        steps=steps, global_arrays=arrays, broadcast=broadcast or {},
+        pid=pid, rnd=rnd, model=job.model_with(arrays), data=site_data[pid] if pid in site_data else job.client_data(pid),
+        train=job.train, device=job.device, generator=client_generator(job.spec.seed, rnd, pid),
+        state=store.load(pid, before_round=rnd), steps=steps, global_arrays=arrays, broadcast=broadcast or {},
+        client_sizes=job.task.client_sizes,
     )
     return ctx, store
 
@@ -157,7 +172,7 @@ class Federation:
         if es["mode"] not in ("none", "datafree"):
             raise ValueError(f"early_stopping.mode must be none or datafree, got {es['mode']}")
         self.stop_mode = es["mode"]
-        self.monitor = DataFreeMonitor(float(es["tau"]), int(es["patience"]))
+        self.monitor = DataFreeMonitor(float(es["tau"]), int(es["patience"]), es.get("counting", "reference"))
         self._t0 = time.monotonic()
 
     # -- state ------------------------------------------------------------------
@@ -344,7 +359,7 @@ class Federation:
             "rounds": self.train.rounds, "rounds_run": state.round, "num_clients": self.num_clients,
             "early_stopping": self.stop_mode, "rounds_saved": self.train.rounds - state.round,
             "clients_per_round": self.per_round, "model": self.spec.model, "device": str(self.device), "task": self.spec.task,
-            "wall_time_s": state.elapsed, "run_hash": self.run_hash,
+            "wall_time_s": state.elapsed, "run_hash": self.run_hash, "init": init_note(self.spec),
             "client_models": "client_models.pt" if self.spec.save_client_models else None,
             "final": {k: v for k, v in last.items() if k not in ("round", "clients")},
         }

@@ -91,6 +91,8 @@ class TrainConfig:
     aggregation: str = "examples"  # examples | uniform (FL-Simulator averages clients uniformly)
     autocast: str = "none"  # none | bf16: forward passes under bfloat16 autocast (GPU; also works on CPU)
     channels_last: bool = False  # NHWC memory layout for conv models (faster on GPUs with tensor cores)
+    input_norm: str = "single"  # single | double: the early-stopping code's second Normalize(0.5, 0.5)
+    on_nonfinite: str = "error"  # error | continue: keep stepping through a NaN loss (early-stopping code)
 
     def lr_at(self, rnd: int) -> float:
         return self.lr * (self.lr_decay ** (rnd - 1))
@@ -112,6 +114,8 @@ class ClientContext:
     global_arrays: Arrays = field(default_factory=dict)
     #: named array sets the server broadcast with this round (see ServerContext.broadcast)
     broadcast: dict[str, Arrays] = field(default_factory=dict)
+    #: training examples of every client, by partition id (called when needed: SCAFFOLD's reference K)
+    client_sizes: Callable[[], list[int]] | None = None
 
 
 @dataclass

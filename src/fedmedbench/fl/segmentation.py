@@ -159,18 +159,18 @@ def _clip_indicators(sites: dict[str, dict], cfg: dict[str, Any], dim: int) -> d
     """Frozen CLIP text embeddings of each site's prompt (L2-normalised), from a local file."""
     weights = cfg.get("clip_weights")
     if not weights:
-        raise ValueError("fedst indicator.kind = clip needs indicator.clip_weights: a local open_clip state_dict file "
-                         "(weights cannot be downloaded here); or choose onehot, gaussian or random (Table VII)")
+        raise ValueError("fedst indicator.kind = clip needs indicator.clip_weights: an open_clip weight set "
+                         "(docs/weights.md; e.g. clip_vit_b32_laion2b); or choose onehot, gaussian or random (Table VII)")
     path = Path(weights)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: CLIP weights file not found (fedst indicator.clip_weights)")
     import open_clip
 
+    from fedmedbench.weights.models import load_open_clip, read_open_clip
+
+    state = read_open_clip(path)  # weights_only / safetensors: refused before any model is built
     model = open_clip.create_model(cfg.get("clip_model", "ViT-B-32"), pretrained=None)
-    try:
-        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-    except (RuntimeError, ValueError) as exc:
-        raise ValueError(f"{path}: not a {cfg.get('clip_model', 'ViT-B-32')} open_clip state_dict ({exc})") from exc
+    load_open_clip(model, path, state)  # every tensor must fit
     model.eval()
     tokenizer = open_clip.get_tokenizer(cfg.get("clip_model", "ViT-B-32"))
     names = list(sites)

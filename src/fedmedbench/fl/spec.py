@@ -61,6 +61,9 @@ class RunSpec:
     #: what is learnt and how it is evaluated (fl/tasks.py); task_params are the task's options
     task: str = "classification"
     task_params: dict[str, Any] = field(default_factory=dict)
+    #: weight set -> SHA-256 of the file the job loads (filled at job start from the manifests), so a
+    #: checkpoint written with other weights is never resumed
+    weights_sha256: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:
@@ -84,6 +87,8 @@ class RunSpec:
         # fields at their defaults are left out, so runs from before a field existed keep their hash
         if not d["save_client_models"]:
             del d["save_client_models"]
+        if not d["weights_sha256"]:
+            del d["weights_sha256"]
         if d["task"] == "classification" and not d["task_params"]:
             del d["task"], d["task_params"]
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]

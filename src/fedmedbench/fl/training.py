@@ -100,12 +100,14 @@ class StepLosses:
     def add(self, loss: torch.Tensor) -> None:
         self._losses.append(loss.detach())
 
-    def mean(self, rnd: int, what: str = "training", hint: str = "lower train.lr or set train.grad_clip") -> float:
-        """Mean loss (summed in float64 in step order); raises NonFiniteLossError naming the first bad step."""
+    def mean(self, rnd: int, what: str = "training", hint: str = "lower train.lr or set train.grad_clip",
+             check: bool = True) -> float:
+        """Mean loss (summed in float64 in step order); with ``check``, a non-finite step raises
+        NonFiniteLossError naming the first bad one (without, the mean is non-finite too)."""
         values = torch.stack(self._losses).double().cpu().tolist() if self._losses else []
         total = 0.0
         for step, value in enumerate(values, start=1):
-            if not math.isfinite(value):
+            if check and not math.isfinite(value):
                 raise NonFiniteLossError(f"non-finite {what} loss ({value}) at round {rnd}, step {step}; {hint}")
             total += value
         return total / max(len(values), 1)

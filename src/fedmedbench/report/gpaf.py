@@ -96,11 +96,12 @@ def _fmt(mean: float, std: float) -> str:
 
 
 def write_table1(long: pd.DataFrame, display: pd.DataFrame, runs: pd.DataFrame, outputs, study: str, dataset: str,
-                 origin: str) -> None:
+                 origin: str, init: str = "random init") -> None:
     seeds = sorted(runs["seed"].unique().tolist())
     rounds = sorted(runs["rounds"].unique().tolist())
     cap = (f"Study '{study}', {dataset}: GPAF paper Table 1 layout; final-round global test metrics in % "
-           f"(macro F1/recall/precision), mean ± std over seeds {seeds}; rounds {rounds}. Source: {source_note(origin)}.")
+           f"(macro F1/recall/precision), mean ± std over seeds {seeds}; rounds {rounds}. Source: {source_note(origin)}. "
+           f"Models: {init}.")
     io.write_csv(outputs.csv, long)
     io.write_text(outputs.md, f"{cap}\n\n{display.to_markdown(index=False)}\n")
     io.write_text(outputs.tex, display.to_latex(index=False, caption=cap.replace("%", r"\%"), label=f"tab:{study}-{dataset}",

@@ -22,6 +22,7 @@ def load_summaries(paths) -> pd.DataFrame:
     for p in paths:
         s = json.loads(Path(p).read_text())
         rows.append({**{k: s[k] for k in ("study", "dataset", "setting", "method", "seed", "data_origin", "rounds", "rounds_run")},
+                     "init": s.get("init", "random init"),
                      **s.get("final", {})})
     if not rows:
         raise ValueError("no run summaries to aggregate")
@@ -60,8 +61,9 @@ def caption(study: str, runs: pd.DataFrame, origin: str) -> str:
     rounds = sorted(runs["rounds"].unique().tolist())
     source = ("SYNTHETIC data (deterministic stand-in for the demo; NOT a reproduction of the paper's numbers)"
               if origin == "synthetic" else "official MedMNIST data")
+    init = ", ".join(sorted(set(runs["init"]))) if "init" in runs else "random init"
     return (f"Study '{study}': final-round metrics in %, mean ± std over seeds {seeds}; rounds {rounds}. "
-            f"Source: {source}.")
+            f"Source: {source}; models: {init}.")
 
 
 def write_tables(table: pd.DataFrame, runs: pd.DataFrame, outputs, study: str, origin: str) -> None:

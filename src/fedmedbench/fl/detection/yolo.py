@@ -31,18 +31,17 @@ FIXED_ARGS = ("model", "data", "epochs", "batch", "imgsz", "seed", "device", "pr
 
 def build_yolo(cfg: str, nc: int, seed: int, weights: str | None = None) -> torch.nn.Module:
     """A DetectionModel for ``nc`` classes from a yaml (random init, seeded: every process builds the
-    same initial weights); ``weights``: a local ``.pt`` whose matching tensors are transferred."""
-    from ultralytics.nn.tasks import DetectionModel, load_checkpoint
+    same initial weights); ``weights``: a local ``.pt`` (e.g. COCO yolo11n.pt) read with
+    ``weights_only=True``: every tensor but the class-count head layers must load."""
+    from ultralytics.nn.tasks import DetectionModel
+
+    from fedmedbench.weights.models import load_yolo
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = DetectionModel(cfg, nc=nc, verbose=False)
     if weights:
-        path = Path(weights)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: YOLO weights not found (model.weights); no download is attempted")
-        loaded, _ = load_checkpoint(str(path))
-        model.load(loaded, verbose=False)
+        load_yolo(model, weights)
     return model.float()
 
 

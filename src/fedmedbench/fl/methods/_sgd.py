@@ -122,7 +122,40 @@ def local_loop(ctx: ClientContext, hooks: StepHooks) -> float:
         if hooks.after_step:
             hooks.after_step()
         losses.add(loss)
-    return losses.mean(ctx.rnd)
+    return losses.mean(ctx.rnd, check=cfg.on_nonfinite != "continue",
+                       hint="lower train.lr, set train.grad_clip, or train.on_nonfinite: continue")
+
+
+def local_iterations(ctx: ClientContext, form: str) -> float:
+    """K in SCAFFOLD's c_i update (theta_g - theta_i) / (K lr).
+
+    ``per_client``: the steps this client took (E * ceil(n_i / B); the SCAFFOLD paper).
+    ``reference``: E * n_0 / B with n_0 the training size of client 0, for every client
+    (the early-stopping paper's server/SCAFFOLD.py); equal to the steps only when all
+    clients hold as many examples as client 0 and B divides n_0, so under quantity skew
+    a client's correction is scaled by its steps over client 0's.
+    """
+    if form == "per_client":
+        return float(ctx.steps)
+    if form != "reference":
+        raise ValueError(f"local_iterations = {form!r}: choose reference or per_client")
+    if ctx.client_sizes is None:
+        raise ValueError("local_iterations: reference needs the clients' sizes (ctx.client_sizes)")
+    return ctx.train.local_epochs * ctx.client_sizes()[0] / ctx.train.batch_size
+
+
+def _double_normalise(module: nn.Module, args: tuple) -> tuple:
+    """Normalize(0.5, 0.5) once more on inputs already in [-1, 1]: x -> 2x - 1 (early-stopping dataset.py)."""
+    return (args[0] * 2.0 - 1.0, *args[1:])
+
+
+def with_input_norm(model: nn.Module, input_norm: str) -> nn.Module:
+    """``train.input_norm``: single leaves the model alone; double adds the second normalisation as a pre-hook."""
+    if input_norm == "double":
+        model.register_forward_pre_hook(_double_normalise)
+    elif input_norm != "single":
+        raise ValueError(f"train.input_norm = {input_norm!r}: choose single or double")
+    return model
 
 
 def to_tensors(arrays: Arrays, keys, device: torch.device | None = None) -> Tensors:
@@ -155,6 +188,10 @@ class ServerOptMethod(Method):
             raise ValueError(f"{self.name}: global_lr must be > 0, got {global_lr}")
         self.global_lr = float(global_lr)
         self._param_keys: list[str] | None = None
+
+    def build_model(self, spec) -> nn.Module:
+        """The registry's model, with the study's input normalisation (``train.input_norm``)."""
+        return with_input_norm(super().build_model(spec), spec.train.get("input_norm", "single"))
 
     # -- helpers --------------------------------------------------------------------
     def param_keys(self, ctx: ServerContext) -> list[str]:

@@ -2,12 +2,13 @@
 
 Client: the SAM perturbation direction is the *global* one, estimated without an
 extra backward pass: e = rho * d/||d||, constant over the round, with
-    estimate="previous_global" (the paper): d = theta_prev - theta_g, the difference
-        between the global model the client received at its previous participation
-        and the current one (kept in the client's state; no perturbation the first
-        time a client participates);
-    estimate="last_update" (the authors' public code): d = -(theta_g^{t-1} ->
-        theta_g^t update), broadcast by the server.
+    estimate="last_update" (default; the early-stopping paper's server/FedLESAM.py and
+        optimizer/LESAM.py): d = -(theta_g^{t-1} -> theta_g^t update), broadcast by the
+        server (no perturbation in the first round);
+    estimate="previous_global" (the FedLESAM paper): d = theta_prev - theta_g, the
+        difference between the global model the client received at its previous
+        participation and the current one (kept in the client's state; no perturbation
+        the first time a client participates).
 One gradient per step at theta + e, then the step at theta.
 Server: FedAvg (and broadcasts the last global update for estimate="last_update").
 """
@@ -32,7 +33,7 @@ ESTIMATES = ("previous_global", "last_update")
 
 @register_method("fedlesam")
 class FedLESAM(ServerOptMethod):
-    def __init__(self, rho: float = 0.1, estimate: str = "previous_global", **params) -> None:
+    def __init__(self, rho: float = 0.1, estimate: str = "last_update", **params) -> None:
         super().__init__(**params)
         if rho < 0:
             raise ValueError(f"fedlesam: rho must be >= 0, got {rho}")

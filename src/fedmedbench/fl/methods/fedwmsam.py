@@ -11,9 +11,12 @@ where the target t starts at theta_g and moves by m_i after every step (momentum
 guided perturbation, C1; one backward pass per step). sign = -1 in the public code;
 the README's formula has +1 (``perturbation_sign``). c_i is updated as SCAFFOLD
 option II and delta_c_i sent.
-Server: alpha <- 0.99 alpha + 0.01 clip(mean_i(1 + cos(Delta_i, m)), 0.1, 0.9)
-(adaptive schedule, C3, using the momentum before this round's update); c += sum
-delta_c_i / N; m from this round's updates; theta_g += eta_g mean(Delta_i).
+Server: alpha <- 0.99 alpha + 0.01 clip(mean_i v_i, 0.1, 0.9) with v_i = 1 + cos(Delta_i, m)
+(adaptive schedule, C3, using the momentum before this round's update), and v_i = 0 when
+Delta_i or m is zero, as the reference's cosine_similarity returns: in the first round
+(m = 0) alpha becomes 0.99 alpha + 0.01 * 0.1. c += sum delta_c_i / N; m from this
+round's updates; theta_g += eta_g mean(Delta_i). K in the c_i and m updates: see
+SCAFFOLD (``local_iterations``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from fedmedbench.fl.methods._sgd import (
     StepHooks,
     arrays_to_vector,
     flat_norm,
+    local_iterations,
     local_loop,
     tensors_to_arrays,
     to_tensors,
@@ -39,11 +43,15 @@ from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, 
 class FedWMSAM(ServerOptMethod):
     extra_records = ("delta_c",)
 
-    def __init__(self, rho: float = 0.1, alpha: float = 0.1, perturbation_sign: int = -1, **params) -> None:
+    def __init__(self, rho: float = 0.1, alpha: float = 0.1, perturbation_sign: int = -1,
+                 local_iterations: str = "reference", **params) -> None:
         super().__init__(**params)
         if rho < 0 or not 0 < alpha < 1 or perturbation_sign not in (-1, 1):
             raise ValueError(f"fedwmsam: need rho >= 0, 0 < alpha < 1, sign in (-1, 1); got {rho}, {alpha}, {perturbation_sign}")
+        if local_iterations not in ("reference", "per_client"):
+            raise ValueError(f"fedwmsam: local_iterations must be reference or per_client, got '{local_iterations}'")
         self.rho, self.alpha0, self.sign = float(rho), float(alpha), int(perturbation_sign)
+        self.k_form = local_iterations
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         like = trainable(ctx.model)
@@ -65,9 +73,10 @@ class FedWMSAM(ServerOptMethod):
         hooks = StepHooks(perturb=perturb, correction={n: (1 - alpha) * t for n, t in m_i.items()},
                           loss_weight=alpha, after_step=advance_target)
         loss = local_loop(ctx, hooks)
-        ctx.state["c_i"], dc = updated_control(ctx, c, c_i)
+        k = local_iterations(ctx, self.k_form)
+        ctx.state["c_i"], dc = updated_control(ctx, c, c_i, k)
         return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train,
-                            metrics={"train_loss": loss, "k_lr": ctx.steps * ctx.train.lr_at(ctx.rnd)},
+                            metrics={"train_loss": loss, "k_lr": k * ctx.train.lr_at(ctx.rnd)},
                             extras={"delta_c": tensors_to_arrays(dc)})
 
     def aggregate(self, ctx: ServerContext):
@@ -75,11 +84,9 @@ class FedWMSAM(ServerOptMethod):
         deltas = [{k: r.arrays[k].astype(np.float64) - ctx.global_arrays[k].astype(np.float64) for k in keys}
                   for r in ctx.results]
         alpha = float(ctx.broadcast["alpha"]["alpha"]) if "alpha" in ctx.broadcast else self.alpha0
-        if "momentum" in ctx.broadcast:
-            m_old = np.concatenate([ctx.broadcast["momentum"][k].ravel() for k in keys]).astype(np.float64)
-            sims = [_cos(np.concatenate([d[k].ravel() for k in keys]), m_old) + 1.0 for d in deltas]
-        else:
-            sims = [1.0]  # cosine with a zero momentum is 0 in the reference code, +1
+        m_old = (np.concatenate([ctx.broadcast["momentum"][k].ravel() for k in keys]).astype(np.float64)
+                 if "momentum" in ctx.broadcast else None)
+        sims = [similarity(np.concatenate([d[k].ravel() for k in keys]), m_old) for d in deltas]
         alpha = 0.99 * alpha + 0.01 * float(np.clip(np.mean(sims), 0.1, 0.9))
         server_control_update(ctx)
         w = self.weights(ctx)
@@ -92,6 +99,9 @@ class FedWMSAM(ServerOptMethod):
         return super().aggregate(ctx)
 
 
-def _cos(a: np.ndarray, b: np.ndarray) -> float:
-    denom = float(np.linalg.norm(a) * np.linalg.norm(b))
-    return 0.0 if denom == 0 else float(a @ b / denom)
+def similarity(a: np.ndarray, b: np.ndarray | None) -> float:
+    """v = 1 + cos(a, b); 0 when either vector is zero (or absent), as the reference computes it."""
+    if b is None:
+        return 0.0
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    return 0.0 if na == 0 or nb == 0 else float(a @ b / (na * nb)) + 1.0

@@ -2,10 +2,13 @@
 
 Client i (state: its control variate c_i, zeros at first): every local step uses
 the gradient g + (c - c_i), where c is the server control variate broadcast with
-the model. After K local steps at learning rate lr:
+the model. After its local steps at learning rate lr:
     c_i+ = c_i - c + (theta_g - theta_i) / (K * lr),
 and the client sends theta_i and delta_c_i = c_i+ - c_i.
 Server: theta_g <- theta_g + eta_g * mean(theta_i - theta_g);  c <- c + sum_i delta_c_i / N.
+K (``local_iterations``): "reference" = E * n_0 / B with n_0 client 0's training size, the
+same for every client (the early-stopping paper's server/SCAFFOLD.py); "per_client" = the
+steps this client took, E * ceil(n_i / B) (the SCAFFOLD paper).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from fedmedbench.fl.methods._sgd import (
     StepHooks,
     arrays_to_vector,
     delta,
+    local_iterations,
     local_loop,
     state_tensors,
     tensors_to_arrays,
@@ -31,10 +35,10 @@ def control_correction(ctx: ClientContext, c_name: str = "c") -> tuple[dict, dic
     return c, c_i, {n: c[n] - c_i[n] for n in like}
 
 
-def updated_control(ctx: ClientContext, c: dict, c_i: dict) -> tuple[dict, dict]:
+def updated_control(ctx: ClientContext, c: dict, c_i: dict, k: float) -> tuple[dict, dict]:
     """Option II: c_i+ = c_i - c + (theta_g - theta_i) / (K lr); returns (c_i+, delta_c)."""
     d = delta(ctx.model, ctx.global_arrays)
-    k_lr = ctx.steps * ctx.train.lr_at(ctx.rnd)
+    k_lr = k * ctx.train.lr_at(ctx.rnd)
     new = {n: c_i[n] - c[n] - d[n] / k_lr for n in d}
     return new, {n: new[n] - c_i[n] for n in d}
 
@@ -50,6 +54,12 @@ def server_control_update(ctx: ServerContext, name: str = "c") -> None:
 class Scaffold(ServerOptMethod):
     extra_records = ("delta_c",)
 
+    def __init__(self, local_iterations: str = "reference", **params) -> None:
+        super().__init__(**params)
+        if local_iterations not in ("reference", "per_client"):
+            raise ValueError(f"{self.name}: local_iterations must be reference or per_client, got '{local_iterations}'")
+        self.k_form = local_iterations
+
     def perturbation(self):
         """Per-step weight perturbation (none here; FedGAMMA adds SAM's)."""
         return None
@@ -57,7 +67,7 @@ class Scaffold(ServerOptMethod):
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         c, c_i, corr = control_correction(ctx)
         loss = local_loop(ctx, StepHooks(perturb=self.perturbation(), correction=corr))
-        ctx.state["c_i"], dc = updated_control(ctx, c, c_i)
+        ctx.state["c_i"], dc = updated_control(ctx, c, c_i, local_iterations(ctx, self.k_form))
         return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train,
                             metrics={"train_loss": loss}, extras={"delta_c": tensors_to_arrays(dc)})
 

@@ -59,11 +59,9 @@ class PVTEncoder(nn.Module):
     def _load(self, path: Path) -> None:
         if not path.is_file():
             raise FileNotFoundError(f"{path}: encoder weights file not found (fedst model.encoder_weights)")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        state = {k: v for k, v in state.items() if not k.startswith("head.")}
-        missing, _ = self.backbone.load_state_dict(state, strict=False)
-        if missing:
-            raise ValueError(f"{path}: not a {type(self.backbone).__name__} state_dict (missing {missing[:3]})")
+        from fedmedbench.weights.models import load_timm
+
+        load_timm(self.backbone, path, "fedst model.encoder_weights")
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         """(B, 3, H, W) -> four (B, C_i, H/s_i, W/s_i) maps."""

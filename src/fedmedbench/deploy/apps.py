@@ -1,0 +1,159 @@
+"""The Flower App a real deployment runs: the simulation's Federation and client code over a SuperLink.
+
+``server_app`` runs on the coordinating machine (started by the SuperLink for ``flwr run``):
+it reads the run's spec from the file named by the run config's ``server-spec-file`` and
+drives the same :class:`~fedmedbench.fl.federation.Federation` round logic as a simulation,
+over :class:`~fedmedbench.fl.engine.FlowerTransport` with a per-round reply timeout (a site
+that dies mid-round fails the round with a clear error; it never shrinks the average).
+
+``client_app`` runs at each site under its SuperNode. Everything that touches the site's
+data comes from the SuperNode's own ``--node-config`` (``partition-id``, ``data-dir``,
+optional ``state-dir`` and ``device``), never from the server: the spec the server sends in
+its first message carries the method, model and hyper-parameters only, and a site refuses a
+run whose spec or run config asks for a data path or any key it does not know.
+Messages carry arrays and metric/config records only (no pickles).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from fedmedbench.deploy.site_data import load_site, read_manifest
+from fedmedbench.fl import engine
+from fedmedbench.fl import federation as fed
+from fedmedbench.fl.registry import get_method
+from fedmedbench.fl.spec import RunSpec
+
+#: run-config keys of the app: the server's own settings (a site reads none of them)
+SERVER_RUN_CONFIG = ("server-spec-file", "round-timeout-s")
+#: spec fields that name files; each site sets them from its node config, the server never does
+SITE_FIELDS: dict[str, Any] = {"run_dir": "", "partition_path": "", "sources": {}, "pretrained_path": None}
+#: the node-config keys a site may set
+NODE_CONFIG = ("partition-id", "data-dir", "state-dir", "device")
+STATE_KEY = "fedmedbench"
+
+
+class SiteRefusal(PermissionError):
+    """The server's run asks a site for something the site decides itself."""
+
+
+# ----------------------------------------------------------------------------- what the server sends
+
+
+def client_spec_json(spec: RunSpec) -> str:
+    """The spec without anything that names a file: what every site receives."""
+    return json.dumps({**spec.to_dict(), **SITE_FIELDS}, sort_keys=True, default=str)
+
+
+def check_run_config(run_config: dict[str, Any]) -> None:
+    unknown = sorted(set(run_config) - set(SERVER_RUN_CONFIG))
+    if unknown:
+        raise SiteRefusal(f"the run config sets {unknown}, which this site does not accept "
+                          f"(allowed: {list(SERVER_RUN_CONFIG)}, all server-side)")
+
+
+def site_spec(spec_json: str, node_config: dict[str, Any]) -> RunSpec:
+    """The run's spec as this site runs it: the server's settings plus the site's own paths."""
+    d = json.loads(spec_json)
+    unknown = sorted(set(d) - set(RunSpec.__dataclass_fields__))
+    if unknown:
+        raise SiteRefusal(f"the server's spec has unknown field(s) {unknown}")
+    for key, empty in SITE_FIELDS.items():
+        if d.get(key, empty) not in (empty, None):
+            raise SiteRefusal(f"the server's spec sets '{key}' = {d[key]!r}; a site's files come from its own "
+                              f"node config (data-dir, state-dir), never from the server")
+    extra = sorted(set(node_config) - set(NODE_CONFIG))
+    if extra:
+        raise SiteRefusal(f"unknown node-config key(s) {extra}; allowed: {list(NODE_CONFIG)}")
+    data_dir = Path(str(node_config["data-dir"]))
+    manifest = read_manifest(data_dir)
+    if get_method(d["method"], d.get("method_params", {})).centralized:
+        raise SiteRefusal(f"method '{d['method']}' pools all data in one place; it cannot be deployed across sites")
+    for key in ("in_channels", "num_classes"):
+        if d.get(key) is not None and int(d[key]) != int(manifest[key]):
+            raise SiteRefusal(f"the server's model expects {key}={d[key]}, this site's data has {manifest[key]}")
+    d["run_dir"] = str(node_config.get("state-dir") or data_dir / "state")
+    if node_config.get("device"):
+        d["device"] = str(node_config["device"])
+    return RunSpec.from_dict(d)
+
+
+# ----------------------------------------------------------------------------- site side
+
+client_app = ClientApp()
+
+
+def _site_spec(context: Context) -> RunSpec:
+    if STATE_KEY not in context.state.config_records:
+        raise RuntimeError("no run spec received yet: the server's first message sets it")
+    return site_spec(str(context.state.config_records[STATE_KEY]["spec"]), dict(context.node_config))
+
+
+def _with_site_data(spec: RunSpec, context: Context) -> int:
+    pid = int(context.node_config["partition-id"])
+    if pid not in fed.site_data:
+        fed.site_data[pid] = load_site(str(context.node_config["data-dir"]), pid)
+    return pid
+
+
+def _delegate(msg: Message, context: Context) -> Message:
+    check_run_config(dict(context.run_config))
+    spec = _site_spec(context)
+    _with_site_data(spec, context)
+    return engine.make_client_app(spec)(msg, context)
+
+
+@client_app.query()
+def query(msg: Message, context: Context) -> Message:
+    """The server's first message: its spec (validated and kept for the run), answered with our partition id."""
+    check_run_config(dict(context.run_config))
+    spec_json = str(msg.content["spec"]["json"])
+    spec = site_spec(spec_json, dict(context.node_config))
+    context.state[STATE_KEY] = ConfigRecord({"spec": spec_json})
+    _with_site_data(spec, context)
+    return engine.make_client_app(spec)(msg, context)
+
+
+@client_app.train()
+def train(msg: Message, context: Context) -> Message:
+    return _delegate(msg, context)
+
+
+@client_app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    return _delegate(msg, context)
+
+
+# ----------------------------------------------------------------------------- server side
+
+server_app = ServerApp()
+
+
+def run_server(grid: Grid, spec: RunSpec, round_timeout_s: float, log=print) -> None:
+    """Run (or resume, from ``spec.run_dir``'s checkpoint) one federation over the grid's sites."""
+    spec = fed.resolve_data_shapes(spec)
+    federation = fed.Federation(spec, log)
+    model = fed.new_model(spec)
+    allowed = engine.AllowedContent(federation.method.shared_keys(model), federation.method.extra_records)
+    hello = RecordDict({"spec": ConfigRecord({"json": client_spec_json(spec)})})
+    transport = engine.FlowerTransport(grid, federation.num_nodes, allowed, hello=hello, timeout=round_timeout_s)
+    state = federation.run(transport)
+    federation.stage_outputs(state)
+    log(f"deployment finished: outputs in {spec.run_dir}")
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    spec_file = str(context.run_config.get("server-spec-file", ""))
+    if not spec_file:
+        raise ValueError("run config 'server-spec-file' is empty: pass --run-config \"server-spec-file='<spec.json>'\"")
+    path = Path(spec_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: server spec file not found (run config 'server-spec-file')")
+    run_server(grid, RunSpec.from_json(path.read_text()), float(context.run_config.get("round-timeout-s", 600)))
