@@ -46,7 +46,7 @@ class Job:
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
         self.method: Method = get_method(spec.method, spec.method_params)
-        self.task: Task = task_for(spec)
+        self._task: Task | None = None
         self.device = resolve_device(spec.device)
         self.train: TrainConfig = spec.train_config()
         self._resident: torch.nn.Module | None = None
@@ -56,6 +56,13 @@ class Job:
         self._data: dict[int, Any] = {}
         self._data_bytes = 0
         self._data_budget: int | None = None
+
+    @property
+    def task(self) -> Task:
+        """The run's task, built on first use (a deployed site has no partition to build it from)."""
+        if self._task is None:
+            self._task = task_for(self.spec)
+        return self._task
 
     # -- models -----------------------------------------------------------------------
     def new_model(self) -> torch.nn.Module:
