@@ -42,6 +42,7 @@ localrules:
     gpaf_convergence,
     ultraflwr_table1,
     ultraflwr_top_strategies,
+    ultraflwr_matrix,
     ultraflwr_figure3,
     ultraflwr_communication,
     fedst_tables,

@@ -64,6 +64,7 @@ rule fedst_tables:
         clients=fedst_run_files("client_metrics.csv"),
         deploy=fedst_run_files("deploy.json"),
         summary=fedst_run_files("summary.json"),
+        paper=paper_values_input("fedst"),
     output:
         md=[f"results/fedst/tables/{t}{STAG}.md" for t in FEDST_TABLES],
         csv=[f"results/fedst/tables/{t}{STAG}.csv" for t in FEDST_TABLES],
@@ -78,3 +79,21 @@ rule fedst_tables:
         SOFTWARE_ENV
     script:
         "../scripts/fedst_tables.py"
+
+
+rule fedst_fig6:
+    input:
+        clients=fedst_comm_files("client_metrics.csv"),
+    output:
+        fig=f"results/fedst/figures/fig6{STAG}.png",
+        csv=f"results/fedst/figures/fig6{STAG}.csv",
+    params:
+        sites=FEDST["sites"],
+        base_steps=FEDST["train"]["local_steps"],
+        origin=SORIGIN,
+    log:
+        "logs/fedst_figures/fig6.log",
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../scripts/fedst_fig6.py"

@@ -30,6 +30,8 @@ def _check_fedst_config():
                           "weight set (e.g. clip_vit_b32_laion2b, docs/weights.md); or use kind onehot/gaussian/random and drop ind_clip")
     if FEDST["indicator"]["kind"] != "clip" and FEDST["model"]["indicator_dim"] < len(sites):
         _config_error("fedst.model.indicator_dim", f"must be >= the number of sites ({len(sites)}) for one-hot indicators")
+    if FEDST["fig6"]["intervals"] and FEDST["train"]["local_steps"] is None:
+        _config_error("fedst.fig6.intervals", "needs fedst.train.local_steps (iterations per round); or set intervals: []")
     unknown = set(FEDST["method_params"]) - set(FEDST["methods"])
     if unknown:
         _config_error("fedst.method_params", f"{sorted(unknown)} are not among fedst.methods")
@@ -76,13 +78,22 @@ def fedst_run_files(name):
     return [f"results/fedst/{key}/{v}/{m}/seed{s}/{name}" for v, m, s in FS.runs(FEDST)]
 
 
+def fedst_comm_files(name):
+    """Fig. 6 runs: the main FedST run and every comm<k> variant."""
+    key = FS.sites_key(FEDST)
+    return [f"results/fedst/{key}/{v}/fedst/seed{s}/{name}" for v in ["main", *FS.comm_variants(FEDST)] for s in FEDST["seeds"]]
+
+
 def fedst_targets():
     """Every fedst output the config asks for (added to rule all)."""
     if not FEDST["enabled"]:
         return []
-    return [f"results/fedst/tables/{t}{STAG}.md" for t in FEDST_TABLES]
+    out = [f"results/fedst/tables/{t}{STAG}.md" for t in FEDST_TABLES]
+    if FS.comm_variants(FEDST) and "fedst" in FEDST["methods"]:
+        out.append(f"results/fedst/figures/fig6{STAG}.png")
+    return out
 
 
 wildcard_constraints:
     sites="[A-Za-z0-9]+",
-    variant="|".join(["main", *FS.VARIANTS]),
+    variant="|".join(["main", *FS.VARIANTS, "comm[0-9]+"]),

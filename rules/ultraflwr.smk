@@ -60,6 +60,7 @@ rule ultraflwr_table1:
 rule ultraflwr_top_strategies:
     input:
         unpack(ultraflwr_group_inputs),
+        paper=paper_values_input("ultraflwr"),
     output:
         csv=f"{UF_DIR}/tables/top_strategies_{{ugroup}}{STAG}.csv",
         md=f"{UF_DIR}/tables/top_strategies_{{ugroup}}{STAG}.md",
@@ -69,10 +70,37 @@ rule ultraflwr_top_strategies:
     params:
         runs=ultraflwr_group_index,
         top_k=UF["report"]["top_k"],
+        select=UF["train"]["select"],
+        select_metric=UF["train"]["select_metric"],
         origin=SORIGIN,
         init=init_of(UF["model"]),
     log:
         f"logs/ultraflwr_top_strategies/{{ugroup}}.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../scripts/ultraflwr_report.py"
+
+
+rule ultraflwr_matrix:
+    input:
+        unpack(ultraflwr_group_inputs),
+    output:
+        csv=f"{UF_DIR}/tables/pair_matrix_{{ugroup}}{STAG}.csv",
+        md=f"{UF_DIR}/tables/pair_matrix_{{ugroup}}{STAG}.md",
+        tex=f"{UF_DIR}/tables/pair_matrix_{{ugroup}}{STAG}.tex",
+    wildcard_constraints:
+        ugroup=ID,
+    params:
+        runs=ultraflwr_group_index,
+        origin=SORIGIN,
+        init=init_of(UF["model"]),
+    log:
+        f"logs/ultraflwr_matrix/{{ugroup}}.log",
     threads: 1
     resources:
         mem_mb=1000,

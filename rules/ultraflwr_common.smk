@@ -62,7 +62,8 @@ def ultraflwr_spec(wildcards):
         "train": {"rounds": t["rounds"], "local_epochs": t["epochs"], "batch_size": t["batch"], "lr": t["lr0"]},
         "method_params": {
             "strategy": "FedAvg" if wildcards.strategy == "Centralized" else wildcards.strategy,
-            "split": t["split"], "select": t["select"], "final_aggregation": t["final_aggregation"],
+            "split": t["split"], "select": t["select"], "select_metric": t["select_metric"],
+            "weighting": t["weighting"], "final_aggregation": t["final_aggregation"],
             "ultralytics": {"lr0": t["lr0"], "patience": t["patience"], **t["ultralytics"]},
         },
         "device": config["device"],
@@ -81,12 +82,14 @@ def ultraflwr_group_runs(wildcards):
 def ultraflwr_group_inputs(wildcards):
     runs = ultraflwr_group_runs(wildcards)
     return {"clients": [f"{ultraflwr_run_dir(r)}/client_metrics.csv" for r in runs],
-            "metrics": [f"{ultraflwr_run_dir(r)}/metrics.csv" for r in runs]}
+            "metrics": [f"{ultraflwr_run_dir(r)}/metrics.csv" for r in runs],
+            "comm": [f"{ultraflwr_run_dir(r)}/comm.csv" for r in runs]}
 
 
 def ultraflwr_group_index(wildcards):
     return [{"setting": r["usetting"], "strategy": r["strategy"], "seed": r["seedset"],
-             "clients": f"{ultraflwr_run_dir(r)}/client_metrics.csv", "metrics": f"{ultraflwr_run_dir(r)}/metrics.csv"}
+             "clients": f"{ultraflwr_run_dir(r)}/client_metrics.csv", "metrics": f"{ultraflwr_run_dir(r)}/metrics.csv",
+             "comm": f"{ultraflwr_run_dir(r)}/comm.csv"}
             for r in ultraflwr_group_runs(wildcards)]
 
 
@@ -103,5 +106,6 @@ def ultraflwr_targets():
     out += expand(f"{UF_DIR}/tables/communication{STAG}.{{ext}}", ext=["csv", "md", "tex"])
     for g in UF["groups"]:
         out += expand(f"{UF_DIR}/tables/top_strategies_{g}{STAG}.{{ext}}", ext=["csv", "md", "tex"])
+        out += expand(f"{UF_DIR}/tables/pair_matrix_{g}{STAG}.{{ext}}", ext=["csv", "md", "tex"])
         out.append(f"{UF_DIR}/figures/figure3_{g}{STAG}.png")
     return out

@@ -41,6 +41,8 @@ with log_to(snakemake.log[0]) as log:
         cap += f" Models: {snakemake.params.init}."
         if name in ("table3", "table8"):
             cap += f" Site: {cfg['outfed_site'] if name == 'table3' else cfg['unseen_site']}."
+        frame, paper_note = R.with_paper(frame, name, snakemake.params.origin == "synthetic")
+        cap += " " + paper_note
         io.write_csv(csv, frame)
         io.write_text(md, R.to_markdown(frame, cap))
         log(f"{name}: {len(frame)} rows")

@@ -234,6 +234,7 @@ class Federation:
         raise RuntimeError(f"{name} was not re-activated within {within_s:.0f}s")
 
     def stop(self) -> None:
+        ours = {str(proc.pid) for proc in self.procs}
         for proc in self.procs:
             if proc.poll() is None:
                 try:
@@ -246,6 +247,27 @@ class Federation:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=5)
+        for pid in _detached_children(ours):  # Flower's SuperExec runs in a session of its own
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _detached_children(parents: set[str]) -> list[int]:
+    """Processes started with ``--parent-pid <one of ours>`` (they outlive a killed process group)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for i, arg in enumerate(args[:-1]):
+            if arg == b"--parent-pid" and args[i + 1].decode(errors="replace") in parents:
+                found.append(int(entry.name))
+    return found
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,9 @@ def test_demo_and_full_grid_validate_with_defaults():
     full = yaml.safe_load((ROOT / "config" / "studies" / "fedst.yaml").read_text())
     validate(full, SCHEMA)
     assert full["fedst"]["model"]["pools"] == [7, 4, 2, 1] and full["fedst"]["model"]["fields"] == [49, 20, 6, 7]
-    runs = FS.runs(full["fedst"])  # every method x 3 seeds + every variant but the main run's indicator
-    assert len(runs) == 3 * (8 + len(FS.VARIANTS) - 1)
+    runs = FS.runs(full["fedst"])  # every method x 3 seeds + every variant but the main run's indicator + Fig. 6
+    assert len(runs) == 3 * (8 + len(FS.VARIANTS) - 1 + 4)
+    assert full["fedst"]["train"]["local_steps"] == 100 and ("comm10", "fedst", 0) in runs and ("comm100", "fedst", 0) not in runs
     assert ("ind_clip", "fedst", 0) not in runs and ("ind_onehot", "fedst", 0) in runs
 
 
@@ -39,7 +40,12 @@ def test_every_variant_and_method_resolves_to_a_spec():
     cfg = demo["fedst"]
     spec = FS.run_spec(cfg, "abl_serq", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")
     assert spec["task_params"]["model"]["temporal"] is False and spec["method_params"]["serq"]["enabled"] is True
-    assert spec["method_params"]["personal"] == ["enc_q"]
+    assert spec["method_params"]["personal"] == ["enc_q", "rsc"]  # Sec. IV-D2: RSC is not communicated
+    main = FS.run_spec(cfg, "main", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")
+    assert main["method_params"]["personal"] == ["enc_q", "cs", "rsc"]
+    shared = FS.run_spec({**cfg, "rsc_communicated": True}, "main", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")
+    assert shared["method_params"]["personal"] == ["enc_q", "cs"]  # Sec. III-B reading
+    assert FS.run_spec(cfg, "pers_all", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")["method_params"]["personal"] == ["all"]
     base = FS.run_spec(cfg, "main", "fedrep", 0, "clips", "run", None, "cpu", 1, "synthetic")
     assert base["task_params"]["model"]["selection"] == "none" and "serq" not in base["method_params"]
     for v in FS.VARIANTS:

@@ -67,7 +67,8 @@ def study_cfg(**over):
         "loss": {"dice_weight": 0.3, "augment": True, "rotate_deg": 15, "scale": 0.1},
         "pretrain": {"enabled": True, "steps": 1, "lr": 1e-4},
         "serq": {"steps": 1, "lr": 1e-4, "lambda2": 0.3, "lambda3": 0.3, "mu": 0.5, "probe": 2, "batch_size": 2},
-        "method_params": {}, "eval": {"eval_every": 2, "cross_site_eval": False, "batch_size": 4, "fps_clips": 1},
+        "method_params": {}, "rsc_communicated": False, "data": {"input_size": [32, 32], "cache_mb": 64},
+        "eval": {"eval_every": 2, "cross_site_eval": False, "batch_size": 4, "fps_clips": 1},
     }
     cfg.update(over)
     return cfg
@@ -114,7 +115,8 @@ def test_fedst_keeps_query_embeddings_and_selection_on_site_and_averages_the_res
     model = fed.new_model(spec)
     personal = set(method.personal(model))
     assert any(".attn.q." in k for k in personal) and any(k.startswith("cs.") for k in personal)
-    assert not any(".attn.kv." in k or k.startswith(("rsc.", "decoder.")) for k in personal)
+    assert any(k.startswith("rsc.") for k in personal)  # Sec. IV-D2: the temporal module is not communicated
+    assert not any(".attn.kv." in k or k.startswith("decoder.") for k in personal)
     transport = Recorder(spec)
     state = fed.Federation(spec, log=lambda m: None).run(transport)
     shared = set(method.shared_keys(model))
@@ -124,7 +126,7 @@ def test_fedst_keeps_query_embeddings_and_selection_on_site_and_averages_the_res
             assert set(r.arrays) == shared and not personal & set(r.arrays)
     # shared entries: the new global model is the uniform mean of what the sites sent
     _, _, last = transport.replies[-1]
-    for k in ("encoder.backbone.stages.3.blocks.0.attn.kv.k.weight", "rsc.q.weight", "decoder.head.weight"):
+    for k in ("encoder.backbone.stages.3.blocks.0.attn.kv.k.weight", "decoder.head.weight"):
         assert np.allclose(state.arrays[k], (last[0].arrays[k] + last[1].arrays[k]) / 2, atol=1e-6)
     # personal entries: different on the two sites, stored only in each site's own state
     from fedmedbench.fl import checkpoint
@@ -149,6 +151,8 @@ def test_fedst_with_serq_updates_its_server_state_and_broadcasts_shared_only(cli
     _, _, last = transport.replies[-1]
     mean = (last[0].arrays["decoder.head.weight"] + last[1].arrays["decoder.head.weight"]) / 2
     assert not np.allclose(state.arrays["decoder.head.weight"], mean)  # SERQ moved the averaged model (Eq. 12)
+    for k in ("decoder.fuse.1.running_mean", "decoder.fuse.1.running_var"):  # Eq. 12 keeps the sites' BN statistics
+        assert np.allclose(state.arrays[k], (last[0].arrays[k] + last[1].arrays[k]) / 2, atol=1e-6)
     assert not any(".attn.q." in k for k in state.arrays if k.startswith("encoder."))
     out = FS.deploy_eval(spec, state, "E", "E", 1)
     assert 0.0 <= out["outfed_dice"] <= 1.0 and "unseen_dice_instrument" in out
@@ -191,22 +195,53 @@ def test_personal_parameters_never_leave_a_site_over_flower(clips, tmp_path, mon
     assert any(".attn.q." in k for k in personal) and "cs.fc.weight" in personal
 
 
-def test_fedld_principal_aggregation():
-    from fedmedbench.fl.methods.fedld import margin_penalty, principal_update
+def test_fedld_principal_aggregation_on_hand_made_updates():
+    from fedmedbench.fl.methods.fedld import margin_loss, principal_layer_update
 
-    rng = np.random.default_rng(0)
-    deltas = rng.normal(size=(4, 50))
-    w = np.array([1.0, 2.0, 1.0, 1.0])
-    full, r = principal_update(deltas, w, energy=1.0)
-    assert r == 4 and np.allclose(full, (w / w.sum()) @ deltas)  # all directions kept = weighted mean
-    part, r1 = principal_update(deltas, w, energy=0.3)
-    assert r1 < 4 and np.linalg.norm(part) < np.linalg.norm(full)
-    # the kept update lies in the span of the client updates
-    coef, *_ = np.linalg.lstsq(deltas.T, part, rcond=None)
-    assert np.allclose(deltas.T @ coef, part)
-    logits = torch.tensor([[[[10.0]], [[0.0]]]])  # margin 10 for class 0
-    assert margin_penalty(logits, torch.tensor([[[0]]]), cap=5.0) == pytest.approx(25.0)
-    assert margin_penalty(logits, torch.tensor([[[0]]]), cap=20.0) == 0.0
+    # two directions; three clients along +e1 (two) and -e1 (one), all with a small e2 part
+    g = np.array([[2.0, 0.1], [1.0, 0.1], [-1.0, 0.1]])
+    upd = principal_layer_update(g, k_proportion=0.8)  # k = floor(0.8 * 3) = 2 directions
+    h = g @ g.T / 3
+    e, s, _ = np.linalg.svd(h)
+    w = (g.T @ e[:, :2]).T
+    for j in range(2):
+        if (g @ w[j] >= 0).sum() < (g @ w[j] < 0).sum():
+            w[j] = -w[j]
+    expect = np.zeros(2)
+    for i in range(3):
+        for j in range(2):
+            proj = (g[i] @ w[j]) / (w[j] @ w[j]) * w[j]
+            expect += proj * s[j] / s.sum() * np.linalg.norm(g[i]) / np.linalg.norm(proj)
+    assert np.allclose(upd, expect / 3)
+    assert upd[0] > 0  # the majority direction (+e1) wins after sign alignment
+    # each client's revised update keeps its norm split by the singular values: |comp_j| = s_j / sum(s) * |g_i|
+    one = principal_layer_update(g[:1].repeat(2, 0), 0.5)  # k = 1: both clients identical
+    assert np.allclose(np.linalg.norm(one), np.linalg.norm(g[0]) * 1.0)  # s_2 = 0: all weight on direction 1
+    assert np.allclose(principal_layer_update(np.array([[1.0], [3.0]]), 0.8), [2.0])  # one-element layers: the mean
+    # the margin term: 0.03 * log(1 + ||softmax||^2) over the whole batch
+    logits = torch.zeros(1, 2, 1, 2)  # 2 pixels, 2 classes, softmax 0.5 everywhere: ||.||^2 = 4 * 0.25 = 1
+    assert float(margin_loss(logits, 0.03)) == pytest.approx(0.03 * np.log(2.0))
+
+
+def test_fedld_round_one_is_the_plain_mean():
+    from fedmedbench.fl.registry import ClientResult, ServerContext, TrainConfig
+
+    method = get_method("fedld", {})
+    glob = {"w": np.zeros(2, np.float32), "n": np.array(3)}
+    res = [ClientResult(arrays={"w": np.array(v, np.float32), "n": np.array(3)}, num_examples=n)
+           for v, n in (([1.0, 0.0], 1), ([3.0, 3.0], 3), ([-1.0, 0.0], 1))]
+    tc = TrainConfig(rounds=2, local_epochs=1, batch_size=1, lr=0.1, aggregation="uniform")
+    ctx = ServerContext(rnd=1, global_arrays=glob, results=res, pids=[0, 1, 2], state={}, num_clients=3,
+                        device=torch.device("cpu"), train=tc, new_model=lambda: None)
+    out = method.aggregate(ctx)
+    assert np.allclose(out["w"], [1.0, 1.0]) and int(out["n"]) == 3  # uniform mean, not by examples
+    ctx.rnd = 2
+    out2 = method.aggregate(ctx)
+    from fedmedbench.fl.methods.fedld import principal_layer_update
+
+    g = np.array([[1.0, 0.0], [3.0, 3.0], [-1.0, 0.0]])
+    assert np.allclose(out2["w"], principal_layer_update(g, 0.8), atol=1e-6)  # from round 2 on: the SVD step
+    assert not np.allclose(out2["w"], [1.0, 1.0])
 
 
 def test_fedas_weights_clients_by_fisher_trace():
@@ -228,7 +263,10 @@ def test_indicators(clips, tmp_path):
     one = site_indicators(sites, {"kind": "onehot", "dim": 8})
     assert torch.equal(one["B"], torch.nn.functional.one_hot(torch.tensor(1), 8).float())
     gauss = site_indicators(sites, {"kind": "gaussian", "dim": 8, "sigma": 0.1})
-    assert (gauss["B"] - one["B"]).abs().max() < 0.6 and not torch.equal(gauss["B"], one["B"])
+    # the paper's formula exp(-(x - mu)^2 / (2 sigma^2)), x = dimension index, mu = site id (B = 1)
+    assert gauss["B"][1] == 1.0 and gauss["B"][0] == pytest.approx(np.exp(-50.0), rel=1e-5)
+    wide = site_indicators(sites, {"kind": "gaussian", "dim": 8, "sigma": 1.0})["B"]
+    assert torch.allclose(wide, torch.exp(-((torch.arange(8.0) - 1) ** 2) / 2))
     with pytest.raises(ValueError, match="clip_weights"):
         site_indicators(sites, {"kind": "clip", "dim": 512})
     with pytest.raises(FileNotFoundError, match="clip_weights"):
@@ -262,3 +300,229 @@ def test_feddp_inconsistency_weights_disagreeing_pixels():
     u = inconsistency(a, b)
     assert u.shape == (1, 1, 2)
     assert u[0, 0, 0] < 1e-6 and 0.4 < u[0, 0, 1] <= 1.0
+
+
+def test_every_site_and_the_upperbound_take_exactly_local_steps(clips, tmp_path, monkeypatch):
+    """The paper's 100 iterations per round, whatever a site's size (here 3 vs the engine's 1)."""
+    from fedmedbench.fl import segmentation
+    from fedmedbench.fl.registry import model_arrays
+
+    seen = []
+    monkeypatch.setattr(segmentation, "train_steps", lambda model, data, steps, *a, **k: seen.append(steps) or 0.0)
+    cfg = study_cfg()
+    cfg["train"] = {**cfg["train"], "local_steps": 3}
+    for method in ("seg_fedavg", "seg_centralized", "fedst"):
+        spec = make_spec(clips, tmp_path, method, "abl_ts_cs" if method == "fedst" else "main", cfg)
+        m = get_method(spec.method, spec.method_params)
+        model = fed.new_model(spec)
+        fed.client_train(spec, 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
+    assert seen == [3, 3, 3]
+    cfg["train"]["local_steps"] = None
+    spec = make_spec(clips, tmp_path, "seg_fedavg", "main", cfg)
+    m = get_method(spec.method, spec.method_params)
+    model = fed.new_model(spec)
+    fed.client_train(spec, 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
+    assert seen[-1] == 1  # null: the engine's epochs-based count
+
+
+def test_fedrep_trains_the_head_first_then_the_body(clips, tmp_path, monkeypatch):
+    """FedRep's reference split: 4/5 of the round on the decoder (head) alone, then 1/5 on the rest."""
+    from fedmedbench.fl import segmentation
+    from fedmedbench.fl.methods import fedrep
+    from fedmedbench.fl.registry import model_arrays
+
+    calls = []
+
+    def fake(model, data, steps, *a, params=None, **k):
+        calls.append((steps, {id(p) for p in params}))
+        return 0.0
+
+    monkeypatch.setattr(segmentation, "train_steps", fake)
+    monkeypatch.setattr(fedrep, "train_steps", fake)  # bound at import
+    cfg = study_cfg()
+    cfg["train"] = {**cfg["train"], "local_steps": 10}
+    spec = make_spec(clips, tmp_path, "fedrep", "main", cfg)
+    m = get_method(spec.method, spec.method_params)
+    model = fed.new_model(spec)
+    captured = {}
+    real_prepare = m.prepare
+
+    def prepare(ctx):
+        captured["model"] = real_prepare(ctx)
+        return captured["model"]
+
+    monkeypatch.setattr(type(m), "prepare", lambda self, ctx: prepare(ctx))
+    from fedmedbench.fl import registry
+
+    monkeypatch.setattr(registry, "get_method", lambda *a, **k: m)
+    monkeypatch.setattr(fed, "get_method", lambda *a, **k: m, raising=False)
+    fed.client_train(spec, 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
+    net = captured["model"]
+    head = {id(p) for n, p in net.named_parameters() if n.startswith("decoder.")}
+    body = {id(p) for n, p in net.named_parameters() if not n.startswith("decoder.")}
+    assert [c[0] for c in calls] == [8, 2]
+    assert calls[0][1] == head and calls[1][1] == body
+
+
+class _TinySeg(torch.nn.Module):
+    """logits = w * (current frame's first channel) for class 1, 0 for class 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, x):
+        f = x[:, -1, 0].float()
+        return torch.stack([torch.zeros_like(f), self.w * f], dim=1)
+
+
+class _Batches:
+    def __init__(self, xs, ys):
+        self.xs, self.ys, self.seen = xs, ys, []
+
+    def batches(self, size):
+        for i in range(0, len(self.xs), size):
+            self.seen.append(i)
+            yield torch.stack(self.xs[i:i + size]), torch.stack(self.ys[i:i + size])
+
+
+def test_fedas_fisher_trace_sums_every_training_batch():
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.registry import TrainConfig
+
+    xs = [torch.full((1, 3, 1, 1), float(v)) for v in (1.0, 2.0, 3.0)]
+    ys = [torch.tensor([[1]]), torch.tensor([[0]]), torch.tensor([[1]])]
+    data = _Batches(xs, ys)
+    ctx = SimpleNamespace(data=SimpleNamespace(train=data), train=TrainConfig(rounds=1, local_epochs=1, batch_size=2, lr=0.1),
+                          device=torch.device("cpu"))
+    method = get_method("fedas", {})
+    model = _TinySeg()
+    got = method._fisher_trace(ctx, model)
+    # by hand: NLL of class y with logits (0, w f) is softplus(w f) - y w f; d/dw = f (sigmoid(w f) - y)
+    expect = 0.0
+    for batch in ((0, 1), (2,)):
+        g = np.mean([float(xs[i].flatten()[0]) * (1 / (1 + np.exp(-0.5 * float(xs[i].flatten()[0]))) - int(ys[i])) for i in batch])
+        expect += g ** 2
+    assert got == pytest.approx(expect, rel=1e-5)
+    assert data.seen == [0, 2]  # all the site's training data, not a fixed number of batches
+    assert get_method("fedas", {"fisher_batches": 1})._fisher_trace(ctx, model) == pytest.approx(
+        (np.mean([1.0 * (1 / (1 + np.exp(-0.5)) - 1), 2.0 * (1 / (1 + np.exp(-1.0)))])) ** 2, rel=1e-5)
+
+
+def test_fedas_alignment_pulls_shared_features_to_the_previous_models_prototypes(monkeypatch):
+    """One SGD epoch (lr 0.01) over every training batch on sum_c MSE(feature of class c, prototype_c)."""
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.methods import fedas
+    from fedmedbench.fl.registry import TrainConfig
+
+    class Feat(torch.nn.Module):  # feature of a pixel = a * x; personal head unused here
+        def __init__(self, a):
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.tensor(float(a)))
+
+        def set_indicator(self, v):
+            pass
+
+    monkeypatch.setattr(fedas, "pixel_features", lambda m, x, y: ((m.a * x[:, -1, 0].float()).reshape(-1, 1), y.reshape(-1)))
+    xs = [torch.full((1, 3, 1, 1), 1.0), torch.full((1, 3, 1, 1), 1.0)]
+    ys = [torch.tensor([[1]]), torch.tensor([[1]])]
+    data = _Batches(xs, ys)
+    method = get_method("fedas", {})
+    monkeypatch.setattr(type(method), "shared_keys", lambda self, m: ["a"])
+    prev = {"a": torch.tensor(3.0)}  # the site's previous model: prototype of class 1 = 3
+    ctx = SimpleNamespace(data=SimpleNamespace(train=data, indicator=None), state={"personal": {}, "previous": prev},
+                          train=TrainConfig(rounds=1, local_epochs=1, batch_size=1, lr=0.1), device=torch.device("cpu"))
+    model = Feat(1.0)
+    method._align(ctx, model)
+    # prototypes: 1 pass (2 batches); alignment: 1 pass (2 batches), each a <- a - 0.01 * 2 (a - 3)
+    a = 1.0
+    for _ in range(2):
+        a -= 0.01 * 2 * (a - 3.0)
+    assert float(model.a.detach()) == pytest.approx(a)
+    assert data.seen == [0, 1, 0, 1]
+
+
+def test_fedavg_weights_by_training_clips_uniform_as_option():
+    from fedmedbench.fl.registry import ClientResult, ServerContext, TrainConfig
+
+    a, b = {"w": np.zeros(2, np.float32)}, {"w": np.ones(2, np.float32)}
+
+    def ctx():  # the study's train.aggregation is uniform (FedST); FedAvg still weighs by examples
+        return ServerContext(rnd=1, global_arrays=a, results=[ClientResult(a, 1), ClientResult(b, 3)], pids=[0, 1], state={},
+                             num_clients=2, device=torch.device("cpu"), new_model=lambda: None,
+                             train=TrainConfig(rounds=1, local_epochs=1, batch_size=2, lr=0.1, aggregation="uniform"))
+
+    assert np.allclose(get_method("seg_fedavg", {}).aggregate(ctx())["w"], 0.75)
+    assert np.allclose(get_method("seg_fedavg", {"aggregation": "uniform"}).aggregate(ctx())["w"], 0.5)
+    assert np.allclose(get_method("seg_fedavg", {"aggregation": None}).aggregate(ctx())["w"], 0.5)
+
+
+def test_feddp_calibration_stage_after_federated_rounds(clips, tmp_path):
+    """Round 1 federated (queries stay home, but are sent once as an extra for the memory models);
+    round 2 = the reference's calibration: no aggregation, each site fine-tunes its whole model."""
+    from fedmedbench.fl.methods.feddp import SITES, spread_map, weighted_bce
+
+    spec = make_spec(clips, tmp_path, "feddp")
+    transport = Recorder(spec)
+    state = fed.Federation(spec, log=lambda m: None).run(transport)
+    (r1, sent1, res1), (r2, sent2, res2) = transport.replies
+    q = "encoder.backbone.stages.0.blocks.0.attn.q.weight"
+    assert q not in res1[0].arrays and q in res1[0].extras["queries"]  # queries: only as the declared extra
+    assert res2[0].arrays == {} and res2[1].arrays == {}  # calibration sends nothing
+    for k, v in sent2.items():  # calibration does not aggregate: the global model stays as after round 1
+        assert np.array_equal(state.arrays[k], v)
+    assert set(state.server_state["_broadcast"][SITES]) >= {f"0/{q}", f"1/{q}"}
+    # spread map and weighted BCE on hand-made predictions
+    probs = torch.tensor([[[[0.9]], [[0.1]]], [[[0.5]], [[0.5]]]])[:, None]  # K=2 models, B=1, C=2, 1x1
+    u = spread_map(probs)
+    assert torch.allclose(u, torch.ones_like(u))  # equal spread on both classes, normalised to 1
+    p = torch.tensor([[[[0.8]], [[0.2]]]])
+    bce = weighted_bce(p, torch.tensor([[[0]]]), torch.tensor([[[[1.0]], [[0.0]]]]))
+    assert float(bce) == pytest.approx(-np.log(0.8) / 2)
+
+
+def test_serq_moving_average_and_which_model_each_step_trains(clips):
+    """Eq. 10: F_hat = (1 - mu) F_hat_prev + mu F_g; Eq. 12 trains the global model only (v_pre fixed)."""
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.methods.fedst import SERQ_DEFAULTS, serq_round
+    from fedmedbench.fl.registry import load_arrays, model_arrays
+    from fedmedbench.fl.segmentation import load_clipset
+    from fedmedbench.models.fedst import build_fedst_net
+
+    tiny = {"window": 2, "pools": [2, 1, 1, 1], "fields": [4, 3, 2, 2], "indicator_dim": 8, "decoder_dim": 16}
+
+    def new_model():
+        torch.manual_seed(0)
+        return build_fedst_net(tiny)
+
+    gamma = model_arrays(new_model())
+    base = {**SERQ_DEFAULTS, "clips_root": str(clips), "site": "sim", "num_frames": 4, "steps": 1, "probe": 2, "mu": 0.5,
+            "indicator": {"kind": "onehot", "dim": 8}, "loss": {"dice_weight": 0.3}, "input_size": [32, 32]}
+
+    def run(cfg, state):
+        ctx = SimpleNamespace(seed=0, rnd=2, device=torch.device("cpu"), state=state, new_model=new_model)
+        return serq_round(ctx, dict(gamma), cfg), ctx.state
+
+    prev = torch.zeros(1)
+    out_a, st_a = run(base, {"serq_Fg": prev})
+    # F_g of the received global model on the probe frames, by hand
+    glob = new_model()
+    load_arrays(glob, gamma)
+    glob.eval()
+    glob.set_indicator(torch.nn.functional.one_hot(torch.tensor(3), 8).float())
+    probe, _ = load_clipset(clips, "sim", None, 4, (32, 32)).batch([0, 1])
+    with torch.no_grad():
+        f_g = glob.features(probe[:, -1])[-1].mean(0)
+    assert torch.allclose(st_a["serq_Fg"], 0.5 * prev + 0.5 * f_g, atol=1e-5)
+    # v_pre after the round does not depend on Eq. 12's weight (v_pre is fixed there) ...
+    out_b, st_b = run({**base, "lambda3": 5.0}, {"serq_Fg": prev})
+    for k in st_a["serq_pre"]:
+        assert torch.equal(st_a["serq_pre"][k], st_b["serq_pre"][k]), k
+    # ... while the global model Eq. 12 trains does
+    assert any(not np.allclose(out_a[k], out_b[k]) for k in out_a if np.issubdtype(out_a[k].dtype, np.floating))
+    # Eq. 11 trained v_pre away from the initial model
+    init = model_arrays(new_model())
+    assert any(not np.allclose(st_a["serq_pre"][k].numpy(), init[k]) for k in init if np.issubdtype(init[k].dtype, np.floating))

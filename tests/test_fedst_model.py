@@ -66,3 +66,39 @@ def test_key_and_value_are_split_exactly():
     x = torch.rand(3, 6)
     assert torch.allclose(split(x), fused(x))
     assert sorted(dict(split.named_parameters())) == ["k.bias", "k.weight", "v.bias", "v.weight"]
+
+
+def test_eq3_pools_each_channel_with_one_shared_linear():
+    """Eq. 3 (as CFFM): c x p^2 -> c per channel, p^2 + 1 parameters per frame, initialised to the mean."""
+    rsc = RSCTemporal(dim=8, heads=2, window=2, pools=[2, 1], fields=[2, 2])
+    assert [sum(t.numel() for t in fc.parameters()) for fc in rsc.pool_fc] == [2 * 2 + 1, 1 * 1 + 1]
+    f = torch.arange(2 * 8 * 4 * 4, dtype=torch.float32).reshape(2, 8, 4, 4)
+    pooled = rsc._pooled(f, 0)
+    assert pooled.shape == (2, 2, 2, 8)
+    # initial weights = 1/p^2: the per-channel mean of each 2x2 patch
+    assert torch.allclose(pooled.permute(0, 3, 1, 2), torch.nn.functional.avg_pool2d(f, 2))
+    # channels never mix: changing channel 3 changes only channel 3 of the pooled map
+    with torch.no_grad():
+        rsc.pool_fc[0].weight.normal_()
+    g = f.clone()
+    g[:, 3] += 1.0
+    diff = (rsc._pooled(g, 0) - rsc._pooled(f, 0)).abs().sum(dim=(0, 1, 2))
+    assert diff[3] > 0 and diff[torch.arange(8) != 3].sum() == 0
+
+
+def test_fedst_capacity_matches_the_paper_table_ix():
+    """FedST (RSC + channel selection) stays within 1.3x the baseline network's parameters,
+    and what it communicates (everything but encoder queries, RSC and CS) is less than FedAvg's."""
+    from fedmedbench.fl.methods.fedst_base import personal_keys
+
+    torch.manual_seed(0)
+    full = dict(window=7, pools=[7, 4, 2, 1], fields=[49, 20, 6, 7])
+    fedst = build_fedst_net(full)
+    fedavg = build_fedst_net({**full, "temporal": False, "selection": "none"})
+    n_fedst = sum(p.numel() for p in fedst.parameters())
+    n_fedavg = sum(p.numel() for p in fedavg.parameters())
+    assert n_fedavg < n_fedst <= 1.3 * n_fedavg, (n_fedst, n_fedavg)
+    params = dict(fedst.named_parameters())
+    kept = set(personal_keys(fedst, ["enc_q", "cs", "rsc"]))
+    shared = sum(p.numel() for k, p in params.items() if k not in kept)
+    assert shared < n_fedavg, (shared, n_fedavg)

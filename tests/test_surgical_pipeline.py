@@ -43,7 +43,7 @@ def test_demo_config_validates_and_fills_surgical_defaults():
     minimal = {"studies": copy.deepcopy(MICRO["studies"])}
     validate(minimal, SCHEMA)
     assert minimal["surgical"]["groups"] == {} and minimal["surgical"]["bad_files"] == "fail"
-    assert minimal["surgical"]["tool_groups"]["cold"] == ["grasper", "clipper"]
+    assert minimal["surgical"]["tool_groups"] == {"energy": ["bipolar", "hook"], "cold": ["grasper", "scissors"]}
 
 
 @pytest.mark.parametrize("path,value,needle", [

@@ -20,7 +20,7 @@ EXCL = {"cholectrack20": ["VID30", "VID31"]}
 COMBINED = {"datasets": ["m2cai16", "cholectrack20"], "num_clients": 3, "seed": 0, "exclude_videos": EXCL,
             "video_splits": {"m2cai16": F.M2_SPLITS, "cholectrack20": F.CT20_SPLITS},
             "eval_sources": [["m2cai16"], ["cholectrack20"], ["cholectrack20"]], "pool_from": "b",
-            "settings": {"a": {"scheme": "iid"}, "b": {"scheme": "curation", "match_lengths": True},
+            "settings": {"a": {"scheme": "iid"}, "b": {"scheme": "curation"},
                          "c": {"scheme": "lmo", "base": "a", "client_classes": ["all", "energy", "cold"]}}}
 TRACK20 = {"datasets": ["cholectrack20"], "num_clients": 3, "seed": 0, "exclude_videos": EXCL,
            "video_splits": {"cholectrack20": F.CT20_SPLITS},
@@ -104,11 +104,38 @@ def test_curation_setting_separates_datasets_and_pools_the_iid_setting(combined)
     assert _videos(a, split="train") == _videos(b, split="train") == set(combined.pool)
 
 
-def test_curation_matches_lengths_best_effort(combined):
+def test_combined_uses_every_training_video(combined, tmp_path):
+    """No training video is left out in any G_combined setting, and the stats table's per-client training
+    frame counts are those of the videos each client holds; CholecTrack20's two clients are balanced
+    within one video."""
+    from fedmedbench.data.surgical.stats import setting_stats
+
+    all_train = {v for v, s in combined.video_split.items() if s == "train"}
+    for st in combined.settings.values():
+        used = [v for c in st.train for v in c]
+        assert sorted(used) == sorted(all_train), st.name  # every one, none twice
+        assert combined.unused(st) == []
+        stats = setting_stats(st.frames, combined.classes, combined.num_clients, st.classes)
+        frames = stats[stats["split"] == "train"].set_index("client")["frames"]
+        assert [int(frames[k]) for k in range(3)] == [sum(combined.lengths[v] for v in c) for c in st.train]
     b = combined.settings["b"]
     loads = [sum(combined.lengths[v] for v in c) for c in b.train]
-    longest = max(combined.lengths.values())
-    assert max(loads) - min(loads) <= longest, loads
+    longest = max(n for v, n in combined.lengths.items() if v[0] == "cholectrack20")
+    assert abs(loads[1] - loads[2]) <= longest, loads
+    write_group(combined, tmp_path / "g", "synthetic")
+    for name in combined.settings:
+        assert "videos used by no client: 0 []" in (tmp_path / "g" / name / "stats.md").read_text()
+
+
+def test_match_lengths_option_fills_towards_the_smallest_client(indices):
+    cfg = {**COMBINED, "pool_from": None, "settings": {"b": {"scheme": "curation", "match_lengths": True}}}
+    group = _build(indices, "combined", cfg)
+    b = group.settings["b"]
+    loads = [sum(group.lengths[v] for v in c) for c in b.train]
+    assert max(loads) - min(loads) <= max(group.lengths.values()), loads
+    full = _build(indices, "combined", {**COMBINED, "pool_from": None, "settings": {"b": {"scheme": "curation"}}})
+    assert sum(loads) < sum(sum(full.lengths[v] for v in c) for c in full.settings["b"].train)
+    assert group.unused(b)  # the option leaves CholecTrack20 videos out
 
 
 @pytest.mark.parametrize("group_name,setting,base", [("combined", "c", "a"), ("track20", "c", "a"), ("track20", "d", "b")])

@@ -204,7 +204,10 @@ def test_partial_run_keeps_local_components_bit_identical(partial_run):
     assert all(np.array_equal(sd[s].numpy(), state.arrays[s]) for s in shared)
     assert not torch.equal(r1[0][head[-2]], r1[1][head[-2]])  # clients' heads really differ
     client_rows = json.loads(json.dumps(state.client_rows))
-    assert {"local_map50", "cd_map50", "cval_map50"} <= set(client_rows[0])
+    row = client_rows[1]  # row 1 of the ID/CD matrix: client 1's model on every client's test split
+    assert {"test0_map50", "test1_map50", "test2_map50", "local_map50", "cd_map50"} <= set(row)
+    assert row["local_map50"] == row["test1_map50"]
+    assert row["cd_map50"] == pytest.approx((row["test0_map50"] + row["test2_map50"]) / 2)
 
 
 class _Killed(Exception):
@@ -297,6 +300,51 @@ def test_select_captures_the_chosen_epochs_weights(export, tmp_path, monkeypatch
     assert any(not torch.equal(out.state[k], other[k]) for k in out.state)  # the epochs' weights really differ
 
 
+class _FakeTrainer:
+    """What EpochSelector reads from an Ultralytics trainer at an epoch's end."""
+
+    def __init__(self, epoch, epochs, m50, m5095):
+        self.epoch, self.epochs, self.stop, self.validated_epoch = epoch, epochs, False, epoch
+        self.metrics = {"metrics/mAP50(B)": m50, "metrics/mAP50-95(B)": m5095}
+        self.ema = type("E", (), {"ema": torch.nn.Linear(1, 1, bias=False)})()
+        torch.nn.init.constant_(self.ema.ema.weight, float(epoch))  # the weights name their epoch
+
+
+@pytest.mark.parametrize("metric,expected", [("map50", 1), ("fitness", 2)])
+def test_select_metric_map50_vs_ultralytics_fitness_pick_different_epochs(metric, expected):
+    """Hand-made validation results: epoch 1 has the best mAP50 (0.60), epoch 2 the best Ultralytics 8.3
+    fitness 0.1 mAP50 + 0.9 mAP50-95 (0.055 + 0.27 = 0.325 vs 0.06 + 0.18 = 0.24): the paper's text keeps
+    epoch 1, UltraFlwr's best.pt epoch 2; the kept weights are that epoch's."""
+    from fedmedbench.fl.detection.yolo import EpochSelector, selection_score
+
+    results = [(0.30, 0.10), (0.60, 0.20), (0.55, 0.30), (0.20, 0.05)]
+    sel = EpochSelector("best", metric)
+    for e, (m50, m5095) in enumerate(results):
+        sel(_FakeTrainer(e, len(results), m50, m5095))
+    assert sel.epoch == expected and float(sel.state["weight"]) == expected
+    assert sel.curve == [r[0] for r in results]
+    assert selection_score({"metrics/mAP50(B)": 0.55, "metrics/mAP50-95(B)": 0.30}, "fitness") == pytest.approx(0.325)
+    last = EpochSelector("last", metric)
+    for e, (m50, m5095) in enumerate(results):
+        last(_FakeTrainer(e, len(results), m50, m5095))
+    assert last.epoch == 3
+    with pytest.raises(ValueError, match="select_metric"):
+        EpochSelector("best", "map50_95")
+
+
+@pytest.mark.parametrize("weighting,expected", [("frames", 0.25 * 1 + 0.75 * 5), ("uniform", 3.0)])
+def test_fedavg_weighting_frames_vs_uniform(weighting, expected):
+    """FedAvg by training frames (McMahan) vs equal weights (UltraFlwr's clients all report 10 examples)."""
+    from fedmedbench.fl.methods.ultraflwr import fedavg_weights
+    from fedmedbench.fl.registry import weighted_average
+
+    arrays = [{"w": np.array([1.0], dtype=np.float32)}, {"w": np.array([5.0], dtype=np.float32)}]
+    out = weighted_average(arrays, fedavg_weights([100, 300], weighting))
+    assert float(out["w"][0]) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="weighting"):
+        fedavg_weights([1, 2], "examples")
+
+
 @pytest.mark.parametrize("final", ["skip_all", "skip_partial", "keep"])
 def test_final_aggregation_options(monkeypatch, final):
     """What the last round uploads and which model each client is evaluated with afterwards:
@@ -340,10 +388,20 @@ def test_final_aggregation_options(monkeypatch, final):
 # ----------------------------------------------------------------------------- report (hand-made run outputs)
 
 _OFFSETS = {0: [0.0, 0.1, 0.2], 1: [0.05, 0.15, 0.25]}  # per seed set, clients 0-2: mean +0.125, std (ddof=1) 0.0935
+_SPREAD = {0: (0.04, -0.04), 1: (-0.06, 0.06), 2: (0.02, -0.02)}  # per client: its two CD pairs differ, mean 0
+
+
+def _pair_columns(c: int, local: float, cd: float) -> dict:
+    """Row c of the ID/CD matrix: own test split ``local``; the two others ``cd`` +- a spread (mean ``cd``)."""
+    others = [j for j in range(3) if j != c]
+    row = {f"test{c}_map50": local, f"test{c}_map50_95": local / 2}
+    for j, d in zip(others, _SPREAD[c], strict=True):
+        row[f"test{j}_map50"], row[f"test{j}_map50_95"] = cd + d, (cd + d) / 2
+    return row
 
 
 def _client_csv(path, base, cd_shift=-0.1, rounds=2, early=0.99):
-    """Final round: local = base + offset, cd = local + cd_shift; earlier rounds: ``early`` (must be ignored)."""
+    """Final round: ID = base + offset, CD pairs average ID + cd_shift; earlier rounds: ``early`` (ignored)."""
     import pandas as pd
 
     rows = []
@@ -351,14 +409,12 @@ def _client_csv(path, base, cd_shift=-0.1, rounds=2, early=0.99):
         for r in range(1, rounds + 1):
             for c, o in enumerate(off):
                 v = base + o if r == rounds else early
-                rows.append({"round": r, "client": c, "local_map50": v, "cd_map50": v + cd_shift,
-                             "cval_map50": 0.1 * r + 0.01 * c + 0.1 * seed})
+                rows.append({"seed": seed, "round": r, "client": c, **_pair_columns(c, v, v + cd_shift)})
     df = pd.DataFrame(rows)
     out = {}
     for seed in _OFFSETS:
-        keep = df.index[(df.index // (3 * rounds)) == seed]
         p = path / f"seed{seed}_clients.csv"
-        df.loc[keep].to_csv(p, index=False)
+        df[df["seed"] == seed].drop(columns="seed").to_csv(p, index=False)
         out[seed] = p
     return out
 
@@ -374,38 +430,106 @@ def _runs(tmp_path):
             d = tmp_path / setting / strategy
             d.mkdir(parents=True)
             for seed, clients in _client_csv(d, base).items():
-                metrics = d / f"seed{seed}_metrics.csv"
+                metrics, comm = d / f"seed{seed}_metrics.csv", d / f"seed{seed}_comm.csv"
                 if strategy == "Centralized":  # per round-equivalent and client
                     pd.DataFrame([{"round": r, "client": c, "cval_map50": 0.2 * r + 0.1 * c}
                                   for r in (1, 2) for c in range(3)]).to_csv(metrics, index=False)
+                    pd.DataFrame(columns=["round", "client", "bytes_sent"]).to_csv(comm, index=False)
                 else:
                     pd.DataFrame({"round": [1, 2]}).to_csv(metrics, index=False)
+                    pd.DataFrame([{"round": r, "client": c, "bytes_sent": 4.0, "selected_epoch": 0.0,
+                                   "selected_val_map50": 0.1 * r + 0.01 * c + 0.1 * seed}
+                                  for r in (1, 2) for c in range(3)]).to_csv(comm, index=False)
                 runs.append({"setting": setting, "strategy": strategy, "seed": seed, "clients": str(clients),
-                             "metrics": str(metrics)})
+                             "metrics": str(metrics), "comm": str(comm)})
     return runs
 
 
-def test_top_strategies_ranks_by_id_and_reports_mean_std_over_clients_and_seeds(tmp_path):
-    """Tables II/III: top-3 per setting by federated ID mAP50 of the FINAL round, mean±std (ddof=1)
-    over 3 clients x 2 seed sets, centralized ID-C/CD-C on the first row only; ties in name order."""
-    from fedmedbench.report.ultraflwr import collect, top_strategies
+def _scores(runs):
+    from fedmedbench.report.ultraflwr import collect, id_cd, pair_matrix
 
-    ranked, shown = top_strategies(collect(_runs(tmp_path)), top_k=3)
-    a = shown[shown["Setting"] == "a"]
+    return id_cd(pair_matrix(collect(runs)))
+
+
+def test_cd_is_the_mean_over_the_other_clients_test_splits(tmp_path):
+    """Hand-made 3x3 matrices (model of client i x test split of client j): ID = the diagonal, CD = the
+    mean over j != i (each split counts once, whatever its size), for the federated strategy and the
+    centralized baseline alike (CD-C); the matrix table keeps every pair."""
+    import pandas as pd
+
+    from fedmedbench.fl.detection.task import cd_from_pairs
+    from fedmedbench.report.ultraflwr import collect, matrix_table, pair_matrix, top_strategies
+
+    mats = {"FedAvg": [[0.9, 0.1, 0.3], [0.2, 0.8, 0.6], [0.5, 0.7, 0.4]],
+            "Centralized": [[0.6, 0.0, 0.2], [0.4, 0.5, 0.0], [0.1, 0.3, 0.7]]}
+    runs = []
+    for strategy, m in mats.items():
+        rows = [{"round": 1, "client": i, **{f"test{j}_map50": m[i][j] for j in range(3)},
+                 **{f"test{j}_map50_95": m[i][j] / 2 for j in range(3)}} for i in range(3)]
+        path = tmp_path / f"{strategy}.csv"
+        pd.DataFrame(rows).to_csv(path, index=False)
+        runs.append({"setting": "a", "strategy": strategy, "seed": 0, "clients": str(path)})
+    matrix = pair_matrix(collect(runs))
+    assert len(matrix) == 2 * 9
+    scores = _scores(runs).set_index(["strategy", "client"])
+    assert scores.loc["FedAvg", "local_map50"].tolist() == pytest.approx([0.9, 0.8, 0.4])
+    assert scores.loc["FedAvg", "cd_map50"].tolist() == pytest.approx([0.2, 0.4, 0.6])
+    assert scores.loc["FedAvg", "cd_map50_95"].tolist() == pytest.approx([0.1, 0.2, 0.3])
+    assert scores.loc["Centralized", "cd_map50"].tolist() == pytest.approx([0.1, 0.2, 0.2])
+    # the engine's per-round columns agree with the report's reading of the matrix
+    row1 = {f"test{j}_{k}": mats["FedAvg"][1][j] for j in range(3) for k in ("map50", "map50_95")}
+    assert cd_from_pairs(row1, 1, 3)["cd_map50"] == pytest.approx(0.4)
+    _, shown = top_strategies(_scores(runs), top_k=1)
+    r = shown.iloc[0]
+    assert (r["ID (%)"], r["CD (%)"]) == (pytest.approx(70.0), pytest.approx(40.0))
+    assert (r["ID-C (%)"], r["CD-C (%)"]) == (pytest.approx(60.0), pytest.approx(16.7))
+    mean, wide = matrix_table(matrix)
+    fed = wide[wide["strategy"] == "FedAvg"].set_index("model of client")
+    assert fed.loc[2, ["test 0 mAP50 (%)", "test 1 mAP50 (%)", "test 2 mAP50 (%)"]].tolist() == [50.0, 70.0, 40.0]
+    assert mean["map50_count"].eq(1).all()
+
+
+def test_top_strategies_ranks_by_id_and_reports_mean_std_over_clients_and_seeds(tmp_path):
+    """Tables II/III from the matrix: top-3 per setting by federated ID mAP50 of the FINAL round, mean and
+    std (ddof=1) over 3 clients x 2 seed sets, centralized ID-C/CD-C on the first row only; ties in name order."""
+    from fedmedbench.report.ultraflwr import top_strategies
+
+    ranked, shown = top_strategies(_scores(_runs(tmp_path)), top_k=3)
+    a = shown[shown["setting"] == "a"]
     assert a["Aggregation"].tolist() == ["FedMedian", "FedHeadAvg", "FedAvg"]  # FedNeckAvg (4th) left out
     assert a["Rank (ID)"].tolist() == [1, 2, 3]
     # values 0.6 + {0, .1, .2, .05, .15, .25}: mean 72.5 %, sample std 9.35 %
-    assert a["mAP50 ID (%)"].tolist() == ["72.5±9.4", "67.5±9.4", "62.5±9.4"]
-    assert a["mAP50 CD (%)"].tolist() == ["62.5±9.4", "57.5±9.4", "52.5±9.4"]
-    assert a["mAP50 ID-C (%)"].tolist() == ["57.5±9.4", "", ""]
-    assert a["mAP50 CD-C (%)"].tolist() == ["47.5±9.4", "", ""]
-    b = shown[shown["Setting"] == "b"]
+    assert a["ID (%)"].tolist() == [72.5, 67.5, 62.5] and a["ID (%) std"].tolist() == [9.4, 9.4, 9.4]
+    assert a["CD (%)"].tolist() == [62.5, 57.5, 52.5]
+    assert a["ID-C (%)"].iloc[0] == 57.5 and a["ID-C (%)"].iloc[1:].isna().all()
+    assert a["CD-C (%)"].iloc[0] == 47.5 and a["CD-C (%) std"].iloc[0] == 9.4
+    b = shown[shown["setting"] == "b"]
     assert b["Aggregation"].tolist() == ["FedAvg", "FedMedian", "FedHeadAvg"]  # FedAvg/FedMedian tie: name order
-    assert b["mAP50 ID-C (%)"].iloc[0] == "82.5±9.4"  # centralized better than every federated strategy: still shown
+    assert b["ID-C (%)"].iloc[0] == 82.5  # centralized better than every federated strategy: still shown
     row = ranked[(ranked["setting"] == "a") & (ranked["strategy"] == "FedAvg")].iloc[0]
     assert row["local_map50_count"] == 6 and row["local_map50_mean"] == pytest.approx(0.625)
     assert row["local_map50_std"] == pytest.approx(np.std([0.5, 0.6, 0.7, 0.55, 0.65, 0.75], ddof=1))
     assert "Centralized" not in set(ranked["strategy"])
+
+
+def test_tables_put_the_papers_values_beside(tmp_path):
+    """The paper's Table II (typed in config/paper_values/ultraflwr.yaml) beside the run's: federated ID/CD by
+    (setting, strategy), centralized once per setting; the difference is run minus paper on real data and
+    empty on synthetic data."""
+    from fedmedbench.report.ultraflwr import top_strategies, with_paper
+
+    _, shown = top_strategies(_scores(_runs(tmp_path)), top_k=3)
+    real, note = with_paper(shown, "combined", synthetic=False)
+    a = real[real["setting"] == "a"].set_index("Aggregation")
+    assert a.loc["FedMedian", "ID (%) (paper)"] == 54.0 and a.loc["FedMedian", "CD (%) (paper)"] == 52.2
+    assert a.loc["FedMedian", "ID (%) Δ"] == pytest.approx(72.5 - 54.0)
+    assert np.isnan(a.loc["FedHeadAvg", "ID (%) (paper)"])  # not in the paper's top 3
+    assert a["ID-C (%) (paper)"].tolist()[0] == 53.5 and np.isnan(a["ID-C (%) (paper)"].tolist()[1])
+    assert "Table II" in note
+    synth, _ = with_paper(shown, "combined", synthetic=True)
+    assert synth["ID (%) (paper)"].notna().any() and synth["ID (%) Δ"].isna().all()
+    t3, _ = with_paper(shown, "track20", synthetic=False)
+    assert t3.set_index(["setting", "Aggregation"]).loc[("b", "FedAvg"), "ID (%) (paper)"] == 61.5
 
 
 def test_collect_names_the_file_without_detection_metrics(tmp_path):
@@ -415,13 +539,14 @@ def test_collect_names_the_file_without_detection_metrics(tmp_path):
 
     bad = tmp_path / "client_metrics.csv"
     pd.DataFrame({"round": [1], "client": [0], "accuracy": [0.5]}).to_csv(bad, index=False)
-    with pytest.raises(ValueError, match="client_metrics.csv: no per-client detection metrics"):
+    with pytest.raises(ValueError, match="client_metrics.csv: no per-client-pair detection metrics"):
         collect([{"setting": "a", "strategy": "FedAvg", "seed": 0, "clients": str(bad)}])
 
 
 def test_figure3_curves_mean_std_per_round_over_clients_and_seeds(tmp_path):
-    """Figure 3 data: per strategy and round, validation mAP50 over clients x seeds (federated from
-    client_metrics, centralized from its per-client round-equivalent curve), and the figure is written."""
+    """Figure 3 data: per strategy and round, validation mAP50 over clients x seeds; every point is a local
+    model right after local training (federated: the selected epoch's validation mAP50 from comm.csv;
+    centralized: its per-client round-equivalent curve), and the figure is written."""
     from fedmedbench.report.ultraflwr import curves, figure3
 
     runs = [r for r in _runs(tmp_path) if r["setting"] == "a" and r["strategy"] in ("FedAvg", "Centralized")]
@@ -437,6 +562,14 @@ def test_figure3_curves_mean_std_per_round_over_clients_and_seeds(tmp_path):
     target = tmp_path / "fig3.png"
     figure3(curves(runs), "combined", "synthetic", target)
     assert target.stat().st_size > 1000
+
+
+def test_centralized_round_point_is_the_best_epoch_of_its_block():
+    from fedmedbench.fl.detection.centralized import block_best
+
+    curve = [0.1, 0.5, 0.3, float("nan"), 0.2, 0.4]
+    assert [block_best(curve, r, 2) for r in (1, 2, 3)] == [0.5, 0.3, 0.4]
+    assert np.isnan(block_best(curve, 4, 2))  # stopped early: no point
 
 
 def test_study_config_validates_with_no_medmnist_study():

@@ -22,6 +22,8 @@ import torch
 #: architecture of the baselines and of FedST in variant ``main``
 BASELINE_MODEL = {"temporal": False, "selection": "none"}
 FEDST_MODEL = {"temporal": True, "selection": "cs"}
+#: FedST's personal groups (Sec. III-B: encoder queries rho + the channel-selection network)
+FEDST_PERSONAL = ("enc_q", "cs")
 BASELINES = ("seg_local", "seg_centralized", "seg_fedavg", "fedrep", "feddp", "fedld", "fedas")
 METHODS = (*BASELINES, "fedst")
 
@@ -55,14 +57,39 @@ def sites_key(cfg: dict[str, Any]) -> str:
     return "".join(cfg["sites"])
 
 
+def comm_variants(cfg: dict[str, Any]) -> list[str]:
+    """Fig. 6: FedST communicating every k local iterations (``comm<k>``); k = train.local_steps is the main run."""
+    base = cfg["train"].get("local_steps")
+    return [f"comm{k}" for k in cfg.get("fig6", {}).get("intervals", []) if k != base]
+
+
+def comm_interval(variant: str) -> int | None:
+    return int(variant.removeprefix("comm")) if variant.startswith("comm") and variant[4:].isdigit() else None
+
+
 def runs(cfg: dict[str, Any]) -> list[tuple[str, str, int]]:
     """(variant, method, seed) of every run the config asks for (duplicates of main left out)."""
     out = [("main", m, s) for m in cfg["methods"] for s in cfg["seeds"]]
-    for v in cfg["variants"]:
+    for v in [*cfg["variants"], *comm_variants(cfg)]:
         if v == f"ind_{cfg['indicator']['kind']}":
             continue  # the same run as main/fedst
         out += [(v, "fedst", s) for s in cfg["seeds"]]
     return out
+
+
+def train_config(cfg: dict[str, Any], variant: str) -> tuple[dict[str, Any], int | None]:
+    """The run's ``train`` block (without local_steps) and its local steps per round. A Fig. 6
+    variant ``comm<k>`` trains k iterations per round for as many rounds as keep the total
+    number of iterations of the main run (rounds x local_steps)."""
+    train = {k: v for k, v in cfg["train"].items() if k != "local_steps"}
+    steps = cfg["train"].get("local_steps")
+    k = comm_interval(variant)
+    if k is not None:
+        if steps is None:
+            raise ValueError("fedst.fig6.intervals needs fedst.train.local_steps (iterations per round), not null")
+        train["rounds"] = max(1, round(int(cfg["train"]["rounds"]) * int(steps) / k))
+        steps = k
+    return train, steps
 
 
 def model_config(cfg: dict[str, Any], variant: str, method: str) -> dict[str, Any]:
@@ -84,10 +111,13 @@ def method_params(cfg: dict[str, Any], variant: str, method: str, clips_root: st
     params = copy.deepcopy(cfg["method_params"].get(method, {}))
     var = VARIANTS.get(variant, {})
     if method == "fedst":
-        if "personal" in var:
-            params["personal"] = list(var["personal"])
+        personal = list(var.get("personal", params.get("personal", FEDST_PERSONAL)))
+        if not cfg["rsc_communicated"] and "all" not in personal:
+            personal.append("rsc")  # Sec. IV-D2 / Table IX: the temporal module is not communicated
+        params["personal"] = personal
         serq = dict(cfg["serq"])
         serq.update(enabled=bool(var.get("serq", True)), clips_root=clips_root, site=cfg["server_site"],
+                    input_size=cfg["data"]["input_size"], cache_mb=int(cfg["data"]["cache_mb"]),
                     num_frames=len(cfg["model"]["pools"]), indicator=indicator_config(cfg, variant), loss=dict(cfg["loss"]))
         params["serq"] = serq
     return params
@@ -97,6 +127,7 @@ def pretrain_params(cfg: dict[str, Any], clips_root: str) -> dict[str, Any]:
     """Everything the synthetic pre-training job depends on (its ``params:``)."""
     return {"clips_root": clips_root, "site": cfg["server_site"], "model": model_config(cfg, "main", "fedst"),
             "indicator": indicator_config(cfg, "main"), "loss": dict(cfg["loss"]), **cfg["pretrain"],
+            "input_size": cfg["data"]["input_size"], "cache_mb": int(cfg["data"]["cache_mb"]),
             "batch_size": cfg["train"]["batch_size"]}
 
 
@@ -106,13 +137,15 @@ def run_spec(cfg: dict[str, Any], variant: str, method: str, seed: int, clips_ro
     return {
         "run_dir": run_dir, "study": "fedst", "dataset": sites_key(cfg), "setting": variant, "method": method,
         "seed": int(seed), "partition_path": "", "sources": {}, "image_size": 0, "model": "fedst_net",
-        "pretrained_path": pretrained, "train": dict(cfg["train"]), "clients_per_round": None,
+        "pretrained_path": pretrained, "train": train_config(cfg, variant)[0], "clients_per_round": None,
         "method_params": method_params(cfg, variant, method, clips_root), "device": device, "threads": int(threads),
         "data_origin": origin, "log_every": 1, "eval_every": int(cfg["eval"]["eval_every"]),
         "task": "segmentation",
         "task_params": {
             "clips_root": clips_root, "sites": list(cfg["sites"]), "model": model_config(cfg, variant, method),
             "indicator": indicator_config(cfg, variant), "loss": dict(cfg["loss"]),
+            "input_size": cfg["data"]["input_size"], "cache_mb": int(cfg["data"]["cache_mb"]),
+            "local_steps": train_config(cfg, variant)[1],
             "cross_site_eval": bool(cfg["eval"]["cross_site_eval"]), "eval_batch_size": int(cfg["eval"]["batch_size"]),
         },
     }
@@ -145,7 +178,14 @@ def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "
     in SERQ) and learns only from the sites' videos."""
     from fedmedbench.fl.federation import resolve_device
     from fedmedbench.fl.registry import TrainConfig
-    from fedmedbench.fl.segmentation import load_clipset, load_sites, site_indicators, train_steps
+    from fedmedbench.fl.segmentation import (
+        FrameCache,
+        input_size,
+        load_clipset,
+        load_sites,
+        site_indicators,
+        train_steps,
+    )
     from fedmedbench.io import atomic_path
     from fedmedbench.models.fedst import build_fedst_net
 
@@ -153,7 +193,8 @@ def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         model = build_fedst_net(params["model"])
-    data = load_clipset(params["clips_root"], params["site"], None, len(params["model"]["pools"]))
+    data = load_clipset(params["clips_root"], params["site"], None, len(params["model"]["pools"]),
+                        input_size(params.get("input_size")), FrameCache(int(params.get("cache_mb", 2048)) * 2**20))
     dev = resolve_device(device)
     model.to(dev).set_indicator(site_indicators(sites, params["indicator"])[params["site"]])
     steps = int(params["steps"]) if params.get("enabled", True) else 0
@@ -246,6 +287,9 @@ def deploy_eval(spec, state, outfed_site: str, unseen_site: str, fps_clips: int)
     out.update({f"unseen_{k}": v for k, v in evaluate_clips(model, u.test, task.classes, dev, bs, binary=True).items()})
     out["comm_mb_per_round"] = communication_mb(method, new_model(spec))
     out["train_time_s"] = float(state.elapsed)
+    out["server_time_s"] = float(state.server_state.get("server_time_s", 0.0))  # SERQ; other servers only average
+    out["local_time_s"] = out["train_time_s"] - out["server_time_s"]
+    out["input_size"] = spec.task_params.get("input_size")
     out["fps"] = inference_fps(model, e.test, fps_clips, dev)
     out["frames_per_clip"] = len(spec.task_params["model"]["pools"]) if spec.task_params["model"].get("temporal") else 1
     return out

@@ -29,7 +29,7 @@ CT20_SPLITS = {"mode": "lists", "train": ["VID02", "VID04", "VID11", "VID13", "V
                "test": ["VID01", "VID06", "VID07", "VID12", "VID25", "VID39", "VID92", "VID111"]}
 M2_SPLITS = {"mode": "lists", "train": ["v01", "v02", "v03", "v04", "v05", "v06"], "val": ["v07", "v08"],
              "test": ["v09", "v10"]}
-TOOL_GROUPS = {"energy": ["bipolar", "hook", "scissors"], "cold": ["grasper", "clipper"]}
+TOOL_GROUPS = {"energy": ["bipolar", "hook"], "cold": ["grasper", "scissors"]}
 
 
 def make(root: Path, name: str, seed: int = 0) -> tuple[dict, Path]:

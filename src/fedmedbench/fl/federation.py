@@ -97,7 +97,8 @@ def _client_context(
         pid=pid, rnd=rnd, model=job.model_with(arrays), data=site_data[pid] if pid in site_data else job.client_data(pid),
         train=job.train, device=job.device, generator=client_generator(job.spec.seed, rnd, pid),
         state=store.load(pid, before_round=rnd), steps=steps, global_arrays=arrays, broadcast=broadcast or {},
-        client_sizes=job.task.client_sizes,
+        # a deployed site knows no other site's size (methods that need them say so)
+        client_sizes=None if pid in site_data else (lambda: job.task.client_sizes()),
     )
     return ctx, store
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,28 +42,90 @@ INDICATORS = ("clip", "onehot", "gaussian", "random")
 # ----------------------------------------------------------------------------- data
 
 
+class FrameCache:
+    """Decoded, resized clips kept in memory, least recently used evicted first, bounded by bytes.
+
+    One cache serves every clip set of a run (a site's test clips and the pooled test set share
+    entries); ``max_bytes`` 0 disables caching (decode on every access)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"fedst data.cache_mb must be >= 0, got {max_bytes / 2**20:g}")
+        self.max_bytes = int(max_bytes)
+        self.bytes = 0
+        self._items: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
+        hit = self._items.get(key)
+        if hit is not None:
+            self._items.move_to_end(key)
+        return hit
+
+    def put(self, key: tuple, value: tuple[torch.Tensor, torch.Tensor]) -> None:
+        size = sum(t.numel() * t.element_size() for t in value)
+        if size > self.max_bytes or key in self._items:
+            return
+        while self.bytes + size > self.max_bytes:
+            _, old = self._items.popitem(last=False)
+            self.bytes -= sum(t.numel() * t.element_size() for t in old)
+        self._items[key] = value
+        self.bytes += size
+
+
+def resize_clip(frames: torch.Tensor, mask: torch.Tensor, size: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 (T, 3, H, W) frames and (H, W) mask -> the configured (h, w).
+
+    Images: area averaging when shrinking both sides (no aliasing of the 1920x1080 frames),
+    antialiased bilinear otherwise; masks: nearest neighbour (labels are never blended)."""
+    if size is None or tuple(frames.shape[-2:]) == tuple(size):
+        return frames, mask
+    h, w = int(size[0]), int(size[1])
+    x = frames.float()
+    if h <= frames.shape[-2] and w <= frames.shape[-1]:
+        x = F.interpolate(x, size=(h, w), mode="area")
+    else:
+        x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False, antialias=True)
+    m = F.interpolate(mask[None, None].float(), size=(h, w), mode="nearest-exact")[0, 0]
+    return x.round().clamp(0, 255).to(torch.uint8), m.to(mask.dtype)
+
+
 @dataclass
 class ClipSet:
-    """Clips of one site and split; images are read on demand and cached (small sets)."""
+    """Clips of one site and split, decoded on demand, resized to ``size`` (None = as stored;
+    then every clip of a batch must have the same size), kept in a shared :class:`FrameCache`."""
 
     clip_paths: list[list[str]]
     mask_paths: list[str]
     source: str  # for error messages
-    cache: bool = True
+    size: tuple[int, int] | None = None
+    cache: FrameCache | None = None
 
     def __post_init__(self) -> None:
-        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        if self.cache is None:
+            self.cache = FrameCache(0)
 
     def __len__(self) -> int:
         return len(self.mask_paths)
 
     @staticmethod
     def concat(sets: list[ClipSet], source: str) -> ClipSet:
-        return ClipSet([p for s in sets for p in s.clip_paths], [m for s in sets for m in s.mask_paths], source)
+        size = sets[0].size if sets else None
+        cache = sets[0].cache if sets else None
+        return ClipSet([p for s in sets for p in s.clip_paths], [m for s in sets for m in s.mask_paths], source, size, cache)
 
     def item(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if i in self._cache:
-            return self._cache[i]
+        """(T, 3, h, w) uint8 frames and (h, w) int64 mask of clip ``i``."""
+        key = (tuple(self.clip_paths[i]), self.mask_paths[i], self.size)
+        hit = self.cache.get(key)
+        if hit is None:
+            hit = self._read(i)
+            self.cache.put(key, hit)
+        return hit[0], hit[1].long()
+
+    def _read(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         from PIL import Image
 
         try:
@@ -70,15 +133,21 @@ class ClipSet:
             mask = np.asarray(Image.open(self.mask_paths[i]))
         except OSError as exc:
             raise RuntimeError(f"{self.source}: clip {i}: cannot read an image ({exc})") from exc
+        except ValueError as exc:  # frames of different sizes within one clip
+            raise ValueError(f"{self.source}: clip {i}: frames {self.clip_paths[i]} differ in size ({exc})") from exc
         if mask.shape != frames.shape[1:3]:
             raise ValueError(f"{self.mask_paths[i]}: mask {mask.shape} does not match its frames {frames.shape[1:3]} ({self.source})")
-        out = (torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(mask.astype(np.int64)))
-        if self.cache:
-            self._cache[i] = out
-        return out
+        if mask.max(initial=0) > 255:
+            raise ValueError(f"{self.mask_paths[i]}: label {int(mask.max())} does not fit the uint8 mask cache")
+        x = torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous()
+        return resize_clip(x, torch.from_numpy(mask.astype(np.uint8)), self.size)
 
     def batch(self, idx: list[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         items = [self.item(int(i)) for i in idx]
+        shapes = {tuple(x.shape) for x, _ in items}
+        if len(shapes) > 1:
+            raise ValueError(f"{self.source}: clips of different sizes {sorted(shapes)} in one batch; "
+                             "set fedst data.input_size")
         return torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
 
     def batches(self, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -97,6 +166,7 @@ class SiteData:
     test: ClipSet
     indicator: torch.Tensor
     loss: dict[str, Any]  # task_params.loss: dice_weight, augment, rotate_deg, scale
+    local_steps: int | None = None  # exact iterations per round (task_params.local_steps), else the engine's
 
     @property
     def num_train(self) -> int:
@@ -110,8 +180,19 @@ def load_sites(clips_root: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def load_clipset(clips_root: str | Path, site: str, split: str | None, num_frames: int) -> ClipSet:
-    """Clips of ``site`` (``split`` None = all splits), each with exactly ``num_frames`` frames."""
+def input_size(value: Any) -> tuple[int, int] | None:
+    """``fedst data.input_size``: [h, w] the clips are resized to, or None (as stored)."""
+    if value is None:
+        return None
+    if not (isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, int) and v > 0 for v in value)):
+        raise ValueError(f"fedst data.input_size must be [height, width] in pixels or null, got {value!r}")
+    return int(value[0]), int(value[1])
+
+
+def load_clipset(clips_root: str | Path, site: str, split: str | None, num_frames: int,
+                 size: tuple[int, int] | list[int] | None = None, cache: FrameCache | None = None) -> ClipSet:
+    """Clips of ``site`` (``split`` None = all splits), each with exactly ``num_frames`` frames,
+    resized to ``size`` (h, w) when given."""
     import pandas as pd
 
     path = Path(clips_root) / site / "clips.parquet"
@@ -126,7 +207,8 @@ def load_clipset(clips_root: str | Path, site: str, split: str | None, num_frame
     if bad:
         raise ValueError(f"{path}: clips have {bad[0]} frames, the model is configured for {num_frames} "
                          "(fedst model.pools / surgical.clips.num_previous + 1)")
-    return ClipSet(clips, list(df["mask_path"]), f"{path} [{split or 'all'}]")
+    return ClipSet(clips, list(df["mask_path"]), f"{path} [{split or 'all'}]",
+                   tuple(int(v) for v in size) if size else None, cache)
 
 
 # ----------------------------------------------------------------------------- indicators
@@ -148,8 +230,10 @@ def site_indicators(sites: dict[str, dict], cfg: dict[str, Any]) -> dict[str, to
         onehot = F.one_hot(torch.tensor(i), dim).float()
         if kind == "onehot":
             out[name] = onehot
-        elif kind == "gaussian":  # Table VII: N(one-hot of the site, sigma^2), drawn once
-            out[name] = onehot + float(cfg.get("sigma", 0.1)) * torch.randn(dim, generator=g)
+        elif kind == "gaussian":  # Table VII: exp(-(x - mu)^2 / (2 sigma^2)) over dimensions x, mu = the site's id
+            x = torch.arange(dim, dtype=torch.float32)
+            sigma = float(cfg.get("sigma", 0.1))
+            out[name] = torch.exp(-((x - i) ** 2) / (2 * sigma**2))
         else:  # random: no relation to the site identity
             out[name] = torch.randn(dim, generator=g)
     return out
@@ -295,7 +379,10 @@ class SegmentationTask(Task):
 
     ``clips_root``, ``sites`` (federated, in client order), ``model`` (FedSTNet config),
     ``indicator`` (kind, dim, clip_weights, clip_model, sigma), ``loss`` (dice_weight,
-    augment, rotate_deg, scale), ``cross_site_eval`` (personalised models also on the
+    augment, rotate_deg, scale), ``input_size`` ([h, w] every clip is resized to; metrics,
+    HD95 and ASSD included, are computed at that size), ``cache_mb`` (bound of the decoded-clip
+    cache), ``local_steps`` (exact iterations per round on every site and for the pooled
+    Upperbound; None = the engine's epochs-based count), ``cross_site_eval`` (personalised models also on the
     pooled test set; off = ``global_*`` NaN for them), ``eval_batch_size``.
     """
 
@@ -317,6 +404,8 @@ class SegmentationTask(Task):
         self.metric_names = metric_names(self.classes)
         self.num_frames = len(tp["model"].get("pools", [7, 4, 2, 1]))
         self.indicators = site_indicators(self.all_sites, tp.get("indicator", {}))
+        self.size = input_size(tp.get("input_size"))
+        self.cache = FrameCache(int(tp.get("cache_mb", 2048)) * 2**20)
         self._sites: dict[str, SiteData] = {}
 
     @property
@@ -331,11 +420,16 @@ class SegmentationTask(Task):
             test_split = None if info.get("role") == "out_of_federation" else "test"
             self._sites[name] = SiteData(
                 site=name, index=list(self.all_sites).index(name), prompt=info["prompt"],
-                train=load_clipset(root, name, "train", self.num_frames) if test_split else ClipSet([], [], name),
-                test=load_clipset(root, name, test_split, self.num_frames), indicator=self.indicators[name],
-                loss=dict(self.spec.task_params.get("loss", {})),
+                train=load_clipset(root, name, "train", self.num_frames, self.size, self.cache) if test_split
+                else ClipSet([], [], name, self.size, self.cache),
+                test=load_clipset(root, name, test_split, self.num_frames, self.size, self.cache), indicator=self.indicators[name],
+                loss=dict(self.spec.task_params.get("loss", {})), local_steps=self._local_steps(),
             )
         return self._sites[name]
+
+    def _local_steps(self) -> int | None:
+        v = self.spec.task_params.get("local_steps")
+        return None if v is None else int(v)
 
     def client_sizes(self) -> list[int]:
         return [self.site(s).num_train for s in self.spec.task_params["sites"]]
@@ -347,7 +441,7 @@ class SegmentationTask(Task):
         sites = [self.site(s) for s in self.spec.task_params["sites"]]
         mean_ind = torch.stack([s.indicator for s in sites]).mean(0)
         return SiteData("pooled", -1, "", ClipSet.concat([s.train for s in sites], "pooled train"),
-                        self.pooled_test(), mean_ind, dict(self.spec.task_params.get("loss", {})))
+                        self.pooled_test(), mean_ind, dict(self.spec.task_params.get("loss", {})), self._local_steps())
 
     def pooled_test(self) -> ClipSet:
         return ClipSet.concat([self.site(s).test for s in self.spec.task_params["sites"]], "pooled test")

@@ -130,16 +130,58 @@ def table_dice_rows(runs: pd.DataFrame, sites: list[str], rows, main_indicator: 
     return pd.DataFrame(out)
 
 
+def _time_cell(rows: pd.DataFrame, column: str) -> str:
+    return _cell(rows[column], "time") if column in rows else "n/a"
+
+
 def table9(runs: pd.DataFrame, methods: list[str]) -> pd.DataFrame:
+    """Communication (shared trainable parameters), training time split into local and server
+    work (SERQ), FPS at the configured input size."""
     sel = runs[runs["variant"] == "main"]
     out = []
     for m in methods:
         r = sel[sel["method"] == m]
         out.append({"Method": METHOD_NAMES[m],
                     "Cost (MB/round)": f"{r['comm_mb_per_round'].mean():.2f}" if len(r) else "n/a",
-                    "Training time (s)": _cell(r["train_time_s"], "time"),
-                    "FPS": _cell(r["fps"], "fps")})
+                    "Training time (s)": _time_cell(r, "train_time_s"), "Local time (s)": _time_cell(r, "local_time_s"),
+                    "Server time (s)": _time_cell(r, "server_time_s"), "FPS": _cell(r["fps"], "fps") if len(r) else "n/a"})
     return pd.DataFrame(out)
+
+
+def _mean_of(cell: Any) -> float:
+    """The mean printed in a cell ("84.73 ± 0.87", "84.73"); NaN for "n/a" / "not run"."""
+    try:
+        return float(str(cell).split(" ± ")[0])
+    except ValueError:
+        return float("nan")
+
+
+#: the run's columns compared with the paper's, per table (same names in config/paper_values/fedst.yaml)
+PAPER_COLUMNS: dict[str, list[str]] = {
+    "table2": [f"{LABELS[m]} {s}" for m in METRICS for s in ("A", "B", "C", "D", "Avg.")],
+    "table3": [LABELS[m] for m in METRICS],
+    "table8": [LABELS[m] for m in METRICS],
+    "table9": ["Cost (MB/round)", "FPS"],
+}
+
+
+def with_paper(frame: pd.DataFrame, name: str, synthetic: bool, root: str | Path | None = None) -> tuple[pd.DataFrame, str]:
+    """``frame`` with ``<column> (paper)`` and ``<column> Δ`` after each compared column (the run's
+    mean minus the paper's; empty on synthetic data), and the caption sentence saying where the
+    paper's numbers come from. Tables without paper values come back unchanged."""
+    from fedmedbench.report import paper_values as PV
+
+    paper = PV.load("fedst", name, **({"root": root} if root else {}))
+    cols = [c for c in PAPER_COLUMNS.get(name, []) if c in frame.columns]
+    if not cols:
+        return frame, PV.note(paper, synthetic)
+    numeric = frame.copy()
+    for c in cols:
+        numeric[c] = [_mean_of(v) for v in frame[c]]
+    out = PV.beside(numeric, paper, {c: c for c in cols}, synthetic)
+    for c in cols:
+        out[c] = frame[c]  # keep the run's "mean ± std" text
+    return out, PV.note(paper, synthetic)
 
 
 def caption(title: str, origin: str, seeds: list[int], rounds: int) -> str:
@@ -151,3 +193,49 @@ def caption(title: str, origin: str, seeds: list[int], rounds: int) -> str:
 def to_markdown(frame: pd.DataFrame, cap: str) -> str:
     body = frame.to_markdown(index=False) if not frame.empty else "(no rows)"
     return f"{cap}\n\n{body}\n"
+
+
+# ----------------------------------------------------------------------------- Fig. 6
+
+
+def fig6_frame(clients: list[str], sites: list[str], base_steps: int) -> pd.DataFrame:
+    """Fig. 6: final Dice (%) per site and average vs the communication interval (local
+    iterations per round), mean and std over seeds. ``main`` runs communicate every
+    ``base_steps`` iterations, ``comm<k>`` runs every k."""
+    rows = []
+    for path in clients:
+        run = Path(path).parent
+        variant = run.parent.parent.name
+        k = base_steps if variant == "main" else int(variant.removeprefix("comm"))
+        cm = pd.read_csv(path)
+        if cm.empty:
+            raise ValueError(f"{path}: no evaluated round")
+        last = cm[cm["round"] == cm["round"].max()].sort_values("client")
+        dice = [float(v) * 100 for v in last["local_dice"]]
+        if len(dice) != len(sites):
+            raise ValueError(f"{path}: {len(dice)} clients, fedst.sites has {len(sites)}")
+        rows += [{"interval": k, "site": s, "dice": d} for s, d in zip(sites, dice, strict=True)]
+        rows.append({"interval": k, "site": "Avg.", "dice": sum(dice) / len(dice)})
+    frame = pd.DataFrame(rows)
+    out = frame.groupby(["interval", "site"], sort=True)["dice"].agg(["mean", lambda v: v.std(ddof=0), "count"])
+    out.columns = ["dice_mean", "dice_std", "seeds"]
+    return out.reset_index()
+
+
+def fig6_plot(frame: pd.DataFrame, origin: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for site, g in frame.groupby("site", sort=False):
+        ax.errorbar(g["interval"], g["dice_mean"], yerr=g["dice_std"], marker="o", capsize=2, label=str(site))
+    ax.set_xscale("log")
+    ax.set_xlabel("local iterations between communications")
+    ax.set_ylabel("test Dice (%)")
+    ax.legend(fontsize=7)
+    tag = " — SYNTHETIC data (not a paper reproduction)" if origin == "synthetic" else ""
+    ax.set_title("Fig. 6: communication frequency (FedST)" + tag, fontsize=8)
+    fig.tight_layout()
+    return fig

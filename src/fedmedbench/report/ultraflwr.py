@@ -40,7 +40,9 @@ def table1(cfg: str = "yolo11n.yaml", nc: int = 80) -> pd.DataFrame:
 
 
 def write_table(frame: pd.DataFrame, shown: pd.DataFrame, caption: str, csv, md, tex, label: str) -> None:
+    """The full numbers to CSV; the shown view to Markdown and LaTeX with missing values left blank."""
     io.write_csv(csv, frame)
+    shown = shown.astype(object).where(shown.notna(), "")
     io.write_text(md, f"{caption}\n\n{shown.to_markdown(index=False)}\n")
     io.write_text(tex, shown.to_latex(index=False, caption=caption.replace("%", r"\%"), label=label, escape=True))
 
@@ -53,8 +55,8 @@ def source_note(origin: str) -> str:
 
 def _final_client_rows(path: str | Path) -> pd.DataFrame:
     df = pd.read_csv(path)
-    if df.empty or "local_map50" not in df:
-        raise ValueError(f"{path}: no per-client detection metrics (local_map50)")
+    if df.empty or not any(c.startswith("test") and c.endswith("_map50") for c in df.columns):
+        raise ValueError(f"{path}: no per-client-pair detection metrics (test<j>_map50 columns)")
     return df[df["round"] == df["round"].max()]
 
 
@@ -67,6 +69,31 @@ def collect(runs: list[dict]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+def pair_matrix(rows: pd.DataFrame) -> pd.DataFrame:
+    """Long ID/CD matrix: one row per (setting, strategy, seed, model of client i, test split of client j)."""
+    tests = sorted({int(c[4:-6]) for c in rows.columns if c.startswith("test") and c.endswith("_map50")})
+    parts = []
+    for j in tests:
+        part = rows[["setting", "strategy", "seed", "client"]].copy()
+        part["test_client"] = j
+        part["map50"] = rows[f"test{j}_map50"].to_numpy(dtype=float)
+        part["map50_95"] = rows.get(f"test{j}_map50_95", pd.Series(np.nan, index=rows.index)).to_numpy(dtype=float)
+        parts.append(part)
+    out = pd.concat(parts, ignore_index=True)
+    out["client"] = out["client"].astype(int)
+    return out.sort_values(["setting", "strategy", "seed", "client", "test_client"], kind="stable").reset_index(drop=True)
+
+
+def id_cd(matrix: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, strategy, seed, client): ID = the diagonal (own test split), CD = the mean over
+    the other clients' test splits (j != i), each split weighted equally, for mAP50 and mAP50-95."""
+    keys = ["setting", "strategy", "seed", "client"]
+    own = matrix["client"] == matrix["test_client"]
+    ident = matrix[own].set_index(keys)[["map50", "map50_95"]].add_prefix("local_")
+    cross = matrix[~own].groupby(keys)[["map50", "map50_95"]].mean().add_prefix("cd_")
+    return ident.join(cross, how="left").reset_index()
+
+
 def _fmt(values: pd.Series) -> str:
     """mean±std in %, sample std (ddof=1) over the finite values; one value: the mean alone."""
     v = values.to_numpy(dtype=float)
@@ -76,40 +103,91 @@ def _fmt(values: pd.Series) -> str:
     return f"{100 * v.mean():.1f}" if len(v) == 1 else f"{100 * v.mean():.1f}±{100 * v.std(ddof=1):.1f}"
 
 
-def top_strategies(rows: pd.DataFrame, top_k: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Mean/std (ddof=1) over clients x seeds; strategies ranked by federated ID mAP50 within each
-    setting (ties: strategy name order); the top ``top_k`` are shown, with the per-client centralized
+def _mean_std(values: pd.Series) -> tuple[float, float]:
+    """(mean, sample std) in %, rounded to 0.1 as printed; std NaN for fewer than two finite values."""
+    v = values.to_numpy(dtype=float)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return np.nan, np.nan
+    return round(100 * v.mean(), 1), round(100 * v.std(ddof=1), 1) if len(v) > 1 else np.nan
+
+
+SHOWN = {"local_map50": "ID (%)", "cd_map50": "CD (%)"}
+SHOWN_C = {"local_map50": "ID-C (%)", "cd_map50": "CD-C (%)"}
+
+
+def top_strategies(scores: pd.DataFrame, top_k: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``scores``: :func:`id_cd` of the final round. Mean/std (ddof=1) over clients x seeds; strategies
+    ranked by federated ID mAP50 within each setting (ties: strategy name order); the top ``top_k``
+    are shown (mean and std in %, as the paper prints them), with the per-client centralized
     baseline's ID-C/CD-C on each setting's first row (the paper's Tables II/III)."""
-    stats = (rows.groupby(["setting", "strategy"])[["local_map50", "cd_map50"]]
+    stats = (scores.groupby(["setting", "strategy"])[["local_map50", "cd_map50"]]
              .agg(["mean", "std", "count"]).reset_index())
     stats.columns = ["_".join(c).strip("_") for c in stats.columns]
     fed = stats[stats["strategy"] != "Centralized"].sort_values(["setting", "strategy"]).copy()
     fed["rank_id"] = fed.groupby("setting")["local_map50_mean"].rank(ascending=False, method="first").astype(int)
     shown = []
     for setting, group in fed.sort_values(["setting", "rank_id"]).groupby("setting"):
-        central = rows[(rows["setting"] == setting) & (rows["strategy"] == "Centralized")]
+        central = scores[(scores["setting"] == setting) & (scores["strategy"] == "Centralized")]
         for i, r in enumerate(group.head(top_k).itertuples(index=False)):
-            sel = rows[(rows["setting"] == setting) & (rows["strategy"] == r.strategy)]
-            shown.append({"Setting": setting, "Aggregation": r.strategy, "Rank (ID)": r.rank_id,
-                          "mAP50 ID (%)": _fmt(sel["local_map50"]), "mAP50 CD (%)": _fmt(sel["cd_map50"]),
-                          "mAP50 ID-C (%)": _fmt(central["local_map50"]) if i == 0 and len(central) else "",
-                          "mAP50 CD-C (%)": _fmt(central["cd_map50"]) if i == 0 and len(central) else ""})
+            sel = scores[(scores["setting"] == setting) & (scores["strategy"] == r.strategy)]
+            row = {"setting": setting, "Aggregation": r.strategy, "Rank (ID)": r.rank_id}
+            for col, name in SHOWN.items():
+                row[name], row[f"{name} std"] = _mean_std(sel[col])
+            for col, name in SHOWN_C.items():
+                first = i == 0 and len(central)
+                row[name], row[f"{name} std"] = _mean_std(central[col]) if first else (np.nan, np.nan)
+            shown.append(row)
     return fed.sort_values(["setting", "rank_id"]), pd.DataFrame(shown)
+
+
+def with_paper(shown: pd.DataFrame, group: str, synthetic: bool, root=None) -> tuple[pd.DataFrame, str]:
+    """The shown table with the paper's Table II (group combined) / III (track20) beside it: federated
+    ID/CD looked up by (setting, Aggregation), centralized ID-C/CD-C by setting (first row only)."""
+    from fedmedbench.report import paper_values as PV
+
+    kw = {} if root is None else {"root": root}
+    fed_paper = PV.load("ultraflwr", group, **kw)
+    central_paper = PV.load("ultraflwr", f"{group}_centralized", **kw)
+    out = PV.beside(shown, fed_paper, {v: v for v in SHOWN.values()}, synthetic)
+    out = PV.beside(out, central_paper, {v: v for v in SHOWN_C.values()}, synthetic)
+    first = ~out["setting"].duplicated()
+    for name in SHOWN_C.values():
+        out.loc[~first, [f"{name} (paper)", f"{name} Δ"]] = np.nan
+    order = [c for c in out.columns if not c.endswith(" std")]
+    for name in [*SHOWN.values(), *SHOWN_C.values()]:  # each std right after its mean
+        order.insert(order.index(name) + 1, f"{name} std")
+    return out[order], PV.note(fed_paper, synthetic)
+
+
+def matrix_table(matrix: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Mean over seed sets per (setting, strategy, model i, test j) and a wide view (rows = model of
+    client i, columns = test split of client j, mAP50 in %)."""
+    mean = (matrix.groupby(["setting", "strategy", "client", "test_client"])[["map50", "map50_95"]]
+            .agg(["mean", "std", "count"]).reset_index())
+    mean.columns = ["_".join(c).strip("_") for c in mean.columns]
+    wide = mean.pivot_table(index=["setting", "strategy", "client"], columns="test_client", values="map50_mean")
+    wide = (100 * wide).round(1)
+    wide.columns = [f"test {j} mAP50 (%)" for j in wide.columns]
+    wide = wide.reset_index().rename(columns={"client": "model of client"})
+    return mean, wide
 
 
 def curves(runs: list[dict]) -> pd.DataFrame:
     """Per setting, strategy and round: validation mAP50 mean/std (ddof=1) over clients x seeds.
-    Federated runs: each client's own validation split after every round (client_metrics.csv);
-    Centralized: each client's validation mAP50 at the end of every round-equivalent (E epochs,
-    metrics.csv with round, client, cval_map50). One value per point: std 0."""
+    Every point is a client's local model right after its local training (as UltraFlwr logs):
+    federated runs: the validation mAP50 of the epoch each client selected that round (comm.csv,
+    ``selected_val_map50``); Centralized: the best validation mAP50 within each round-equivalent
+    of E epochs (metrics.csv with round, client, cval_map50). One value per point: std 0."""
     parts = []
     for r in runs:
-        path = r["metrics"] if r["strategy"] == "Centralized" else r["clients"]
+        central = r["strategy"] == "Centralized"
+        path, col = (r["metrics"], "cval_map50") if central else (r["comm"], "selected_val_map50")
         df = pd.read_csv(path)
-        if not {"round", "client", "cval_map50"} <= set(df.columns):
-            raise ValueError(f"{path}: needs columns round, client, cval_map50 (validation mAP50 per client)")
-        parts.append(df[["round", "client", "cval_map50"]].assign(setting=r["setting"], strategy=r["strategy"],
-                                                                   seed=r["seed"]))
+        if not {"round", "client", col} <= set(df.columns):
+            raise ValueError(f"{path}: needs columns round, client, {col} (validation mAP50 per client)")
+        parts.append(df[["round", "client", col]].rename(columns={col: "cval_map50"})
+                     .assign(setting=r["setting"], strategy=r["strategy"], seed=r["seed"]))
     all_rows = pd.concat(parts, ignore_index=True).dropna(subset=["cval_map50"])
     out = all_rows.groupby(["setting", "strategy", "round"])["cval_map50"].agg(["mean", "std", "count"]).reset_index()
     return out.fillna({"std": 0.0})

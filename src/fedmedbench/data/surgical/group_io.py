@@ -51,7 +51,9 @@ def write_group(group: Group, out_dir: str | Path, origin: str) -> None:
             stats = setting_stats(st.frames, group.classes, group.num_clients, st.classes)
             stats.to_csv(sdir / "stats.csv", index=False)
             caption = ("SYNTHETIC data (demo): NOT a reproduction of any paper. " if origin == "synthetic" else "")
-            (sdir / "stats.md").write_text(f"{caption}Group {group.name}, setting {st.name} ({st.scheme})\n\n"
+            unused = group.unused(st)
+            (sdir / "stats.md").write_text(f"{caption}Group {group.name}, setting {st.name} ({st.scheme}); "
+                                           f"videos used by no client: {len(unused)} {_keys(unused)}\n\n"
                                            + stats.to_markdown(index=False) + "\n")
             title = f"{group.name} / {st.name} ({st.scheme})" + (" - SYNTHETIC data, not a paper result" if tag else "")
             fig = distribution_figure(stats, group.classes, title)

@@ -7,11 +7,13 @@ setting's training assignment:
 
 * ``iid``: the training pool shuffled (seeded) and dealt video by video to the client with
   the fewest frames so far (random but balanced frame counts);
-* ``curation``: client k takes training videos only from its ``sources[k]`` datasets; with
-  ``match_lengths`` every client is filled towards the frame count of the smallest one
-  (longest videos first, a video is taken only if it brings the client closer), so a
-  client of a small dataset is not swamped (UltraFlwr: "balanced with best effort across
-  clients by matching video lengths across datasets"); videos left over are unused;
+* ``curation``: client k takes training videos only from its ``sources[k]`` datasets; each
+  dataset's training videos are dealt, longest first, to the sharing client with the fewest
+  frames so far: every training video is used and clients of one dataset get balanced
+  frame counts (UltraFlwr: "balanced with best effort across clients by matching video
+  lengths across datasets"; its G_combined "provides more data" than G_track20). With
+  ``match_lengths`` (an option, not the default) every client is instead only filled towards
+  the frame count of the smallest one and the videos left over are unused;
 * ``length``: the pool sorted by video length and cut into contiguous runs, client 0 the
   longest videos (``balance: frames`` chooses the cuts that equalise frame counts best,
   ``videos`` equal video counts);

@@ -204,10 +204,11 @@ ORGAN_BGR = (60, 70, 120)
 
 
 def render_video(rng: np.random.Generator, style: Style, n_frames: int, width: int, height: int, dt: float,
-                 tracks: list[Track], t0: float = 0.0, organ: bool = False) -> list[Frame]:
+                 tracks: list[Track], t0: float = 0.0, organ: bool = False, tool_scale: float = 1.0) -> list[Frame]:
     """Render n_frames frames dt seconds apart (the camera pans slowly over the tissue).
 
     With ``organ`` an organ (a darker ellipse on the tissue) is drawn and its pixels returned.
+    ``tool_scale`` enlarges the tools (and so their boxes) beyond the size that follows the frame.
     """
     margin = max(8, width // 6)
     canvas = tissue(rng, style, width + 2 * margin, height + 2 * margin)
@@ -219,7 +220,7 @@ def render_video(rng: np.random.Generator, style: Style, n_frames: int, width: i
         cv2.ellipse(canvas, c, axes, angle, 0, 360, ORGAN_BGR, -1, cv2.LINE_AA)
         cv2.ellipse(organ_mask, c, axes, angle, 0, 360, 1, -1)
     pan_phase = rng.uniform(0, 2 * np.pi, 2)
-    scale = max(0.6, min(width, height) / 64.0)
+    scale = max(0.6, min(width, height) / 64.0) * float(tool_scale)
     frames = []
     for k in range(n_frames):
         t = t0 + k * dt

@@ -18,9 +18,19 @@ from fedmedbench.fl.federation import resolve_data_shapes, resolve_device
 from fedmedbench.fl.spec import RunSpec
 
 
-def run_centralized(spec: RunSpec, select: str = "best", ultralytics: dict | None = None, log=print) -> dict:
+def block_best(curve: list[float], rnd: int, epochs: int) -> float:
+    """Figure 3's point of round-equivalent ``rnd``: the best validation mAP50 among its E epochs, the same
+    kind of point as a federated client's (its model selected after E local epochs); NaN where the run
+    had stopped early or nothing was validated."""
+    block = [v for v in curve[(rnd - 1) * epochs: rnd * epochs] if not math.isnan(v)]
+    return max(block) if block else math.nan
+
+
+def run_centralized(spec: RunSpec, select: str = "best", select_metric: str = "map50", ultralytics: dict | None = None,
+                    log=print) -> dict:
     """Train and evaluate every client alone; writes metrics.csv (per round-equivalent and client:
-    Ultralytics validation mAP50), client_metrics.csv, summary.json and model.pt (client 0... n-1)."""
+    Ultralytics validation mAP50), client_metrics.csv (row i of the ID/CD matrix per client),
+    summary.json and model.pt (client 0... n-1)."""
     spec = resolve_data_shapes(spec)
     task = DetectionTask(spec)
     device = resolve_device(spec.device)
@@ -32,17 +42,16 @@ def run_centralized(spec: RunSpec, select: str = "best", ultralytics: dict | Non
         data = task.client_data(pid)
         model = build_yolo(spec.model, int(spec.num_classes), seed=spec.seed, weights=spec.pretrained_path)
         out = train_yolo(model, data.data_yaml, epochs=epochs, batch=tc.batch_size, imgsz=data.imgsz, seed=data.seed,
-                         device=device, workdir=f"{data.workdir}/centralized", select=select, extra=ultralytics)
+                         device=device, workdir=f"{data.workdir}/centralized", select=select,
+                         select_metric=select_metric, extra=ultralytics)
         model.load_state_dict(out.state)
         models[str(pid)] = out.state
         metrics = task.evaluate_client(model.to(device), data, device)
         client_rows.append({"round": tc.rounds, "client": pid, **metrics, "selected_epoch": out.selected_epoch})
         curves.append(out.val_map50)
         log(f"client {pid}: {epochs} epochs, ID mAP50 {metrics['local_map50']:.4f}, CD mAP50 {metrics['cd_map50']:.4f}")
-    # each client's validation curve sampled at the end of every round-equivalent (E epochs);
-    # an early-stopped client has no value for the later rounds (NaN)
     e = int(round(tc.local_epochs))
-    rows = [{"round": r, "client": pid, "cval_map50": c[r * e - 1] if len(c) >= r * e else math.nan}
+    rows = [{"round": r, "client": pid, "cval_map50": block_best(c, r, e)}
             for r in range(1, tc.rounds + 1) for pid, c in enumerate(curves)]
     run_dir = Path(spec.run_dir)
     io.write_csv(run_dir / "metrics.csv", pd.DataFrame(rows))

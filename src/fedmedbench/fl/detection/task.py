@@ -1,10 +1,13 @@
 """The ``detection`` task: clients are the YOLO exports of one surgical setting.
 
 ``RunSpec.partition_path`` is the setting's ``manifest.json`` (export_yolo). Evaluation
-uses Ultralytics' own validator; per client it reports ``local_*`` (the client's own
-test split: in-distribution, ID), ``cd_*`` (the other clients' test splits:
-cross-distribution, CD) and ``cval_*`` (its own validation split, the per-round
-curve of Figure 3). Metrics: ``map50`` and ``map50_95``.
+uses Ultralytics' own validator. A client's model is scored on the test split of EVERY
+client, one by one (``test<j>_*``: row i of the ID/CD matrix, as UltraFlwr's
+``scripts/central_train_and_test/run_local_eval.sh`` tests one model on each client's
+partition); ``local_*`` (ID) is the client's own test split and ``cd_*`` the mean over
+the other clients' test splits, each weighted equally whatever its size (pooling their
+frames into one score would let the largest client decide CD). Metrics: ``map50``,
+``map50_95``. Per-round validation (Figure 3) is measured during local training.
 """
 
 from __future__ import annotations
@@ -16,6 +19,16 @@ from fedmedbench.fl.detection.staging import read_manifest, stage_export
 from fedmedbench.fl.tasks import Task, register_task
 
 EVAL_DEFAULTS = {"eval_batch": 16, "conf": 0.001, "iou": 0.7}
+
+
+def cd_from_pairs(row: dict[str, float], pid: int, num_clients: int, metrics=("map50", "map50_95")) -> dict[str, float]:
+    """ID = the client's own test split; CD = the mean over the other clients' test splits (j != pid)."""
+    out = {}
+    for k in metrics:
+        out[f"local_{k}"] = row[f"test{pid}_{k}"]
+        others = [row[f"test{j}_{k}"] for j in range(num_clients) if j != pid]
+        out[f"cd_{k}"] = sum(others) / len(others) if others else float("nan")
+    return out
 
 
 @dataclass
@@ -78,10 +91,12 @@ class DetectionTask(Task):
                              workdir=workdir, conf=p["conf"], iou=p["iou"])
 
     def evaluate_client(self, model, data: DetectionClient, device) -> dict[str, float]:
+        """Row ``data.pid`` of the ID/CD matrix (``test<j>_*``) with its ID (``local_*``) and CD (``cd_*``)."""
         out = {}
-        for prefix, yaml_path, split in (("local", data.data_yaml, "test"), ("cd", data.data_cd_yaml, "test"),
-                                         ("cval", data.data_yaml, "val")):
-            out.update({f"{prefix}_{k}": v for k, v in self._val(model, yaml_path, split, device, data.workdir).items()})
+        for j in range(self.num_clients):
+            scores = self._val(model, self.client_data(j).data_yaml, "test", device, data.workdir)
+            out.update({f"test{j}_{k}": v for k, v in scores.items()})
+        out.update(cd_from_pairs(out, data.pid, self.num_clients, self.metric_names))
         return out
 
     def evaluate_global(self, model, device):

@@ -6,9 +6,10 @@ Measured pitfalls this wrapper avoids (Ultralytics 8.4):
   loaded into the wrapper beforehand is ignored on the first call. Here the trainer is
   handed our already-loaded ``DetectionModel`` (``setup_model`` keeps a module as is).
 * After ``train()`` the wrapper holds ``best.pt``'s EMA weights in fp16, chosen by
-  Ultralytics' fitness (mostly mAP50-95). Here checkpoints are not written at all
-  (``save_model`` is off); a callback copies the EMA weights that were just validated,
-  in fp32, at the epoch chosen by *our* rule: best validation mAP50 (the paper) or last.
+  Ultralytics' fitness. Here checkpoints are not written at all (``save_model`` is off);
+  a callback (:class:`EpochSelector`) copies the EMA weights that were just validated,
+  in fp32, at the epoch chosen by *our* rule: the best validation mAP50 (the paper's
+  text), the best Ultralytics 8.3 fitness (UltraFlwr's ``best.pt``), or the last epoch.
 * Every ``train()`` makes a new trainer (optimizer, LR warm-up and EMA start afresh):
   that is UltraFlwr's behaviour per round and is kept.
 """
@@ -24,6 +25,21 @@ from typing import Any
 import torch
 
 SELECT = ("best", "last")
+SELECT_METRICS = ("map50", "fitness")
+#: Ultralytics 8.3.x (UltraFlwr pins 8.3.48) fitness weights of (P, R, mAP50, mAP50-95); 8.4 uses mAP50-95 alone
+FITNESS_83 = (0.0, 0.0, 0.1, 0.9)
+
+
+def selection_score(metrics: dict, select_metric: str) -> float:
+    """The number a validated epoch is ranked by: mAP50, or 0.1 mAP50 + 0.9 mAP50-95 (Ultralytics 8.3)."""
+    m50 = float(metrics.get("metrics/mAP50(B)", math.nan))
+    if select_metric == "map50":
+        return m50
+    if select_metric == "fitness":
+        return FITNESS_83[2] * m50 + FITNESS_83[3] * float(metrics.get("metrics/mAP50-95(B)", math.nan))
+    raise ValueError(f"select_metric must be one of {SELECT_METRICS}, got '{select_metric}'")
+
+
 #: Ultralytics arguments fixed by this wrapper (not overridable through config)
 FIXED_ARGS = ("model", "data", "epochs", "batch", "imgsz", "seed", "device", "project", "name", "exist_ok",
               "plots", "save", "val", "workers", "resume", "pretrained")
@@ -69,13 +85,13 @@ def _fp32_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def train_yolo(
     model: torch.nn.Module, data_yaml: str | Path, *, epochs: int, batch: int, imgsz: int, seed: int,
-    device: torch.device, workdir: str | Path, select: str = "best", extra: dict[str, Any] | None = None,
+    device: torch.device, workdir: str | Path, select: str = "best", select_metric: str = "map50",
+    extra: dict[str, Any] | None = None,
 ) -> TrainOutcome:
     """Train ``model`` (its current weights) for ``epochs`` with Ultralytics' detection trainer."""
     from ultralytics.models.yolo.detect import DetectionTrainer
 
-    if select not in SELECT:
-        raise ValueError(f"select must be one of {SELECT}, got '{select}'")
+    EpochSelector(select, select_metric)  # fail on a bad choice before Ultralytics starts
     extra = dict(extra or {})
     fixed = sorted(set(extra) & set(FIXED_ARGS))
     if fixed:
@@ -99,23 +115,40 @@ def train_yolo(
                 val=select == "best", amp=device.type == "cuda", verbose=False, **extra)
     trainer = _Trainer(overrides=args)
     trainer.model = model  # used as is by setup_model (no rebuild, our weights)
-    seen: dict[str, Any] = {"best": -math.inf, "state": None, "epoch": -1, "curve": []}
+    selector = EpochSelector(select, select_metric)
+    trainer.add_callback("on_fit_epoch_end", selector)
+    trainer.train()
+    return TrainOutcome(state=selector.state, selected_epoch=selector.epoch, val_map50=selector.curve,
+                        train_loss=_total_loss(getattr(trainer, "tloss", None)))
 
-    def capture(tr) -> None:
+
+class EpochSelector:
+    """``on_fit_epoch_end`` callback: keeps the fp32 EMA weights of the chosen epoch and the mAP50 curve.
+
+    ``best``: the validated epoch with the highest score (:func:`selection_score`; the first
+    on ties); ``last``: the final epoch. Epochs not really validated never count as best.
+    """
+
+    def __init__(self, select: str = "best", select_metric: str = "map50") -> None:
+        if select not in SELECT:
+            raise ValueError(f"select must be one of {SELECT}, got '{select}'")
+        if select_metric not in SELECT_METRICS:
+            raise ValueError(f"select_metric must be one of {SELECT_METRICS}, got '{select_metric}'")
+        self.select, self.select_metric = select, select_metric
+        self.best, self.state, self.epoch, self.curve = -math.inf, None, -1, []
+
+    def __call__(self, tr) -> None:
         metrics = tr.metrics or {}
         m50 = float(metrics.get("metrics/mAP50(B)", math.nan))
         validated = getattr(tr, "validated_epoch", None) == tr.epoch and not math.isnan(m50)
-        seen["curve"].append(m50 if validated else math.nan)
+        self.curve.append(m50 if validated else math.nan)
+        score = selection_score(metrics, self.select_metric) if validated else math.nan
         last = tr.epoch + 1 >= tr.epochs or tr.stop
-        if (select == "best" and validated and m50 > seen["best"]) or (select == "last" and last) or seen["state"] is None:
-            seen["best"] = m50 if validated else seen["best"]
-            seen["state"] = _fp32_copy(tr.ema.ema.state_dict())
-            seen["epoch"] = tr.epoch
-
-    trainer.add_callback("on_fit_epoch_end", capture)
-    trainer.train()
-    return TrainOutcome(state=seen["state"], selected_epoch=int(seen["epoch"]), val_map50=seen["curve"],
-                        train_loss=_total_loss(getattr(trainer, "tloss", None)))
+        better = self.select == "best" and validated and score > self.best
+        if better or (self.select == "last" and last) or self.state is None:
+            self.best = score if better else self.best
+            self.state = _fp32_copy(tr.ema.ema.state_dict())
+            self.epoch = int(tr.epoch)
 
 
 def _total_loss(tloss) -> float:

@@ -1,18 +1,21 @@
 """FedAS (Yang, Huang, Ye, CVPR 2024: "Bridging inconsistency in personalized federated
-learning"), adapted to segmentation. Read from the paper and PFLlib's implementation for
-understanding; no code is copied.
+learning"), adapted to segmentation, following its public code (github.com/xiyuanyang45/FedAS),
+read for understanding; nothing is copied.
 
-* Parameter alignment (client, before training): the received global representation is
-  aligned to the site's own knowledge: per-class prototypes (mean decoder-input features
-  of the pixels of each class, computed with the site's previous model on its training
-  clips) are targets, and the global shared parameters take ``align_steps`` SGD steps on
-  the MSE between their features of those pixels and the prototypes.
-* Client synchronisation (server): clients are weighted by the trace of their Fisher
-  information (sum of squared gradients of the NLL over ``fisher_batches`` training
-  batches after local training), normalised to sum to one.
-* The classifier (``decoder.head``) stays on the site, as in PFLlib's base/head split.
-The feature level used for prototypes (the deepest encoder map after temporal module and
-channel selection, upsampled to the mask) and the number of alignment steps are ours.
+* Parameter alignment (client, before training; ``system/flcore/clients/clientas.py``,
+  ``set_parameters``): per-class prototypes = mean representation of each class, computed
+  with the site's own previous model over all its training data; the received shared
+  parameters then take one full epoch (``align_epochs``) of SGD (lr ``align_lr`` = 0.01, as
+  the reference) on the MSE between their representation of each class and its prototype,
+  batch by batch over the training clips; the aligned shared part replaces the site's.
+* Client synchronisation (server; ``system/flcore/servers/serveras.py``,
+  ``aggregate_wrt_fisher``): every client sends the trace of its Fisher information, the sum
+  over *all* its training batches (``clientas.py``, after local training) of the squared
+  gradients of the batch-mean NLL; the server weights the models by trace / sum of traces.
+* The classifier (``decoder.head``) stays on the site (the reference's base/head split).
+Adaptation to segmentation (ours): the representation is the decoder's deepest input
+(encoder -> temporal module -> channel selection), and a "sample" of a class is a pixel of
+that map (labels resized by nearest neighbour).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def pixel_features(model, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tenso
 
 @register_method("fedas")
 class FedAS(SegMethod):
-    defaults = {"personal": ["head"], "align_steps": 2, "align_lr": 0.01, "fisher_batches": 2}
+    defaults = {"personal": ["head"], "align_epochs": 1, "align_lr": 0.01, "fisher_batches": None}
 
     def _prototypes(self, ctx, model) -> dict[int, torch.Tensor]:
         sums: dict[int, torch.Tensor] = {}
@@ -70,15 +73,15 @@ class FedAS(SegMethod):
         params = [p for n, p in model.named_parameters() if n in shared]
         opt = torch.optim.SGD(params, lr=float(self.p["align_lr"]))
         model.train()
-        for i in range(int(self.p["align_steps"])):
-            x, y = ctx.data.train.batch([i % len(ctx.data.train)])
-            f, lab = pixel_features(model, x.to(ctx.device), y.to(ctx.device))
-            losses = [F.mse_loss(f[lab == c], protos[c].expand_as(f[lab == c])) for c in lab.unique().tolist() if c in protos]
-            if not losses:
-                continue
-            opt.zero_grad(set_to_none=True)
-            torch.stack(losses).mean().backward()
-            opt.step()
+        for _ in range(int(self.p["align_epochs"])):  # the reference: one pass over the training data
+            for x, y in ctx.data.train.batches(ctx.train.batch_size):
+                f, lab = pixel_features(model, x.to(ctx.device), y.to(ctx.device))
+                losses = [F.mse_loss(f[lab == c], protos[c].expand_as(f[lab == c])) for c in lab.unique().tolist() if c in protos]
+                if not losses:
+                    continue
+                opt.zero_grad(set_to_none=True)
+                torch.stack(losses).sum().backward()  # the reference sums the per-class MSEs
+                opt.step()
 
     @staticmethod
     def build_model_like(model):
@@ -87,11 +90,13 @@ class FedAS(SegMethod):
         return copy.deepcopy(model)
 
     def _fisher_trace(self, ctx, model) -> float:
+        """Trace of the Fisher information over the site's training data (sum of squared NLL gradients)."""
         model.eval()
         total = 0.0
         params = [p for p in model.parameters() if p.requires_grad]
+        limit = self.p["fisher_batches"]  # None: every training batch, as the reference
         for i, (x, y) in enumerate(ctx.data.train.batches(ctx.train.batch_size)):
-            if i >= int(self.p["fisher_batches"]):
+            if limit is not None and i >= int(limit):
                 break
             logits = model(x.to(ctx.device))
             nll = F.cross_entropy(logits, y.to(ctx.device))

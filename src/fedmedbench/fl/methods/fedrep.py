@@ -2,10 +2,12 @@
 
 As FedST's paper describes it for segmentation, the head is the whole decoder: it stays on
 its site; the encoder (and temporal module, if configured) is shared and averaged. Client
-round (FedRep's algorithm): first ``head_fraction`` of the step budget trains only the
-head with the representation frozen, then the representation trains with the head frozen.
-The split of one round's step budget between the two phases is our choice (FedRep counts
-epochs of each; the FedST study counts iterations).
+round, as the reference code (github.com/lgcollins/FedRep, ``models/Update.py:593-615``):
+first ``head_eps = local_ep - local_rep_ep`` epochs train only the head with the
+representation frozen, then ``local_rep_ep`` epochs train the representation with the head
+frozen. The reference defaults are local_ep = 5, local_rep_ep = 1 (``utils/options.py:14,39``),
+so the head gets 4/5 of the round: ``head_fraction`` = 0.8 of the round's iterations here
+(the FedST study counts iterations, not epochs).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from fedmedbench.fl.segmentation import train_steps
 
 @register_method("fedrep")
 class FedRep(SegMethod):
-    defaults = {"personal": ["decoder"], "head_fraction": 0.5}
+    defaults = {"personal": ["decoder"], "head_fraction": 0.8}
 
     def local_train(self, ctx, model):
         head = set(self.personal(model))

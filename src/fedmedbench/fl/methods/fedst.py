@@ -30,19 +30,27 @@ synthetically pre-trained model that also initialises the sites (``fedst_pretrai
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
 
 from fedmedbench.fl.methods.fedst_base import SegMethod, client_weights, tensors
 from fedmedbench.fl.registry import load_arrays, model_arrays, register_method, weighted_average
-from fedmedbench.fl.segmentation import load_clipset, load_sites, seg_loss, site_indicators
+from fedmedbench.fl.segmentation import (
+    FrameCache,
+    input_size,
+    load_clipset,
+    load_sites,
+    seg_loss,
+    site_indicators,
+)
 
 SERQ_DEFAULTS: dict[str, Any] = {
     "enabled": True, "steps": 100, "lr": 1e-4, "batch_size": 2, "lambda2": 0.3, "lambda3": 0.3, "mu": 0.5,
     "probe": 4, "descriptor_init": 0.01,
     # filled in by the rule from the fedst config (where the server's synthetic clips are)
-    "clips_root": None, "site": "sim", "num_frames": 4, "indicator": {}, "loss": {},
+    "clips_root": None, "site": "sim", "num_frames": 4, "indicator": {}, "loss": {}, "input_size": None, "cache_mb": 2048,
 }
 
 
@@ -63,11 +71,37 @@ class FedST(SegMethod):
         gamma = weighted_average([r.arrays for r in ctx.results], client_weights(ctx))
         if not self.serq["enabled"]:
             return gamma
-        return serq_round(ctx, gamma, self.serq)
+        t0 = time.perf_counter()
+        out = serq_round(ctx, gamma, self.serq)
+        # Table IX splits training time into local and server work
+        ctx.state["server_time_s"] = float(ctx.state.get("server_time_s", 0.0)) + time.perf_counter() - t0
+        return out
+
+
+def freeze_bn_statistics(model: torch.nn.Module) -> None:
+    """BatchNorm layers normalise with (and keep) the running statistics the sites built: the
+    Eq. 12 step learns from synthetic frames but must not overwrite real-data statistics."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.eval()
 
 
 def _deep(model, frames: torch.Tensor) -> torch.Tensor:
     return model.features(frames)[-1]
+
+
+_SERVER_CLIPS: dict[tuple, object] = {}
+
+
+def _server_clips(cfg: dict[str, Any]):
+    """The simulator clips SERQ draws from, with one bounded cache kept across rounds."""
+    size = input_size(cfg.get("input_size"))
+    key = (str(cfg["clips_root"]), cfg["site"], int(cfg["num_frames"]), size)
+    if key not in _SERVER_CLIPS:
+        _SERVER_CLIPS.clear()
+        _SERVER_CLIPS[key] = load_clipset(cfg["clips_root"], cfg["site"], None, int(cfg["num_frames"]), size,
+                                          FrameCache(int(cfg.get("cache_mb", 2048)) * 2**20))
+    return _SERVER_CLIPS[key]
 
 
 def serq_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
@@ -76,7 +110,7 @@ def serq_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
     sites = load_sites(cfg["clips_root"])["sites"]
     if cfg["site"] not in sites:
         raise KeyError(f"method_params.fedst.serq.site = {cfg['site']!r} is not among the exported sites {sorted(sites)}")
-    data = load_clipset(cfg["clips_root"], cfg["site"], None, int(cfg["num_frames"]))
+    data = _server_clips(cfg)
     indicator = site_indicators(sites, cfg["indicator"])[cfg["site"]]
     dev = ctx.device
     glob = ctx.new_model()
@@ -118,6 +152,7 @@ def serq_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
     # Eq. 12: v_pre and D_sy fixed; the global model learns the instrument part I_sy = F_sy - D_sy
     pre.eval()
     glob.train()
+    freeze_bn_statistics(glob)
     opt = torch.optim.Adam(glob.parameters(), lr=float(cfg["lr"]))
     d_fixed = d_sy.detach()
     for x, y in batches():

@@ -47,6 +47,7 @@ PERSONAL_GROUPS: dict[str, str] = {
     "decoder": r"^decoder\.",                     # FedRep: the whole decoder is the head
     "head": r"^decoder\.head\.",                  # FedAS: the classifier
     "cs": r"^cs\.",                               # the channel-selection network (site-specific)
+    "rsc": r"^rsc\.",                             # the temporal module (Sec. IV-D2: not communicated)
     "all": r".",                                  # Table V row 2 / Local Train
 }
 _ALWAYS_PERSONAL = re.compile(r"^cs\.indicator$")
@@ -92,9 +93,10 @@ def tensors(model: torch.nn.Module, keys: list[str]) -> dict[str, torch.Tensor]:
     return {k: state[k].detach().cpu().clone() for k in keys}
 
 
-def client_weights(ctx: ServerContext) -> list[float]:
-    """Aggregation weights: examples, or uniform (FedST Algorithm 1, line 8) per ``train.aggregation``."""
-    if ctx.train.aggregation == "uniform":
+def client_weights(ctx: ServerContext, rule: str | None = None) -> list[float]:
+    """Aggregation weights: ``examples`` (training clips, FedAvg) or ``uniform`` (FedST Algorithm 1,
+    line 8: 1/K); ``rule`` None = ``train.aggregation``."""
+    if (rule or ctx.train.aggregation) == "uniform":
         return [1.0] * len(ctx.results)
     return [float(r.num_examples) for r in ctx.results]
 
@@ -128,6 +130,8 @@ class SegMethod(Method):
     def prepare(self, ctx: ClientContext) -> torch.nn.Module:
         """The site's model: broadcast shared arrays + its own personal parameters + its indicator."""
         model = ctx.model
+        if getattr(ctx.data, "local_steps", None):  # the paper's fixed 100 iterations, whatever the site's size
+            ctx.steps = int(ctx.data.local_steps)
         if "personal" in ctx.state:
             load_arrays(model, {k: v.numpy() for k, v in ctx.state["personal"].items()}, list(ctx.state["personal"]))
         if hasattr(model, "set_indicator"):
@@ -192,9 +196,16 @@ class SegCentralized(SegMethod):
 
 @register_method("seg_fedavg")
 class SegFedAvg(SegMethod):
-    """FedAvg: the whole network is shared and averaged; one global model is evaluated."""
+    """FedAvg: the whole network is shared and averaged, weighted by the sites' training clips
+    (McMahan et al.: n_k / n); ``aggregation: uniform`` averages 1/K; ``null`` follows
+    ``train.aggregation``. One global model is evaluated."""
 
     personalized = False
+    defaults = {"personal": [], "aggregation": "examples"}
+    choices = {"aggregation": ("examples", "uniform", None)}
+
+    def aggregate(self, ctx: ServerContext) -> Arrays:
+        return weighted_average([r.arrays for r in ctx.results], client_weights(ctx, self.p["aggregation"]))
 
 
 def flat(arrays: Arrays, keys: list[str]) -> np.ndarray:

@@ -3,10 +3,11 @@
 Client (each round): load the broadcast components into its model, keep its own
 weights for every other component (persistent client state, restored on resume),
 train E local epochs with Ultralytics, select the local model by validation mAP50
-(best epoch, the paper) or the last epoch, send only the arrays of the aggregated
-components, in fp32.
-Server: FedAvg (weighted by the clients' real training image counts) or coordinate-wise
-FedMedian over the received components. The final aggregation after the last round is
+(best epoch, the paper's text), by Ultralytics 8.3 fitness (UltraFlwr's ``best.pt``) or
+the last epoch, send only the arrays of the aggregated components, in fp32.
+Server: FedAvg (weighted by the clients' training image counts, or equally as UltraFlwr,
+whose clients all report 10 examples) or coordinate-wise FedMedian over the received
+components. The final aggregation after the last round is
 omitted (``final_aggregation``): each client is then evaluated with its own last model.
 Communication: bytes each client sent per round, from the arrays actually sent.
 """
@@ -18,7 +19,7 @@ import math
 import numpy as np
 
 from fedmedbench.fl.detection.components import SPLITS, aggregated_keys, parse_strategy
-from fedmedbench.fl.detection.yolo import SELECT
+from fedmedbench.fl.detection.yolo import SELECT, SELECT_METRICS
 from fedmedbench.fl.registry import (
     Arrays,
     ClientContext,
@@ -31,6 +32,16 @@ from fedmedbench.fl.registry import (
 )
 
 FINAL_AGGREGATION = ("skip_all", "skip_partial", "keep")
+WEIGHTING = ("frames", "uniform")
+
+
+def fedavg_weights(num_examples: list[int], weighting: str) -> list[float]:
+    """FedAvg weights: each client's training frames (McMahan et al.) or 1 each (UltraFlwr's clients)."""
+    if weighting == "frames":
+        return [float(n) for n in num_examples]
+    if weighting == "uniform":
+        return [1.0] * len(num_examples)
+    raise ValueError(f"weighting must be one of {WEIGHTING}, got '{weighting}'")
 
 
 def median_arrays(arrays: list[Arrays]) -> Arrays:
@@ -49,15 +60,21 @@ class UltraFlwr(Method):
     personalized = True  # partial strategies leave each client its own model; all are evaluated per client
 
     def __init__(self, strategy: str = "FedAvg", split: str = "ultraflwr", select: str = "best",
-                 final_aggregation: str = "skip_all", ultralytics: dict | None = None) -> None:
+                 select_metric: str = "map50", weighting: str = "frames", final_aggregation: str = "skip_all",
+                 ultralytics: dict | None = None) -> None:
         self.components, self.aggregator = parse_strategy(strategy)
         if split not in SPLITS:
             raise ValueError(f"method_params.ultraflwr.split must be one of {SPLITS}, got '{split}'")
         if select not in SELECT:
             raise ValueError(f"method_params.ultraflwr.select must be one of {SELECT}, got '{select}'")
+        if select_metric not in SELECT_METRICS:
+            raise ValueError(f"method_params.ultraflwr.select_metric must be one of {SELECT_METRICS}")
+        if weighting not in WEIGHTING:
+            raise ValueError(f"method_params.ultraflwr.weighting must be one of {WEIGHTING}, got '{weighting}'")
         if final_aggregation not in FINAL_AGGREGATION:
             raise ValueError(f"method_params.ultraflwr.final_aggregation must be one of {FINAL_AGGREGATION}")
         self.strategy, self.split, self.select = strategy, split, select
+        self.select_metric, self.weighting = select_metric, weighting
         self.final_aggregation = final_aggregation
         self.ultralytics = dict(ultralytics or {})
 
@@ -94,7 +111,8 @@ class UltraFlwr(Method):
         self._restore_own(ctx, everything=False)
         outcome = train_yolo(ctx.model, data.data_yaml, epochs=int(round(ctx.train.local_epochs)),
                              batch=ctx.train.batch_size, imgsz=data.imgsz, seed=data.seed, device=ctx.device,
-                             workdir=f"{data.workdir}/r{ctx.rnd:03d}", select=self.select, extra=self.ultralytics)
+                             workdir=f"{data.workdir}/r{ctx.rnd:03d}", select=self.select,
+                             select_metric=self.select_metric, extra=self.ultralytics)
         ctx.state["model"] = outcome.state
         last = ctx.rnd >= ctx.train.rounds
         keys = [] if (last and self.skips_final()) else self.shared_keys(ctx.model)
@@ -122,5 +140,5 @@ class UltraFlwr(Method):
         if self.aggregator == "median":
             new = median_arrays(sent)
         else:
-            new = weighted_average(sent, [r.num_examples for r in ctx.results])
+            new = weighted_average(sent, fedavg_weights([r.num_examples for r in ctx.results], self.weighting))
         return {**ctx.global_arrays, **new}

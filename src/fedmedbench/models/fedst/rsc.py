@@ -5,8 +5,12 @@ Frame j of the clip (oldest .. current) has a pooling size p_j and a receptive f
 (paper: p = {7, 4, 2, 1}, r = {49, 20, 6, 7}, window s = 7: distant frames are seen
 coarsely over a large area, the current frame at full resolution within its window).
 
-* Eq. 3: frame j's feature map is cut into non-overlapping p_j x p_j patches, each
-  flattened (c * p_j^2) and mapped back to c channels by a Linear layer.
+* Eq. 3: frame j's feature map is cut into non-overlapping p_j x p_j patches and every
+  channel of a patch (p_j^2 values) is mapped to one value by a Linear(p_j^2, 1) shared
+  by all channels: c x p_j^2 -> c without mixing channels, p_j^2 + 1 parameters per frame
+  (as CFFM, where r/p/s come from: ``pool_layers_clips`` in
+  ``mmseg/models/decode_heads/cffm_module/cffm_transformer.py:687-689``, initialised to the
+  patch mean, weight 1/p_j^2 and bias 0).
 * For every s x s window of the current frame, the context tokens of frame j are the
   ceil(r_j / p_j)^2 pooled tokens whose cells lie in the r_j x r_j square centred on the
   window (tokens outside the map are masked out). The paper does not say how the square is
@@ -35,7 +39,10 @@ class RSCTemporal(nn.Module):
             raise ValueError(f"temporal.heads = {heads} must divide the feature channels ({dim})")
         self.dim, self.heads, self.window = dim, heads, window
         self.pools, self.fields = list(pools), list(fields)
-        self.pool_fc = nn.ModuleList(nn.Linear(dim * p * p, dim) for p in pools)
+        self.pool_fc = nn.ModuleList(nn.Linear(p * p, 1) for p in pools)
+        for fc, p in zip(self.pool_fc, pools, strict=True):
+            nn.init.constant_(fc.weight, 1.0 / (p * p))
+            nn.init.zeros_(fc.bias)
         self.sizes = [math.ceil(r / p) for r, p in zip(fields, pools, strict=True)]
         n_ctx = sum(k * k for k in self.sizes)
         self.q = nn.Linear(dim, dim)
@@ -50,13 +57,13 @@ class RSCTemporal(nn.Module):
         return len(self.pools)
 
     def _pooled(self, f: torch.Tensor, j: int) -> torch.Tensor:
-        """Eq. 3: (B, C, h, w) -> (B, ceil(h/p), ceil(w/p), C)."""
+        """Eq. 3: (B, C, h, w) -> (B, ceil(h/p), ceil(w/p), C), one Linear(p^2, 1) per channel patch."""
         p = self.pools[j]
         b, c, h, w = f.shape
         f = F.pad(f, (0, (-w) % p, 0, (-h) % p))
-        cols = F.unfold(f, kernel_size=p, stride=p)  # (B, C*p*p, L)
         hp, wp = f.shape[2] // p, f.shape[3] // p
-        return self.pool_fc[j](cols.transpose(1, 2)).reshape(b, hp, wp, c)
+        patches = f.reshape(b, c, hp, p, wp, p).permute(0, 2, 4, 1, 3, 5).reshape(b, hp, wp, c, p * p)
+        return self.pool_fc[j](patches).squeeze(-1)
 
     def _context(self, pooled: torch.Tensor, j: int, n_wh: int, n_ww: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Context tokens of every window from frame j: (B, nW, k*k, C) and validity (nW, k*k)."""

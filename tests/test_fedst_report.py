@@ -1,0 +1,93 @@
+"""FedST tables from hand-made run rows: cells, rows, columns and the paper's numbers beside them."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import yaml
+
+from fedmedbench.report import fedst as R
+
+
+def _runs() -> pd.DataFrame:
+    rows = []
+    for seed, (d0, d1) in enumerate(((0.80, 0.60), (0.90, 0.70))):
+        row = {"variant": "main", "method": "fedst", "seed": seed, "c0_dice": d0, "c1_dice": d1, "outfed_dice": 0.5,
+               "comm_mb_per_round": 12.5, "train_time_s": 100.0 + seed, "server_time_s": 40.0, "local_time_s": 60.0 + seed,
+               "fps": 20.0}
+        for m in ("iou", "hd95", "assd"):
+            row.update({f"c0_{m}": 0.5, f"c1_{m}": 0.5, f"outfed_{m}": 0.5})
+        rows.append(row)
+    rows.append({**rows[0], "method": "seg_fedavg", "seed": 0, "c0_dice": 0.7, "c1_dice": 0.7, "server_time_s": 0.0})
+    return pd.DataFrame(rows)
+
+
+def test_table2_cells_are_mean_and_std_over_seeds():
+    t = R.table2(_runs(), ["A", "B"], ["seg_fedavg", "fedst"])
+    assert list(t["Method"]) == ["FedAvg", "FedST"]
+    fedst = t.set_index("Method").loc["FedST"]
+    assert fedst["Dice(%)↑ A"] == "85.00 ± 5.00"  # (80, 90): population std over seeds
+    assert fedst["Dice(%)↑ Avg."] == "75.00 ± 5.00"  # per-seed averages 70 and 80
+    assert t.set_index("Method").loc["FedAvg", "Dice(%)↑ A"] == "70.00"  # one seed: no std
+
+
+def test_table9_splits_local_and_server_time():
+    t = R.table9(_runs(), ["fedst", "seg_fedavg"]).set_index("Method")
+    assert t.loc["FedST", "Cost (MB/round)"] == "12.50"
+    assert t.loc["FedST", "Server time (s)"] == "40.00 ± 0.00" and t.loc["FedST", "Local time (s)"] == "60.50 ± 0.50"
+    assert t.loc["FedAvg", "Server time (s)"] == "0.00"
+
+
+def test_paper_columns_beside_the_run(tmp_path):
+    doc = {"paper": "Fang et al.", "tables": {"table2": {"source": "Table II", "keys": ["Method"],
+                                                          "rows": [{"Method": "FedST", "Dice(%)↑ A": 84.73}]}}}
+    (tmp_path / "fedst.yaml").write_text(yaml.safe_dump(doc, allow_unicode=True))
+    t = R.table2(_runs(), ["A", "B"], ["seg_fedavg", "fedst"])
+    real, note = R.with_paper(t, "table2", synthetic=False, root=tmp_path)
+    cols = list(real.columns)
+    i = cols.index("Dice(%)↑ A")
+    assert cols[i + 1: i + 3] == ["Dice(%)↑ A (paper)", "Dice(%)↑ A Δ"]
+    row = real.set_index("Method").loc["FedST"]
+    assert row["Dice(%)↑ A"] == "85.00 ± 5.00" and row["Dice(%)↑ A (paper)"] == 84.73
+    assert row["Dice(%)↑ A Δ"] == pytest.approx(85.0 - 84.73)
+    assert math.isnan(real.set_index("Method").loc["FedAvg", "Dice(%)↑ A (paper)"])  # not printed for FedAvg here
+    assert "Table II" in note
+    synth, note = R.with_paper(t, "table2", synthetic=True, root=tmp_path)
+    assert synth["Dice(%)↑ A Δ"].isna().all() and "left empty" in note
+
+
+def test_the_typed_paper_tables_load():
+    from fedmedbench.report import paper_values as PV
+
+    t9 = PV.load("fedst", "table9")
+    assert t9.lookup({"Method": "FedST"}, "Cost (MB/round)") == 12.69 and t9.lookup({"Method": "FedAvg"}, "Cost (MB/round)") == 19.71
+    assert PV.load("fedst", "table2").lookup({"Method": "FedST"}, "Dice(%)↑ Avg.") == 82.62
+    assert PV.load("fedst", "table8").lookup({"Method": "Upperbound"}, "Dice(%)↑") == 26.46
+
+
+def test_fig6_points_per_interval_and_site(tmp_path):
+    def run(variant, seed, dice):
+        d = tmp_path / "ABCD" / variant / "fedst" / f"seed{seed}"
+        d.mkdir(parents=True)
+        rows = [{"round": r, "client": c, "local_dice": (0.1 if r == 1 else dice[c])} for r in (1, 2) for c in range(2)]
+        pd.DataFrame(rows).to_csv(d / "client_metrics.csv", index=False)
+        return str(d / "client_metrics.csv")
+
+    files = [run("main", 0, [0.8, 0.6]), run("main", 1, [0.6, 0.6]), run("comm10", 0, [0.5, 0.7])]
+    f = R.fig6_frame(files, ["A", "B"], base_steps=100)
+    row = f.set_index(["interval", "site"])
+    assert row.loc[(100, "A"), "dice_mean"] == pytest.approx(70.0) and row.loc[(100, "A"), "dice_std"] == pytest.approx(10.0)
+    assert row.loc[(100, "Avg."), "dice_mean"] == pytest.approx(65.0) and row.loc[(10, "B"), "dice_mean"] == pytest.approx(70.0)
+    assert sorted(f["interval"].unique()) == [10, 100]  # last evaluated round only (round 1's 10 % is ignored)
+
+
+def test_comm_variants_keep_the_total_iterations():
+    from fedmedbench import fedst_study as FS
+
+    cfg = {"train": {"rounds": 300, "local_steps": 100, "batch_size": 2}, "fig6": {"intervals": [10, 100, 500]}}
+    assert FS.comm_variants(cfg) == ["comm10", "comm500"]
+    assert FS.train_config(cfg, "comm10") == ({"rounds": 3000, "batch_size": 2}, 10)
+    assert FS.train_config(cfg, "comm500") == ({"rounds": 60, "batch_size": 2}, 500)
+    assert FS.train_config(cfg, "main") == ({"rounds": 300, "batch_size": 2}, 100)
