@@ -15,11 +15,18 @@ from typing import Any
 from fedmedbench.fl.registry import TrainConfig
 
 #: fields that do not change the numbers a run produces
-_NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "keep_checkpoints", "resume"}
+_NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device"}
 #: fields a job's script sets from its Snakemake job and the config, never from ``params:``: they change
 #: how a run executes, not its numbers, so changing them reruns no finished job
-RUNTIME_FIELDS = ("threads", "log_every", "backend", "keep_checkpoints", "resume")
+RUNTIME_FIELDS = ("threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device")
 RESUME_MODES = ("auto", "restart")
+#: the config's ``engine`` entries a spec takes: how a job runs, never what it computes
+ENGINE_OPTIONS = ("backend", "cache_on_device")
+
+
+def engine_options(config: dict[str, Any]) -> dict[str, Any]:
+    """The spec fields from the config's ``engine`` block (read at run time, not from the rule's params)."""
+    return {k: config["engine"][k] for k in ENGINE_OPTIONS if k in config["engine"]}
 
 
 @dataclass
@@ -44,6 +51,8 @@ class RunSpec:
     threads: int = 1
     #: Flower backend: inline (in-process grid, default) or ray (run_simulation); see fl/engine.py
     backend: str = "inline"
+    #: copy client data to an accelerator once per job while it fits (fl/job.py); never changes results
+    cache_on_device: bool = True
     data_origin: str = "synthetic"
     log_every: int = 1
     eval_every: int = 1
@@ -104,8 +113,8 @@ def result_params(spec: dict[str, Any]) -> dict[str, Any]:
 def for_job(params_spec: dict[str, Any], threads: int, config: dict[str, Any], log_every: int | None = None) -> RunSpec:
     """The RunSpec of a Snakemake job: result fields from ``params``, runtime fields from the job and config."""
     d = result_params(params_spec)
-    d.update(threads=int(threads), backend=config["engine"]["backend"],
-             keep_checkpoints=bool(config.get("keep_checkpoints", False)), resume=config.get("resume", "auto"))
+    d.update(threads=int(threads), keep_checkpoints=bool(config.get("keep_checkpoints", False)),
+             resume=config.get("resume", "auto"), **engine_options(config))
     if log_every is not None:
         d["log_every"] = int(log_every)
     return RunSpec.from_dict(d)
