@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fnmatch
+import hashlib
 import json
 import os
 import signal
@@ -66,6 +67,15 @@ _UMASK = _current_umask()
 def _fsync_file(path: Path) -> None:
     with open(path, "rb+") as fh:
         os.fsync(fh.fileno())
+
+
+def file_digest(path: str | os.PathLike, algorithm: str = "sha256", chunk: int = 1 << 20) -> str:
+    """Hex digest of a file, read in blocks (weights and datasets can be GBs)."""
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_json(target: str | os.PathLike, obj: Any) -> None:

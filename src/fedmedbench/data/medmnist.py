@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmedbench.io import atomic_path
+from fedmedbench.io import atomic_path, file_digest
 
 #: 2D single-label flags (multi-label ChestMNIST and the 3D sets are out of scope).
 SUPPORTED_FLAGS = (
@@ -93,12 +93,8 @@ def _check_size(size: int) -> None:
         raise DataError(f"MedMNIST size must be one of {SIZES}, got {size}")
 
 
-def md5sum(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+def md5sum(path: Path) -> str:
+    return file_digest(path, "md5")
 
 
 class DownloadTooLargeError(DataError):

@@ -8,7 +8,6 @@ data file). The reader verifies the hash and the partition id before anything is
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -35,11 +34,7 @@ def site_folder(root: str | Path, pid: int) -> Path:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return io.file_digest(path, "sha256")
 
 
 def _to_npz_images(x: torch.Tensor) -> np.ndarray:

@@ -19,13 +19,13 @@ a killed job, which ``context.state`` does not.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fedmedbench import io
 from fedmedbench.io import write_bytes, write_torch
 
 _NAME = re.compile(r"^r(\d{6})\.pt$")
@@ -38,12 +38,8 @@ class ClientStateError(RuntimeError):
     """A client state a resumed run needs is missing, different from the one recorded, or unreadable."""
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+def sha256_file(path: Path) -> str:
+    return io.file_digest(path, "sha256")
 
 
 class ClientStateStore:

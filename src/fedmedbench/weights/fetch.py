@@ -20,7 +20,6 @@ verify the file against it (:func:`verify`). On any failure nothing is left behi
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -41,12 +40,8 @@ class FetchError(RuntimeError):
     """A weight set could not be fetched or did not verify."""
 
 
-def sha256sum(path: str | Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+def sha256sum(path: str | Path) -> str:
+    return io.file_digest(path, "sha256")
 
 
 def check_format(path: Path, origin: str) -> None:
