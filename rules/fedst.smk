@@ -97,3 +97,20 @@ rule fedst_fig6:
         SOFTWARE_ENV
     script:
         "../scripts/fedst_fig6.py"
+
+
+rule fedst_fig5:
+    input:
+        clients=fedst_fig5_files("client_metrics.csv"),
+    output:
+        fig=f"results/fedst/figures/fig5{STAG}.png",
+        csv=f"results/fedst/figures/fig5{STAG}.csv",
+    params:
+        sites=FEDST["sites"],
+        origin=SORIGIN,
+    log:
+        "logs/fedst_figures/fig5.log",
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../scripts/fedst_fig5.py"

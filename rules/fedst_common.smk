@@ -84,6 +84,12 @@ def fedst_comm_files(name):
     return [f"results/fedst/{key}/{v}/fedst/seed{s}/{name}" for v in ["main", *FS.comm_variants(FEDST)] for s in FEDST["seeds"]]
 
 
+def fedst_fig5_files(name):
+    """Fig. 5 runs: SERQ (the main FedST run) and the two other uses of the synthetic clips."""
+    key = FS.sites_key(FEDST)
+    return [f"results/fedst/{key}/{v}/fedst/seed{s}/{name}" for v in ["main", *FS.fig5_variants(FEDST)] for s in FEDST["seeds"]]
+
+
 def fedst_targets():
     """Every fedst output the config asks for (added to rule all)."""
     if not FEDST["enabled"]:
@@ -91,9 +97,11 @@ def fedst_targets():
     out = [f"results/fedst/tables/{t}{STAG}.md" for t in FEDST_TABLES]
     if FS.comm_variants(FEDST) and "fedst" in FEDST["methods"]:
         out.append(f"results/fedst/figures/fig6{STAG}.png")
+    if FS.fig5_variants(FEDST):
+        out.append(f"results/fedst/figures/fig5{STAG}.png")
     return out
 
 
 wildcard_constraints:
     sites="[A-Za-z0-9]+",
-    variant="|".join(["main", *FS.VARIANTS, "comm[0-9]+"]),
+    variant="|".join(["main", *FS.VARIANTS, *FS.FIG5_VARIANTS, "comm[0-9]+"]),

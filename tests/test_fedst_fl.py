@@ -526,3 +526,61 @@ def test_serq_moving_average_and_which_model_each_step_trains(clips):
     # Eq. 11 trained v_pre away from the initial model
     init = model_arrays(new_model())
     assert any(not np.allclose(st_a["serq_pre"][k].numpy(), init[k]) for k in init if np.issubdtype(init[k].dtype, np.floating))
+
+
+def _tiny_server(clips, **over):
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.methods.fedst import SERQ_DEFAULTS
+    from fedmedbench.models.fedst import build_fedst_net
+
+    def new_model():
+        torch.manual_seed(0)
+        return build_fedst_net({"window": 2, "pools": [2, 1, 1, 1], "fields": [4, 3, 2, 2], "indicator_dim": 8, "decoder_dim": 16})
+
+    cfg = {**SERQ_DEFAULTS, "clips_root": str(clips), "site": "sim", "num_frames": 4, "steps": 2, "probe": 2,
+           "indicator": {"kind": "onehot", "dim": 8}, "loss": {"dice_weight": 0.3}, "input_size": [32, 32], **over}
+    return cfg, new_model, lambda state: SimpleNamespace(seed=0, rnd=1, device=torch.device("cpu"), state=state, new_model=new_model)
+
+
+def test_fig5_server_finetuning_is_plain_segmentation_loss_on_synthetic_batches(clips):
+    """Fig. 5 (blue): the averaged model takes serq.steps L_seg steps on synthetic clips; no
+    descriptor, no v_pre, no feature term (lambda2/lambda3 change nothing); BN statistics kept."""
+    from fedmedbench.fl.methods.fedst import finetune_round
+    from fedmedbench.fl.registry import model_arrays
+
+    cfg, new_model, ctx = _tiny_server(clips)
+    gamma = model_arrays(new_model())
+    state: dict = {}
+    out = finetune_round(ctx(state), dict(gamma), cfg)
+    assert state == {}  # nothing of SERQ's server state
+    out_l = finetune_round(ctx({}), dict(gamma), {**cfg, "lambda2": 9.0, "lambda3": 9.0})
+    assert all(np.array_equal(out[k], out_l[k]) for k in out)
+    weights = [k for k in gamma if k.endswith("weight") and np.issubdtype(gamma[k].dtype, np.floating)]
+    assert any(not np.allclose(out[k], gamma[k]) for k in weights)  # the global model was trained
+    stats = [k for k in gamma if k.endswith(("running_mean", "running_var"))]
+    assert stats and all(np.array_equal(out[k], gamma[k]) for k in stats)
+
+
+def test_fig5_sites_finetune_on_synthetic_clips_after_their_local_steps(clips, tmp_path, monkeypatch):
+    """Fig. 5 (green): syn_sites = no SERQ on the server; each site, after its E real iterations,
+    takes serq.steps steps on the simulator clips with the temporal module bypassed."""
+    from types import SimpleNamespace
+
+    import fedmedbench.fl.segmentation as seg
+
+    cfg = study_cfg(serq={**study_cfg()["serq"], "steps": 3})
+    spec = make_spec(clips, tmp_path, "fedst", "syn_sites", cfg)
+    method = get_method("fedst", spec.method_params)
+    assert not method.serq["enabled"] and method.p["site_finetune"] == 3
+    calls = []
+    monkeypatch.setattr(seg, "train_steps", lambda model, data, steps, *a, temporal=True, **k: calls.append((data.source, steps, temporal)) or 1.0)
+    train = SimpleNamespace(lr_at=lambda r: 1e-3)
+    site = SimpleNamespace(train=seg.ClipSet([], [], "site A train"), loss={})
+    method.local_train(SimpleNamespace(data=site, steps=5, train=train, rnd=1, device="cpu", generator=None), torch.nn.Linear(1, 1))
+    assert calls[0] == ("site A train", 5, True)
+    assert "sim" in calls[1][0] and calls[1][1:] == (3, False) and len(calls) == 2
+    main = get_method("fedst", make_spec(clips, tmp_path, "fedst", "main", cfg).method_params)
+    calls.clear()
+    main.local_train(SimpleNamespace(data=site, steps=5, train=train, rnd=1, device="cpu", generator=None), torch.nn.Linear(1, 1))
+    assert calls == [("site A train", 5, True)]

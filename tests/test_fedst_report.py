@@ -91,3 +91,33 @@ def test_comm_variants_keep_the_total_iterations():
     assert FS.train_config(cfg, "comm10") == ({"rounds": 3000, "batch_size": 2}, 10)
     assert FS.train_config(cfg, "comm500") == ({"rounds": 60, "batch_size": 2}, 500)
     assert FS.train_config(cfg, "main") == ({"rounds": 300, "batch_size": 2}, 100)
+
+
+def _per_round_run(root, variant, seed, dice_by_round):
+    """client_metrics.csv of a hand-made run: {round: [dice of client 0, client 1]} (unordered rows)."""
+    d = root / "ABCD" / variant / "fedst" / f"seed{seed}"
+    d.mkdir(parents=True)
+    rows = [{"round": r, "client": c, "local_dice": v[c]} for r, v in dice_by_round.items() for c in (1, 0)]
+    pd.DataFrame(rows).to_csv(d / "client_metrics.csv", index=False)
+    return str(d / "client_metrics.csv")
+
+
+def test_fig5_dice_per_round_site_and_curve(tmp_path):
+    files = [_per_round_run(tmp_path, "main", 0, {1: [0.5, 0.3], 2: [0.8, 0.6]}),
+             _per_round_run(tmp_path, "main", 1, {1: [0.7, 0.3], 2: [0.8, 0.6]}),
+             _per_round_run(tmp_path, "syn_server", 0, {1: [0.2, 0.4], 2: [0.3, 0.5]}),
+             _per_round_run(tmp_path, "syn_sites", 0, {2: [0.1, 0.9]})]
+    f = R.fig5_frame(files, ["A", "B"]).set_index(["curve", "site", "round"])
+    serq, server, sites = R.FIG5_CURVES["main"], R.FIG5_CURVES["syn_server"], R.FIG5_CURVES["syn_sites"]
+    assert f.loc[(serq, "A", 1), "dice_mean"] == pytest.approx(60.0) and f.loc[(serq, "A", 1), "dice_std"] == pytest.approx(10.0)
+    assert f.loc[(serq, "A", 1), "seeds"] == 2 and f.loc[(serq, "Avg.", 2), "dice_mean"] == pytest.approx(70.0)
+    assert f.loc[(server, "B", 1), "dice_mean"] == pytest.approx(40.0) and f.loc[(server, "Avg.", 2), "dice_mean"] == pytest.approx(40.0)
+    assert f.loc[(sites, "B", 2), "dice_mean"] == pytest.approx(90.0)  # client 1 = second site, whatever the row order
+    assert (sites, "A", 1) not in f.index  # rounds that were not evaluated are not invented
+    assert len(f) == 3 * 2 + 3 * 2 + 3  # (A, B, Avg.) x evaluated rounds, per curve
+
+
+def test_fig5_rejects_a_run_that_is_no_curve(tmp_path):
+    bad = _per_round_run(tmp_path, "abl_ts", 0, {1: [0.5, 0.5]})
+    with pytest.raises(ValueError, match="abl_ts"):
+        R.fig5_frame([bad], ["A", "B"])

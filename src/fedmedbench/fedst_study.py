@@ -52,6 +52,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ind_clip": {"indicator": "clip"},
 }
 
+#: Fig. 5 curves other than SERQ (= main/fedst): FedST without SERQ, the synthetic clips used
+#: to fine-tune the averaged model on the server, or to fine-tune each site's model locally
+FIG5_VARIANTS: dict[str, dict[str, Any]] = {
+    "syn_server": {"server": "finetune"},
+    "syn_sites": {"serq": False, "site_finetune": True},
+}
+
 
 def sites_key(cfg: dict[str, Any]) -> str:
     return "".join(cfg["sites"])
@@ -67,10 +74,15 @@ def comm_interval(variant: str) -> int | None:
     return int(variant.removeprefix("comm")) if variant.startswith("comm") and variant[4:].isdigit() else None
 
 
+def fig5_variants(cfg: dict[str, Any]) -> list[str]:
+    """Fig. 5: the two other ways of using the synthetic clips (FedST runs), if enabled."""
+    return list(FIG5_VARIANTS) if cfg.get("fig5", {}).get("enabled", True) and "fedst" in cfg["methods"] else []
+
+
 def runs(cfg: dict[str, Any]) -> list[tuple[str, str, int]]:
     """(variant, method, seed) of every run the config asks for (duplicates of main left out)."""
     out = [("main", m, s) for m in cfg["methods"] for s in cfg["seeds"]]
-    for v in [*cfg["variants"], *comm_variants(cfg)]:
+    for v in [*cfg["variants"], *comm_variants(cfg), *fig5_variants(cfg)]:
         if v == f"ind_{cfg['indicator']['kind']}":
             continue  # the same run as main/fedst
         out += [(v, "fedst", s) for s in cfg["seeds"]]
@@ -109,17 +121,20 @@ def indicator_config(cfg: dict[str, Any], variant: str) -> dict[str, Any]:
 
 def method_params(cfg: dict[str, Any], variant: str, method: str, clips_root: str) -> dict[str, Any]:
     params = copy.deepcopy(cfg["method_params"].get(method, {}))
-    var = VARIANTS.get(variant, {})
+    var = {**VARIANTS, **FIG5_VARIANTS}.get(variant, {})
     if method == "fedst":
         personal = list(var.get("personal", params.get("personal", FEDST_PERSONAL)))
         if not cfg["rsc_communicated"] and "all" not in personal:
             personal.append("rsc")  # Sec. IV-D2 / Table IX: the temporal module is not communicated
         params["personal"] = personal
         serq = dict(cfg["serq"])
-        serq.update(enabled=bool(var.get("serq", True)), clips_root=clips_root, site=cfg["server_site"],
+        serq.update(enabled=bool(var.get("serq", True)), server=var.get("server", "serq"), clips_root=clips_root, site=cfg["server_site"],
                     input_size=cfg["data"]["input_size"], cache_mb=int(cfg["data"]["cache_mb"]),
                     num_frames=len(cfg["model"]["pools"]), indicator=indicator_config(cfg, variant), loss=dict(cfg["loss"]))
         params["serq"] = serq
+        # Fig. 5 "synthetic data at the sites": each site fine-tunes on the synthetic clips after
+        # its local iterations, as many steps as the server would take (serq.steps)
+        params["site_finetune"] = int(cfg["serq"]["steps"]) if var.get("site_finetune") else 0
     return params
 
 

@@ -239,3 +239,58 @@ def fig6_plot(frame: pd.DataFrame, origin: str):
     ax.set_title("Fig. 6: communication frequency (FedST)" + tag, fontsize=8)
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------- Fig. 5
+
+#: Fig. 5 curves: run variant of FedST -> label (the paper's red, blue and green lines)
+FIG5_CURVES = {"main": "SERQ (FedST)", "syn_server": "synthetic fine-tuning on the server",
+               "syn_sites": "synthetic data at the sites"}
+
+
+def fig5_frame(clients: list[str], sites: list[str]) -> pd.DataFrame:
+    """Fig. 5: test Dice (%) per evaluated round, per site and their average, for each way of
+    using the synthetic clips; mean and std over seeds."""
+    rows = []
+    for path in clients:
+        variant = Path(path).parent.parent.parent.name
+        if variant not in FIG5_CURVES:
+            raise ValueError(f"{path}: variant {variant!r} is not a Fig. 5 curve {sorted(FIG5_CURVES)}")
+        cm = pd.read_csv(path)
+        if cm.empty:
+            raise ValueError(f"{path}: no evaluated round")
+        for rnd, g in cm.groupby("round", sort=True):
+            dice = [float(v) * 100 for v in g.sort_values("client")["local_dice"]]
+            if len(dice) != len(sites):
+                raise ValueError(f"{path}: round {rnd}: {len(dice)} clients, fedst.sites has {len(sites)}")
+            base = {"curve": FIG5_CURVES[variant], "round": int(rnd)}
+            rows += [{**base, "site": s, "dice": d} for s, d in zip(sites, dice, strict=True)]
+            rows.append({**base, "site": "Avg.", "dice": sum(dice) / len(dice)})
+    out = pd.DataFrame(rows).groupby(["curve", "site", "round"], sort=True)["dice"].agg(["mean", lambda v: v.std(ddof=0), "count"])
+    out.columns = ["dice_mean", "dice_std", "seeds"]
+    return out.reset_index()
+
+
+def fig5_plot(frame: pd.DataFrame, origin: str):
+    """One panel per site (average first, as the paper), one line per curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = ["Avg.", *[s for s in dict.fromkeys(frame["site"]) if s != "Avg."]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 2.8), squeeze=False)
+    colours = dict(zip(FIG5_CURVES.values(), ("tab:red", "tab:blue", "tab:green"), strict=True))
+    for ax, site in zip(axes[0], panels, strict=True):
+        for curve, g in frame[frame["site"] == site].groupby("curve", sort=False):
+            ax.plot(g["round"], g["dice_mean"], marker="o", ms=3, color=colours.get(curve), label=str(curve))
+            ax.fill_between(g["round"], g["dice_mean"] - g["dice_std"], g["dice_mean"] + g["dice_std"],
+                            color=colours.get(curve), alpha=0.2)
+        ax.set_title(f"site {site}" if site != "Avg." else "average", fontsize=8)
+        ax.set_xlabel("communication round")
+    axes[0][0].set_ylabel("test Dice (%)")
+    axes[0][0].legend(fontsize=6)
+    tag = " — SYNTHETIC data (not a paper reproduction)" if origin == "synthetic" else ""
+    fig.suptitle("Fig. 5: ways of using the synthetic data" + tag, fontsize=8)
+    fig.tight_layout()
+    return fig
