@@ -114,3 +114,21 @@ rule fedst_fig5:
         SOFTWARE_ENV
     script:
         "../scripts/fedst_fig5.py"
+
+
+rule fedst_fig7:
+    input:
+        clients=fedst_fig7_files("client_metrics.csv"),
+    output:
+        fig=f"results/fedst/figures/fig7{STAG}.png",
+        csv=f"results/fedst/figures/fig7{STAG}.csv",
+    params:
+        sites=FEDST["sites"],
+        methods=FS.fig7_methods(FEDST),
+        origin=SORIGIN,
+    log:
+        "logs/fedst_figures/fig7.log",
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../scripts/fedst_fig7.py"

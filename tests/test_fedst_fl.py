@@ -553,7 +553,7 @@ def test_fig5_server_finetuning_is_plain_segmentation_loss_on_synthetic_batches(
     gamma = model_arrays(new_model())
     state: dict = {}
     out = finetune_round(ctx(state), dict(gamma), cfg)
-    assert state == {}  # nothing of SERQ's server state
+    assert set(state) == {"serq_rho"} and state["serq_rho"] == {}  # no v_pre, D_sy, F_hat; nothing personal in this gamma
     out_l = finetune_round(ctx({}), dict(gamma), {**cfg, "lambda2": 9.0, "lambda3": 9.0})
     assert all(np.array_equal(out[k], out_l[k]) for k in out)
     weights = [k for k in gamma if k.endswith("weight") and np.issubdtype(gamma[k].dtype, np.floating)]
@@ -584,3 +584,64 @@ def test_fig5_sites_finetune_on_synthetic_clips_after_their_local_steps(clips, t
     calls.clear()
     main.local_train(SimpleNamespace(data=site, steps=5, train=train, rnd=1, device="cpu", generator=None), torch.nn.Linear(1, 1))
     assert calls == [("site A train", 5, True)]
+
+
+def test_synmix_puts_every_synthetic_clip_into_each_site_and_once_into_the_pool(clips, tmp_path):
+    from fedmedbench.fl.tasks import task_for
+
+    cfg = study_cfg()
+    cfg["train"] = {**cfg["train"], "local_steps": 3}
+    real = task_for(make_spec(clips, tmp_path, "seg_fedavg", cfg=cfg))
+    mix = task_for(make_spec(clips, tmp_path, "seg_fedavg", "synmix", cfg))
+    sim = 6  # every clip of the simulator site (all splits)
+    assert mix.client_sizes() == [n + sim for n in real.client_sizes()]
+    assert set(mix.site("A").train.mask_paths) - set(real.site("A").train.mask_paths) == {p for p in mix._synthetic().mask_paths}
+    assert len(mix.pooled_data().train) == len(real.pooled_data().train) + sim
+    assert len(mix.site("A").test) == len(real.site("A").test)  # tests stay real
+    assert mix.site("A").local_steps == 2 * real.site("A").local_steps
+
+
+def test_serq_server_keeps_its_own_rho_across_rounds(clips):
+    """Algorithm 1 line 9: v_g^{t+1} = gamma_g^{t+1} with rho_g^t; lines 11-12: the server trains
+    all of v_g, sends gamma_g only and keeps the updated rho_g for the next round."""
+    from fedmedbench.fl.methods.fedst import serq_round
+    from fedmedbench.fl.methods.fedst_base import personal_keys
+    from fedmedbench.fl.registry import load_arrays, model_arrays
+    from fedmedbench.fl.segmentation import load_clipset
+
+    cfg, new_model, ctx = _tiny_server(clips, steps=1, loss={"dice_weight": 0.3, "augment": False})
+    model = new_model()
+    rho = set(personal_keys(model, ["enc_q", "cs", "rsc"])) - {"cs.indicator"}
+    gamma = {k: v for k, v in model_arrays(model).items() if k not in rho and k != "cs.indicator"}
+    state: dict = {}
+    out = serq_round(ctx(state), dict(gamma), cfg)
+    assert set(out) == set(gamma) and set(state["serq_rho"]) == rho  # gamma goes out, rho stays
+    init = model_arrays(new_model())
+    assert any(not np.allclose(state["serq_rho"][k].numpy(), init[k]) for k in rho if k.startswith("encoder"))  # Eq. 12 moved rho_g
+    # next round: F_g is computed with the kept rho_g, not the initial one
+    kept = {k: v + 0.5 for k, v in state["serq_rho"].items()}
+    st2 = {"serq_rho": kept}
+    serq_round(ctx(st2), dict(gamma), cfg)
+    glob = new_model()
+    load_arrays(glob, {k: v.numpy() for k, v in kept.items()}, list(kept))
+    load_arrays(glob, gamma, list(gamma))
+    glob.eval()
+    glob.set_indicator(torch.nn.functional.one_hot(torch.tensor(3), 8).float())
+    probe, _ = load_clipset(clips, "sim", None, 4, (32, 32)).batch([0, 1])
+    with torch.no_grad():
+        f_g = glob.features(probe[:, -1])[-1].mean(0)
+    assert torch.allclose(st2["serq_Fg"], f_g, atol=1e-5)  # round without a previous F_hat: F_hat = F_g
+
+
+def test_serq_server_batches_are_rotated_and_scaled_as_the_sites(clips):
+    """Sec. IV-A: "in each site or server training, data augmentation (rotation and scale)"."""
+    from fedmedbench.fl.methods.fedst import _server_clips, synthetic_batches
+
+    cfg, _, _ = _tiny_server(clips, steps=3, loss={"dice_weight": 0.3, "augment": True, "rotate_deg": 30, "scale": 0.2})
+    data = _server_clips(cfg)
+    raw = {tuple(data.batch([i])[1].flatten().tolist()) for i in range(len(data))}
+    got = list(synthetic_batches(data, cfg, torch.Generator().manual_seed(0), torch.device("cpu")))
+    assert len(got) == 3 and all(x.shape[0] == 2 for x, _ in got)
+    assert all(tuple(y[i].flatten().tolist()) not in raw for _, y in got for i in range(2))  # every mask was transformed
+    plain = list(synthetic_batches(data, {**cfg, "loss": {"augment": False}}, torch.Generator().manual_seed(0), torch.device("cpu")))
+    assert all(tuple(y[i].flatten().tolist()) in raw for _, y in plain for i in range(2))

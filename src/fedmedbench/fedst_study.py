@@ -74,9 +74,19 @@ def comm_interval(variant: str) -> int | None:
     return int(variant.removeprefix("comm")) if variant.startswith("comm") and variant[4:].isdigit() else None
 
 
+#: Fig. 7: a method with the synthetic clips mixed into every site's training set, iterations doubled
+SYNMIX = "synmix"
+
+
+def fig7_methods(cfg: dict[str, Any]) -> list[str]:
+    return [m for m in cfg.get("fig7", {}).get("methods", []) if m in cfg["methods"]]
+
+
 def fig5_variants(cfg: dict[str, Any]) -> list[str]:
-    """Fig. 5: the two other ways of using the synthetic clips (FedST runs), if enabled."""
-    return list(FIG5_VARIANTS) if cfg.get("fig5", {}).get("enabled", True) and "fedst" in cfg["methods"] else []
+    """Fig. 5: the other ways of using the synthetic clips (FedST runs) the config asks for."""
+    if "fedst" not in cfg["methods"]:
+        return []
+    return [v for v in cfg.get("fig5", {}).get("variants", list(FIG5_VARIANTS)) if v in FIG5_VARIANTS]
 
 
 def runs(cfg: dict[str, Any]) -> list[tuple[str, str, int]]:
@@ -86,6 +96,7 @@ def runs(cfg: dict[str, Any]) -> list[tuple[str, str, int]]:
         if v == f"ind_{cfg['indicator']['kind']}":
             continue  # the same run as main/fedst
         out += [(v, "fedst", s) for s in cfg["seeds"]]
+    out += [(SYNMIX, m, s) for m in fig7_methods(cfg) for s in cfg["seeds"]]
     return out
 
 
@@ -101,6 +112,10 @@ def train_config(cfg: dict[str, Any], variant: str) -> tuple[dict[str, Any], int
             raise ValueError("fedst.fig6.intervals needs fedst.train.local_steps (iterations per round), not null")
         train["rounds"] = max(1, round(int(cfg["train"]["rounds"]) * int(steps) / k))
         steps = k
+    if variant == SYNMIX:  # Fig. 7: twice the iterations, so the sites see as much real data as without mixing
+        if steps is None:
+            raise ValueError("fedst.fig7.methods needs fedst.train.local_steps (iterations per round), not null")
+        steps = 2 * int(steps)
     return train, steps
 
 
@@ -161,6 +176,7 @@ def run_spec(cfg: dict[str, Any], variant: str, method: str, seed: int, clips_ro
             "indicator": indicator_config(cfg, variant), "loss": dict(cfg["loss"]),
             "input_size": cfg["data"]["input_size"], "cache_mb": int(cfg["data"]["cache_mb"]),
             "local_steps": train_config(cfg, variant)[1],
+            "synthetic_mix": cfg["server_site"] if variant == SYNMIX else None,
             "cross_site_eval": bool(cfg["eval"]["cross_site_eval"]), "eval_batch_size": int(cfg["eval"]["batch_size"]),
         },
     }

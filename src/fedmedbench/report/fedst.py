@@ -294,3 +294,60 @@ def fig5_plot(frame: pd.DataFrame, origin: str):
     fig.suptitle("Fig. 5: ways of using the synthetic data" + tag, fontsize=8)
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------- Fig. 7
+
+
+def fig7_frame(clients: list[str], sites: list[str], methods: list[str]) -> pd.DataFrame:
+    """Fig. 7: final test Dice (%) per site and average of each method without (``main``) and
+    with (``synmix``: synthetic clips mixed into every site, iterations doubled) synthetic data;
+    mean and std over seeds. Rows in ``methods`` order."""
+    rows = []
+    for path in clients:
+        run = Path(path).parent
+        variant, method = run.parent.parent.name, run.parent.name
+        if variant not in ("main", "synmix"):
+            raise ValueError(f"{path}: variant {variant!r} is not a Fig. 7 bar (main or synmix)")
+        cm = pd.read_csv(path)
+        if cm.empty:
+            raise ValueError(f"{path}: no evaluated round")
+        dice = [float(v) * 100 for v in cm[cm["round"] == cm["round"].max()].sort_values("client")["local_dice"]]
+        if len(dice) != len(sites):
+            raise ValueError(f"{path}: {len(dice)} clients, fedst.sites has {len(sites)}")
+        base = {"method": METHOD_NAMES[method], "synthetic": variant == "synmix"}
+        rows += [{**base, "site": s, "dice": d} for s, d in zip(sites, dice, strict=True)]
+        rows.append({**base, "site": "Avg.", "dice": sum(dice) / len(dice)})
+    out = pd.DataFrame(rows).groupby(["method", "synthetic", "site"], sort=False)["dice"].agg(["mean", lambda v: v.std(ddof=0), "count"])
+    out.columns = ["dice_mean", "dice_std", "seeds"]
+    out = out.reset_index()
+    order = {METHOD_NAMES[m]: i for i, m in enumerate(methods)}
+    return out.sort_values(["method", "synthetic"], key=lambda c: c.map(order) if c.name == "method" else c, kind="stable").reset_index(drop=True)
+
+
+def fig7_plot(frame: pd.DataFrame, origin: str):
+    """One panel per site (average first); light bar without, dark bar with synthetic data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    panels = ["Avg.", *[s for s in dict.fromkeys(frame["site"]) if s != "Avg."]]
+    methods = list(dict.fromkeys(frame["method"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=((1.2 + 0.45 * len(methods)) * len(panels), 3.4), squeeze=False)
+    x = np.arange(len(methods))
+    for ax, site in zip(axes[0], panels, strict=True):
+        sel = frame[frame["site"] == site]
+        for off, syn, alpha, label in ((-0.2, False, 0.4, "without synthetic"), (0.2, True, 1.0, "with synthetic (mixed, 2x iterations)")):
+            g = sel[sel["synthetic"] == syn].set_index("method").reindex(methods)
+            ax.bar(x + off, g["dice_mean"], 0.4, yerr=g["dice_std"], color="tab:blue", alpha=alpha, label=label, capsize=2)
+        ax.set_xticks(x, methods, rotation=60, fontsize=6)
+        ax.set_title(f"site {site}" if site != "Avg." else "average", fontsize=8)
+    axes[0][0].set_ylabel("test Dice (%)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=6, loc="lower center", ncol=2)
+    tag = " — SYNTHETIC data (not a paper reproduction)" if origin == "synthetic" else ""
+    fig.suptitle("Fig. 7: with and without synthetic data at the sites" + tag, fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig

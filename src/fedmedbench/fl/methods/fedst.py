@@ -9,8 +9,10 @@ site (Eq. 5), gamma is sent (Eq. 6). The temporal module and channel selection a
 of the network (``task_params.model``: ``temporal``, ``selection``).
 
 Server (Algorithm 1, lines 8-12): gamma_g = uniform mean of the sites' gamma (line 8,
-``train.aggregation: uniform``); v_g = gamma_g with the server's rho_g (the initial
-model's, since no site sends its rho); then SERQ on the synthetic simulator clips:
+``train.aggregation: uniform``); v_g = gamma_g with the server's rho_g^t (line 9: the initial
+model's in round 1, afterwards what the server's own Eq. 12 step made of it, kept as server
+state; no site sends its rho); then SERQ on the synthetic simulator clips (batches rotated and
+scaled as the sites', Sec. IV-A):
 
 * Eq. 10: F_hat_g <- (1 - mu) F_hat_g + mu F_g, with F_g the global model's deepest
   encoder feature map averaged over a fixed probe batch of synthetic frames (the paper
@@ -128,9 +130,19 @@ def _global_model(ctx, gamma: dict, cfg: dict[str, Any]):
     data = _server_clips(cfg)
     indicator = site_indicators(sites, cfg["indicator"])[cfg["site"]]
     glob = ctx.new_model()
+    if "serq_rho" in ctx.state:  # rho_g^t: the server's own personal part, kept from its last update
+        load_arrays(glob, {k: v.numpy() for k, v in ctx.state["serq_rho"].items()}, list(ctx.state["serq_rho"]))
     load_arrays(glob, gamma, list(gamma))
     glob.to(ctx.device).set_indicator(indicator)
     return data, glob, indicator, g
+
+
+def keep_server_rho(ctx, glob, gamma: dict) -> None:
+    """Algorithm 1 lines 11-12: the server updates all of v_g but distributes only gamma_g; the
+    rest (rho_g^{t+1}: encoder queries, selection network, ...) stays with the server for the
+    next round's line 9 (the simulator's indicator is not a parameter and is not kept)."""
+    keys = [k for k in glob.state_dict() if k not in gamma and k != "cs.indicator"]
+    ctx.state["serq_rho"] = tensors(glob, keys)
 
 
 def synthetic_batches(data, cfg: dict[str, Any], g: torch.Generator, dev: torch.device):
@@ -158,6 +170,7 @@ def finetune_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+    keep_server_rho(ctx, glob, gamma)
     return model_arrays(glob, list(gamma))
 
 
@@ -209,4 +222,5 @@ def serq_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
     ctx.state["serq_pre"] = tensors(pre, list(pre.state_dict()))
     ctx.state["serq_D"] = d_fixed.cpu()
     ctx.state["serq_Fg"] = f_hat.detach().cpu()
+    keep_server_rho(ctx, glob, gamma)
     return model_arrays(glob, list(gamma))
