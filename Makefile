@@ -21,7 +21,8 @@ $(STAMP): envs/requirements.txt envs/constraints.txt pyproject.toml
 	$(PIP) install -q --no-deps -e .
 	touch $(STAMP)
 
-# medmnistc needs ImageMagick's MagickWand shared library (Debian/Ubuntu package below).
+# medmnistc needs ImageMagick's MagickWand shared library; the report test renders the HTML report
+# in headless Chromium (Debian/Ubuntu packages below, installed when run as root).
 system-deps:
 	@if ldconfig -p 2>/dev/null | grep -q libMagickWand; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -30,6 +31,15 @@ system-deps:
 	else \
 		echo "WARNING: ImageMagick MagickWand not found; medmnistc corruptions will fail."; \
 		echo "         Install it (Debian/Ubuntu: sudo apt-get install libmagickwand-6.q16-6; conda: imagemagick)."; \
+	fi
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing chromium (headless, for the HTML report test)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+			|| echo "WARNING: could not install chromium; tests/test_report_html.py will skip its rendering test."; \
+	else \
+		echo "WARNING: headless Chromium not found; tests/test_report_html.py will skip its rendering test."; \
+		echo "         Install it (Debian: sudo apt-get install chromium; Ubuntu: chromium-browser)."; \
 	fi
 
 demo: $(STAMP)

@@ -27,6 +27,7 @@ include: "rules/report_gpaf.smk"
 include: "rules/ultraflwr.smk"
 include: "rules/fedst.smk"
 include: "rules/deploy.smk"
+include: "rules/report_html.smk"
 
 
 # Quick steps run on the submitting node, not as cluster jobs.
@@ -46,6 +47,7 @@ localrules:
     ultraflwr_figure3,
     ultraflwr_communication,
     fedst_tables,
+    report_table_html,
 
 
 if config["cluster"]["local_downloads"]:
@@ -60,4 +62,5 @@ rule all:
         surgical_targets(),
         ultraflwr_targets(),
         fedst_targets(),
+        report_html_targets(),
     default_target: True

@@ -1,26 +1,33 @@
 # Config validation (schema with defaults + cross-field checks) and the helpers that
 # turn the config into file names, targets and per-run parameters.
 import os
+from pathlib import Path
 
 from snakemake.utils import validate
+
+import fedmedbench.data.user as USER
+from fedmedbench.report.html import table_caption
+from fedmedbench.fl import method_params
 
 SOFTWARE_ENV = "../envs/environment.yaml"
 
 validate(config, "../config/schema.yaml")
 
 ORIGIN = config["data"]["origin"]
+#: the user's own datasets (name -> registry entry); every other dataset name is an official MedMNIST flag
+USER_DATASETS = config["datasets"]
 #: file-name tag that marks outputs computed from synthetic data
 TAG = "_synthetic" if ORIGIN == "synthetic" else ""
 ID = "[A-Za-z0-9][A-Za-z0-9_.-]*"
 
 wildcard_constraints:
     study=ID,
-    dataset="[a-z]+mnist",
+    dataset="[a-z][a-z0-9-]*",
     setting=ID,
     method="[a-z_0-9]+",
     seed=r"\d+",
     size=r"28|64|128|224",
-    origin="synthetic|real",
+    origin="synthetic|real|user",
     domain=ID,
     sdataset=ID,
     sgroup=ID,
@@ -42,11 +49,37 @@ def _check_gpaf_report(sname, study):
             _config_error(key, f"'{m}' has no federated client models to show")
     if rep["tsne"]["methods"] and not study["save_client_models"]:
         _config_error(f"studies.{sname}.save_client_models", "must be true for the t-SNE of client features (report.gpaf.tsne)")
+    kept = study["client_models_round"]
+    if kept is not None and kept > study["train"]["rounds"]:
+        _config_error(f"studies.{sname}.client_models_round", f"{kept} is after the last round ({study['train']['rounds']})")
+
+
+OFFICIAL_FLAGS = ("pathmnist", "dermamnist", "octmnist", "pneumoniamnist", "retinamnist", "breastmnist", "bloodmnist",
+                  "tissuemnist", "organamnist", "organcmnist", "organsmnist")
+
+
+def _check_registry():
+    for name, entry in USER_DATASETS.items():
+        if name in OFFICIAL_FLAGS:
+            _config_error(f"datasets.{name}", "is an official MedMNIST flag; give your dataset another name")
+        USER.check_registry_entry(name, entry)
+
+
+def _check_datasets(sname, study):
+    for ds in study["datasets"]:
+        if ds not in OFFICIAL_FLAGS and ds not in USER_DATASETS:
+            _config_error(f"studies.{sname}.datasets", f"'{ds}' is neither an official MedMNIST flag {list(OFFICIAL_FLAGS)} "
+                          f"nor registered under 'datasets' {sorted(USER_DATASETS)}")
+        if ds in USER_DATASETS and study["size"] not in USER_DATASETS[ds]["sizes"]:
+            _config_error(f"studies.{sname}.size", f"{study['size']} px is not one of the sizes of dataset '{ds}' "
+                          f"(datasets.{ds}.sizes: {USER_DATASETS[ds]['sizes']})")
 
 
 def _check_config():
+    _check_registry()
     for sname, study in config["studies"].items():
         _check_gpaf_report(sname, study)
+        _check_datasets(sname, study)
         for setname, setting in study["settings"].items():
             key = f"studies.{sname}.settings.{setname}"
             scheme, params = setting["scheme"], setting["params"]
@@ -79,7 +112,36 @@ def study_size(study):
     return config["studies"][study]["size"]
 
 
+def user_dataset(dataset):
+    """The registry entry of a user dataset; None for an official flag."""
+    return USER_DATASETS.get(dataset)
+
+
+def dataset_origin(dataset, size):
+    """Where a dataset's data come from, as tables and captions say it."""
+    if dataset in USER_DATASETS:
+        return USER.origin_label(USER_DATASETS[dataset], size)
+    return ORIGIN
+
+
+def study_origin(study):
+    """The study's data origin for captions: synthetic, real, and/or 'user data: <path>' (joined by '; ')."""
+    size = study_size(study)
+    names = sorted({r["dataset"] for r in runs(study)})
+    parts = [ORIGIN] if any(n not in USER_DATASETS for n in names) else []
+    parts += [dataset_origin(n, size) for n in names if n in USER_DATASETS]
+    return "; ".join(parts)
+
+
+def synthetic_params(dataset):
+    """The generator's settings for one flag: data.synthetic with that flag's per_dataset overrides."""
+    syn = {k: v for k, v in config["data"]["synthetic"].items() if k != "per_dataset"}
+    return {**syn, **config["data"]["synthetic"]["per_dataset"].get(dataset, {})}
+
+
 def base_npz(dataset, size):
+    if dataset in USER_DATASETS:
+        return f"resources/user/{dataset}_{size}.npz"
     if ORIGIN == "synthetic":
         return f"resources/synthetic/{dataset}_{size}.npz"
     return f"resources/medmnist/{dataset}_{size}.npz"
@@ -89,7 +151,8 @@ def domain_npz(dataset, size, domain):
     """A domain with no corruption steps is the base file itself (no copy)."""
     if not config["domains"][domain]:
         return base_npz(dataset, size)
-    return f"resources/domains/{ORIGIN}/{dataset}_{size}/{domain}.npz"
+    origin = "user" if dataset in USER_DATASETS else ORIGIN
+    return f"resources/domains/{origin}/{dataset}_{size}/{domain}.npz"
 
 
 def setting_sources(study, dataset, setting):
@@ -152,14 +215,15 @@ def run_spec(wildcards):
             **st["method_train"].get(w["method"], {}),
         },
         "clients_per_round": st["clients_per_round"],
-        "method_params": dict(st["method_params"].get(w["method"], {})),
+        "method_params": method_params.resolve(w["method"], st["method_params"], st["settings"][w["setting"]]),
         "device": config["device"],
         "threads": config["threads"]["train"],
-        "data_origin": ORIGIN,
+        "data_origin": dataset_origin(w["dataset"], st["size"]),
         "log_every": st["log_every"],
         "eval_every": st["eval_every"],
         "early_stopping": early_stopping_spec(st["early_stopping"]),
         "save_client_models": st["save_client_models"],
+        "client_models_round": st["client_models_round"],
     }
 
 
@@ -195,6 +259,8 @@ def all_targets():
 
 def corrupt_input(wildcards):
     """The base file a domain is corrupted from (by the origin wildcard)."""
+    if wildcards.origin == "user":
+        return f"resources/user/{wildcards.dataset}_{wildcards.size}.npz"
     if wildcards.origin == "synthetic":
         return f"resources/synthetic/{wildcards.dataset}_{wildcards.size}.npz"
     return f"resources/medmnist/{wildcards.dataset}_{wildcards.size}.npz"
@@ -350,6 +416,15 @@ def gpaf_targets(study):
                  ext=["csv", "md", "tex"])
     out += expand("results/{study}/tables/convergence_rounds{tag}.{ext}", study=study, tag=TAG, ext=["csv", "md"])
     out.append(f"results/{study}/figures/gpaf_convergence{TAG}.png")
+    seen = set()
+    for setting, s in st["settings"].items():  # one domain figure per dataset and set of domains
+        if s["scheme"] != "domain":
+            continue
+        for dataset in setting_datasets(study, setting):
+            key = (dataset, tuple(s["params"]["domains"]))
+            if key not in seen:
+                seen.add(key)
+                out.append(f"results/{study}/figures/domains_{dataset}_{setting}{TAG}.png")
     if st["report"]["gpaf"]["tsne"]["methods"]:
         for setting in st["settings"]:
             for dataset in setting_datasets(study, setting):
@@ -380,3 +455,19 @@ def gpaf_tsne_inputs(wildcards):
 
 def gpaf_tsne_specs(wildcards):
     return {r["method"]: run_spec(r) for r in _gpaf_tsne_runs(wildcards)}
+
+
+# --- HTML report (rules/report_html.smk) --------------------------------------------------------
+def report_origin(study):
+    """Data origin shown in a caption: MedMNIST studies by their datasets, surgical studies by surgical.origin."""
+    return study_origin(study) if study in config["studies"] else SORIGIN
+
+
+def report_html_targets():
+    """One HTML page (results/<study>/report/<table>.html) per Markdown table that rule all builds."""
+    out = []
+    for t in [*all_targets(), *ultraflwr_targets(), *fedst_targets()]:
+        p = Path(t)
+        if p.suffix == ".md" and p.parent.name == "tables":
+            out.append(str(p.parent.parent / "report" / f"{p.stem}.html"))
+    return out

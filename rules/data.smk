@@ -1,5 +1,5 @@
-# Data: official MedMNIST files (download or a verified local folder), the synthetic
-# stand-in for the demo, and MedMNIST-C client domains built with medmnistc.
+# Data: official MedMNIST files (download or a verified local folder), the user's own datasets
+# (checked on import), the synthetic stand-in for the demo, and MedMNIST-C client domains (medmnistc).
 
 
 rule download_medmnist:
@@ -23,11 +23,32 @@ rule download_medmnist:
         "../scripts/download_medmnist.py"
 
 
+rule import_user_dataset:
+    input:
+        lambda wc: str(USER.user_file(USER_DATASETS[wc.dataset], int(wc.size))),
+    output:
+        "resources/user/{dataset}_{size}.npz",
+    params:
+        entry=lambda wc: USER_DATASETS[wc.dataset],
+    log:
+        "logs/import_user_dataset/{dataset}_{size}.log",
+    benchmark:
+        "benchmarks/import_user_dataset/{dataset}_{size}.tsv"
+    threads: 1
+    resources:
+        mem_mb=config["resources"]["data_mem_mb"],
+        runtime=30,
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../scripts/import_user_dataset.py"
+
+
 rule synthesize_medmnist:
     output:
         "resources/synthetic/{dataset}_{size}.npz",
     params:
-        synthetic=config["data"]["synthetic"],
+        synthetic=lambda wc: synthetic_params(wc.dataset),
     log:
         "logs/synthesize_medmnist/{dataset}_{size}.log",
     benchmark:

@@ -85,7 +85,8 @@ rule fedst_fig6:
     input:
         clients=fedst_comm_files("client_metrics.csv"),
     output:
-        fig=f"results/fedst/figures/fig6{STAG}.png",
+        fig=report(f"results/fedst/figures/fig6{STAG}.png", caption="../report/fedst_fig6.rst", category="fedst",
+                   subcategory="figures"),
         csv=f"results/fedst/figures/fig6{STAG}.csv",
     params:
         sites=FEDST["sites"],

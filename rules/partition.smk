@@ -7,11 +7,17 @@ rule build_partition:
     output:
         json="resources/partitions/{study}/{dataset}/{setting}/seed{seed}.json",
         stats="resources/partitions/{study}/{dataset}/{setting}/seed{seed}.csv",
-        heatmap="resources/partitions/{study}/{dataset}/{setting}/seed{seed}.png",
+        heatmap=report(
+            "resources/partitions/{study}/{dataset}/{setting}/seed{seed}.png",
+            caption="../report/partition.rst",
+            category="{study}",
+            subcategory="partitions",
+        ),
     params:
         scheme=lambda wc: config["studies"][wc.study]["settings"][wc.setting]["scheme"],
         num_clients=lambda wc: config["studies"][wc.study]["settings"][wc.setting]["num_clients"],
         scheme_params=lambda wc: config["studies"][wc.study]["settings"][wc.setting]["params"],
+        user_dataset=lambda wc: user_dataset(wc.dataset),
     log:
         "logs/build_partition/{study}/{dataset}/{setting}/seed{seed}.log",
     benchmark:

@@ -5,17 +5,12 @@ rule aggregate_results:
     input:
         study_summaries,
     output:
-        csv=report(
-            f"results/{{study}}/tables/final_metrics{TAG}.csv",
-            caption="../report/table.rst",
-            category="{study}",
-            subcategory="tables",
-        ),
+        csv=f"results/{{study}}/tables/final_metrics{TAG}.csv",
         md=f"results/{{study}}/tables/final_metrics{TAG}.md",
         tex=f"results/{{study}}/tables/final_metrics{TAG}.tex",
     params:
         metrics=lambda wc: config["studies"][wc.study]["report"]["metrics"],
-        origin=ORIGIN,
+        origin=lambda wc: study_origin(wc.study),
     log:
         "logs/aggregate_results/{study}.log",
     threads: 1
@@ -40,7 +35,7 @@ rule plot_study:
         ),
     params:
         metric=lambda wc: config["studies"][wc.study]["report"]["curve_metric"],
-        origin=ORIGIN,
+        origin=lambda wc: study_origin(wc.study),
     log:
         "logs/plot_study/{study}.log",
     threads: 1

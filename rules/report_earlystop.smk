@@ -31,7 +31,7 @@ rule earlystop_table1:
         f"results/{{study}}/tables/stopping_points{TAG}.csv",
         paper=lambda wc: paper_values_input(wc.study),
     output:
-        csv=report(f"results/{{study}}/tables/table1{TAG}.csv", category="{study}", subcategory="tables"),
+        csv=f"results/{{study}}/tables/table1{TAG}.csv",
         md=f"results/{{study}}/tables/table1{TAG}.md",
         tex=f"results/{{study}}/tables/table1{TAG}.tex",
     params:
@@ -40,7 +40,7 @@ rule earlystop_table1:
         methods=lambda wc: config["studies"][wc.study]["methods"],
         seeds=lambda wc: config["studies"][wc.study]["seeds"],
         study=lambda wc: wc.study,
-        origin=ORIGIN,
+        origin=lambda wc: study_origin(wc.study),
         init=lambda wc: study_init(wc.study),
     log:
         "logs/earlystop_table1/{study}.log",
@@ -59,7 +59,7 @@ rule earlystop_table2:
         f"results/{{study}}/tables/stopping_points{TAG}.csv",
         paper=lambda wc: paper_values_input(wc.study),
     output:
-        csv=report(f"results/{{study}}/tables/table2{TAG}.csv", category="{study}", subcategory="tables"),
+        csv=f"results/{{study}}/tables/table2{TAG}.csv",
         md=f"results/{{study}}/tables/table2{TAG}.md",
         tex=f"results/{{study}}/tables/table2{TAG}.tex",
     params:
@@ -68,7 +68,7 @@ rule earlystop_table2:
         methods=lambda wc: config["studies"][wc.study]["methods"],
         seeds=lambda wc: config["studies"][wc.study]["seeds"],
         study=lambda wc: wc.study,
-        origin=ORIGIN,
+        origin=lambda wc: study_origin(wc.study),
         init=lambda wc: study_init(wc.study),
     log:
         "logs/earlystop_table2/{study}.log",
@@ -87,13 +87,15 @@ rule earlystop_figures:
         metrics=study_metrics,
         points=f"results/{{study}}/tables/stopping_points{TAG}.csv",
     output:
-        fig3=report(f"results/{{study}}/figures/fig3_stopping{TAG}.png", category="{study}", subcategory="figures"),
-        fig4=report(f"results/{{study}}/figures/fig4_tau{TAG}.png", category="{study}", subcategory="figures"),
+        fig3=report(f"results/{{study}}/figures/fig3_stopping{TAG}.png", caption="../report/earlystop_fig3.rst",
+                    category="{study}", subcategory="figures"),
+        fig4=report(f"results/{{study}}/figures/fig4_tau{TAG}.png", caption="../report/earlystop_fig4.rst",
+                    category="{study}", subcategory="figures"),
     params:
         es=lambda wc: config["studies"][wc.study]["early_stopping"],
         setting=lambda wc: es_figure_setting(wc.study),
         methods=lambda wc: config["studies"][wc.study]["methods"],
-        origin=ORIGIN,
+        origin=lambda wc: study_origin(wc.study),
     log:
         "logs/earlystop_figures/{study}.log",
     threads: 1

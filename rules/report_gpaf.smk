@@ -1,25 +1,22 @@
-# GPAF-paper outputs for studies with `report.gpaf`: Table 1 per dataset (accuracy, macro F1,
-# recall, precision per setting), rounds to reach a target accuracy with a convergence figure,
-# and t-SNE of client and global latent features (first seed, last round).
+# GPAF-paper outputs for studies with `report.gpaf`: Table 1 per dataset (accuracy, F1, recall,
+# precision per setting, beside the paper's), rounds to reach a target accuracy with a convergence
+# figure, t-SNE of client and global latent features (first seed, last round) and the clients'
+# imaging domains (Fig. 2: intensity profiles per client and class).
 
 
 rule gpaf_table1:
     input:
-        gpaf_dataset_summaries,
+        summaries=gpaf_dataset_summaries,
+        paper=lambda wc: paper_values_input(wc.study),
     output:
-        csv=report(
-            f"results/{{study}}/tables/table1_{{dataset}}{TAG}.csv",
-            caption="../report/gpaf_table1.rst",
-            category="{study}",
-            subcategory="tables",
-        ),
+        csv=f"results/{{study}}/tables/table1_{{dataset}}{TAG}.csv",
         md=f"results/{{study}}/tables/table1_{{dataset}}{TAG}.md",
         tex=f"results/{{study}}/tables/table1_{{dataset}}{TAG}.tex",
     params:
         report=lambda wc: config["studies"][wc.study]["report"]["gpaf"],
         settings=lambda wc: config["studies"][wc.study]["settings"],
         setting_order=lambda wc: list(config["studies"][wc.study]["settings"]),
-        origin=ORIGIN,
+        origin=lambda wc: study_origin(wc.study),
         init=lambda wc: study_init(wc.study),
     log:
         "logs/gpaf_table1/{study}/{dataset}.log",
@@ -48,7 +45,7 @@ rule gpaf_convergence:
     params:
         report=lambda wc: config["studies"][wc.study]["report"]["gpaf"],
         setting_order=lambda wc: list(config["studies"][wc.study]["settings"]),
-        origin=ORIGIN,
+        origin=lambda wc: study_origin(wc.study),
     log:
         "logs/gpaf_convergence/{study}.log",
     threads: 1
@@ -74,7 +71,7 @@ rule gpaf_tsne:
     params:
         specs=gpaf_tsne_specs,
         tsne=lambda wc: config["studies"][wc.study]["report"]["gpaf"]["tsne"],
-        origin=ORIGIN,
+        origin=lambda wc: study_origin(wc.study),
     log:
         "logs/gpaf_tsne/{study}/{dataset}_{setting}.log",
     benchmark:
@@ -87,3 +84,30 @@ rule gpaf_tsne:
         SOFTWARE_ENV
     script:
         "../scripts/gpaf_tsne.py"
+
+
+rule gpaf_domains:
+    input:
+        lambda wc: list(setting_sources(wc.study, wc.dataset, wc.setting).values()),
+    output:
+        figure=report(
+            f"results/{{study}}/figures/domains_{{dataset}}_{{setting}}{TAG}.png",
+            caption="../report/gpaf_domains.rst",
+            category="{study}",
+            subcategory="figures",
+        ),
+        csv=f"results/{{study}}/tables/domains_{{dataset}}_{{setting}}{TAG}.csv",
+    params:
+        domains=lambda wc: list(setting_sources(wc.study, wc.dataset, wc.setting)),
+        bins=32,
+        origin=ORIGIN,
+    log:
+        "logs/gpaf_domains/{study}/{dataset}_{setting}.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../scripts/gpaf_domains.py"

@@ -51,7 +51,13 @@ rule recurate_videos:
     input:
         unpack(surgical_group_indices),
     output:
-        directory(f"{SURG}/groups/{{sgroup}}"),
+        report(
+            directory(f"{SURG}/groups/{{sgroup}}"),
+            patterns=[f"{{setting}}/distribution{STAG}.png"],
+            caption="../report/surgical_distribution.rst",
+            category="data",
+            subcategory="{sgroup}",
+        ),
     params:
         group=lambda wc: SURGICAL["groups"][wc.sgroup],
         tool_groups=SURGICAL["tool_groups"],

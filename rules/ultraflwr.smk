@@ -115,7 +115,8 @@ rule ultraflwr_figure3:
     input:
         unpack(ultraflwr_group_inputs),
     output:
-        f"{UF_DIR}/figures/figure3_{{ugroup}}{STAG}.png",
+        report(f"{UF_DIR}/figures/figure3_{{ugroup}}{STAG}.png", caption="../report/ultraflwr_figure3.rst",
+               category="ultraflwr", subcategory="figures"),
     wildcard_constraints:
         ugroup=ID,
     params:

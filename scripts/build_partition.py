@@ -1,7 +1,7 @@
 """Snakemake entry: client partition JSON + per-client label-count CSV + heatmap PNG."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench import io, partition
-from fedmedbench.data import medmnist
+from fedmedbench.data import medmnist, user
 from fedmedbench.report import figures
 from fedmedbench.runlog import log_to
 
@@ -10,7 +10,7 @@ with log_to(snakemake.log[0]) as log:
     data = medmnist.load_npz(snakemake.input[0])
     labels = {s: data[f"{s}_labels"] for s in medmnist.SPLITS}
     doc = partition.build_partition(labels, p.scheme, p.num_clients, int(w.seed), dict(p.scheme_params),
-                                    num_classes=medmnist.dataset_info(w.dataset).n_classes)
+                                    num_classes=user.info(w.dataset, p.user_dataset).n_classes)
     stats = partition.stats_frame(doc, labels)
     io.write_json(snakemake.output.json, doc)
     io.write_csv(snakemake.output.stats, stats)

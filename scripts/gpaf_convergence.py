@@ -11,6 +11,7 @@ with log_to(snakemake.log[0]) as log:
                                   r["method_order"])
     gpaf.write_rounds_table(table, out.csv, out.md, study=w.study, origin=snakemake.params.origin,
                             reference=r["reference_method"])
-    fig = gpaf.convergence_figure(curves, table, r["convergence_metric"], w.study, snakemake.params.origin, r["method_order"])
+    fig = gpaf.convergence_figure(curves, table, r["convergence_metric"], w.study, snakemake.params.origin, r["method_order"],
+                                  r["fig5a_metric"])
     io.save_figure(out.figure, fig)
     log(f"rounds to target for {len(table)} (dataset, setting, method) rows")

@@ -1,12 +1,17 @@
 """Snakemake entry: GPAF paper Table 1 for one dataset (methods x metric x setting) as CSV, Markdown, LaTeX."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
-from fedmedbench.report import gpaf
+from fedmedbench.report import gpaf, paper_values
 from fedmedbench.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     w, p = snakemake.wildcards, snakemake.params
-    runs = gpaf.load_runs(snakemake.input)
+    runs = gpaf.load_runs(snakemake.input.summaries)
     settings = {name: p.settings[name] for name in p.setting_order}  # config order (params may reorder dicts)
-    long, display = gpaf.table1(runs, p.report["table_metrics"], p.report["method_order"], settings)
-    gpaf.write_table1(long, display, runs, snakemake.output, study=w.study, dataset=w.dataset, origin=p.origin, init=p.init)
+    paper = paper_values.load(w.study, "table1")
+    if paper is not None and not any(str(r.get("dataset")) == w.dataset for r in paper.rows):
+        paper = None  # the paper's Table 1 is for another dataset of the study
+    synthetic = p.origin == "synthetic"
+    long, display = gpaf.table1(runs, p.report["table_metrics"], p.report["method_order"], settings, paper, synthetic)
+    gpaf.write_table1(long, display, runs, snakemake.output, study=w.study, dataset=w.dataset, origin=p.origin,
+                      paper=paper, init=p.init)
     log(f"{len(runs)} runs -> Table 1 with {len(display)} methods")

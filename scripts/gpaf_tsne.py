@@ -9,8 +9,9 @@ with log_to(snakemake.log[0]) as log:
     limit_threads(snakemake.threads)
     w, p = snakemake.wildcards, snakemake.params
     panels = gpaf.tsne_panels(dict(p.specs), dict(p.tsne))
-    seed = next(iter(p.specs.values()))["seed"]
+    first = next(iter(p.specs.values()))
+    seed, kept = first["seed"], first["client_models_round"] or first["train"]["rounds"]
     tag = " — SYNTHETIC data (not a paper reproduction)" if p.origin == "synthetic" else ""
-    title = f"{w.study} {w.dataset}/{w.setting}: t-SNE of latent features, last round, seed {seed}{tag}"
+    title = f"{w.study} {w.dataset}/{w.setting}: t-SNE of latent features, round {kept}, seed {seed}{tag}"
     io.save_figure(snakemake.output[0], gpaf.tsne_figure(panels, title))
     log(f"t-SNE of {', '.join(panels)}")

@@ -10,4 +10,4 @@ with log_to(snakemake.log[0]) as log:
     arrays = synthetic.generate(w.dataset, int(w.size), seed=s["seed"], counts=counts, difficulty=s["difficulty"],
                                 imbalance=s["imbalance"])
     io.write_npz(snakemake.output[0], arrays)
-    log(f"SYNTHETIC {w.dataset} {w.size}px: {counts}")
+    log(f"SYNTHETIC {w.dataset} {w.size}px, difficulty {s['difficulty']}, imbalance {s['imbalance']}: {counts}")

@@ -35,7 +35,7 @@ def _bad(path: list, value):
 
 @pytest.mark.parametrize("path,value,needle", [
     (["studies", "micro", "methods"], ["fedfoo"], "'fedfoo' is not one of"),
-    (["studies", "micro", "datasets"], ["chestmnist"], "'chestmnist' is not one of"),
+    (["studies", "micro", "datasets"], ["Chest MNIST"], "'Chest MNIST' is not valid under any of the given schemas"),
     (["studies", "micro", "settings", "dir", "scheme"], "nope", "'nope' is not one of"),
     (["studies", "micro", "settings", "dir", "num_clients"], 0, "num_clients"),
     (["studies", "micro", "settings", "dir", "params"], {"alpha": -1}, "alpha"),
@@ -73,6 +73,9 @@ def _dry_run(tmp_path, cfg) -> subprocess.CompletedProcess:
     (lambda c: c["studies"]["micro"]["settings"]["dom"].__setitem__("num_clients", 3), "studies.micro.settings.dom.num_clients"),
     (lambda c: c["studies"]["micro"].__setitem__("clients_per_round", 9), "studies.micro.clients_per_round"),
     (lambda c: c["studies"]["micro"]["settings"]["dir"].__setitem__("datasets", ["pathmnist"]), "studies.micro.settings.dir.datasets"),
+    (lambda c: c["studies"]["micro"].__setitem__("datasets", ["chestmnist"]), "'chestmnist' is neither an official MedMNIST flag"),
+    (lambda c: c.__setitem__("datasets", {"mine": {"path": "x.npz", "labels": ["a", "b", "c"], "task": "binary", "channels": 1}}),
+     "datasets.mine.labels"),
 ])
 def test_cross_field_errors_name_the_key(tmp_path, mutate, needle):
     cfg = copy.deepcopy(MICRO)

@@ -1,4 +1,5 @@
-"""MedMNIST-C client domains via medmnistc: deterministic, per-image seeded, the corruptions they promise."""
+"""MedMNIST-C client domains via medmnistc: deterministic, per-image seeded, applied at the data's own
+resolution, and strong enough to differ (GPAF Scenario 1)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,95 @@ def small(breast_arrays):
 
 
 def test_clean_domain_is_identity(small):
-    out = domains.corrupt_dataset(small, "breastmnist", "clean", [], seed=0)
-    assert all(np.array_equal(out[k], small[k]) for k in small)
+    out = domains.corrupt_dataset(small, "breastmnist", "clean", domains.GPAF_SCENARIO1["clean"], seed=0)
+    assert all(out[k].tobytes() == small[k].tobytes() and out[k].dtype == small[k].dtype for k in small)
+
+
+def _flat(n=30, value=128):
+    return np.full((n, 28, 28), value, np.uint8)
+
+
+def _checkerboard(n=10):
+    board = (np.indices((28, 28)).sum(0) % 2 * 200 + 20).astype(np.uint8)
+    return np.repeat(board[None], n, 0)
+
+
+def _high_frequency_energy(images):
+    """Spectral energy above a quarter of the sampling rate (the 1 px checkerboard lives at 0.5)."""
+    x = images.astype(float)
+    power = np.abs(np.fft.fft2(x - x.mean(axis=(1, 2), keepdims=True))) ** 2
+    f = np.fft.fftfreq(x.shape[1])
+    return power[:, np.hypot(f[:, None], f[None, :]) > 0.25].sum()
+
+
+def _domain(images, name):
+    steps = domains.build_steps("breastmnist", domains.GPAF_SCENARIO1[name], name)
+    return domains.corrupt_images(images, steps, 0, name, "train")
+
+
+def test_degraded_domain_adds_visible_noise_on_flat_grey():
+    """Gaussian noise 0.12 at 28 px: >= 15 grey levels of pixel std (the 224 px round trip left ~2.6)."""
+    out = _domain(_flat(), "degraded").astype(float)
+    assert out.std(axis=(1, 2)).mean() >= 15
+    assert out.mean() > 128 + 20  # brightness x1.3
+    assert _domain(_flat(), "clean").tobytes() == _flat().tobytes()
+
+
+def test_midrange_lower_resolution_removes_fine_detail():
+    """pixelate 0.5 is a true 14 px reduction: a 1 px checkerboard loses most of its high-frequency energy."""
+    board = _checkerboard()
+    assert _high_frequency_energy(_domain(board, "midrange")) < 0.1 * _high_frequency_energy(board)
+    assert _high_frequency_energy(_domain(board, "clean")) == _high_frequency_energy(board)
+    half = domains.build_steps("breastmnist", [{"corruption": "pixelate", "range": [0.5, 0.5]}], "p")
+    out = domains.corrupt_images(board, half, 0, "p", "train")
+    assert np.abs(out.astype(float) - board).mean() > 50  # each 2x2 block becomes its mean
+
+
+def test_large_canvas_round_trip_is_exact():
+    """Steps tuned for 224 px run on an integer-enlarged canvas; the resampling alone changes nothing."""
+    from PIL import Image
+
+    assert domains.canvas_factor(28) == 8 and domains.canvas_factor(64) == 4 and domains.canvas_factor(224) == 1
+    identity = domains.Step(lambda img, seed: np.asarray(img), large_canvas=True)
+    rng = np.random.default_rng(0)
+    for arr in (rng.integers(0, 256, (28, 28), dtype=np.uint8), rng.integers(0, 256, (28, 28, 3), dtype=np.uint8)):
+        img = Image.fromarray(arr)
+        assert np.array_equal(np.asarray(domains.apply_step(img, identity, 0)), arr)
+    blur = domains.build_steps("breastmnist", [{"preset": "motion_blur", "severity": 3}], "m")
+    assert blur[0].large_canvas
+    assert not domains.build_steps("breastmnist", domains.GPAF_SCENARIO1["degraded"], "d")[0].large_canvas
+
+
+def test_domains_hurt_a_model_trained_on_clean_images_only(breast_arrays):
+    """The point of Scenario 1: a CNN fitted on the clean client's images loses accuracy on the degraded one."""
+    import torch
+    import torch.nn.functional as F
+
+    from fedmedbench.models.cnn import SmallCNN
+
+    def tensor(images):
+        return torch.tensor(images[:, None] / 255.0, dtype=torch.float32)
+
+    x, y = tensor(breast_arrays["train_images"]), torch.tensor(breast_arrays["train_labels"].ravel(), dtype=torch.long)
+    torch.manual_seed(0)
+    model = SmallCNN(1, 2, 28)
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(6):
+        for idx in torch.randperm(len(y), generator=g).split(32):
+            opt.zero_grad()
+            F.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+    model.eval()
+    test, labels = breast_arrays["test_images"], breast_arrays["test_labels"].ravel()
+
+    def accuracy(images):
+        with torch.no_grad():
+            return float((model(tensor(images)).argmax(1).numpy() == labels).mean())
+
+    clean, degraded = accuracy(test), accuracy(_domain(test, "degraded"))
+    assert clean >= 0.8
+    assert degraded <= clean - 0.1, (clean, degraded)
 
 
 def test_deterministic_and_order_independent(small):
@@ -44,7 +132,7 @@ def test_corruptions_do_what_they_say(small):
     assert bright["train_images"].mean() > x.mean() + 5
     noisy = domains.corrupt_dataset(small, "breastmnist", "n", [{"corruption": "gaussian_noise", "range": [0.12, 0.12]}], 0)
     diff = noisy["train_images"].astype(float) - x
-    assert diff.std() > 5  # pixel noise survives the 224 -> 28 resize
+    assert diff.std() > 20  # 0.12 x 255 = 30.6 grey levels, less what clipping removes
     flat = domains.corrupt_dataset(small, "breastmnist", "c", [{"corruption": "contrast", "range": [0.5, 0.5]}], 0)
     assert flat["train_images"].astype(float).std() < x.std()
 

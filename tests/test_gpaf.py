@@ -213,3 +213,69 @@ def test_parameter_errors_name_the_key():
         get_method("gpaf", {"gm_form": "kl"})
     with pytest.raises(ValueError, match="model.name"):
         GPAF().build_model(toy_spec("gpaf", model="cnn_small"))
+
+
+def test_server_epoch_is_fedgen_steps_and_adam_moments_persist(data, monkeypatch):
+    """15 epochs x 5 generated batches per round (FedGen's n_teacher_iters); Adam state carried to the next round."""
+    method = GPAF(server_epochs=15)
+    arrays = fresh_global(method, SPEC)
+    results = [method.client_fit(client_ctx(method, SPEC, arrays, toy_data(64, seed=i), pid=i, steps=2)) for i in range(2)]
+    calls = []
+    real = method.sample_labels
+    monkeypatch.setattr(method, "sample_labels", lambda *a: calls.append(1) or real(*a))
+    state: dict = {}
+    method.aggregate(server_ctx(method, SPEC, arrays, results, state=state))
+    assert len(calls) == 75 and len(state["gpaf_generator_losses"][-1]) > 0
+    assert int(state["gpaf_opt_g"]["state"][0]["step"]) == 75
+    method.aggregate(server_ctx(method, SPEC, arrays, results, rnd=2, state=state))
+    assert int(state["gpaf_opt_g"]["state"][0]["step"]) == 150  # the moments went on, not restarted
+    fresh_state: dict = {}
+    GPAF(server_epochs=2, server_optimizer="fresh").aggregate(server_ctx(method, SPEC, arrays, results, state=fresh_state))
+    assert "gpaf_opt_g" not in fresh_state
+    one = GPAF(server_epochs=2, server_steps_per_epoch=1)
+    calls.clear()
+    monkeypatch.setattr(one, "sample_labels", lambda *a: calls.append(1) or real(*a))
+    one.aggregate(server_ctx(one, SPEC, arrays, results, state={}))
+    assert len(calls) == 2
+
+
+def test_label_alpha_follows_the_settings_alpha():
+    from fedmedbench.fl import method_params
+
+    study = {"gpaf": {"label_alpha": "partition", "server_epochs": 3}}
+    assert method_params.resolve("gpaf", study, {"params": {"alpha": 0.1}})["label_alpha"] == 0.1
+    assert method_params.resolve("gpaf", {}, {"params": {"alpha": 0.5}})["label_alpha"] == 0.5  # the default
+    assert method_params.resolve("gpaf", study, {"scheme": "center"})["label_alpha"] == 1.0
+    assert method_params.resolve("gpaf", {"gpaf": {"label_alpha": 2.0}}, {"params": {"alpha": 0.1}})["label_alpha"] == 2.0
+    per_setting = {"params": {"alpha": 0.1}, "method_params": {"gpaf": {"server_epochs": 7}}}
+    assert method_params.resolve("gpaf", study, per_setting) == {"label_alpha": 0.1, "server_epochs": 7}
+    assert "label_alpha" not in method_params.resolve("moon", {"moon": {"mu": 1.0}}, {"params": {"alpha": 0.1}})
+    with pytest.raises(ValueError, match="label_alpha"):
+        GPAF(label_alpha="partition")
+    # a small alpha concentrates each server batch on few classes
+    g = torch.Generator().manual_seed(0)
+    peaked = [GPAF(label_alpha=0.05).sample_labels(64, 4, g).mean(0).max() for _ in range(20)]
+    flat = [GPAF(label_alpha=100.0).sample_labels(64, 4, g).mean(0).max() for _ in range(20)]
+    assert np.mean(peaked) > 0.8 > 0.45 > np.mean(flat)
+
+
+def test_vae_loss_reductions():
+    from fedmedbench.fl.methods.gpaf import vae_loss
+
+    x, x_hat = torch.zeros(2, 1, 4, 4), torch.ones(2, 1, 4, 4)
+    mu, logvar = torch.ones(2, 3), torch.zeros(2, 3)  # KL per dimension = 0.5
+    assert float(vae_loss(x_hat, x, mu, logvar, 1.0, "mean")) == pytest.approx(1.0 + 0.5)
+    assert float(vae_loss(x_hat, x, mu, logvar, 1.0, "sum")) == pytest.approx(16.0 + 1.5)  # per image: 16 pixels, 3 dims
+
+
+@pytest.mark.parametrize("kl_weight", [0.4, 0.0])
+def test_generator_objective_is_eq7_plus_the_optional_kl_term(kl_weight):
+    """J = lambda_1 L_s + lambda_2 L_diver (+ generator_kl KL(G_w(z|y) || N(0, I)), an added term; 0 removes it)."""
+    method = GPAF(server_epochs=2, server_steps_per_epoch=1, generator_kl=kl_weight)
+    model = method.build_model(SPEC)
+    history = method.train_generator(model.generator, fixed_ensemble(), fixed_ensemble(1, seed=1)[0], LatentDiscriminator(64),
+                                     server_generator(0, 1), torch.device("cpu"))
+    for h in history:
+        s = 0.5 * h["kd"] + 0.5 * h["gm"]
+        assert h["J"] == pytest.approx(1.0 * s + 0.3 * h["diver"] + kl_weight * h["kl"], rel=1e-5)
+        assert h["kl"] > 0

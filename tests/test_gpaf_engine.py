@@ -99,3 +99,27 @@ def test_baselines_end_to_end(workdir, method, params):
     if method == "moon":
         states = sorted((Path(spec.run_dir) / "checkpoint" / "clients").glob("*/r*.pt"))
         assert len(states) == 2 and set(torch.load(states[0], weights_only=True)) == {"prev"}
+
+
+@pytest.mark.slow
+def test_client_models_of_an_earlier_round_come_with_that_rounds_global_model(workdir):
+    """Fig. 4 (t-SNE at iteration 8): client_models_round keeps that round's client models and global model."""
+    import dataclasses
+
+    import numpy as np
+
+    from fedmedbench.fl.registry import weighted_average
+
+    spec = dataclasses.replace(spec_for(workdir, "fedavg", "kept_round1"), client_models_round=1)
+    assert spec.run_hash() != spec_for(workdir, "fedavg", "kept_round1").run_hash()
+    run(spec)
+    run_dir = Path(spec.run_dir)
+    kept = torch.load(run_dir / "client_models.pt", weights_only=True)
+    assert sorted(kept) == ["0", "1", "global"]
+    assert json.loads((run_dir / "summary.json").read_text())["client_models_round"] == 1
+    sizes = [len(c["train"]) for c in json.loads((workdir / "p.json").read_text())["clients"]]
+    avg = weighted_average([{k: v.numpy() for k, v in kept[p].items()} for p in ("0", "1")], sizes)
+    params = [k for k in avg if "num_batches_tracked" not in k]
+    assert all(np.allclose(kept["global"][k].numpy(), avg[k], atol=1e-6) for k in params)  # round 1's FedAvg
+    final = torch.load(run_dir / "model.pt", weights_only=True)
+    assert any(not torch.equal(final[k], kept["global"][k]) for k in params)  # not the last round's model

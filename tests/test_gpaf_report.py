@@ -13,7 +13,7 @@ import pytest
 import yaml
 from helpers import copy_workflow
 
-from fedmedbench.report import gpaf
+from fedmedbench.report import gpaf, paper_values
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = yaml.safe_load((ROOT / "tests" / "fixtures" / "micro_gpaf.yaml").read_text())
@@ -35,13 +35,53 @@ def test_table1_has_the_paper_layout():
     metrics = ["global_accuracy", "global_f1", "global_recall", "global_precision"]
     long, display = gpaf.table1(runs_frame(), metrics, ["fedavg", "moon", "feddg", "gpaf", "centralized"], SETTINGS)
     assert list(display["Method"]) == ["FedAvg", "GPAF", "Centralized"]
-    assert list(display.columns[1:3]) == ["Accuracy (alpha=0.5)", "Accuracy (alpha=0.1)"]
-    assert list(display.columns[3:5]) == ["F1-Score (alpha=0.5)", "F1-Score (alpha=0.1)"]
+    assert list(display.columns[1:4]) == ["Accuracy (alpha=0.5)", "Accuracy (alpha=0.5) paper", "Accuracy (alpha=0.5) Δ"]
+    assert display.columns[4] == "Accuracy (alpha=0.1)" and display.columns[7] == "F1-Score (alpha=0.5)"
     assert display.loc[1, "Accuracy (alpha=0.5)"] == "86.00 ± 1.00"  # gpaf: 0.85, 0.86, 0.87
     row = long[(long["setting"] == "alpha0.1") & (long["method"] == "fedavg")].iloc[0]
     assert row["n_seeds"] == 3 and row["global_accuracy_mean"] == pytest.approx(0.71)
     with pytest.raises(KeyError, match="table_metrics"):
         gpaf.table1(runs_frame(), ["global_nonsense"], ["gpaf"], SETTINGS)
+
+
+def test_table1_puts_the_papers_values_beside_ours():
+    """The typed-in Table 1: paper value per cell, difference in points, empty difference on synthetic data."""
+    paper = paper_values.load("gpaf", "table1", ROOT / "config" / "paper_values")
+    metrics = ["global_accuracy", "global_f1"]
+    real_long, real = gpaf.table1(runs_frame(), metrics, ["fedavg", "gpaf", "centralized"], SETTINGS, paper, synthetic=False)
+    gp = real.set_index("Method").loc["GPAF"]
+    assert gp["Accuracy (alpha=0.5)"] == "86.00 ± 1.00" and gp["Accuracy (alpha=0.5) paper"] == "84.62"
+    assert gp["Accuracy (alpha=0.5) Δ"] == "+1.38"  # 86.00 - 84.62
+    assert gp["F1-Score (alpha=0.1) paper"] == "81.50"
+    assert real.set_index("Method").loc["Centralized", "Accuracy (alpha=0.1) paper"] == "85.44"
+    row = real_long[(real_long["setting"] == "alpha0.1") & (real_long["method"] == "fedavg")].iloc[0]
+    assert row["global_accuracy_paper"] == pytest.approx(64.21) and row["global_accuracy_diff"] == pytest.approx(71 - 64.21)
+    _, synth = gpaf.table1(runs_frame(), metrics, ["fedavg", "gpaf"], SETTINGS, paper, synthetic=True)
+    assert synth["Accuracy (alpha=0.5) paper"].tolist() == ["76.08", "84.62", "85.44"]
+    assert (synth["Accuracy (alpha=0.5) Δ"] == "").all()
+    _, none = gpaf.table1(runs_frame(), metrics, ["gpaf"], SETTINGS, None, synthetic=False)
+    assert (none["Accuracy (alpha=0.5) paper"] == "").all()
+
+
+def test_typed_in_table1_is_binary_f1_of_its_precision_and_recall():
+    """A typo check, and the reason the table's F1 is binary: F1 = 2PR/(P+R) in all ten typed rows."""
+    paper = paper_values.load("gpaf", "table1", ROOT / "config" / "paper_values")
+    assert len(paper.rows) == 10
+    for r in paper.rows:
+        assert 2 * r["precision"] * r["recall"] / (r["precision"] + r["recall"]) == pytest.approx(r["f1"], abs=0.1)
+
+
+def test_table1_caption_names_the_metric_definition(tmp_path):
+    from types import SimpleNamespace
+
+    assert "class 1 ('normal, benign') as the positive class" in gpaf.metric_definition(2, ("malignant", "normal, benign"))
+    assert "macro averages over the 9 classes" in gpaf.metric_definition(9)
+    runs = runs_frame()
+    long, display = gpaf.table1(runs, ["global_accuracy", "global_f1"], ["fedavg"], SETTINGS)
+    out = SimpleNamespace(csv=tmp_path / "t.csv", md=tmp_path / "t.md", tex=tmp_path / "t.tex")
+    gpaf.write_table1(long, display, runs, out, "s", "breastmnist", "synthetic")
+    md = out.md.read_text()
+    assert "binary with class 1 ('normal, benign')" in md and "SYNTHETIC" in md
 
 
 def curves_frame() -> pd.DataFrame:
@@ -52,7 +92,7 @@ def curves_frame() -> pd.DataFrame:
         for seed in (0, 1):
             for r, a in enumerate(ys, start=1):
                 rows.append({"dataset": "breastmnist", "setting": "alpha0.5", "method": method, "seed": seed, "round": r,
-                             "global_accuracy": a, "train_loss": 1.0 / r})
+                             "global_accuracy": a, "val_accuracy": a - 0.3 * (r == 2) + 0.01 * seed, "train_loss": 1.0 / r})
     return pd.DataFrame(rows)
 
 
@@ -77,8 +117,20 @@ def test_convergence_outputs_say_synthetic(tmp_path):
     gpaf.write_rounds_table(table, tmp_path / "r.csv", tmp_path / "r.md", study="s", origin="synthetic", reference="fedavg")
     md = (tmp_path / "r.md").read_text()
     assert "SYNTHETIC" in md and "25%" in md
-    fig = gpaf.convergence_figure(curves, table, "global_accuracy", "s", "synthetic", ["fedavg", "gpaf"])
+    fig = gpaf.convergence_figure(curves, table, "global_accuracy", "s", "synthetic", ["fedavg", "gpaf"], "val_accuracy")
     assert "SYNTHETIC" in fig._suptitle.get_text()
+    assert fig.axes[0].get_ylabel() == "best val_accuracy so far"
+
+
+def test_fig5a_is_the_best_validation_accuracy_so_far():
+    """Recorded only when it beats the previous best: a dip (round 2) does not show; mean over seeds."""
+    gp = curves_frame()[lambda d: d["method"] == "fedavg"]
+    best = gpaf.best_so_far(gp, "val_accuracy")
+    # fedavg val: seed 0 [0.6, 0.4, 0.75, 0.82, 0.83] (round 2: 0.7 - 0.3), seed 1 the same + 0.01
+    assert best.loc[1] == pytest.approx(0.605) and best.loc[2] == pytest.approx(0.605)
+    assert best.loc[3] == pytest.approx(0.755) and best.loc[5] == pytest.approx(0.835)
+    with pytest.raises(KeyError, match="fig5a_metric"):
+        gpaf.best_so_far(gp, "val_nonsense")
 
 
 def test_heldout_sample_is_fixed_and_tsne_figure_draws_every_group():
@@ -146,7 +198,8 @@ def test_pipeline_produces_every_gpaf_output(pipeline):
     rounds = pd.read_csv(res / "tables" / "convergence_rounds_synthetic.csv")
     assert set(rounds["method"]) == {"fedavg", "moon", "feddg", "gpaf", "centralized"}
     assert "SYNTHETIC" in (res / "tables" / "convergence_rounds_synthetic.md").read_text()
-    for fig in ("gpaf_convergence_synthetic.png", "tsne_breastmnist_dom_synthetic.png", "convergence_synthetic.png"):
+    for fig in ("gpaf_convergence_synthetic.png", "tsne_breastmnist_dom_synthetic.png", "convergence_synthetic.png",
+                "domains_breastmnist_dom_synthetic.png"):
         assert (res / "figures" / fig).stat().st_size > 10_000
     run = res / "breastmnist" / "dom" / "gpaf" / "seed0"
     import torch
@@ -157,3 +210,23 @@ def test_pipeline_produces_every_gpaf_output(pipeline):
     assert any(k.startswith("generator.") for k in torch.load(run / "model.pt", weights_only=True))
     metrics = pd.read_csv(run / "metrics.csv")
     assert list(metrics["round"]) == [1, 2] and metrics["global_accuracy"].notna().all()
+
+
+def test_domain_profiles_and_figure_on_hand_made_domains():
+    """Fig. 2: per domain and class, the grey-level distribution; the same image index shown in every domain."""
+    from fedmedbench.report import domains as report
+
+    labels = np.array([0, 1, 0, 1]).reshape(-1, 1)
+    dark = {"train_images": np.stack([np.full((28, 28), v, np.uint8) for v in (10, 200, 10, 200)]), "train_labels": labels}
+    bright = {"train_images": np.clip(dark["train_images"].astype(int) + 40, 0, 255).astype(np.uint8), "train_labels": labels}
+    prof = report.intensity_profiles({"clean": dark, "bright": bright}, bins=32)
+    assert set(prof["domain"]) == {"clean", "bright"} and set(prof["class"]) == {0, 1}
+    c0 = prof[(prof["domain"] == "clean") & (prof["class"] == 0)]
+    assert c0["mean"].iloc[0] == 10 and c0["std"].iloc[0] == 0
+    assert c0.loc[c0["density"].idxmax(), "bin_low"] == 8  # grey level 10 lies in [8, 16)
+    assert prof[(prof["domain"] == "bright") & (prof["class"] == 1)]["mean"].iloc[0] == 240
+    assert report.example_indices(labels, [0, 1]) == {0: 0, 1: 1}
+    fig = report.domain_figure({"clean": dark, "bright": bright}, prof, "t", ("a", "b"))
+    assert len(fig.axes) == 2 * 2 + 2  # a thumbnail per class and domain, a histogram panel per class
+    assert fig.axes[2].get_title().startswith("(a) a")
+

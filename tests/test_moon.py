@@ -1,4 +1,5 @@
-"""MOON: the model-contrastive term, its reduction to cross-entropy (= FedAvg) at mu = 0, previous model in state."""
+"""MOON: the model-contrastive term, its reduction to cross-entropy (= FedAvg) at mu = 0 and in a client's
+first round, eval-mode frozen models, previous model in state."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from helpers.clients import client_ctx, fresh_global, toy_data, toy_spec
 
+from fedmedbench.fl.methods import moon as moon_module
 from fedmedbench.fl.methods.moon import model_contrastive_loss, moon_loss
 from fedmedbench.fl.registry import get_method
 
@@ -39,14 +41,48 @@ def test_moon_with_mu_zero_is_a_fedavg_client_step():
     data = toy_data(80)
     moon, fedavg = get_method("moon", {"mu": 0.0}), get_method("fedavg")
     arrays = fresh_global(fedavg, SPEC)
-    state = {}
-    a = moon.client_fit(client_ctx(moon, SPEC, arrays, data, steps=5, state=state))
-    b = fedavg.client_fit(client_ctx(fedavg, SPEC, arrays, data, steps=5))
+    prev = fedavg.client_fit(client_ctx(fedavg, SPEC, arrays, data, steps=3, seed=7)).arrays
+    prev_state = {k: torch.from_numpy(v) for k, v in prev.items()}
+    a = moon.client_fit(client_ctx(moon, SPEC, arrays, data, rnd=2, steps=5, state={"prev": dict(prev_state)}))
+    b = fedavg.client_fit(client_ctx(fedavg, SPEC, arrays, data, rnd=2, steps=5))
     assert a.arrays.keys() == b.arrays.keys()
     assert all(np.array_equal(a.arrays[k], b.arrays[k]) for k in a.arrays)
-    # with mu > 0 the update differs
-    c = get_method("moon", {"mu": 5.0}).client_fit(client_ctx(moon, SPEC, arrays, data, steps=5))
+    # with mu > 0 and a previous model the update differs
+    c = get_method("moon", {"mu": 5.0}).client_fit(client_ctx(moon, SPEC, arrays, data, rnd=2, steps=5,
+                                                               state={"prev": dict(prev_state)}))
     assert any(not np.array_equal(a.arrays[k], c.arrays[k]) for k in a.arrays)
+
+
+def test_first_round_trains_on_cross_entropy_only():
+    """No previous model yet (the reference's empty pool): even with mu = 5 the step is FedAvg's, bit for bit."""
+    data = toy_data(80)
+    moon, fedavg = get_method("moon", {"mu": 5.0}), get_method("fedavg")
+    arrays = fresh_global(fedavg, SPEC)
+    a = moon.client_fit(client_ctx(moon, SPEC, arrays, data, steps=5, state={}))
+    b = fedavg.client_fit(client_ctx(fedavg, SPEC, arrays, data, steps=5))
+    assert all(np.array_equal(a.arrays[k], b.arrays[k]) for k in a.arrays)
+
+
+def test_global_and_previous_models_run_in_eval_mode(monkeypatch):
+    """The frozen models use running batch-norm statistics (reference: global_model.eval(), prev nets .eval())."""
+    data = toy_data(80)
+    moon = get_method("moon", {"mu": 1.0})
+    arrays = fresh_global(moon, SPEC)
+    first = client_ctx(moon, SPEC, arrays, data, steps=2)
+    moon.client_fit(first)
+    seen = []
+    real = moon_module.representation
+
+    def spy(model, x):
+        seen.append((model.training, any(p.requires_grad for p in model.parameters())))
+        return real(model, x)
+
+    monkeypatch.setattr(moon_module, "representation", spy)
+    ctx = client_ctx(moon, SPEC, arrays, data, rnd=2, steps=3, state=first.state)
+    moon.client_fit(ctx)
+    frozen_calls = [s for s in seen if not s[1]]
+    assert len(frozen_calls) == 6  # global and previous model, 3 steps
+    assert all(training is False for training, _ in frozen_calls)
 
 
 def test_previous_local_model_is_kept_in_client_state_and_used():
@@ -59,8 +95,9 @@ def test_previous_local_model_is_kept_in_client_state_and_used():
     assert all(np.array_equal(prev[k].numpy(), result.arrays[k]) for k in result.arrays)
     # round 2 from the same global model: a different previous model changes the update
     r_with = moon.client_fit(client_ctx(moon, SPEC, arrays, data, rnd=2, steps=4, state={"prev": prev}))
-    r_without = moon.client_fit(client_ctx(moon, SPEC, arrays, data, rnd=2, steps=4, state={}))
-    assert any(not np.array_equal(r_with.arrays[k], r_without.arrays[k]) for k in r_with.arrays)
+    r_other = moon.client_fit(client_ctx(moon, SPEC, arrays, data, rnd=2, steps=4,
+                                         state={"prev": {k: torch.from_numpy(v) for k, v in arrays.items()}}))
+    assert any(not np.array_equal(r_with.arrays[k], r_other.arrays[k]) for k in r_with.arrays)
 
 
 def test_moon_parameter_errors():

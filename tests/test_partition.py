@@ -141,10 +141,17 @@ def test_center_scheme(labels):
     doc = P.build_partition(labels, "center", 2, 0, {"val_fraction_center": 0.1, "test_fraction_center": 0.2})
     c0, c1 = doc["clients"]
     lo, hi = doc["pool"]["train"]
-    assert all(lo <= i < hi for i in c0["train"] + c0["val"] + c0["test"])
+    assert all(lo <= i < hi for i in c0["train"] + c0["test"])
     tlo, thi = doc["pool"]["test"]
     assert all(tlo <= i < thi for i in c1["train"] + c1["val"] + c1["test"])
-    assert len(c0["train"]) + len(c0["val"]) + len(c0["test"]) == len(labels["train"])
+    vlo, vhi = doc["pool"]["val"]
+    official = [i for i in c0["val"] if vlo <= i < vhi]
+    assert sorted(official) == list(range(vlo, vhi))  # the official val split (training centre) is client 0's
+    assert not any(vlo <= i < vhi for i in c1["train"] + c1["val"] + c1["test"] + c0["train"] + c0["test"])
+    assert len(c0["train"]) + len(c0["val"]) + len(c0["test"]) == len(labels["train"]) + len(labels["val"])
+    dropped = P.build_partition(labels, "center", 2, 0, {"official_val_center": False})["clients"][0]
+    assert not any(vlo <= i < vhi for i in dropped["val"])
+    assert len(dropped["train"]) + len(dropped["val"]) + len(dropped["test"]) == len(labels["train"])
     with pytest.raises(P.PartitionError, match="exactly 2 clients"):
         P.build_partition(labels, "center", 3, 0, {})
 

@@ -27,7 +27,11 @@ Schemes and their sources:
   split is divided among the domains IID or by Dirichlet label skew; each client's
   val/test come from its own domain's files.
 * ``center``: GPAF Scenario 2 (PathMNIST): official train split -> client 0, official
-  test split -> client 1; each re-split into train/val/test.
+  test split -> client 1; each re-split into train/val/test. The official validation
+  split comes from the training centre (NCT-CRC-HE-100K, like the train split) and is
+  added to client 0's validation data (``official_val_center: true``, default) or left
+  out (``false``). Each client's test data is its own centre's; the global test set is
+  both clients' test data together.
 
 Indices in the JSON are *pool* indices: positions in the concatenation of the file's
 train, val and test splits (offsets in ``pool``), so one format covers every scheme.
@@ -266,7 +270,7 @@ SCHEME_PARAMS = {
     "fls_pathological": {"classes_per_client"},
     "fls_quantity": {"alpha", "min_size"},
     "domain": {"domains", "alpha", "min_size"},
-    "center": {"val_fraction_center", "test_fraction_center"},
+    "center": {"val_fraction_center", "test_fraction_center", "official_val_center"},
 }
 ALL_SCHEMES = tuple(SCHEME_PARAMS)
 
@@ -299,8 +303,9 @@ def label_counts(labels: np.ndarray, parts: list[np.ndarray], n_classes: int) ->
     return np.stack([np.bincount(labels[p], minlength=n_classes) for p in parts]) if parts else np.zeros((0, n_classes), int)
 
 
-def _center(split_labels: dict[str, np.ndarray], seed: int, val_fraction: float, test_fraction: float) -> list[dict]:
-    """GPAF Scenario 2: train split -> client 0, test split -> client 1, each re-split."""
+def _center(split_labels: dict[str, np.ndarray], seed: int, val_fraction: float, test_fraction: float,
+            official_val: bool = True) -> list[dict]:
+    """GPAF Scenario 2: train split -> client 0, test split -> client 1, each re-split; official val -> client 0's val."""
     rng = np.random.default_rng(seed)
     offsets = _offsets(split_labels)
     clients = []
@@ -314,6 +319,9 @@ def _center(split_labels: dict[str, np.ndarray], seed: int, val_fraction: float,
         test, val, train = perm[:n_test], perm[n_test : n_test + n_val], perm[n_test + n_val :]
         base = offsets[split]
         clients.append({"train": np.sort(train) + base, "val": np.sort(val) + base, "test": np.sort(test) + base})
+    if official_val:  # the official val split is from the training centre
+        extra = np.arange(len(split_labels["val"]), dtype=np.int64) + offsets["val"]
+        clients[0]["val"] = np.concatenate([clients[0]["val"], extra])
     return clients
 
 
@@ -345,7 +353,8 @@ def build_partition(
     if scheme == "center":
         if num_clients != 2:
             raise PartitionError(f"center scheme has exactly 2 clients (train center, test center), got num_clients={num_clients}")
-        clients = _center(split_labels, seed, params.get("val_fraction_center", 0.1), params.get("test_fraction_center", 0.2))
+        clients = _center(split_labels, seed, params.get("val_fraction_center", 0.1), params.get("test_fraction_center", 0.2),
+                          bool(params.get("official_val_center", True)))
         sources = ["base", "base"]
         global_test = [{"source": "base", "idx": np.concatenate([c["test"] for c in clients])}]
     else:

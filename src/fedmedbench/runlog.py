@@ -1,4 +1,8 @@
-"""Logging for Snakemake entry scripts: everything a job prints goes to its ``log:`` file."""
+"""Logging for Snakemake entry scripts: everything a job prints goes to its ``log:`` file.
+
+A few lines (one per training round) also go to the console Snakemake runs in, so a user sees
+each running job's progress without opening ``logs/``; the log file keeps the full record.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,32 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+class JobLog:
+    """``log(msg)`` writes a time-stamped line to the job's log; ``log.console(msg)`` also to the console."""
+
+    def __init__(self, fh, console_fd: int | None) -> None:
+        self._fh = fh
+        self._console_fd = console_fd
+
+    def __call__(self, msg: str) -> None:
+        self._fh.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}\n")
+        self._fh.flush()
+
+    def console(self, msg: str) -> None:
+        self(msg)
+        if self._console_fd is not None:
+            try:
+                os.write(self._console_fd, f"[{time.strftime('%H:%M:%S')}] {msg}\n".encode())
+            except OSError:  # console gone (e.g. the terminal closed): the log file has the line
+                pass
+
+
 @contextlib.contextmanager
-def log_to(path: str | os.PathLike) -> Iterator[callable]:
+def log_to(path: str | os.PathLike) -> Iterator[JobLog]:
     """Redirect stdout/stderr (file descriptors too, so Ray/Flower output lands there).
 
-    Yields a ``log(msg)`` function that writes one time-stamped line. An exception is
+    Yields a :class:`JobLog`: ``log(msg)`` writes one time-stamped line, ``log.console(msg)``
+    writes it to the console (the stderr Snakemake gave the job) as well. An exception is
     written to the log with its traceback, then re-raised (Snakemake reports the log).
     """
     path = Path(path)
@@ -29,13 +54,8 @@ def log_to(path: str | os.PathLike) -> Iterator[callable]:
         old_streams = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = fh
         logging.basicConfig(stream=fh, level=logging.WARNING, force=True)
-
-        def log(msg: str) -> None:
-            fh.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}\n")
-            fh.flush()
-
         try:
-            yield log
+            yield JobLog(fh, saved[1])
         except BaseException:
             import traceback
 

@@ -9,11 +9,21 @@ A step is either
 * ``{preset: motion_blur, severity: 3}``: the MedMNIST-C benchmark corruption for the
   dataset at severity 1..5 (``medmnistc.corruptions.registry.CORRUPTIONS_DS``).
 
-medmnistc's corruptions are tuned for 224 px images (several fail at 28 px), and the
-library applies them to RGB PIL images then converts back to greyscale for 1-channel
-sets. We do the same: upscale to 224 (bicubic), corrupt, convert, downscale back to
-the file's size (area). Every image gets its own RNG state derived from (seed,
-domain name, split, index), so results do not depend on processing order.
+Resolution. Every step acts on the image at the resolution the data is used at, so a
+corruption means at 28 px what its parameter says: Gaussian noise 0.12 is a pixel standard
+deviation of 0.12 x 255 grey levels, ``pixelate 0.5`` a true reduction to half the side and
+back. Only the corruptions in ``LARGE_CANVAS`` (the blurs built on ImageMagick / kernel radii
+in 224 px units, and every benchmark preset, whose severities are tuned for 224 px) need a
+larger canvas: such a step alone runs on the image enlarged by an integer factor k (nearest
+neighbour, to ``size * ceil(224 / size)``) and is reduced back by k x k area averaging. That
+round trip is exactly the identity on an uncorrupted image (tested), so resampling is neutral:
+the clean client, which has no steps, is the same as a client that went through it.
+
+Grey (1-channel) images are corrupted as greyscale ("L") images: the noise is drawn per grey
+pixel. medmnistc's own pipeline converts them to RGB and back, which averages three
+independent noise draws and shrinks the noise by a third; large-canvas steps still go through
+RGB as medmnistc does. Every image gets its own RNG state derived from (seed, domain name,
+split, index), so results do not depend on processing order.
 
 GPAF's Scenario 1 domains (paper, Sec. 4): client 0 clean "high-end"; client 1
 "mid-range" (brightness change 0.2%-15%, lower resolution, contrast 0.6-1.4);
@@ -23,8 +33,10 @@ client 2 "degraded" (brightness +0.3, Gaussian noise 0.12, contrast 0.5-1.5). Se
 
 from __future__ import annotations
 
+import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
@@ -32,7 +44,11 @@ from PIL import Image
 from fedmedbench import compat
 from fedmedbench.data.medmnist import SPLITS
 
+#: the canvas medmnistc's corruptions are tuned for
 WORK_SIZE = 224
+
+#: corruptions whose parameters are in 224 px units (run on an enlarged canvas, see above)
+LARGE_CANVAS = frozenset({"motion_blur", "defocus_blur", "zoom_blur"})
 
 #: name in config -> medmnistc corruption class name
 CORRUPTION_CLASSES = {
@@ -86,7 +102,7 @@ def _build_step(flag: str, step: dict, where: str):
         if not 1 <= severity <= len(presets[name].severity_params):
             raise DomainSpecError(f"{where}: severity must be 1..{len(presets[name].severity_params)}")
         corruptor = presets[name]
-        return _seeded(corruptor, lambda img: corruptor.apply(img, severity - 1))
+        return Step(_seeded(corruptor, lambda img: corruptor.apply(img, severity - 1)), large_canvas=True)
     name = step.get("corruption")
     if name not in CORRUPTION_CLASSES:
         raise DomainSpecError(f"{where}: unknown corruption '{name}'; choose from {sorted(CORRUPTION_CLASSES)}")
@@ -95,7 +111,15 @@ def _build_step(flag: str, step: dict, where: str):
         raise DomainSpecError(f"{where}: range must be [lo, hi] with lo <= hi")
     cls = getattr(registry, CORRUPTION_CLASSES[name])
     corruptor = cls(severity_params=[lo, hi])
-    return _seeded(corruptor, lambda img: corruptor.apply(img, augmentation=True))
+    return Step(_seeded(corruptor, lambda img: corruptor.apply(img, augmentation=True)), large_canvas=name in LARGE_CANVAS)
+
+
+@dataclass(frozen=True)
+class Step:
+    """A built corruption: ``apply(pil_image, seed) -> array`` and whether it needs the 224 px canvas."""
+
+    apply: Callable
+    large_canvas: bool = False
 
 
 def _seeded(corruptor, apply):
@@ -112,35 +136,51 @@ def image_seed(seed: int, domain: str, split: str, index: int) -> int:
     return (zlib.crc32(f"{seed}/{domain}/{split}".encode()) * 1_000_003 + index) % (2**32)
 
 
-def corrupt_images(images: np.ndarray, steps: Sequence, seed: int, domain: str, split: str) -> np.ndarray:
+def canvas_factor(size: int) -> int:
+    """Integer enlargement k so that size * k >= 224 (1 for images already that large)."""
+    return max(1, math.ceil(WORK_SIZE / size))
+
+
+def _to_array(result, mode: str) -> np.ndarray:
+    arr = np.clip(np.asarray(result), 0, 255).astype(np.uint8)
+    if mode == "L" and arr.ndim == 3:  # a corruption that returned RGB for a grey input
+        arr = np.asarray(Image.fromarray(arr).convert("L"))
+    return arr
+
+
+def apply_step(img: Image.Image, step: Step, seed: int) -> Image.Image:
+    """One step at the image's own resolution, or on the exact nearest/area round-trip canvas."""
+    mode = img.mode
+    if not step.large_canvas:
+        return Image.fromarray(_to_array(step.apply(img, seed), mode), mode)
+    size = img.size[0]
+    k = canvas_factor(size)
+    big = img.convert("RGB").resize((size * k, size * k), Image.NEAREST)
+    out = Image.fromarray(np.clip(np.asarray(step.apply(big, seed)), 0, 255).astype(np.uint8)).convert("RGB")
+    return out.resize((size, size), Image.BOX).convert(mode)
+
+
+def corrupt_images(images: np.ndarray, steps: Sequence[Step], seed: int, domain: str, split: str) -> np.ndarray:
     """Apply the built steps to uint8 images (N,H,W) or (N,H,W,3); returns same shape/dtype."""
     if not steps:
         return images.copy()
-    gray = images.ndim == 3
-    size = images.shape[1]
+    mode = "L" if images.ndim == 3 else "RGB"
     out = np.empty_like(images)
     state = np.random.get_state()
     try:
         for i, img in enumerate(images):
             s = image_seed(seed, domain, split, i)
             np.random.seed(s)
-            pil = Image.fromarray(img).convert("RGB")
-            if size != WORK_SIZE:
-                pil = pil.resize((WORK_SIZE, WORK_SIZE), Image.BICUBIC)
+            pil = Image.fromarray(img).convert(mode)
             for step in steps:
-                arr = np.clip(np.asarray(step(pil, s)), 0, 255).astype(np.uint8)
-                pil = Image.fromarray(arr).convert("RGB")
-            if gray:
-                pil = pil.convert("L")
-            if size != WORK_SIZE:
-                pil = pil.resize((size, size), Image.BOX)
+                pil = apply_step(pil, step, s)
             out[i] = np.asarray(pil)
     finally:
         np.random.set_state(state)
     return out
 
 
-def build_steps(flag: str, spec: list[dict], domain: str) -> list:
+def build_steps(flag: str, spec: list[dict], domain: str) -> list[Step]:
     return [_build_step(flag, step, f"domain '{domain}' step {k}") for k, step in enumerate(spec)]
 
 

@@ -209,6 +209,9 @@ class Federation:
         if not 1 <= per_round <= self.num_clients:
             raise ValueError(f"clients_per_round={per_round} must be between 1 and num_clients={self.num_clients}")
         self.per_round = per_round
+        self.keep_round = spec.client_models_round or self.train.rounds
+        if spec.save_client_models and not 1 <= self.keep_round <= self.train.rounds:
+            raise ValueError(f"client_models_round={self.keep_round} must be between 1 and train.rounds={self.train.rounds}")
         self.store = ClientStateStore(checkpoint.checkpoint_dir(spec.run_dir) / "clients")
         es = {"mode": "none", "tau": 0.01, "patience": 10, **spec.early_stopping}
         if es["mode"] not in ("none", "datafree"):
@@ -318,8 +321,8 @@ class Federation:
             round=rnd, arrays=new_arrays, server_state=state.server_state,
             rows=state.rows + [row], client_rows=state.client_rows + client_rows, elapsed=elapsed,
         )
-        if self.spec.save_client_models and rnd == self.train.rounds:
-            self._save_final_client_models(results)
+        if self.spec.save_client_models and rnd == self.keep_round:
+            self._save_final_client_models(results, new_arrays if rnd != self.train.rounds else None)
         checkpoint.save(self.spec.run_dir, new_state, self.run_hash)
         self.store.prune(rnd)
         self._progress(row)
@@ -337,7 +340,7 @@ class Federation:
             if sorted(results) != sampled:
                 raise RuntimeError(f"round {rnd}: results for clients {sorted(results)}, expected {sampled}")
             new_arrays = self.aggregate(state, rnd, results)
-            if not (self.spec.save_client_models and rnd == rounds):  # aggregated: drop the clients' arrays
+            if not (self.spec.save_client_models and rnd == self.keep_round):  # aggregated: drop the clients' arrays
                 results = {p: ClientResult({}, r.num_examples, r.metrics) for p, r in results.items()}
             client_eval = transport.evaluate(rnd, list(range(self.num_nodes)), new_arrays) if self.needs_client_eval(rnd) else None
             state = self.finish_round(state, rnd, results, new_arrays, client_eval)
@@ -353,29 +356,28 @@ class Federation:
     def _final_client_models_path(self) -> Path:
         return checkpoint.checkpoint_dir(self.spec.run_dir) / "final_client_models.pt"
 
-    def _save_final_client_models(self, results: dict[int, ClientResult]) -> None:
-        """Optional (``save_client_models``): what each client sent in the last round, for analyses
-        such as t-SNE of client features. Written before the round's checkpoint, so a run resumed
-        after its last round still has it."""
+    def _save_final_client_models(self, results: dict[int, ClientResult], global_arrays: Arrays | None = None) -> None:
+        """Optional (``save_client_models``): what each client sent in the kept round (the last one, or
+        ``client_models_round``), for analyses such as t-SNE of client features; before the last round
+        that round's global arrays come with them (``"global"``). Written before the round's
+        checkpoint, so a resumed run still has it."""
         from fedmedbench.io import atomic_path
 
         payload = {str(pid): arrays_to_tensors(r.arrays) for pid, r in sorted(results.items()) if r.arrays}
+        if global_arrays is not None:
+            payload["global"] = arrays_to_tensors(global_arrays)
         with atomic_path(self._final_client_models_path()) as tmp:
             torch.save(payload, tmp)
 
     def _progress(self, row: dict[str, Any]) -> None:
+        """One line per round: in the log, and on the console when the log offers one (``log.console``)."""
         rnd, total = row["round"], self.train.rounds
         if rnd % max(1, self.spec.log_every) and rnd != total:
             return
-        elapsed = row["elapsed_s"]
-        eta = elapsed / rnd * (total - rnd)
-        parts = [f"round {rnd}/{total}", f"train_loss {row['train_loss']:.4f}"]
-        primary = self.task.primary_metric
-        for key in (f"global_{primary}", "global_balanced_accuracy", "global_loss", f"local_mean_{primary}", "growth_rate"):
-            if key in row and row[key] == row[key]:
-                parts.append(f"{key} {row[key]:.4f}")
-        parts.append(f"elapsed {elapsed:.1f}s ETA {eta:.1f}s")
-        self.log(" | ".join(parts))
+        self.log(progress_line(row, total, self.task.primary_metric))
+        console = getattr(self.log, "console", None)
+        if console is not None:
+            console(console_line(self.spec, row, total, self.task.primary_metric))
 
     def stage_outputs(self, state: checkpoint.RunState) -> dict[str, Path]:
         """Write metrics CSV, per-client CSV, summary JSON and final model (atomically)."""
@@ -405,6 +407,7 @@ class Federation:
             "clients_per_round": self.per_round, "model": self.spec.model, "device": str(self.device), "task": self.spec.task,
             "wall_time_s": state.elapsed, "run_hash": self.run_hash, "init": init_note(self.spec),
             "client_models": "client_models.pt" if self.spec.save_client_models else None,
+            "client_models_round": self.keep_round if self.spec.save_client_models else None,
             "final": {k: v for k, v in last.items() if k not in ("round", "clients")},
         }
         primary = f"global_{self.task.primary_metric}"
@@ -414,3 +417,34 @@ class Federation:
             summary[f"best_{primary}"] = float(best[primary])
         io.write_json(run_dir / "summary.json", summary)
         return {"metrics": run_dir / "metrics.csv", "summary": run_dir / "summary.json"}
+
+
+def progress_line(row: dict[str, Any], total: int, primary: str) -> str:
+    """The log file's round line: train loss, the evaluated metrics, elapsed time and ETA."""
+    rnd, elapsed = row["round"], row["elapsed_s"]
+    eta = elapsed / rnd * (total - rnd)
+    parts = [f"round {rnd}/{total}", f"train_loss {row['train_loss']:.4f}"]
+    for key in (f"global_{primary}", "global_balanced_accuracy", "global_loss", f"local_mean_{primary}", "growth_rate"):
+        if key in row and row[key] == row[key]:
+            parts.append(f"{key} {row[key]:.4f}")
+    parts.append(f"elapsed {elapsed:.1f}s ETA {eta:.1f}s")
+    return " | ".join(parts)
+
+
+def console_line(spec: RunSpec, row: dict[str, Any], total: int, primary: str) -> str:
+    """The console's round line: which job, round r/R, its main metric, seconds per round, ETA."""
+    rnd, elapsed = row["round"], row["elapsed_s"]
+    per_round = elapsed / rnd
+    metric = next((k for k in (f"global_{primary}", f"local_mean_{primary}") if k in row and row[k] == row[k]), None)
+    shown = f"{metric} {row[metric]:.4f}" if metric else f"train_loss {row['train_loss']:.4f}"
+    job = f"{spec.study}/{spec.dataset}/{spec.setting}/{spec.method}/seed{spec.seed}"
+    return f"{job}: round {rnd}/{total} | {shown} | {per_round:.1f} s/round | ETA {_duration(per_round * (total - rnd))}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

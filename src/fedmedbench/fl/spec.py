@@ -47,6 +47,9 @@ class RunSpec:
     early_stopping: dict[str, Any] = field(default_factory=lambda: {"mode": "none", "tau": 0.01, "patience": 10})
     #: also write the last round's client models (what clients sent) to client_models.pt
     save_client_models: bool = False
+    #: the round whose client models ``save_client_models`` keeps (None = the last round); an earlier
+    #: round also keeps that round's global arrays (``"global"`` in client_models.pt), e.g. GPAF Fig. 4
+    client_models_round: int | None = None
     #: what is learnt and how it is evaluated (fl/tasks.py); task_params are the task's options
     task: str = "classification"
     task_params: dict[str, Any] = field(default_factory=dict)
@@ -76,6 +79,8 @@ class RunSpec:
         # fields at their defaults are left out, so runs from before a field existed keep their hash
         if not d["save_client_models"]:
             del d["save_client_models"]
+        if d["client_models_round"] is None:
+            del d["client_models_round"]
         if not d["weights_sha256"]:
             del d["weights_sha256"]
         if d["task"] == "classification" and not d["task_params"]:

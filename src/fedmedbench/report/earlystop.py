@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from fedmedbench.fl.stopping import datafree_stop, growth_rates, reported_round, validation_stop
+from fedmedbench.report import origin as origin_note
 from fedmedbench.report import paper_values
 from fedmedbench.report.figures import plt
 
@@ -137,8 +138,7 @@ def dropped_note(points: pd.DataFrame, tau: float, settings: list[str] | None = 
 
 
 def caption(what: str, origin: str, seeds: list[int], tau: float, patience: int, metric: str) -> str:
-    source = ("SYNTHETIC data (demo stand-in; NOT a reproduction of the paper's numbers)" if origin == "synthetic"
-              else "official MedMNIST data")
+    source = origin_note.source_note(origin, "SYNTHETIC data (demo stand-in; NOT a reproduction of the paper's numbers)")
     return f"{what} Metric: {metric} (%), tau={tau}, patience={patience}, mean over seeds {seeds}. Source: {source}."
 
 
@@ -234,10 +234,10 @@ def figure3(curves: pd.DataFrame, points: pd.DataFrame, method: str, setting: st
             k, n = d["fired"][rule]
             if r is not None:
                 ax.axvline(r, color=color, ls=ls, label=f"{label} stop (mean r={r:.1f}, fired in {k}/{n} seeds)")
-            else:
-                ax.plot([], [], color=color, ls=ls, label=f"{label}: never fired (0/{n} seeds)")
                 if rule == "datafree":
                     axg.axvline(r, color=color, ls=ls)
+            else:
+                ax.plot([], [], color=color, ls=ls, label=f"{label}: never fired (0/{n} seeds)")
         ax.set_title(f"{ds} / {setting} / {method}", fontsize=9)
         ax.set_ylabel(f"{metric} (%)")
         ax.legend(fontsize=7)

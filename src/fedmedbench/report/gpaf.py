@@ -1,7 +1,10 @@
 """GPAF-paper outputs: Table 1, rounds to a target accuracy (the "25% faster convergence"), t-SNE.
 
 * :func:`table1` — methods x (metric, setting), mean ± std over seeds of the final round, in
-  the layout of the paper's Table 1 (accuracy, macro F1, recall, precision per alpha).
+  the layout of the paper's Table 1 (accuracy, F1, recall, precision per alpha), each cell
+  followed by the paper's value and the difference (:mod:`fedmedbench.report.paper_values`).
+  The paper's F1/recall/precision are binary with label 1 positive (F1 = 2PR/(P+R) of its
+  printed P and R); so are ours on 2-class data, macro on multi-class: :func:`metric_definition`.
 * :func:`rounds_to_target` — per run the first round whose metric reaches the target; the
   target is given, or ``target_fraction`` x the lowest best accuracy among the federated
   methods (so every method can reach it); speed-up = 1 - rounds / rounds of the reference.
@@ -27,6 +30,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from fedmedbench import io  # noqa: E402
+from fedmedbench.report import origin as origin_note  # noqa: E402
+from fedmedbench.report import paper_values  # noqa: E402
 
 LABELS = {"fedavg": "FedAvg", "moon": "MOON", "feddg": "FedDG", "gpaf": "GPAF", "centralized": "Centralized",
           "local": "Local"}
@@ -36,7 +41,7 @@ SYNTHETIC_NOTE = "SYNTHETIC data (deterministic stand-in for the demo; NOT a rep
 
 
 def source_note(origin: str) -> str:
-    return SYNTHETIC_NOTE if origin == "synthetic" else "official MedMNIST data"
+    return origin_note.source_note(origin, SYNTHETIC_NOTE)
 
 
 def setting_label(name: str, setting: dict[str, Any]) -> str:
@@ -63,9 +68,27 @@ def load_runs(paths) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def table1(runs: pd.DataFrame, metrics: list[str], method_order: list[str],
-           settings: dict[str, dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(long table: one row per setting x method with mean/std/n; display table in the paper's layout)."""
+def metric_name(metric: str) -> str:
+    """``global_f1`` -> ``f1``: the metric's name in the paper's table."""
+    return metric.split("_", 1)[-1] if metric.startswith(("global_", "local_")) else metric
+
+
+def metric_definition(n_classes: int, class_names: tuple[str, ...] = ()) -> str:
+    """Caption sentence: which F1/recall/precision the table shows for a dataset with ``n_classes``."""
+    if n_classes == 2:
+        name = f" ('{class_names[1]}')" if len(class_names) > 1 else ""
+        return (f"F1, recall and precision are binary with class 1{name} as the positive class, as the paper's "
+                "(its F1 = 2PR/(P+R)); macro averages are kept in the run summaries as *_macro.")
+    return f"F1, recall and precision are macro averages over the {n_classes} classes."
+
+
+def table1(runs: pd.DataFrame, metrics: list[str], method_order: list[str], settings: dict[str, dict],
+           paper: paper_values.PaperTable | None = None, synthetic: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(long table: one row per setting x method with mean/std/n and the paper's value; display table in the paper's layout).
+
+    Each metric x setting column of the display is followed by ``(paper)`` and ``Δ`` (ours minus
+    paper, percentage points; empty on synthetic data).
+    """
     missing = [m for m in metrics if m not in runs]
     if missing:
         raise KeyError(f"report.gpaf.table_metrics names unknown metric(s) {missing}; available: {sorted(runs.columns)}")
@@ -75,17 +98,37 @@ def table1(runs: pd.DataFrame, metrics: list[str], method_order: list[str],
         long[f"{m}_mean"] = grouped[m].mean()
         long[f"{m}_std"] = grouped[m].std(ddof=1)
     long = long.reset_index()
+    pct = long[["dataset", "setting", "method"]].copy()
+    for m in metrics:
+        pct[f"{m}_pct"] = 100 * long[f"{m}_mean"]
+    pct = paper_values.beside(pct, paper, {f"{m}_pct": metric_name(m) for m in metrics}, synthetic)
+    for m in metrics:
+        long[f"{m}_paper"] = pct[f"{m}_pct (paper)"].to_numpy()
+        long[f"{m}_diff"] = pct[f"{m}_pct Δ"].to_numpy()
     set_order = [s for s in settings if s in set(long["setting"])]
-    display = pd.DataFrame({"Method": [LABELS.get(m, m) for m in ordered(long["method"], method_order)]})
+    methods = ordered(long["method"], method_order)
+    display = pd.DataFrame({"Method": [LABELS.get(m, m) for m in methods]})
     for metric in metrics:
         for s in set_order:
-            col = f"{METRIC_LABELS.get(metric.split('_', 1)[-1], metric)} ({setting_label(s, settings[s])})"
-            cells = []
-            for method in ordered(long["method"], method_order):
+            col = f"{METRIC_LABELS.get(metric_name(metric), metric)} ({setting_label(s, settings[s])})"
+            ours, theirs, diff = [], [], []
+            for method in methods:
                 row = long[(long["setting"] == s) & (long["method"] == method)]
-                cells.append(_fmt(row[f"{metric}_mean"].iloc[0], row[f"{metric}_std"].iloc[0]) if len(row) else "–")
-            display[col] = cells
+                if not len(row):
+                    ours.append("–"), theirs.append("–"), diff.append("–")
+                    continue
+                r = row.iloc[0]
+                ours.append(_fmt(r[f"{metric}_mean"], r[f"{metric}_std"]))
+                theirs.append(_number(r[f"{metric}_paper"]))
+                diff.append(_number(r[f"{metric}_diff"], signed=True))
+            display[col], display[f"{col} paper"], display[f"{col} Δ"] = ours, theirs, diff
     return long, display
+
+
+def _number(value: float, signed: bool = False) -> str:
+    if not np.isfinite(value):
+        return ""
+    return f"{value:+.2f}" if signed else f"{value:.2f}"
 
 
 def _fmt(mean: float, std: float) -> str:
@@ -95,14 +138,18 @@ def _fmt(mean: float, std: float) -> str:
 
 
 def write_table1(long: pd.DataFrame, display: pd.DataFrame, runs: pd.DataFrame, outputs, study: str, dataset: str,
-                 origin: str, init: str = "random init") -> None:
+                 origin: str, paper: paper_values.PaperTable | None = None, init: str = "random init") -> None:
+    from fedmedbench.data.medmnist import dataset_info
+
+    info = dataset_info(dataset)
     seeds = sorted(runs["seed"].unique().tolist())
     rounds = sorted(runs["rounds"].unique().tolist())
-    cap = (f"Study '{study}', {dataset}: GPAF paper Table 1 layout; final-round global test metrics in % "
-           f"(macro F1/recall/precision), mean ± std over seeds {seeds}; rounds {rounds}. Source: {source_note(origin)}. "
+    cap = (f"Study '{study}', {dataset}: GPAF paper Table 1 layout; final-round global test metrics in %, "
+           f"mean ± std over seeds {seeds}; rounds {rounds}. {metric_definition(info.n_classes, info.class_names)} "
+           f"{paper_values.note(paper, origin == 'synthetic')} Source: {source_note(origin)}. "
            f"Models: {init}.")
     io.write_csv(outputs.csv, long)
-    io.write_text(outputs.md, f"{cap}\n\n{display.to_markdown(index=False)}\n")
+    io.write_text(outputs.md, f"{cap}\n\n{display.to_markdown(index=False, disable_numparse=True)}\n")  # keep "+1.38"
     io.write_text(outputs.tex, display.to_latex(index=False, caption=cap.replace("%", r"\%"), label=f"tab:{study}-{dataset}",
                                                 escape=True))
 
@@ -171,25 +218,38 @@ def write_rounds_table(table: pd.DataFrame, csv: str, md: str, study: str, origi
     io.write_text(md, f"{cap}\n\n{shown.to_markdown(index=False)}\n")
 
 
+def best_so_far(curves: pd.DataFrame, metric: str) -> pd.Series:
+    """Mean over seeds of the best ``metric`` reached up to each round (Fig. 5a records a value
+    "only when it surpassed the previous best"), indexed by round."""
+    if metric not in curves:
+        raise KeyError(f"report.gpaf.fig5a_metric '{metric}' is not a logged metric; available: {sorted(curves.columns)}")
+    g = curves.sort_values("round").copy()
+    g["best"] = g.groupby("seed")[metric].cummax()
+    return g.groupby("round")["best"].mean()
+
+
 def convergence_figure(curves: pd.DataFrame, targets: pd.DataFrame, metric: str, study: str, origin: str,
-                       method_order: list[str]):
-    """Row 1: best-so-far metric per round (Fig. 5a) with the target; row 2: mean client training loss (Fig. 5b)."""
+                       method_order: list[str], fig5a_metric: str | None = None):
+    """Row 1 (Fig. 5a): best-so-far ``fig5a_metric`` per round (default: the clients' validation
+    accuracy, ``val_accuracy``, the global model on every client's validation data) and the
+    rounds-to-target line of ``metric`` when it is the same metric; row 2 (Fig. 5b): the clients'
+    mean training loss per round."""
+    shown = fig5a_metric or metric
     panels = curves[["dataset", "setting"]].drop_duplicates().values.tolist()
     fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels), 6.2), squeeze=False)
     for j, (dataset, setting) in enumerate(panels):
         sub = curves[(curves["dataset"] == dataset) & (curves["setting"] == setting)].sort_values("round")
         for method in ordered(sub["method"], method_order):
-            g = sub[sub["method"] == method].copy()
-            g["best"] = g.groupby("seed")[metric].cummax()
-            best = g.groupby("round")["best"].mean()
+            g = sub[sub["method"] == method]
+            best = best_so_far(g, shown)
             loss = g.groupby("round")["train_loss"].mean()
             axes[0, j].plot(best.index, best.values, marker="o", ms=3, label=LABELS.get(method, method))
             axes[1, j].plot(loss.index, loss.values, marker="o", ms=3, label=LABELS.get(method, method))
         tgt = targets[(targets["dataset"] == dataset) & (targets["setting"] == setting)]["target"]
-        if len(tgt):
+        if len(tgt) and shown == metric:
             axes[0, j].axhline(float(tgt.iloc[0]), color="grey", ls="--", lw=1, label="target")
         axes[0, j].set_title(f"{dataset} / {setting}", fontsize=9)
-        axes[0, j].set_ylabel(f"best {metric} so far")
+        axes[0, j].set_ylabel(f"best {shown} so far")
         axes[1, j].set_ylabel("train loss (each method's objective)")
         for ax in axes[:, j]:
             ax.set_xlabel("round")
@@ -227,7 +287,11 @@ def latent_features(spec_dict: dict, samples_per_client: int, generator_samples:
         raise FileNotFoundError(f"{run_dir / 'summary.json'}: the run kept no client models; set the study's "
                                 "save_client_models: true (needed by report.gpaf.tsne)")
     clients = torch.load(run_dir / summary["client_models"], map_location="cpu", weights_only=True)
-    global_arrays = {k: v.numpy() for k, v in torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True).items()}
+    # the kept round's global model: stored beside the clients for an earlier round, else the final model.pt
+    stored_global = clients.pop("global", None)
+    if stored_global is None:
+        stored_global = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
+    global_arrays = {k: v.numpy() for k, v in stored_global.items()}
     method = get_method(spec.method, spec.method_params)
     data = FederatedData(spec.partition_path, spec.sources)
     cpu = torch.device("cpu")

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from fedmedbench import io
+from fedmedbench.report import origin as origin_note
 
 KEYS = ["dataset", "setting", "method"]
 
@@ -59,8 +60,7 @@ def display_frame(table: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
 def caption(study: str, runs: pd.DataFrame, origin: str) -> str:
     seeds = sorted(runs["seed"].unique().tolist())
     rounds = sorted(runs["rounds"].unique().tolist())
-    source = ("SYNTHETIC data (deterministic stand-in for the demo; NOT a reproduction of the paper's numbers)"
-              if origin == "synthetic" else "official MedMNIST data")
+    source = origin_note.source_note(origin)
     init = ", ".join(sorted(set(runs["init"]))) if "init" in runs else "random init"
     return (f"Study '{study}': final-round metrics in %, mean ± std over seeds {seeds}; rounds {rounds}. "
             f"Source: {source}; models: {init}.")

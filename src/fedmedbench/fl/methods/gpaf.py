@@ -15,7 +15,9 @@ Server in round t (Alg. 1, lines 1-14):
 
 1. theta_E, theta_C = FedAvg of the clients' encoders and classifiers (Eq. 8); the global
    classifier F is initialised with the averaged theta_C.
-2. ``server_epochs`` (15) epochs, Adam lr 1e-3: labels y ~ Dir(alpha), z = mu(y) + sigma(y) * eps;
+2. ``server_epochs`` (15) epochs of ``server_steps_per_epoch`` (5, FedGen's n_teacher_iters) steps,
+   Adam lr 1e-3 (moments kept across rounds, as FedGen's): labels y ~ Dir(alpha) with the
+   setting's alpha, z = mu(y) + sigma(y) * eps;
    D_n step on L_diver (Eq. 6); generator step on
    J = lambda_1 * L_s + lambda_2 * L_diver + lambda_kl * KL(G_w(z|y) || N(0, I))    (Eq. 7)
       L_s  = lambda * L_KD + (1 - lambda) * L_GM                                    (Eq. 5)
@@ -44,8 +46,10 @@ docs/gpaf.md gives the reasons):
   alignment comes from z* being generated for the batch's own labels.
 * ``classify_on``: C_s is trained on the sampled z (``sample``, default) or on mu;
   evaluation always uses mu (deterministic).
-* Reconstruction and KL are means over pixels and latent dimensions (balanced against
-  the cross-entropy); ``aggregation: weighted`` (FedAvg) or ``uniform`` (Eq. 8's 1/K).
+* ``vae_reduction``: reconstruction and KL are means over pixels and latent dimensions
+  (``mean``, balanced against the cross-entropy; a deviation from the usual summed VAE loss,
+  ``sum``); ``aggregation: weighted`` (FedAvg) or ``uniform`` (Eq. 8's 1/K).
+* ``generator_kl`` is a term Eq. 7 does not print (a deviation; 0 removes it).
 """
 
 from __future__ import annotations
@@ -90,15 +94,15 @@ DEFAULTS: dict[str, Any] = {
     "disc_lr": 2e-4, "disc_beta1": 0.5, "gan_loss": "nonsaturating", "conditional_disc": False,
     "classify_on": "sample", "adv_start_round": 1,
     # server (Eq. 3-8)
-    "server_epochs": 15, "server_steps_per_epoch": 1, "server_batch_size": 32,
-    "generator_lr": 1e-3, "dn_lr": 1e-3, "kd_balance": 0.5, "lambda_s": 1.0, "lambda_diver": 0.3,
-    "generator_kl": 0.4, "gm_form": "literal", "diversity_prior": "gaussian",
-    "label_sampling": "dirichlet", "label_alpha": 1.0, "aggregation": "weighted",
+    "server_epochs": 15, "server_steps_per_epoch": 5, "server_batch_size": 32, "server_optimizer": "persist",
+    "generator_lr": 1e-3, "generator_lr_decay": 1.0, "dn_lr": 1e-3, "kd_balance": 0.5, "lambda_s": 1.0,
+    "lambda_diver": 0.3, "generator_kl": 0.4, "gm_form": "literal", "diversity_prior": "gaussian",
+    "label_sampling": "dirichlet", "label_alpha": 1.0, "aggregation": "weighted", "vae_reduction": "mean",
 }
 CHOICES = {
     "gan_loss": ("nonsaturating", "minimax"), "classify_on": ("sample", "mean"), "gm_form": ("literal", "global_ce"),
     "diversity_prior": ("gaussian", "none"), "label_sampling": ("dirichlet", "dirichlet_soft", "uniform"),
-    "aggregation": ("weighted", "uniform"),
+    "aggregation": ("weighted", "uniform"), "server_optimizer": ("persist", "fresh"), "vae_reduction": ("mean", "sum"),
 }
 
 
@@ -115,10 +119,33 @@ def generator_side_loss(fake_logits: torch.Tensor, kind: str) -> torch.Tensor:
     return -F.binary_cross_entropy_with_logits(fake_logits, torch.zeros_like(fake_logits))  # E[log(1 - D(fake))]
 
 
+def vae_loss(x_hat: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, logvar: torch.Tensor, kl_weight: float,
+             reduction: str) -> torch.Tensor:
+    """L_v (Eq. 9): ||x - x_hat||^2 + kl_weight * KL(q(z|x) || N(0, I)).
+
+    ``mean``: both terms averaged over pixels / latent dimensions (and the batch), so L_v is of the
+    order of the cross-entropy; ``sum``: summed over pixels / latent dimensions and averaged over
+    the batch, the usual VAE code's scaling (hundreds of times larger at 28 x 28).
+    """
+    kl = kl_to_standard_normal(mu, logvar)
+    if reduction == "mean":
+        return F.mse_loss(x_hat, x) + kl_weight * kl
+    n = x.shape[0]
+    return F.mse_loss(x_hat, x, reduction="sum") / n + kl_weight * kl * mu[0].numel()
+
+
 def server_generator(seed: int, rnd: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(int(np.random.SeedSequence([seed, rnd, 0x6A7AF]).generate_state(1)[0]))
     return g
+
+
+def optimizer_state_cpu(opt: torch.optim.Optimizer) -> dict:
+    """An optimizer's state dict with its tensors on the CPU (what the server state may hold)."""
+    sd = opt.state_dict()
+    return {"state": {k: {n: (v.detach().cpu().clone() if torch.is_tensor(v) else v) for n, v in st.items()}
+                      for k, st in sd["state"].items()},
+            "param_groups": [dict(g) for g in sd["param_groups"]]}
 
 
 def load_prefixed(module: nn.Module, arrays: Arrays, prefix: str) -> None:
@@ -129,6 +156,14 @@ def load_prefixed(module: nn.Module, arrays: Arrays, prefix: str) -> None:
 class GPAF(Method):
     def __init__(self, **params: Any) -> None:
         self.p = check_params("gpaf", DEFAULTS, CHOICES, params)
+        alpha = self.p["label_alpha"]
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
+            raise ValueError(f"method_params.gpaf.label_alpha must be a number > 0 (or 'partition' in a study config, "
+                             f"resolved to the setting's Dirichlet alpha), got {alpha!r}")
+        for key in ("server_epochs", "server_steps_per_epoch", "server_batch_size"):
+            if not isinstance(self.p[key], int) or self.p[key] < (0 if key == "server_epochs" else 1):
+                raise ValueError(f"method_params.gpaf.{key} must be an integer >= {0 if key == 'server_epochs' else 1}, "
+                                 f"got {self.p[key]!r}")
 
     # --- model -------------------------------------------------------------------
     def build_model(self, spec) -> GPAFNet:
@@ -166,7 +201,7 @@ class GPAF(Method):
         p = self.p
         mu, logvar = model.encoder(x)
         z = reparameterize(mu, logvar, generator)
-        loss_v = F.mse_loss(decoder(z), x) + p["kl_weight"] * kl_to_standard_normal(mu, logvar)
+        loss_v = vae_loss(decoder(z), x, mu, logvar, p["kl_weight"], p["vae_reduction"])
         loss_cl = F.cross_entropy(model.classifier(z if p["classify_on"] == "sample" else mu), y)
         total = p["lambda_vae"] * loss_v + p["lambda_cl"] * loss_cl
         loss_g = torch.zeros((), device=x.device)
@@ -247,16 +282,35 @@ class GPAF(Method):
         lam = self.p["kd_balance"]
         return {"kd": kd, "gm": gm, "s": lam * kd + (1 - lam) * gm}
 
+    def server_optimizers(self, gen: nn.Module, dn: nn.Module, state: dict | None,
+                          rnd: int = 1) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
+        """Adam for G_w and D_n; with ``server_optimizer: persist`` their moments carry over from the last round
+        (FedGen creates its generator optimizer once, serverpFedGen.py:42-47), ``fresh`` starts them anew."""
+        p = self.p
+        opt_g = torch.optim.Adam(gen.parameters(), lr=p["generator_lr"])
+        opt_d = torch.optim.Adam(dn.parameters(), lr=p["dn_lr"])
+        if state is not None and p["server_optimizer"] == "persist" and "gpaf_opt_g" in state:
+            opt_g.load_state_dict(state["gpaf_opt_g"])
+            opt_d.load_state_dict(state["gpaf_opt_dn"])
+        for group in opt_g.param_groups:  # FedGen decays its generator lr per round (ExponentialLR 0.98)
+            group["lr"] = p["generator_lr"] * p["generator_lr_decay"] ** (rnd - 1)
+        return opt_g, opt_d
+
     def train_generator(self, gen: nn.Module, ensemble: list[nn.Module], global_clf: nn.Module, dn: nn.Module,
-                        generator: torch.Generator, device: torch.device) -> list[dict[str, float]]:
-        """``server_epochs`` epochs of D_n and G_w updates (Alg. 1 lines 4-12); one loss record per epoch."""
+                        generator: torch.Generator, device: torch.device,
+                        optimizers: tuple[torch.optim.Optimizer, torch.optim.Optimizer] | None = None) -> list[dict[str, float]]:
+        """``server_epochs`` epochs of ``server_steps_per_epoch`` D_n and G_w updates each (Alg. 1 lines 4-12).
+
+        There is no server data, so an epoch is a number of generated batches: 5 by default, FedGen's
+        ``n_teacher_iters`` (its round trains ensemble_epochs // n_teacher_iters "epochs" of
+        n_teacher_iters steps, serverpFedGen.py:97-99, 129, 171-173). One loss record per epoch.
+        """
         p = self.p
         for m in [*ensemble, global_clf]:
             m.to(device).eval().requires_grad_(False)
         gen.to(device).train().requires_grad_(True)
         dn.to(device).train()
-        opt_g = torch.optim.Adam(gen.parameters(), lr=p["generator_lr"])
-        opt_d = torch.optim.Adam(dn.parameters(), lr=p["dn_lr"])
+        opt_g, opt_d = optimizers or self.server_optimizers(gen, dn, None)
         diversity = p["diversity_prior"] != "none"
         history = []
         for _ in range(p["server_epochs"]):
@@ -305,8 +359,13 @@ class GPAF(Method):
         dn = seeded(lambda: LatentDiscriminator(self.p["latent_dim"]), g)
         if "gpaf_dn" in ctx.state:
             dn.load_state_dict(ctx.state["gpaf_dn"])
-        history = self.train_generator(model.generator, ensemble, model.classifier, dn, g, ctx.device)
+        model.generator.to(ctx.device)
+        dn.to(ctx.device)
+        optimizers = self.server_optimizers(model.generator, dn, ctx.state, ctx.rnd)
+        history = self.train_generator(model.generator, ensemble, model.classifier, dn, g, ctx.device, optimizers)
         ctx.state["gpaf_dn"] = tensors_of(dn)
+        if self.p["server_optimizer"] == "persist":
+            ctx.state["gpaf_opt_g"], ctx.state["gpaf_opt_dn"] = (optimizer_state_cpu(o) for o in optimizers)
         ctx.state.setdefault("gpaf_generator_losses", []).append(history[-1] if history else {})
         out = dict(new)
         out.update(model_arrays(model, [k for k in model.state_dict() if k.startswith(GENERATOR_PREFIX)]))

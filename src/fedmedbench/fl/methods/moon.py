@@ -9,16 +9,19 @@ one step of  CE(logits, y) + mu * l_con  with
     l_con = -log( e^{sim(z, z_glob)/tau} / (e^{sim(z, z_glob)/tau} + e^{sim(z, z_prev)/tau}) ),
 
 sim = cosine similarity. The client keeps its trained model in ``ctx.state['prev']`` for
-its next round; in its first round the previous model is the global model it received
-(as the reference code does). Server: FedAvg.
+its next round. In its first round it has no previous model, so it trains on CE alone: the
+reference code's pool of previous models is empty in round 1, its contrastive logits have the
+single positive column and the term is exactly 0 (QinbinLi/MOON main.py:297-311, pool filled
+after the round at main.py:537-543). Server: FedAvg.
 
 Defaults from the paper: tau = 0.5; mu = 1 (the paper's value for CIFAR-100 and
 Tiny-ImageNet; 5 for CIFAR-10). Representation: ``model.embed(x)`` (``gpaf_cnn``: the
 encoder's latent mean, the input of the classifier, which plays the role of MOON's
 projection-head output); models without ``embed`` use their flattened ``features(x)``.
-As in the reference implementation the global model runs in training mode (batch
-statistics) and the previous model in evaluation mode. With mu = 0 the loss is the
-cross-entropy and a MOON client step is exactly a FedAvg client step.
+As in the reference implementation both frozen models run in evaluation mode (running
+batch-norm statistics; ``global_model.eval()`` at main.py:486, previous nets ``.eval()`` at
+main.py:540). With mu = 0, and in a client's first round, a MOON client step is exactly a
+FedAvg client step.
 """
 
 from __future__ import annotations
@@ -77,11 +80,11 @@ class MOON(Method):
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         model, cfg, device = ctx.model.to(ctx.device), ctx.train, ctx.device
-        global_model = frozen(copy.deepcopy(model)).train()  # w^t
-        prev_model = copy.deepcopy(global_model)
-        if "prev" in ctx.state:
+        global_model = frozen(copy.deepcopy(model)).eval()  # w^t
+        prev_model = None
+        if "prev" in ctx.state:  # w_k^{t-1}; none in the client's first round -> CE only
+            prev_model = frozen(copy.deepcopy(model)).eval()
             prev_model.load_state_dict(ctx.state["prev"])
-        prev_model.eval()
         model.train()
         opt = make_optimizer(model, cfg, ctx.rnd)
         mu, tau = self.p["mu"], self.p["temperature"]
@@ -91,9 +94,12 @@ class MOON(Method):
             xb, yb = to_float(x_all[idx], device), y_all[idx].to(device)
             opt.zero_grad(set_to_none=True)
             z, logits = representation_and_logits(model, xb)
-            with torch.no_grad():
-                z_glob, z_prev = representation(global_model, xb), representation(prev_model, xb)
-            loss = moon_loss(logits, yb, z, z_glob, z_prev, mu, tau)
+            if prev_model is None:
+                loss = F.cross_entropy(logits, yb)
+            else:
+                with torch.no_grad():
+                    z_glob, z_prev = representation(global_model, xb), representation(prev_model, xb)
+                loss = moon_loss(logits, yb, z, z_glob, z_prev, mu, tau)
             total += optimizer_step(loss, model, opt, cfg, ctx.rnd, count + 1, what="MOON")
             count += 1
         ctx.state["prev"] = tensors_of(model)
