@@ -104,7 +104,8 @@ rule fedst_fig5:
     input:
         clients=fedst_fig5_files("client_metrics.csv"),
     output:
-        fig=f"results/fedst/figures/fig5{STAG}.png",
+        fig=report(f"results/fedst/figures/fig5{STAG}.png", caption="../report/fedst_fig5.rst", category="fedst",
+                   subcategory="figures"),
         csv=f"results/fedst/figures/fig5{STAG}.csv",
     params:
         sites=FEDST["sites"],
@@ -121,7 +122,8 @@ rule fedst_fig7:
     input:
         clients=fedst_fig7_files("client_metrics.csv"),
     output:
-        fig=f"results/fedst/figures/fig7{STAG}.png",
+        fig=report(f"results/fedst/figures/fig7{STAG}.png", caption="../report/fedst_fig7.rst", category="fedst",
+                   subcategory="figures"),
         csv=f"results/fedst/figures/fig7{STAG}.csv",
     params:
         sites=FEDST["sites"],
