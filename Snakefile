@@ -5,6 +5,12 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
+# Config files are re-read strictly first (duplicate keys rejected, errors with file and line).
+from fedmedbench.configcheck import check_files
+
+check_files(workflow.overwrite_configfiles or ["config/config.yaml"])
+
+
 # The embedded demo is the default; `--configfile X` runs X alone (not merged with the demo).
 if not workflow.overwrite_configfiles:
 

@@ -1,14 +1,23 @@
-"""Engine overhead: N FedAvg rounds through the pipeline's Flower engine vs a plain PyTorch loop.
+"""Engine overhead: N FedAvg rounds through the pipeline's Flower engine vs plain PyTorch loops.
 
-Both sides do the same work in one process with the same threads: the same initial model
+All sides do the same work in one process with the same threads: the same initial model
 (seeded), the same sampled clients per round (seeded by (seed, round)), the same local
 SGD steps from the same per-(seed, round, client) batch generators, uniform averaging,
-and one evaluation of the final model on the global test/validation sets and every
-client's test split. The final weights must be bit-identical (checked), so the ratio of
-wall times is the cost of everything the engine adds: Flower messages, the per-client
-model rebuild and state store, per-round checkpoints, metric rows and output files.
+and the same evaluations (global test/validation sets and every client's test split).
+The sides:
+
+* ``engine``: ``fl.engine.run`` (Flower messages, per-client state store, per-round
+  checkpoints, metric rows, output files);
+* ``plain``: a bare loop that, like the engine, hands NumPy arrays between server and clients;
+* ``resident`` (``--resident``, always with ``--device cuda``): data and model stay on the
+  device, averaging on the device (float64, the engine's order) -- the floor a round can reach.
+
+On CPU the final weights must be bit-identical (checked), so the ratio of wall times is the
+cost of everything the engine adds. On a GPU, kernels are not bit-reproducible across sides;
+the largest difference is reported instead.
 
     python bench/engine_overhead.py --model cnn_small --clients 100 --per-round 10 --rounds 5
+    python bench/engine_overhead.py --device cuda --model timm:convnextv2_nano --rounds 10 --eval-every 1
 """
 
 from __future__ import annotations
@@ -55,19 +64,31 @@ def make_data(workdir: Path, clients: int, seed: int = 0) -> tuple[Path, Path]:
 
 
 def make_spec(workdir: Path, npz: Path, part: Path, model: str, rounds: int, per_round: int, threads: int, backend: str,
-              local_epochs: float = 5) -> RunSpec:
+              local_epochs: float = 5, device: str = "cpu", eval_every: int | None = None) -> RunSpec:
     return RunSpec(
         run_dir=str(workdir / f"run-{model}-{backend}"), study="bench", dataset="dermamnist", setting="dir0.1",
         method="fedavg", seed=0, partition_path=str(part), sources={"base": str(npz)}, image_size=64, model=model,
         train={"rounds": rounds, "local_epochs": local_epochs, "batch_size": 50, "lr": 0.01, "weight_decay": 0.001,
                "lr_decay": 0.998, "grad_clip": 10.0, "aggregation": "uniform"},
-        clients_per_round=per_round, device="cpu", threads=threads, backend=backend, eval_every=rounds, log_every=rounds,
+        clients_per_round=per_round, device=device, threads=threads, backend=backend, eval_every=eval_every or rounds,
+        log_every=rounds,
     )
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _is_eval_round(spec: RunSpec, rnd: int, rounds: int) -> bool:
+    return rnd % max(1, spec.eval_every) == 0 or rnd == rounds
 
 
 def plain_loop(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
     """The same federated training as a bare loop: no messages, no checkpoints, no files."""
     _task_cached.cache_clear()  # both sides load their data and build their caches themselves
+    device = torch.device(spec.device)
+    _sync(device)
     t0 = time.perf_counter()
     spec = fed.resolve_data_shapes(spec)
     task = task_for(spec)
@@ -76,53 +97,112 @@ def plain_loop(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
     fed.seed_everything(spec.seed)
     model = fed.new_model(spec)
     global_arrays = model_arrays(model)
+    model.to(device)
     for rnd in range(1, cfg.rounds + 1):
         updates = []
         for pid in federation.sample(rnd):
             load_arrays(model, global_arrays)
             data = task.client_data(pid)
-            local_sgd(model, data.train_x, data.train_y, federation.steps(pid), cfg, rnd, torch.device("cpu"),
+            local_sgd(model, data.train_x, data.train_y, federation.steps(pid), cfg, rnd, device,
                       fed.client_generator(spec.seed, rnd, pid))
             updates.append(model_arrays(model))
         # uniform weights normalised as FedAvg's server does (w / w.sum()), so the sums match bit for bit
         global_arrays = weighted_average(updates, list(np.ones(len(updates)) / len(updates)))
-    load_arrays(model, global_arrays)
-    task.evaluate_global(model, torch.device("cpu"))
+        if _is_eval_round(spec, rnd, cfg.rounds):
+            load_arrays(model, global_arrays)
+            task.evaluate_global(model, device)
+    _sync(device)
     return global_arrays, time.perf_counter() - t0
+
+
+def resident_loop(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
+    """The floor: data and model stay on the device, the average is taken there (float64, FedAvg's order)."""
+    _task_cached.cache_clear()
+    device = torch.device(spec.device)
+    _sync(device)
+    t0 = time.perf_counter()
+    spec = fed.resolve_data_shapes(spec)
+    task = task_for(spec)
+    cfg = spec.train_config()
+    federation = fed.Federation(spec, log=lambda m: None)
+    fed.seed_everything(spec.seed)
+    model = fed.new_model(spec).to(device)
+    global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    on_device: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for rnd in range(1, cfg.rounds + 1):
+        sampled = federation.sample(rnd)
+        w = np.ones(len(sampled)) / len(sampled)
+        acc = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in global_state.items()}
+        for wi, pid in zip(w, sampled, strict=True):
+            model.load_state_dict(global_state)
+            if pid not in on_device:
+                data = task.client_data(pid)
+                on_device[pid] = (data.train_x.to(device), data.train_y.to(device))
+            x, y = on_device[pid]
+            local_sgd(model, x, y, federation.steps(pid), cfg, rnd, device, fed.client_generator(spec.seed, rnd, pid))
+            for k, v in model.state_dict().items():
+                acc[k] += float(wi) * v.double()
+        global_state = {k: (acc[k].round() if not v.is_floating_point() else acc[k]).to(v.dtype)
+                        for k, v in global_state.items()}
+        if _is_eval_round(spec, rnd, cfg.rounds):
+            model.load_state_dict(global_state)
+            task.evaluate_global(model, device)
+    _sync(device)
+    return {k: v.cpu().numpy() for k, v in global_state.items()}, time.perf_counter() - t0
 
 
 def through_engine(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
     _task_cached.cache_clear()
     shutil.rmtree(spec.run_dir, ignore_errors=True)  # a fresh run, never a resume
+    device = torch.device(spec.device)
+    _sync(device)
     t0 = time.perf_counter()
     engine.run(spec, log=lambda m: None)
+    _sync(device)
     elapsed = time.perf_counter() - t0
     final = torch.load(Path(spec.run_dir) / "model.pt", weights_only=True)
     return {k: v.numpy() for k, v in final.items()}, elapsed
 
 
+def _max_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)), initial=0.0)) for k in a)
+
+
 def measure(model: str, clients: int, per_round: int, rounds: int, threads: int, backend: str, workdir: Path,
-            local_epochs: float = 5, repeats: int = 2) -> dict:
+            local_epochs: float = 5, repeats: int = 2, device: str = "cpu", resident: bool = False,
+            eval_every: int | None = None) -> dict:
     npz, part = make_data(workdir, clients)
-    spec = make_spec(workdir, npz, part, model, rounds, per_round, threads, backend, local_epochs)
-    # warm-up: imports, first model build, data loading (both sides then find them cached)
-    warm = make_spec(workdir, npz, part, model, 1, min(per_round, 2), threads, backend, local_epochs)
+    spec = make_spec(workdir, npz, part, model, rounds, per_round, threads, backend, local_epochs, device, eval_every)
+    # warm-up: imports, first model build, data loading, device kernels (all sides then find them cached)
+    warm = make_spec(workdir, npz, part, model, 1, min(per_round, 2), threads, backend, local_epochs, device)
     warm.run_dir = str(workdir / "warmup")
     engine.run(warm, log=lambda m: None)
-    # alternate the two sides and keep each side's best time (order and warm-up effects cancel)
-    plain_times, engine_times = [], []
+    sides = {"engine": through_engine, "plain": plain_loop}
+    if resident or device == "cuda":
+        sides["resident"] = resident_loop
+    # alternate the sides and keep each side's best time (order and warm-up effects cancel)
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    finals: dict[str, dict[str, np.ndarray]] = {}
     for _ in range(repeats):
-        engine_arrays, t = through_engine(spec)
-        engine_times.append(t)
-        plain_arrays, t = plain_loop(spec)
-        plain_times.append(t)
-    plain_s, engine_s = min(plain_times), min(engine_times)
-    identical = plain_arrays.keys() == engine_arrays.keys() and all(
-        np.array_equal(plain_arrays[k], engine_arrays[k]) for k in plain_arrays)
-    return {"bench": "engine_overhead", "model": model, "backend": backend, "clients": clients, "per_round": per_round,
-            "rounds": rounds, "local_epochs": local_epochs,
-            "threads": threads, "plain_s": round(plain_s, 2), "engine_s": round(engine_s, 2),
-            "ratio": round(engine_s / plain_s, 3), "repeats": repeats, "identical_weights": identical}
+        for name, side in sides.items():
+            finals[name], t = side(spec)
+            times[name].append(t)
+    best = {name: min(ts) for name, ts in times.items()}
+    ref = finals["engine"]
+    identical = {name: ref.keys() == arr.keys() and all(np.array_equal(ref[k], arr[k]) for k in ref)
+                 for name, arr in finals.items() if name != "engine"}
+    row = {"bench": "engine_overhead", "model": model, "backend": backend, "device": device, "clients": clients,
+           "per_round": per_round, "rounds": rounds, "local_epochs": local_epochs, "eval_every": spec.eval_every,
+           "threads": threads, "plain_s": round(best["plain"], 2), "engine_s": round(best["engine"], 2),
+           "ratio": round(best["engine"] / best["plain"], 3), "repeats": repeats,
+           "identical_weights": identical["plain"], "times": {k: [round(t, 2) for t in v] for k, v in times.items()}}
+    if "resident" in best:
+        row.update(resident_s=round(best["resident"], 2), ratio_resident=round(best["engine"] / best["resident"], 3),
+                   identical_resident=identical["resident"],
+                   s_per_round={k: round(v / rounds, 3) for k, v in best.items()})
+    if device != "cpu":
+        row["max_abs_difference"] = {name: _max_difference(ref, arr) for name, arr in finals.items() if name != "engine"}
+    return row
 
 
 def main() -> None:
@@ -135,14 +215,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="alternating runs per side; the best of each counts")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--backend", default="inline", choices=engine.BACKENDS)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--resident", action="store_true", help="also time the device-resident loop (always on cuda)")
+    ap.add_argument("--eval-every", type=int, help="evaluate every N rounds on every side (default: last round only)")
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")
     args = ap.parse_args()
     limit_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="fmb-bench-") as tmp:
         row = measure(args.model, args.clients, args.per_round, args.rounds, args.threads, args.backend, Path(tmp),
-                      args.local_epochs, args.repeats)
+                      args.local_epochs, args.repeats, args.device, args.resident, args.eval_every)
     emit([row], args.out)
-    if not row["identical_weights"]:
+    if args.device == "cpu" and not row["identical_weights"]:
         sys.exit("engine and plain loop ended with different weights: the comparison is not like for like")
 
 

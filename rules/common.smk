@@ -1,17 +1,23 @@
 # Config validation (schema with defaults + cross-field checks) and the helpers that
 # turn the config into file names, targets and per-run parameters.
 import os
+import sys
 from pathlib import Path
 
 from snakemake.utils import validate
 
 import fedmedbench.data.user as USER
+from fedmedbench.configcheck import coerce_numbers, ignored_settings
 from fedmedbench.report.html import table_caption
 from fedmedbench.fl import method_params
 
 SOFTWARE_ENV = "../envs/environment.yaml"
 
+# YAML 1.1 reads 5e-2 as text: numbers where the schema asks for one
+coerce_numbers(config, Path(workflow.basedir) / "config" / "schema.yaml")
 validate(config, "../config/schema.yaml")
+for _warning in ignored_settings(config):
+    print(f"config warning: {_warning}", file=sys.stderr)
 
 ORIGIN = config["data"]["origin"]
 #: the user's own datasets (name -> registry entry); every other dataset name is an official MedMNIST flag
@@ -147,6 +153,14 @@ def base_npz(dataset, size):
     return f"resources/medmnist/{dataset}_{size}.npz"
 
 
+def verified_marker(dataset, size):
+    """Real data: the marker written once the official file's MD5 was checked (rule verify_medmnist),
+    however the file got into resources/medmnist/. Every reader depends on it; synthetic and user data have none."""
+    if ORIGIN == "synthetic" or dataset in USER_DATASETS:
+        return []
+    return [f"resources/medmnist/{dataset}_{size}.npz.verified"]
+
+
 def domain_npz(dataset, size, domain):
     """A domain with no corruption steps is the base file itself (no copy)."""
     if not config["domains"][domain]:
@@ -194,7 +208,8 @@ def early_stopping_spec(es):
 
 
 def run_spec(wildcards):
-    """The resolved per-run parameters (a fedmedbench RunSpec as a dict)."""
+    """The resolved per-run parameters (a fedmedbench RunSpec as a dict, result-changing fields only:
+    threads and log_every come from the job and config, see fedmedbench.fl.spec.for_job)."""
     w = dict(wildcards)
     st = config["studies"][w["study"]]
     return {
@@ -217,9 +232,7 @@ def run_spec(wildcards):
         "clients_per_round": st["clients_per_round"],
         "method_params": method_params.resolve(w["method"], st["method_params"], st["settings"][w["setting"]]),
         "device": config["device"],
-        "threads": config["threads"]["train"],
         "data_origin": dataset_origin(w["dataset"], st["size"]),
-        "log_every": st["log_every"],
         "eval_every": st["eval_every"],
         "early_stopping": early_stopping_spec(st["early_stopping"]),
         "save_client_models": st["save_client_models"],

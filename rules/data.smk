@@ -2,13 +2,12 @@
 # (checked on import), the synthetic stand-in for the demo, and MedMNIST-C client domains (medmnistc).
 
 
+# No params: where a file comes from and how hard to try (data.medmnist_root, data.download) do not
+# change its verified bytes, so changing them must not rerun (and delete) a verified file; the
+# script reads them from the config.
 rule download_medmnist:
     output:
         "resources/medmnist/{dataset}_{size}.npz",
-    params:
-        root=config["data"]["medmnist_root"],
-        retries=config["data"]["download"]["retries"],
-        timeout=config["data"]["download"]["timeout_s"],
     log:
         "logs/download_medmnist/{dataset}_{size}.log",
     benchmark:
@@ -63,9 +62,29 @@ rule synthesize_medmnist:
         "../scripts/synthesize_medmnist.py"
 
 
+rule verify_medmnist:
+    input:
+        "resources/medmnist/{dataset}_{size}.npz",
+    output:
+        "resources/medmnist/{dataset}_{size}.npz.verified",
+    log:
+        "logs/verify_medmnist/{dataset}_{size}.log",
+    benchmark:
+        "benchmarks/verify_medmnist/{dataset}_{size}.tsv"
+    threads: 1
+    resources:
+        mem_mb=500,
+        runtime=30,
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../scripts/verify_medmnist.py"
+
+
 rule corrupt_medmnist:
     input:
         corrupt_input,
+        verified=lambda wc: verified_marker(wc.dataset, wc.size) if wc.origin == "real" else [],
     output:
         "resources/domains/{origin}/{dataset}_{size}/{domain}.npz",
     params:

@@ -1,5 +1,6 @@
 # Study fedst: config checks, wildcard constraints and target helpers (rules in fedst.smk).
 import fedmedbench.fedst_study as FS
+from fedmedbench.fl.spec import result_params
 
 FEDST = config["fedst"]
 FEDST_CLIPS = f"{SURG}/clips"
@@ -71,8 +72,9 @@ def fedst_pretrained(w):
 
 def fedst_spec(w):
     pre = fedst_pretrained(w) or None
-    return FS.run_spec(FEDST_RUN, w.variant, w.method, int(w.seed), FEDST_CLIPS, fedst_run_dir(w), pre,
-                       config["device"], config["threads"]["train"], SORIGIN)
+    # result fields only: threads come from the job (fedmedbench.fl.spec.for_job), so changing them reruns nothing
+    return result_params(FS.run_spec(FEDST_RUN, w.variant, w.method, int(w.seed), FEDST_CLIPS, fedst_run_dir(w), pre,
+                                     config["device"], config["threads"]["train"], SORIGIN))
 
 
 def fedst_run_files(name):

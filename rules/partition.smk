@@ -3,7 +3,7 @@
 
 rule build_partition:
     input:
-        lambda wc: base_npz(wc.dataset, study_size(wc.study)),
+        lambda wc: [base_npz(wc.dataset, study_size(wc.study)), *verified_marker(wc.dataset, study_size(wc.study))],
     output:
         json="resources/partitions/{study}/{dataset}/{setting}/seed{seed}.json",
         stats="resources/partitions/{study}/{dataset}/{setting}/seed{seed}.csv",

@@ -7,6 +7,7 @@ rule train_federated:
     input:
         partition=partition_json,
         sources=lambda wc: sorted(set(setting_sources(wc.study, wc.dataset, wc.setting).values())),
+        verified=lambda wc: verified_marker(wc.dataset, study_size(wc.study)),
         weights=lambda wc: run_weights(wc.study, wc.method)[1],
     output:
         metrics="results/{study}/{dataset}/{setting}/{method}/seed{seed}/metrics.csv",

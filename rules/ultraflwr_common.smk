@@ -67,7 +67,6 @@ def ultraflwr_spec(wildcards):
             "ultralytics": {"lr0": t["lr0"], "patience": t["patience"], **t["ultralytics"]},
         },
         "device": config["device"],
-        "threads": config["threads"]["train"],
         "data_origin": SORIGIN,
         "eval_every": UF["eval"]["every"],
         "task": "detection",

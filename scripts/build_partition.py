@@ -7,10 +7,12 @@ from fedmedbench.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     w, p = snakemake.wildcards, snakemake.params
-    data = medmnist.load_npz(snakemake.input[0])
+    n_classes = user.info(w.dataset, p.user_dataset).n_classes
+    data = medmnist.load_npz(snakemake.input[0], num_classes=n_classes)
+    medmnist.require_nonempty(snakemake.input[0], data)  # before any training, not a table of n/a after it
     labels = {s: data[f"{s}_labels"] for s in medmnist.SPLITS}
     doc = partition.build_partition(labels, p.scheme, p.num_clients, int(w.seed), dict(p.scheme_params),
-                                    num_classes=user.info(w.dataset, p.user_dataset).n_classes)
+                                    num_classes=n_classes)
     stats = partition.stats_frame(doc, labels)
     io.write_json(snakemake.output.json, doc)
     io.write_csv(snakemake.output.stats, stats)

@@ -4,6 +4,7 @@ from fedmedbench.data import medmnist
 from fedmedbench.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
-    w, p = snakemake.wildcards, snakemake.params
-    medmnist.fetch(w.dataset, int(w.size), snakemake.output[0], root=p.root, retries=p.retries, timeout=p.timeout, log=log)
+    w, data = snakemake.wildcards, snakemake.config["data"]
+    medmnist.fetch(w.dataset, int(w.size), snakemake.output[0], root=data["medmnist_root"],
+                   retries=data["download"]["retries"], timeout=data["download"]["timeout_s"], log=log)
     log(f"verified {snakemake.output[0]}")

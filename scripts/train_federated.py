@@ -2,15 +2,17 @@
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.compat import limit_threads
 from fedmedbench.fl import engine
-from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.spec import for_job
 from fedmedbench.runlog import log_to
 from fedmedbench.weights import fetch as weights
 
 with log_to(snakemake.log[0]) as log:
     limit_threads(snakemake.threads)
-    # the backend changes how messages travel, not the results: read from config, not params,
-    # so switching it does not rerun finished jobs
-    spec = RunSpec.from_dict({**snakemake.params.spec, "backend": snakemake.config["engine"]["backend"]})
+    # threads, log_every, backend, keep_checkpoints, resume change how the job runs, not its results:
+    # from the job and config, not params, so changing them reruns no finished job
+    spec = for_job(snakemake.params.spec, snakemake.threads, snakemake.config,
+                   log_every=snakemake.config["studies"][snakemake.wildcards.study]["log_every"])
     spec = weights.pin(spec, snakemake.input.weights)  # the loaded file is the fetched one (hash in the run hash)
     engine.run(spec, log=log)
+    engine.complete(spec, log=log)
     log("done")

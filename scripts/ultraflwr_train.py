@@ -4,15 +4,15 @@ import pandas as pd
 
 from fedmedbench import io
 from fedmedbench.compat import limit_threads
-from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.spec import for_job
 from fedmedbench.runlog import log_to
 from fedmedbench.weights import fetch as weights
 
 with log_to(snakemake.log[0]) as log:
     limit_threads(snakemake.threads)
-    # the backend changes how messages travel, not the results: read from config, not params (as
-    # scripts/train_federated.py), so switching it does not rerun finished jobs; inline = no Ray
-    spec = RunSpec.from_dict({**snakemake.params.spec, "backend": snakemake.config["engine"]["backend"]})
+    # runtime fields (threads, backend, ...) from the job and config, not params (as scripts/train_federated.py),
+    # so changing them reruns no finished job; inline = no Ray
+    spec = for_job(snakemake.params.spec, snakemake.threads, snakemake.config)
     spec = weights.pin(spec, snakemake.input.weights)  # the loaded file is the fetched one (hash in the run hash)
     if snakemake.wildcards.strategy == "Centralized":
         from fedmedbench.fl.detection.centralized import run_centralized
@@ -27,4 +27,5 @@ with log_to(snakemake.log[0]) as log:
         federation = engine.run(spec, log=log)
         rows = federation.final_state.server_state.get("ultraflwr_clients", [])
         io.write_csv(snakemake.output.comm, pd.DataFrame(rows))
+        engine.complete(spec, log=log)
     log("done")

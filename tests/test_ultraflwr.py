@@ -182,7 +182,7 @@ def test_partial_run_keeps_local_components_bit_identical(partial_run):
     assert not set(head) & set(shared)
     r1 = kept[1]
     for p in range(3):
-        ctx, _ = fed._client_context(spec, p, 3, state.arrays, steps=0)  # as client_evaluate after round 2
+        ctx, _ = fed._client_context(f.job, p, 3, state.arrays, steps=0)  # as client_evaluate after round 2
         personal = method.personal_model(ctx).state_dict()
         # final aggregation omitted: the client's own round-2 model, everything included
         r2 = kept[2][p]
@@ -196,7 +196,7 @@ def test_partial_run_keeps_local_components_bit_identical(partial_run):
     assert rows[0]["elements_sent"] == sum(r1[0][k].numel() for k in shared)
     assert np.allclose(state.arrays[k], expected, atol=1e-6)
     # the client's head after round 1 == its own trained head (not averaged with the others)
-    restored, _ = fed._client_context(spec, 1, 2, state.arrays, steps=0)
+    restored, _ = fed._client_context(f.job, 1, 2, state.arrays, steps=0)
     restored.state = {"model": r1[1]}
     method._restore_own(restored, everything=False)
     sd = restored.model.state_dict()

@@ -9,6 +9,7 @@ file; the temp file is removed on error.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import json
 import os
@@ -88,6 +89,51 @@ def write_npz(target: str | os.PathLike, arrays: dict) -> None:
 
     with atomic_path(target) as tmp, open(tmp, "wb") as fh:  # a handle: np.savez renames bare paths
         np.savez_compressed(fh, **arrays)
+
+
+def torch_bytes(obj: Any) -> bytes:
+    """``torch.save`` into memory under a fixed record name: identical tensors give identical bytes
+    (saving to a path stores that path's temp name inside the archive)."""
+    import io as _io
+
+    import torch
+
+    buf = _io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def write_bytes(target: str | os.PathLike, data: bytes, what: str = "file") -> None:
+    """Write ``data`` atomically; a full disk is reported as such, naming the folder, and leaves no temp file."""
+    target = Path(target)
+    try:
+        with atomic_path(target) as tmp:
+            tmp.write_bytes(data)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(exc.errno, f"No space left on {target.parent} while writing the {what} {target.name} "
+                                     f"({len(data)} bytes): free space there and rerun") from exc
+        raise
+
+
+def write_torch(target: str | os.PathLike, obj: Any, what: str = "file") -> str:
+    """Save a torch object atomically with reproducible bytes; returns the file's sha256."""
+    import hashlib
+
+    data = torch_bytes(obj)
+    write_bytes(target, data, what)
+    return hashlib.sha256(data).hexdigest()
+
+
+def remove_temp_files(folder: str | os.PathLike) -> list[Path]:
+    """Delete temp files that :func:`atomic_path` of a killed process left under ``folder``."""
+    folder = Path(folder)
+    removed = []
+    for p in folder.rglob(".*.tmp*") if folder.is_dir() else []:
+        if p.is_file() and ".tmp" in p.name:
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
 
 
 def save_figure(target: str | os.PathLike, fig) -> None:

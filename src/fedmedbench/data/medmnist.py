@@ -101,6 +101,18 @@ def md5sum(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+class DownloadTooLargeError(DataError):
+    """The server sent more than the file can be (a runaway stream): final, not retried."""
+
+
+def max_npz_bytes(flag: str, size: int) -> int:
+    """Upper bound on an official npz's size from the metadata: every image and label uncompressed,
+    +10% and 1 MiB for the zip structure (the real files are compressed, so smaller)."""
+    info = dataset_info(flag)
+    per_sample = size * size * info.n_channels + 8
+    return int(sum(info.n_samples.values()) * per_sample * 1.1) + (1 << 20)
+
+
 def download(
     url: str,
     md5: str,
@@ -109,11 +121,13 @@ def download(
     timeout: float = 60.0,
     backoff: float = 2.0,
     log=print,
+    max_bytes: int | None = None,
 ) -> Path:
     """Stream ``url`` to ``target``, verify its MD5, move it into place atomically.
 
     Network errors and truncated or corrupted transfers are retried ``retries`` times;
-    an HTTP 4xx error is final. On failure nothing is left at ``target``.
+    an HTTP 4xx error is final, and so is a stream longer than ``max_bytes`` (it is cut
+    there, not written to the end of the disk). On failure nothing is left at ``target``.
     """
     target = Path(target)
     last_error: Exception | None = None
@@ -123,11 +137,17 @@ def download(
                 digest = hashlib.md5()
                 with urllib.request.urlopen(url, timeout=timeout) as resp, open(tmp, "wb") as out:
                     expected = resp.headers.get("Content-Length")
+                    if max_bytes is not None and expected is not None and int(expected) > max_bytes:
+                        raise DownloadTooLargeError(f"{target.name}: {url} announces {expected} bytes, more than the "
+                                                    f"{max_bytes} this file can be; refusing it")
                     received = 0
                     while block := resp.read(1 << 20):
+                        received += len(block)
+                        if max_bytes is not None and received > max_bytes:
+                            raise DownloadTooLargeError(f"{target.name}: download from {url} passed {max_bytes} bytes, "
+                                                        "more than this file can be (a runaway stream); stopped")
                         out.write(block)
                         digest.update(block)
-                        received += len(block)
                 if expected is not None and received != int(expected):
                     raise DataError(f"{target.name}: truncated download from {url} ({received} of {expected} bytes)")
                 if digest.hexdigest() != md5:
@@ -136,6 +156,8 @@ def download(
                         f"(expected {md5}, got {digest.hexdigest()})"
                     )
             return target
+        except DownloadTooLargeError:
+            raise
         except urllib.error.HTTPError as exc:
             if 400 <= exc.code < 500:
                 raise DataError(f"{target.name}: download failed, {url} answered HTTP {exc.code}") from exc
@@ -166,11 +188,48 @@ def fetch(flag: str, size: int, target: str | Path, root: str | Path | None = No
     url, md5 = url_and_md5(flag, size)
     if root:
         return copy_verified(Path(root) / official_filename(flag, size), md5, target)
+    kwargs.setdefault("max_bytes", max_npz_bytes(flag, size))
     return download(url, md5, target, **kwargs)
 
 
-def load_npz(path: str | Path, expect_size: int | None = None, expect_channels: int | None = None) -> dict[str, np.ndarray]:
+def verify_official(path: str | Path, flag: str, size: int) -> str:
+    """MD5 of a file that claims to be the official (flag, size) npz, whoever put it there; raises if it differs."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    _, md5 = url_and_md5(flag, size)
+    actual = md5sum(path)
+    if actual != md5:
+        raise DataError(f"{path}: MD5 mismatch with the official {official_filename(flag, size)} (expected {md5}, "
+                        f"got {actual}); it is not the official MedMNIST file: delete it, or set data.origin: synthetic")
+    return actual
+
+
+def _check_labels(path: Path, key: str, labels: np.ndarray, num_classes: int | None) -> None:
+    """Class labels are whole numbers in [0, num_classes): a float label is never truncated into a class."""
+    split = key.removesuffix("_labels")
+    if labels.dtype.kind not in "iub":
+        if labels.dtype.kind != "f":
+            raise DataError(f"{path}: {key} ({split} split) has dtype {labels.dtype}, expected integer class labels")
+        bad = ~np.isfinite(labels) | (labels != np.round(labels))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise DataError(f"{path}: {key} ({split} split) has a non-integer label {labels[i].item()!r} at index {i} "
+                            f"({int(bad.sum())} such); labels must be whole class numbers")
+    if labels.size:
+        low = labels < 0
+        high = labels >= num_classes if num_classes is not None else np.zeros_like(low)
+        if low.any() or high.any():
+            i = int(np.flatnonzero(low | high)[0])
+            rng = f"[0, {num_classes})" if num_classes is not None else ">= 0"
+            raise DataError(f"{path}: {key} ({split} split) label {labels[i].item()!r} at index {i} is outside {rng}")
+
+
+def load_npz(path: str | Path, expect_size: int | None = None, expect_channels: int | None = None,
+             num_classes: int | None = None) -> dict[str, np.ndarray]:
     """Load and validate a MedMNIST-format npz; errors name the file and the problem.
+
+    Labels must be whole numbers in ``[0, num_classes)`` (``num_classes`` when known).
 
     Returns a dict ``{split}_images`` (uint8, N x H x W [x 3]) and ``{split}_labels``
     (int64, N), labels flattened from the official (N, 1) shape.
@@ -205,11 +264,18 @@ def load_npz(path: str | Path, expect_size: int | None = None, expect_channels: 
             labels = labels[:, 0]
         if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
             raise DataError(f"{path}: {lk} has shape {arrays[lk].shape}, expected ({images.shape[0]}, 1)")
-        if labels.size and labels.min() < 0:
-            raise DataError(f"{path}: {lk} has negative labels")
+        _check_labels(path, lk, labels, num_classes)
         out[ik] = images
         out[lk] = labels.astype(np.int64)
     return out
+
+
+def require_nonempty(path: str | Path, data: dict[str, np.ndarray], splits: tuple[str, ...] = ("train", "test")) -> None:
+    """Training needs a train split and every table needs a test split: an empty one is an error up front."""
+    for split in splits:
+        if len(data[f"{split}_labels"]) == 0:
+            raise DataError(f"{path}: the {split} split is empty; a run needs {' and '.join(splits)} samples "
+                            "(check the file, or data.synthetic.max_" + split + " for synthetic data)")
 
 
 def to_official_arrays(data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

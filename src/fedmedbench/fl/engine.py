@@ -30,15 +30,19 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from io import BytesIO
 from pathlib import Path
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import SType
 from flwr.serverapp import Grid, ServerApp
 
+from fedmedbench.fl import checkpoint
 from fedmedbench.fl import federation as fed
 from fedmedbench.fl.inline_grid import InlineGrid
+from fedmedbench.fl.job import Job, job_for
 from fedmedbench.fl.registry import Arrays, ClientResult
 from fedmedbench.fl.spec import RunSpec
 
@@ -49,10 +53,43 @@ class ClientFailure(RuntimeError):
     """A ClientApp raised; the message carries the client's traceback."""
 
 
-def _to_record(arrays: Arrays) -> ArrayRecord:
+class HeldArray(Array):
+    """A Flower ``Array`` that keeps its NumPy array for a receiver in the same process.
+
+    The inline backend hands Message objects to the ClientApp directly, so serialising every
+    array (``np.save``) only for the receiver to parse it back (``np.load``) is pure cost. A held
+    array gives the receiver a fresh copy of the array, as ``np.load`` would; its bytes are made
+    only if something serialises the message (``InlineGrid(wire=True)``, Flower's protobuf).
+    """
+
+    def __init__(self, ndarray: np.ndarray) -> None:  # noqa: D107 - Array's fields set from the ndarray
+        self.__dict__["_held"] = ndarray
+        self.dtype, self.shape, self.stype = str(ndarray.dtype), tuple(ndarray.shape), SType.NUMPY
+
+    @property
+    def data(self) -> bytes:
+        if "_data" not in self.__dict__:
+            buffer = BytesIO()
+            np.save(buffer, self.__dict__["_held"], allow_pickle=False)
+            self.__dict__["_data"] = buffer.getvalue()
+        return self.__dict__["_data"]
+
+    @data.setter
+    def data(self, value: bytes) -> None:
+        self.__dict__["_data"] = value
+        self.__dict__.pop("_held", None)
+
+    def numpy(self) -> np.ndarray:
+        held = self.__dict__.get("_held")
+        return held.copy() if held is not None else super().numpy()
+
+
+def _to_record(arrays: Arrays, held: bool = False) -> ArrayRecord:
+    """Arrays as a Flower record: serialised (``np.save``), or held in memory for an in-process receiver."""
     rec = ArrayRecord()
     for key, value in arrays.items():
-        rec[key] = Array.from_numpy_ndarray(np.asarray(value))
+        value = np.asarray(value)
+        rec[key] = HeldArray(value) if held else Array.from_numpy_ndarray(value)
     return rec
 
 
@@ -67,8 +104,15 @@ def _metrics_record(metrics: dict[str, float]) -> MetricRecord:
 # ----------------------------------------------------------------------------- client app
 
 
-def make_client_app(spec: RunSpec) -> ClientApp:
+def make_client_app(spec: RunSpec, job: Job | None = None) -> ClientApp:
+    """The ClientApp of a run. In-process backends hand it the server's resolved :class:`Job`;
+    elsewhere (a Ray actor) the job is resolved once per process on first use."""
     app = ClientApp()
+
+    held = job is not None  # in the server's process: replies hold their arrays (no serialisation)
+
+    def _job() -> Job:
+        return job if job is not None else job_for(spec)
 
     def _guard(handler: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
         def wrapped(msg: Message, context: Context) -> Message:
@@ -92,14 +136,14 @@ def make_client_app(spec: RunSpec) -> ClientApp:
         pid = int(context.node_config["partition-id"])
         cfg = msg.content["config"]
         broadcast = {k[len("bcast."):]: _from_record(v) for k, v in msg.content.array_records.items() if k.startswith("bcast.")}
-        result = fed.client_train(spec, pid, int(cfg["round"]), _from_record(msg.content["arrays"]), int(cfg["steps"]),
+        result = fed.client_train(_job(), pid, int(cfg["round"]), _from_record(msg.content["arrays"]), int(cfg["steps"]),
                                   broadcast)
         content = RecordDict({
-            "arrays": _to_record(result.arrays),
+            "arrays": _to_record(result.arrays, held),
             "metrics": _metrics_record({**result.metrics, "num-examples": result.num_examples}),
         })
         for name, arrays in result.extras.items():
-            content[f"extra.{name}"] = _to_record(arrays)
+            content[f"extra.{name}"] = _to_record(arrays, held)
         return Message(content, reply_to=msg)
 
     @app.evaluate()
@@ -107,7 +151,7 @@ def make_client_app(spec: RunSpec) -> ClientApp:
     def evaluate(msg: Message, context: Context) -> Message:
         pid = int(context.node_config["partition-id"])
         cfg = msg.content["config"]
-        metrics = fed.client_evaluate(spec, pid, int(cfg["round"]), _from_record(msg.content["arrays"]))
+        metrics = fed.client_evaluate(_job(), pid, int(cfg["round"]), _from_record(msg.content["arrays"]))
         return Message(RecordDict({"metrics": _metrics_record(metrics)}), reply_to=msg)
 
     return app
@@ -176,11 +220,12 @@ class FlowerTransport:
         self.timeout = timeout
         self.node_of = _partition_map(grid, _wait_for_nodes(grid, num_nodes), hello)
         self.sequential = isinstance(grid, InlineGrid)
+        self.held = self.sequential  # the inline grid delivers Message objects: arrays need no serialisation
         self.pid_of = {v: k for k, v in self.node_of.items()}
 
     def train(self, rnd, steps, arrays, broadcast):
-        rec = _to_record(arrays)
-        bcast = {f"bcast.{name}": _to_record(a) for name, a in broadcast.items()}
+        rec = _to_record(arrays, self.held)
+        bcast = {f"bcast.{name}": _to_record(a, self.held) for name, a in broadcast.items()}
         msgs = [
             Message(RecordDict({"arrays": rec, "config": ConfigRecord({"round": rnd, "steps": k}), **bcast}),
                     dst_node_id=self.node_of[p], message_type=MessageType.TRAIN, group_id=str(rnd))
@@ -209,7 +254,7 @@ class FlowerTransport:
             self.allowed.check(reply.content, self.pid_of.get(reply.metadata.src_node_id, "?"))
 
     def evaluate(self, rnd, pids, arrays):
-        rec = _to_record(arrays)
+        rec = _to_record(arrays, self.held)
         msgs = [Message(RecordDict({"arrays": rec, "config": ConfigRecord({"round": rnd})}),
                         dst_node_id=self.node_of[p], message_type=MessageType.EVALUATE, group_id=f"eval{rnd}")
                 for p in pids]
@@ -226,14 +271,14 @@ def run(spec: RunSpec, log: Callable[[str], None] = print) -> fed.Federation:
     if spec.backend not in BACKENDS:
         raise ValueError(f"engine.backend = {spec.backend!r}: choose one of {list(BACKENDS)}")
     spec = fed.resolve_data_shapes(spec)
+    checkpoint.prepare(spec.run_dir, spec.resume)  # temp files of a killed job; resume=restart drops the checkpoint
     federation = fed.Federation(spec, log)
     federation.final_state = None
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        model = fed.new_model(spec)
-        allowed = AllowedContent(federation.method.shared_keys(model), federation.method.extra_records)
+        allowed = AllowedContent(federation.job.shared_keys(), federation.method.extra_records)
         federation.final_state = federation.run(FlowerTransport(grid, federation.num_nodes, allowed))
 
     if spec.backend == "inline":
@@ -246,6 +291,15 @@ def run(spec: RunSpec, log: Callable[[str], None] = print) -> fed.Federation:
     return federation
 
 
+def complete(spec: RunSpec, log: Callable[[str], None] = print) -> None:
+    """Call once every output of the job is written: removes the run's resume state
+    (server checkpoint, client states) unless ``keep_checkpoints`` is set."""
+    freed = checkpoint.release(spec.run_dir, keep=spec.keep_checkpoints)
+    if freed:
+        log(f"run complete: removed its resume state {checkpoint.checkpoint_dir(spec.run_dir)} ({freed / 2**20:.1f} MiB; "
+            "keep_checkpoints: true keeps it)")
+
+
 def _job_name(spec: RunSpec) -> str:
     return f"job {spec.study}/{spec.dataset}/{spec.setting}/{spec.method}/seed{spec.seed}"
 
@@ -255,7 +309,7 @@ def _run_inline(spec: RunSpec, federation: fed.Federation, server_app: ServerApp
     log(f"{_job_name(spec)}: {federation.num_nodes} Flower node(s) in-process (inline backend), "
         f"{threads} thread(s), device {federation.device}")
     fed.client_threads = threads
-    grid = InlineGrid(make_client_app(spec), federation.num_nodes, seed=spec.seed)
+    grid = InlineGrid(make_client_app(spec, federation.job), federation.num_nodes, seed=spec.seed)
     grid.serve(server_app)
 
 

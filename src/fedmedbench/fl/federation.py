@@ -4,17 +4,16 @@ Server side (:class:`Federation`): initial model, seeded client sampling by
 partition id, step budgets, aggregation through the method, evaluation, metric rows,
 checkpoint/resume, progress lines. Client side (:func:`client_train`,
 :func:`client_evaluate`): what a ClientApp does with a message, using the method's
-client step and the client-state store. ``engine`` moves messages between the two.
+client step and the client-state store. Both sides use the run's :class:`~fedmedbench.fl.job.Job`
+(method, task, device and the reused model, resolved once). ``engine`` moves messages between the two.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import shutil
 import time
 from collections.abc import Callable
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,6 +22,7 @@ import torch
 
 from fedmedbench.fl import checkpoint
 from fedmedbench.fl.client_state import ClientStateStore
+from fedmedbench.fl.job import Job, resolve_device  # noqa: F401  (resolve_device: imported from here elsewhere)
 from fedmedbench.fl.registry import (
     Arrays,
     ClientContext,
@@ -30,21 +30,12 @@ from fedmedbench.fl.registry import (
     ServerContext,
     arrays_to_tensors,
     get_method,
-    load_arrays,
     model_arrays,
 )
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.stopping import DataFreeMonitor
-from fedmedbench.fl.tasks import get_task_class, task_for
+from fedmedbench.fl.tasks import get_task_class, task_for  # noqa: F401  (task_for: imported from here elsewhere)
 from fedmedbench.fl.training import steps_for_epochs
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device: cuda requested but no CUDA device is available (use device: auto or cpu)")
-    return torch.device(name)
 
 
 def resolve_data_shapes(spec: RunSpec) -> RunSpec:
@@ -73,26 +64,6 @@ def new_model(spec: RunSpec) -> torch.nn.Module:
     return get_method(spec.method, spec.method_params).build_model(spec)
 
 
-@lru_cache(maxsize=2)
-def _template(spec_json: str) -> tuple[torch.nn.Module, bool]:
-    """A built model of the run and whether its shared keys are its whole state_dict."""
-    spec = RunSpec.from_json(spec_json)
-    model = new_model(spec)
-    shared = set(get_method(spec.method, spec.method_params).shared_keys(model))
-    return model, shared == set(model.state_dict())
-
-
-def model_for_arrays(spec: RunSpec) -> torch.nn.Module:
-    """A model about to receive the broadcast arrays.
-
-    When the method shares every state_dict entry, those arrays overwrite the whole model, so a
-    copy of one cached model serves (building a timm ConvNeXt costs ~0.3 s per client call).
-    Otherwise the un-shared entries keep a freshly built model's values, as before.
-    """
-    template, whole = _template(spec.to_json())
-    return copy.deepcopy(template) if whole else new_model(spec)
-
-
 def client_generator(seed: int, rnd: int, pid: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(int(np.random.SeedSequence([seed, rnd, pid]).generate_state(1)[0]))
@@ -117,51 +88,38 @@ client_threads = 1
 site_data: dict[int, Any] = {}
 
 
-def _client_data(spec: RunSpec, pid: int) -> Any:
-    if pid in site_data:
-        return site_data[pid]
-    method = get_method(spec.method, spec.method_params)
-    task = task_for(spec)
-    return task.pooled_data() if method.centralized else task.client_data(pid)
-
-
 def _client_context(
-    spec: RunSpec, pid: int, rnd: int, arrays: Arrays, steps: int, broadcast: dict[str, Arrays] | None = None
+    job: Job, pid: int, rnd: int, arrays: Arrays, steps: int, broadcast: dict[str, Arrays] | None = None
 ) -> tuple[ClientContext, ClientStateStore]:
     torch.set_num_threads(client_threads)
-    device = resolve_device(spec.device)
-    model = model_for_arrays(spec)
-    load_arrays(model, arrays, get_method(spec.method, spec.method_params).shared_keys(model))
-    store = ClientStateStore(checkpoint.checkpoint_dir(spec.run_dir) / "clients")
+    store = ClientStateStore(checkpoint.checkpoint_dir(job.spec.run_dir) / "clients")
     ctx = ClientContext(
-        pid=pid, rnd=rnd, model=model.to(device), data=_client_data(spec, pid), train=spec.train_config(),
-        device=device, generator=client_generator(spec.seed, rnd, pid), state=store.load(pid, before_round=rnd),
-        steps=steps, global_arrays=arrays, broadcast=broadcast or {},
+        pid=pid, rnd=rnd, model=job.model_with(arrays), data=site_data[pid] if pid in site_data else job.client_data(pid),
+        train=job.train, device=job.device, generator=client_generator(job.spec.seed, rnd, pid),
+        state=store.load(pid, before_round=rnd), steps=steps, global_arrays=arrays, broadcast=broadcast or {},
         # a deployed site knows no other site's size (methods that need them say so)
-        client_sizes=None if pid in site_data else (lambda: task_for(spec).client_sizes()),
+        client_sizes=None if pid in site_data else (lambda: job.task.client_sizes()),
     )
     return ctx, store
 
 
 def client_train(
-    spec: RunSpec, pid: int, rnd: int, arrays: Arrays, steps: int, broadcast: dict[str, Arrays] | None = None
+    job: Job, pid: int, rnd: int, arrays: Arrays, steps: int, broadcast: dict[str, Arrays] | None = None
 ) -> ClientResult:
     """One client's work in one round (called inside the ClientApp)."""
-    method = get_method(spec.method, spec.method_params)
-    ctx, store = _client_context(spec, pid, rnd, arrays, steps, broadcast)
-    result = method.client_fit(ctx)
-    undeclared = set(result.extras) - set(method.extra_records)
+    ctx, store = _client_context(job, pid, rnd, arrays, steps, broadcast)
+    result = job.method.client_fit(ctx)
+    undeclared = set(result.extras) - set(job.method.extra_records)
     if undeclared:
-        raise RuntimeError(f"method '{spec.method}' tried to send undeclared records {sorted(undeclared)}")
+        raise RuntimeError(f"method '{job.spec.method}' tried to send undeclared records {sorted(undeclared)}")
     store.save(pid, rnd, ctx.state)
     return result
 
 
-def client_evaluate(spec: RunSpec, pid: int, rnd: int, arrays: Arrays) -> dict[str, float]:
+def client_evaluate(job: Job, pid: int, rnd: int, arrays: Arrays) -> dict[str, float]:
     """A personalized client's metrics: its own model on its local test split and the global test set."""
-    method = get_method(spec.method, spec.method_params)
-    ctx, _ = _client_context(spec, pid, rnd + 1, arrays, steps=0)  # state as of the end of round rnd
-    return task_for(spec).evaluate_client(method.personal_model(ctx), ctx.data, ctx.device)
+    ctx, _ = _client_context(job, pid, rnd + 1, arrays, steps=0)  # state as of the end of round rnd
+    return job.task.evaluate_client(job.method.personal_model(ctx), ctx.data, ctx.device)
 
 
 # ----------------------------------------------------------------------------- server side
@@ -180,14 +138,14 @@ class Transport(Protocol):
 class InProcessTransport:
     """Calls the client functions directly, in this process (tests, debugging)."""
 
-    def __init__(self, spec: RunSpec) -> None:
-        self.spec = spec
+    def __init__(self, spec: RunSpec | Job) -> None:
+        self.job = spec if isinstance(spec, Job) else Job(spec)
 
     def train(self, rnd, steps, arrays, broadcast):
-        return {p: client_train(self.spec, p, rnd, arrays, k, broadcast) for p, k in steps.items()}
+        return {p: client_train(self.job, p, rnd, arrays, k, broadcast) for p, k in steps.items()}
 
     def evaluate(self, rnd, pids, arrays):
-        return {p: client_evaluate(self.spec, p, rnd, arrays) for p in pids}
+        return {p: client_evaluate(self.job, p, rnd, arrays) for p in pids}
 
 
 class Federation:
@@ -196,10 +154,11 @@ class Federation:
     def __init__(self, spec: RunSpec, log: Callable[[str], None] = print) -> None:
         self.spec = spec
         self.log = log
-        self.method = get_method(spec.method, spec.method_params)
-        self.train = spec.train_config()
-        self.device = resolve_device(spec.device)
-        self.task = task_for(spec)
+        self.job = Job(spec)
+        self.method = self.job.method
+        self.train = self.job.train
+        self.device = self.job.device
+        self.task = self.job.task
         self.run_hash = spec.run_hash()
         self.num_clients = self.task.num_clients
         self.num_nodes = 1 if self.method.centralized else self.num_clients
@@ -233,7 +192,7 @@ class Federation:
             self.log(f"ignoring checkpoint in {stale}: written under other settings")
             shutil.rmtree(stale)
         seed_everything(self.spec.seed)
-        model = new_model(self.spec)
+        model = self.job.new_model()
         arrays = model_arrays(model, self.method.shared_keys(model))
         params = [n for n, _ in model.named_parameters() if n in arrays]
         # theta_0 for the task vector of the data-free stopping rule (parameters only, not buffers)
@@ -265,7 +224,7 @@ class Federation:
         ctx = ServerContext(
             rnd=rnd, global_arrays=state.arrays, results=[results[p] for p in pids], pids=pids,
             state=state.server_state, num_clients=self.num_clients, device=self.device, train=self.train,
-            new_model=lambda: new_model(self.spec), broadcast=self.broadcast(state), seed=self.spec.seed,
+            new_model=self.job.new_model, broadcast=self.broadcast(state), seed=self.spec.seed,
         )
         new_arrays = self.method.aggregate(ctx)
         state.server_state["_broadcast"] = {name: arrays_to_tensors(a) for name, a in ctx.broadcast.items()}
@@ -279,9 +238,7 @@ class Federation:
 
     def _server_eval(self, arrays: Arrays) -> tuple[dict[str, float], list[dict[str, float]]]:
         """The global model, evaluated by the task (global/validation rows and one row per client)."""
-        model = model_for_arrays(self.spec)
-        load_arrays(model, arrays, self.method.shared_keys(model))
-        return self.task.evaluate_global(model.to(self.device), self.device)
+        return self.task.evaluate_global(self.job.model_with(arrays), self.device)
 
     def finish_round(
         self,
@@ -361,13 +318,12 @@ class Federation:
         ``client_models_round``), for analyses such as t-SNE of client features; before the last round
         that round's global arrays come with them (``"global"``). Written before the round's
         checkpoint, so a resumed run still has it."""
-        from fedmedbench.io import atomic_path
+        from fedmedbench.io import write_torch
 
         payload = {str(pid): arrays_to_tensors(r.arrays) for pid, r in sorted(results.items()) if r.arrays}
         if global_arrays is not None:
             payload["global"] = arrays_to_tensors(global_arrays)
-        with atomic_path(self._final_client_models_path()) as tmp:
-            torch.save(payload, tmp)
+        write_torch(self._final_client_models_path(), payload, what="client models")
 
     def _progress(self, row: dict[str, Any]) -> None:
         """One line per round: in the log, and on the console when the log offers one (``log.console``)."""
@@ -389,8 +345,7 @@ class Federation:
         metrics = pd.DataFrame(state.rows)
         io.write_csv(run_dir / "metrics.csv", metrics)
         io.write_csv(run_dir / "client_metrics.csv", pd.DataFrame(state.client_rows))
-        with io.atomic_path(run_dir / "model.pt") as tmp:
-            torch.save(arrays_to_tensors(state.arrays), tmp)
+        io.write_torch(run_dir / "model.pt", arrays_to_tensors(state.arrays), what="final model")  # reproducible bytes
         if self.spec.save_client_models:
             src = self._final_client_models_path()
             if not src.is_file():

@@ -161,6 +161,8 @@ class Method:
     centralized = False
     #: names of extra records this method may send from a client (checked by the engine)
     extra_records: tuple[str, ...] = ()
+    #: the client step works on data already on the device (the engine may then cache it there)
+    device_data = False
 
     def __init__(self, **params: Any) -> None:
         if params:

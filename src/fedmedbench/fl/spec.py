@@ -15,7 +15,18 @@ from typing import Any
 from fedmedbench.fl.registry import TrainConfig
 
 #: fields that do not change the numbers a run produces
-_NOT_HASHED = {"run_dir", "threads", "log_every", "backend"}
+_NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device"}
+#: fields a job's script sets from its Snakemake job and the config, never from ``params:``: they change
+#: how a run executes, not its numbers, so changing them reruns no finished job
+RUNTIME_FIELDS = ("threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device")
+RESUME_MODES = ("auto", "restart")
+#: the config's ``engine`` entries a spec takes: how a job runs, never what it computes
+ENGINE_OPTIONS = ("backend", "cache_on_device")
+
+
+def engine_options(config: dict[str, Any]) -> dict[str, Any]:
+    """The spec fields from the config's ``engine`` block (read at run time, not from the rule's params)."""
+    return {k: config["engine"][k] for k in ENGINE_OPTIONS if k in config["engine"]}
 
 
 @dataclass
@@ -40,6 +51,8 @@ class RunSpec:
     threads: int = 1
     #: Flower backend: inline (in-process grid, default) or ray (run_simulation); see fl/engine.py
     backend: str = "inline"
+    #: copy client data to an accelerator once per job while it fits (fl/job.py); never changes results
+    cache_on_device: bool = True
     data_origin: str = "synthetic"
     log_every: int = 1
     eval_every: int = 1
@@ -56,6 +69,10 @@ class RunSpec:
     #: weight set -> SHA-256 of the file the job loads (filled at job start from the manifests), so a
     #: checkpoint written with other weights is never resumed
     weights_sha256: dict[str, str] = field(default_factory=dict)
+    #: keep checkpoint/ (server state, client states) after the run completed; default: removed
+    keep_checkpoints: bool = False
+    #: auto = resume from a matching checkpoint; restart = discard it and start at round 0
+    resume: str = "auto"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:
@@ -86,3 +103,18 @@ class RunSpec:
         if d["task"] == "classification" and not d["task_params"]:
             del d["task"], d["task_params"]
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def result_params(spec: dict[str, Any]) -> dict[str, Any]:
+    """A RunSpec dict without its runtime fields: what a rule's ``params:`` carries."""
+    return {k: v for k, v in spec.items() if k not in RUNTIME_FIELDS}
+
+
+def for_job(params_spec: dict[str, Any], threads: int, config: dict[str, Any], log_every: int | None = None) -> RunSpec:
+    """The RunSpec of a Snakemake job: result fields from ``params``, runtime fields from the job and config."""
+    d = result_params(params_spec)
+    d.update(threads=int(threads), keep_checkpoints=bool(config.get("keep_checkpoints", False)),
+             resume=config.get("resume", "auto"), **engine_options(config))
+    if log_every is not None:
+        d["log_every"] = int(log_every)
+    return RunSpec.from_dict(d)

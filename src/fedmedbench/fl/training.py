@@ -86,6 +86,33 @@ def optimizer_step(loss: torch.Tensor, model: nn.Module, opt: torch.optim.Optimi
     return float(loss.detach())
 
 
+class StepLosses:
+    """A client's per-step losses, kept on the device and read once after its last step.
+
+    Reading a loss (``float(loss)``, ``torch.isfinite(loss)`` in an ``if``) waits for the device
+    each step; here the steps queue up and the host reads them all once. A non-finite loss
+    still fails the client with the round and the first bad step (after its remaining steps ran).
+    """
+
+    def __init__(self) -> None:
+        self._losses: list[torch.Tensor] = []
+
+    def add(self, loss: torch.Tensor) -> None:
+        self._losses.append(loss.detach())
+
+    def mean(self, rnd: int, what: str = "training", hint: str = "lower train.lr or set train.grad_clip",
+             check: bool = True) -> float:
+        """Mean loss (summed in float64 in step order); with ``check``, a non-finite step raises
+        NonFiniteLossError naming the first bad one (without, the mean is non-finite too)."""
+        values = torch.stack(self._losses).double().cpu().tolist() if self._losses else []
+        total = 0.0
+        for step, value in enumerate(values, start=1):
+            if check and not math.isfinite(value):
+                raise NonFiniteLossError(f"non-finite {what} loss ({value}) at round {rnd}, step {step}; {hint}")
+            total += value
+        return total / max(len(values), 1)
+
+
 def local_sgd(
     model: nn.Module,
     x_u8: torch.Tensor,
@@ -101,17 +128,20 @@ def local_sgd(
     place_model(model, cfg, device).train()
     opt = make_optimizer(model, cfg, rnd)
     loss_fn = nn.CrossEntropyLoss()
-    total, count = 0.0, 0
+    losses = StepLosses()
     for idx in batch_indices(y.shape[0], cfg.batch_size, steps, generator):
-        xb, yb = to_float(x_u8[idx], device, cfg.channels_last), y[idx].to(device)
+        xb, yb = to_float(x_u8[idx], device, cfg.channels_last), y[idx].to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
         with forward_precision(cfg, device):
             loss = loss_fn(model(xb).float(), yb)
             if extra_loss is not None:
                 loss = loss + extra_loss(model)
-        total += optimizer_step(loss, model, opt, cfg, rnd, count + 1)
-        count += 1
-    return total / max(count, 1)
+        loss.backward()
+        if cfg.grad_clip:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        losses.add(loss)
+    return losses.mean(rnd, hint="lower train.lr or enable train.grad_clip")
 
 
 @torch.no_grad()
@@ -141,4 +171,4 @@ def evaluate(model: nn.Module, x_u8: torch.Tensor, y: torch.Tensor, batch_size: 
     if y.shape[0] == 0:
         return classification_metrics(np.zeros(0), np.zeros((0, 2)), math.nan)
     probs, loss = predict(model, x_u8, y, batch_size, device)
-    return classification_metrics(y.numpy(), probs, loss)
+    return classification_metrics(y.cpu().numpy(), probs, loss)

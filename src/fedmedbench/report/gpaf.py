@@ -36,6 +36,7 @@ from fedmedbench.report import paper_values  # noqa: E402
 LABELS = {"fedavg": "FedAvg", "moon": "MOON", "feddg": "FedDG", "gpaf": "GPAF", "centralized": "Centralized",
           "local": "Local"}
 METRIC_LABELS = {"accuracy": "Accuracy", "f1": "F1-Score", "recall": "Recall", "precision": "Precision",
+                 "f1_macro": "Macro F1", "recall_macro": "Macro recall", "precision_macro": "Macro precision",
                  "balanced_accuracy": "Balanced acc.", "auc": "AUC", "loss": "Loss"}
 SYNTHETIC_NOTE = "SYNTHETIC data (deterministic stand-in for the demo; NOT a reproduction of the paper's numbers)"
 

@@ -27,6 +27,8 @@ class AdapterContext:
     mask_dir_final: Path
     log: Callable[[str], None] = print
     notes: list[str] = field(default_factory=list)
+    #: sanitised mask folder name -> the video id that owns it (two videos must never share one)
+    mask_folders: dict[str, str] = field(default_factory=dict)
 
     def opt(self, key: str, default=None):
         """A dataset option; ``None`` in the config means "the layout's documented default"."""

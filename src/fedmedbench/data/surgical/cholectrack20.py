@@ -28,6 +28,7 @@ frames out); the frame rate is the JSON's ``video.fps`` when present, else the c
 from __future__ import annotations
 
 import json
+import math
 
 from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, split_folders, timestamp
 from fedmedbench.data.surgical.fsutil import image_size
@@ -43,6 +44,35 @@ from fedmedbench.data.surgical.schema import (
 TASK = "detection"
 OFFICIAL_FPS = 25.0
 OFFICIAL_SPLIT_DIRS = {"Training": "train", "Validation": "val", "Testing": "test"}
+
+
+def _structure_problem(doc) -> str | None:
+    """What is wrong with the shape of a label JSON (the field named), or None."""
+    if not isinstance(doc, dict):
+        return f"the top level is a {type(doc).__name__}, expected an object"
+    if not isinstance(doc.get("annotations"), dict):
+        return "field 'annotations' is missing or not an object {frame: [records]}"
+    for key, records in doc["annotations"].items():
+        if records is not None and (not isinstance(records, list) or not all(isinstance(r, dict) for r in records)):
+            return f"field 'annotations.{key}' is not a list of objects"
+    video = doc.get("video")
+    if video is not None and not isinstance(video, dict):
+        return "field 'video' is not an object"
+    for key in ("width", "height"):
+        v = (video or {}).get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            return f"field 'video.{key}' = {v!r} is not a positive integer"
+    categories = doc.get("categories")
+    if categories is not None and not isinstance(categories, dict):
+        return "field 'categories' is not an object"
+    return None
+
+
+def _json_fps(value) -> float | None:
+    """A JSON frame rate as the config's is validated: a finite number > 0 (else None)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
 
 
 def _tool_table(doc: dict, ctx: AdapterContext) -> dict[int, str]:
@@ -65,7 +95,9 @@ def _boxes(records, table, width, height, normalized, tol) -> tuple[list[Box] | 
     boxes = []
     for rec in records:
         cid = rec.get("instrument", rec.get("category"))
-        if cid is None or int(cid) not in table:
+        if isinstance(cid, bool) or not isinstance(cid, int | str) or not str(cid).lstrip("-").isdigit():
+            return None, f"field 'instrument' = {cid!r} is not an integer tool id"
+        if int(cid) not in table:
             return None, f"instrument id {cid!r} is not in the tool map {sorted(table)}"
         try:
             x, y, w, h = (float(v) for v in rec["tool_bbox"])
@@ -94,18 +126,26 @@ def _video(ctx, vdir, split, fps_cfg, tol, normalized, frames_dir, ext, unannota
         label = candidates[0]
     try:
         doc = json.loads(label.read_text())
-        annotations = doc["annotations"]
-        if not isinstance(annotations, dict):
-            raise TypeError("'annotations' is not an object")
-    except (ValueError, KeyError, TypeError) as exc:
-        ctx.bad.add(label, f"JSON does not parse as a CholecTrack20 label file ({exc})", vid)
+        problem = _structure_problem(doc)
+    except (ValueError, UnicodeDecodeError) as exc:
+        problem = f"JSON does not parse ({exc})"
+    if problem:
+        ctx.bad.add(label, f"not a CholecTrack20 label file: {problem}", vid)
         return []
+    annotations = doc["annotations"]
     video = doc.get("video") or {}
     fps = fps_cfg
-    if video.get("fps"):
-        fps = float(video["fps"])
+    if video.get("fps") is not None:
+        fps = _json_fps(video["fps"])
+        if fps is None:
+            ctx.bad.add(label, f"field 'video.fps' = {video['fps']!r} is not a positive frame rate", vid)
+            return []
         ctx.notes.append(f"{vid}: fps {fps} read from its JSON")
-    table = _tool_table(doc, ctx)
+    try:
+        table = _tool_table(doc, ctx)
+    except (TypeError, ValueError) as exc:
+        ctx.bad.add(label, f"field 'categories.tools' is not a map of integer ids to names ({exc})", vid)
+        return []
     frames: dict[int, list] = {}
     for key, records in annotations.items():
         try:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedmedbench.data.surgical.badfiles import BadFileError
 from fedmedbench.data.surgical.base import AdapterContext, timestamp
 from fedmedbench.data.surgical.fsutil import read_image, write_png
 from fedmedbench.data.surgical.schema import LABEL_SETS
@@ -96,7 +97,12 @@ def value_map(ctx: AdapterContext, default: dict, label_set: str) -> dict[int, i
 
 
 def save_canonical(ctx: AdapterContext, video: str, frame: int, mask: np.ndarray) -> str:
-    rel = Path(_safe(video)) / f"{frame:06d}.png"
+    safe = _safe(video)
+    owner = ctx.mask_folders.setdefault(safe, video)
+    if owner != video:
+        raise BadFileError(f"surgical dataset '{ctx.name}': videos '{owner}' and '{video}' (under {ctx.root}) both map "
+                           f"to the mask folder '{safe}' once their names are made file-system safe; rename one of them")
+    rel = Path(safe) / f"{frame:06d}.png"
     write_png(ctx.mask_dir / rel, mask.astype(np.uint8))
     return str(ctx.mask_dir_final / rel)
 

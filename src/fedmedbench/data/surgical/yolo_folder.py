@@ -20,7 +20,7 @@ import re
 
 import yaml
 
-from fedmedbench.data.surgical.badfiles import DatasetNotFoundError
+from fedmedbench.data.surgical.badfiles import BadFileError, DatasetNotFoundError
 from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, timestamp
 from fedmedbench.data.surgical.fsutil import image_size, sorted_images
 from fedmedbench.data.surgical.schema import Box, canonical_tool, check_box, clip_box, dump_boxes
@@ -37,14 +37,28 @@ def class_names(ctx: AdapterContext, names) -> list[str]:
 
 
 def _names(path) -> list[str]:
+    """``names`` of data.yaml: a list of strings, or a dict {0: name, 1: name, ...} (Ultralytics' two forms)."""
     try:
         doc = yaml.safe_load(path.read_text())
         names = doc["names"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: no readable 'names' list ({exc})") from exc
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError) as exc:
+        raise BadFileError(f"{path}: no readable 'names' field ({type(exc).__name__}: {exc})") from exc
     if isinstance(names, dict):
-        return [str(names[k]) for k in sorted(names, key=int)]
-    return [str(n) for n in names]
+        keys = list(names)
+        if not all(isinstance(k, int) or (isinstance(k, str) and k.isdigit()) for k in keys):
+            raise BadFileError(f"{path}: field 'names' has non-integer class ids {[k for k in keys if not str(k).isdigit()]}; "
+                               "expected {0: name, 1: name, ...}")
+        ids = sorted(int(k) for k in keys)
+        if ids != list(range(len(ids))):
+            raise BadFileError(f"{path}: field 'names' class ids {ids} are not 0..{len(ids) - 1}")
+        names = [names[k] for k in sorted(keys, key=int)]
+    elif not isinstance(names, list):
+        raise BadFileError(f"{path}: field 'names' is a {type(names).__name__} ({names!r}); expected a list of class "
+                           "names or a dict {0: name, ...} (a single class is written [name])")
+    bad = [n for n in names if not isinstance(n, str) or not n.strip()]
+    if bad or not names:
+        raise BadFileError(f"{path}: field 'names' must hold non-empty class name strings, got {names!r}")
+    return list(names)
 
 
 def _split_folders(root):
@@ -60,8 +74,14 @@ def _split_folders(root):
 def _label_boxes(path, names, width, height, tol) -> tuple[list[Box] | None, str | None]:
     if not path.is_file():
         return [], None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError) as exc:
+        return None, f"not a readable text label file ({type(exc).__name__})"
+    if "\x00" in text:
+        return None, "not a text label file (binary content)"
     boxes = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         parts = line.split()
         if not parts:
             continue

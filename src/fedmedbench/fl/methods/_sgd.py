@@ -35,7 +35,7 @@ from fedmedbench.fl.registry import (
     weighted_average,
 )
 from fedmedbench.fl.training import (
-    NonFiniteLossError,
+    StepLosses,
     batch_indices,
     forward_precision,
     make_optimizer,
@@ -95,10 +95,10 @@ def local_loop(ctx: ClientContext, hooks: StepHooks) -> float:
     params = trainable(model)
     opt = make_optimizer(model, cfg, ctx.rnd, hooks.extra_weight_decay)
     correction = {n: t.to(device) for n, t in (hooks.correction or {}).items()}
-    total, count = 0.0, 0
+    losses = StepLosses()  # read once after the last step: no host sync per step
     x_u8, y = ctx.data.train_x, ctx.data.train_y
     for idx in batch_indices(y.shape[0], cfg.batch_size, ctx.steps, ctx.generator):
-        xb, yb = to_float(x_u8[idx], device, cfg.channels_last), y[idx].to(device)
+        xb, yb = to_float(x_u8[idx], device, cfg.channels_last), y[idx].to(device, non_blocking=True)
         with forward_precision(cfg, device):
             e = hooks.perturb(model, xb, yb) if hooks.perturb else None
         if e:
@@ -108,9 +108,6 @@ def local_loop(ctx: ClientContext, hooks: StepHooks) -> float:
         opt.zero_grad(set_to_none=True)
         with forward_precision(cfg, device):
             loss = nn.functional.cross_entropy(model(xb).float(), yb)
-        if not torch.isfinite(loss) and cfg.on_nonfinite != "continue":
-            raise NonFiniteLossError(f"non-finite training loss ({loss.item()}) at round {ctx.rnd}, step {count + 1}; "
-                                     "lower train.lr, set train.grad_clip, or train.on_nonfinite: continue")
         (hooks.loss_weight * loss).backward()
         with torch.no_grad():
             if e:
@@ -124,9 +121,9 @@ def local_loop(ctx: ClientContext, hooks: StepHooks) -> float:
         opt.step()
         if hooks.after_step:
             hooks.after_step()
-        total += float(loss.detach())
-        count += 1
-    return total / max(count, 1)
+        losses.add(loss)
+    return losses.mean(ctx.rnd, check=cfg.on_nonfinite != "continue",
+                       hint="lower train.lr, set train.grad_clip, or train.on_nonfinite: continue")
 
 
 def local_iterations(ctx: ClientContext, form: str) -> float:
@@ -182,6 +179,8 @@ def delta(model: nn.Module, global_arrays: Arrays) -> Tensors:
 
 class ServerOptMethod(Method):
     """FedAvg-style server: average the client states, global lr on the parameters' update."""
+
+    device_data = True  # local_loop indexes batches wherever the data is
 
     def __init__(self, global_lr: float = 1.0, **params: Any) -> None:
         super().__init__(**params)

@@ -1,0 +1,166 @@
+"""What a study's paper grid costs on this machine: a few timed rounds per method, times the grid.
+
+For each classification study of a config (``config/studies/*.yaml``), one job per timed method
+runs the study's own configuration (model, image size, clients, clients per round, local epochs,
+batch size, optimizer, method parameters, evaluation schedule) on synthetic data of the study's
+dataset at its official split sizes, through the engine, on ``--device``. Seconds per round
+(the first round, which builds caches, is timed apart and left out when more than one round
+runs) times every job's round budget gives the grid's device-hours, one job at a time.
+Methods not timed (``--methods``) are costed at the mean of the timed ones (said in the row).
+Studies whose jobs are not ``train_federated`` runs (fedst, ultraflwr: surgical video
+pipelines) are listed with their job and round counts only.
+
+    python bench/grid_cost.py --config config/studies/earlystop.yaml --rounds 3 --methods fedavg scaffold
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _report import emit  # noqa: E402
+
+from fedmedbench import io  # noqa: E402
+from fedmedbench import partition as P  # noqa: E402
+from fedmedbench.compat import limit_threads  # noqa: E402
+from fedmedbench.data import synthetic  # noqa: E402
+from fedmedbench.fl import engine  # noqa: E402
+from fedmedbench.fl.spec import RunSpec  # noqa: E402
+from fedmedbench.fl.tasks import _task_cached  # noqa: E402
+
+
+def load_config(path: Path) -> dict:
+    """The config with the schema's defaults filled in (as Snakemake sees it)."""
+    from snakemake.utils import validate
+
+    config = yaml.safe_load(path.read_text())
+    validate(config, str(ROOT / "config" / "schema.yaml"), set_default=True)
+    return config
+
+
+def grid_jobs(config: dict, study: str) -> list[dict]:
+    """Every training job of the study (as rules/common.smk's ``runs``), with its round budget."""
+    st = config["studies"][study]
+    jobs = []
+    for setting, s in st["settings"].items():
+        for dataset in s.get("datasets") or st["datasets"]:
+            for method in st["methods"]:
+                train = {**st["train"], **s.get("train", {}), **st["method_train"].get(method, {})}
+                jobs += [dict(setting=setting, dataset=dataset, method=method, seed=seed, rounds=int(train["rounds"]))
+                         for seed in st["seeds"]]
+    return jobs
+
+
+def make_data(workdir: Path, config: dict, study: str, setting: str, dataset: str) -> tuple[Path, dict[str, str]]:
+    """Synthetic data at the official split sizes and the setting's partition (every domain reads the same file:
+    corruptions change pixels, not the cost)."""
+    st = config["studies"][study]
+    s = st["settings"][setting]
+    arrays = synthetic.generate(dataset, st["size"], seed=0)
+    npz = workdir / f"{dataset}_{st['size']}.npz"
+    io.write_npz(npz, arrays)
+    labels = {k: arrays[f"{k}_labels"].reshape(-1) for k in ("train", "val", "test")}
+    n_classes = int(max(v.max() for v in labels.values())) + 1
+    part = workdir / f"{setting}.json"
+    io.write_json(part, P.build_partition(labels, s["scheme"], s["num_clients"], 0, s.get("params", {}), n_classes))
+    sources = {d: str(npz) for d in s["params"]["domains"]} if s["scheme"] == "domain" else {"base": str(npz)}
+    return part, sources
+
+
+def job_spec(workdir: Path, config: dict, study: str, job: dict, part: Path, sources: dict[str, str], rounds: int,
+             device: str, threads: int) -> RunSpec:
+    st = config["studies"][study]
+    s = st["settings"][job["setting"]]
+    train = {**st["train"], **s.get("train", {}), **st["method_train"].get(job["method"], {}), "rounds": rounds}
+    return RunSpec(
+        run_dir=str(workdir / f"run-{job['method']}"), study=study, dataset=job["dataset"], setting=job["setting"],
+        method=job["method"], seed=0, partition_path=str(part), sources=sources, image_size=st["size"],
+        model=st["model"]["name"], train=train, clients_per_round=st["clients_per_round"],
+        method_params=dict(st["method_params"].get(job["method"], {})), device=device, threads=threads,
+        eval_every=min(st["eval_every"], rounds), log_every=rounds, save_client_models=st["save_client_models"],
+    )
+
+
+def time_rounds(spec: RunSpec) -> tuple[float, list[float]]:
+    """Run the job; seconds of the first round and of each later one (from the metric rows' elapsed_s)."""
+    import pandas as pd
+
+    _task_cached.cache_clear()
+    shutil.rmtree(spec.run_dir, ignore_errors=True)
+    t0 = time.perf_counter()
+    engine.run(spec, log=lambda m: None)
+    wall = time.perf_counter() - t0
+    elapsed = pd.read_csv(Path(spec.run_dir) / "metrics.csv")["elapsed_s"].to_numpy()
+    per_round = np.diff(np.concatenate([[0.0], elapsed]))
+    return wall, per_round.tolist()
+
+
+def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int, device: str, threads: int,
+               workdir: Path) -> dict:
+    st = config["studies"][study]
+    jobs = grid_jobs(config, study)
+    row = {"bench": "grid_cost", "study": study, "device": device, "jobs": len(jobs),
+           "job_rounds": sum(j["rounds"] for j in jobs), "model": st["model"]["name"]}
+    timed = [m for m in (methods or st["methods"][:1]) if m in st["methods"]]
+    first = jobs[0]
+    part, sources = make_data(workdir, config, study, first["setting"], first["dataset"])
+    s_per_round: dict[str, float] = {}
+    for method in timed:
+        spec = job_spec(workdir, config, study, {**first, "method": method}, part, sources, rounds, device, threads)
+        _, per_round = time_rounds(spec)
+        later = per_round[1:] if len(per_round) > 1 else per_round
+        s_per_round[method] = float(np.mean(later))
+        row.setdefault("first_round_s", {})[method] = round(per_round[0], 2)
+    fallback = float(np.mean(list(s_per_round.values())))
+    seconds = sum(j["rounds"] * s_per_round.get(j["method"], fallback) for j in jobs)
+    row.update(timed_on=f"{first['dataset']}/{first['setting']}", rounds_timed=rounds,
+               s_per_round={k: round(v, 3) for k, v in s_per_round.items()},
+               untimed_methods_at_mean=sorted(set(st["methods"]) - set(s_per_round)),
+               device_hours=round(seconds / 3600, 1))
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", type=Path, nargs="+",
+                    default=sorted((ROOT / "config" / "studies").glob("*.yaml")))
+    ap.add_argument("--study", nargs="*", help="studies of the config to cost (default: all)")
+    ap.add_argument("--methods", nargs="*", help="methods to time (default: each study's first)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds timed per method (the first is left out when > 1)")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, help="append the results as JSON lines")
+    args = ap.parse_args()
+    import torch
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    limit_threads(args.threads)
+    rows = []
+    for path in args.config:
+        config = load_config(path)
+        for study in config.get("studies", {}):
+            if args.study and study not in args.study:
+                continue
+            with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
+                rows.append(study_cost(config, study, args.methods, args.rounds, device, args.threads, Path(tmp)))
+            emit(rows[-1:], args.out)
+        for name in ("fedst", "ultraflwr"):
+            if name in config:
+                rows.append({"bench": "grid_cost", "study": name, "config": str(path), "timed": False,
+                             "note": "surgical video pipeline: not timed by this script"})
+                emit(rows[-1:], args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Strict reading of config files, before the schema check.
+
+Snakemake reads config files with YAML 1.1 rules and a permissive loader: a
+duplicate key silently keeps the last value, ``lr: 5e-2`` becomes the string
+"5e-2", and a syntax error is reported without file or line. The workflow re-reads
+every config file it was given with :func:`check_file` (duplicates rejected,
+errors as ``file:line:column``), and :func:`coerce_numbers` turns numeric strings
+such as "5e-2" into numbers where the schema asks for a number.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: YAML 1.2 floats: PyYAML (YAML 1.1) needs a dot, so 5e-2 or 1E3 would stay strings
+FLOAT_RE = re.compile(r"^[-+]?(?:\d[\d_]*)?(?:\.\d*)?[eE][-+]?\d+$")
+
+
+class ConfigFileError(ValueError):
+    """A config file that does not parse, or has a duplicate key (the message names file and line)."""
+
+
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate mapping keys and reads YAML 1.2 exponent floats."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                first = seen[key]
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first defined at line {first.line + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", FLOAT_RE, list("-+0123456789."))
+
+
+def check_file(path: str | Path) -> Any:
+    """Parse ``path`` strictly; a problem raises :class:`ConfigFileError` as ``path:line:column: problem``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigFileError(f"{path}: cannot read the config file ({exc.strerror})") from exc
+    if path.suffix == ".json":
+        return None  # JSON has no duplicate-key or float ambiguity worth a second parser here
+    try:
+        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigFileError(f"{where}: {exc.problem or exc.context}").with_traceback(None) from None
+    except yaml.YAMLError as exc:
+        raise ConfigFileError(f"{path}: not valid YAML ({exc})") from None
+
+
+def check_files(paths: Iterable[str | Path]) -> None:
+    for p in paths:
+        check_file(p)
+
+
+def coerce_numbers(config: dict, schema_path: str | Path) -> list[str]:
+    """Replace numeric strings (YAML 1.1 reads ``5e-2`` as text) by floats where the schema wants a number.
+
+    Returns the dotted keys that were converted. Anything else is left for the schema check to report.
+    """
+    import jsonschema
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    done: list[str] = []
+
+    def visit(errors) -> None:
+        for err in errors:
+            if err.context:
+                visit(err.context)
+            wanted = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
+            if (err.validator == "type" and "number" in wanted and isinstance(err.instance, str)
+                    and FLOAT_RE.match(err.instance.strip())):
+                path = list(err.absolute_path)
+                node = config
+                for key in path[:-1]:
+                    node = node[key]
+                if isinstance(node[path[-1]], str):
+                    node[path[-1]] = float(err.instance.strip().replace("_", ""))
+                    done.append(".".join(str(k) for k in path))
+
+    visit(validator.iter_errors(config))
+    return done
+
+
+def ignored_settings(config: dict) -> list[str]:
+    """Settings that have no effect under the rest of the config (a warning each, so nobody relies on them)."""
+    data = config.get("data") or {}
+    out = []
+    if data.get("origin", "synthetic") == "synthetic" and data.get("medmnist_root"):
+        out.append(f"data.medmnist_root = {data['medmnist_root']!r} is ignored: data.origin is synthetic "
+                   "(set data.origin: real to use the official files)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fedmedbench.configcheck FILE...``: check files before handing them to Snakemake."""
+    import sys
+
+    paths = sys.argv[1:] if argv is None else argv
+    try:
+        check_files(paths)
+    except ConfigFileError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""One training job resolved once: its spec, method, task, device and the models it reuses.
+
+The server (:class:`~fedmedbench.fl.federation.Federation`) and the client functions get a
+:class:`Job` instead of looking the method and task up from the spec at every step. It also
+owns what a job reuses across client calls:
+
+* one resident model: when the method shares the whole state_dict, the broadcast overwrites
+  every entry, so each client call loads the arrays into the same model in place (no deep copy
+  or rebuild per call; its ``requires_grad`` flags, train/eval modes and gradients are reset to a
+  freshly built model's, so what a method changed in one call never reaches the next). A method
+  that keeps un-shared entries gets a freshly built model per call, as before.
+* client data on the device (``cache_on_device``, accelerators only): each client's tensors are
+  copied to the device once per job while they fit in half of the device memory free at the
+  first copy; the rest stays on the host and is moved per batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass, replace
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+from fedmedbench.fl.registry import Arrays, ClientData, Method, TrainConfig, get_method, load_arrays
+from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.tasks import Task, task_for
+
+#: share of the device memory free at the first copy that cached client data may use
+DEVICE_DATA_SHARE = 0.5
+#: devices whose client data is worth caching (on the CPU the data already is where it is used)
+CACHED_DEVICE_TYPES = ("cuda",)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device: cuda requested but no CUDA device is available (use device: auto or cpu)")
+    return torch.device(name)
+
+
+class Job:
+    """A run's spec with its method, task, device and train config resolved once."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.method: Method = get_method(spec.method, spec.method_params)
+        self._task: Task | None = None
+        self.device = resolve_device(spec.device)
+        self.train: TrainConfig = spec.train_config()
+        self._resident: torch.nn.Module | None = None
+        self._fresh_flags: tuple[list, list] | None = None
+        self._shared_keys: list[str] | None = None
+        self._whole: bool | None = None
+        self._data: dict[int, Any] = {}
+        self._data_bytes = 0
+        self._data_budget: int | None = None
+
+    @property
+    def task(self) -> Task:
+        """The run's task, built on first use (a deployed site has no partition to build it from)."""
+        if self._task is None:
+            self._task = task_for(self.spec)
+        return self._task
+
+    # -- models -----------------------------------------------------------------------
+    def new_model(self) -> torch.nn.Module:
+        return self.method.build_model(self.spec)
+
+    def shared_keys(self) -> list[str]:
+        if self._shared_keys is None:
+            self._resident = self.new_model()
+            self._shared_keys = self.method.shared_keys(self._resident)
+            self._whole = set(self._shared_keys) == set(self._resident.state_dict())
+            self._fresh_flags = ([(p, p.requires_grad) for p in self._resident.parameters()],
+                                 [(m, m.training) for m in self._resident.modules()])
+        return self._shared_keys
+
+    def model_with(self, arrays: Arrays) -> torch.nn.Module:
+        """A model holding the broadcast ``arrays``, on the job's device."""
+        keys = self.shared_keys()
+        if self._whole:
+            model = self._resident
+            self._reset(model)
+        else:  # un-shared entries keep a freshly built model's values
+            model = self.new_model()
+        load_arrays(model, arrays, keys)
+        return model.to(self.device)
+
+    def _reset(self, model: torch.nn.Module) -> None:
+        params, modules = self._fresh_flags
+        for p, flag in params:
+            p.grad = None
+            p.requires_grad_(flag)
+        for m, training in modules:
+            m.training = training
+
+    # -- data -------------------------------------------------------------------------
+    def client_data(self, pid: int) -> Any:
+        """A client's data (the pooled data for a centralized method); on the device when cached."""
+        if pid in self._data:
+            return self._data[pid]
+        data = self.task.pooled_data() if self.method.centralized else self.task.client_data(pid)
+        if self._caches_data(data):
+            nbytes = sum(getattr(data, f.name).nbytes for f in fields(data))
+            if self._data_budget is None:
+                self._data_budget = int(free_device_memory(self.device) * DEVICE_DATA_SHARE)
+            if self._data_bytes + nbytes <= self._data_budget:
+                data = replace(data, **{f.name: getattr(data, f.name).to(self.device) for f in fields(data)})
+                self._data_bytes += nbytes
+                self._data[pid] = data
+        return data
+
+    def _caches_data(self, data: Any) -> bool:
+        return (self.spec.cache_on_device and self.device.type in CACHED_DEVICE_TYPES and self.method.device_data
+                and is_dataclass(data) and isinstance(data, ClientData))
+
+
+def free_device_memory(device: torch.device) -> int:
+    """Bytes free on an accelerator (0 where unknown, which turns caching off)."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    return 0
+
+
+@lru_cache(maxsize=2)
+def _job_cached(spec_json: str) -> Job:
+    return Job(RunSpec.from_json(spec_json))
+
+
+def job_for(spec: RunSpec) -> Job:
+    """The job of ``spec`` in this process (a Ray actor resolves it once and reuses it)."""
+    return _job_cached(spec.to_json())

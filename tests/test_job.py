@@ -1,0 +1,123 @@
+"""The resolved job: resident model reset per call, device-data cache guard, held arrays, one loss read per client."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.serde import message_from_proto, message_to_proto
+from helpers import split_labels
+
+from fedmedbench import io
+from fedmedbench import partition as P
+from fedmedbench.data import synthetic
+from fedmedbench.fl import engine
+from fedmedbench.fl import federation as fed
+from fedmedbench.fl import job as job_module
+from fedmedbench.fl.inline_grid import InlineGrid
+from fedmedbench.fl.job import Job
+from fedmedbench.fl.registry import model_arrays
+from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.training import NonFiniteLossError, StepLosses
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    d = tmp_path_factory.mktemp("job")
+    arrays = synthetic.generate("breastmnist", 28, seed=0, counts={"train": 200, "val": 20, "test": 40})
+    io.write_npz(d / "b.npz", arrays)
+    io.write_json(d / "p.json", P.build_partition(split_labels(arrays), "iid", 4, 0, {}, num_classes=2))
+    return fed.resolve_data_shapes(RunSpec(
+        run_dir=str(d / "run"), study="t", dataset="breastmnist", setting="iid", method="fedavg", seed=0,
+        partition_path=str(d / "p.json"), sources={"base": str(d / "b.npz")}, image_size=28,
+        train={"rounds": 1, "local_epochs": 1, "batch_size": 16, "lr": 0.05}, device="cpu"))
+
+
+def test_resident_model_is_reused_and_reset_like_a_fresh_one(spec):
+    job = Job(spec)
+    torch.manual_seed(1)
+    arrays = model_arrays(job.new_model())
+    model = job.model_with(arrays)
+    # what a client step may leave behind: frozen parameters, eval mode, gradients, changed weights
+    first = next(model.parameters())
+    first.requires_grad_(False)
+    model.eval()
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    again = job.model_with(arrays)
+    assert again is model  # no copy, no rebuild
+    assert all(p.requires_grad and p.grad is None for p in again.parameters())
+    assert all(m.training for m in again.modules())
+    assert all(np.array_equal(v, arrays[k]) for k, v in model_arrays(again).items())
+
+
+def test_methods_keeping_unshared_entries_get_a_fresh_model(spec):
+    class KeepsHead(type(Job(spec).method)):
+        def shared_keys(self, model):
+            return [k for k in model.state_dict() if not k.startswith("head")][:2]
+
+    job = Job(spec)
+    job.method = KeepsHead()
+    arrays = model_arrays(job.new_model(), job.shared_keys())
+    assert job.model_with(arrays) is not job.model_with(arrays)
+
+
+def test_device_data_cache_stops_at_the_memory_budget(spec, monkeypatch):
+    job = Job(spec)
+    sizes = [sum(getattr(job.task.client_data(p), f).nbytes
+                 for f in ("train_x", "train_y", "val_x", "val_y", "test_x", "test_y")) for p in range(4)]
+    budget = sizes[0] + sizes[1]  # room for two clients
+    monkeypatch.setattr(job_module, "free_device_memory", lambda device: int(budget / job_module.DEVICE_DATA_SHARE) + 1)
+    monkeypatch.setattr(job_module, "CACHED_DEVICE_TYPES", ("cpu",))
+    assert job.client_data(0) is job.client_data(0) and job.client_data(1) is job.client_data(1)  # cached
+    assert job.client_data(2) is not job.client_data(2)  # over the budget: served from the host each call
+    assert job._data_bytes == budget
+    # off when the config says so, or for a method whose client step wants host data
+    off = Job(RunSpec.from_dict({**spec.to_dict(), "cache_on_device": False}))
+    assert off.client_data(0) is not off.client_data(0)
+    moon = Job(RunSpec.from_dict({**spec.to_dict(), "method": "moon"}))
+    assert not moon.method.device_data and moon.client_data(0) is not moon.client_data(0)
+
+
+def test_cpu_never_caches(spec):
+    job = Job(spec)
+    assert job.client_data(0) is not job.client_data(0)
+
+
+def test_held_arrays_give_fresh_copies_and_serialise_like_flower():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    held = engine.HeldArray(a)
+    got = held.numpy()
+    assert np.array_equal(got, a) and got is not a and got.flags.writeable
+    got[0, 0] = 99.0
+    assert a[0, 0] == 0.0  # the sender's array is untouched
+    assert held.data == Array.from_numpy_ndarray(a).data  # the same bytes if something serialises it
+    rec = engine._to_record({"w": a, "b": np.float64(2.5)}, held=True)
+    InlineGrid(ClientApp(), 1)  # stamps messages with a ServerApp's identity, as Flower's runtime does
+    msg = Message(RecordDict({"arrays": rec, "config": ConfigRecord({"round": 1})}), dst_node_id=5,
+                  message_type=MessageType.TRAIN, group_id="1")
+    msg.metadata.__dict__["_message_id"] = "m"
+    back = message_from_proto(message_to_proto(msg))
+    assert isinstance(back.content["arrays"], ArrayRecord)
+    assert np.array_equal(back.content["arrays"]["w"].numpy(), a) and back.content["arrays"]["b"].numpy() == 2.5
+
+
+def test_step_losses_are_read_once_and_name_the_first_bad_step():
+    log = StepLosses()
+    values = [0.5, 0.25, 0.125]
+    for v in values:
+        log.add(torch.tensor(v, requires_grad=True) * 1.0)
+    assert log.mean(rnd=1) == (0.5 + 0.25 + 0.125) / 3
+    bad = StepLosses()
+    for v in (1.0, math.inf, math.nan):
+        bad.add(torch.tensor(v))
+    with pytest.raises(NonFiniteLossError, match="at round 7, step 2"):
+        bad.mean(rnd=7)
+    assert StepLosses().mean(rnd=1) == 0.0
