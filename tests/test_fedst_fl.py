@@ -15,6 +15,7 @@ from PIL import Image
 import fedmedbench  # noqa: F401
 from fedmedbench import fedst_study as FS
 from fedmedbench.fl import federation as fed
+from fedmedbench.fl.job import Job
 from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
 
@@ -315,13 +316,13 @@ def test_every_site_and_the_upperbound_take_exactly_local_steps(clips, tmp_path,
         spec = make_spec(clips, tmp_path, method, "abl_ts_cs" if method == "fedst" else "main", cfg)
         m = get_method(spec.method, spec.method_params)
         model = fed.new_model(spec)
-        fed.client_train(spec, 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
+        fed.client_train(Job(spec), 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
     assert seen == [3, 3, 3]
     cfg["train"]["local_steps"] = None
     spec = make_spec(clips, tmp_path, "seg_fedavg", "main", cfg)
     m = get_method(spec.method, spec.method_params)
     model = fed.new_model(spec)
-    fed.client_train(spec, 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
+    fed.client_train(Job(spec), 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
     assert seen[-1] == 1  # null: the engine's epochs-based count
 
 
@@ -356,7 +357,7 @@ def test_fedrep_trains_the_head_first_then_the_body(clips, tmp_path, monkeypatch
 
     monkeypatch.setattr(registry, "get_method", lambda *a, **k: m)
     monkeypatch.setattr(fed, "get_method", lambda *a, **k: m, raising=False)
-    fed.client_train(spec, 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
+    fed.client_train(Job(spec), 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
     net = captured["model"]
     head = {id(p) for n, p in net.named_parameters() if n.startswith("decoder.")}
     body = {id(p) for n, p in net.named_parameters() if not n.startswith("decoder.")}
