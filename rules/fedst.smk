@@ -98,3 +98,40 @@ rule fedst_fig6:
         SOFTWARE_ENV
     script:
         "../scripts/fedst_fig6.py"
+
+
+rule fedst_fig5:
+    input:
+        clients=fedst_fig5_files("client_metrics.csv"),
+    output:
+        fig=report(f"results/fedst/figures/fig5{STAG}.png", caption="../report/fedst_fig5.rst", category="fedst",
+                   subcategory="figures"),
+        csv=f"results/fedst/figures/fig5{STAG}.csv",
+    params:
+        sites=FEDST["sites"],
+        origin=SORIGIN,
+    log:
+        "logs/fedst_figures/fig5.log",
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../scripts/fedst_fig5.py"
+
+
+rule fedst_fig7:
+    input:
+        clients=fedst_fig7_files("client_metrics.csv"),
+    output:
+        fig=report(f"results/fedst/figures/fig7{STAG}.png", caption="../report/fedst_fig7.rst", category="fedst",
+                   subcategory="figures"),
+        csv=f"results/fedst/figures/fig7{STAG}.csv",
+    params:
+        sites=FEDST["sites"],
+        methods=FS.fig7_methods(FEDST),
+        origin=SORIGIN,
+    log:
+        "logs/fedst_figures/fig7.log",
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../scripts/fedst_fig7.py"

@@ -33,6 +33,8 @@ def _check_fedst_config():
         _config_error("fedst.model.indicator_dim", f"must be >= the number of sites ({len(sites)}) for one-hot indicators")
     if FEDST["fig6"]["intervals"] and FEDST["train"]["local_steps"] is None:
         _config_error("fedst.fig6.intervals", "needs fedst.train.local_steps (iterations per round); or set intervals: []")
+    if FEDST["fig7"]["methods"] and FEDST["train"]["local_steps"] is None:
+        _config_error("fedst.fig7.methods", "needs fedst.train.local_steps (iterations per round, doubled); or set methods: []")
     unknown = set(FEDST["method_params"]) - set(FEDST["methods"])
     if unknown:
         _config_error("fedst.method_params", f"{sorted(unknown)} are not among fedst.methods")
@@ -86,6 +88,19 @@ def fedst_comm_files(name):
     return [f"results/fedst/{key}/{v}/fedst/seed{s}/{name}" for v in ["main", *FS.comm_variants(FEDST)] for s in FEDST["seeds"]]
 
 
+def fedst_fig5_files(name):
+    """Fig. 5 runs: SERQ (the main FedST run) and the two other uses of the synthetic clips."""
+    key = FS.sites_key(FEDST)
+    return [f"results/fedst/{key}/{v}/fedst/seed{s}/{name}" for v in ["main", *FS.fig5_variants(FEDST)] for s in FEDST["seeds"]]
+
+
+def fedst_fig7_files(name):
+    """Fig. 7 runs: each listed method without (main) and with (synmix) synthetic data at the sites."""
+    key = FS.sites_key(FEDST)
+    return [f"results/fedst/{key}/{v}/{m}/seed{s}/{name}" for m in FS.fig7_methods(FEDST) for v in ("main", FS.SYNMIX)
+            for s in FEDST["seeds"]]
+
+
 def fedst_targets():
     """Every fedst output the config asks for (added to rule all)."""
     if not FEDST["enabled"]:
@@ -93,9 +108,13 @@ def fedst_targets():
     out = [f"results/fedst/tables/{t}{STAG}.md" for t in FEDST_TABLES]
     if FS.comm_variants(FEDST) and "fedst" in FEDST["methods"]:
         out.append(f"results/fedst/figures/fig6{STAG}.png")
+    if FS.fig5_variants(FEDST):
+        out.append(f"results/fedst/figures/fig5{STAG}.png")
+    if FS.fig7_methods(FEDST):
+        out.append(f"results/fedst/figures/fig7{STAG}.png")
     return out
 
 
 wildcard_constraints:
     sites="[A-Za-z0-9]+",
-    variant="|".join(["main", *FS.VARIANTS, "comm[0-9]+"]),
+    variant="|".join(["main", *FS.VARIANTS, *FS.FIG5_VARIANTS, FS.SYNMIX, "comm[0-9]+"]),

@@ -25,11 +25,16 @@ def test_demo_and_full_grid_validate_with_defaults():
     f = demo["fedst"]
     assert f["serq"]["lambda2"] == 0.3 and f["serq"]["mu"] == 0.5 and f["loss"]["dice_weight"] == 0.3
     assert f["train"]["optimizer"] == "adamw" and f["train"]["aggregation"] == "uniform"
+    demo_runs = FS.runs(f)  # demo slices of Figs. 5 and 7: one extra run each
+    assert ("syn_server", "fedst", 0) in demo_runs and not any(v == "syn_sites" for v, _, _ in demo_runs)
+    assert [r for r in demo_runs if r[0] == "synmix"] == [("synmix", "seg_fedavg", 0)]
     full = yaml.safe_load((ROOT / "config" / "studies" / "fedst.yaml").read_text())
     validate(full, SCHEMA)
     assert full["fedst"]["model"]["pools"] == [7, 4, 2, 1] and full["fedst"]["model"]["fields"] == [49, 20, 6, 7]
-    runs = FS.runs(full["fedst"])  # every method x 3 seeds + every variant but the main run's indicator + Fig. 6
-    assert len(runs) == 3 * (8 + len(FS.VARIANTS) - 1 + 4)
+    runs = FS.runs(full["fedst"])  # every method x 3 seeds + every variant but the main run's indicator + Figs. 5, 6
+    assert len(runs) == 3 * (8 + len(FS.VARIANTS) - 1 + 4 + 2 + 8)  # Fig. 7: every method as synmix
+    assert ("synmix", "seg_local", 1) in runs and ("synmix", "fedst", 0) in runs
+    assert ("syn_server", "fedst", 2) in runs and ("syn_sites", "fedst", 2) in runs
     assert full["fedst"]["train"]["local_steps"] == 100 and ("comm10", "fedst", 0) in runs and ("comm100", "fedst", 0) not in runs
     assert ("ind_clip", "fedst", 0) not in runs and ("ind_onehot", "fedst", 0) in runs
 
@@ -50,6 +55,16 @@ def test_every_variant_and_method_resolves_to_a_spec():
     assert base["task_params"]["model"]["selection"] == "none" and "serq" not in base["method_params"]
     for v in FS.VARIANTS:
         FS.run_spec(cfg, v, "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")
+    # Fig. 5: the server fine-tunes instead of SERQ / SERQ off and the sites fine-tune serq.steps steps
+    server = FS.run_spec(cfg, "syn_server", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")["method_params"]
+    assert server["serq"]["enabled"] and server["serq"]["server"] == "finetune" and server["site_finetune"] == 0
+    sites = FS.run_spec(cfg, "syn_sites", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")["method_params"]
+    assert not sites["serq"]["enabled"] and sites["site_finetune"] == cfg["serq"]["steps"]
+    assert main["method_params"]["serq"]["server"] == "serq" and main["method_params"]["site_finetune"] == 0
+    # Fig. 7: synthetic clips of the server site mixed into the sites, iterations doubled
+    mix = FS.run_spec(cfg, "synmix", "seg_fedavg", 0, "clips", "run", None, "cpu", 1, "synthetic")["task_params"]
+    assert mix["synthetic_mix"] == cfg["server_site"] and mix["local_steps"] == 2 * cfg["train"]["local_steps"]
+    assert main["task_params"]["synthetic_mix"] is None
 
 
 @pytest.mark.parametrize("path,value,needle", [

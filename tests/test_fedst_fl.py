@@ -15,6 +15,7 @@ from PIL import Image
 import fedmedbench  # noqa: F401
 from fedmedbench import fedst_study as FS
 from fedmedbench.fl import federation as fed
+from fedmedbench.fl.job import Job
 from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
 
@@ -315,13 +316,13 @@ def test_every_site_and_the_upperbound_take_exactly_local_steps(clips, tmp_path,
         spec = make_spec(clips, tmp_path, method, "abl_ts_cs" if method == "fedst" else "main", cfg)
         m = get_method(spec.method, spec.method_params)
         model = fed.new_model(spec)
-        fed.client_train(spec, 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
+        fed.client_train(Job(spec), 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
     assert seen == [3, 3, 3]
     cfg["train"]["local_steps"] = None
     spec = make_spec(clips, tmp_path, "seg_fedavg", "main", cfg)
     m = get_method(spec.method, spec.method_params)
     model = fed.new_model(spec)
-    fed.client_train(spec, 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
+    fed.client_train(Job(spec), 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
     assert seen[-1] == 1  # null: the engine's epochs-based count
 
 
@@ -356,7 +357,7 @@ def test_fedrep_trains_the_head_first_then_the_body(clips, tmp_path, monkeypatch
 
     monkeypatch.setattr(registry, "get_method", lambda *a, **k: m)
     monkeypatch.setattr(fed, "get_method", lambda *a, **k: m, raising=False)
-    fed.client_train(spec, 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
+    fed.client_train(Job(spec), 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
     net = captured["model"]
     head = {id(p) for n, p in net.named_parameters() if n.startswith("decoder.")}
     body = {id(p) for n, p in net.named_parameters() if not n.startswith("decoder.")}
@@ -526,3 +527,122 @@ def test_serq_moving_average_and_which_model_each_step_trains(clips):
     # Eq. 11 trained v_pre away from the initial model
     init = model_arrays(new_model())
     assert any(not np.allclose(st_a["serq_pre"][k].numpy(), init[k]) for k in init if np.issubdtype(init[k].dtype, np.floating))
+
+
+def _tiny_server(clips, **over):
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.methods.fedst import SERQ_DEFAULTS
+    from fedmedbench.models.fedst import build_fedst_net
+
+    def new_model():
+        torch.manual_seed(0)
+        return build_fedst_net({"window": 2, "pools": [2, 1, 1, 1], "fields": [4, 3, 2, 2], "indicator_dim": 8, "decoder_dim": 16})
+
+    cfg = {**SERQ_DEFAULTS, "clips_root": str(clips), "site": "sim", "num_frames": 4, "steps": 2, "probe": 2,
+           "indicator": {"kind": "onehot", "dim": 8}, "loss": {"dice_weight": 0.3}, "input_size": [32, 32], **over}
+    return cfg, new_model, lambda state: SimpleNamespace(seed=0, rnd=1, device=torch.device("cpu"), state=state, new_model=new_model)
+
+
+def test_fig5_server_finetuning_is_plain_segmentation_loss_on_synthetic_batches(clips):
+    """Fig. 5 (blue): the averaged model takes serq.steps L_seg steps on synthetic clips; no
+    descriptor, no v_pre, no feature term (lambda2/lambda3 change nothing); BN statistics kept."""
+    from fedmedbench.fl.methods.fedst import finetune_round
+    from fedmedbench.fl.registry import model_arrays
+
+    cfg, new_model, ctx = _tiny_server(clips)
+    gamma = model_arrays(new_model())
+    state: dict = {}
+    out = finetune_round(ctx(state), dict(gamma), cfg)
+    assert set(state) == {"serq_rho"} and state["serq_rho"] == {}  # no v_pre, D_sy, F_hat; nothing personal in this gamma
+    out_l = finetune_round(ctx({}), dict(gamma), {**cfg, "lambda2": 9.0, "lambda3": 9.0})
+    assert all(np.array_equal(out[k], out_l[k]) for k in out)
+    weights = [k for k in gamma if k.endswith("weight") and np.issubdtype(gamma[k].dtype, np.floating)]
+    assert any(not np.allclose(out[k], gamma[k]) for k in weights)  # the global model was trained
+    stats = [k for k in gamma if k.endswith(("running_mean", "running_var"))]
+    assert stats and all(np.array_equal(out[k], gamma[k]) for k in stats)
+
+
+def test_fig5_sites_finetune_on_synthetic_clips_after_their_local_steps(clips, tmp_path, monkeypatch):
+    """Fig. 5 (green): syn_sites = no SERQ on the server; each site, after its E real iterations,
+    takes serq.steps steps on the simulator clips with the temporal module bypassed."""
+    from types import SimpleNamespace
+
+    import fedmedbench.fl.segmentation as seg
+
+    cfg = study_cfg(serq={**study_cfg()["serq"], "steps": 3})
+    spec = make_spec(clips, tmp_path, "fedst", "syn_sites", cfg)
+    method = get_method("fedst", spec.method_params)
+    assert not method.serq["enabled"] and method.p["site_finetune"] == 3
+    calls = []
+    monkeypatch.setattr(seg, "train_steps", lambda model, data, steps, *a, temporal=True, **k: calls.append((data.source, steps, temporal)) or 1.0)
+    train = SimpleNamespace(lr_at=lambda r: 1e-3)
+    site = SimpleNamespace(train=seg.ClipSet([], [], "site A train"), loss={})
+    method.local_train(SimpleNamespace(data=site, steps=5, train=train, rnd=1, device="cpu", generator=None), torch.nn.Linear(1, 1))
+    assert calls[0] == ("site A train", 5, True)
+    assert "sim" in calls[1][0] and calls[1][1:] == (3, False) and len(calls) == 2
+    main = get_method("fedst", make_spec(clips, tmp_path, "fedst", "main", cfg).method_params)
+    calls.clear()
+    main.local_train(SimpleNamespace(data=site, steps=5, train=train, rnd=1, device="cpu", generator=None), torch.nn.Linear(1, 1))
+    assert calls == [("site A train", 5, True)]
+
+
+def test_synmix_puts_every_synthetic_clip_into_each_site_and_once_into_the_pool(clips, tmp_path):
+    from fedmedbench.fl.tasks import task_for
+
+    cfg = study_cfg()
+    cfg["train"] = {**cfg["train"], "local_steps": 3}
+    real = task_for(make_spec(clips, tmp_path, "seg_fedavg", cfg=cfg))
+    mix = task_for(make_spec(clips, tmp_path, "seg_fedavg", "synmix", cfg))
+    sim = 6  # every clip of the simulator site (all splits)
+    assert mix.client_sizes() == [n + sim for n in real.client_sizes()]
+    assert set(mix.site("A").train.mask_paths) - set(real.site("A").train.mask_paths) == {p for p in mix._synthetic().mask_paths}
+    assert len(mix.pooled_data().train) == len(real.pooled_data().train) + sim
+    assert len(mix.site("A").test) == len(real.site("A").test)  # tests stay real
+    assert mix.site("A").local_steps == 2 * real.site("A").local_steps
+
+
+def test_serq_server_keeps_its_own_rho_across_rounds(clips):
+    """Algorithm 1 line 9: v_g^{t+1} = gamma_g^{t+1} with rho_g^t; lines 11-12: the server trains
+    all of v_g, sends gamma_g only and keeps the updated rho_g for the next round."""
+    from fedmedbench.fl.methods.fedst import serq_round
+    from fedmedbench.fl.methods.fedst_base import personal_keys
+    from fedmedbench.fl.registry import load_arrays, model_arrays
+    from fedmedbench.fl.segmentation import load_clipset
+
+    cfg, new_model, ctx = _tiny_server(clips, steps=1, loss={"dice_weight": 0.3, "augment": False})
+    model = new_model()
+    rho = set(personal_keys(model, ["enc_q", "cs", "rsc"])) - {"cs.indicator"}
+    gamma = {k: v for k, v in model_arrays(model).items() if k not in rho and k != "cs.indicator"}
+    state: dict = {}
+    out = serq_round(ctx(state), dict(gamma), cfg)
+    assert set(out) == set(gamma) and set(state["serq_rho"]) == rho  # gamma goes out, rho stays
+    init = model_arrays(new_model())
+    assert any(not np.allclose(state["serq_rho"][k].numpy(), init[k]) for k in rho if k.startswith("encoder"))  # Eq. 12 moved rho_g
+    # next round: F_g is computed with the kept rho_g, not the initial one
+    kept = {k: v + 0.5 for k, v in state["serq_rho"].items()}
+    st2 = {"serq_rho": kept}
+    serq_round(ctx(st2), dict(gamma), cfg)
+    glob = new_model()
+    load_arrays(glob, {k: v.numpy() for k, v in kept.items()}, list(kept))
+    load_arrays(glob, gamma, list(gamma))
+    glob.eval()
+    glob.set_indicator(torch.nn.functional.one_hot(torch.tensor(3), 8).float())
+    probe, _ = load_clipset(clips, "sim", None, 4, (32, 32)).batch([0, 1])
+    with torch.no_grad():
+        f_g = glob.features(probe[:, -1])[-1].mean(0)
+    assert torch.allclose(st2["serq_Fg"], f_g, atol=1e-5)  # round without a previous F_hat: F_hat = F_g
+
+
+def test_serq_server_batches_are_rotated_and_scaled_as_the_sites(clips):
+    """Sec. IV-A: "in each site or server training, data augmentation (rotation and scale)"."""
+    from fedmedbench.fl.methods.fedst import _server_clips, synthetic_batches
+
+    cfg, _, _ = _tiny_server(clips, steps=3, loss={"dice_weight": 0.3, "augment": True, "rotate_deg": 30, "scale": 0.2})
+    data = _server_clips(cfg)
+    raw = {tuple(data.batch([i])[1].flatten().tolist()) for i in range(len(data))}
+    got = list(synthetic_batches(data, cfg, torch.Generator().manual_seed(0), torch.device("cpu")))
+    assert len(got) == 3 and all(x.shape[0] == 2 for x, _ in got)
+    assert all(tuple(y[i].flatten().tolist()) not in raw for _, y in got for i in range(2))  # every mask was transformed
+    plain = list(synthetic_batches(data, {**cfg, "loss": {"augment": False}}, torch.Generator().manual_seed(0), torch.device("cpu")))
+    assert all(tuple(y[i].flatten().tolist()) in raw for _, y in plain for i in range(2))

@@ -91,3 +91,65 @@ def test_comm_variants_keep_the_total_iterations():
     assert FS.train_config(cfg, "comm10") == ({"rounds": 3000, "batch_size": 2}, 10)
     assert FS.train_config(cfg, "comm500") == ({"rounds": 60, "batch_size": 2}, 500)
     assert FS.train_config(cfg, "main") == ({"rounds": 300, "batch_size": 2}, 100)
+
+
+def _per_round_run(root, variant, seed, dice_by_round):
+    """client_metrics.csv of a hand-made run: {round: [dice of client 0, client 1]} (unordered rows)."""
+    d = root / "ABCD" / variant / "fedst" / f"seed{seed}"
+    d.mkdir(parents=True)
+    rows = [{"round": r, "client": c, "local_dice": v[c]} for r, v in dice_by_round.items() for c in (1, 0)]
+    pd.DataFrame(rows).to_csv(d / "client_metrics.csv", index=False)
+    return str(d / "client_metrics.csv")
+
+
+def test_fig5_dice_per_round_site_and_curve(tmp_path):
+    files = [_per_round_run(tmp_path, "main", 0, {1: [0.5, 0.3], 2: [0.8, 0.6]}),
+             _per_round_run(tmp_path, "main", 1, {1: [0.7, 0.3], 2: [0.8, 0.6]}),
+             _per_round_run(tmp_path, "syn_server", 0, {1: [0.2, 0.4], 2: [0.3, 0.5]}),
+             _per_round_run(tmp_path, "syn_sites", 0, {2: [0.1, 0.9]})]
+    f = R.fig5_frame(files, ["A", "B"]).set_index(["curve", "site", "round"])
+    serq, server, sites = R.FIG5_CURVES["main"], R.FIG5_CURVES["syn_server"], R.FIG5_CURVES["syn_sites"]
+    assert f.loc[(serq, "A", 1), "dice_mean"] == pytest.approx(60.0) and f.loc[(serq, "A", 1), "dice_std"] == pytest.approx(10.0)
+    assert f.loc[(serq, "A", 1), "seeds"] == 2 and f.loc[(serq, "Avg.", 2), "dice_mean"] == pytest.approx(70.0)
+    assert f.loc[(server, "B", 1), "dice_mean"] == pytest.approx(40.0) and f.loc[(server, "Avg.", 2), "dice_mean"] == pytest.approx(40.0)
+    assert f.loc[(sites, "B", 2), "dice_mean"] == pytest.approx(90.0)  # client 1 = second site, whatever the row order
+    assert (sites, "A", 1) not in f.index  # rounds that were not evaluated are not invented
+    assert len(f) == 3 * 2 + 3 * 2 + 3  # (A, B, Avg.) x evaluated rounds, per curve
+
+
+def test_fig5_rejects_a_run_that_is_no_curve(tmp_path):
+    bad = _per_round_run(tmp_path, "abl_ts", 0, {1: [0.5, 0.5]})
+    with pytest.raises(ValueError, match="abl_ts"):
+        R.fig5_frame([bad], ["A", "B"])
+
+
+def test_fig7_bars_without_and_with_synthetic_data(tmp_path):
+    def run(variant, method, seed, dice):
+        d = tmp_path / "ABCD" / variant / method / f"seed{seed}"
+        d.mkdir(parents=True)
+        rows = [{"round": r, "client": c, "local_dice": (0.05 if r == 1 else dice[c])} for r in (1, 2) for c in (1, 0)]
+        pd.DataFrame(rows).to_csv(d / "client_metrics.csv", index=False)
+        return str(d / "client_metrics.csv")
+
+    files = [run("synmix", "seg_fedavg", 0, [0.4, 0.2]), run("main", "seg_fedavg", 0, [0.6, 0.4]),
+             run("main", "seg_fedavg", 1, [0.8, 0.4]), run("synmix", "fedst", 0, [0.9, 0.7]), run("main", "fedst", 0, [0.7, 0.5])]
+    f = R.fig7_frame(files, ["A", "B"], ["fedst", "seg_fedavg"])
+    assert list(dict.fromkeys(zip(f["method"], f["synthetic"], strict=True))) == [
+        ("FedST", False), ("FedST", True), ("FedAvg", False), ("FedAvg", True)]  # methods in config order, without first
+    row = f.set_index(["method", "synthetic", "site"])
+    assert row.loc[("FedAvg", False, "A"), "dice_mean"] == pytest.approx(70.0) and row.loc[("FedAvg", False, "A"), "dice_std"] == pytest.approx(10.0)
+    assert row.loc[("FedAvg", True, "Avg."), "dice_mean"] == pytest.approx(30.0) and row.loc[("FedAvg", True, "A"), "seeds"] == 1
+    assert row.loc[("FedST", True, "B"), "dice_mean"] == pytest.approx(70.0)  # last round only; client order, not row order
+    with pytest.raises(ValueError, match="abl_ts"):
+        R.fig7_frame([run("abl_ts", "fedst", 0, [0.1, 0.1])], ["A", "B"], ["fedst"])
+
+
+def test_synmix_doubles_the_iterations_and_mixes_the_server_site():
+    from fedmedbench import fedst_study as FS
+
+    cfg = {"train": {"rounds": 300, "local_steps": 100, "batch_size": 2}, "methods": ["seg_fedavg", "fedst"], "seeds": [0],
+           "variants": [], "indicator": {"kind": "onehot"}, "fig5": {"variants": []}, "fig7": {"methods": ["seg_fedavg", "fedrep"]}}
+    assert FS.train_config(cfg, "synmix") == ({"rounds": 300, "batch_size": 2}, 200)
+    assert ("synmix", "seg_fedavg", 0) in FS.runs(cfg) and not any(m == "fedrep" for _, m, _ in FS.runs(cfg))
+    with pytest.raises(ValueError, match="local_steps"):
+        FS.train_config({**cfg, "train": {"rounds": 3, "local_steps": None}}, "synmix")

@@ -52,6 +52,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ind_clip": {"indicator": "clip"},
 }
 
+#: Fig. 5 curves other than SERQ (= main/fedst): FedST without SERQ, the synthetic clips used
+#: to fine-tune the averaged model on the server, or to fine-tune each site's model locally
+FIG5_VARIANTS: dict[str, dict[str, Any]] = {
+    "syn_server": {"server": "finetune"},
+    "syn_sites": {"serq": False, "site_finetune": True},
+}
+
 
 def sites_key(cfg: dict[str, Any]) -> str:
     return "".join(cfg["sites"])
@@ -67,13 +74,29 @@ def comm_interval(variant: str) -> int | None:
     return int(variant.removeprefix("comm")) if variant.startswith("comm") and variant[4:].isdigit() else None
 
 
+#: Fig. 7: a method with the synthetic clips mixed into every site's training set, iterations doubled
+SYNMIX = "synmix"
+
+
+def fig7_methods(cfg: dict[str, Any]) -> list[str]:
+    return [m for m in cfg.get("fig7", {}).get("methods", []) if m in cfg["methods"]]
+
+
+def fig5_variants(cfg: dict[str, Any]) -> list[str]:
+    """Fig. 5: the other ways of using the synthetic clips (FedST runs) the config asks for."""
+    if "fedst" not in cfg["methods"]:
+        return []
+    return [v for v in cfg.get("fig5", {}).get("variants", list(FIG5_VARIANTS)) if v in FIG5_VARIANTS]
+
+
 def runs(cfg: dict[str, Any]) -> list[tuple[str, str, int]]:
     """(variant, method, seed) of every run the config asks for (duplicates of main left out)."""
     out = [("main", m, s) for m in cfg["methods"] for s in cfg["seeds"]]
-    for v in [*cfg["variants"], *comm_variants(cfg)]:
+    for v in [*cfg["variants"], *comm_variants(cfg), *fig5_variants(cfg)]:
         if v == f"ind_{cfg['indicator']['kind']}":
             continue  # the same run as main/fedst
         out += [(v, "fedst", s) for s in cfg["seeds"]]
+    out += [(SYNMIX, m, s) for m in fig7_methods(cfg) for s in cfg["seeds"]]
     return out
 
 
@@ -89,6 +112,10 @@ def train_config(cfg: dict[str, Any], variant: str) -> tuple[dict[str, Any], int
             raise ValueError("fedst.fig6.intervals needs fedst.train.local_steps (iterations per round), not null")
         train["rounds"] = max(1, round(int(cfg["train"]["rounds"]) * int(steps) / k))
         steps = k
+    if variant == SYNMIX:  # Fig. 7: twice the iterations, so the sites see as much real data as without mixing
+        if steps is None:
+            raise ValueError("fedst.fig7.methods needs fedst.train.local_steps (iterations per round), not null")
+        steps = 2 * int(steps)
     return train, steps
 
 
@@ -109,17 +136,20 @@ def indicator_config(cfg: dict[str, Any], variant: str) -> dict[str, Any]:
 
 def method_params(cfg: dict[str, Any], variant: str, method: str, clips_root: str) -> dict[str, Any]:
     params = copy.deepcopy(cfg["method_params"].get(method, {}))
-    var = VARIANTS.get(variant, {})
+    var = {**VARIANTS, **FIG5_VARIANTS}.get(variant, {})
     if method == "fedst":
         personal = list(var.get("personal", params.get("personal", FEDST_PERSONAL)))
         if not cfg["rsc_communicated"] and "all" not in personal:
             personal.append("rsc")  # Sec. IV-D2 / Table IX: the temporal module is not communicated
         params["personal"] = personal
         serq = dict(cfg["serq"])
-        serq.update(enabled=bool(var.get("serq", True)), clips_root=clips_root, site=cfg["server_site"],
+        serq.update(enabled=bool(var.get("serq", True)), server=var.get("server", "serq"), clips_root=clips_root, site=cfg["server_site"],
                     input_size=cfg["data"]["input_size"], cache_mb=int(cfg["data"]["cache_mb"]),
                     num_frames=len(cfg["model"]["pools"]), indicator=indicator_config(cfg, variant), loss=dict(cfg["loss"]))
         params["serq"] = serq
+        # Fig. 5 "synthetic data at the sites": each site fine-tunes on the synthetic clips after
+        # its local iterations, as many steps as the server would take (serq.steps)
+        params["site_finetune"] = int(cfg["serq"]["steps"]) if var.get("site_finetune") else 0
     return params
 
 
@@ -146,6 +176,7 @@ def run_spec(cfg: dict[str, Any], variant: str, method: str, seed: int, clips_ro
             "indicator": indicator_config(cfg, variant), "loss": dict(cfg["loss"]),
             "input_size": cfg["data"]["input_size"], "cache_mb": int(cfg["data"]["cache_mb"]),
             "local_steps": train_config(cfg, variant)[1],
+            "synthetic_mix": cfg["server_site"] if variant == SYNMIX else None,
             "cross_site_eval": bool(cfg["eval"]["cross_site_eval"]), "eval_batch_size": int(cfg["eval"]["batch_size"]),
         },
     }

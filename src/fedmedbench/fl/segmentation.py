@@ -418,14 +418,25 @@ class SegmentationTask(Task):
             root = self.spec.task_params["clips_root"]
             info = self.all_sites[name]
             test_split = None if info.get("role") == "out_of_federation" else "test"
+            train = self._real_train(name) if test_split else ClipSet([], [], name, self.size, self.cache)
+            if test_split and self.spec.task_params.get("synthetic_mix"):
+                train = ClipSet.concat([train, self._synthetic()], f"{train.source} + synthetic")
             self._sites[name] = SiteData(
                 site=name, index=list(self.all_sites).index(name), prompt=info["prompt"],
-                train=load_clipset(root, name, "train", self.num_frames, self.size, self.cache) if test_split
-                else ClipSet([], [], name, self.size, self.cache),
+                train=train,
                 test=load_clipset(root, name, test_split, self.num_frames, self.size, self.cache), indicator=self.indicators[name],
                 loss=dict(self.spec.task_params.get("loss", {})), local_steps=self._local_steps(),
             )
         return self._sites[name]
+
+    def _real_train(self, name: str) -> ClipSet:
+        return load_clipset(self.spec.task_params["clips_root"], name, "train", self.num_frames, self.size, self.cache)
+
+    def _synthetic(self) -> ClipSet:
+        """``task_params.synthetic_mix``: every clip of that (simulator) site, mixed into each
+        site's training set (FedST Fig. 7: "all synthetic samples are fully mixed")."""
+        return load_clipset(self.spec.task_params["clips_root"], self.spec.task_params["synthetic_mix"], None,
+                            self.num_frames, self.size, self.cache)
 
     def _local_steps(self) -> int | None:
         v = self.spec.task_params.get("local_steps")
@@ -440,7 +451,10 @@ class SegmentationTask(Task):
     def pooled_data(self) -> SiteData:
         sites = [self.site(s) for s in self.spec.task_params["sites"]]
         mean_ind = torch.stack([s.indicator for s in sites]).mean(0)
-        return SiteData("pooled", -1, "", ClipSet.concat([s.train for s in sites], "pooled train"),
+        train = [self._real_train(s.site) for s in sites]  # the synthetic clips once, not once per site
+        if self.spec.task_params.get("synthetic_mix"):
+            train.append(self._synthetic())
+        return SiteData("pooled", -1, "", ClipSet.concat(train, "pooled train"),
                         self.pooled_test(), mean_ind, dict(self.spec.task_params.get("loss", {})), self._local_steps())
 
     def pooled_test(self) -> ClipSet:

@@ -239,3 +239,115 @@ def fig6_plot(frame: pd.DataFrame, origin: str):
     ax.set_title("Fig. 6: communication frequency (FedST)" + tag, fontsize=8)
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------- Fig. 5
+
+#: Fig. 5 curves: run variant of FedST -> label (the paper's red, blue and green lines)
+FIG5_CURVES = {"main": "SERQ (FedST)", "syn_server": "synthetic fine-tuning on the server",
+               "syn_sites": "synthetic data at the sites"}
+
+
+def fig5_frame(clients: list[str], sites: list[str]) -> pd.DataFrame:
+    """Fig. 5: test Dice (%) per evaluated round, per site and their average, for each way of
+    using the synthetic clips; mean and std over seeds."""
+    rows = []
+    for path in clients:
+        variant = Path(path).parent.parent.parent.name
+        if variant not in FIG5_CURVES:
+            raise ValueError(f"{path}: variant {variant!r} is not a Fig. 5 curve {sorted(FIG5_CURVES)}")
+        cm = pd.read_csv(path)
+        if cm.empty:
+            raise ValueError(f"{path}: no evaluated round")
+        for rnd, g in cm.groupby("round", sort=True):
+            dice = [float(v) * 100 for v in g.sort_values("client")["local_dice"]]
+            if len(dice) != len(sites):
+                raise ValueError(f"{path}: round {rnd}: {len(dice)} clients, fedst.sites has {len(sites)}")
+            base = {"curve": FIG5_CURVES[variant], "round": int(rnd)}
+            rows += [{**base, "site": s, "dice": d} for s, d in zip(sites, dice, strict=True)]
+            rows.append({**base, "site": "Avg.", "dice": sum(dice) / len(dice)})
+    out = pd.DataFrame(rows).groupby(["curve", "site", "round"], sort=True)["dice"].agg(["mean", lambda v: v.std(ddof=0), "count"])
+    out.columns = ["dice_mean", "dice_std", "seeds"]
+    return out.reset_index()
+
+
+def fig5_plot(frame: pd.DataFrame, origin: str):
+    """One panel per site (average first, as the paper), one line per curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = ["Avg.", *[s for s in dict.fromkeys(frame["site"]) if s != "Avg."]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 2.8), squeeze=False)
+    colours = dict(zip(FIG5_CURVES.values(), ("tab:red", "tab:blue", "tab:green"), strict=True))
+    for ax, site in zip(axes[0], panels, strict=True):
+        for curve, g in frame[frame["site"] == site].groupby("curve", sort=False):
+            ax.plot(g["round"], g["dice_mean"], marker="o", ms=3, color=colours.get(curve), label=str(curve))
+            ax.fill_between(g["round"], g["dice_mean"] - g["dice_std"], g["dice_mean"] + g["dice_std"],
+                            color=colours.get(curve), alpha=0.2)
+        ax.set_title(f"site {site}" if site != "Avg." else "average", fontsize=8)
+        ax.set_xlabel("communication round")
+    axes[0][0].set_ylabel("test Dice (%)")
+    axes[0][0].legend(fontsize=6)
+    tag = " — SYNTHETIC data (not a paper reproduction)" if origin == "synthetic" else ""
+    fig.suptitle("Fig. 5: ways of using the synthetic data" + tag, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------- Fig. 7
+
+
+def fig7_frame(clients: list[str], sites: list[str], methods: list[str]) -> pd.DataFrame:
+    """Fig. 7: final test Dice (%) per site and average of each method without (``main``) and
+    with (``synmix``: synthetic clips mixed into every site, iterations doubled) synthetic data;
+    mean and std over seeds. Rows in ``methods`` order."""
+    rows = []
+    for path in clients:
+        run = Path(path).parent
+        variant, method = run.parent.parent.name, run.parent.name
+        if variant not in ("main", "synmix"):
+            raise ValueError(f"{path}: variant {variant!r} is not a Fig. 7 bar (main or synmix)")
+        cm = pd.read_csv(path)
+        if cm.empty:
+            raise ValueError(f"{path}: no evaluated round")
+        dice = [float(v) * 100 for v in cm[cm["round"] == cm["round"].max()].sort_values("client")["local_dice"]]
+        if len(dice) != len(sites):
+            raise ValueError(f"{path}: {len(dice)} clients, fedst.sites has {len(sites)}")
+        base = {"method": METHOD_NAMES[method], "synthetic": variant == "synmix"}
+        rows += [{**base, "site": s, "dice": d} for s, d in zip(sites, dice, strict=True)]
+        rows.append({**base, "site": "Avg.", "dice": sum(dice) / len(dice)})
+    out = pd.DataFrame(rows).groupby(["method", "synthetic", "site"], sort=False)["dice"].agg(["mean", lambda v: v.std(ddof=0), "count"])
+    out.columns = ["dice_mean", "dice_std", "seeds"]
+    out = out.reset_index()
+    order = {METHOD_NAMES[m]: i for i, m in enumerate(methods)}
+    return out.sort_values(["method", "synthetic"], key=lambda c: c.map(order) if c.name == "method" else c, kind="stable").reset_index(drop=True)
+
+
+def fig7_plot(frame: pd.DataFrame, origin: str):
+    """One panel per site (average first); light bar without, dark bar with synthetic data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    panels = ["Avg.", *[s for s in dict.fromkeys(frame["site"]) if s != "Avg."]]
+    methods = list(dict.fromkeys(frame["method"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=((1.2 + 0.45 * len(methods)) * len(panels), 3.4), squeeze=False)
+    x = np.arange(len(methods))
+    for ax, site in zip(axes[0], panels, strict=True):
+        sel = frame[frame["site"] == site]
+        for off, syn, alpha, label in ((-0.2, False, 0.4, "without synthetic"), (0.2, True, 1.0, "with synthetic (mixed, 2x iterations)")):
+            g = sel[sel["synthetic"] == syn].set_index("method").reindex(methods)
+            ax.bar(x + off, g["dice_mean"], 0.4, yerr=g["dice_std"], color="tab:blue", alpha=alpha, label=label, capsize=2)
+        ax.set_xticks(x, methods, rotation=60, fontsize=6)
+        ax.set_title(f"site {site}" if site != "Avg." else "average", fontsize=8)
+    axes[0][0].set_ylabel("test Dice (%)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=6, loc="lower center", ncol=2)
+    tag = " — SYNTHETIC data (not a paper reproduction)" if origin == "synthetic" else ""
+    fig.suptitle("Fig. 7: with and without synthetic data at the sites" + tag, fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig

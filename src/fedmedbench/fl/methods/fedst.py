@@ -9,8 +9,10 @@ site (Eq. 5), gamma is sent (Eq. 6). The temporal module and channel selection a
 of the network (``task_params.model``: ``temporal``, ``selection``).
 
 Server (Algorithm 1, lines 8-12): gamma_g = uniform mean of the sites' gamma (line 8,
-``train.aggregation: uniform``); v_g = gamma_g with the server's rho_g (the initial
-model's, since no site sends its rho); then SERQ on the synthetic simulator clips:
+``train.aggregation: uniform``); v_g = gamma_g with the server's rho_g^t (line 9: the initial
+model's in round 1, afterwards what the server's own Eq. 12 step made of it, kept as server
+state; no site sends its rho); then SERQ on the synthetic simulator clips (batches rotated and
+scaled as the sites', Sec. IV-A):
 
 * Eq. 10: F_hat_g <- (1 - mu) F_hat_g + mu F_g, with F_g the global model's deepest
   encoder feature map averaged over a fixed probe batch of synthetic frames (the paper
@@ -39,6 +41,7 @@ from fedmedbench.fl.methods.fedst_base import SegMethod, client_weights, tensors
 from fedmedbench.fl.registry import load_arrays, model_arrays, register_method, weighted_average
 from fedmedbench.fl.segmentation import (
     FrameCache,
+    augment,
     input_size,
     load_clipset,
     load_sites,
@@ -47,7 +50,7 @@ from fedmedbench.fl.segmentation import (
 )
 
 SERQ_DEFAULTS: dict[str, Any] = {
-    "enabled": True, "steps": 100, "lr": 1e-4, "batch_size": 2, "lambda2": 0.3, "lambda3": 0.3, "mu": 0.5,
+    "enabled": True, "server": "serq", "steps": 100, "lr": 1e-4, "batch_size": 2, "lambda2": 0.3, "lambda3": 0.3, "mu": 0.5,
     "probe": 4, "descriptor_init": 0.01,
     # filled in by the rule from the fedst config (where the server's synthetic clips are)
     "clips_root": None, "site": "sim", "num_frames": 4, "indicator": {}, "loss": {}, "input_size": None, "cache_mb": 2048,
@@ -56,7 +59,7 @@ SERQ_DEFAULTS: dict[str, Any] = {
 
 @register_method("fedst")
 class FedST(SegMethod):
-    defaults = {"personal": ["enc_q", "cs"], "serq": {}}
+    defaults = {"personal": ["enc_q", "cs"], "serq": {}, "site_finetune": 0}
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -64,15 +67,28 @@ class FedST(SegMethod):
         if unknown:
             raise TypeError(f"method_params.fedst.serq has unknown key(s) {sorted(unknown)}; known: {sorted(SERQ_DEFAULTS)}")
         self.serq = {**SERQ_DEFAULTS, **self.p["serq"]}
-        if self.serq["enabled"] and not self.serq["clips_root"]:
+        if self.serq["server"] not in ("serq", "finetune"):
+            raise ValueError(f"method_params.fedst.serq.server = {self.serq['server']!r}: choose serq or finetune")
+        if (self.serq["enabled"] or self.p["site_finetune"]) and not self.serq["clips_root"]:
             raise ValueError("method_params.fedst.serq.clips_root: SERQ needs the synthetic clips (set by the fedst rules)")
+
+    def local_train(self, ctx, model):
+        """RSC's E local iterations; Fig. 5's "synthetic data at the sites" then fine-tunes the
+        site's model on ``site_finetune`` synthetic batches (temporal module bypassed)."""
+        from fedmedbench.fl.segmentation import train_steps
+
+        loss = super().local_train(ctx, model)
+        if self.p["site_finetune"]:
+            train_steps(model, _server_clips(self.serq), int(self.p["site_finetune"]), ctx.train, ctx.train.lr_at(ctx.rnd),
+                        ctx.device, ctx.generator, self.loss_cfg(ctx), temporal=False)
+        return loss
 
     def aggregate(self, ctx):
         gamma = weighted_average([r.arrays for r in ctx.results], client_weights(ctx))
         if not self.serq["enabled"]:
             return gamma
         t0 = time.perf_counter()
-        out = serq_round(ctx, gamma, self.serq)
+        out = (serq_round if self.serq["server"] == "serq" else finetune_round)(ctx, gamma, self.serq)
         # Table IX splits training time into local and server work
         ctx.state["server_time_s"] = float(ctx.state.get("server_time_s", 0.0)) + time.perf_counter() - t0
         return out
@@ -104,22 +120,68 @@ def _server_clips(cfg: dict[str, Any]):
     return _SERVER_CLIPS[key]
 
 
-def serq_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
-    """SERQ for one round (Algorithm 1, lines 9-11); returns the new shared arrays."""
+def _global_model(ctx, gamma: dict, cfg: dict[str, Any]):
+    """Algorithm 1 line 9: v_g = gamma_g with the server's rho_g, on the device, with the
+    simulator's indicator; also the synthetic clips and the round's generator."""
     g = torch.Generator().manual_seed(int(ctx.seed) * 100003 + int(ctx.rnd))
     sites = load_sites(cfg["clips_root"])["sites"]
     if cfg["site"] not in sites:
         raise KeyError(f"method_params.fedst.serq.site = {cfg['site']!r} is not among the exported sites {sorted(sites)}")
     data = _server_clips(cfg)
     indicator = site_indicators(sites, cfg["indicator"])[cfg["site"]]
-    dev = ctx.device
     glob = ctx.new_model()
+    if "serq_rho" in ctx.state:  # rho_g^t: the server's own personal part, kept from its last update
+        load_arrays(glob, {k: v.numpy() for k, v in ctx.state["serq_rho"].items()}, list(ctx.state["serq_rho"]))
     load_arrays(glob, gamma, list(gamma))
+    glob.to(ctx.device).set_indicator(indicator)
+    return data, glob, indicator, g
+
+
+def keep_server_rho(ctx, glob, gamma: dict) -> None:
+    """Algorithm 1 lines 11-12: the server updates all of v_g but distributes only gamma_g; the
+    rest (rho_g^{t+1}: encoder queries, selection network, ...) stays with the server for the
+    next round's line 9 (the simulator's indicator is not a parameter and is not kept)."""
+    keys = [k for k in glob.state_dict() if k not in gamma and k != "cs.indicator"]
+    ctx.state["serq_rho"] = tensors(glob, keys)
+
+
+def synthetic_batches(data, cfg: dict[str, Any], g: torch.Generator, dev: torch.device):
+    """``steps`` random synthetic batches, rotated and scaled as the sites' (the paper: "in each
+    site or server training, data augmentation (rotation and scale) is performed")."""
+    loss = cfg["loss"]
+    bs = min(int(cfg["batch_size"]), len(data))
+    for _ in range(int(cfg["steps"])):
+        x, y = data.batch(torch.randint(len(data), (bs,), generator=g).tolist())
+        if loss.get("augment", True):
+            x, y = augment(x, y, g, float(loss.get("rotate_deg", 15)), float(loss.get("scale", 0.1)))
+        yield x.to(dev), y.to(dev)
+
+
+def finetune_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
+    """Fig. 5's "fine-tune the averaged global model on the server": ``steps`` Adam steps of
+    L_seg on synthetic batches, no domain descriptor and no feature terms (otherwise as Eq. 12)."""
+    data, glob, _, g = _global_model(ctx, gamma, cfg)
+    glob.train()
+    freeze_bn_statistics(glob)
+    opt = torch.optim.Adam(glob.parameters(), lr=float(cfg["lr"]))
+    dice_w = float(cfg["loss"].get("dice_weight", 0.3))
+    for x, y in synthetic_batches(data, cfg, g, ctx.device):
+        loss = seg_loss(glob(x, temporal=False), y, dice_w)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    keep_server_rho(ctx, glob, gamma)
+    return model_arrays(glob, list(gamma))
+
+
+def serq_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
+    """SERQ for one round (Algorithm 1, lines 9-11); returns the new shared arrays."""
+    data, glob, indicator, g = _global_model(ctx, gamma, cfg)
+    dev = ctx.device
     pre = ctx.new_model()
     if "serq_pre" in ctx.state:
         load_arrays(pre, {k: v.numpy() for k, v in ctx.state["serq_pre"].items()})
-    for m in (glob, pre):
-        m.to(dev).set_indicator(indicator)
+    pre.to(dev).set_indicator(indicator)
 
     probe_x, _ = data.batch(list(range(min(len(data), int(cfg["probe"])))))
     with torch.no_grad():
@@ -130,15 +192,10 @@ def serq_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
         d_sy = ctx.state["serq_D"].to(dev).clone().requires_grad_(True)
     else:
         d_sy = (float(cfg["descriptor_init"]) * torch.randn(f_g.shape, generator=g)).to(dev).requires_grad_(True)
-
-    bs = min(int(cfg["batch_size"]), len(data))
     dice_w = float(cfg["loss"].get("dice_weight", 0.3))
 
     def batches():
-        for _ in range(int(cfg["steps"])):
-            idx = torch.randint(len(data), (bs,), generator=g).tolist()
-            x, y = data.batch(idx)
-            yield x.to(dev), y.to(dev)
+        return synthetic_batches(data, cfg, g, dev)
 
     # Eq. 11: update v_pre and D_sy towards the global features' moving average
     pre.train()
@@ -165,4 +222,5 @@ def serq_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
     ctx.state["serq_pre"] = tensors(pre, list(pre.state_dict()))
     ctx.state["serq_D"] = d_fixed.cpu()
     ctx.state["serq_Fg"] = f_hat.detach().cpu()
+    keep_server_rho(ctx, glob, gamma)
     return model_arrays(glob, list(gamma))
