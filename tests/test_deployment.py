@@ -153,6 +153,7 @@ def test_a_site_sends_only_arrays_and_metrics(study):
     assert set(reply.content.metric_records) == {"metrics"} and not reply.content.config_records
     assert set(reply.content["arrays"].keys()) == set(arrays)
     engine.AllowedContent(list(arrays), ()).check(reply.content, 1)  # what the server checks on every reply
+    assert fed.site_data == {}  # the site's data stood in only while its messages were handled
 
 
 def _as_received(msg: Message) -> Message:

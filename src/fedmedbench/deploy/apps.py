@@ -16,7 +16,9 @@ Messages carry arrays and metric/config records only (no pickles).
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,18 +97,31 @@ def _site_spec(context: Context) -> RunSpec:
     return site_spec(str(context.state.config_records[STATE_KEY]["spec"]), dict(context.node_config))
 
 
-def _with_site_data(spec: RunSpec, context: Context) -> int:
+@contextlib.contextmanager
+def _site_data_installed(context: Context) -> Iterator[None]:
+    """The site's own data stands in for the partition's while this message is handled, and only then
+    (a process that handles other runs, or a simulation, never sees it)."""
     pid = int(context.node_config["partition-id"])
-    if pid not in fed.site_data:
-        fed.site_data[pid] = load_site(str(context.node_config["data-dir"]), pid)
-    return pid
+    folder = Path(str(context.node_config["data-dir"]))
+    key = (str(folder.resolve()), pid)
+    if key not in _loaded:
+        _loaded.clear()  # one site's data per process
+        _loaded[key] = load_site(folder, pid)
+    fed.site_data[pid] = _loaded[key]
+    try:
+        yield
+    finally:
+        fed.site_data.pop(pid, None)
+
+
+_loaded: dict[tuple[str, int], Any] = {}
 
 
 def _delegate(msg: Message, context: Context) -> Message:
     check_run_config(dict(context.run_config))
     spec = _site_spec(context)
-    _with_site_data(spec, context)
-    return engine.make_client_app(spec)(msg, context)
+    with _site_data_installed(context):
+        return engine.make_client_app(spec)(msg, context)
 
 
 @client_app.query()
@@ -116,8 +131,8 @@ def query(msg: Message, context: Context) -> Message:
     spec_json = str(msg.content["spec"]["json"])
     spec = site_spec(spec_json, dict(context.node_config))
     context.state[STATE_KEY] = ConfigRecord({"spec": spec_json})
-    _with_site_data(spec, context)
-    return engine.make_client_app(spec)(msg, context)
+    with _site_data_installed(context):
+        return engine.make_client_app(spec)(msg, context)
 
 
 @client_app.train()
