@@ -97,7 +97,7 @@ rule fedst_fig6:
     conda:
         SOFTWARE_ENV
     script:
-        "../scripts/fedst_fig6.py"
+        "../scripts/fedst_figures.py"
 
 
 rule fedst_fig5:
@@ -115,7 +115,7 @@ rule fedst_fig5:
     conda:
         SOFTWARE_ENV
     script:
-        "../scripts/fedst_fig5.py"
+        "../scripts/fedst_figures.py"
 
 
 rule fedst_fig7:
@@ -134,4 +134,4 @@ rule fedst_fig7:
     conda:
         SOFTWARE_ENV
     script:
-        "../scripts/fedst_fig7.py"
+        "../scripts/fedst_figures.py"
