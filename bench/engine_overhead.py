@@ -84,17 +84,23 @@ def _is_eval_round(spec: RunSpec, rnd: int, rounds: int) -> bool:
     return rnd % max(1, spec.eval_every) == 0 or rnd == rounds
 
 
+def _loop_setup(spec: RunSpec):
+    """What both bare loops start from: the resolved spec, its task, train config and a Federation
+    (only for its sampling and step budgets), with the run's seed set."""
+    spec = fed.resolve_data_shapes(spec)
+    task = task_for(spec)
+    federation = fed.Federation(spec, log=lambda m: None)
+    fed.seed_everything(spec.seed)
+    return spec, task, spec.train_config(), federation
+
+
 def plain_loop(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
     """The same federated training as a bare loop: no messages, no checkpoints, no files."""
     _task_cached.cache_clear()  # both sides load their data and build their caches themselves
     device = torch.device(spec.device)
     _sync(device)
     t0 = time.perf_counter()
-    spec = fed.resolve_data_shapes(spec)
-    task = task_for(spec)
-    cfg = spec.train_config()
-    federation = fed.Federation(spec, log=lambda m: None)  # only for its sampling and step budgets
-    fed.seed_everything(spec.seed)
+    spec, task, cfg, federation = _loop_setup(spec)
     model = fed.new_model(spec)
     global_arrays = model_arrays(model)
     model.to(device)
@@ -121,11 +127,7 @@ def resident_loop(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
     device = torch.device(spec.device)
     _sync(device)
     t0 = time.perf_counter()
-    spec = fed.resolve_data_shapes(spec)
-    task = task_for(spec)
-    cfg = spec.train_config()
-    federation = fed.Federation(spec, log=lambda m: None)
-    fed.seed_everything(spec.seed)
+    spec, task, cfg, federation = _loop_setup(spec)
     model = fed.new_model(spec).to(device)
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     on_device: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
