@@ -131,6 +131,8 @@ def test_site_refuses_data_paths_and_unknown_keys_from_the_server(study):
             apps.site_spec(json.dumps({**json.loads(ok), key: value}), node)
     with pytest.raises(apps.SiteRefusal, match="data-path"):
         apps.check_run_config({"server-spec-file": "x", "data-path": "/elsewhere"})
+    with pytest.raises(apps.SiteRefusal, match="data-dir"):
+        apps.site_spec(ok, {"partition-id": 0})
     with pytest.raises(apps.SiteRefusal, match="centralized"):
         apps.site_spec(json.dumps({**json.loads(ok), "method": "centralized"}), node)
 

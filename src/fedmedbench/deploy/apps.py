@@ -73,6 +73,9 @@ def site_spec(spec_json: str, node_config: dict[str, Any]) -> RunSpec:
     extra = sorted(set(node_config) - set(NODE_CONFIG))
     if extra:
         raise SiteRefusal(f"unknown node-config key(s) {extra}; allowed: {list(NODE_CONFIG)}")
+    missing = [k for k in ("partition-id", "data-dir") if k not in node_config]
+    if missing:
+        raise SiteRefusal(f"this SuperNode's --node-config lacks {missing} (e.g. \"partition-id=0 data-dir='/site/data'\")")
     data_dir = Path(str(node_config["data-dir"]))
     manifest = read_manifest(data_dir)
     if get_method(d["method"], d.get("method_params", {})).centralized:
