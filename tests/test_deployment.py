@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from helpers import split_labels
+from helpers.deployment import BIN, REPO, Federation, run_deployed
 
 from fedmedbench import io
 from fedmedbench import partition as P
@@ -32,16 +31,8 @@ from fedmedbench.fl import engine
 from fedmedbench.fl import federation as fed
 from fedmedbench.fl.spec import RunSpec
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 SITES = 3
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +48,7 @@ def study(tmp_path_factory):
                    train={"rounds": 2, "local_epochs": 1, "batch_size": 16, "lr": 0.05, "momentum": 0.9},
                    device="cpu", threads=1)
     engine.run(spec, log=lambda m: None)
-    export_sites(spec.partition_path, spec.sources, d / "sites", {"dataset": "breastmnist"})
+    export_sites(spec, d / "sites", {"dataset": "breastmnist"})
     return d, spec
 
 
@@ -72,7 +63,7 @@ def test_site_folder_holds_exactly_its_partition(study):
     d, spec = study
     sim = fed.task_for(spec)
     for pid in range(SITES):
-        mine, theirs = load_site(site_folder(d / "sites", pid), pid), sim.client_data(pid)
+        mine, theirs = load_site(site_folder(d / "sites", pid), pid, spec).data, sim.client_data(pid)
         for part in ("train_x", "train_y", "val_x", "val_y", "test_x", "test_y"):
             assert torch.equal(getattr(mine, part), getattr(theirs, part)), (pid, part)
 
@@ -106,9 +97,9 @@ def test_credentials_command_writes_ca_server_and_site_keys(tmp_path, capsys):
 
 
 def test_site_refuses_wrong_or_corrupt_folder(study, tmp_path):
-    d, _ = study
+    d, spec = study
     with pytest.raises(SiteDataError, match="partition 0, but this SuperNode is partition-id=1"):
-        load_site(site_folder(d / "sites", 0), 1)
+        load_site(site_folder(d / "sites", 0), 1, spec)
     bad = tmp_path / "site-00"
     bad.mkdir()
     for f in ("manifest.json", "data.npz"):
@@ -116,8 +107,8 @@ def test_site_refuses_wrong_or_corrupt_folder(study, tmp_path):
     with (bad / "data.npz").open("r+b") as fh:
         fh.seek(100)
         fh.write(b"\x00\x01")
-    with pytest.raises(SiteDataError, match="SHA-256"):
-        load_site(bad, 0)
+    with pytest.raises(SiteDataError, match="data.npz: SHA-256"):
+        load_site(bad, 0, spec)
 
 
 def test_site_refuses_data_paths_and_unknown_keys_from_the_server(study):
@@ -167,112 +158,6 @@ def _as_received(msg: Message) -> Message:
 # ----------------------------------------------------------------------------- a real deployment
 
 
-class Federation:
-    """SuperLink + SuperNodes on 127.0.0.1 with TLS and SuperNode authentication."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.procs: list[subprocess.Popen] = []
-        self.env = {**os.environ, "FLWR_HOME": str(root / "flwr"), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-                    "PYTHONUNBUFFERED": "1"}
-        src = str(REPO / "src")
-        self.env["PYTHONPATH"] = os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        self.tls = credentials.make_tls(root / "certs", ["127.0.0.1", "localhost"])
-        self.port = free_port()
-        (root / "flwr").mkdir(parents=True)
-        (root / "flwr" / "config.toml").write_text(
-            f'[superlink]\ndefault = "hospitals"\n\n[superlink.hospitals]\naddress = "127.0.0.1:{self.port}"\n'
-            f'root-certificates = "{self.tls.ca_cert}"\n')
-
-    def start(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = (self.root / f"{name}.log").open("w")
-        proc = subprocess.Popen(args, env=self.env, cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        self.procs.append(proc)
-        return proc
-
-    def superlink(self) -> None:
-        self.start("superlink", [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(self.tls.ca_cert),
-                                 "--ssl-certfile", str(self.tls.server_cert), "--ssl-keyfile", str(self.tls.server_key),
-                                 "--enable-supernode-auth", "--disable-runtime-dependency-installation",
-                                 "--host", "127.0.0.1", "--port", str(self.port),
-                                 "--database", str(self.root / "superlink.db")])
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.2)
-        raise RuntimeError(f"SuperLink did not start: {(self.root / 'superlink.log').read_text()[-2000:]}")
-
-    def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([str(BIN / "flwr"), *args], env=self.env, cwd=self.root, capture_output=True, text=True,
-                              timeout=timeout)
-
-    def register(self, name: str) -> Path:
-        private, public = credentials.make_node_key(self.root / "keys", name)
-        out = self.flwr("supernode", "register", str(public), "hospitals")
-        assert "registered successfully" in out.stdout, out.stdout + out.stderr
-        return private
-
-    def supernode(self, name: str, key: Path, node_config: str, *extra: str) -> subprocess.Popen:
-        return self.start(name, [str(BIN / "flower-supernode"), "--root-certificates", str(self.tls.ca_cert),
-                                 "--superlink", f"127.0.0.1:{self.port}", "--auth-supernode-private-key", str(key),
-                                 "--node-config", node_config, "--port", str(free_port()), *extra])
-
-    def rejoin(self, name: str, key: Path, node_config: str, within_s: float = 240) -> subprocess.Popen:
-        """Restart a site whose SuperNode died: the SuperLink refuses its key until two heartbeats
-        (about a minute) have passed without one, so retry until the node is activated."""
-        deadline = time.monotonic() + within_s
-        attempt = 0
-        while time.monotonic() < deadline:
-            attempt += 1
-            proc = self.supernode(f"{name}-{attempt}", key, node_config)
-            log = self.root / f"{name}-{attempt}.log"
-            while proc.poll() is None and "SuperNode ID" not in log.read_text() and time.monotonic() < deadline:
-                time.sleep(0.5)
-            if proc.poll() is None:
-                return proc
-            time.sleep(5)
-        raise RuntimeError(f"{name} was not re-activated within {within_s:.0f}s")
-
-    def stop(self) -> None:
-        ours = {str(proc.pid) for proc in self.procs}
-        for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
-        for pid in _detached_children(ours):  # Flower's SuperExec runs in a session of its own
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def _detached_children(parents: set[str]) -> list[int]:
-    """Processes started with ``--parent-pid <one of ours>`` (they outlive a killed process group)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for i, arg in enumerate(args[:-1]):
-            if arg == b"--parent-pid" and args[i + 1].decode(errors="replace") in parents:
-                found.append(int(entry.name))
-    return found
-
-
 @pytest.fixture(scope="module")
 def deployment(study, tmp_path_factory):
     d, spec = study
@@ -288,18 +173,10 @@ def deployment(study, tmp_path_factory):
         fl.stop()
 
 
-def _run(fl: Federation, spec: RunSpec, name: str, timeout_s: int) -> tuple[RunSpec, subprocess.CompletedProcess]:
-    server_spec = RunSpec.from_dict({**spec.to_dict(), "run_dir": str(fl.root / name)})
-    io.write_json(fl.root / f"{name}.json", server_spec.to_dict())
-    out = fl.flwr("run", str(REPO), "hospitals", "--stream", "--run-config",
-                  f"server-spec-file='{fl.root / f'{name}.json'}' round-timeout-s={timeout_s}", timeout=300)
-    return server_spec, out
-
-
 def test_three_sites_over_tls_match_the_simulation_bit_for_bit(study, deployment):
     _, spec = study
     fl, _ = deployment
-    server_spec, out = _run(fl, spec, "deployed", 120)
+    server_spec, out = run_deployed(fl, spec, "deployed", 120)
     model = Path(server_spec.run_dir) / "model.pt"
     assert model.is_file(), out.stdout[-3000:] + out.stderr[-3000:]
     deployed = torch.load(model, weights_only=True)

@@ -82,3 +82,23 @@ def write_coco_folder(root: Path) -> Path:
         (folder / "annotations").mkdir(parents=True, exist_ok=True)
         (folder / "annotations" / f"instances_{split}.json").write_text(json.dumps(doc))
     return folder
+
+
+def yolo_setting(root: Path, num_clients: int) -> Path:
+    """A YOLO export of synthetic CholecTrack20 split over ``num_clients`` clients (iid); its manifest.json."""
+    from fedmedbench.data.surgical import recurate as R
+    from fedmedbench.data.surgical.export_yolo import export_group
+    from fedmedbench.data.surgical.group_io import write_group
+    from fedmedbench.data.surgical.index import build_index
+    from fedmedbench.data.surgical.schema import read_index
+
+    cfg, _ = make(root / "raw", "cholectrack20")
+    build_index("cholectrack20", cfg, root / "raw", root / "idx", log=lambda m: None)
+    df, meta = read_index(root / "idx")
+    group = {"datasets": ["cholectrack20"], "num_clients": num_clients, "seed": 0,
+             "exclude_videos": {"cholectrack20": ["VID30", "VID31"]}, "video_splits": {"cholectrack20": CT20_SPLITS},
+             "settings": {"a": {"scheme": "iid"}}}
+    g = R.build_group("g", {"cholectrack20": df}, {"cholectrack20": meta}, group, TOOL_GROUPS)
+    write_group(g, root / "group", "synthetic")
+    export_group(root / "group", root / "yolo")
+    return root / "yolo" / "a" / "manifest.json"

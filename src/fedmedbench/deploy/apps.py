@@ -26,7 +26,15 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fedmedbench.deploy.site_data import load_site, read_manifest
+from fedmedbench import io
+from fedmedbench.deploy.site_data import (
+    MODEL_FILES,
+    PATH_FIELDS,
+    get_field,
+    load_site,
+    read_manifest,
+    set_field,
+)
 from fedmedbench.fl import engine
 from fedmedbench.fl import federation as fed
 from fedmedbench.fl.registry import get_method
@@ -34,11 +42,11 @@ from fedmedbench.fl.spec import RunSpec
 
 #: run-config keys of the app: the server's own settings (a site reads none of them)
 SERVER_RUN_CONFIG = ("server-spec-file", "round-timeout-s")
-#: spec fields that name files; each site sets them from its node config, the server never does
-SITE_FIELDS: dict[str, Any] = {"run_dir": "", "partition_path": "", "sources": {}, "pretrained_path": None}
 #: the node-config keys a site may set
 NODE_CONFIG = ("partition-id", "data-dir", "state-dir", "device")
 STATE_KEY = "fedmedbench"
+#: what "no file" looks like in a spec field
+_EMPTY = ("", None, {})
 
 
 class SiteRefusal(PermissionError):
@@ -49,8 +57,12 @@ class SiteRefusal(PermissionError):
 
 
 def client_spec_json(spec: RunSpec) -> str:
-    """The spec without anything that names a file: what every site receives."""
-    return json.dumps({**spec.to_dict(), **SITE_FIELDS}, sort_keys=True, default=str)
+    """The spec without anything that names a file (:data:`PATH_FIELDS` blanked): what every site receives."""
+    d = spec.to_dict()
+    for field in PATH_FIELDS:
+        value = get_field(d, field)
+        set_field(d, field, {} if isinstance(value, dict) else ("" if field in ("run_dir", "partition_path") else None))
+    return json.dumps(d, sort_keys=True, default=str)
 
 
 def check_run_config(run_config: dict[str, Any]) -> None:
@@ -60,16 +72,30 @@ def check_run_config(run_config: dict[str, Any]) -> None:
                           f"(allowed: {list(SERVER_RUN_CONFIG)}, all server-side)")
 
 
-def site_spec(spec_json: str, node_config: dict[str, Any]) -> RunSpec:
-    """The run's spec as this site runs it: the server's settings plus the site's own paths."""
+def default_state_dir(data_dir: Path) -> Path:
+    """Beside the data folder, never inside it (a site folder holds exactly what its manifest lists)."""
+    return data_dir.parent / f"{data_dir.name}-state"
+
+
+def model_file_hashes(spec: RunSpec) -> dict[str, str]:
+    """SHA-256 of each file the server's model is built from (by spec field): a site must hold the same."""
+    d = spec.to_dict()
+    return {f: io.file_digest(get_field(d, f), "sha256") for f in MODEL_FILES if get_field(d, f)}
+
+
+def site_spec(spec_json: str, node_config: dict[str, Any], model_files: dict[str, str] | None = None) -> RunSpec:
+    """The run's spec as this site runs it: the server's settings plus the site's own paths.
+
+    ``model_files``: field -> SHA-256 of the files the server builds the model from; the site builds
+    it from its own copies (``model/`` of its folder), which must have the same hashes."""
     d = json.loads(spec_json)
     unknown = sorted(set(d) - set(RunSpec.__dataclass_fields__))
     if unknown:
         raise SiteRefusal(f"the server's spec has unknown field(s) {unknown}")
-    for key, empty in SITE_FIELDS.items():
-        if d.get(key, empty) not in (empty, None):
-            raise SiteRefusal(f"the server's spec sets '{key}' = {d[key]!r}; a site's files come from its own "
-                              f"node config (data-dir, state-dir), never from the server")
+    for field in PATH_FIELDS:
+        if get_field(d, field) not in _EMPTY:
+            raise SiteRefusal(f"the server's spec sets '{field}' = {get_field(d, field)!r}; a site's files come from its "
+                              f"own node config (data-dir, state-dir), never from the server")
     extra = sorted(set(node_config) - set(NODE_CONFIG))
     if extra:
         raise SiteRefusal(f"unknown node-config key(s) {extra}; allowed: {list(NODE_CONFIG)}")
@@ -78,12 +104,26 @@ def site_spec(spec_json: str, node_config: dict[str, Any]) -> RunSpec:
         raise SiteRefusal(f"this SuperNode's --node-config lacks {missing} (e.g. \"partition-id=0 data-dir='/site/data'\")")
     data_dir = Path(str(node_config["data-dir"]))
     manifest = read_manifest(data_dir)
+    # SERQ (FedST) runs on the server; its constructor only checks that the synthetic clips are named
+    set_field(d, "method_params.serq.clips_root", str(data_dir))
     if get_method(d["method"], d.get("method_params", {})).centralized:
         raise SiteRefusal(f"method '{d['method']}' pools all data in one place; it cannot be deployed across sites")
+    if int((d.get("method_params") or {}).get("site_finetune") or 0):
+        raise SiteRefusal("method_params.site_finetune fine-tunes every site on the server's synthetic clips, "
+                          "which no site folder holds; it is not deployable")
     for key in ("in_channels", "num_classes"):
-        if d.get(key) is not None and int(d[key]) != int(manifest[key]):
+        if d.get(key) is not None and manifest.get(key) is not None and int(d[key]) != int(manifest[key]):
             raise SiteRefusal(f"the server's model expects {key}={d[key]}, this site's data has {manifest[key]}")
-    d["run_dir"] = str(node_config.get("state-dir") or data_dir / "state")
+    held = manifest.get("model_files") or {}
+    for field, digest in (model_files or {}).items():  # the model is built from the site's own copies of its files
+        if field not in MODEL_FILES:
+            raise SiteRefusal(f"the server names a model file for '{field}', which is not a model-file field")
+        name = held.get(field)
+        if not name or manifest["files"].get(name, {}).get("sha256") != digest:
+            raise SiteRefusal(f"the server's model is built from a '{field}' file with SHA-256 {digest}; this site's "
+                              f"folder {data_dir} holds {name or 'none'} with another (export the site folder again)")
+        set_field(d, field, str(data_dir / name))
+    d["run_dir"] = str(node_config.get("state-dir") or default_state_dir(data_dir))
     if node_config.get("device"):
         d["device"] = str(node_config["device"])
     return RunSpec.from_dict(d)
@@ -97,19 +137,21 @@ client_app = ClientApp()
 def _site_spec(context: Context) -> RunSpec:
     if STATE_KEY not in context.state.config_records:
         raise RuntimeError("no run spec received yet: the server's first message sets it")
-    return site_spec(str(context.state.config_records[STATE_KEY]["spec"]), dict(context.node_config))
+    rec = context.state.config_records[STATE_KEY]
+    return site_spec(str(rec["spec"]), dict(context.node_config), json.loads(str(rec["model-files"])))
 
 
 @contextlib.contextmanager
-def _site_data_installed(context: Context) -> Iterator[None]:
+def _site_data_installed(context: Context, spec: RunSpec) -> Iterator[None]:
     """The site's own data stands in for the partition's while this message is handled, and only then
     (a process that handles other runs, or a simulation, never sees it)."""
     pid = int(context.node_config["partition-id"])
     folder = Path(str(context.node_config["data-dir"]))
-    key = (str(folder.resolve()), pid)
+    key = (str(folder.resolve()), pid, spec.to_json())
     if key not in _loaded:
-        _loaded.clear()  # one site's data per process
-        _loaded[key] = load_site(folder, pid)
+        if len(_loaded) >= MAX_LOADED:
+            _loaded.clear()
+        _loaded[key] = load_site(folder, pid, spec)
     fed.site_data[pid] = _loaded[key]
     try:
         yield
@@ -117,13 +159,15 @@ def _site_data_installed(context: Context) -> Iterator[None]:
         fed.site_data.pop(pid, None)
 
 
-_loaded: dict[tuple[str, int], Any] = {}
+#: sites' data kept loaded in this process (a SuperNode serves one site; an in-process test, a few)
+MAX_LOADED = 4
+_loaded: dict[tuple[str, int, str], Any] = {}
 
 
 def _delegate(msg: Message, context: Context) -> Message:
     check_run_config(dict(context.run_config))
     spec = _site_spec(context)
-    with _site_data_installed(context):
+    with _site_data_installed(context, spec):
         return engine.make_client_app(spec)(msg, context)
 
 
@@ -132,9 +176,10 @@ def query(msg: Message, context: Context) -> Message:
     """The server's first message: its spec (validated and kept for the run), answered with our partition id."""
     check_run_config(dict(context.run_config))
     spec_json = str(msg.content["spec"]["json"])
-    spec = site_spec(spec_json, dict(context.node_config))
-    context.state[STATE_KEY] = ConfigRecord({"spec": spec_json})
-    with _site_data_installed(context):
+    model_files = str(msg.content["spec"].get("model-files", "{}"))
+    spec = site_spec(spec_json, dict(context.node_config), json.loads(model_files))
+    context.state[STATE_KEY] = ConfigRecord({"spec": spec_json, "model-files": model_files})
+    with _site_data_installed(context, spec):
         return engine.make_client_app(spec)(msg, context)
 
 
@@ -159,7 +204,8 @@ def run_server(grid: Grid, spec: RunSpec, round_timeout_s: float, log=print) -> 
     federation = fed.Federation(spec, log)
     model = fed.new_model(spec)
     allowed = engine.AllowedContent(federation.method.shared_keys(model), federation.method.extra_records)
-    hello = RecordDict({"spec": ConfigRecord({"json": client_spec_json(spec)})})
+    hello = RecordDict({"spec": ConfigRecord({"json": client_spec_json(spec),
+                                              "model-files": json.dumps(model_file_hashes(spec))})})
     transport = engine.FlowerTransport(grid, federation.num_nodes, allowed, hello=hello, timeout=round_timeout_s)
     state = federation.run(transport)
     federation.stage_outputs(state)

@@ -14,8 +14,21 @@ import tempfile
 from pathlib import Path
 
 from fedmedbench import io
-from fedmedbench.deploy.site_data import export_sites
+from fedmedbench.deploy.site_data import PATH_FIELDS, export_sites, get_field, set_field
 from fedmedbench.fl.spec import RunSpec
+
+
+def server_spec(spec: RunSpec) -> dict:
+    """The spec the ServerApp reads: every file it names made absolute, outputs under ``<run_dir>/deployed``."""
+    d = spec.to_dict()
+    for field in PATH_FIELDS:
+        value = get_field(d, field)
+        if isinstance(value, dict):
+            set_field(d, field, {k: str(Path(v).resolve()) for k, v in value.items()})
+        elif value:
+            set_field(d, field, str(Path(value).resolve()))
+    d["run_dir"] = str(Path(spec.run_dir).resolve() / "deployed")
+    return d
 
 
 def export_run(spec: RunSpec, out: str | Path) -> list[Path]:
@@ -28,11 +41,8 @@ def export_run(spec: RunSpec, out: str | Path) -> list[Path]:
     try:
         describe = {"study": spec.study, "dataset": spec.dataset, "setting": spec.setting, "seed": spec.seed,
                     "data_origin": spec.data_origin, "image_size": spec.image_size}
-        sites = export_sites(spec.partition_path, spec.sources, tmp, describe)
-        server = {**spec.to_dict(), "run_dir": str(Path(spec.run_dir).resolve() / "deployed"),
-                  "partition_path": str(Path(spec.partition_path).resolve()),
-                  "sources": {k: str(Path(v).resolve()) for k, v in spec.sources.items()}}
-        io.write_json(tmp / "server" / "spec.json", server)
+        sites = export_sites(spec, tmp, describe)
+        io.write_json(tmp / "server" / "spec.json", server_spec(spec))
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -83,8 +83,8 @@ def _nanmean(values: list[float]) -> float:
 client_threads = 1
 
 
-#: a deployed site's own data (partition id -> ClientData, read from its folder by fedmedbench.deploy);
-#: empty in simulation, where every client's data comes from the partition
+#: a deployed site's own data (partition id -> fedmedbench.deploy.site_data.Site: ``data`` and
+#: ``evaluate``, read from its folder); empty in simulation, where the task serves every client
 site_data: dict[int, Any] = {}
 
 
@@ -94,7 +94,7 @@ def _client_context(
     torch.set_num_threads(client_threads)
     store = ClientStateStore(checkpoint.checkpoint_dir(job.spec.run_dir) / "clients")
     ctx = ClientContext(
-        pid=pid, rnd=rnd, model=job.model_with(arrays), data=site_data[pid] if pid in site_data else job.client_data(pid),
+        pid=pid, rnd=rnd, model=job.model_with(arrays), data=site_data[pid].data if pid in site_data else job.client_data(pid),
         train=job.train, device=job.device, generator=client_generator(job.spec.seed, rnd, pid),
         state=store.load(pid, before_round=rnd), steps=steps, global_arrays=arrays, broadcast=broadcast or {},
         # a deployed site knows no other site's size (methods that need them say so)
@@ -119,7 +119,8 @@ def client_train(
 def client_evaluate(job: Job, pid: int, rnd: int, arrays: Arrays) -> dict[str, float]:
     """A personalized client's metrics: its own model on its local test split and the global test set."""
     ctx, _ = _client_context(job, pid, rnd + 1, arrays, steps=0)  # state as of the end of round rnd
-    return job.task.evaluate_client(job.method.personal_model(ctx), ctx.data, ctx.device)
+    evaluate = site_data[pid].evaluate if pid in site_data else job.task.evaluate_client
+    return evaluate(job.method.personal_model(ctx), ctx.data, ctx.device)
 
 
 # ----------------------------------------------------------------------------- server side

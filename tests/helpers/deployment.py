@@ -1,0 +1,143 @@
+"""A real Flower deployment on 127.0.0.1: SuperLink (TLS, SuperNode authentication) + SuperNodes.
+
+Every process is started in its own session and killed by PID at the end. Ports are picked free
+on the loopback interface; nothing else is contacted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fedmedbench import io
+from fedmedbench.deploy import credentials
+from fedmedbench.fl.spec import RunSpec
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Federation:
+    """SuperLink + SuperNodes on 127.0.0.1 with TLS and SuperNode authentication."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.procs: list[subprocess.Popen] = []
+        self.env = {**os.environ, "FLWR_HOME": str(root / "flwr"), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+                    "PYTHONUNBUFFERED": "1"}
+        src = str(REPO / "src")
+        self.env["PYTHONPATH"] = os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        self.tls = credentials.make_tls(root / "certs", ["127.0.0.1", "localhost"])
+        self.port = free_port()
+        (root / "flwr").mkdir(parents=True)
+        (root / "flwr" / "config.toml").write_text(
+            f'[superlink]\ndefault = "hospitals"\n\n[superlink.hospitals]\naddress = "127.0.0.1:{self.port}"\n'
+            f'root-certificates = "{self.tls.ca_cert}"\n')
+
+    def start(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = (self.root / f"{name}.log").open("w")
+        proc = subprocess.Popen(args, env=self.env, cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def superlink(self) -> None:
+        self.start("superlink", [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(self.tls.ca_cert),
+                                 "--ssl-certfile", str(self.tls.server_cert), "--ssl-keyfile", str(self.tls.server_key),
+                                 "--enable-supernode-auth", "--disable-runtime-dependency-installation",
+                                 "--host", "127.0.0.1", "--port", str(self.port),
+                                 "--database", str(self.root / "superlink.db")])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"SuperLink did not start: {(self.root / 'superlink.log').read_text()[-2000:]}")
+
+    def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "flwr"), *args], env=self.env, cwd=self.root, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def register(self, name: str) -> Path:
+        private, public = credentials.make_node_key(self.root / "keys", name)
+        out = self.flwr("supernode", "register", str(public), "hospitals")
+        assert "registered successfully" in out.stdout, out.stdout + out.stderr
+        return private
+
+    def supernode(self, name: str, key: Path, node_config: str, *extra: str) -> subprocess.Popen:
+        return self.start(name, [str(BIN / "flower-supernode"), "--root-certificates", str(self.tls.ca_cert),
+                                 "--superlink", f"127.0.0.1:{self.port}", "--auth-supernode-private-key", str(key),
+                                 "--node-config", node_config, "--port", str(free_port()), *extra])
+
+    def rejoin(self, name: str, key: Path, node_config: str, within_s: float = 240) -> subprocess.Popen:
+        """Restart a site whose SuperNode died: the SuperLink refuses its key until two heartbeats
+        (about a minute) have passed without one, so retry until the node is activated."""
+        deadline = time.monotonic() + within_s
+        attempt = 0
+        while time.monotonic() < deadline:
+            attempt += 1
+            proc = self.supernode(f"{name}-{attempt}", key, node_config)
+            log = self.root / f"{name}-{attempt}.log"
+            while proc.poll() is None and "SuperNode ID" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            if proc.poll() is None:
+                return proc
+            time.sleep(5)
+        raise RuntimeError(f"{name} was not re-activated within {within_s:.0f}s")
+
+    def stop(self) -> None:
+        ours = {str(proc.pid) for proc in self.procs}
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        for pid in _detached_children(ours):  # Flower's SuperExec runs in a session of its own
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _detached_children(parents: set[str]) -> list[int]:
+    """Processes started with ``--parent-pid <one of ours>`` (they outlive a killed process group)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for i, arg in enumerate(args[:-1]):
+            if arg == b"--parent-pid" and args[i + 1].decode(errors="replace") in parents:
+                found.append(int(entry.name))
+    return found
+
+
+def run_deployed(fl: Federation, spec: RunSpec, name: str, timeout_s: int) -> tuple[RunSpec, subprocess.CompletedProcess]:
+    """``flwr run`` of ``spec`` (its server copy under ``fl.root/name``); returns that spec and the command's output."""
+    server_spec = RunSpec.from_dict({**spec.to_dict(), "run_dir": str(fl.root / name)})
+    io.write_json(fl.root / f"{name}.json", server_spec.to_dict())
+    out = fl.flwr("run", str(REPO), "hospitals", "--stream", "--run-config",
+                  f"server-spec-file='{fl.root / f'{name}.json'}' round-timeout-s={timeout_s}", timeout=300)
+    return server_spec, out
