@@ -1,19 +1,78 @@
-# Deployment: one self-contained data folder per site, for running a run's federation across real
-# sites with Flower's SuperLink/SuperNodes (docs/deployment.md). Built on demand, not part of `all`.
+# Deployment: one self-contained data folder per site and the server's spec, for running a run's
+# federation across real sites with Flower's SuperLink/SuperNodes (docs/deployment.md). Built on
+# demand, not part of `all`. One rule per study family (each builds its runs' specs its own way).
 
 
 rule export_site_data:
     input:
         partition=partition_json,
         sources=lambda wc: sorted(set(setting_sources(wc.study, wc.dataset, wc.setting).values())),
+        weights=lambda wc: run_weights(wc.study, wc.method)[1],
     output:
         directory("deploy/{study}/{dataset}/{setting}/{method}/seed{seed}"),
+    wildcard_constraints:
+        study="|".join(config["studies"]) or "^$",
     params:
         spec=run_spec,
     log:
         "logs/export_site_data/{study}/{dataset}/{setting}/{method}/seed{seed}.log",
     benchmark:
         "benchmarks/export_site_data/{study}/{dataset}/{setting}/{method}/seed{seed}.tsv"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../scripts/export_site_data.py"
+
+
+rule export_site_data_ultraflwr:
+    input:
+        export=f"{SURG}/yolo/{{ugroup}}",
+        weights=ultraflwr_weights()[1],
+    output:
+        directory("deploy/ultraflwr/{ugroup}/{usetting}/{strategy}/seed{seedset}"),
+    wildcard_constraints:
+        ugroup=ID,
+        usetting=ID,
+        strategy="Fed(Backbone|Neck|Head|NeckHead|BackboneHead|BackboneNeck)?(Avg|Median)",
+        seedset=r"\d+",
+    params:
+        spec=ultraflwr_spec,
+    log:
+        "logs/export_site_data/ultraflwr/{ugroup}/{usetting}/{strategy}/seed{seedset}.log",
+    benchmark:
+        "benchmarks/export_site_data/ultraflwr/{ugroup}/{usetting}/{strategy}/seed{seedset}.tsv"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../scripts/export_site_data.py"
+
+
+rule export_site_data_fedst:
+    input:
+        clips=FEDST_CLIPS,
+        pretrained=fedst_pretrained,
+        weights=lambda w: fedst_weights(w.variant),
+    output:
+        directory("deploy/fedst/{sites}/{variant}/{method}/seed{seed}"),
+    wildcard_constraints:
+        sites=ID,
+        variant=ID,
+        method="|".join(FS.METHODS),
+        seed=r"\d+",
+    params:
+        spec=fedst_spec,
+    log:
+        "logs/export_site_data/fedst/{sites}/{variant}/{method}/seed{seed}.log",
+    benchmark:
+        "benchmarks/export_site_data/fedst/{sites}/{variant}/{method}/seed{seed}.tsv"
     threads: 1
     resources:
         mem_mb=4000,

@@ -5,6 +5,7 @@ personalized method's sites send (never their personal parameters)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from helpers import surgical as S
 from helpers.deploy_inline import run_inline
+from helpers.deployment import Federation, run_deployed
 from test_fedst_fl import clips, make_spec, study_cfg  # noqa: F401  (clips: the synthetic clip export fixture)
 
 from fedmedbench.deploy import apps
@@ -66,7 +68,7 @@ def detection(tmp_path_factory):
         run_dir=str(d / "sim"), study="ultraflwr", dataset="g", setting="a", method="ultraflwr", seed=0,
         partition_path=str(manifest), sources={}, image_size=64, model="yolo11n.yaml",
         train={"rounds": 2, "local_epochs": 1, "batch_size": 8, "lr": 0.01},
-        method_params={"strategy": "FedBackboneNeckAvg"}, task="detection", device="cpu", threads=1))
+        method_params={"strategy": "FedBackboneNeckAvg"}, task="detection", device="cpu", threads=1, eval_every=2))
     engine.run(spec, log=lambda m: None)
     export_sites(spec, d / "sites", {"dataset": "g"})
     return d, spec
@@ -75,9 +77,7 @@ def detection(tmp_path_factory):
 def test_detection_site_folder_is_the_clients_export_and_nothing_else(detection):
     d, spec = detection
     manifest = json.loads((site_folder(d / "sites", 1) / "manifest.json").read_text())
-    src = json.loads(open(spec.partition_path).read())["clients"][1]
-    from pathlib import Path
-
+    src = json.loads(Path(spec.partition_path).read_text())["clients"][1]
     root = Path(src["data_yaml"]).parent
     exported = {f"{s}/{k}/{p.name}" for s in ("train", "val", "test") for k in ("images", "labels")
                 for p in (root / s / k).iterdir()}
@@ -127,20 +127,34 @@ def segmentation(clips, tmp_path_factory):  # noqa: F811
     return d, spec, cfg
 
 
-def test_fedst_deployed_matches_the_simulation_and_personal_parameters_stay(segmentation, monkeypatch):
+@pytest.fixture(scope="module")
+def federation(segmentation, tmp_path_factory):
+    """A SuperLink with TLS and SuperNode authentication, and one SuperNode per site (real processes)."""
+    d, _, _ = segmentation
+    fl = Federation(tmp_path_factory.mktemp("seg_federation"))
+    try:
+        fl.superlink()
+        for pid in range(SITES):
+            key = fl.register(f"site{pid}")
+            fl.supernode(f"site{pid}", key, f"partition-id={pid} data-dir='{site_folder(d / 'sites', pid)}' "
+                         f"state-dir='{fl.root / f'state{pid}'}'")
+        yield fl
+    finally:
+        fl.stop()
+
+
+def test_fedst_over_tls_matches_the_simulation_and_personal_parameters_stay(segmentation, federation):
+    """FedST with SERQ through a real SuperLink and two SuperNodes: the global model and each site's
+    personal parameters (kept at the site) are the simulation's, bit for bit."""
     d, spec, _ = segmentation
-    seen = _recording(monkeypatch)
-    deployed = RunSpec.from_dict({**server_spec(spec), "run_dir": str(d / "deployed")})
-    run_inline(deployed, d / "sites", d / "states", SITES)
+    fl = federation
+    deployed, out = run_deployed(fl, RunSpec.from_dict(server_spec(spec)), "deployed", 120)
+    assert (Path(deployed.run_dir) / "model.pt").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
     _same_model(spec.run_dir, deployed.run_dir)
-    method = get_method(spec.method, spec.method_params)
-    model = fed.new_model(spec)
-    personal, shared = set(method.personal(model)), set(method.shared_keys(model))
+    personal = set(get_method(spec.method, spec.method_params).personal(fed.new_model(spec)))
     for pid in range(SITES):
-        sim, site = _kept(spec.run_dir, pid)["personal"], _kept(d / "states" / f"site{pid}", pid)["personal"]
+        sim, site = _kept(spec.run_dir, pid)["personal"], _kept(fl.root / f"state{pid}", pid)["personal"]
         assert set(site) == personal and all(torch.equal(sim[k], site[k]) for k in sim), pid
-    assert len(seen) == SITES and all(set(k) == shared for k in seen)
-    assert any(".attn.q." in k for k in personal) and "cs.fc.weight" in personal
 
 
 def test_segmentation_site_folder_holds_the_sites_clips(segmentation):
@@ -180,7 +194,7 @@ def test_a_site_refuses_a_corrupt_or_swapped_surgical_folder(segmentation, tmp_p
         load_site(site_folder(d / "sites", 0), 0, RunSpec.from_dict({**site_spec.to_dict(), "task": "detection"}))
 
 
-@pytest.mark.parametrize("method", ["fedrep", "feddp", "fedld", "fedas"])
+@pytest.mark.parametrize("method", ["fedst", "fedrep", "feddp", "fedld", "fedas"])
 def test_what_a_site_sends_is_exactly_the_shared_parts(segmentation, clips, tmp_path, method):  # noqa: F811
     """One training message to a deployed site per method: the reply holds the method's shared keys
     only (never a personal one) and passes the server's check; a personal key added is refused."""

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
@@ -164,9 +165,17 @@ MAX_LOADED = 4
 _loaded: dict[tuple[str, int, str], Any] = {}
 
 
+def _use_threads(spec: RunSpec) -> None:
+    """The run's torch threads, in a site's process as in the simulation's: a different count can change
+    the order of float reductions, so a result is bit-identical to the simulation's only with the same."""
+    fed.client_threads = max(1, int(spec.threads))
+    torch.set_num_threads(fed.client_threads)
+
+
 def _delegate(msg: Message, context: Context) -> Message:
     check_run_config(dict(context.run_config))
     spec = _site_spec(context)
+    _use_threads(spec)
     with _site_data_installed(context, spec):
         return engine.make_client_app(spec)(msg, context)
 
@@ -178,6 +187,7 @@ def query(msg: Message, context: Context) -> Message:
     spec_json = str(msg.content["spec"]["json"])
     model_files = str(msg.content["spec"].get("model-files", "{}"))
     spec = site_spec(spec_json, dict(context.node_config), json.loads(model_files))
+    _use_threads(spec)
     context.state[STATE_KEY] = ConfigRecord({"spec": spec_json, "model-files": model_files})
     with _site_data_installed(context, spec):
         return engine.make_client_app(spec)(msg, context)
@@ -201,6 +211,7 @@ server_app = ServerApp()
 def run_server(grid: Grid, spec: RunSpec, round_timeout_s: float, log=print) -> None:
     """Run (or resume, from ``spec.run_dir``'s checkpoint) one federation over the grid's sites."""
     spec = fed.resolve_data_shapes(spec)
+    _use_threads(spec)  # the server's own computations (aggregation, SERQ, evaluation) as in the simulation's process
     federation = fed.Federation(spec, log)
     model = fed.new_model(spec)
     allowed = engine.AllowedContent(federation.method.shared_keys(model), federation.method.extra_records)
