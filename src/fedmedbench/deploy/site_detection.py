@@ -57,7 +57,7 @@ def export(spec, pid: int, folder: Path) -> dict[str, Any]:
     doc = {"path": ".", "train": "train/images", "val": "val/images", "test": "test/images",
            "nc": len(classes), "names": dict(enumerate(classes))}
     (folder / "data.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    return {"classes": classes, "num_classes": len(classes), "in_channels": 3, "counts": client["counts"],
+    return {"classes": classes, "num_classes": len(classes), "in_channels": 3, "counts": {s: client["counts"][s] for s in SPLITS},
             "files": list_files(folder, [*names, "data.yaml"])}
 
 
