@@ -10,7 +10,11 @@ that dies mid-round fails the round with a clear error; it never shrinks the ave
 data comes from the SuperNode's own ``--node-config`` (``partition-id``, ``data-dir``,
 optional ``state-dir`` and ``device``), never from the server: the spec the server sends in
 its first message carries the method, model and hyper-parameters only, and a site refuses a
-run whose spec or run config asks for a data path or any key it does not know.
+run whose spec or run config asks for a data path or any key it does not know. The model is
+built from the site's own copies of its files (``model/`` of its folder), which must have the
+hashes the server sends. The site's data, whatever the task, is installed for its partition id
+while a message is handled (:mod:`fedmedbench.deploy.site_data`), and a personalized method's
+evaluation scores the site's own model on the site's own test data.
 Messages carry arrays and metric/config records only (no pickles).
 """
 
