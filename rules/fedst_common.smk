@@ -1,5 +1,5 @@
 # Study fedst: config checks, wildcard constraints and target helpers (rules in fedst.smk).
-import fedmedbench.fedst_study as FS
+import fedmedbench.studies.fedst.runs as FS
 from fedmedbench.fl.spec import result_params
 
 FEDST = config["fedst"]

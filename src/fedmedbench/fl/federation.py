@@ -34,7 +34,7 @@ from fedmedbench.fl.registry import (
 )
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.stopping import DataFreeMonitor
-from fedmedbench.fl.tasks import get_task_class, task_for  # noqa: F401  (task_for: imported from here elsewhere)
+from fedmedbench.fl.tasks.base import get_task_class, task_for  # noqa: F401  (task_for: imported from here elsewhere)
 from fedmedbench.fl.training import steps_for_epochs
 
 

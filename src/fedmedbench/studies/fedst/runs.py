@@ -209,7 +209,7 @@ def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "
     in SERQ) and learns only from the sites' videos."""
     from fedmedbench.fl.federation import resolve_device
     from fedmedbench.fl.registry import TrainConfig
-    from fedmedbench.fl.segmentation import (
+    from fedmedbench.fl.tasks.segmentation import (
         FrameCache,
         input_size,
         load_clipset,
@@ -301,8 +301,8 @@ def deploy_eval(spec, state, outfed_site: str, unseen_site: str, fps_clips: int)
     """Out-of-federation (parts) and unseen (binary) metrics of the deployed model, plus cost."""
     from fedmedbench.fl.federation import new_model, resolve_device
     from fedmedbench.fl.registry import get_method
-    from fedmedbench.fl.segmentation import evaluate_clips
-    from fedmedbench.fl.tasks import task_for
+    from fedmedbench.fl.tasks.base import task_for
+    from fedmedbench.fl.tasks.segmentation import evaluate_clips
 
     method = get_method(spec.method, spec.method_params)
     task = task_for(spec)
