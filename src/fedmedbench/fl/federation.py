@@ -151,10 +151,10 @@ class InProcessTransport:
 class Federation:
     """Server-side state and logic of one run."""
 
-    def __init__(self, spec: RunSpec, log: Callable[[str], None] = print) -> None:
-        self.spec = spec
+    def __init__(self, spec: RunSpec | Job, log: Callable[[str], None] = print) -> None:
+        self.job = spec if isinstance(spec, Job) else Job(spec)  # method, task and device resolved once
+        self.spec = spec = self.job.spec
         self.log = log
-        self.job = Job(spec)
         self.method = self.job.method
         self.train = self.job.train
         self.device = self.job.device
