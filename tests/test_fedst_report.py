@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from fedmedbench.report import fedst as R
+from fedmedbench.studies.fedst import report as R
 
 
 def _runs() -> pd.DataFrame:
@@ -67,6 +67,20 @@ def test_the_typed_paper_tables_load():
     assert PV.load("fedst", "table8").lookup({"Method": "Upperbound"}, "Dice(%)↑") == 26.46
 
 
+def test_every_ablation_row_has_the_papers_dice_beside_it():
+    """Tables IV-VII: each row label the report prints finds its typed-in paper row (no silent NaN)."""
+    runs = _runs().assign(variant="abl_ts")
+    for table in ("table4", "table5", "table6", "table7"):
+        t = R.table_dice_rows(runs, ["A", "B"], R.ROWS[table], "clip")
+        shown, note = R.with_paper(t, table, synthetic=False)
+        assert not shown["Dice Avg. (paper)"].isna().any(), table
+        assert f"Table {dict(table4='IV', table5='V', table6='VI', table7='VII')[table]} " in note
+    t4 = R.with_paper(R.table_dice_rows(runs, ["A", "B"], R.ROWS["table4"], "clip"), "table4", False)[0]
+    row = t4.set_index("Setting").loc["+TS"]
+    assert row["Dice A (paper)"] == 83.96 and row["Dice E (out fed) (paper)"] == 71.19
+    assert row["Dice A Δ"] == pytest.approx(85.0 - 83.96)  # the run's 85.00 ± 5.00 minus the paper's
+
+
 def test_fig6_points_per_interval_and_site(tmp_path):
     def run(variant, seed, dice):
         d = tmp_path / "ABCD" / variant / "fedst" / f"seed{seed}"
@@ -84,7 +98,7 @@ def test_fig6_points_per_interval_and_site(tmp_path):
 
 
 def test_comm_variants_keep_the_total_iterations():
-    from fedmedbench import fedst_study as FS
+    from fedmedbench.studies.fedst import runs as FS
 
     cfg = {"train": {"rounds": 300, "local_steps": 100, "batch_size": 2}, "fig6": {"intervals": [10, 100, 500]}}
     assert FS.comm_variants(cfg) == ["comm10", "comm500"]
@@ -145,7 +159,7 @@ def test_fig7_bars_without_and_with_synthetic_data(tmp_path):
 
 
 def test_synmix_doubles_the_iterations_and_mixes_the_server_site():
-    from fedmedbench import fedst_study as FS
+    from fedmedbench.studies.fedst import runs as FS
 
     cfg = {"train": {"rounds": 300, "local_steps": 100, "batch_size": 2}, "methods": ["seg_fedavg", "fedst"], "seeds": [0],
            "variants": [], "indicator": {"kind": "onehot"}, "fig5": {"variants": []}, "fig7": {"methods": ["seg_fedavg", "fedrep"]}}

@@ -63,7 +63,7 @@ class RunSpec:
     #: the round whose client models ``save_client_models`` keeps (None = the last round); an earlier
     #: round also keeps that round's global arrays (``"global"`` in client_models.pt), e.g. GPAF Fig. 4
     client_models_round: int | None = None
-    #: what is learnt and how it is evaluated (fl/tasks.py); task_params are the task's options
+    #: what is learnt and how it is evaluated (fl/tasks/); task_params are the task's options
     task: str = "classification"
     task_params: dict[str, Any] = field(default_factory=dict)
     #: weight set -> SHA-256 of the file the job loads (filled at job start from the manifests), so a
