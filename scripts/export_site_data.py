@@ -12,7 +12,7 @@ with log_to(snakemake.log[0]) as log:
     spec = for_job(snakemake.params.spec, snakemake.config["threads"]["train"], snakemake.config)
     spec = weights.pin(spec, list(snakemake.input.weights))
     if spec.task == "segmentation":
-        from fedmedbench.fedst_study import pin_initial_model
+        from fedmedbench.studies.fedst.runs import pin_initial_model
 
         spec = pin_initial_model(spec)
     for path in export_run(spec, snakemake.output[0]):

@@ -22,9 +22,9 @@ from fedmedbench.deploy.site_data import SiteDataError, export_sites, load_site,
 from fedmedbench.fl import checkpoint, engine
 from fedmedbench.fl import federation as fed
 from fedmedbench.fl.client_state import ClientStateStore
-from fedmedbench.fl.detection import components as C
 from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.tasks.detection import components as C
 
 pytestmark = pytest.mark.slow
 SITES = 2

@@ -27,8 +27,8 @@ import torch
 import yaml
 
 from fedmedbench.deploy.site_data import MANIFEST, Site, list_files
-from fedmedbench.fl.detection.staging import read_manifest
-from fedmedbench.fl.detection.task import EVAL_DEFAULTS, DetectionClient, cd_from_pairs
+from fedmedbench.fl.tasks.detection.staging import read_manifest
+from fedmedbench.fl.tasks.detection.task import EVAL_DEFAULTS, DetectionClient, cd_from_pairs
 
 SPLITS = ("train", "val", "test")
 METRICS = ("map50", "map50_95")
@@ -97,7 +97,7 @@ def load(folder: Path, manifest: dict[str, Any], spec) -> Site:
     params = {**EVAL_DEFAULTS, **spec.task_params}
 
     def evaluate(model: torch.nn.Module, data: DetectionClient, device: torch.device) -> dict[str, float]:
-        from fedmedbench.fl.detection.yolo import validate_yolo
+        from fedmedbench.fl.tasks.detection.yolo import validate_yolo
 
         own = validate_yolo(model, data.data_yaml, "test", imgsz=spec.image_size, batch=params["eval_batch"],
                             device=device, workdir=data.workdir, conf=params["conf"], iou=params["iou"])

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from fedmedbench.deploy.site_data import Site, SiteDataError, list_files
-from fedmedbench.fl.segmentation import (
+from fedmedbench.fl.tasks.segmentation import (
     ClipSet,
     FrameCache,
     SegmentationTask,
