@@ -170,6 +170,18 @@ def test_segmentation_site_folder_holds_the_sites_clips(segmentation):
             assert all(torch.equal(a, b) for a, b in zip(mine.item(i), ref.item(i), strict=True)), (split, i)
 
 
+def test_a_site_gets_no_server_path_and_refuses_one(segmentation):
+    d, spec, _ = segmentation
+    node = {"partition-id": 0, "data-dir": str(site_folder(d / "sites", 0))}
+    sent = json.loads(apps.client_spec_json(spec))
+    assert sent["task_params"]["clips_root"] is None and sent["method_params"]["serq"]["clips_root"] is None
+    assert spec.task_params["clips_root"] and spec.method_params["serq"]["clips_root"]
+    with pytest.raises(apps.SiteRefusal, match="task_params.clips_root"):
+        apps.site_spec(json.dumps({**sent, "task_params": {**sent["task_params"], "clips_root": "/server/clips"}}), node)
+    with pytest.raises(apps.SiteRefusal, match="'pretrained_path' file with SHA-256"):  # the site has no such model file
+        apps.site_spec(json.dumps(sent), node, {"pretrained_path": "0" * 64})
+
+
 def test_a_site_refuses_a_corrupt_or_swapped_surgical_folder(segmentation, tmp_path):
     import shutil
 
