@@ -55,6 +55,9 @@ def _check_gpaf_report(sname, study):
             _config_error(key, f"'{m}' has no federated client models to show")
     if rep["tsne"]["methods"] and not study["save_client_models"]:
         _config_error(f"studies.{sname}.save_client_models", "must be true for the t-SNE of client features (report.gpaf.tsne)")
+    if rep["fig5a_metric"].startswith("client_val_") and not study["client_validation"]:
+        _config_error(f"studies.{sname}.client_validation", f"must be mean or weighted for report.gpaf.fig5a_metric "
+                      f"{rep['fig5a_metric']} (or set fig5a_metric: val_accuracy, the global model)")
     kept = study["client_models_round"]
     if kept is not None and kept > study["train"]["rounds"]:
         _config_error(f"studies.{sname}.client_models_round", f"{kept} is after the last round ({study['train']['rounds']})")
@@ -237,6 +240,8 @@ def run_spec(wildcards):
         "early_stopping": early_stopping_spec(st["early_stopping"]),
         "save_client_models": st["save_client_models"],
         "client_models_round": st["client_models_round"],
+        # only when on: other studies' params (and run hashes) stay as they were
+        **({"client_validation": st["client_validation"]} if st["client_validation"] else {}),
     }
 
 

@@ -81,6 +81,10 @@ class Task:
         its own test split and ``global_*`` on the held-out global test set."""
         raise NotImplementedError
 
+    def evaluate_validation(self, model: torch.nn.Module, data: Any, device: torch.device) -> dict[str, float]:
+        """A client's model on its own validation split (metric names without prefix; ``client_validation``)."""
+        raise NotImplementedError(f"task '{self.name}' has no client-side validation: set client_validation: null")
+
 
 def get_task_class(name: str) -> type[Task]:
     _load_builtin_tasks()
@@ -206,6 +210,11 @@ class ClassificationTask(Task):
             rows = [position.get((c["source"], int(i))) for i in c["test"]]
             out.append(None if any(r is None for r in rows) else np.asarray(rows, dtype=np.int64))
         return out
+
+    def evaluate_validation(self, model, data, device):
+        from fedmedbench.fl.training import evaluate
+
+        return evaluate(model, data.val_x, data.val_y, self._bs(), device)
 
     def evaluate_client(self, model, data, device):
         from fedmedbench.fl.training import evaluate

@@ -87,15 +87,16 @@ class StepHooks:
     after_step: Callable[[], None] | None = None
 
 
-def local_loop(ctx: ClientContext, hooks: StepHooks) -> float:
-    """``ctx.steps`` mini-batch SGD steps on the client's training data; mean loss."""
+def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None = None) -> float:
+    """``ctx.steps`` mini-batch SGD steps on the client's training data; mean loss. The step losses
+    go to ``losses`` when given (per-epoch means: ``losses.epoch_metrics()``)."""
     cfg, device = ctx.train, ctx.device
     model = place_model(ctx.model, cfg, device)
     model.train()
     params = trainable(model)
     opt = make_optimizer(model, cfg, ctx.rnd, hooks.extra_weight_decay)
     correction = {n: t.to(device) for n, t in (hooks.correction or {}).items()}
-    losses = StepLosses()  # read once after the last step: no host sync per step
+    losses = StepLosses() if losses is None else losses  # read once after the last step: no host sync per step
     x_u8, y = ctx.data.train_x, ctx.data.train_y
     for idx in batch_indices(y.shape[0], cfg.batch_size, ctx.steps, ctx.generator):
         xb, yb = to_float(x_u8[idx], device, cfg.channels_last), y[idx].to(device, non_blocking=True)
@@ -229,8 +230,10 @@ class ServerOptMethod(Method):
         return StepHooks()
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
-        loss = local_loop(ctx, self.hooks(ctx))
-        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics={"train_loss": loss})
+        losses = StepLosses(ctx.steps_per_epoch())
+        loss = local_loop(ctx, self.hooks(ctx), losses)
+        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train,
+                            metrics={"train_loss": loss, **losses.epoch_metrics()})
 
 
 def tensors_to_arrays(t: Tensors) -> Arrays:
