@@ -287,7 +287,7 @@ def convergence_figure(curves: pd.DataFrame, targets: pd.DataFrame, metric: str,
         axes[0, j].set_title(f"{dataset} / {setting}", fontsize=9)
         axes[0, j].set_ylabel(f"best {shown} so far")
         axes[0, j].set_xlabel("round")
-        axes[1, j].set_ylabel("clients' train loss (each method's objective)")
+        axes[1, j].set_ylabel("clients' train loss")
         axes[1, j].set_xlabel("local epoch ((round - 1) E + e)")
         for ax in axes[:, j]:
             ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))

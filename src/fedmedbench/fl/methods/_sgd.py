@@ -127,6 +127,14 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
                        hint="lower train.lr, set train.grad_clip, or train.on_nonfinite: continue")
 
 
+def local_loop_metrics(ctx: ClientContext, hooks: StepHooks) -> dict[str, float]:
+    """:func:`local_loop`, reported as a client's metrics: ``train_loss`` and the mean loss of each
+    local epoch (``train_loss_e<e>``)."""
+    losses = StepLosses(ctx.steps_per_epoch())
+    loss = local_loop(ctx, hooks, losses)
+    return {"train_loss": loss, **losses.epoch_metrics()}
+
+
 def local_iterations(ctx: ClientContext, form: str) -> float:
     """K in SCAFFOLD's c_i update (theta_g - theta_i) / (K lr).
 
@@ -230,10 +238,8 @@ class ServerOptMethod(Method):
         return StepHooks()
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
-        losses = StepLosses(ctx.steps_per_epoch())
-        loss = local_loop(ctx, self.hooks(ctx), losses)
-        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train,
-                            metrics={"train_loss": loss, **losses.epoch_metrics()})
+        metrics = local_loop_metrics(ctx, self.hooks(ctx))
+        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics=metrics)
 
 
 def tensors_to_arrays(t: Tensors) -> Arrays:
