@@ -67,6 +67,20 @@ def test_the_typed_paper_tables_load():
     assert PV.load("fedst", "table8").lookup({"Method": "Upperbound"}, "Dice(%)↑") == 26.46
 
 
+def test_every_ablation_row_has_the_papers_dice_beside_it():
+    """Tables IV-VII: each row label the report prints finds its typed-in paper row (no silent NaN)."""
+    runs = _runs().assign(variant="abl_ts")
+    for table in ("table4", "table5", "table6", "table7"):
+        t = R.table_dice_rows(runs, ["A", "B"], R.ROWS[table], "clip")
+        shown, note = R.with_paper(t, table, synthetic=False)
+        assert not shown["Dice Avg. (paper)"].isna().any(), table
+        assert f"Table {dict(table4='IV', table5='V', table6='VI', table7='VII')[table]} " in note
+    t4 = R.with_paper(R.table_dice_rows(runs, ["A", "B"], R.ROWS["table4"], "clip"), "table4", False)[0]
+    row = t4.set_index("Setting").loc["+TS"]
+    assert row["Dice A (paper)"] == 83.96 and row["Dice E (out fed) (paper)"] == 71.19
+    assert row["Dice A Δ"] == pytest.approx(85.0 - 83.96)  # the run's 85.00 ± 5.00 minus the paper's
+
+
 def test_fig6_points_per_interval_and_site(tmp_path):
     def run(variant, seed, dice):
         d = tmp_path / "ABCD" / variant / "fedst" / f"seed{seed}"

@@ -162,6 +162,8 @@ PAPER_COLUMNS: dict[str, list[str]] = {
     "table3": [LABELS[m] for m in METRICS],
     "table8": [LABELS[m] for m in METRICS],
     "table9": ["Cost (MB/round)", "FPS"],
+    **{t: ["Dice A", "Dice B", "Dice C", "Dice D", "Dice Avg.", "Dice E (out fed)"]
+       for t in ("table4", "table5", "table6", "table7")},
 }
 
 
