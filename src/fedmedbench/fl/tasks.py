@@ -81,9 +81,11 @@ class Task:
         its own test split and ``global_*`` on the held-out global test set."""
         raise NotImplementedError
 
-    def evaluate_validation(self, model: torch.nn.Module, data: Any, device: torch.device) -> dict[str, float]:
-        """A client's model on its own validation split (metric names without prefix; ``client_validation``)."""
-        raise NotImplementedError(f"task '{self.name}' has no client-side validation: set client_validation: null")
+    @classmethod
+    def evaluate_validation(cls, model: torch.nn.Module, data: Any, device: torch.device, batch_size: int) -> dict[str, float]:
+        """A client's model on its own validation split (metric names without prefix; ``client_validation``).
+        A class method: a deployed site has its own data but no partition to build the task from."""
+        raise NotImplementedError(f"task '{cls.name}' has no client-side validation: set client_validation: null")
 
 
 def get_task_class(name: str) -> type[Task]:
@@ -211,10 +213,11 @@ class ClassificationTask(Task):
             out.append(None if any(r is None for r in rows) else np.asarray(rows, dtype=np.int64))
         return out
 
-    def evaluate_validation(self, model, data, device):
+    @classmethod
+    def evaluate_validation(cls, model, data, device, batch_size):
         from fedmedbench.fl.training import evaluate
 
-        return evaluate(model, data.val_x, data.val_y, self._bs(), device)
+        return evaluate(model, data.val_x, data.val_y, batch_size, device)
 
     def evaluate_client(self, model, data, device):
         from fedmedbench.fl.training import evaluate
