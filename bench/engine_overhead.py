@@ -46,7 +46,7 @@ from fedmedbench.fl import engine  # noqa: E402
 from fedmedbench.fl import federation as fed  # noqa: E402
 from fedmedbench.fl.registry import load_arrays, model_arrays, weighted_average  # noqa: E402
 from fedmedbench.fl.spec import RunSpec  # noqa: E402
-from fedmedbench.fl.tasks import _task_cached, task_for  # noqa: E402
+from fedmedbench.fl.tasks.base import _task_cached, task_for  # noqa: E402
 from fedmedbench.fl.training import local_sgd  # noqa: E402
 
 #: DermaMNIST's official split sizes (the earlystop study's per-round work at 64 px)

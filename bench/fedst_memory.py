@@ -39,7 +39,7 @@ CHILD = """
 import json, sys
 sys.path.insert(0, {src!r})
 from fedmedbench.compat import limit_threads
-from fedmedbench.fedst_study import deploy_eval
+from fedmedbench.studies.fedst.runs import deploy_eval
 from fedmedbench.fl import engine
 from fedmedbench.fl.spec import RunSpec
 limit_threads({threads})
@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    from fedmedbench import fedst_study as FS
+    from fedmedbench.studies.fedst import runs as FS
 
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="fmb-fedst-mem-") as tmp:

@@ -37,7 +37,7 @@ from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.data import synthetic  # noqa: E402
 from fedmedbench.fl import engine  # noqa: E402
 from fedmedbench.fl.spec import RunSpec  # noqa: E402
-from fedmedbench.fl.tasks import _task_cached  # noqa: E402
+from fedmedbench.fl.tasks.base import _task_cached  # noqa: E402
 
 
 def load_config(path: Path) -> dict:

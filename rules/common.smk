@@ -7,7 +7,9 @@ from pathlib import Path
 from snakemake.utils import validate
 
 import fedmedbench.data.user as USER
-from fedmedbench.configcheck import coerce_numbers, ignored_settings
+import fedmedbench.studies.earlystop.runs as ES
+import fedmedbench.studies.gpaf.runs as GPAF
+from fedmedbench.configcheck import coerce_numbers, config_error, ignored_settings
 from fedmedbench.report.html import table_caption
 from fedmedbench.fl import method_params
 
@@ -40,27 +42,7 @@ wildcard_constraints:
 
 
 def _config_error(key, message):
-    raise ValueError(f"config error at '{key}': {message}")
-
-
-def _check_gpaf_report(sname, study):
-    rep = study["report"].get("gpaf")
-    if rep is None:
-        return
-    key = f"studies.{sname}.report.gpaf.tsne.methods"
-    for m in rep["tsne"]["methods"]:
-        if m not in study["methods"]:
-            _config_error(key, f"'{m}' is not one of the study's methods {study['methods']}")
-        if m in ("local", "centralized"):
-            _config_error(key, f"'{m}' has no federated client models to show")
-    if rep["tsne"]["methods"] and not study["save_client_models"]:
-        _config_error(f"studies.{sname}.save_client_models", "must be true for the t-SNE of client features (report.gpaf.tsne)")
-    if rep["fig5a_metric"].startswith("client_val_") and not study["client_validation"]:
-        _config_error(f"studies.{sname}.client_validation", f"must be mean or weighted for report.gpaf.fig5a_metric "
-                      f"{rep['fig5a_metric']} (or set fig5a_metric: val_accuracy, the global model)")
-    kept = study["client_models_round"]
-    if kept is not None and kept > study["train"]["rounds"]:
-        _config_error(f"studies.{sname}.client_models_round", f"{kept} is after the last round ({study['train']['rounds']})")
+    config_error(key, message)
 
 
 OFFICIAL_FLAGS = ("pathmnist", "dermamnist", "octmnist", "pneumoniamnist", "retinamnist", "breastmnist", "bloodmnist",
@@ -87,7 +69,7 @@ def _check_datasets(sname, study):
 def _check_config():
     _check_registry()
     for sname, study in config["studies"].items():
-        _check_gpaf_report(sname, study)
+        GPAF.check_config(sname, study)
         _check_datasets(sname, study)
         for setname, setting in study["settings"].items():
             key = f"studies.{sname}.settings.{setname}"
@@ -105,13 +87,10 @@ def _check_config():
             if scheme == "center" and setting["num_clients"] != 2:
                 _config_error(f"{key}.num_clients", "the center scheme has exactly 2 clients")
             cpr = study["clients_per_round"]
-            es = study["early_stopping"]
-            if es["bad_setting"] and es["bad_setting"] not in study["settings"]:
-                _config_error(f"studies.{sname}.early_stopping.bad_setting", f"'{es['bad_setting']}' is not a setting of the study")
-            if es["figure3_setting"] and es["figure3_setting"] not in study["settings"]:
-                _config_error(f"studies.{sname}.early_stopping.figure3_setting", f"'{es['figure3_setting']}' is not a setting of the study")
             if cpr is not None and cpr > setting["num_clients"]:
                 _config_error(f"studies.{sname}.clients_per_round", f"{cpr} exceeds num_clients={setting['num_clients']} of setting '{setname}'")
+        if study["settings"]:
+            ES.check_config(sname, study)
 
 
 _check_config()
@@ -286,8 +265,7 @@ def corrupt_input(wildcards):
 
 def es_taus(study):
     """Every tau the early-stopping report evaluates (sweep, study tau, Table 2 tau)."""
-    es = config["studies"][study]["early_stopping"]
-    return sorted({*es["taus"], es["tau"], es["table2_tau"]})
+    return ES.taus(config["studies"][study])
 
 
 def paper_values_input(study):
@@ -297,19 +275,11 @@ def paper_values_input(study):
 
 
 def es_figure_setting(study):
-    es = config["studies"][study]["early_stopping"]
-    return es["figure3_setting"] or next(iter(config["studies"][study]["settings"]))
+    return ES.figure_setting(config["studies"][study])
 
 
 def earlystop_targets(study):
-    es = config["studies"][study]["early_stopping"]
-    if not es["report"]:
-        return []
-    out = [f"results/{study}/tables/table1{TAG}.{ext}" for ext in ("csv", "md", "tex")]
-    if es["bad_setting"]:
-        out += [f"results/{study}/tables/table2{TAG}.{ext}" for ext in ("csv", "md", "tex")]
-    out += [f"results/{study}/figures/fig3_stopping{TAG}.png", f"results/{study}/figures/fig4_tau{TAG}.png"]
-    return out
+    return ES.targets(study, config["studies"][study], TAG)
 
 
 # --- surgical video data layer (rules/surgical.smk; docs/surgical_data.md) ---------------------
@@ -422,32 +392,11 @@ def surgical_targets():
     if SURGICAL["sites"]:
         out.append(f"{SURG}/clips")
     return out
-# --- GPAF study report (rules/report_gpaf.smk): Table 1, rounds to target, t-SNE -----------------
+# --- GPAF study report (rules/report_gpaf.smk; targets and checks: fedmedbench.studies.gpaf.runs) --
 
 
 def gpaf_targets(study):
-    st = config["studies"][study]
-    if st["report"].get("gpaf") is None:
-        return []
-    datasets = sorted({r["dataset"] for r in runs(study)})
-    out = expand("results/{study}/tables/table1_{dataset}{tag}.{ext}", study=study, dataset=datasets, tag=TAG,
-                 ext=["csv", "md", "tex"])
-    out += expand("results/{study}/tables/convergence_rounds{tag}.{ext}", study=study, tag=TAG, ext=["csv", "md"])
-    out.append(f"results/{study}/figures/gpaf_convergence{TAG}.png")
-    seen = set()
-    for setting, s in st["settings"].items():  # one domain figure per dataset and set of domains
-        if s["scheme"] != "domain":
-            continue
-        for dataset in setting_datasets(study, setting):
-            key = (dataset, tuple(s["params"]["domains"]))
-            if key not in seen:
-                seen.add(key)
-                out.append(f"results/{study}/figures/domains_{dataset}_{setting}{TAG}.png")
-    if st["report"]["gpaf"]["tsne"]["methods"]:
-        for setting in st["settings"]:
-            for dataset in setting_datasets(study, setting):
-                out.append(f"results/{study}/figures/tsne_{dataset}_{setting}{TAG}.png")
-    return out
+    return GPAF.targets(study, config["studies"][study], list(runs(study)), lambda setting: setting_datasets(study, setting), TAG)
 
 
 def gpaf_dataset_summaries(wildcards):
@@ -455,10 +404,7 @@ def gpaf_dataset_summaries(wildcards):
 
 
 def _gpaf_tsne_runs(wildcards):
-    st = config["studies"][wildcards.study]
-    seed = st["seeds"][0]
-    return [dict(study=wildcards.study, dataset=wildcards.dataset, setting=wildcards.setting, method=m, seed=seed)
-            for m in st["report"]["gpaf"]["tsne"]["methods"]]
+    return GPAF.tsne_runs(wildcards.study, config["studies"][wildcards.study], wildcards.dataset, wildcards.setting)
 
 
 def gpaf_tsne_inputs(wildcards):

@@ -1,46 +1,12 @@
-# Study fedst: config checks, wildcard constraints and target helpers (rules in fedst.smk).
-import fedmedbench.fedst_study as FS
+# Study fedst: glue from the rules (fedst.smk) to fedmedbench.studies.fedst.runs (runs, checks, targets).
+import fedmedbench.studies.fedst.runs as FS
 from fedmedbench.fl.spec import result_params
 
 FEDST = config["fedst"]
 FEDST_CLIPS = f"{SURG}/clips"
-FEDST_TABLES = ["table2", "table3", "table4", "table5", "table6", "table7", "table8", "table9"]
+FEDST_TABLES = FS.TABLES
 
-
-def _check_fedst_config():
-    if not FEDST["enabled"]:
-        return
-    sites = SURGICAL["sites"]
-    for key in ("outfed_site", "unseen_site", "server_site"):
-        if FEDST[key] not in sites:
-            _config_error(f"fedst.{key}", f"'{FEDST[key]}' is not a surgical.sites entry {sorted(sites)}")
-    for s in FEDST["sites"]:
-        if s not in sites:
-            _config_error("fedst.sites", f"'{s}' is not a surgical.sites entry {sorted(sites)}")
-        elif sites[s].get("role", "federated") != "federated":
-            _config_error("fedst.sites", f"site '{s}' has role {sites[s]['role']}, not federated")
-    m = FEDST["model"]
-    if len(m["pools"]) != len(m["fields"]):
-        _config_error("fedst.model.fields", f"needs one entry per entry of fedst.model.pools ({len(m['pools'])})")
-    if len(m["pools"]) != SURGICAL["clips"]["num_previous"] + 1:
-        _config_error("fedst.model.pools", f"needs one entry per clip frame (surgical.clips.num_previous + 1 = "
-                      f"{SURGICAL['clips']['num_previous'] + 1})")
-    if "ind_clip" in FEDST["variants"] or FEDST["indicator"]["kind"] == "clip":
-        if not FEDST["indicator"]["clip_weights"]:
-            _config_error("fedst.indicator.clip_weights", "the CLIP indicator (kind clip or variant ind_clip) needs an open_clip "
-                          "weight set (e.g. clip_vit_b32_laion2b, docs/weights.md); or use kind onehot/gaussian/random and drop ind_clip")
-    if FEDST["indicator"]["kind"] != "clip" and FEDST["model"]["indicator_dim"] < len(sites):
-        _config_error("fedst.model.indicator_dim", f"must be >= the number of sites ({len(sites)}) for one-hot indicators")
-    if FEDST["fig6"]["intervals"] and FEDST["train"]["local_steps"] is None:
-        _config_error("fedst.fig6.intervals", "needs fedst.train.local_steps (iterations per round); or set intervals: []")
-    if FEDST["fig7"]["methods"] and FEDST["train"]["local_steps"] is None:
-        _config_error("fedst.fig7.methods", "needs fedst.train.local_steps (iterations per round, doubled); or set methods: []")
-    unknown = set(FEDST["method_params"]) - set(FEDST["methods"])
-    if unknown:
-        _config_error("fedst.method_params", f"{sorted(unknown)} are not among fedst.methods")
-
-
-_check_fedst_config()
+FS.check_config(FEDST, SURGICAL)
 
 
 def _fedst_weight(key, name):
@@ -103,16 +69,7 @@ def fedst_fig7_files(name):
 
 def fedst_targets():
     """Every fedst output the config asks for (added to rule all)."""
-    if not FEDST["enabled"]:
-        return []
-    out = [f"results/fedst/tables/{t}{STAG}.md" for t in FEDST_TABLES]
-    if FS.comm_variants(FEDST) and "fedst" in FEDST["methods"]:
-        out.append(f"results/fedst/figures/fig6{STAG}.png")
-    if FS.fig5_variants(FEDST):
-        out.append(f"results/fedst/figures/fig5{STAG}.png")
-    if FS.fig7_methods(FEDST):
-        out.append(f"results/fedst/figures/fig7{STAG}.png")
-    return out
+    return FS.targets(FEDST, STAG)
 
 
 wildcard_constraints:

@@ -1,7 +1,7 @@
 """Snakemake entry: early-stopping Table 1 (delta acc per setting) or Table 2 (bad configuration)."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench import io
-from fedmedbench.report import earlystop
+from fedmedbench.studies.earlystop import report as earlystop
 from fedmedbench.runlog import log_to
 
 with log_to(snakemake.log[0]):

@@ -3,7 +3,7 @@ fine-tuning on the server vs synthetic data at the sites), Fig. 6 test Dice vs c
 Fig. 7 each method with and without synthetic data mixed into the sites (iterations doubled)."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench import io
-from fedmedbench.report import fedst as R
+from fedmedbench.studies.fedst import report as R
 from fedmedbench.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:

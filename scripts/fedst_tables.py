@@ -3,7 +3,7 @@ import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from pathlib import Path
 
 from fedmedbench import io
-from fedmedbench.report import fedst as R
+from fedmedbench.studies.fedst import report as R
 from fedmedbench.runlog import log_to
 
 TITLES = {

@@ -2,7 +2,7 @@
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench import io
 from fedmedbench.data import medmnist
-from fedmedbench.report import domains as report
+from fedmedbench.studies.gpaf import domains as report
 from fedmedbench.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:

@@ -1,6 +1,7 @@
 """Snakemake entry: GPAF paper Table 1 for one dataset (methods x metric x setting) as CSV, Markdown, LaTeX."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
-from fedmedbench.report import gpaf, paper_values
+from fedmedbench.report import paper_values
+from fedmedbench.studies.gpaf import report as gpaf
 from fedmedbench.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:

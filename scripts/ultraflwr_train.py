@@ -15,7 +15,7 @@ with log_to(snakemake.log[0]) as log:
     spec = for_job(snakemake.params.spec, snakemake.threads, snakemake.config)
     spec = weights.pin(spec, snakemake.input.weights)  # the loaded file is the fetched one (hash in the run hash)
     if snakemake.wildcards.strategy == "Centralized":
-        from fedmedbench.fl.detection.centralized import run_centralized
+        from fedmedbench.fl.tasks.detection.centralized import run_centralized
 
         mp = spec.method_params
         run_centralized(spec, select=mp.get("select", "best"), select_metric=mp.get("select_metric", "map50"),

@@ -19,7 +19,7 @@ from fedmedbench import partition as P
 from fedmedbench.data import medmnist, synthetic
 from fedmedbench.fl import federation as fed
 from fedmedbench.fl.spec import RunSpec
-from fedmedbench.report import earlystop
+from fedmedbench.studies.earlystop import report as earlystop
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from fedmedbench.report import earlystop, figures
+from fedmedbench.report import figures
+from fedmedbench.studies.earlystop import report as earlystop
 
 METRIC = "global_balanced_accuracy"
 VAL_LOSS = [1.0, 0.8, 0.9, 0.95, 0.96, 0.97, 0.98, 0.99]  # best at r2; absolute tau 0.01, patience 2 -> stop r4

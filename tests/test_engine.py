@@ -273,7 +273,7 @@ def test_inline_grid_delivers_like_flower(workdir):
 
 def test_client_metrics_from_the_shared_global_prediction_equal_direct_evaluation(workdir):
     """The server predicts the global test set once; each client's numbers come from its rows."""
-    from fedmedbench.fl.tasks import ClassificationTask
+    from fedmedbench.fl.tasks.classification import ClassificationTask
     from fedmedbench.fl.training import evaluate
 
     spec = fed.resolve_data_shapes(make_spec(workdir, "evalrows"))

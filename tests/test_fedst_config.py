@@ -12,7 +12,7 @@ import yaml
 from helpers import schema_error
 from snakemake.utils import validate
 
-from fedmedbench import fedst_study as FS
+from fedmedbench.studies.fedst import runs as FS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = str(ROOT / "config" / "schema.yaml")

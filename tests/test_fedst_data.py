@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fedmedbench.fl.segmentation import ClipSet, FrameCache, input_size, resize_clip
+from fedmedbench.fl.tasks.segmentation import ClipSet, FrameCache, input_size, resize_clip
 
 
 def test_resize_averages_images_and_keeps_mask_labels():

@@ -13,11 +13,11 @@ import torch
 from PIL import Image
 
 import fedmedbench  # noqa: F401
-from fedmedbench import fedst_study as FS
 from fedmedbench.fl import federation as fed
 from fedmedbench.fl.job import Job
 from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.studies.fedst import runs as FS
 
 SITES = {"A": "federated", "B": "federated", "E": "out_of_federation", "sim": "server"}
 
@@ -95,7 +95,7 @@ class Recorder(fed.InProcessTransport):
 
 
 def test_clips_carry_exactly_their_configured_frames(clips):
-    from fedmedbench.fl.segmentation import load_clipset
+    from fedmedbench.fl.tasks.segmentation import load_clipset
 
     cs = load_clipset(clips, "A", "train", 4)
     x, y = cs.batch([1])
@@ -258,7 +258,7 @@ def test_fedas_weights_clients_by_fisher_trace():
 
 
 def test_indicators(clips, tmp_path):
-    from fedmedbench.fl.segmentation import load_sites, site_indicators
+    from fedmedbench.fl.tasks.segmentation import load_sites, site_indicators
 
     sites = load_sites(clips)["sites"]
     one = site_indicators(sites, {"kind": "onehot", "dim": 8})
@@ -279,7 +279,7 @@ def test_clip_indicator_from_a_local_weights_file(clips, tmp_path):
     """The CLIP path with a randomly initialised open_clip model saved as the 'local file'."""
     import open_clip
 
-    from fedmedbench.fl.segmentation import load_sites, site_indicators
+    from fedmedbench.fl.tasks.segmentation import load_sites, site_indicators
 
     torch.manual_seed(0)
     model = open_clip.create_model("ViT-B-32", pretrained=None)
@@ -305,8 +305,8 @@ def test_feddp_inconsistency_weights_disagreeing_pixels():
 
 def test_every_site_and_the_upperbound_take_exactly_local_steps(clips, tmp_path, monkeypatch):
     """The paper's 100 iterations per round, whatever a site's size (here 3 vs the engine's 1)."""
-    from fedmedbench.fl import segmentation
     from fedmedbench.fl.registry import model_arrays
+    from fedmedbench.fl.tasks import segmentation
 
     seen = []
     monkeypatch.setattr(segmentation, "train_steps", lambda model, data, steps, *a, **k: seen.append(steps) or 0.0)
@@ -328,9 +328,9 @@ def test_every_site_and_the_upperbound_take_exactly_local_steps(clips, tmp_path,
 
 def test_fedrep_trains_the_head_first_then_the_body(clips, tmp_path, monkeypatch):
     """FedRep's reference split: 4/5 of the round on the decoder (head) alone, then 1/5 on the rest."""
-    from fedmedbench.fl import segmentation
     from fedmedbench.fl.methods import fedrep
     from fedmedbench.fl.registry import model_arrays
+    from fedmedbench.fl.tasks import segmentation
 
     calls = []
 
@@ -490,7 +490,7 @@ def test_serq_moving_average_and_which_model_each_step_trains(clips):
 
     from fedmedbench.fl.methods.fedst import SERQ_DEFAULTS, serq_round
     from fedmedbench.fl.registry import load_arrays, model_arrays
-    from fedmedbench.fl.segmentation import load_clipset
+    from fedmedbench.fl.tasks.segmentation import load_clipset
     from fedmedbench.models.fedst import build_fedst_net
 
     tiny = {"window": 2, "pools": [2, 1, 1, 1], "fields": [4, 3, 2, 2], "indicator_dim": 8, "decoder_dim": 16}
@@ -568,7 +568,7 @@ def test_fig5_sites_finetune_on_synthetic_clips_after_their_local_steps(clips, t
     takes serq.steps steps on the simulator clips with the temporal module bypassed."""
     from types import SimpleNamespace
 
-    import fedmedbench.fl.segmentation as seg
+    import fedmedbench.fl.tasks.segmentation as seg
 
     cfg = study_cfg(serq={**study_cfg()["serq"], "steps": 3})
     spec = make_spec(clips, tmp_path, "fedst", "syn_sites", cfg)
@@ -588,7 +588,7 @@ def test_fig5_sites_finetune_on_synthetic_clips_after_their_local_steps(clips, t
 
 
 def test_synmix_puts_every_synthetic_clip_into_each_site_and_once_into_the_pool(clips, tmp_path):
-    from fedmedbench.fl.tasks import task_for
+    from fedmedbench.fl.tasks.base import task_for
 
     cfg = study_cfg()
     cfg["train"] = {**cfg["train"], "local_steps": 3}
@@ -608,7 +608,7 @@ def test_serq_server_keeps_its_own_rho_across_rounds(clips):
     from fedmedbench.fl.methods.fedst import serq_round
     from fedmedbench.fl.methods.fedst_base import personal_keys
     from fedmedbench.fl.registry import load_arrays, model_arrays
-    from fedmedbench.fl.segmentation import load_clipset
+    from fedmedbench.fl.tasks.segmentation import load_clipset
 
     cfg, new_model, ctx = _tiny_server(clips, steps=1, loss={"dice_weight": 0.3, "augment": False})
     model = new_model()

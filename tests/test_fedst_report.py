@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from fedmedbench.report import fedst as R
+from fedmedbench.studies.fedst import report as R
 
 
 def _runs() -> pd.DataFrame:
@@ -98,7 +98,7 @@ def test_fig6_points_per_interval_and_site(tmp_path):
 
 
 def test_comm_variants_keep_the_total_iterations():
-    from fedmedbench import fedst_study as FS
+    from fedmedbench.studies.fedst import runs as FS
 
     cfg = {"train": {"rounds": 300, "local_steps": 100, "batch_size": 2}, "fig6": {"intervals": [10, 100, 500]}}
     assert FS.comm_variants(cfg) == ["comm10", "comm500"]
@@ -159,7 +159,7 @@ def test_fig7_bars_without_and_with_synthetic_data(tmp_path):
 
 
 def test_synmix_doubles_the_iterations_and_mixes_the_server_site():
-    from fedmedbench import fedst_study as FS
+    from fedmedbench.studies.fedst import runs as FS
 
     cfg = {"train": {"rounds": 300, "local_steps": 100, "batch_size": 2}, "methods": ["seg_fedavg", "fedst"], "seeds": [0],
            "variants": [], "indicator": {"kind": "onehot"}, "fig5": {"variants": []}, "fig7": {"methods": ["seg_fedavg", "fedrep"]}}

@@ -79,7 +79,7 @@ def test_gpaf_end_to_end_and_deterministic(workdir):
     other = torch.load(Path(again.run_dir) / "model.pt", weights_only=True)
     assert all(torch.equal(model[k], other[k]) for k in model)
     # the t-SNE features of the report can be computed from the run
-    from fedmedbench.report.gpaf import latent_features
+    from fedmedbench.studies.gpaf.report import latent_features
 
     feats = latent_features(spec.to_dict(), 10, 8, 0)
     assert feats["features"].shape == (10 + 10 + 10 + 10 + 8, 64)

@@ -13,7 +13,8 @@ import pytest
 import yaml
 from helpers import copy_workflow
 
-from fedmedbench.report import gpaf, paper_values
+from fedmedbench.report import paper_values
+from fedmedbench.studies.gpaf import report as gpaf
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = yaml.safe_load((ROOT / "tests" / "fixtures" / "micro_gpaf.yaml").read_text())
@@ -248,7 +249,7 @@ def test_pipeline_produces_every_gpaf_output(pipeline):
 
 def test_domain_profiles_and_figure_on_hand_made_domains():
     """Fig. 2: per domain and class, the grey-level distribution; the same image index shown in every domain."""
-    from fedmedbench.report import domains as report
+    from fedmedbench.studies.gpaf import domains as report
 
     labels = np.array([0, 1, 0, 1]).reshape(-1, 1)
     dark = {"train_images": np.stack([np.full((28, 28), v, np.uint8) for v in (10, 200, 10, 200)]), "train_labels": labels}

@@ -12,10 +12,10 @@ import torch
 from helpers import surgical as F
 
 from fedmedbench.fl import federation as fed
-from fedmedbench.fl.detection import components as C
-from fedmedbench.fl.detection.yolo import build_yolo, train_yolo
 from fedmedbench.fl.registry import ClientResult, ServerContext, TrainConfig, get_method
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.tasks.detection import components as C
+from fedmedbench.fl.tasks.detection.yolo import build_yolo, train_yolo
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def test_fourteen_strategies_parse():
 
 def test_table1_counts_from_the_model(yolo80):
     """Whole state_dict 2,639,825 elements, Detect head 468,034; the 2025-01 split reproduces the paper."""
-    from fedmedbench.report.ultraflwr import PAPER_TABLE1, table1
+    from fedmedbench.studies.ultraflwr.report import PAPER_TABLE1, table1
 
     for split in C.SPLITS:
         sizes = C.component_sizes(yolo80, split)
@@ -129,7 +129,7 @@ def _spec(export, tmp_path, strategy, rounds=2, **mp):
 
 def test_trainer_uses_our_weights_and_returns_fp32_validated_ema(export, tmp_path):
     """The model handed in is trained (not rebuilt), weights come back in fp32 from the selected epoch."""
-    from fedmedbench.fl.detection.task import DetectionTask
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
 
     spec = _spec(export, tmp_path, "FedAvg")
     data = DetectionTask(spec).client_data(0)
@@ -263,8 +263,8 @@ def test_select_captures_the_chosen_epochs_weights(export, tmp_path, monkeypatch
     select=last: those of the last epoch (recorded independently at every epoch end)."""
     from ultralytics.models.yolo.detect import DetectionTrainer
 
-    from fedmedbench.fl.detection import yolo as Y
-    from fedmedbench.fl.detection.task import DetectionTask
+    from fedmedbench.fl.tasks.detection import yolo as Y
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
 
     epochs: list[tuple[float, dict]] = []
     init = DetectionTrainer.__init__
@@ -315,7 +315,7 @@ def test_select_metric_map50_vs_ultralytics_fitness_pick_different_epochs(metric
     """Hand-made validation results: epoch 1 has the best mAP50 (0.60), epoch 2 the best Ultralytics 8.3
     fitness 0.1 mAP50 + 0.9 mAP50-95 (0.055 + 0.27 = 0.325 vs 0.06 + 0.18 = 0.24): the paper's text keeps
     epoch 1, UltraFlwr's best.pt epoch 2; the kept weights are that epoch's."""
-    from fedmedbench.fl.detection.yolo import EpochSelector, selection_score
+    from fedmedbench.fl.tasks.detection.yolo import EpochSelector, selection_score
 
     results = [(0.30, 0.10), (0.60, 0.20), (0.55, 0.30), (0.20, 0.05)]
     sel = EpochSelector("best", metric)
@@ -352,8 +352,8 @@ def test_final_aggregation_options(monkeypatch, final):
     the aggregated components then come from the server."""
     from types import SimpleNamespace
 
-    from fedmedbench.fl.detection import yolo as Y
     from fedmedbench.fl.registry import ClientContext, load_arrays
+    from fedmedbench.fl.tasks.detection import yolo as Y
 
     base = build_yolo("yolo11n.yaml", 3, seed=0)
     own = {k: (v + 1.0 if v.is_floating_point() else v.clone()) for k, v in base.state_dict().items()}
@@ -446,7 +446,7 @@ def _runs(tmp_path):
 
 
 def _scores(runs):
-    from fedmedbench.report.ultraflwr import collect, id_cd, pair_matrix
+    from fedmedbench.studies.ultraflwr.report import collect, id_cd, pair_matrix
 
     return id_cd(pair_matrix(collect(runs)))
 
@@ -457,8 +457,8 @@ def test_cd_is_the_mean_over_the_other_clients_test_splits(tmp_path):
     centralized baseline alike (CD-C); the matrix table keeps every pair."""
     import pandas as pd
 
-    from fedmedbench.fl.detection.task import cd_from_pairs
-    from fedmedbench.report.ultraflwr import collect, matrix_table, pair_matrix, top_strategies
+    from fedmedbench.fl.tasks.detection.task import cd_from_pairs
+    from fedmedbench.studies.ultraflwr.report import collect, matrix_table, pair_matrix, top_strategies
 
     mats = {"FedAvg": [[0.9, 0.1, 0.3], [0.2, 0.8, 0.6], [0.5, 0.7, 0.4]],
             "Centralized": [[0.6, 0.0, 0.2], [0.4, 0.5, 0.0], [0.1, 0.3, 0.7]]}
@@ -492,7 +492,7 @@ def test_cd_is_the_mean_over_the_other_clients_test_splits(tmp_path):
 def test_top_strategies_ranks_by_id_and_reports_mean_std_over_clients_and_seeds(tmp_path):
     """Tables II/III from the matrix: top-3 per setting by federated ID mAP50 of the FINAL round, mean and
     std (ddof=1) over 3 clients x 2 seed sets, centralized ID-C/CD-C on the first row only; ties in name order."""
-    from fedmedbench.report.ultraflwr import top_strategies
+    from fedmedbench.studies.ultraflwr.report import top_strategies
 
     ranked, shown = top_strategies(_scores(_runs(tmp_path)), top_k=3)
     a = shown[shown["setting"] == "a"]
@@ -516,7 +516,7 @@ def test_tables_put_the_papers_values_beside(tmp_path):
     """The paper's Table II (typed in config/paper_values/ultraflwr.yaml) beside the run's: federated ID/CD by
     (setting, strategy), centralized once per setting; the difference is run minus paper on real data and
     empty on synthetic data."""
-    from fedmedbench.report.ultraflwr import top_strategies, with_paper
+    from fedmedbench.studies.ultraflwr.report import top_strategies, with_paper
 
     _, shown = top_strategies(_scores(_runs(tmp_path)), top_k=3)
     real, note = with_paper(shown, "combined", synthetic=False)
@@ -535,7 +535,7 @@ def test_tables_put_the_papers_values_beside(tmp_path):
 def test_collect_names_the_file_without_detection_metrics(tmp_path):
     import pandas as pd
 
-    from fedmedbench.report.ultraflwr import collect
+    from fedmedbench.studies.ultraflwr.report import collect
 
     bad = tmp_path / "client_metrics.csv"
     pd.DataFrame({"round": [1], "client": [0], "accuracy": [0.5]}).to_csv(bad, index=False)
@@ -547,7 +547,7 @@ def test_figure3_curves_mean_std_per_round_over_clients_and_seeds(tmp_path):
     """Figure 3 data: per strategy and round, validation mAP50 over clients x seeds; every point is a local
     model right after local training (federated: the selected epoch's validation mAP50 from comm.csv;
     centralized: its per-client round-equivalent curve), and the figure is written."""
-    from fedmedbench.report.ultraflwr import curves, figure3
+    from fedmedbench.studies.ultraflwr.report import curves, figure3
 
     runs = [r for r in _runs(tmp_path) if r["setting"] == "a" and r["strategy"] in ("FedAvg", "Centralized")]
     c = curves(runs).set_index(["strategy", "round"])
@@ -565,7 +565,7 @@ def test_figure3_curves_mean_std_per_round_over_clients_and_seeds(tmp_path):
 
 
 def test_centralized_round_point_is_the_best_epoch_of_its_block():
-    from fedmedbench.fl.detection.centralized import block_best
+    from fedmedbench.fl.tasks.detection.centralized import block_best
 
     curve = [0.1, 0.5, 0.3, float("nan"), 0.2, 0.4]
     assert [block_best(curve, r, 2) for r in (1, 2, 3)] == [0.5, 0.3, 0.4]

@@ -31,8 +31,8 @@ def test_demo_slice_reaches_nonzero_map50(demo_cfg, tmp_path):
     from fedmedbench.data.surgical.group_io import write_group
     from fedmedbench.data.surgical.index import build_index
     from fedmedbench.data.surgical.schema import read_index
-    from fedmedbench.fl.detection.staging import stage_export
-    from fedmedbench.fl.detection.yolo import build_yolo, train_yolo
+    from fedmedbench.fl.tasks.detection.staging import stage_export
+    from fedmedbench.fl.tasks.detection.yolo import build_yolo, train_yolo
 
     surg, uf = demo_cfg["surgical"], demo_cfg["ultraflwr"]
     group_name, settings = next(iter(uf["groups"].items()))

@@ -217,7 +217,7 @@ def test_timm_model_gets_the_served_weights_with_a_new_head(server, files, tmp_p
 
 
 def test_yolo_gets_the_served_coco_weights_except_the_class_layers(server, files, tmp_path):
-    from fedmedbench.fl.detection.yolo import build_yolo
+    from fedmedbench.fl.tasks.detection.yolo import build_yolo
     from fedmedbench.weights.models import read_yolo_checkpoint, yolo_head_prefixes
 
     path, _ = _fetched(server, tmp_path, "yolo", asset_entry(server))
@@ -234,7 +234,7 @@ def test_yolo_gets_the_served_coco_weights_except_the_class_layers(server, files
 def test_open_clip_text_encoder_from_a_fetched_set(server, files, tmp_path):
     import open_clip
 
-    from fedmedbench.fl.segmentation import _clip_indicators
+    from fedmedbench.fl.tasks.segmentation import _clip_indicators
 
     path, _ = _fetched(server, tmp_path, "clip", hub_entry(server, repo="laion/tiny-clip", filename="open_clip_pytorch_model.bin"))
     served = torch.load(files["dir"] / "open_clip_pytorch_model.bin", weights_only=True)
@@ -287,8 +287,8 @@ def test_training_job_starts_round_0_from_the_fetched_weights(server, files, tmp
 
 
 def _bomb_places():
-    from fedmedbench.fl.detection.yolo import build_yolo
-    from fedmedbench.fl.segmentation import _clip_indicators
+    from fedmedbench.fl.tasks.detection.yolo import build_yolo
+    from fedmedbench.fl.tasks.segmentation import _clip_indicators
     from fedmedbench.models import build_model
     from fedmedbench.models.fedst.encoder import PVTEncoder
 

@@ -25,6 +25,11 @@ class ConfigFileError(ValueError):
     """A config file that does not parse, or has a duplicate key (the message names file and line)."""
 
 
+def config_error(key: str, message: str) -> None:
+    """Raise the workflow's one error for a bad config value: it names the key."""
+    raise ValueError(f"config error at '{key}': {message}")
+
+
 class StrictLoader(yaml.SafeLoader):
     """SafeLoader that rejects duplicate mapping keys and reads YAML 1.2 exponent floats."""
 

@@ -35,7 +35,7 @@ from fedmedbench.fl.registry import (
 )
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.stopping import DataFreeMonitor
-from fedmedbench.fl.tasks import get_task_class, task_for  # noqa: F401  (task_for: imported from here elsewhere)
+from fedmedbench.fl.tasks.base import get_task_class, task_for  # noqa: F401  (task_for: imported from here elsewhere)
 from fedmedbench.fl.training import steps_for_epochs
 
 
@@ -173,10 +173,10 @@ class InProcessTransport:
 class Federation:
     """Server-side state and logic of one run."""
 
-    def __init__(self, spec: RunSpec, log: Callable[[str], None] = print) -> None:
-        self.spec = spec
+    def __init__(self, spec: RunSpec | Job, log: Callable[[str], None] = print) -> None:
+        self.job = spec if isinstance(spec, Job) else Job(spec)  # method, task and device resolved once
+        self.spec = spec = self.job.spec
         self.log = log
-        self.job = Job(spec)
         self.method = self.job.method
         self.train = self.job.train
         self.device = self.job.device

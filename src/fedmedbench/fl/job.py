@@ -24,7 +24,7 @@ import torch
 
 from fedmedbench.fl.registry import Arrays, ClientData, Method, TrainConfig, get_method, load_arrays
 from fedmedbench.fl.spec import RunSpec
-from fedmedbench.fl.tasks import Task, task_for
+from fedmedbench.fl.tasks.base import Task, task_for
 
 #: share of the device memory free at the first copy that cached client data may use
 DEVICE_DATA_SHARE = 0.5

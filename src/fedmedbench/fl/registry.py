@@ -13,7 +13,9 @@ A method reads like its paper's algorithm box:
 * ``centralized`` methods are run by the engine on the pooled training data as one
   client, with the same number of optimisation steps per round as the federation.
 
-Adding a method = one file in ``fl/methods`` decorated with :func:`register_method`.
+Adding a method = one file in ``fl/methods`` decorated with :func:`register_method`, named in
+:data:`BUILTIN_METHOD_MODULES`. Methods register when first looked up, so importing this registry
+(or one method file) loads no other method.
 """
 
 from __future__ import annotations
@@ -55,8 +57,19 @@ def available_methods() -> list[str]:
     return sorted(METHODS)
 
 
+#: modules whose import registers a method (one file per method; the FedST study's first)
+BUILTIN_METHOD_MODULES: tuple[str, ...] = tuple(f"fedmedbench.fl.methods.{m}" for m in (
+    "fedas", "feddp", "fedld", "fedrep", "fedst", "fedst_base",
+    "centralized", "fedavg", "feddg", "feddyn", "fedgamma", "fedlesam", "fedprox", "fedsam", "fedsmoo", "fedspeed",
+    "fedwmsam", "gpaf", "local", "moon", "scaffold", "ultraflwr",
+))
+
+
 def _load_builtin_methods() -> None:
-    import fedmedbench.fl.methods  # noqa: F401  (imports register the methods)
+    import importlib
+
+    for module in BUILTIN_METHOD_MODULES:
+        importlib.import_module(module)
 
 
 @dataclass

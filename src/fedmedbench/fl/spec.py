@@ -66,7 +66,7 @@ class RunSpec:
     #: after local training each client evaluates its own model on its validation split (client_val_* columns,
     #: averaged over clients: ``mean`` = plain, ``weighted`` = by validation examples); None = off (GPAF Fig. 5a)
     client_validation: str | None = None
-    #: what is learnt and how it is evaluated (fl/tasks.py); task_params are the task's options
+    #: what is learnt and how it is evaluated (fl/tasks/); task_params are the task's options
     task: str = "classification"
     task_params: dict[str, Any] = field(default_factory=dict)
     #: weight set -> SHA-256 of the file the job loads (filled at job start from the manifests), so a

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from fedmedbench.fl.methods.fedst_base import SegMethod, client_weights, tensors
 from fedmedbench.fl.registry import ClientResult, load_arrays, model_arrays, register_method, weighted_average
-from fedmedbench.fl.segmentation import train_steps
+from fedmedbench.fl.tasks.segmentation import train_steps
 
 SITES = "feddp_site_queries"
 

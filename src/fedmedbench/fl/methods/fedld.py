@@ -29,7 +29,7 @@ import torch
 
 from fedmedbench.fl.methods.fedst_base import SegMethod, client_weights
 from fedmedbench.fl.registry import register_method, weighted_average
-from fedmedbench.fl.segmentation import train_steps
+from fedmedbench.fl.tasks.segmentation import train_steps
 
 
 def margin_loss(logits: torch.Tensor, weight: float) -> torch.Tensor:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from fedmedbench.fl.methods.fedst_base import SegMethod
 from fedmedbench.fl.registry import register_method
-from fedmedbench.fl.segmentation import train_steps
+from fedmedbench.fl.tasks.segmentation import train_steps
 
 
 @register_method("fedrep")

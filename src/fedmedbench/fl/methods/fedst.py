@@ -39,7 +39,7 @@ import torch
 
 from fedmedbench.fl.methods.fedst_base import SegMethod, client_weights, tensors
 from fedmedbench.fl.registry import load_arrays, model_arrays, register_method, weighted_average
-from fedmedbench.fl.segmentation import (
+from fedmedbench.fl.tasks.segmentation import (
     FrameCache,
     augment,
     input_size,
@@ -75,7 +75,7 @@ class FedST(SegMethod):
     def local_train(self, ctx, model):
         """RSC's E local iterations; Fig. 5's "synthetic data at the sites" then fine-tunes the
         site's model on ``site_finetune`` synthetic batches (temporal module bypassed)."""
-        from fedmedbench.fl.segmentation import train_steps
+        from fedmedbench.fl.tasks.segmentation import train_steps
 
         loss = super().local_train(ctx, model)
         if self.p["site_finetune"]:

@@ -2,7 +2,7 @@
 plain baselines: ``seg_local`` (Local Train), ``seg_centralized`` (Upperbound), ``seg_fedavg``.
 
 Every method trains the same :class:`~fedmedbench.models.fedst.FedSTNet` (its architecture
-comes from ``task_params.model``) with the same loop (``fl.segmentation.train_steps``), and
+comes from ``task_params.model``) with the same loop (``fl.tasks.segmentation.train_steps``), and
 differs in which parameters stay on a site and how the server combines the rest:
 
 * ``personal`` (method parameter) names parameter groups that never leave a site
@@ -139,7 +139,7 @@ class SegMethod(Method):
         return model
 
     def local_train(self, ctx: ClientContext, model: torch.nn.Module) -> float:
-        from fedmedbench.fl.segmentation import train_steps
+        from fedmedbench.fl.tasks.segmentation import train_steps
 
         return train_steps(model, ctx.data.train, ctx.steps, ctx.train, ctx.train.lr_at(ctx.rnd), ctx.device,
                            ctx.generator, self.loss_cfg(ctx))

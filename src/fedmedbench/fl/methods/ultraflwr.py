@@ -18,8 +18,6 @@ import math
 
 import numpy as np
 
-from fedmedbench.fl.detection.components import SPLITS, aggregated_keys, parse_strategy
-from fedmedbench.fl.detection.yolo import SELECT, SELECT_METRICS
 from fedmedbench.fl.registry import (
     Arrays,
     ClientContext,
@@ -30,6 +28,8 @@ from fedmedbench.fl.registry import (
     register_method,
     weighted_average,
 )
+from fedmedbench.fl.tasks.detection.components import SPLITS, aggregated_keys, parse_strategy
+from fedmedbench.fl.tasks.detection.yolo import SELECT, SELECT_METRICS
 
 FINAL_AGGREGATION = ("skip_all", "skip_partial", "keep")
 WEIGHTING = ("frames", "uniform")
@@ -87,7 +87,7 @@ class UltraFlwr(Method):
 
     # --- model -------------------------------------------------------------------
     def build_model(self, spec):
-        from fedmedbench.fl.detection.yolo import build_yolo
+        from fedmedbench.fl.tasks.detection.yolo import build_yolo
 
         return build_yolo(spec.model, int(spec.num_classes), seed=spec.seed, weights=spec.pretrained_path)
 
@@ -105,7 +105,7 @@ class UltraFlwr(Method):
         load_arrays(ctx.model, {k: own[k].numpy() for k in keys}, keys)
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
-        from fedmedbench.fl.detection.yolo import train_yolo
+        from fedmedbench.fl.tasks.detection.yolo import train_yolo
 
         data = ctx.data
         self._restore_own(ctx, everything=False)

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fedmedbench.fl.detection.staging import read_manifest, stage_export
-from fedmedbench.fl.tasks import Task, register_task
+from fedmedbench.fl.tasks.base import Task, register_task
+from fedmedbench.fl.tasks.detection.staging import read_manifest, stage_export
 
 EVAL_DEFAULTS = {"eval_batch": 16, "conf": 0.001, "iou": 0.7}
 
@@ -84,7 +84,7 @@ class DetectionTask(Task):
                                seed=self.spec.seed, workdir=str(self.work / "pooled"))
 
     def _val(self, model, data_yaml: str, split: str, device, workdir: str) -> dict[str, float]:
-        from fedmedbench.fl.detection.yolo import validate_yolo
+        from fedmedbench.fl.tasks.detection.yolo import validate_yolo
 
         p = self.params
         return validate_yolo(model, data_yaml, split, imgsz=self.spec.image_size, batch=p["eval_batch"], device=device,

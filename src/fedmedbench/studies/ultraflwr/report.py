@@ -19,8 +19,8 @@ PAPER_TOTAL = 2_639_825
 
 def table1(cfg: str = "yolo11n.yaml", nc: int = 80) -> pd.DataFrame:
     """Per split and strategy: state_dict elements aggregated and saved (vs full aggregation)."""
-    from fedmedbench.fl.detection.components import PARTS, SPLITS, component_sizes
-    from fedmedbench.fl.detection.yolo import build_yolo
+    from fedmedbench.fl.tasks.detection.components import PARTS, SPLITS, component_sizes
+    from fedmedbench.fl.tasks.detection.yolo import build_yolo
 
     model = build_yolo(cfg, nc, seed=0)
     rows = []

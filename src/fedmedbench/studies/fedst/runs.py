@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedmedbench.configcheck import config_error
+
 #: architecture of the baselines and of FedST in variant ``main``
 BASELINE_MODEL = {"temporal": False, "selection": "none"}
 FEDST_MODEL = {"temporal": True, "selection": "cs"}
@@ -97,6 +99,58 @@ def runs(cfg: dict[str, Any]) -> list[tuple[str, str, int]]:
             continue  # the same run as main/fedst
         out += [(v, "fedst", s) for s in cfg["seeds"]]
     out += [(SYNMIX, m, s) for m in fig7_methods(cfg) for s in cfg["seeds"]]
+    return out
+
+
+#: the paper's tables the study reproduces (rule fedst_tables)
+TABLES = ("table2", "table3", "table4", "table5", "table6", "table7", "table8", "table9")
+
+
+def check_config(cfg: dict[str, Any], surgical: dict[str, Any]) -> None:
+    """Cross-checks of the ``fedst`` block against ``surgical`` (sites, clip length, indicator weights)."""
+    if not cfg["enabled"]:
+        return
+    sites = surgical["sites"]
+    for key in ("outfed_site", "unseen_site", "server_site"):
+        if cfg[key] not in sites:
+            config_error(f"fedst.{key}", f"'{cfg[key]}' is not a surgical.sites entry {sorted(sites)}")
+    for s in cfg["sites"]:
+        if s not in sites:
+            config_error("fedst.sites", f"'{s}' is not a surgical.sites entry {sorted(sites)}")
+        elif sites[s].get("role", "federated") != "federated":
+            config_error("fedst.sites", f"site '{s}' has role {sites[s]['role']}, not federated")
+    m = cfg["model"]
+    if len(m["pools"]) != len(m["fields"]):
+        config_error("fedst.model.fields", f"needs one entry per entry of fedst.model.pools ({len(m['pools'])})")
+    if len(m["pools"]) != surgical["clips"]["num_previous"] + 1:
+        config_error("fedst.model.pools", f"needs one entry per clip frame (surgical.clips.num_previous + 1 = "
+                     f"{surgical['clips']['num_previous'] + 1})")
+    if "ind_clip" in cfg["variants"] or cfg["indicator"]["kind"] == "clip":
+        if not cfg["indicator"]["clip_weights"]:
+            config_error("fedst.indicator.clip_weights", "the CLIP indicator (kind clip or variant ind_clip) needs an open_clip "
+                         "weight set (e.g. clip_vit_b32_laion2b, docs/weights.md); or use kind onehot/gaussian/random and drop ind_clip")
+    if cfg["indicator"]["kind"] != "clip" and cfg["model"]["indicator_dim"] < len(sites):
+        config_error("fedst.model.indicator_dim", f"must be >= the number of sites ({len(sites)}) for one-hot indicators")
+    if cfg["fig6"]["intervals"] and cfg["train"]["local_steps"] is None:
+        config_error("fedst.fig6.intervals", "needs fedst.train.local_steps (iterations per round); or set intervals: []")
+    if cfg["fig7"]["methods"] and cfg["train"]["local_steps"] is None:
+        config_error("fedst.fig7.methods", "needs fedst.train.local_steps (iterations per round, doubled); or set methods: []")
+    unknown = set(cfg["method_params"]) - set(cfg["methods"])
+    if unknown:
+        config_error("fedst.method_params", f"{sorted(unknown)} are not among fedst.methods")
+
+
+def targets(cfg: dict[str, Any], tag: str) -> list[str]:
+    """Every fedst output the config asks for (added to rule all)."""
+    if not cfg["enabled"]:
+        return []
+    out = [f"results/fedst/tables/{t}{tag}.md" for t in TABLES]
+    if comm_variants(cfg) and "fedst" in cfg["methods"]:
+        out.append(f"results/fedst/figures/fig6{tag}.png")
+    if fig5_variants(cfg):
+        out.append(f"results/fedst/figures/fig5{tag}.png")
+    if fig7_methods(cfg):
+        out.append(f"results/fedst/figures/fig7{tag}.png")
     return out
 
 
@@ -209,7 +263,7 @@ def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "
     in SERQ) and learns only from the sites' videos."""
     from fedmedbench.fl.federation import resolve_device
     from fedmedbench.fl.registry import TrainConfig
-    from fedmedbench.fl.segmentation import (
+    from fedmedbench.fl.tasks.segmentation import (
         FrameCache,
         input_size,
         load_clipset,
@@ -301,8 +355,8 @@ def deploy_eval(spec, state, outfed_site: str, unseen_site: str, fps_clips: int)
     """Out-of-federation (parts) and unseen (binary) metrics of the deployed model, plus cost."""
     from fedmedbench.fl.federation import new_model, resolve_device
     from fedmedbench.fl.registry import get_method
-    from fedmedbench.fl.segmentation import evaluate_clips
-    from fedmedbench.fl.tasks import task_for
+    from fedmedbench.fl.tasks.base import task_for
+    from fedmedbench.fl.tasks.segmentation import evaluate_clips
 
     method = get_method(spec.method, spec.method_params)
     task = task_for(spec)

@@ -12,10 +12,10 @@ import pandas as pd
 import torch
 
 from fedmedbench import io
-from fedmedbench.fl.detection.task import DetectionTask
-from fedmedbench.fl.detection.yolo import build_yolo, train_yolo
 from fedmedbench.fl.federation import resolve_data_shapes, resolve_device
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.tasks.detection.task import DetectionTask
+from fedmedbench.fl.tasks.detection.yolo import build_yolo, train_yolo
 
 
 def block_best(curve: list[float], rnd: int, epochs: int) -> float:

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from fedmedbench.fl.registry import TrainConfig
-from fedmedbench.fl.tasks import Task, register_task
+from fedmedbench.fl.tasks.base import Task, register_task
 from fedmedbench.segmetrics import METRICS, SegmentationMeter
 
 INDICATORS = ("clip", "onehot", "gaussian", "random")

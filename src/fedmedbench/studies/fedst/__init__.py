@@ -1,0 +1,1 @@
+"""The FedST study (docs/fedst.md): its runs and variants, pre-training, deployed evaluation and report."""

@@ -1,0 +1,131 @@
+"""Package layout: importing one module of ``fl/`` loads only what it needs, and
+docs/architecture.md names every module and rule of the tree."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "fedmedbench"
+DOC = ROOT / "docs" / "architecture.md"
+
+#: the modules whose import registers a task
+TASK_MODULES = {"fedmedbench.fl.tasks.classification", "fedmedbench.fl.tasks.segmentation", "fedmedbench.fl.tasks.detection.task"}
+#: core modules: importing one loads no method and no task module
+CORE = ("fedmedbench.fl", "fedmedbench.fl.registry", "fedmedbench.fl.spec", "fedmedbench.fl.tasks", "fedmedbench.fl.tasks.base",
+        "fedmedbench.fl.job", "fedmedbench.fl.federation", "fedmedbench.fl.engine", "fedmedbench.fl.checkpoint",
+        "fedmedbench.fl.client_state", "fedmedbench.fl.data", "fedmedbench.fl.training", "fedmedbench.fl.stopping",
+        "fedmedbench.fl.method_params", "fedmedbench.fl.inline_grid")
+
+# One clean interpreter loads the third-party libraries once, then imports each module in a forked
+# child of its own (a fresh sys.modules per module, without paying torch's start-up every time).
+_PROBE = r"""
+import json, os, sys
+import numpy, torch, flwr.app, flwr.serverapp, flwr.clientapp  # noqa: F401  (third-party, shared by the children)
+assert not [m for m in sys.modules if m.startswith("fedmedbench")]
+out = {}
+for name in sys.argv[1:]:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            if name.startswith("task:"):  # look a task up through the registry: where its class comes from
+                from fedmedbench.fl.tasks.base import get_task_class
+                loaded = [get_task_class(name[5:]).__module__]
+            else:
+                __import__(name)
+                loaded = sorted(m for m in sys.modules if m.startswith("fedmedbench.fl."))
+        except BaseException as e:  # reported, not swallowed
+            loaded = {"error": repr(e)}
+        os.write(w, json.dumps(loaded).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 1 << 16):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    out[name] = json.loads(data)
+print(json.dumps(out))
+"""
+
+
+def _modules(root: Path) -> list[str]:
+    """Dotted names of every module and package under ``root`` (a folder of src/fedmedbench)."""
+    names = []
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+FL_MODULES = _modules(SRC / "fl")
+METHOD_MODULES = {m for m in FL_MODULES if m.startswith("fedmedbench.fl.methods.")}
+CORE = (*CORE, "fedmedbench.fl.methods")
+
+
+@pytest.fixture(scope="module")
+def loaded() -> dict[str, list[str]]:
+    res = subprocess.run([sys.executable, "-c", _PROBE, *FL_MODULES, "task:classification"], capture_output=True, text=True, timeout=600,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_module_names_cover_fl():
+    assert "fedmedbench.fl.registry" in FL_MODULES and "fedmedbench.fl.tasks.detection.yolo" in FL_MODULES
+    assert len(METHOD_MODULES) > 10
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_core_module_imports_no_method_or_task(loaded, name):
+    mods = loaded[name]
+    assert isinstance(mods, list), mods
+    assert not [m for m in mods if m.startswith("fedmedbench.fl.methods.")], f"{name} imports methods"
+    assert not [m for m in mods if m in TASK_MODULES or m.startswith("fedmedbench.fl.tasks.detection")], f"{name} imports tasks"
+
+
+def test_no_single_module_imports_the_whole_package(loaded):
+    for name in FL_MODULES:
+        mods = loaded[name]
+        assert isinstance(mods, list), (name, mods)
+        assert not METHOD_MODULES <= set(mods), f"{name} imports every method"
+        assert not TASK_MODULES <= set(mods), f"{name} imports every task"
+
+
+def test_a_task_module_imports_no_other_task(loaded):
+    for name in TASK_MODULES:
+        assert set(loaded[name]) & TASK_MODULES == {name}, name
+
+
+def test_tasks_register_when_looked_up(loaded):
+    """The registry loads no task on import (above), yet finds each when looked up."""
+    assert loaded["task:classification"] == ["fedmedbench.fl.tasks.classification"]
+
+
+def _package_map() -> set[str]:
+    text = DOC.read_text()
+    section = text.split("## Package map", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^- `([^`]+\.py)`", section, flags=re.M))
+
+
+def test_architecture_lists_every_module():
+    tree = {str(p.relative_to(SRC)) for p in SRC.rglob("*.py")}
+    listed = _package_map()
+    assert sorted(tree - listed) == [], "modules missing from docs/architecture.md"
+    assert sorted(listed - tree) == [], "docs/architecture.md lists modules that do not exist"
+
+
+def test_architecture_names_every_rule():
+    text = DOC.read_text()
+    rules = {m for f in (ROOT / "rules").glob("*.smk") for m in re.findall(r"^rule (\w+):", f.read_text(), flags=re.M)}
+    assert rules and sorted(r for r in rules if f"`{r}`" not in text) == []
+    for f in (ROOT / "rules").glob("*.smk"):
+        assert f"rules/{f.name}" in text, f.name
