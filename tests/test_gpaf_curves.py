@@ -157,6 +157,11 @@ def test_client_validation_average_is_plain_or_by_validation_examples():
         fed.client_validation_row(results, ("accuracy",), "median")
 
 
+def test_an_unknown_client_validation_average_fails_before_training(two_labels):
+    with pytest.raises(ValueError, match="client_validation = 'median'"):
+        fed.Federation(spec_for(two_labels, "bad", client_validation="median"), log=lambda m: None)
+
+
 def test_client_validation_off_leaves_the_run_hash_as_before(two_labels):
     """Studies without the option keep their run hashes (no rerun, resumable checkpoints)."""
     spec = RunSpec(run_dir="x", study="t", dataset="breastmnist", setting="s", method="fedavg", seed=0,

@@ -193,6 +193,8 @@ class Federation:
         self.keep_round = spec.client_models_round or self.train.rounds
         if spec.save_client_models and not 1 <= self.keep_round <= self.train.rounds:
             raise ValueError(f"client_models_round={self.keep_round} must be between 1 and train.rounds={self.train.rounds}")
+        if spec.client_validation not in (None, "mean", "weighted"):  # before any client trains
+            raise ValueError(f"client_validation = {spec.client_validation!r}: use mean, weighted or null")
         self.store = ClientStateStore(checkpoint.checkpoint_dir(spec.run_dir) / "clients")
         es = {"mode": "none", "tau": 0.01, "patience": 10, **spec.early_stopping}
         if es["mode"] not in ("none", "datafree"):
