@@ -89,6 +89,7 @@ def job_spec(workdir: Path, config: dict, study: str, job: dict, part: Path, sou
         model=st["model"]["name"], train=train, clients_per_round=st["clients_per_round"],
         method_params=dict(st["method_params"].get(job["method"], {})), device=device, threads=threads,
         eval_every=min(st["eval_every"], rounds), log_every=rounds, save_client_models=st["save_client_models"],
+        client_validation=st.get("client_validation"),
     )
 
 

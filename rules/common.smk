@@ -219,6 +219,8 @@ def run_spec(wildcards):
         "early_stopping": early_stopping_spec(st["early_stopping"]),
         "save_client_models": st["save_client_models"],
         "client_models_round": st["client_models_round"],
+        # only when on: other studies' params (and run hashes) stay as they were
+        **({"client_validation": st["client_validation"]} if st["client_validation"] else {}),
     }
 
 

@@ -6,6 +6,7 @@ on the loopback interface; nothing else is contacted.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -130,7 +131,7 @@ def test_site_refuses_data_paths_and_unknown_keys_from_the_server(study):
 
 def test_a_site_sends_only_arrays_and_metrics(study):
     d, spec = study
-    spec = fed.resolve_data_shapes(spec)
+    spec = dataclasses.replace(fed.resolve_data_shapes(spec), client_validation="mean")
     node = {"partition-id": 1, "data-dir": str(site_folder(d / "sites", 1)), "state-dir": str(d / "state1")}
     ctx = _context(node, {"server-spec-file": "", "round-timeout-s": 5})
     hello = Message(RecordDict({"spec": ConfigRecord({"json": apps.client_spec_json(spec)})}), dst_node_id=1,
@@ -145,6 +146,8 @@ def test_a_site_sends_only_arrays_and_metrics(study):
     assert set(reply.content.array_records) == {"arrays"}
     assert set(reply.content.metric_records) == {"metrics"} and not reply.content.config_records
     assert set(reply.content["arrays"].keys()) == set(arrays)
+    # scalars only: the loss of each local epoch and the site's own validation of its trained model (GPAF Fig. 5)
+    assert {"train_loss", "train_loss_e1", "client_val_accuracy", "client_val_examples"} <= set(reply.content["metrics"])
     engine.AllowedContent(list(arrays), ()).check(reply.content, 1)  # what the server checks on every reply
     assert fed.site_data == {}  # the site's data stood in only while its messages were handled
 

@@ -93,7 +93,10 @@ def curves_frame() -> pd.DataFrame:
         for seed in (0, 1):
             for r, a in enumerate(ys, start=1):
                 rows.append({"dataset": "breastmnist", "setting": "alpha0.5", "method": method, "seed": seed, "round": r,
-                             "global_accuracy": a, "val_accuracy": a - 0.3 * (r == 2) + 0.01 * seed, "train_loss": 1.0 / r})
+                             "global_accuracy": a, "val_accuracy": a - 0.3 * (r == 2) + 0.01 * seed, "train_loss": 1.0 / r,
+                             "client_val_accuracy": a + 0.05 - 0.2 * (r == 3),
+                             # two local epochs per round: the second ends lower
+                             "train_loss_e1": 1.0 / r + 0.1 + 0.02 * seed, "train_loss_e2": 1.0 / r - 0.1})
     return pd.DataFrame(rows)
 
 
@@ -118,9 +121,12 @@ def test_convergence_outputs_say_synthetic(tmp_path):
     gpaf.write_rounds_table(table, tmp_path / "r.csv", tmp_path / "r.md", study="s", origin="synthetic", reference="fedavg")
     md = (tmp_path / "r.md").read_text()
     assert "SYNTHETIC" in md and "25%" in md
-    fig = gpaf.convergence_figure(curves, table, "global_accuracy", "s", "synthetic", ["fedavg", "gpaf"], "val_accuracy")
+    fig = gpaf.convergence_figure(curves, table, "global_accuracy", "s", "synthetic", ["fedavg", "gpaf"],
+                                  "client_val_accuracy")
     assert "SYNTHETIC" in fig._suptitle.get_text()
-    assert fig.axes[0].get_ylabel() == "best val_accuracy so far"
+    assert fig.axes[0].get_ylabel() == "best client_val_accuracy so far"
+    line = fig.axes[1].get_lines()[0]  # Fig. 5b, FedAvg: one point per local epoch
+    assert list(line.get_xdata()) == list(range(1, 11)) and line.get_ydata()[1] == pytest.approx(0.9)
 
 
 def test_fig5a_is_the_best_validation_accuracy_so_far():
@@ -132,6 +138,30 @@ def test_fig5a_is_the_best_validation_accuracy_so_far():
     assert best.loc[3] == pytest.approx(0.755) and best.loc[5] == pytest.approx(0.835)
     with pytest.raises(KeyError, match="fig5a_metric"):
         gpaf.best_so_far(gp, "val_nonsense")
+
+
+def test_fig5a_frame_is_the_clients_own_validation_accuracy_best_so_far():
+    """Fig. 5a's default: client_val_accuracy, best so far per round and method (a dip at round 3 does not show)."""
+    frame = gpaf.fig5a_frame(curves_frame(), "client_val_accuracy")
+    gp = frame[frame["method"] == "gpaf"].set_index("round")
+    # gpaf client_val: [0.55, 0.75, 0.66 (dip), 0.90, 0.91], the same for both seeds
+    assert gp.loc[2, "best_so_far"] == pytest.approx(0.75) and gp.loc[3, "best_so_far"] == pytest.approx(0.75)
+    assert gp.loc[4, "best_so_far"] == pytest.approx(0.90)
+    assert set(frame["metric"]) == {"client_val_accuracy"} and len(frame) == 10
+    with pytest.raises(KeyError, match="client_validation"):
+        gpaf.fig5a_frame(curves_frame().drop(columns="client_val_accuracy"), "client_val_accuracy")
+
+
+def test_fig5b_frame_is_the_training_loss_per_local_epoch():
+    """x = (round - 1) * E + e with E = 2; the value is the logged per-epoch loss, mean over seeds."""
+    frame = gpaf.fig5b_frame(curves_frame())
+    fa = frame[frame["method"] == "fedavg"].set_index("local_epoch")
+    assert list(fa.index) == list(range(1, 11))
+    assert (fa.loc[5, "round"], fa.loc[5, "epoch"]) == (3, 1)
+    assert fa.loc[5, "train_loss"] == pytest.approx(1 / 3 + 0.1 + 0.01)  # round 3, epoch 1: seeds 0, 1 -> + 0.02 / 2
+    assert fa.loc[6, "train_loss"] == pytest.approx(1 / 3 - 0.1)
+    with pytest.raises(KeyError, match="per-epoch"):
+        gpaf.fig5b_frame(curves_frame().drop(columns=["train_loss_e1", "train_loss_e2"]))
 
 
 def test_heldout_sample_is_fixed_and_tsne_figure_draws_every_group():
@@ -160,6 +190,7 @@ def _dry_run(tmp_path, cfg) -> subprocess.CompletedProcess:
      "studies.gmicro.report.gpaf.tsne.methods"),
     (lambda c: c["studies"]["gmicro"]["report"]["gpaf"]["tsne"].__setitem__("methods", ["centralized"]),
      "has no federated client models"),
+    (lambda c: c["studies"]["gmicro"].pop("client_validation"), "studies.gmicro.client_validation"),
 ])
 def test_gpaf_report_config_errors_name_the_key(tmp_path, mutate, needle):
     cfg = copy.deepcopy(MICRO)
@@ -211,6 +242,9 @@ def test_pipeline_produces_every_gpaf_output(pipeline):
     assert any(k.startswith("generator.") for k in torch.load(run / "model.pt", weights_only=True))
     metrics = pd.read_csv(run / "metrics.csv")
     assert list(metrics["round"]) == [1, 2] and metrics["global_accuracy"].notna().all()
+    # Fig. 5: the clients' own validation accuracy after local training, the loss of each local epoch (E = 1)
+    assert metrics["client_val_accuracy"].between(0, 1).all()
+    assert (metrics["train_loss_e1"] == metrics["train_loss"]).all()
 
 
 def test_domain_profiles_and_figure_on_hand_made_domains():

@@ -11,6 +11,7 @@ client step and the client-state store. Both sides use the run's :class:`~fedmed
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -70,6 +71,12 @@ def client_generator(seed: int, rnd: int, pid: int) -> torch.Generator:
     return g
 
 
+#: per-epoch training losses a client reports: train_loss_e1, train_loss_e2, ... (local epoch e)
+EPOCH_LOSS = re.compile(r"train_loss_e(\d+)")
+#: prefix of the client-side validation metrics (``RunSpec.client_validation``)
+CLIENT_VAL = "client_val_"
+
+
 def _nanmean(values: list[float]) -> float:
     arr = np.asarray(values, dtype=float)
     return float(np.nanmean(arr)) if np.isfinite(arr).any() else math.nan
@@ -93,12 +100,16 @@ def _client_context(
 ) -> tuple[ClientContext, ClientStateStore]:
     torch.set_num_threads(client_threads)
     store = ClientStateStore(checkpoint.checkpoint_dir(job.spec.run_dir) / "clients")
+    # the centralized client's "local epoch" is one epoch's share of its round budget (the federation's
+    # steps of one local epoch), so its per-epoch losses line up with the federated methods' epochs
+    epochs = max(1, math.ceil(job.train.local_epochs))
     ctx = ClientContext(
         pid=pid, rnd=rnd, model=job.model_with(arrays), data=site_data[pid].data if pid in site_data else job.client_data(pid),
         train=job.train, device=job.device, generator=client_generator(job.spec.seed, rnd, pid),
         state=store.load(pid, before_round=rnd), steps=steps, global_arrays=arrays, broadcast=broadcast or {},
         # a deployed site knows no other site's size (methods that need them say so)
         client_sizes=None if pid in site_data else (lambda: job.task.client_sizes()),
+        epoch_steps=max(1, math.ceil(steps / epochs)) if job.method.centralized else None,
     )
     return ctx, store
 
@@ -109,11 +120,22 @@ def client_train(
     """One client's work in one round (called inside the ClientApp)."""
     ctx, store = _client_context(job, pid, rnd, arrays, steps, broadcast)
     result = job.method.client_fit(ctx)
+    if job.spec.client_validation:
+        result.metrics.update(client_validation(job, ctx))
     undeclared = set(result.extras) - set(job.method.extra_records)
     if undeclared:
         raise RuntimeError(f"method '{job.spec.method}' tried to send undeclared records {sorted(undeclared)}")
     store.save(pid, rnd, ctx.state)
     return result
+
+
+def client_validation(job: Job, ctx: ClientContext) -> dict[str, float]:
+    """The client's own model right after its local training, on its own validation split
+    (``client_val_<m>``, and ``client_val_examples`` for a weighted average; GPAF Fig. 5a)."""
+    task = get_task_class(job.spec.task)  # the class: a deployed site builds no task (it has no partition)
+    metrics = task.evaluate_validation(job.method.personal_model(ctx), ctx.data, ctx.device, job.train.eval_batch_size)
+    return {**{f"{CLIENT_VAL}{k}": float(v) for k, v in metrics.items()},
+            f"{CLIENT_VAL}examples": float(len(ctx.data.val_y))}
 
 
 def client_evaluate(job: Job, pid: int, rnd: int, arrays: Arrays) -> dict[str, float]:
@@ -172,6 +194,8 @@ class Federation:
         self.keep_round = spec.client_models_round or self.train.rounds
         if spec.save_client_models and not 1 <= self.keep_round <= self.train.rounds:
             raise ValueError(f"client_models_round={self.keep_round} must be between 1 and train.rounds={self.train.rounds}")
+        if spec.client_validation not in (None, "mean", "weighted"):  # before any client trains
+            raise ValueError(f"client_validation = {spec.client_validation!r}: use mean, weighted or null")
         self.store = ClientStateStore(checkpoint.checkpoint_dir(spec.run_dir) / "clients")
         es = {"mode": "none", "tau": 0.01, "patience": 10, **spec.early_stopping}
         if es["mode"] not in ("none", "datafree"):
@@ -255,6 +279,9 @@ class Federation:
         n = np.array([r.num_examples for r in ordered], dtype=float)
         losses = np.array([r.metrics.get("train_loss", math.nan) for r in ordered])
         row["train_loss"] = float(np.average(losses, weights=n)) if len(n) else math.nan
+        row.update(epoch_losses(ordered))
+        if self.spec.client_validation:
+            row.update(client_validation_row(ordered, self.task.metric_names, self.spec.client_validation))
         per_client: list[dict[str, float]] = []
         if self._is_eval_round(rnd):
             if self.method.personalized:
@@ -373,6 +400,34 @@ class Federation:
             summary[f"best_{primary}"] = float(best[primary])
         io.write_json(run_dir / "summary.json", summary)
         return {"metrics": run_dir / "metrics.csv", "summary": run_dir / "summary.json"}
+
+
+def epoch_losses(results: list[ClientResult]) -> dict[str, float]:
+    """``train_loss_e<e>``: local epoch e's training loss, example-weighted over the clients that ran
+    it (as ``train_loss``); the x-axis of GPAF Fig. 5b is (round - 1) * E + e."""
+    epochs = sorted({int(m[1]) for r in results for k in r.metrics if (m := EPOCH_LOSS.fullmatch(k))})
+    row = {}
+    for e in epochs:
+        have = [r for r in results if f"train_loss_e{e}" in r.metrics]
+        row[f"train_loss_e{e}"] = float(np.average([r.metrics[f"train_loss_e{e}"] for r in have],
+                                                   weights=[r.num_examples for r in have]))
+    return row
+
+
+def client_validation_row(results: list[ClientResult], metric_names, average: str) -> dict[str, float]:
+    """``client_val_<m>``: the average over clients of their own models' validation metrics after local
+    training; ``mean`` = every client counts once (the GPAF paper's "average ... across clients"),
+    ``weighted`` = by validation examples. Clients without validation data (NaN) are left out."""
+    if average not in ("mean", "weighted"):
+        raise ValueError(f"client_validation = {average!r}: use mean or weighted")
+    row = {}
+    for m in metric_names:
+        vals = np.array([r.metrics.get(f"{CLIENT_VAL}{m}", math.nan) for r in results], dtype=float)
+        w = (np.ones(len(results)) if average == "mean"
+             else np.array([r.metrics.get(f"{CLIENT_VAL}examples", 0.0) for r in results], dtype=float))
+        ok = np.isfinite(vals) & (w > 0)
+        row[f"{CLIENT_VAL}{m}"] = float(np.average(vals[ok], weights=w[ok])) if ok.any() else math.nan
+    return row
 
 
 def progress_line(row: dict[str, Any], total: int, primary: str) -> str:

@@ -20,6 +20,7 @@ Adding a method = one file in ``fl/methods`` decorated with :func:`register_meth
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -129,6 +130,15 @@ class ClientContext:
     broadcast: dict[str, Arrays] = field(default_factory=dict)
     #: training examples of every client, by partition id (called when needed: SCAFFOLD's reference K)
     client_sizes: Callable[[], list[int]] | None = None
+    #: steps of one local epoch for per-epoch losses; None = one pass over the training data
+    #: (the centralized client's epoch is a local epoch's share of its round budget instead)
+    epoch_steps: int | None = None
+
+    def steps_per_epoch(self) -> int:
+        """Steps of one local epoch: ``epoch_steps``, else ceil(n_train / B) (where batch_indices reshuffles)."""
+        if self.epoch_steps:
+            return int(self.epoch_steps)
+        return max(1, math.ceil(self.data.num_train / self.train.batch_size))
 
 
 @dataclass
@@ -198,10 +208,13 @@ class Method:
 
     # --- client side -------------------------------------------------------------
     def client_fit(self, ctx: ClientContext) -> ClientResult:
-        from fedmedbench.fl.training import local_sgd
+        from fedmedbench.fl.training import StepLosses, local_sgd
 
-        loss = local_sgd(ctx.model, ctx.data.train_x, ctx.data.train_y, ctx.steps, ctx.train, ctx.rnd, ctx.device, ctx.generator)
-        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics={"train_loss": loss})
+        losses = StepLosses(ctx.steps_per_epoch())
+        loss = local_sgd(ctx.model, ctx.data.train_x, ctx.data.train_y, ctx.steps, ctx.train, ctx.rnd, ctx.device, ctx.generator,
+                         losses=losses)
+        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train,
+                            metrics={"train_loss": loss, **losses.epoch_metrics()})
 
     def personal_model(self, ctx: ClientContext) -> torch.nn.Module:
         """The model a personalized client is evaluated with (default: the global one)."""

@@ -63,6 +63,9 @@ class RunSpec:
     #: the round whose client models ``save_client_models`` keeps (None = the last round); an earlier
     #: round also keeps that round's global arrays (``"global"`` in client_models.pt), e.g. GPAF Fig. 4
     client_models_round: int | None = None
+    #: after local training each client evaluates its own model on its validation split (client_val_* columns,
+    #: averaged over clients: ``mean`` = plain, ``weighted`` = by validation examples); None = off (GPAF Fig. 5a)
+    client_validation: str | None = None
     #: what is learnt and how it is evaluated (fl/tasks/); task_params are the task's options
     task: str = "classification"
     task_params: dict[str, Any] = field(default_factory=dict)
@@ -98,6 +101,8 @@ class RunSpec:
             del d["save_client_models"]
         if d["client_models_round"] is None:
             del d["client_models_round"]
+        if d["client_validation"] is None:
+            del d["client_validation"]
         if not d["weights_sha256"]:
             del d["weights_sha256"]
         if d["task"] == "classification" and not d["task_params"]:

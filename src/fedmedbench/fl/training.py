@@ -86,31 +86,69 @@ def optimizer_step(loss: torch.Tensor, model: nn.Module, opt: torch.optim.Optimi
     return float(loss.detach())
 
 
+def epoch_means(values: list[float], steps_per_epoch: int) -> list[float]:
+    """Mean of each local epoch's step values: consecutive runs of ``steps_per_epoch`` steps (the
+    last run may be shorter), each summed in float64 in step order."""
+    if steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
+    out = []
+    for start in range(0, len(values), steps_per_epoch):
+        chunk = values[start : start + steps_per_epoch]
+        total = 0.0
+        for v in chunk:
+            total += v
+        out.append(total / len(chunk))
+    return out
+
+
+def epoch_loss_metrics(values: list[float], steps_per_epoch: int | None, key: str = "train_loss") -> dict[str, float]:
+    """``{key}_e1, {key}_e2, ...``: the mean loss of each local epoch (scalars, as metric records carry);
+    empty without an epoch length."""
+    if not steps_per_epoch:
+        return {}
+    return {f"{key}_e{e}": m for e, m in enumerate(epoch_means(values, steps_per_epoch), start=1)}
+
+
 class StepLosses:
     """A client's per-step losses, kept on the device and read once after its last step.
 
     Reading a loss (``float(loss)``, ``torch.isfinite(loss)`` in an ``if``) waits for the device
     each step; here the steps queue up and the host reads them all once. A non-finite loss
     still fails the client with the round and the first bad step (after its remaining steps ran).
+    With ``steps_per_epoch``, :meth:`epoch_metrics` gives the mean of each local epoch from the
+    same single read.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, steps_per_epoch: int | None = None) -> None:
         self._losses: list[torch.Tensor] = []
+        self._values: list[float] | None = None
+        self.steps_per_epoch = steps_per_epoch
 
     def add(self, loss: torch.Tensor) -> None:
         self._losses.append(loss.detach())
+        self._values = None
+
+    def values(self) -> list[float]:
+        """The step losses on the host (one device read, then cached)."""
+        if self._values is None:
+            self._values = torch.stack(self._losses).double().cpu().tolist() if self._losses else []
+        return self._values
 
     def mean(self, rnd: int, what: str = "training", hint: str = "lower train.lr or set train.grad_clip",
              check: bool = True) -> float:
         """Mean loss (summed in float64 in step order); with ``check``, a non-finite step raises
         NonFiniteLossError naming the first bad one (without, the mean is non-finite too)."""
-        values = torch.stack(self._losses).double().cpu().tolist() if self._losses else []
+        values = self.values()
         total = 0.0
         for step, value in enumerate(values, start=1):
             if check and not math.isfinite(value):
                 raise NonFiniteLossError(f"non-finite {what} loss ({value}) at round {rnd}, step {step}; {hint}")
             total += value
         return total / max(len(values), 1)
+
+    def epoch_metrics(self, key: str = "train_loss") -> dict[str, float]:
+        """``{key}_e<e>``: the mean loss of local epoch e = 1, 2, ... (empty without ``steps_per_epoch``)."""
+        return epoch_loss_metrics(self.values(), self.steps_per_epoch, key)
 
 
 def local_sgd(
@@ -123,12 +161,14 @@ def local_sgd(
     device: torch.device,
     generator: torch.Generator,
     extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
+    losses: StepLosses | None = None,
 ) -> float:
-    """Run ``steps`` optimisation steps of cross-entropy (+ ``extra_loss``); mean loss."""
+    """Run ``steps`` optimisation steps of cross-entropy (+ ``extra_loss``); mean loss. The step
+    losses go to ``losses`` when given (e.g. for per-epoch means)."""
     place_model(model, cfg, device).train()
     opt = make_optimizer(model, cfg, rnd)
     loss_fn = nn.CrossEntropyLoss()
-    losses = StepLosses()
+    losses = StepLosses() if losses is None else losses
     for idx in batch_indices(y.shape[0], cfg.batch_size, steps, generator):
         xb, yb = to_float(x_u8[idx], device, cfg.channels_last), y[idx].to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)

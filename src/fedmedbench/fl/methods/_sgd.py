@@ -87,15 +87,16 @@ class StepHooks:
     after_step: Callable[[], None] | None = None
 
 
-def local_loop(ctx: ClientContext, hooks: StepHooks) -> float:
-    """``ctx.steps`` mini-batch SGD steps on the client's training data; mean loss."""
+def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None = None) -> float:
+    """``ctx.steps`` mini-batch SGD steps on the client's training data; mean loss. The step losses
+    go to ``losses`` when given (per-epoch means: ``losses.epoch_metrics()``)."""
     cfg, device = ctx.train, ctx.device
     model = place_model(ctx.model, cfg, device)
     model.train()
     params = trainable(model)
     opt = make_optimizer(model, cfg, ctx.rnd, hooks.extra_weight_decay)
     correction = {n: t.to(device) for n, t in (hooks.correction or {}).items()}
-    losses = StepLosses()  # read once after the last step: no host sync per step
+    losses = StepLosses() if losses is None else losses  # read once after the last step: no host sync per step
     x_u8, y = ctx.data.train_x, ctx.data.train_y
     for idx in batch_indices(y.shape[0], cfg.batch_size, ctx.steps, ctx.generator):
         xb, yb = to_float(x_u8[idx], device, cfg.channels_last), y[idx].to(device, non_blocking=True)
@@ -124,6 +125,14 @@ def local_loop(ctx: ClientContext, hooks: StepHooks) -> float:
         losses.add(loss)
     return losses.mean(ctx.rnd, check=cfg.on_nonfinite != "continue",
                        hint="lower train.lr, set train.grad_clip, or train.on_nonfinite: continue")
+
+
+def local_loop_metrics(ctx: ClientContext, hooks: StepHooks) -> dict[str, float]:
+    """:func:`local_loop`, reported as a client's metrics: ``train_loss`` and the mean loss of each
+    local epoch (``train_loss_e<e>``)."""
+    losses = StepLosses(ctx.steps_per_epoch())
+    loss = local_loop(ctx, hooks, losses)
+    return {"train_loss": loss, **losses.epoch_metrics()}
 
 
 def local_iterations(ctx: ClientContext, form: str) -> float:
@@ -229,8 +238,8 @@ class ServerOptMethod(Method):
         return StepHooks()
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
-        loss = local_loop(ctx, self.hooks(ctx))
-        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics={"train_loss": loss})
+        metrics = local_loop_metrics(ctx, self.hooks(ctx))
+        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics=metrics)
 
 
 def tensors_to_arrays(t: Tensors) -> Arrays:

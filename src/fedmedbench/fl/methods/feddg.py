@@ -52,7 +52,13 @@ from fedmedbench.fl.registry import (
     register_method,
     weighted_average,
 )
-from fedmedbench.fl.training import batch_indices, make_optimizer, optimizer_step, to_float
+from fedmedbench.fl.training import (
+    batch_indices,
+    epoch_loss_metrics,
+    make_optimizer,
+    optimizer_step,
+    to_float,
+)
 
 BANK = "amp_bank"
 DEFAULTS: dict[str, Any] = {
@@ -161,7 +167,7 @@ class FedDG(Method):
         bank = self.target_bank(ctx, own)
         model, cfg, device = ctx.model.to(ctx.device).train(), ctx.train, ctx.device
         opt = make_optimizer(model, cfg, ctx.rnd)
-        total, count = 0.0, 0
+        total, count, step_losses = 0.0, 0, []
         for idx in batch_indices(ctx.data.num_train, cfg.batch_size, ctx.steps, ctx.generator):
             xu8, y = ctx.data.train_x[idx], ctx.data.train_y[idx].to(device)
             x_t = None
@@ -170,13 +176,15 @@ class FedDG(Method):
                 x_t = to_model_scale(interpolate_amplitude(xu8.float().to(device), targets, lam, self.p["window"]))
             opt.zero_grad(set_to_none=True)
             loss = self.episode_loss(model, to_float(xu8, device), x_t, y)
-            total += optimizer_step(loss, model, opt, cfg, ctx.rnd, count + 1, what="FedDG")
+            step_losses.append(optimizer_step(loss, model, opt, cfg, ctx.rnd, count + 1, what="FedDG"))
+            total += step_losses[-1]
             count += 1
         extras = {}
         if self.key(ctx.pid) not in ctx.broadcast.get(BANK, {}):
             extras["amplitudes"] = {"amp": own}
         return ClientResult(arrays=model_arrays(model), num_examples=ctx.data.num_train,
-                            metrics={"train_loss": total / max(count, 1)}, extras=extras)
+                            metrics={"train_loss": total / max(count, 1),
+                                     **epoch_loss_metrics(step_losses, ctx.steps_per_epoch())}, extras=extras)
 
     def aggregate(self, ctx: ServerContext) -> Arrays:
         bank = dict(ctx.broadcast.get(BANK, {}))

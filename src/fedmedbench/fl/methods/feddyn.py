@@ -18,7 +18,7 @@ from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
     StepHooks,
     delta,
-    local_loop,
+    local_loop_metrics,
     state_tensors,
     to_tensors,
     trainable,
@@ -73,9 +73,9 @@ class FedDyn(ServerOptMethod):
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         hooks, h_i = dyn_hooks(ctx, self.lamb)
-        loss = local_loop(ctx, hooks)
+        metrics = local_loop_metrics(ctx, hooks)
         dyn_client_update(ctx, h_i)
-        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics={"train_loss": loss})
+        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics=metrics)
 
     def aggregate(self, ctx: ServerContext) -> Arrays:
         return dyn_server_update(self, ctx)

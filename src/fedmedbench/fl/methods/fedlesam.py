@@ -22,7 +22,7 @@ from fedmedbench.fl.methods._sgd import (
     StepHooks,
     arrays_to_vector,
     flat_norm,
-    local_loop,
+    local_loop_metrics,
     to_tensors,
     trainable,
 )
@@ -60,8 +60,8 @@ class FedLESAM(ServerOptMethod):
         if d is not None and float(flat_norm(d)) > 0:
             e = {n: (t * (self.rho / (flat_norm(d) + 1e-7))).to(ctx.device) for n, t in d.items()}
             perturb = lambda model, xb, yb: e  # noqa: E731 - constant over the round
-        loss = local_loop(ctx, StepHooks(perturb=perturb))
-        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics={"train_loss": loss})
+        metrics = local_loop_metrics(ctx, StepHooks(perturb=perturb))
+        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics=metrics)
 
     def aggregate(self, ctx: ServerContext):
         new = super().aggregate(ctx)

@@ -18,7 +18,7 @@ from fedmedbench.fl.methods._sgd import (
     arrays_to_vector,
     flat_norm,
     gradient_at,
-    local_loop,
+    local_loop_metrics,
     state_tensors,
     tensors_to_arrays,
     trainable,
@@ -53,11 +53,11 @@ class FedSMOO(ServerOptMethod):
 
         hooks, h_i = dyn_hooks(ctx, self.lamb)
         hooks.perturb = perturb
-        loss = local_loop(ctx, hooks)
+        metrics = local_loop_metrics(ctx, hooks)
         dyn_client_update(ctx, h_i)
         ctx.state["mu_i"] = {n: t.detach().cpu() for n, t in mu.items()}
         return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train,
-                            metrics={"train_loss": loss}, extras={"mu": tensors_to_arrays(ctx.state["mu_i"])})
+                            metrics=metrics, extras={"mu": tensors_to_arrays(ctx.state["mu_i"])})
 
     def aggregate(self, ctx: ServerContext):
         mus = [r.extras["mu"] for r in ctx.results]

@@ -5,7 +5,7 @@ dual variable h_i (as FedDyn: lambda*(h_i - theta_g) and decay lambda); h_i += u
 Server: FedDyn's: h += sum of updates / N, theta = mean(theta_i) + h.
 """
 
-from fedmedbench.fl.methods._sgd import ServerOptMethod, local_loop
+from fedmedbench.fl.methods._sgd import ServerOptMethod, local_loop_metrics
 from fedmedbench.fl.methods.feddyn import dyn_client_update, dyn_hooks, dyn_server_update
 from fedmedbench.fl.methods.fedsam import SAMMixin
 from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, model_arrays, register_method
@@ -22,9 +22,9 @@ class FedSpeed(SAMMixin, ServerOptMethod):
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         hooks, h_i = dyn_hooks(ctx, self.lamb)
         hooks.perturb = self.sam_perturb
-        loss = local_loop(ctx, hooks)
+        metrics = local_loop_metrics(ctx, hooks)
         dyn_client_update(ctx, h_i)
-        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics={"train_loss": loss})
+        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics=metrics)
 
     def aggregate(self, ctx: ServerContext):
         return dyn_server_update(self, ctx)

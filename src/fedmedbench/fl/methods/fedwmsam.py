@@ -30,7 +30,7 @@ from fedmedbench.fl.methods._sgd import (
     arrays_to_vector,
     flat_norm,
     local_iterations,
-    local_loop,
+    local_loop_metrics,
     tensors_to_arrays,
     to_tensors,
     trainable,
@@ -72,11 +72,11 @@ class FedWMSAM(ServerOptMethod):
 
         hooks = StepHooks(perturb=perturb, correction={n: (1 - alpha) * t for n, t in m_i.items()},
                           loss_weight=alpha, after_step=advance_target)
-        loss = local_loop(ctx, hooks)
+        metrics = local_loop_metrics(ctx, hooks)
         k = local_iterations(ctx, self.k_form)
         ctx.state["c_i"], dc = updated_control(ctx, c, c_i, k)
         return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train,
-                            metrics={"train_loss": loss, "k_lr": k * ctx.train.lr_at(ctx.rnd)},
+                            metrics={**metrics, "k_lr": k * ctx.train.lr_at(ctx.rnd)},
                             extras={"delta_c": tensors_to_arrays(dc)})
 
     def aggregate(self, ctx: ServerContext):

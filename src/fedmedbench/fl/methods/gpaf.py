@@ -73,7 +73,13 @@ from fedmedbench.fl.registry import (
     register_method,
     weighted_average,
 )
-from fedmedbench.fl.training import NonFiniteLossError, batch_indices, make_optimizer, to_float
+from fedmedbench.fl.training import (
+    NonFiniteLossError,
+    batch_indices,
+    epoch_loss_metrics,
+    make_optimizer,
+    to_float,
+)
 from fedmedbench.models.vae import (
     ConvDecoder,
     GPAFNet,
@@ -238,7 +244,7 @@ class GPAF(Method):
         adversarial = ctx.rnd >= self.p["adv_start_round"]
         ncls = generator_net.num_classes
         sums: dict[str, float] = {}
-        steps = 0
+        steps, step_losses = 0, []
         for idx in batch_indices(ctx.data.num_train, ctx.train.batch_size, ctx.steps, ctx.generator):
             x, y = to_float(ctx.data.train_x[idx], ctx.device), ctx.data.train_y[idx].to(ctx.device)
             y_vec = F.one_hot(y, ncls).float()
@@ -251,11 +257,13 @@ class GPAF(Method):
                 losses["loss_d"] = self.disc_step(disc, opt_d, z_star, z, y_vec)
             for k, v in losses.items():
                 sums[k] = sums.get(k, 0.0) + v
+            step_losses.append(losses["loss_total"])
             steps += 1
         ctx.state["decoder"] = tensors_of(decoder)
         ctx.state["disc"] = tensors_of(disc)
         metrics = {k: v / max(steps, 1) for k, v in sums.items()}
         metrics["train_loss"] = metrics.pop("loss_total", float("nan"))
+        metrics.update(epoch_loss_metrics(step_losses, ctx.steps_per_epoch()))  # L_total per local epoch
         return ClientResult(arrays=model_arrays(model, self.client_keys(model)), num_examples=ctx.data.num_train,
                             metrics=metrics)
 

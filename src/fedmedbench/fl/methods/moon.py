@@ -35,7 +35,13 @@ from torch import nn
 
 from fedmedbench.fl.methods._shared import check_params, tensors_of
 from fedmedbench.fl.registry import ClientContext, ClientResult, Method, model_arrays, register_method
-from fedmedbench.fl.training import batch_indices, make_optimizer, optimizer_step, to_float
+from fedmedbench.fl.training import (
+    batch_indices,
+    epoch_loss_metrics,
+    make_optimizer,
+    optimizer_step,
+    to_float,
+)
 
 DEFAULTS: dict[str, Any] = {"mu": 1.0, "temperature": 0.5}
 
@@ -88,7 +94,7 @@ class MOON(Method):
         model.train()
         opt = make_optimizer(model, cfg, ctx.rnd)
         mu, tau = self.p["mu"], self.p["temperature"]
-        total, count = 0.0, 0
+        total, count, step_losses = 0.0, 0, []
         x_all, y_all = ctx.data.train_x, ctx.data.train_y
         for idx in batch_indices(y_all.shape[0], cfg.batch_size, ctx.steps, ctx.generator):
             xb, yb = to_float(x_all[idx], device), y_all[idx].to(device)
@@ -100,8 +106,10 @@ class MOON(Method):
                 with torch.no_grad():
                     z_glob, z_prev = representation(global_model, xb), representation(prev_model, xb)
                 loss = moon_loss(logits, yb, z, z_glob, z_prev, mu, tau)
-            total += optimizer_step(loss, model, opt, cfg, ctx.rnd, count + 1, what="MOON")
+            step_losses.append(optimizer_step(loss, model, opt, cfg, ctx.rnd, count + 1, what="MOON"))
+            total += step_losses[-1]
             count += 1
         ctx.state["prev"] = tensors_of(model)
         return ClientResult(arrays=model_arrays(model), num_examples=ctx.data.num_train,
-                            metrics={"train_loss": total / max(count, 1)})
+                            metrics={"train_loss": total / max(count, 1),
+                                     **epoch_loss_metrics(step_losses, ctx.steps_per_epoch())})

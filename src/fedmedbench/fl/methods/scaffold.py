@@ -19,7 +19,7 @@ from fedmedbench.fl.methods._sgd import (
     arrays_to_vector,
     delta,
     local_iterations,
-    local_loop,
+    local_loop_metrics,
     state_tensors,
     tensors_to_arrays,
     trainable,
@@ -66,10 +66,10 @@ class Scaffold(ServerOptMethod):
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         c, c_i, corr = control_correction(ctx)
-        loss = local_loop(ctx, StepHooks(perturb=self.perturbation(), correction=corr))
+        metrics = local_loop_metrics(ctx, StepHooks(perturb=self.perturbation(), correction=corr))
         ctx.state["c_i"], dc = updated_control(ctx, c, c_i, local_iterations(ctx, self.k_form))
         return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train,
-                            metrics={"train_loss": loss}, extras={"delta_c": tensors_to_arrays(dc)})
+                            metrics=metrics, extras={"delta_c": tensors_to_arrays(dc)})
 
     def aggregate(self, ctx: ServerContext):
         server_control_update(ctx)

@@ -81,6 +81,12 @@ class Task:
         its own test split and ``global_*`` on the held-out global test set."""
         raise NotImplementedError
 
+    @classmethod
+    def evaluate_validation(cls, model: torch.nn.Module, data: Any, device: torch.device, batch_size: int) -> dict[str, float]:
+        """A client's model on its own validation split (metric names without prefix; ``client_validation``).
+        A class method: a deployed site has its own data but no partition to build the task from."""
+        raise NotImplementedError(f"task '{cls.name}' has no client-side validation: set client_validation: null")
+
 
 def get_task_class(name: str) -> type[Task]:
     _load_builtin_tasks()

@@ -105,6 +105,12 @@ class ClassificationTask(Task):
             out.append(None if any(r is None for r in rows) else np.asarray(rows, dtype=np.int64))
         return out
 
+    @classmethod
+    def evaluate_validation(cls, model, data, device, batch_size):
+        from fedmedbench.fl.training import evaluate
+
+        return evaluate(model, data.val_x, data.val_y, batch_size, device)
+
     def evaluate_client(self, model, data, device):
         from fedmedbench.fl.training import evaluate
 

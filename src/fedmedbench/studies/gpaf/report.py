@@ -223,37 +223,73 @@ def best_so_far(curves: pd.DataFrame, metric: str) -> pd.Series:
     """Mean over seeds of the best ``metric`` reached up to each round (Fig. 5a records a value
     "only when it surpassed the previous best"), indexed by round."""
     if metric not in curves:
-        raise KeyError(f"report.gpaf.fig5a_metric '{metric}' is not a logged metric; available: {sorted(curves.columns)}")
+        raise KeyError(f"report.gpaf.fig5a_metric '{metric}' is not a logged metric; available: {sorted(curves.columns)}"
+                       + ("; client_val_* needs the study's client_validation on" if metric.startswith("client_val_") else ""))
     g = curves.sort_values("round").copy()
     g["best"] = g.groupby("seed")[metric].cummax()
     return g.groupby("round")["best"].mean()
 
 
+def fig5a_frame(curves: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Fig. 5a: per (dataset, setting, method) and round, the best ``metric`` so far (mean over seeds);
+    by default ``client_val_accuracy``, the clients' own models after local training on their own
+    validation data, averaged over the clients."""
+    rows = []
+    for (dataset, setting, method), g in curves.groupby(["dataset", "setting", "method"], sort=False):
+        best = best_so_far(g, metric)
+        rows += [{"dataset": dataset, "setting": setting, "method": method, "round": int(r), "metric": metric,
+                  "best_so_far": float(v)} for r, v in best.items()]
+    return pd.DataFrame(rows)
+
+
+def epoch_columns(curves: pd.DataFrame) -> list[str]:
+    """The per-local-epoch training-loss columns ``train_loss_e1, train_loss_e2, ...`` in epoch order."""
+    cols = [c for c in curves.columns if c.startswith("train_loss_e") and c[len("train_loss_e"):].isdigit()]
+    return sorted(cols, key=lambda c: int(c[len("train_loss_e"):]))
+
+
+def fig5b_frame(curves: pd.DataFrame) -> pd.DataFrame:
+    """Fig. 5b: the clients' training loss per local epoch (example-weighted over clients as logged,
+    mean over seeds), at the global local-epoch index (round - 1) * E + e, E = the run's epochs per round."""
+    cols = epoch_columns(curves)
+    if not cols:
+        raise KeyError("the runs log no per-epoch training losses (train_loss_e1, ...): rerun them with this version")
+    ids = ["dataset", "setting", "method", "seed", "round"]
+    long = curves[ids + cols].melt(id_vars=ids, value_vars=cols, var_name="col", value_name="loss").dropna(subset=["loss"])
+    long["epoch"] = long["col"].str[len("train_loss_e"):].astype(int)
+    per_round = long.groupby(["dataset", "setting", "method", "seed"])["epoch"].transform("max")
+    long["local_epoch"] = (long["round"] - 1) * per_round + long["epoch"]
+    out = (long.groupby(["dataset", "setting", "method", "local_epoch"], sort=False)
+           .agg(round=("round", "first"), epoch=("epoch", "first"), train_loss=("loss", "mean"))
+           .reset_index())
+    return out.sort_values(["dataset", "setting", "method", "local_epoch"], kind="stable").reset_index(drop=True)
+
+
 def convergence_figure(curves: pd.DataFrame, targets: pd.DataFrame, metric: str, study: str, origin: str,
                        method_order: list[str], fig5a_metric: str | None = None):
-    """Row 1 (Fig. 5a): best-so-far ``fig5a_metric`` per round (default: the clients' validation
-    accuracy, ``val_accuracy``, the global model on every client's validation data) and the
+    """Row 1 (Fig. 5a): best-so-far ``fig5a_metric`` per round (:func:`fig5a_frame`) and the
     rounds-to-target line of ``metric`` when it is the same metric; row 2 (Fig. 5b): the clients'
-    mean training loss per round."""
+    training loss per local epoch (:func:`fig5b_frame`)."""
     shown = fig5a_metric or metric
+    acc, loss = fig5a_frame(curves, shown), fig5b_frame(curves)
     panels = curves[["dataset", "setting"]].drop_duplicates().values.tolist()
     fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels), 6.2), squeeze=False)
     for j, (dataset, setting) in enumerate(panels):
-        sub = curves[(curves["dataset"] == dataset) & (curves["setting"] == setting)].sort_values("round")
-        for method in ordered(sub["method"], method_order):
-            g = sub[sub["method"] == method]
-            best = best_so_far(g, shown)
-            loss = g.groupby("round")["train_loss"].mean()
-            axes[0, j].plot(best.index, best.values, marker="o", ms=3, label=LABELS.get(method, method))
-            axes[1, j].plot(loss.index, loss.values, marker="o", ms=3, label=LABELS.get(method, method))
+        a = acc[(acc["dataset"] == dataset) & (acc["setting"] == setting)]
+        b = loss[(loss["dataset"] == dataset) & (loss["setting"] == setting)]
+        for method in ordered(a["method"], method_order):
+            g, h = a[a["method"] == method], b[b["method"] == method]
+            axes[0, j].plot(g["round"], g["best_so_far"], marker="o", ms=3, label=LABELS.get(method, method))
+            axes[1, j].plot(h["local_epoch"], h["train_loss"], marker=".", ms=2, lw=1, label=LABELS.get(method, method))
         tgt = targets[(targets["dataset"] == dataset) & (targets["setting"] == setting)]["target"]
         if len(tgt) and shown == metric:
             axes[0, j].axhline(float(tgt.iloc[0]), color="grey", ls="--", lw=1, label="target")
         axes[0, j].set_title(f"{dataset} / {setting}", fontsize=9)
         axes[0, j].set_ylabel(f"best {shown} so far")
-        axes[1, j].set_ylabel("train loss (each method's objective)")
+        axes[0, j].set_xlabel("round")
+        axes[1, j].set_ylabel("clients' train loss")
+        axes[1, j].set_xlabel("local epoch ((round - 1) E + e)")
         for ax in axes[:, j]:
-            ax.set_xlabel("round")
             ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)

@@ -14,7 +14,8 @@ from fedmedbench.configcheck import config_error
 
 
 def check_config(sname: str, study: dict[str, Any]) -> None:
-    """t-SNE methods must be federated methods of the study that keep client models."""
+    """t-SNE methods must be federated methods of the study that keep client models; a Fig. 5a metric
+    measured on the clients (client_val_*) needs the study's client_validation."""
     rep = study["report"].get("gpaf")
     if rep is None:
         return
@@ -26,6 +27,9 @@ def check_config(sname: str, study: dict[str, Any]) -> None:
             config_error(key, f"'{m}' has no federated client models to show")
     if rep["tsne"]["methods"] and not study["save_client_models"]:
         config_error(f"studies.{sname}.save_client_models", "must be true for the t-SNE of client features (report.gpaf.tsne)")
+    if rep["fig5a_metric"].startswith("client_val_") and not study["client_validation"]:
+        config_error(f"studies.{sname}.client_validation", f"must be mean or weighted for report.gpaf.fig5a_metric "
+                     f"{rep['fig5a_metric']} (or set fig5a_metric: val_accuracy, the global model)")
     kept = study["client_models_round"]
     if kept is not None and kept > study["train"]["rounds"]:
         config_error(f"studies.{sname}.client_models_round", f"{kept} is after the last round ({study['train']['rounds']})")
