@@ -417,6 +417,47 @@ def test_bf16_autocast_and_channels_last_train_and_differ_from_fp32():
         train(autocast="fp8")
 
 
+def test_compile_trains_the_same_maths_and_traces_once():
+    """train.compile runs the compiled forward, traced once and reused across client calls on the
+    resident model and by a fresh model of the same architecture; it reaches the eager weights to
+    float tolerance and leaves the state_dict keys unchanged (checkpoints and aggregation see the
+    same names)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from fedmedbench.fl.registry import TrainConfig
+    from fedmedbench.fl.training import local_sgd
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (32, 1, 4, 4), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, 3, (32,), generator=g)
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+
+    def train(m: torch.nn.Module, rnd: int, **opts) -> None:
+        cfg = TrainConfig(rounds=2, local_epochs=1, batch_size=8, lr=0.1, **opts)
+        local_sgd(m, x, y, 4, cfg, rnd, torch.device("cpu"), torch.Generator().manual_seed(rnd))
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager, compiled = model(), model()
+    keys = list(compiled.state_dict())
+    for rnd in (1, 2):  # two client calls on the same (resident) model
+        train(eager, rnd)
+        train(compiled, rnd, compile=True)
+    assert counters["stats"]["unique_graphs"] == 1 and counters["stats"]["calls_captured"] > 0
+    train(model(), 1, compile=True)  # a fresh model object of the same architecture: no new trace
+    assert counters["stats"]["unique_graphs"] == 1
+    assert list(compiled.state_dict()) == keys
+    for a, b in zip(eager.parameters(), compiled.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    counters.clear()
+    train(model(), 1)  # off by default: nothing compiled
+    assert not counters["stats"]
+
+
 def test_double_input_normalisation_as_the_reference_dataset():
     """dataset.py: Normalize(0.5, 0.5) on ToTensor's [0, 1], stored, then again per item: x = 4 p / 255 - 3."""
     from fedmedbench.fl.methods._sgd import with_input_norm

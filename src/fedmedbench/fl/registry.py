@@ -105,6 +105,7 @@ class TrainConfig:
     aggregation: str = "examples"  # examples | uniform (FL-Simulator averages clients uniformly)
     autocast: str = "none"  # none | bf16: forward passes under bfloat16 autocast (GPU; also works on CPU)
     channels_last: bool = False  # NHWC memory layout for conv models (faster on GPUs with tensor cores)
+    compile: bool = False  # torch.compile the training forward (traced once per architecture and shape in a process)
     input_norm: str = "single"  # single | double: the early-stopping code's second Normalize(0.5, 0.5)
     on_nonfinite: str = "error"  # error | continue: keep stepping through a NaN loss (early-stopping code)
 

@@ -8,6 +8,7 @@ makes resumed runs bit-identical to uninterrupted ones on CPU.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator
 
@@ -44,6 +45,28 @@ def place_model(model: nn.Module, cfg, device: torch.device) -> nn.Module:
     if getattr(cfg, "channels_last", False):
         model.to(memory_format=torch.channels_last)
     return model
+
+
+def _call(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x)
+
+
+_compiled_call: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None
+
+
+def forward_fn(model: nn.Module, cfg) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The model's forward for training steps; ``train.compile`` makes it ``torch.compile``d.
+
+    One compiled function takes the model as an argument, so the graph is traced once per
+    architecture and input shape in a process and reused by every client call and every model
+    object of that architecture (the job's resident model, fresh copies), and the model's
+    state_dict keys stay the same (``torch.compile(model)`` would prefix them)."""
+    if not getattr(cfg, "compile", False):
+        return model
+    global _compiled_call
+    if _compiled_call is None:
+        _compiled_call = torch.compile(_call)
+    return functools.partial(_compiled_call, model)
 
 
 def steps_for_epochs(num_examples: int, epochs: float, batch_size: int) -> int:
@@ -166,6 +189,7 @@ def local_sgd(
     """Run ``steps`` optimisation steps of cross-entropy (+ ``extra_loss``); mean loss. The step
     losses go to ``losses`` when given (e.g. for per-epoch means)."""
     place_model(model, cfg, device).train()
+    forward = forward_fn(model, cfg)
     opt = make_optimizer(model, cfg, rnd)
     loss_fn = nn.CrossEntropyLoss()
     losses = StepLosses() if losses is None else losses
@@ -173,7 +197,7 @@ def local_sgd(
         xb, yb = to_float(x_u8[idx], device, cfg.channels_last), y[idx].to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
         with forward_precision(cfg, device):
-            loss = loss_fn(model(xb).float(), yb)
+            loss = loss_fn(forward(xb).float(), yb)
             if extra_loss is not None:
                 loss = loss + extra_loss(model)
         loss.backward()

@@ -37,6 +37,7 @@ from fedmedbench.fl.registry import (
 from fedmedbench.fl.training import (
     StepLosses,
     batch_indices,
+    forward_fn,
     forward_precision,
     make_optimizer,
     place_model,
@@ -93,6 +94,7 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
     cfg, device = ctx.train, ctx.device
     model = place_model(ctx.model, cfg, device)
     model.train()
+    forward = forward_fn(model, cfg)
     params = trainable(model)
     opt = make_optimizer(model, cfg, ctx.rnd, hooks.extra_weight_decay)
     correction = {n: t.to(device) for n, t in (hooks.correction or {}).items()}
@@ -108,7 +110,7 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
                     params[n].add_(t)
         opt.zero_grad(set_to_none=True)
         with forward_precision(cfg, device):
-            loss = nn.functional.cross_entropy(model(xb).float(), yb)
+            loss = nn.functional.cross_entropy(forward(xb).float(), yb)
         (hooks.loss_weight * loss).backward()
         with torch.no_grad():
             if e:
