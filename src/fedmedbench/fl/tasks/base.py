@@ -89,7 +89,7 @@ class Task:
 
 
 def get_task_class(name: str) -> type[Task]:
-    _load_builtin_tasks()
+    _load_builtin_tasks(name)
     if name not in TASKS:
         raise KeyError(f"unknown task '{name}'; registered: {', '.join(sorted(TASKS))}")
     return TASKS[name]
@@ -107,16 +107,21 @@ def task_for(spec: RunSpec) -> Task:
     return _task_cached(spec.task, spec.to_json())
 
 
-#: modules whose import registers a task (one line per task family)
-BUILTIN_TASK_MODULES: tuple[str, ...] = (
-    "fedmedbench.fl.tasks.classification",
-    "fedmedbench.fl.tasks.detection.task",
-    "fedmedbench.fl.tasks.segmentation",
-)
+#: the module whose import registers each built-in task
+TASK_MODULE_OF: dict[str, str] = {
+    "classification": "fedmedbench.fl.tasks.classification",
+    "detection": "fedmedbench.fl.tasks.detection.task",
+    "segmentation": "fedmedbench.fl.tasks.segmentation",
+}
+BUILTIN_TASK_MODULES: tuple[str, ...] = tuple(TASK_MODULE_OF.values())
 
 
-def _load_builtin_tasks() -> None:
+def _load_builtin_tasks(name: str | None = None) -> None:
+    """Import the module of task ``name`` only (a classification job loads neither Ultralytics nor
+    MedPy); every built-in task module when ``name`` is None or not built in."""
     import importlib
 
-    for module in BUILTIN_TASK_MODULES:
+    if name in TASKS:
+        return
+    for module in [TASK_MODULE_OF[name]] if name in TASK_MODULE_OF else BUILTIN_TASK_MODULES:
         importlib.import_module(module)
