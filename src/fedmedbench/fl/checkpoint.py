@@ -1,7 +1,9 @@
 """Atomic server checkpoint after every completed round, and resume.
 
 ``<run_dir>/checkpoint/server.pt`` holds the round number, the global arrays, the
-method's server state, the metric rows so far and the run hash. It is written to a
+method's server state, the metric rows so far and the run hash. The initial model theta_0
+(server state ``_theta0``, for the data-free stopping rule) never changes, so it is written once
+to ``theta0.pt`` and ``server.pt`` records its sha256 (checked on resume) instead of a copy per round. It is written to a
 temp file and renamed, so a kill during the write leaves the previous round's
 checkpoint. Loading uses ``torch.load(weights_only=True)``: tensors and plain
 containers only, never arbitrary pickles. Client states live beside it
@@ -14,6 +16,8 @@ A completed run keeps its results, not its resume state: :func:`release` removes
 
 from __future__ import annotations
 
+import hashlib
+import io
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +28,7 @@ import torch
 
 from fedmedbench.fl.client_state import RESTART_HINT, ClientStateStore
 from fedmedbench.fl.registry import arrays_to_tensors
-from fedmedbench.io import remove_temp_files, write_torch
+from fedmedbench.io import remove_temp_files, torch_bytes, write_bytes, write_torch
 
 
 @dataclass
@@ -45,21 +49,90 @@ def client_store(run_dir: str | Path) -> ClientStateStore:
     return ClientStateStore(checkpoint_dir(run_dir) / "clients")
 
 
-def save(run_dir: str | Path, state: RunState, run_hash: str) -> Path:
+#: server-state entries that never change after round 0: written once to ``<name>.pt`` beside server.pt
+WRITTEN_ONCE = ("_theta0",)
+
+
+class BackgroundWriter:
+    """Writes one checkpoint at a time in a background thread, so the disk write and fsync of round r
+    overlap round r+1's training. ``submit`` waits for the previous write first (writes stay in round
+    order, at most one pending) and ``wait`` re-raises a failed write (a full disk stops the run). The
+    file is still written to a temp name and renamed: a kill mid-write leaves the previous checkpoint."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._pending = None
+
+    def submit(self, fn, *args) -> None:
+        self.wait()
+        self._pending = self._pool.submit(fn, *args)
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+
+
+def save(run_dir: str | Path, state: RunState, run_hash: str, writer: BackgroundWriter | None = None,
+         then=None) -> Path:
+    """Checkpoint ``state``: serialised now (a consistent snapshot), written now or by ``writer`` in the
+    background; ``then`` (e.g. pruning client states the checkpoint no longer needs) runs once it is on disk."""
     path = checkpoint_dir(run_dir) / "server.pt"
+    server_state = dict(state.server_state)
+    for name in WRITTEN_ONCE:
+        if name in server_state:
+            server_state[f"{name}_sha256"] = _write_once(run_dir, name, server_state.pop(name), state.server_state)
     payload = {
         "run_hash": run_hash,
         "round": state.round,
         "arrays": arrays_to_tensors(state.arrays),
-        "server_state": state.server_state,
+        "server_state": server_state,
         "rows": state.rows,
         "client_rows": state.client_rows,
         "elapsed": state.elapsed,
         # which client state files this round needs, with their sha256 (checked on resume)
         "client_states": client_store(run_dir).manifest(state.round),
     }
-    write_torch(path, payload, what="server checkpoint")
+    data = torch_bytes(payload)
+
+    def write() -> None:
+        write_bytes(path, data, what="server checkpoint")
+        if then is not None:
+            then()
+
+    if writer is None:
+        write()
+    else:
+        writer.submit(write)
     return path
+
+
+def _write_once(run_dir: str | Path, name: str, value: Any, server_state: dict[str, Any]) -> str:
+    """``value`` written to ``<name>.pt`` the first time (its sha256 kept in ``server_state``); later calls
+    only return the recorded sha256."""
+    key = f"{name}_sha256"
+    target = checkpoint_dir(run_dir) / f"{name.lstrip('_')}.pt"
+    if server_state.get(key) is None or not target.is_file():
+        server_state[key] = write_torch(target, value, what=f"server checkpoint part {name}")
+    return server_state[key]
+
+
+def _read_once(run_dir: str | Path, name: str, digest: str) -> Any:
+    target = checkpoint_dir(run_dir) / f"{name.lstrip('_')}.pt"
+    if not target.is_file():
+        raise RuntimeError(f"{target}: missing (the server checkpoint needs it); {RESTART_HINT}")
+    data = target.read_bytes()
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise RuntimeError(f"{target}: its sha256 differs from the one the server checkpoint recorded; {RESTART_HINT}")
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
 def load(run_dir: str | Path, run_hash: str) -> RunState | None:
@@ -75,10 +148,14 @@ def load(run_dir: str | Path, run_hash: str) -> RunState | None:
         return None
     if "client_states" in payload:  # absent in checkpoints written before the manifest existed
         client_store(run_dir).verify(payload["client_states"], int(payload["round"]))
+    server_state = payload["server_state"]
+    for name in WRITTEN_ONCE:
+        if server_state.get(f"{name}_sha256") is not None:
+            server_state[name] = _read_once(run_dir, name, server_state[f"{name}_sha256"])
     return RunState(
         round=int(payload["round"]),
         arrays={k: v.numpy() for k, v in payload["arrays"].items()},
-        server_state=payload["server_state"],
+        server_state=server_state,
         rows=payload["rows"],
         client_rows=payload["client_rows"],
         elapsed=float(payload["elapsed"]),

@@ -34,6 +34,7 @@ from io import BytesIO
 from pathlib import Path
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SType
@@ -54,23 +55,26 @@ class ClientFailure(RuntimeError):
 
 
 class HeldArray(Array):
-    """A Flower ``Array`` that keeps its NumPy array for a receiver in the same process.
+    """A Flower ``Array`` that keeps its array for a receiver in the same process.
 
     The inline backend hands Message objects to the ClientApp directly, so serialising every
     array (``np.save``) only for the receiver to parse it back (``np.load``) is pure cost. A held
-    array gives the receiver a fresh copy of the array, as ``np.load`` would; its bytes are made
-    only if something serialises the message (``InlineGrid(wire=True)``, Flower's protobuf).
+    NumPy array gives the receiver a fresh copy, as ``np.load`` would; a held device tensor (a job
+    with device arrays) is handed over as it is: receivers only read it (loading it into a model
+    copies it), and the sender never changes it after sending. Its bytes are made only if something
+    serialises the message (``InlineGrid(wire=True)``, Flower's protobuf).
     """
 
-    def __init__(self, ndarray: np.ndarray) -> None:  # noqa: D107 - Array's fields set from the ndarray
-        self.__dict__["_held"] = ndarray
-        self.dtype, self.shape, self.stype = str(ndarray.dtype), tuple(ndarray.shape), SType.NUMPY
+    def __init__(self, value: np.ndarray | torch.Tensor) -> None:  # noqa: D107 - Array's fields set from the value
+        self.__dict__["_held"] = value
+        dtype = value.dtype if isinstance(value, np.ndarray) else torch.empty(0, dtype=value.dtype).numpy().dtype
+        self.dtype, self.shape, self.stype = str(dtype), tuple(value.shape), SType.NUMPY
 
     @property
     def data(self) -> bytes:
         if "_data" not in self.__dict__:
             buffer = BytesIO()
-            np.save(buffer, self.__dict__["_held"], allow_pickle=False)
+            np.save(buffer, _host(self.__dict__["_held"]), allow_pickle=False)
             self.__dict__["_data"] = buffer.getvalue()
         return self.__dict__["_data"]
 
@@ -81,20 +85,33 @@ class HeldArray(Array):
 
     def numpy(self) -> np.ndarray:
         held = self.__dict__.get("_held")
-        return held.copy() if held is not None else super().numpy()
+        if held is None:
+            return super().numpy()
+        return held.copy() if isinstance(held, np.ndarray) else _host(held)
+
+    def value(self) -> np.ndarray | torch.Tensor:
+        """What the receiver gets: the held tensor itself, or (NumPy, or after serialisation) ``numpy()``."""
+        held = self.__dict__.get("_held")
+        return held if isinstance(held, torch.Tensor) else self.numpy()
+
+
+def _host(value: np.ndarray | torch.Tensor) -> np.ndarray:
+    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
 
 
 def _to_record(arrays: Arrays, held: bool = False) -> ArrayRecord:
     """Arrays as a Flower record: serialised (``np.save``), or held in memory for an in-process receiver."""
     rec = ArrayRecord()
     for key, value in arrays.items():
-        value = np.asarray(value)
-        rec[key] = HeldArray(value) if held else Array.from_numpy_ndarray(value)
+        if held:
+            rec[key] = HeldArray(value if isinstance(value, torch.Tensor) else np.asarray(value))
+        else:
+            rec[key] = Array.from_numpy_ndarray(_host(value))
     return rec
 
 
 def _from_record(rec: ArrayRecord) -> Arrays:
-    return {key: arr.numpy() for key, arr in rec.items()}
+    return {key: arr.value() if isinstance(arr, HeldArray) else arr.numpy() for key, arr in rec.items()}
 
 
 def _metrics_record(metrics: dict[str, float]) -> MetricRecord:
@@ -309,6 +326,8 @@ def _run_inline(spec: RunSpec, federation: fed.Federation, server_app: ServerApp
     log(f"{_job_name(spec)}: {federation.num_nodes} Flower node(s) in-process (inline backend), "
         f"{threads} thread(s), device {federation.device}")
     fed.client_threads = threads
+    if federation.job.keep_arrays_on_device(in_process=True):
+        log(f"{_job_name(spec)}: model arrays stay on {federation.device} between server and clients")
     grid = InlineGrid(make_client_app(spec, federation.job), federation.num_nodes, seed=spec.seed)
     grid.serve(server_app)
 

@@ -110,6 +110,7 @@ def _client_context(
         # a deployed site knows no other site's size (methods that need them say so)
         client_sizes=None if pid in site_data else (lambda: job.task.client_sizes()),
         epoch_steps=max(1, math.ceil(steps / epochs)) if job.method.centralized else None,
+        device_arrays=job.device_arrays,
     )
     return ctx, store
 
@@ -197,6 +198,7 @@ class Federation:
         if spec.client_validation not in (None, "mean", "weighted"):  # before any client trains
             raise ValueError(f"client_validation = {spec.client_validation!r}: use mean, weighted or null")
         self.store = ClientStateStore(checkpoint.checkpoint_dir(spec.run_dir) / "clients")
+        self._writer: checkpoint.BackgroundWriter | None = None  # set while run() goes
         es = {"mode": "none", "tau": 0.01, "patience": 10, **spec.early_stopping}
         if es["mode"] not in ("none", "datafree"):
             raise ValueError(f"early_stopping.mode must be none or datafree, got {es['mode']}")
@@ -211,6 +213,7 @@ class Federation:
             self.store.discard_after(resumed.round)
             self.log(f"resuming from checkpoint at round {resumed.round}/{self.train.rounds}")
             self._t0 -= resumed.elapsed
+            resumed.arrays = self.job.arrays(resumed.arrays)
             return resumed
         stale = checkpoint.checkpoint_dir(self.spec.run_dir)
         if stale.exists():
@@ -221,7 +224,8 @@ class Federation:
         arrays = model_arrays(model, self.method.shared_keys(model))
         params = [n for n, _ in model.named_parameters() if n in arrays]
         # theta_0 for the task vector of the data-free stopping rule (parameters only, not buffers)
-        return checkpoint.RunState(round=0, arrays=arrays, server_state={"_theta0": arrays_to_tensors({k: arrays[k] for k in params})})
+        return checkpoint.RunState(round=0, arrays=self.job.arrays(arrays),
+                                   server_state={"_theta0": arrays_to_tensors({k: arrays[k] for k in params})})
 
     def sample(self, rnd: int) -> list[int]:
         """Partition ids trained in round ``rnd``: seeded by (seed, round), not by node ids."""
@@ -296,8 +300,7 @@ class Federation:
                 vals = np.array([c.get(f"local_{k}", math.nan) for c in per_client], dtype=float)
                 row[f"local_mean_{k}"] = float(np.nanmean(vals)) if np.isfinite(vals).any() else math.nan
                 row[f"local_std_{k}"] = float(np.nanstd(vals)) if np.isfinite(vals).any() else math.nan
-        theta0 = {k: v.numpy() for k, v in state.server_state["_theta0"].items()}
-        row.update(self.monitor.update(state.rows, DataFreeMonitor.task_norm(new_arrays, theta0)))
+        row.update(self.monitor.update(state.rows, DataFreeMonitor.task_norm(new_arrays, self._theta0(state))))
         elapsed = time.monotonic() - self._t0
         row["elapsed_s"] = round(elapsed, 3)
         client_rows = [{"round": rnd, "client": i, **{k: v for k, v in c.items() if not k.startswith(("global_", "val_"))}}
@@ -308,13 +311,36 @@ class Federation:
         )
         if self.spec.save_client_models and rnd == self.keep_round:
             self._save_final_client_models(results, new_arrays if rnd != self.train.rounds else None)
-        checkpoint.save(self.spec.run_dir, new_state, self.run_hash)
-        self.store.prune(rnd)
+        # written while the next round trains; client states older than this checkpoint's go once it is on disk
+        checkpoint.save(self.spec.run_dir, new_state, self.run_hash, self._writer, then=lambda: self.store.prune(rnd))
         self._progress(row)
         return new_state
 
+    def _theta0(self, state: checkpoint.RunState) -> Arrays:
+        """theta_0 of the data-free rule in the form of the run's arrays (on the device with device arrays)."""
+        stored = state.server_state["_theta0"]
+        if not self.job.device_arrays:
+            return {k: v.numpy() for k, v in stored.items()}
+        if getattr(self, "_theta0_device", None) is None:
+            self._theta0_device = self.job.arrays(stored)
+        return self._theta0_device
+
     def run(self, transport: Transport) -> checkpoint.RunState:
-        """The round loop: sample, train (via the transport), aggregate, evaluate, checkpoint, stop."""
+        """The round loop: sample, train (via the transport), aggregate, evaluate, checkpoint, stop.
+        Every checkpoint is on disk when it returns (or raises)."""
+        self._writer = checkpoint.BackgroundWriter()
+        try:
+            state = self._rounds(transport)
+        except BaseException:
+            try:
+                self._writer.close()
+            except Exception:  # noqa: BLE001 - the round's own error is the one to report
+                pass
+            raise
+        self._writer.close()
+        return state
+
+    def _rounds(self, transport: Transport) -> checkpoint.RunState:
         state = self.initial_state()
         rounds = self.train.rounds
         for rnd in range(state.round + 1, rounds + 1):

@@ -12,6 +12,10 @@ owns what a job reuses across client calls:
 * client data on the device (``cache_on_device``, accelerators only): each client's tensors are
   copied to the device once per job while they fit in half of the device memory free at the
   first copy; the rest stays on the host and is moved per batch.
+* the model's arrays on the device (``device_arrays``): on the inline backend (server and clients
+  in one process) with an accelerator, for a method that declares ``device_arrays``, the global
+  model, the client results and the average stay device tensors; nothing goes through the host
+  per client.
 """
 
 from __future__ import annotations
@@ -22,14 +26,25 @@ from typing import Any
 
 import torch
 
-from fedmedbench.fl.registry import Arrays, ClientData, Method, TrainConfig, get_method, load_arrays
+from fedmedbench.fl.registry import (
+    Arrays,
+    ClientData,
+    Method,
+    TrainConfig,
+    as_tensors,
+    get_method,
+    load_arrays,
+)
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.tasks.base import Task, task_for
+from fedmedbench.fl.training import to_device
 
 #: share of the device memory free at the first copy that cached client data may use
 DEVICE_DATA_SHARE = 0.5
 #: devices whose client data is worth caching (on the CPU the data already is where it is used)
 CACHED_DEVICE_TYPES = ("cuda",)
+#: devices on which a job keeps its arrays as tensors (on the CPU NumPy arrays cost no copy to reach)
+ARRAY_DEVICE_TYPES = ("cuda",)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -56,6 +71,8 @@ class Job:
         self._data: dict[int, Any] = {}
         self._data_bytes = 0
         self._data_budget: int | None = None
+        #: arrays between server and clients are device tensors (set by the engine: see :meth:`keep_arrays_on_device`)
+        self.device_arrays = False
 
     @property
     def task(self) -> Task:
@@ -77,14 +94,27 @@ class Job:
                                  [(m, m.training) for m in self._resident.modules()])
         return self._shared_keys
 
+    def keep_arrays_on_device(self, in_process: bool) -> bool:
+        """Turn on device arrays where they apply: server and clients share this process (``in_process``),
+        the spec allows it, the device is an accelerator and the method declares ``device_arrays``."""
+        self.device_arrays = bool(in_process and self.spec.device_arrays and self.device.type in ARRAY_DEVICE_TYPES
+                                  and self.method.device_arrays)
+        return self.device_arrays
+
+    def arrays(self, arrays: Arrays) -> Arrays:
+        """``arrays`` in this job's form: device tensors with device arrays on, else as they are."""
+        return as_tensors(arrays, self.device) if self.device_arrays else arrays
+
     def model_with(self, arrays: Arrays) -> torch.nn.Module:
         """A model holding the broadcast ``arrays``, on the job's device."""
         keys = self.shared_keys()
-        if self._whole:
+        if self._whole:  # the resident model: values copied into its tensors in place
             model = self._resident
             self._reset(model)
-        else:  # un-shared entries keep a freshly built model's values
-            model = self.new_model()
+            to_device(model, self.device)
+            copy_into(model, arrays, keys)
+            return model
+        model = self.new_model()  # un-shared entries keep a freshly built model's values
         load_arrays(model, arrays, keys)
         return model.to(self.device)
 
@@ -115,6 +145,30 @@ class Job:
     def _caches_data(self, data: Any) -> bool:
         return (self.spec.cache_on_device and self.device.type in CACHED_DEVICE_TYPES and self.method.device_data
                 and is_dataclass(data) and isinstance(data, ClientData))
+
+
+def copy_into(model: torch.nn.Module, arrays: Arrays, keys: list[str]) -> None:
+    """Copy ``arrays`` (NumPy or tensors, any device) into the model's own tensors for every one of
+    its state keys: the values ``load_state_dict`` would set, by one grouped copy when the arrays are
+    tensors on the model's device."""
+    state = model.state_dict()
+    if set(keys) != set(state):
+        load_arrays(model, arrays, keys)  # a partial state: the registry's checks and strictness
+        return
+    missing = set(keys) - set(arrays)
+    if missing:
+        raise KeyError(f"arrays lack model keys: {sorted(missing)[:5]}")
+    targets = [state[k] for k in keys]
+    sources = [torch.as_tensor(arrays[k]) for k in keys]
+    for k, t, s in zip(keys, targets, sources, strict=True):
+        if tuple(s.shape) != tuple(t.shape):
+            raise ValueError(f"array '{k}' has shape {tuple(s.shape)}, the model expects {tuple(t.shape)}")
+    with torch.no_grad():
+        if all(s.device == t.device and s.dtype == t.dtype for s, t in zip(sources, targets, strict=True)):
+            torch._foreach_copy_(targets, sources)
+        else:
+            for t, s in zip(targets, sources, strict=True):
+                t.copy_(s)
 
 
 def free_device_memory(device: torch.device) -> int:

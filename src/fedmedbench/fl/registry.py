@@ -31,6 +31,8 @@ import torch
 if TYPE_CHECKING:
     from fedmedbench.fl.spec import RunSpec
 
+#: a model's state by key: NumPy arrays on the host; on the inline backend, for a method with
+#: ``device_arrays``, torch tensors on the job's device (no host round trip per client)
 Arrays = dict[str, np.ndarray]
 
 METHODS: dict[str, type[Method]] = {}
@@ -46,7 +48,7 @@ def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
 
 
 def get_method(name: str, params: dict[str, Any] | None = None) -> Method:
-    _load_builtin_methods()
+    _load_builtin_methods(name)
     if name not in METHODS:
         raise KeyError(f"unknown method '{name}'; registered: {', '.join(sorted(METHODS))}")
     return METHODS[name](**(params or {}))
@@ -63,13 +65,20 @@ BUILTIN_METHOD_MODULES: tuple[str, ...] = tuple(f"fedmedbench.fl.methods.{m}" fo
     "centralized", "fedavg", "feddg", "feddyn", "fedgamma", "fedlesam", "fedprox", "fedsam", "fedsmoo", "fedspeed",
     "fedwmsam", "gpaf", "local", "moon", "scaffold", "ultraflwr",
 ))
+#: methods registered by a module of another name (the rest live in ``fl/methods/<name>.py``)
+METHOD_MODULE_OF: dict[str, str] = {n: "fedmedbench.fl.methods.fedst_base" for n in ("seg_local", "seg_centralized", "seg_fedavg")}
 
 
-def _load_builtin_methods() -> None:
+def _load_builtin_methods(name: str | None = None) -> None:
+    """Import the module that registers ``name`` (only it: a classification job never imports the
+    surgical methods' libraries); every built-in method module when ``name`` is None or not built in."""
     import importlib
 
-    for module in BUILTIN_METHOD_MODULES:
-        importlib.import_module(module)
+    if name in METHODS:
+        return
+    module = METHOD_MODULE_OF.get(name or "", f"fedmedbench.fl.methods.{name}")
+    for m in [module] if module in BUILTIN_METHOD_MODULES else BUILTIN_METHOD_MODULES:
+        importlib.import_module(m)
 
 
 @dataclass
@@ -134,6 +143,14 @@ class ClientContext:
     #: steps of one local epoch for per-epoch losses; None = one pass over the training data
     #: (the centralized client's epoch is a local epoch's share of its round budget instead)
     epoch_steps: int | None = None
+    #: send results as tensors on the device (the job's arrays live there; see Method.device_arrays)
+    device_arrays: bool = False
+
+    def result_arrays(self, model: torch.nn.Module | None = None, keys: list[str] | None = None) -> Arrays:
+        """What the client sends: the model's state (``ctx.model`` by default) as NumPy arrays, or
+        as device tensors when the job keeps its arrays on the device."""
+        model = self.model if model is None else model
+        return model_tensors(model, keys) if self.device_arrays else model_arrays(model, keys)
 
     def steps_per_epoch(self) -> int:
         """Steps of one local epoch: ``epoch_steps``, else ceil(n_train / B) (where batch_indices reshuffles)."""
@@ -187,6 +204,10 @@ class Method:
     extra_records: tuple[str, ...] = ()
     #: the client step works on data already on the device (the engine may then cache it there)
     device_data = False
+    #: client and server steps take Arrays whose values are torch tensors on the job's device
+    #: (every array operation goes through the tensor-aware helpers: ``ClientContext.result_arrays``,
+    #: ``weighted_average``, ``as_tensors``); the inline backend then keeps the model on the device
+    device_arrays = False
 
     def __init__(self, **params: Any) -> None:
         if params:
@@ -233,9 +254,52 @@ def model_arrays(model: torch.nn.Module, keys: list[str] | None = None) -> Array
     return {k: state[k].detach().cpu().numpy().copy() for k in (keys if keys is not None else state)}
 
 
+def model_tensors(model: torch.nn.Module, keys: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """state_dict entries copied where they are (the device): one copy kernel per dtype, each
+    entry a view of its dtype's flat buffer."""
+    state = model.state_dict()
+    return snapshot({k: state[k] for k in (keys if keys is not None else state)})
+
+
+def snapshot(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached copies of ``tensors`` (same devices, dtypes and shapes) made by one concatenation
+    per (device, dtype) group instead of one copy per entry."""
+    groups: dict[tuple, list[str]] = {}
+    for k, t in tensors.items():
+        groups.setdefault((t.device, t.dtype), []).append(k)
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for keys in groups.values():
+            flat = torch.cat([tensors[k].detach().reshape(-1) for k in keys])
+            for k, piece in zip(keys, flat.split([tensors[k].numel() for k in keys]), strict=True):
+                out[k] = piece.view(tensors[k].shape)
+    return {k: out[k] for k in tensors}
+
+
+def is_tensor_arrays(arrays: Arrays) -> bool:
+    """True when the values are torch tensors (a job that keeps its arrays on the device)."""
+    return bool(arrays) and isinstance(next(iter(arrays.values())), torch.Tensor)
+
+
+def as_numpy(arrays: Arrays) -> dict[str, np.ndarray]:
+    """Host NumPy arrays of ``arrays`` (tensors are copied to the host; arrays pass through)."""
+    return {k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for k, v in arrays.items()}
+
+
+def as_tensors(arrays: Arrays, device: torch.device | str | None = None,
+               dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """``arrays`` as tensors on ``device`` (NumPy arrays are copied; tensors already there pass through)."""
+    out = {}
+    for k, v in arrays.items():
+        t = v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v, order="C", copy=True))
+        out[k] = t.to(device=device if device is not None else t.device, dtype=dtype or t.dtype)
+    return out
+
+
 def arrays_to_tensors(arrays: Arrays) -> dict[str, torch.Tensor]:
-    """Numpy arrays -> CPU tensors of the same shape (0-d stays 0-d, unlike ascontiguousarray)."""
-    return {k: torch.from_numpy(np.array(v, order="C", copy=True)) for k, v in arrays.items()}
+    """Arrays -> CPU tensors of the same shape (0-d stays 0-d, unlike ascontiguousarray), owning their memory."""
+    return {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor)
+            else torch.from_numpy(np.array(v, order="C", copy=True)) for k, v in arrays.items()}
 
 
 def load_arrays(model: torch.nn.Module, arrays: Arrays, keys: list[str] | None = None) -> None:
@@ -254,16 +318,42 @@ def load_arrays(model: torch.nn.Module, arrays: Arrays, keys: list[str] | None =
 
 
 def weighted_average(arrays: list[Arrays], weights: list[float]) -> Arrays:
-    """Weighted mean per key (float64 accumulation); integer buffers are rounded back."""
+    """Weighted mean per key (float64 accumulation); integer buffers are rounded back. Tensor
+    arrays are averaged where they are (the device), with the same operations in the same order."""
     if not arrays:
         raise ValueError("nothing to aggregate: no client results")
     w = np.asarray(weights, dtype=np.float64)
     if w.sum() <= 0:
         raise ValueError(f"aggregation weights must sum to > 0, got {weights}")
     w = w / w.sum()
+    if is_tensor_arrays(arrays[0]):
+        return _weighted_average_tensors(arrays, w)
     out: Arrays = {}
     for key in arrays[0]:
         acc = sum(wi * a[key].astype(np.float64) for wi, a in zip(w, arrays, strict=True))
         dtype = arrays[0][key].dtype
         out[key] = np.asarray(np.rint(acc) if np.issubdtype(dtype, np.integer) else acc).astype(dtype)
     return out
+
+
+def _weighted_average_tensors(arrays: list[dict[str, torch.Tensor]], w: np.ndarray) -> dict[str, torch.Tensor]:
+    """:func:`weighted_average` on tensors: per dtype group one flat float64 accumulator,
+    ``0 + w_0 a_0 + w_1 a_1 + ...`` term by term as the NumPy path sums, then cast back (integers rounded
+    half to even, as ``np.rint``)."""
+    first = arrays[0]
+    groups: dict[tuple, list[str]] = {}
+    for k, t in first.items():
+        groups.setdefault((t.device, t.dtype), []).append(k)
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for (device, dtype), keys in groups.items():
+            sizes = [first[k].numel() for k in keys]
+            acc = torch.zeros(sum(sizes), dtype=torch.float64, device=device)
+            for wi, a in zip(w, arrays, strict=True):
+                flat = torch.cat([a[k].detach().reshape(-1) for k in keys]).to(torch.float64)
+                acc.add_(flat.mul_(float(wi)))
+            if not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool):
+                acc = torch.round(acc)
+            for k, piece in zip(keys, acc.to(dtype).split(sizes), strict=True):
+                out[k] = piece.view(first[k].shape)
+    return {k: out[k] for k in first}

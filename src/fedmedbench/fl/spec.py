@@ -15,13 +15,14 @@ from typing import Any
 from fedmedbench.fl.registry import TrainConfig
 
 #: fields that do not change the numbers a run produces
-_NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device"}
+_NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device",
+               "device_arrays"}
 #: fields a job's script sets from its Snakemake job and the config, never from ``params:``: they change
 #: how a run executes, not its numbers, so changing them reruns no finished job
-RUNTIME_FIELDS = ("threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device")
+RUNTIME_FIELDS = ("threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device", "device_arrays")
 RESUME_MODES = ("auto", "restart")
 #: the config's ``engine`` entries a spec takes: how a job runs, never what it computes
-ENGINE_OPTIONS = ("backend", "cache_on_device")
+ENGINE_OPTIONS = ("backend", "cache_on_device", "device_arrays")
 
 
 def engine_options(config: dict[str, Any]) -> dict[str, Any]:
@@ -53,6 +54,9 @@ class RunSpec:
     backend: str = "inline"
     #: copy client data to an accelerator once per job while it fits (fl/job.py); never changes results
     cache_on_device: bool = True
+    #: on the inline backend with an accelerator, keep the model's arrays on the device between server
+    #: and clients for methods that support it (fl/job.py); never changes results
+    device_arrays: bool = True
     data_origin: str = "synthetic"
     log_every: int = 1
     eval_every: int = 1

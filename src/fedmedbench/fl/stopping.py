@@ -135,6 +135,14 @@ class DataFreeMonitor:
 
     @staticmethod
     def task_norm(params: dict[str, np.ndarray], theta0: dict[str, np.ndarray]) -> float:
+        """||theta_r - theta_0|| over theta_0's keys, in float64 (tensors where they are: one host read)."""
+        first = params[next(iter(theta0))] if theta0 else None
+        if not isinstance(first, np.ndarray) and type(first).__module__.startswith("torch"):
+            import torch
+
+            with torch.no_grad():
+                sq = torch.stack([((params[k].double() - theta0[k].to(first.device).double()) ** 2).sum() for k in theta0])
+                return float(math.sqrt(float(sq.sum())))
         return float(math.sqrt(sum(float(((params[k].astype(np.float64) - theta0[k].astype(np.float64)) ** 2).sum())
                                    for k in theta0)))
 

@@ -31,7 +31,6 @@ from fedmedbench.fl.registry import (
     ClientResult,
     Method,
     ServerContext,
-    model_arrays,
     weighted_average,
 )
 from fedmedbench.fl.training import (
@@ -170,7 +169,10 @@ def with_input_norm(model: nn.Module, input_norm: str) -> nn.Module:
 
 
 def to_tensors(arrays: Arrays, keys, device: torch.device | None = None) -> Tensors:
-    out = {k: torch.from_numpy(np.array(arrays[k], dtype=np.float32)) for k in keys}
+    """float32 tensors of ``arrays[k]`` for ``keys``: on the host from NumPy arrays, where they are
+    from tensor arrays (a job that keeps its arrays on the device); then on ``device`` if given."""
+    out = {k: arrays[k].detach().to(torch.float32) if isinstance(arrays[k], torch.Tensor)
+           else torch.from_numpy(np.array(arrays[k], dtype=np.float32)) for k in keys}
     return {k: v.to(device) for k, v in out.items()} if device is not None else out
 
 
@@ -189,7 +191,9 @@ def delta(model: nn.Module, global_arrays: Arrays) -> Tensors:
 
 
 class ServerOptMethod(Method):
-    """FedAvg-style server: average the client states, global lr on the parameters' update."""
+    """FedAvg-style server: average the client states, global lr on the parameters' update.
+    A subclass whose client and server steps use only the tensor-aware helpers (``ctx.result_arrays``,
+    ``to_tensors``, ``average``, ``apply_global_lr``) sets ``device_arrays``."""
 
     device_data = True  # local_loop indexes batches wherever the data is
 
@@ -228,8 +232,12 @@ class ServerOptMethod(Method):
             return averaged
         out = dict(averaged)
         for k in self.param_keys(ctx):
-            g = ctx.global_arrays[k].astype(np.float64)
-            out[k] = (g + self.global_lr * (averaged[k].astype(np.float64) - g)).astype(averaged[k].dtype)
+            if isinstance(averaged[k], torch.Tensor):
+                g = torch.as_tensor(ctx.global_arrays[k], device=averaged[k].device).to(torch.float64)
+                out[k] = (g + self.global_lr * (averaged[k].to(torch.float64) - g)).to(averaged[k].dtype)
+            else:
+                g = ctx.global_arrays[k].astype(np.float64)
+                out[k] = (g + self.global_lr * (averaged[k].astype(np.float64) - g)).astype(averaged[k].dtype)
         return out
 
     def aggregate(self, ctx: ServerContext) -> Arrays:
@@ -241,7 +249,7 @@ class ServerOptMethod(Method):
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         metrics = local_loop_metrics(ctx, self.hooks(ctx))
-        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics=metrics)
+        return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train, metrics=metrics)
 
 
 def tensors_to_arrays(t: Tensors) -> Arrays:

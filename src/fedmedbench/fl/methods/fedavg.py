@@ -13,3 +13,5 @@ from fedmedbench.fl.registry import register_method
 @register_method("fedavg")
 class FedAvg(ServerOptMethod):
     """Plain local SGD + (weighted) averaging; see ServerOptMethod."""
+
+    device_arrays = True

@@ -1,0 +1,83 @@
+"""The GPU paths, on a machine with CUDA (skipped elsewhere): device arrays, device-cached client
+data, the device average and the metrics computed on the GPU."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import split_labels
+from test_metrics import _sklearn
+
+from fedmedbench import io
+from fedmedbench import partition as P
+from fedmedbench.data import synthetic
+from fedmedbench.fl import engine
+from fedmedbench.fl import federation as fed
+from fedmedbench.fl.job import Job
+from fedmedbench.fl.registry import weighted_average
+from fedmedbench.fl.spec import RunSpec
+from fedmedbench.metrics import grouped_classification_metrics
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cuda")
+    arrays = synthetic.generate("bloodmnist", 28, seed=0, counts={"train": 240, "val": 40, "test": 80})
+    io.write_npz(d / "b.npz", arrays)
+    io.write_json(d / "p.json", P.build_partition(split_labels(arrays), "fls", 4, 0, {"alpha": 0.5}, num_classes=8))
+    return d
+
+
+def make_spec(d: Path, tag: str, **extra) -> RunSpec:
+    return fed.resolve_data_shapes(RunSpec(
+        run_dir=str(d / f"run-{tag}"), study="t", dataset="bloodmnist", setting="dir", method="fedavg", seed=0,
+        partition_path=str(d / "p.json"), sources={"base": str(d / "b.npz")}, image_size=28,
+        train={"rounds": 2, "local_epochs": 1, "batch_size": 16, "lr": 0.05, "aggregation": "uniform"},
+        clients_per_round=3, device="cuda", eval_every=1, **extra))
+
+
+def test_engine_keeps_arrays_on_the_gpu_with_the_host_paths_numbers(data):
+    logs: list[str] = []
+    engine.run(make_spec(data, "dev"), log=logs.append)
+    engine.run(make_spec(data, "host", device_arrays=False), log=lambda m: None)
+    assert any("model arrays stay on cuda" in line for line in logs)
+    dev = torch.load(data / "run-dev" / "model.pt", weights_only=True)
+    host = torch.load(data / "run-host" / "model.pt", weights_only=True)
+    # the same arithmetic; only cuDNN's kernel choices may differ between the two runs
+    assert all(torch.allclose(dev[k].double(), host[k].double(), rtol=1e-4, atol=1e-5) for k in host)
+
+
+def test_client_data_is_cached_on_the_gpu(data):
+    job = Job(make_spec(data, "cache"))
+    first = job.client_data(0)
+    assert first is job.client_data(0) and first.train_x.is_cuda and first.train_y.is_cuda
+
+
+def test_the_gpu_average_is_the_numpy_average_bit_for_bit():
+    rng = np.random.default_rng(0)
+    clients = [{"w": rng.standard_normal((64, 33)).astype(np.float32), "n": rng.integers(0, 9, (3,)).astype(np.int64)}
+               for _ in range(10)]
+    weights = list(rng.random(10) + 0.1)
+    want = weighted_average(clients, weights)
+    got = weighted_average([{k: torch.from_numpy(v).cuda() for k, v in c.items()} for c in clients], weights)
+    assert all(got[k].is_cuda and got[k].cpu().numpy().tobytes() == want[k].tobytes() for k in want)
+
+
+@pytest.mark.parametrize("n_classes", [2, 7])
+def test_metrics_on_the_gpu_match_sklearn(n_classes):
+    rng = np.random.default_rng(n_classes)
+    n = 300
+    y = rng.integers(0, n_classes, n)
+    probs = rng.dirichlet(np.ones(n_classes), n)
+    losses = rng.random(n)
+    rows = [np.arange(n)] + [np.sort(rng.choice(n, rng.integers(5, 80), replace=False)) for _ in range(10)]
+    got = grouped_classification_metrics(y, probs, rows, losses, device="cuda")
+    for r, m in zip(rows, got, strict=True):
+        for k, v in _sklearn(y[r], probs[r], n_classes).items():
+            assert (math.isnan(m[k]) and math.isnan(v)) or abs(m[k] - v) <= 1e-12, (k, m[k], v)

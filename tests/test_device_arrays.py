@@ -1,0 +1,160 @@
+"""Arrays kept as tensors where the model is (the inline backend's device arrays): the same numbers
+as the host NumPy path, bit for bit, and only where server and clients share one process."""
+
+from __future__ import annotations
+
+import io as _io
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from helpers import split_labels
+
+from fedmedbench import io
+from fedmedbench import partition as P
+from fedmedbench.data import synthetic
+from fedmedbench.fl import checkpoint, engine
+from fedmedbench.fl import federation as fed
+from fedmedbench.fl import job as job_module
+from fedmedbench.fl.job import Job, copy_into
+from fedmedbench.fl.registry import arrays_to_tensors, model_arrays, model_tensors, weighted_average
+from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.stopping import DataFreeMonitor
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("devarrays")
+    arrays = synthetic.generate("bloodmnist", 28, seed=0, counts={"train": 240, "val": 40, "test": 80})
+    io.write_npz(d / "b.npz", arrays)
+    io.write_json(d / "p.json", P.build_partition(split_labels(arrays), "fls", 4, 0, {"alpha": 0.5}, num_classes=8))
+    return d
+
+
+def make_spec(d: Path, method: str, tag: str, **extra) -> RunSpec:
+    return fed.resolve_data_shapes(RunSpec(
+        run_dir=str(d / f"run-{method}-{tag}"), study="t", dataset="bloodmnist", setting="dir", method=method, seed=0,
+        partition_path=str(d / "p.json"), sources={"base": str(d / "b.npz")}, image_size=28,
+        train={"rounds": 3, "local_epochs": 1, "batch_size": 16, "lr": 0.05, "momentum": 0.9, "aggregation": "uniform"},
+        clients_per_round=3, device="cpu", eval_every=1, **extra))
+
+
+def test_tensor_average_is_the_numpy_average_bit_for_bit():
+    rng = np.random.default_rng(0)
+    clients = [{"w": rng.standard_normal((5, 7)).astype(np.float32), "z": np.array([-0.0, 1.5], dtype=np.float32),
+                "n": rng.integers(0, 9, (3,)).astype(np.int64), "h": rng.standard_normal(4).astype(np.float16)}
+               for _ in range(5)]
+    weights = [3.0, 1.0, 7.0, 2.0, 0.5]
+    want = weighted_average(clients, weights)
+    got = weighted_average([{k: torch.from_numpy(v) for k, v in c.items()} for c in clients], weights)
+    for k, v in want.items():
+        assert got[k].dtype == torch.from_numpy(v).dtype and tuple(got[k].shape) == v.shape
+        assert np.array_equal(got[k].numpy(), v), k
+        assert got[k].numpy().tobytes() == v.tobytes(), k  # the same bits, signed zeros included
+    assert want["n"].dtype == np.int64  # integer buffers rounded back, as np.rint
+
+
+def test_model_tensors_are_independent_copies_in_one_buffer_per_dtype():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    snap = model_tensors(model)
+    assert list(snap) == list(model.state_dict())
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    assert not torch.equal(snap["0.weight"], model[0].weight)  # a copy, not the model's own tensor
+    floats = [t for t in snap.values() if t.dtype == torch.float32]
+    assert len({t.untyped_storage().data_ptr() for t in floats}) == 1  # one flat buffer for the float entries
+    assert snap["1.num_batches_tracked"].dtype == torch.int64
+
+
+def test_copy_into_checks_keys_and_shapes():
+    model = torch.nn.Linear(3, 2)
+    arrays = model_arrays(model)
+    with pytest.raises(KeyError, match="bias"):
+        copy_into(model, {"weight": arrays["weight"]}, ["weight", "bias"])
+    with pytest.raises(ValueError, match=r"'weight' has shape \(2, 4\)"):
+        copy_into(model, {**arrays, "weight": np.zeros((2, 4), np.float32)}, ["weight", "bias"])
+    other = {"weight": torch.ones(2, 3), "bias": torch.full((2,), 2.0, dtype=torch.float64)}
+    copy_into(model, other, ["weight", "bias"])
+    assert torch.equal(model.weight, torch.ones(2, 3)) and torch.equal(model.bias, torch.full((2,), 2.0))
+
+
+def _run(spec: RunSpec, monkeypatch, on: bool) -> tuple[dict, pd.DataFrame, list[str]]:
+    monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ("cuda", "cpu") if on else ("cuda",))
+    logs: list[str] = []
+    engine.run(spec, log=logs.append)
+    model = torch.load(Path(spec.run_dir) / "model.pt", weights_only=True)
+    return model, pd.read_csv(Path(spec.run_dir) / "metrics.csv").drop(columns="elapsed_s"), logs
+
+
+@pytest.mark.parametrize("method,params", [("fedavg", {}), ("fedavg", {"global_lr": 0.7}), ("fedprox", {"mu": 0.1}),
+                                           ("fedsam", {"rho": 0.05})])
+def test_a_device_arrays_run_ends_as_the_host_arrays_run(data, monkeypatch, method, params):
+    host, host_rows, host_logs = _run(make_spec(data, method, "host", method_params=params), monkeypatch, on=False)
+    dev, dev_rows, dev_logs = _run(make_spec(data, method, "dev", method_params=params), monkeypatch, on=True)
+    assert any("model arrays stay on cpu" in line for line in dev_logs)
+    assert not any("stay on" in line for line in host_logs)
+    assert host.keys() == dev.keys() and all(torch.equal(host[k], dev[k]) for k in host)
+    pd.testing.assert_frame_equal(host_rows, dev_rows)  # every metric, task norms included
+
+
+def test_device_arrays_only_where_they_apply(data, monkeypatch):
+    monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ("cuda", "cpu"))
+    assert Job(make_spec(data, "fedavg", "a")).keep_arrays_on_device(in_process=True)
+    assert not Job(make_spec(data, "fedavg", "b")).keep_arrays_on_device(in_process=False)  # Ray actors, deployed sites
+    assert not Job(make_spec(data, "scaffold", "c")).keep_arrays_on_device(in_process=True)  # NumPy server step
+    assert not Job(make_spec(data, "fedavg", "d", device_arrays=False)).keep_arrays_on_device(in_process=True)
+    monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ("cuda",))
+    assert not Job(make_spec(data, "fedavg", "e")).keep_arrays_on_device(in_process=True)  # the default on a CPU
+
+
+def test_held_tensors_are_handed_over_and_serialise_as_numpy():
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    held = engine.HeldArray(t)
+    assert held.value() is t and held.dtype == "float32" and held.shape == (2, 3)
+    assert np.array_equal(held.numpy(), t.numpy())
+    assert held.data == engine.Array.from_numpy_ndarray(t.numpy()).data  # what a serialising path sends
+    back = engine._from_record(engine._to_record({"w": t}, held=True))
+    assert back["w"] is t
+    wire = engine._from_record(engine._to_record({"w": t}, held=False))  # no tensor ever reaches the wire
+    assert isinstance(wire["w"], np.ndarray) and np.array_equal(wire["w"], t.numpy())
+
+
+def test_task_norm_of_tensors_equals_numpy():
+    rng = np.random.default_rng(1)
+    theta0 = {k: rng.standard_normal(50).astype(np.float32) for k in "abc"}
+    theta = {k: v + rng.standard_normal(50).astype(np.float32) for k, v in theta0.items()}
+    want = DataFreeMonitor.task_norm(theta, theta0)
+    got = DataFreeMonitor.task_norm({k: torch.from_numpy(v) for k, v in theta.items()},
+                                    {k: torch.from_numpy(v) for k, v in theta0.items()})
+    assert abs(got - want) <= 1e-12 * want
+
+
+def test_theta0_is_written_once_and_checked_on_resume(data, tmp_path):
+    spec = make_spec(data, "fedavg", "theta0", keep_checkpoints=True)
+    spec.run_dir = str(tmp_path / "run")
+    engine.run(spec, log=lambda m: None)
+    folder = checkpoint.checkpoint_dir(spec.run_dir)
+    payload = torch.load(folder / "server.pt", weights_only=True)
+    assert "_theta0" not in payload["server_state"] and payload["server_state"]["_theta0_sha256"]
+    theta0 = torch.load(folder / "theta0.pt", weights_only=True)
+    fed.seed_everything(spec.seed)  # theta_0 is the seeded initial model's parameters
+    model = fed.new_model(spec)
+    assert all(torch.equal(theta0[k], p.detach()) for k, p in model.named_parameters())
+    state = checkpoint.load(spec.run_dir, spec.run_hash())
+    assert all(torch.equal(state.server_state["_theta0"][k], theta0[k]) for k in theta0)
+    buf = _io.BytesIO()
+    torch.save({k: v + 1 for k, v in theta0.items()}, buf)
+    (folder / "theta0.pt").write_bytes(buf.getvalue())
+    with pytest.raises(RuntimeError, match="theta0.pt: its sha256 differs.*resume=restart"):
+        checkpoint.load(spec.run_dir, spec.run_hash())
+    (folder / "theta0.pt").unlink()
+    with pytest.raises(RuntimeError, match="theta0.pt: missing"):
+        checkpoint.load(spec.run_dir, spec.run_hash())
+
+
+def test_checkpoint_arrays_from_tensors_own_their_memory():
+    flat = torch.arange(10, dtype=torch.float32)
+    out = arrays_to_tensors({"a": flat[:4].view(2, 2), "b": flat[4:]})
+    assert out["a"].untyped_storage().nbytes() == 16 and torch.equal(out["b"], flat[4:])
