@@ -31,8 +31,14 @@ from fedmedbench.fl.training import forward_fn  # noqa: E402
 from fedmedbench.models import build_model  # noqa: E402
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def steps(model: nn.Module, forward, x: torch.Tensor, y: torch.Tensor, n: int) -> float:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, weight_decay=1e-3)
+    _sync(x.device)
     t0 = time.perf_counter()
     for _ in range(n):
         opt.zero_grad(set_to_none=True)
@@ -40,6 +46,7 @@ def steps(model: nn.Module, forward, x: torch.Tensor, y: torch.Tensor, n: int) -
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 10.0)
         opt.step()
+    _sync(x.device)
     return time.perf_counter() - t0
 
 
@@ -51,12 +58,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=50)
     ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     limit_threads(args.threads)
     torch.manual_seed(0)
-    model = build_model(args.model, 3, 7, args.size)
-    x, y = torch.randn(args.batch, 3, args.size, args.size), torch.randint(0, 7, (args.batch,))
+    device = torch.device(args.device)
+    model = build_model(args.model, 3, 7, args.size).to(device)
+    x = torch.randn(args.batch, 3, args.size, args.size, device=device)
+    y = torch.randint(0, 7, (args.batch,), device=device)
     t0 = time.perf_counter()
     compiled = forward_fn(model, TrainConfig(rounds=1, local_epochs=1, batch_size=50, lr=0.01, compile=True))
     steps(model, compiled, x, y, 2)  # compiles forward and backward
@@ -67,7 +77,7 @@ def main() -> None:
         eager.append(steps(model, model, x, y, args.steps))
         comp.append(steps(model, compiled, x, y, args.steps))
     e, c = min(eager), min(comp)
-    emit([{"bench": "compile_speed", "model": args.model, "steps": args.steps, "threads": args.threads, "batch": args.batch, "size": args.size,
+    emit([{"bench": "compile_speed", "model": args.model, "device": args.device, "steps": args.steps, "threads": args.threads, "batch": args.batch, "size": args.size,
            "compile_s": round(compile_s, 2), "eager_ms_per_step": round(1000 * e / args.steps, 2),
            "compiled_ms_per_step": round(1000 * c / args.steps, 2), "speedup": round(e / c, 3),
            "break_even_steps": round(compile_s / max((e - c) / args.steps, 1e-9)) if e > c else None}], args.out)

@@ -63,13 +63,28 @@ def make_data(workdir: Path, clients: int, seed: int = 0) -> tuple[Path, Path]:
     return npz, part
 
 
+#: the local training of the bench's default workload (the earlystop study's, at batch 50)
+DEFAULT_TRAIN = {"batch_size": 50, "lr": 0.01, "weight_decay": 0.001, "lr_decay": 0.998, "grad_clip": 10.0,
+                 "aggregation": "uniform"}
+
+
+def study_train(config: Path, study: str) -> tuple[dict, str]:
+    """A study's own ``train`` block and model name (``--study-config``), e.g. the earlystop paper grid's
+    batch 256, momentum 0.9, lr 1e-3 and double input normalisation; rounds and epochs come from the bench."""
+    import yaml
+
+    st = yaml.safe_load(config.read_text())["studies"][study]
+    train = {k: v for k, v in st["train"].items() if k not in ("rounds", "local_epochs")}
+    return train, st["model"]["name"]
+
+
 def make_spec(workdir: Path, npz: Path, part: Path, model: str, rounds: int, per_round: int, threads: int, backend: str,
-              local_epochs: float = 5, device: str = "cpu", eval_every: int | None = None) -> RunSpec:
+              local_epochs: float = 5, device: str = "cpu", eval_every: int | None = None,
+              train: dict | None = None) -> RunSpec:
     return RunSpec(
         run_dir=str(workdir / f"run-{model}-{backend}"), study="bench", dataset="dermamnist", setting="dir0.1",
         method="fedavg", seed=0, partition_path=str(part), sources={"base": str(npz)}, image_size=64, model=model,
-        train={"rounds": rounds, "local_epochs": local_epochs, "batch_size": 50, "lr": 0.01, "weight_decay": 0.001,
-               "lr_decay": 0.998, "grad_clip": 10.0, "aggregation": "uniform"},
+        train={**(train or DEFAULT_TRAIN), "rounds": rounds, "local_epochs": local_epochs},
         clients_per_round=per_round, device=device, threads=threads, backend=backend, eval_every=eval_every or rounds,
         log_every=rounds,
     )
@@ -104,6 +119,7 @@ def plain_loop(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
     model = fed.new_model(spec)
     global_arrays = model_arrays(model)
     model.to(device)
+    ends: list[float] = []
     for rnd in range(1, cfg.rounds + 1):
         updates = []
         for pid in federation.sample(rnd):
@@ -117,8 +133,9 @@ def plain_loop(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
         if _is_eval_round(spec, rnd, cfg.rounds):
             load_arrays(model, global_arrays)
             task.evaluate_global(model, device)
-    _sync(device)
-    return global_arrays, time.perf_counter() - t0
+        _sync(device)
+        ends.append(time.perf_counter() - t0)
+    return global_arrays, time.perf_counter() - t0, _round_times(ends)
 
 
 def resident_loop(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
@@ -131,6 +148,7 @@ def resident_loop(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
     model = fed.new_model(spec).to(device)
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     on_device: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    ends: list[float] = []
     for rnd in range(1, cfg.rounds + 1):
         sampled = federation.sample(rnd)
         w = np.ones(len(sampled)) / len(sampled)
@@ -149,8 +167,14 @@ def resident_loop(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
         if _is_eval_round(spec, rnd, cfg.rounds):
             model.load_state_dict(global_state)
             task.evaluate_global(model, device)
-    _sync(device)
-    return {k: v.cpu().numpy() for k, v in global_state.items()}, time.perf_counter() - t0
+        _sync(device)
+        ends.append(time.perf_counter() - t0)
+    return {k: v.cpu().numpy() for k, v in global_state.items()}, time.perf_counter() - t0, _round_times(ends)
+
+
+def _round_times(ends: list[float]) -> list[float]:
+    """Seconds of each round from the times its rounds ended (the first includes the side's set-up)."""
+    return list(np.diff([0.0, *ends]))
 
 
 def through_engine(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
@@ -163,20 +187,41 @@ def through_engine(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:
     _sync(device)
     elapsed = time.perf_counter() - t0
     final = torch.load(Path(spec.run_dir) / "model.pt", weights_only=True)
-    return {k: v.numpy() for k, v in final.items()}, elapsed
+    import pandas as pd
+
+    # the federation's own clock per round (a round's checkpoint write falls in the next round's time)
+    ends = pd.read_csv(Path(spec.run_dir) / "metrics.csv")["elapsed_s"].tolist()
+    return {k: v.numpy() for k, v in final.items()}, elapsed, _round_times(ends)
 
 
 def _max_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)), initial=0.0)) for k in a)
 
 
+def profile_engine(spec: RunSpec, path: Path, top: int = 45) -> None:
+    """One more engine run under cProfile; the top functions by total and cumulative time go to ``path``."""
+    import cProfile
+    import io as _io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    through_engine(spec)
+    prof.disable()
+    out = _io.StringIO()
+    for order in ("tottime", "cumulative"):
+        pstats.Stats(prof, stream=out).sort_stats(order).print_stats(top)
+    path.write_text(out.getvalue())
+
+
 def measure(model: str, clients: int, per_round: int, rounds: int, threads: int, backend: str, workdir: Path,
             local_epochs: float = 5, repeats: int = 2, device: str = "cpu", resident: bool = False,
-            eval_every: int | None = None) -> dict:
+            eval_every: int | None = None, train: dict | None = None, profile: Path | None = None) -> dict:
     npz, part = make_data(workdir, clients)
-    spec = make_spec(workdir, npz, part, model, rounds, per_round, threads, backend, local_epochs, device, eval_every)
+    spec = make_spec(workdir, npz, part, model, rounds, per_round, threads, backend, local_epochs, device, eval_every,
+                     train)
     # warm-up: imports, first model build, data loading, device kernels (all sides then find them cached)
-    warm = make_spec(workdir, npz, part, model, 1, min(per_round, 2), threads, backend, local_epochs, device)
+    warm = make_spec(workdir, npz, part, model, 1, min(per_round, 2), threads, backend, local_epochs, device, train=train)
     warm.run_dir = str(workdir / "warmup")
     engine.run(warm, log=lambda m: None)
     sides = {"engine": through_engine, "plain": plain_loop}
@@ -184,24 +229,31 @@ def measure(model: str, clients: int, per_round: int, rounds: int, threads: int,
         sides["resident"] = resident_loop
     # alternate the sides and keep each side's best time (order and warm-up effects cancel)
     times: dict[str, list[float]] = {name: [] for name in sides}
+    steady: dict[str, list[float]] = {name: [] for name in sides}  # mean s/round after the first round
     finals: dict[str, dict[str, np.ndarray]] = {}
     for _ in range(repeats):
         for name, side in sides.items():
-            finals[name], t = side(spec)
+            finals[name], t, round_times = side(spec)
             times[name].append(t)
+            steady[name].append(float(np.mean(round_times[1:] if len(round_times) > 1 else round_times)))
+    if profile is not None:
+        profile_engine(spec, profile)
     best = {name: min(ts) for name, ts in times.items()}
     ref = finals["engine"]
     identical = {name: ref.keys() == arr.keys() and all(np.array_equal(ref[k], arr[k]) for k in ref)
                  for name, arr in finals.items() if name != "engine"}
     row = {"bench": "engine_overhead", "model": model, "backend": backend, "device": device, "clients": clients,
            "per_round": per_round, "rounds": rounds, "local_epochs": local_epochs, "eval_every": spec.eval_every,
-           "threads": threads, "plain_s": round(best["plain"], 2), "engine_s": round(best["engine"], 2),
+           "batch_size": spec.train["batch_size"], "threads": threads, "plain_s": round(best["plain"], 2), "engine_s": round(best["engine"], 2),
            "ratio": round(best["engine"] / best["plain"], 3), "repeats": repeats,
            "identical_weights": identical["plain"], "times": {k: [round(t, 2) for t in v] for k, v in times.items()}}
+    row["steady_s_per_round"] = {k: round(min(v), 3) for k, v in steady.items()}
+    row["steady_ratio"] = round(min(steady["engine"]) / min(steady["plain"]), 3)
     if "resident" in best:
         row.update(resident_s=round(best["resident"], 2), ratio_resident=round(best["engine"] / best["resident"], 3),
                    identical_resident=identical["resident"],
-                   s_per_round={k: round(v / rounds, 3) for k, v in best.items()})
+                   s_per_round={k: round(v / rounds, 3) for k, v in best.items()},
+                   steady_ratio_resident=round(min(steady["engine"]) / min(steady["resident"]), 3))
     if device != "cpu":
         row["max_abs_difference"] = {name: _max_difference(ref, arr) for name, arr in finals.items() if name != "engine"}
     return row
@@ -220,12 +272,25 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--resident", action="store_true", help="also time the device-resident loop (always on cuda)")
     ap.add_argument("--eval-every", type=int, help="evaluate every N rounds on every side (default: last round only)")
+    ap.add_argument("--study-config", type=Path,
+                    help="take local training (batch, lr, momentum, ...) and the model from this study config")
+    ap.add_argument("--study", default="earlystop", help="the study of --study-config")
+    ap.add_argument("--profile", type=Path, help="profile one more engine run (cProfile) into this file")
+    ap.add_argument("--compile", action="store_true", help="train.compile on every side (torch.compile'd forward)")
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")
     args = ap.parse_args()
     limit_threads(args.threads)
+    train, model = None, args.model
+    if args.study_config:
+        train, model = study_train(args.study_config, args.study)
+    if args.compile:
+        train = {**(train or DEFAULT_TRAIN), "compile": True}
     with tempfile.TemporaryDirectory(prefix="fmb-bench-") as tmp:
-        row = measure(args.model, args.clients, args.per_round, args.rounds, args.threads, args.backend, Path(tmp),
-                      args.local_epochs, args.repeats, args.device, args.resident, args.eval_every)
+        row = measure(model, args.clients, args.per_round, args.rounds, args.threads, args.backend, Path(tmp),
+                      args.local_epochs, args.repeats, args.device, args.resident, args.eval_every, train, args.profile)
+    if args.study_config:
+        row["study_config"] = f"{args.study_config}:{args.study}"
+    row["compile"] = args.compile
     emit([row], args.out)
     if args.device == "cpu" and not row["identical_weights"]:
         sys.exit("engine and plain loop ended with different weights: the comparison is not like for like")

@@ -41,12 +41,33 @@ from fedmedbench.fl.tasks.base import _task_cached  # noqa: E402
 
 
 def load_config(path: Path) -> dict:
-    """The config with the schema's defaults filled in (as Snakemake sees it)."""
-    from snakemake.utils import validate
-
+    """The config with the schema's defaults filled in (as Snakemake sees it; jsonschema's own
+    default-filling validator where Snakemake is not installed, e.g. on a bare GPU node)."""
     config = yaml.safe_load(path.read_text())
-    validate(config, str(ROOT / "config" / "schema.yaml"), set_default=True)
+    schema_path = ROOT / "config" / "schema.yaml"
+    try:
+        from snakemake.utils import validate
+    except ImportError:
+        _validate_with_defaults(config, yaml.safe_load(schema_path.read_text()))
+    else:
+        validate(config, str(schema_path), set_default=True)
     return config
+
+
+def _validate_with_defaults(config: dict, schema: dict) -> None:
+    """jsonschema validation that fills each object's missing properties with their schema defaults."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if isinstance(sub, dict) and "default" in sub:
+                    instance.setdefault(name, sub["default"])
+        yield from base.VALIDATORS["properties"](validator, properties, instance, schema)
+
+    jsonschema.validators.extend(base, {"properties": set_defaults})(schema).validate(config)
 
 
 def grid_jobs(config: dict, study: str) -> list[dict]:

@@ -1,0 +1,109 @@
+"""Several training jobs on one GPU: seconds per round per job, and the GPU's throughput, for 1..N jobs at once.
+
+Each job is its own process (as Snakemake runs them: ``--resources gpu=N`` on one machine, or
+several runs in one SLURM allocation) running one study job of the paper configuration through
+the engine (``bench/grid_cost.py``'s job: the study's model, image size, clients, local epochs,
+batch size, optimizer) on synthetic data of the study's dataset. The data and partition are
+written once and shared. For each count N the N jobs start together; a job's s/round is the mean
+of its rounds after the first (which builds caches); throughput is rounds per second over all jobs,
+relative to one job alone.
+
+    python bench/gpu_packing.py --config config/studies/earlystop.yaml --jobs 1 2 4 8 --rounds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import grid_cost  # noqa: E402
+from _report import emit  # noqa: E402
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One job: run it, print its per-round seconds as JSON."""
+    from fedmedbench.compat import limit_threads
+
+    limit_threads(args.threads)
+    config = grid_cost.load_config(args.config)
+    st = config["studies"][args.study]
+    first = grid_cost.grid_jobs(config, args.study)[0]
+    job = {**first, "method": args.method}
+    s = st["settings"][job["setting"]]
+    sources = ({d: str(args.npz) for d in s["params"]["domains"]} if s["scheme"] == "domain" else {"base": str(args.npz)})
+    spec = grid_cost.job_spec(args.workdir / f"job{args.index}", config, args.study, job, args.partition, sources,
+                              args.rounds, args.device, args.threads)
+    _, per_round = grid_cost.time_rounds(spec)
+    print(json.dumps({"per_round": per_round}), flush=True)
+
+
+def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: Path) -> dict:
+    cmd = [sys.executable, __file__, "--worker", "--device", args.device, "--config", str(args.config), "--study", args.study,
+           "--method", args.method, "--rounds", str(args.rounds), "--threads", str(args.threads),
+           "--npz", str(npz), "--partition", str(part), "--workdir", str(workdir)]
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([*cmd, "--index", str(i)], stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+             for i in range(n)]
+    outs = [p.communicate()[0] for p in procs]
+    wall = time.perf_counter() - t0
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"{n} jobs: a job failed (exit codes {[p.returncode for p in procs]})")
+    per_job = []
+    for out in outs:
+        rounds = json.loads(out.strip().splitlines()[-1])["per_round"]
+        later = rounds[1:] if len(rounds) > 1 else rounds
+        per_job.append(sum(later) / len(later))
+    return {"jobs": n, "s_per_round": [round(x, 3) for x in per_job], "mean_s_per_round": round(sum(per_job) / n, 3),
+            "rounds_per_s": round(sum(1 / x for x in per_job), 3), "wall_s": round(wall, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", type=Path, default=ROOT / "config" / "studies" / "earlystop.yaml")
+    ap.add_argument("--study", default="earlystop")
+    ap.add_argument("--method", default="fedavg")
+    ap.add_argument("--jobs", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads per job")
+    ap.add_argument("--device", default="cuda", help="cuda (cpu only to try the script)")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--npz", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--partition", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("gpu_packing needs a CUDA device")
+    config = grid_cost.load_config(args.config)
+    first = grid_cost.grid_jobs(config, args.study)[0]
+    with tempfile.TemporaryDirectory(prefix="fmb-pack-") as tmp:
+        workdir = Path(tmp)
+        part, sources = grid_cost.make_data(workdir, config, args.study, first["setting"], first["dataset"])
+        npz = Path(next(iter(sources.values())))
+        results = [run_jobs(n, args, npz, part, workdir) for n in args.jobs]
+    base = results[0]["rounds_per_s"] / results[0]["jobs"]
+    for r in results:
+        r["throughput_vs_one"] = round(r["rounds_per_s"] / base, 2)
+    emit([{"bench": "gpu_packing", "study": args.study, "method": args.method, "rounds": args.rounds,
+           "threads_per_job": args.threads, "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+           "results": results}], args.out)
+
+
+if __name__ == "__main__":
+    main()
