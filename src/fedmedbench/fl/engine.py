@@ -24,6 +24,7 @@ Flower facts this module handles (flwr 1.41):
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -67,8 +68,8 @@ class HeldArray(Array):
 
     def __init__(self, value: np.ndarray | torch.Tensor) -> None:  # noqa: D107 - Array's fields set from the value
         self.__dict__["_held"] = value
-        dtype = value.dtype if isinstance(value, np.ndarray) else torch.empty(0, dtype=value.dtype).numpy().dtype
-        self.dtype, self.shape, self.stype = str(dtype), tuple(value.shape), SType.NUMPY
+        dtype = str(value.dtype) if isinstance(value, np.ndarray) else _numpy_dtype_name(value.dtype)
+        self.dtype, self.shape, self.stype = dtype, tuple(value.shape), SType.NUMPY
 
     @property
     def data(self) -> bytes:
@@ -93,6 +94,12 @@ class HeldArray(Array):
         """What the receiver gets: the held tensor itself, or (NumPy, or after serialisation) ``numpy()``."""
         held = self.__dict__.get("_held")
         return held if isinstance(held, torch.Tensor) else self.numpy()
+
+
+@functools.cache
+def _numpy_dtype_name(dtype: torch.dtype) -> str:
+    """The NumPy name of a torch dtype (as ``np.save`` of the tensor's host copy would record it)."""
+    return str(torch.empty(0, dtype=dtype).numpy().dtype)
 
 
 def _host(value: np.ndarray | torch.Tensor) -> np.ndarray:
