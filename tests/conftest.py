@@ -19,3 +19,17 @@ def breast_npz(tmp_path_factory, breast_arrays):
     path = tmp_path_factory.mktemp("data") / "breastmnist_28.npz"
     io.write_npz(path, breast_arrays)
     return path
+
+
+@pytest.fixture(scope="session")
+def blood_dir(tmp_path_factory):
+    """A folder with a small synthetic BloodMNIST (b.npz) and a 4-client FL-Simulator Dirichlet partition (p.json)."""
+    from helpers import split_labels
+
+    from fedmedbench import partition as P
+
+    d = tmp_path_factory.mktemp("blood")
+    arrays = synthetic.generate("bloodmnist", 28, seed=0, counts={"train": 240, "val": 40, "test": 80})
+    io.write_npz(d / "b.npz", arrays)
+    io.write_json(d / "p.json", P.build_partition(split_labels(arrays), "fls", 4, 0, {"alpha": 0.5}, num_classes=8))
+    return d

@@ -4,57 +4,34 @@ data, the device average and the metrics computed on the GPU."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import split_labels
+from test_device_arrays import make_spec
 from test_metrics import _sklearn
 
-from fedmedbench import io
-from fedmedbench import partition as P
-from fedmedbench.data import synthetic
 from fedmedbench.fl import engine
-from fedmedbench.fl import federation as fed
 from fedmedbench.fl.job import Job
 from fedmedbench.fl.registry import weighted_average
-from fedmedbench.fl.spec import RunSpec
 from fedmedbench.metrics import grouped_classification_metrics
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cuda")
-    arrays = synthetic.generate("bloodmnist", 28, seed=0, counts={"train": 240, "val": 40, "test": 80})
-    io.write_npz(d / "b.npz", arrays)
-    io.write_json(d / "p.json", P.build_partition(split_labels(arrays), "fls", 4, 0, {"alpha": 0.5}, num_classes=8))
-    return d
-
-
-def make_spec(d: Path, tag: str, **extra) -> RunSpec:
-    return fed.resolve_data_shapes(RunSpec(
-        run_dir=str(d / f"run-{tag}"), study="t", dataset="bloodmnist", setting="dir", method="fedavg", seed=0,
-        partition_path=str(d / "p.json"), sources={"base": str(d / "b.npz")}, image_size=28,
-        train={"rounds": 2, "local_epochs": 1, "batch_size": 16, "lr": 0.05, "aggregation": "uniform"},
-        clients_per_round=3, device="cuda", eval_every=1, **extra))
-
-
-def test_engine_keeps_arrays_on_the_gpu_with_the_host_paths_numbers(data):
+def test_engine_keeps_arrays_on_the_gpu_with_the_host_paths_numbers(blood_dir):
     logs: list[str] = []
-    engine.run(make_spec(data, "dev"), log=logs.append)
-    engine.run(make_spec(data, "host", device_arrays=False), log=lambda m: None)
+    engine.run(make_spec(blood_dir, "fedavg", "gpu-dev", device="cuda"), log=logs.append)
+    engine.run(make_spec(blood_dir, "fedavg", "gpu-host", device="cuda", device_arrays=False), log=lambda m: None)
     assert any("model arrays stay on cuda" in line for line in logs)
-    dev = torch.load(data / "run-dev" / "model.pt", weights_only=True)
-    host = torch.load(data / "run-host" / "model.pt", weights_only=True)
+    dev = torch.load(blood_dir / "run-fedavg-gpu-dev" / "model.pt", weights_only=True)
+    host = torch.load(blood_dir / "run-fedavg-gpu-host" / "model.pt", weights_only=True)
     # the same arithmetic; only cuDNN's kernel choices may differ between the two runs
     assert all(torch.allclose(dev[k].double(), host[k].double(), rtol=1e-4, atol=1e-5) for k in host)
 
 
-def test_client_data_is_cached_on_the_gpu(data):
-    job = Job(make_spec(data, "cache"))
+def test_client_data_is_cached_on_the_gpu(blood_dir):
+    job = Job(make_spec(blood_dir, "fedavg", "cache", device="cuda"))
     first = job.client_data(0)
     assert first is job.client_data(0) and first.train_x.is_cuda and first.train_y.is_cuda
 

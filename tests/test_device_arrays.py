@@ -10,11 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import split_labels
 
-from fedmedbench import io
-from fedmedbench import partition as P
-from fedmedbench.data import synthetic
 from fedmedbench.fl import checkpoint, engine
 from fedmedbench.fl import federation as fed
 from fedmedbench.fl import job as job_module
@@ -24,21 +20,12 @@ from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.stopping import DataFreeMonitor
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("devarrays")
-    arrays = synthetic.generate("bloodmnist", 28, seed=0, counts={"train": 240, "val": 40, "test": 80})
-    io.write_npz(d / "b.npz", arrays)
-    io.write_json(d / "p.json", P.build_partition(split_labels(arrays), "fls", 4, 0, {"alpha": 0.5}, num_classes=8))
-    return d
-
-
-def make_spec(d: Path, method: str, tag: str, **extra) -> RunSpec:
+def make_spec(d: Path, method: str, tag: str, device: str = "cpu", **extra) -> RunSpec:
     return fed.resolve_data_shapes(RunSpec(
         run_dir=str(d / f"run-{method}-{tag}"), study="t", dataset="bloodmnist", setting="dir", method=method, seed=0,
         partition_path=str(d / "p.json"), sources={"base": str(d / "b.npz")}, image_size=28,
         train={"rounds": 3, "local_epochs": 1, "batch_size": 16, "lr": 0.05, "momentum": 0.9, "aggregation": "uniform"},
-        clients_per_round=3, device="cpu", eval_every=1, **extra))
+        clients_per_round=3, device=device, eval_every=1, **extra))
 
 
 def test_tensor_average_is_the_numpy_average_bit_for_bit():
@@ -90,23 +77,23 @@ def _run(spec: RunSpec, monkeypatch, on: bool) -> tuple[dict, pd.DataFrame, list
 
 @pytest.mark.parametrize("method,params", [("fedavg", {}), ("fedavg", {"global_lr": 0.7}), ("fedprox", {"mu": 0.1}),
                                            ("fedsam", {"rho": 0.05})])
-def test_a_device_arrays_run_ends_as_the_host_arrays_run(data, monkeypatch, method, params):
-    host, host_rows, host_logs = _run(make_spec(data, method, "host", method_params=params), monkeypatch, on=False)
-    dev, dev_rows, dev_logs = _run(make_spec(data, method, "dev", method_params=params), monkeypatch, on=True)
+def test_a_device_arrays_run_ends_as_the_host_arrays_run(blood_dir, monkeypatch, method, params):
+    host, host_rows, host_logs = _run(make_spec(blood_dir, method, "host", method_params=params), monkeypatch, on=False)
+    dev, dev_rows, dev_logs = _run(make_spec(blood_dir, method, "dev", method_params=params), monkeypatch, on=True)
     assert any("model arrays stay on cpu" in line for line in dev_logs)
     assert not any("stay on" in line for line in host_logs)
     assert host.keys() == dev.keys() and all(torch.equal(host[k], dev[k]) for k in host)
     pd.testing.assert_frame_equal(host_rows, dev_rows)  # every metric, task norms included
 
 
-def test_device_arrays_only_where_they_apply(data, monkeypatch):
+def test_device_arrays_only_where_they_apply(blood_dir, monkeypatch):
     monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ("cuda", "cpu"))
-    assert Job(make_spec(data, "fedavg", "a")).keep_arrays_on_device(in_process=True)
-    assert not Job(make_spec(data, "fedavg", "b")).keep_arrays_on_device(in_process=False)  # Ray actors, deployed sites
-    assert not Job(make_spec(data, "scaffold", "c")).keep_arrays_on_device(in_process=True)  # NumPy server step
-    assert not Job(make_spec(data, "fedavg", "d", device_arrays=False)).keep_arrays_on_device(in_process=True)
+    assert Job(make_spec(blood_dir, "fedavg", "a")).keep_arrays_on_device(in_process=True)
+    assert not Job(make_spec(blood_dir, "fedavg", "b")).keep_arrays_on_device(in_process=False)  # Ray actors, deployed sites
+    assert not Job(make_spec(blood_dir, "scaffold", "c")).keep_arrays_on_device(in_process=True)  # NumPy server step
+    assert not Job(make_spec(blood_dir, "fedavg", "d", device_arrays=False)).keep_arrays_on_device(in_process=True)
     monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ("cuda",))
-    assert not Job(make_spec(data, "fedavg", "e")).keep_arrays_on_device(in_process=True)  # the default on a CPU
+    assert not Job(make_spec(blood_dir, "fedavg", "e")).keep_arrays_on_device(in_process=True)  # the default on a CPU
 
 
 def test_held_tensors_are_handed_over_and_serialise_as_numpy():
@@ -131,8 +118,8 @@ def test_task_norm_of_tensors_equals_numpy():
     assert abs(got - want) <= 1e-12 * want
 
 
-def test_theta0_is_written_once_and_checked_on_resume(data, tmp_path):
-    spec = make_spec(data, "fedavg", "theta0", keep_checkpoints=True)
+def test_theta0_is_written_once_and_checked_on_resume(blood_dir, tmp_path):
+    spec = make_spec(blood_dir, "fedavg", "theta0", keep_checkpoints=True)
     spec.run_dir = str(tmp_path / "run")
     engine.run(spec, log=lambda m: None)
     folder = checkpoint.checkpoint_dir(spec.run_dir)

@@ -199,6 +199,7 @@ class Federation:
             raise ValueError(f"client_validation = {spec.client_validation!r}: use mean, weighted or null")
         self.store = ClientStateStore(checkpoint.checkpoint_dir(spec.run_dir) / "clients")
         self._writer: checkpoint.BackgroundWriter | None = None  # set while run() goes
+        self._theta0_device: Arrays | None = None  # theta_0 as device tensors (device arrays), made once
         es = {"mode": "none", "tau": 0.01, "patience": 10, **spec.early_stopping}
         if es["mode"] not in ("none", "datafree"):
             raise ValueError(f"early_stopping.mode must be none or datafree, got {es['mode']}")
@@ -321,7 +322,7 @@ class Federation:
         stored = state.server_state["_theta0"]
         if not self.job.device_arrays:
             return {k: v.numpy() for k, v in stored.items()}
-        if getattr(self, "_theta0_device", None) is None:
+        if self._theta0_device is None:
             self._theta0_device = self.job.arrays(stored)
         return self._theta0_device
 
