@@ -1,11 +1,11 @@
 """Atomic server checkpoint after every completed round, and resume.
 
 ``<run_dir>/checkpoint/server.pt`` holds the round number, the global arrays, the
-method's server state, the metric rows so far and the run hash. The initial model theta_0
-(server state ``_theta0``, for the data-free stopping rule) never changes, so it is written once
-to ``theta0.pt`` and ``server.pt`` records its sha256 (checked on resume) instead of a copy per round. It is written to a
+method's server state, the metric rows so far and the run hash. It is written to a
 temp file and renamed, so a kill during the write leaves the previous round's
-checkpoint. Loading uses ``torch.load(weights_only=True)``: tensors and plain
+checkpoint. The initial model theta_0 (server state ``_theta0``, for the data-free stopping
+rule) never changes, so it is written once to ``theta0.pt``; ``server.pt`` records its sha256,
+checked on resume. Loading uses ``torch.load(weights_only=True)``: tensors and plain
 containers only, never arbitrary pickles. Client states live beside it
 (``checkpoint/clients``, see ``client_state``); the checkpoint records which client
 state files round r needs and their sha256, and loading checks them.

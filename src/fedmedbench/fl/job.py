@@ -148,13 +148,10 @@ class Job:
 
 
 def copy_into(model: torch.nn.Module, arrays: Arrays, keys: list[str]) -> None:
-    """Copy ``arrays`` (NumPy or tensors, any device) into the model's own tensors for every one of
-    its state keys: the values ``load_state_dict`` would set, by one grouped copy when the arrays are
-    tensors on the model's device."""
+    """Copy ``arrays[k]`` (NumPy or tensors, any device) into the model's own tensors for ``keys``
+    (the resident model's whole state): the values ``load_state_dict`` would set, by one grouped
+    copy when the arrays are tensors of the model's devices and dtypes."""
     state = model.state_dict()
-    if set(keys) != set(state):
-        load_arrays(model, arrays, keys)  # a partial state: the registry's checks and strictness
-        return
     missing = set(keys) - set(arrays)
     if missing:
         raise KeyError(f"arrays lack model keys: {sorted(missing)[:5]}")

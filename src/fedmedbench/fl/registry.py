@@ -281,19 +281,10 @@ def is_tensor_arrays(arrays: Arrays) -> bool:
     return bool(arrays) and isinstance(next(iter(arrays.values())), torch.Tensor)
 
 
-def as_numpy(arrays: Arrays) -> dict[str, np.ndarray]:
-    """Host NumPy arrays of ``arrays`` (tensors are copied to the host; arrays pass through)."""
-    return {k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for k, v in arrays.items()}
-
-
-def as_tensors(arrays: Arrays, device: torch.device | str | None = None,
-               dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+def as_tensors(arrays: Arrays, device: torch.device | str) -> dict[str, torch.Tensor]:
     """``arrays`` as tensors on ``device`` (NumPy arrays are copied; tensors already there pass through)."""
-    out = {}
-    for k, v in arrays.items():
-        t = v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v, order="C", copy=True))
-        out[k] = t.to(device=device if device is not None else t.device, dtype=dtype or t.dtype)
-    return out
+    return {k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v, order="C", copy=True))).to(device)
+            for k, v in arrays.items()}
 
 
 def arrays_to_tensors(arrays: Arrays) -> dict[str, torch.Tensor]:
