@@ -179,7 +179,7 @@ def deployment(study, tmp_path_factory):
 def test_three_sites_over_tls_match_the_simulation_bit_for_bit(study, deployment):
     _, spec = study
     fl, _ = deployment
-    server_spec, out = run_deployed(fl, spec, "deployed", 120)
+    server_spec, out = run_deployed(fl, spec, "deployed", 240)
     model = Path(server_spec.run_dir) / "model.pt"
     assert model.is_file(), out.stdout[-3000:] + out.stderr[-3000:]
     deployed = torch.load(model, weights_only=True)

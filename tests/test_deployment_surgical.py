@@ -148,7 +148,7 @@ def test_fedst_over_tls_matches_the_simulation_and_personal_parameters_stay(segm
     personal parameters (kept at the site) are the simulation's, bit for bit."""
     d, spec, _ = segmentation
     fl = federation
-    deployed, out = run_deployed(fl, RunSpec.from_dict(server_spec(spec)), "deployed", 120)
+    deployed, out = run_deployed(fl, RunSpec.from_dict(server_spec(spec)), "deployed", 240)
     assert (Path(deployed.run_dir) / "model.pt").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
     _same_model(spec.run_dir, deployed.run_dir)
     personal = set(get_method(spec.method, spec.method_params).personal(fed.new_model(spec)))

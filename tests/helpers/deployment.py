@@ -6,7 +6,9 @@ on the loopback interface; nothing else is contacted.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -69,6 +71,23 @@ class Federation:
     def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([str(BIN / "flwr"), *args], env=self.env, cwd=self.root, capture_output=True, text=True,
                               timeout=timeout)
+
+    def run_status(self, run_output: str) -> tuple[str, str]:
+        """The status and status details of the run that ``flwr run`` output names ("?" when it names none)."""
+        found = re.search(r"Successfully started run (\d+)", run_output)
+        if not found:
+            return "?", "no run was started"
+        listed = self.flwr("ls", "hospitals", "--run-id", found.group(1), "--format", "json")
+        try:
+            row = json.loads(listed.stdout)["runs"][0]
+        except (ValueError, KeyError, IndexError):
+            return "?", listed.stdout[-500:] + listed.stderr[-500:]
+        return str(row.get("status", "?")), str(row.get("status-details", ""))
+
+    def log_tails(self, chars: int = 1500) -> str:
+        """The last ``chars`` of every process log under the federation's root."""
+        return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-chars:]}"
+                         for log in sorted(self.root.glob("*.log")))
 
     def register(self, name: str) -> Path:
         private, public = credentials.make_node_key(self.root / "keys", name)
@@ -134,10 +153,23 @@ def _detached_children(parents: set[str]) -> list[int]:
     return found
 
 
-def run_deployed(fl: Federation, spec: RunSpec, name: str, timeout_s: int) -> tuple[RunSpec, subprocess.CompletedProcess]:
-    """``flwr run`` of ``spec`` (its server copy under ``fl.root/name``); returns that spec and the command's output."""
+def run_deployed(fl: Federation, spec: RunSpec, name: str, timeout_s: int,
+                 attempts: int = 2) -> tuple[RunSpec, subprocess.CompletedProcess]:
+    """``flwr run`` of ``spec`` (its server copy under ``fl.root/name``); returns that spec and the command's output.
+
+    A run that Flower itself ended (its ServerApp missed the SuperLink's heartbeat window on a
+    loaded machine, say) is started again, once: the server resumes from its checkpoint, as a site
+    operator would do. A run whose ServerApp raised is not retried. The returned output carries the
+    run's final status and the tails of the SuperLink and SuperNode logs, so a failure explains itself.
+    """
     server_spec = RunSpec.from_dict({**spec.to_dict(), "run_dir": str(fl.root / name)})
     io.write_json(fl.root / f"{name}.json", server_spec.to_dict())
-    out = fl.flwr("run", str(REPO), "hospitals", "--stream", "--run-config",
-                  f"server-spec-file='{fl.root / f'{name}.json'}' round-timeout-s={timeout_s}", timeout=300)
-    return server_spec, out
+    for attempt in range(1, attempts + 1):
+        out = fl.flwr("run", str(REPO), "hospitals", "--stream", "--run-config",
+                      f"server-spec-file='{fl.root / f'{name}.json'}' round-timeout-s={timeout_s}", timeout=600)
+        status, details = fl.run_status(out.stdout)
+        done = (Path(server_spec.run_dir) / "model.pt").is_file()
+        if done or "ServerApp failed with exception" in details or attempt == attempts:
+            break
+    report = f"\n--- run status (attempt {attempt}): {status} {details}\n{fl.log_tails()}"
+    return server_spec, subprocess.CompletedProcess(out.args, out.returncode, out.stdout + report, out.stderr)
