@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedmedbench.fl.client_state import RESTART_HINT, ClientStateStore
+from fedmedbench.fl.client_state import RESTART_HINT, ClientStateStore, copy_state
 from fedmedbench.fl.registry import arrays_to_tensors
 from fedmedbench.io import remove_temp_files, torch_bytes, write_bytes, write_torch
 
@@ -82,10 +82,13 @@ class BackgroundWriter:
 
 
 def save(run_dir: str | Path, state: RunState, run_hash: str, writer: BackgroundWriter | None = None,
-         then=None) -> Path:
-    """Checkpoint ``state``: serialised now (a consistent snapshot), written now or by ``writer`` in the
-    background; ``then`` (e.g. pruning client states the checkpoint no longer needs) runs once it is on disk."""
+         then=None, store: ClientStateStore | None = None) -> Path:
+    """Checkpoint ``state``: copied now (a consistent snapshot), then, now or by ``writer`` in the
+    background, the client states ``store`` still holds are written, the manifest of the client
+    states this round needs is taken from the disk, and ``server.pt`` is serialised and written;
+    ``then`` (e.g. pruning client states the checkpoint no longer needs) runs once it is on disk."""
     path = checkpoint_dir(run_dir) / "server.pt"
+    store = client_store(run_dir) if store is None else store
     server_state = dict(state.server_state)
     for name in WRITTEN_ONCE:
         if name in server_state:
@@ -94,17 +97,19 @@ def save(run_dir: str | Path, state: RunState, run_hash: str, writer: Background
         "run_hash": run_hash,
         "round": state.round,
         "arrays": arrays_to_tensors(state.arrays),
-        "server_state": server_state,
-        "rows": state.rows,
-        "client_rows": state.client_rows,
+        "server_state": copy_state(server_state),  # the method may change its tensors in place next round
+        # a round's rows are final when its checkpoint is taken; later rounds only add rows
+        "rows": list(state.rows),
+        "client_rows": list(state.client_rows),
         "elapsed": state.elapsed,
-        # which client state files this round needs, with their sha256 (checked on resume)
-        "client_states": client_store(run_dir).manifest(state.round),
     }
-    data = torch_bytes(payload)
+    unwritten = store.unwritten()
 
     def write() -> None:
-        write_bytes(path, data, what="server checkpoint")
+        store.write_unwritten(unwritten)
+        # which client state files this round needs, with their sha256 (checked on resume)
+        payload["client_states"] = store.manifest(state.round)
+        write_bytes(path, torch_bytes(payload), what="server checkpoint")
         if then is not None:
             then()
 

@@ -15,11 +15,22 @@ a clear error, never a silently different run.
 
 The same store serves Flower's ``context.state`` purpose in simulation and survives
 a killed job, which ``context.state`` does not.
+
+Where server and clients share one process (the inline backend), the store is *deferred*:
+``save`` keeps a copy of the state in memory and the server checkpoint writes every unwritten
+state (file and sidecar, as above) before it writes ``server.pt`` and its manifest, in the
+checkpoint's background thread. A client sampled again before that write reads the copy in
+memory. What reaches the disk, and when a checkpoint may name it, is unchanged; a ConvNeXtV2-nano
+sized state (60 MB) no longer costs a serialisation, a hash and an fsync on the round's
+critical path, nor a read when the client is sampled again soon. States that were never
+written belong to a round without a checkpoint, which a resumed run discards anyway.
 """
 
 from __future__ import annotations
 
+import copy
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +54,12 @@ def sha256_file(path: Path) -> str:
 
 
 class ClientStateStore:
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, deferred: bool = False) -> None:
         self.root = Path(root)
+        #: keep saved states in memory until :meth:`write_unwritten` (the server checkpoint) writes them
+        self.deferred = deferred
+        self._unwritten: dict[int, dict[int, dict[str, Any]]] = {}  # pid -> round -> state
+        self._lock = threading.Lock()
 
     def _dir(self, pid: int) -> Path:
         return self.root / f"{int(pid):05d}"
@@ -57,8 +72,12 @@ class ClientStateStore:
         return sorted(out)
 
     def load(self, pid: int, before_round: int) -> dict[str, Any]:
-        """Newest state saved in a round < ``before_round`` (empty dict if none)."""
+        """Newest state saved in a round < ``before_round`` (empty dict if none); a copy the caller may change."""
+        with self._lock:
+            held = {r: st for r, st in self._unwritten.get(int(pid), {}).items() if r < before_round}
         versions = [(r, p) for r, p in self._versions(pid) if r < before_round]
+        if held and (not versions or max(held) >= versions[-1][0]):
+            return copy_state(held[max(held)])
         if not versions:
             return {}
         path = versions[-1][1]
@@ -70,11 +89,42 @@ class ClientStateStore:
                                    f"archive); the file is damaged: {RESTART_HINT}") from exc
 
     def save(self, pid: int, rnd: int, state: dict[str, Any]) -> None:
+        """Client ``pid``'s state after round ``rnd``: written now, or (deferred) copied and held until
+        the round's checkpoint writes it."""
         if not state:
             return
+        if self.deferred:
+            held = copy_state(state)  # the caller's tensors may be the resident model's, changed by the next client
+            with self._lock:
+                self._unwritten.setdefault(int(pid), {})[int(rnd)] = held
+            return
+        self._write(int(pid), int(rnd), state)
+
+    def _write(self, pid: int, rnd: int, state: dict[str, Any]) -> None:
         path = self._dir(pid) / f"r{rnd:06d}.pt"
         digest = write_torch(path, state, what="client state")
         write_bytes(_sidecar(path), (digest + "\n").encode(), what="client state hash")
+
+    def unwritten(self) -> list[tuple[int, int, dict[str, Any]]]:
+        """The held states as (pid, round, state), in order: what the next checkpoint must write first."""
+        with self._lock:
+            return [(pid, rnd, st) for pid, by_round in sorted(self._unwritten.items()) for rnd, st in sorted(by_round.items())]
+
+    def write_unwritten(self, entries: list[tuple[int, int, dict[str, Any]]]) -> None:
+        """Write ``entries`` (from :meth:`unwritten`) to disk, then stop holding them (a state saved again
+        meanwhile stays held). Safe in a background thread while clients load and save."""
+        for pid, rnd, state in entries:
+            self._write(pid, rnd, state)
+            with self._lock:
+                by_round = self._unwritten.get(pid, {})
+                if by_round.get(rnd) is state:
+                    del by_round[rnd]
+                    if not by_round:
+                        del self._unwritten[pid]
+
+    def flush(self) -> None:
+        """Write every held state now."""
+        self.write_unwritten(self.unwritten())
 
     def manifest(self, upto_round: int) -> dict[str, dict[str, Any]]:
         """Per client (partition id as text): the round and sha256 of the state a run at ``upto_round`` uses."""
@@ -105,7 +155,11 @@ class ClientStateStore:
                     f"checkpoint of round {checkpoint_round} (the file was replaced or damaged): {RESTART_HINT}")
 
     def discard_after(self, rnd: int) -> None:
-        """Remove states written by rounds > ``rnd`` (they belong to an interrupted round)."""
+        """Remove states saved by rounds > ``rnd`` (they belong to an interrupted round)."""
+        with self._lock:
+            for by_round in self._unwritten.values():
+                for r in [r for r in by_round if r > rnd]:
+                    del by_round[r]
         for d in self.root.glob("*") if self.root.is_dir() else []:
             for r, p in self._versions(int(d.name)) if d.name.isdigit() else []:
                 if r > rnd:
@@ -121,6 +175,21 @@ class ClientStateStore:
             for _, p in committed[:-1]:
                 p.unlink(missing_ok=True)
                 _sidecar(p).unlink(missing_ok=True)
+
+
+def copy_state(obj: Any) -> Any:
+    """A deep copy of a client state as ``torch.load`` of its file returns it: tensors detached on the
+    CPU, containers rebuilt, plain values as they are."""
+    if isinstance(obj, torch.Tensor):
+        out = obj.detach().to("cpu", copy=True)
+        if isinstance(obj, torch.nn.Parameter):
+            return torch.nn.Parameter(out, requires_grad=obj.requires_grad)
+        return out.requires_grad_(obj.requires_grad)
+    if isinstance(obj, dict):
+        return {k: copy_state(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(copy_state(v) for v in obj)
+    return copy.deepcopy(obj)
 
 
 def _sidecar(path: Path) -> Path:

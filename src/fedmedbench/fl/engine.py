@@ -333,6 +333,7 @@ def _run_inline(spec: RunSpec, federation: fed.Federation, server_app: ServerApp
     log(f"{_job_name(spec)}: {federation.num_nodes} Flower node(s) in-process (inline backend), "
         f"{threads} thread(s), device {federation.device}")
     fed.client_threads = threads
+    federation.job.state_store.deferred = True  # the round's checkpoint writes what its clients saved
     if federation.job.keep_arrays_on_device(in_process=True):
         log(f"{_job_name(spec)}: model arrays stay on {federation.device} between server and clients")
     grid = InlineGrid(make_client_app(spec, federation.job), federation.num_nodes, seed=spec.seed)

@@ -99,7 +99,7 @@ def _client_context(
     job: Job, pid: int, rnd: int, arrays: Arrays, steps: int, broadcast: dict[str, Arrays] | None = None
 ) -> tuple[ClientContext, ClientStateStore]:
     torch.set_num_threads(client_threads)
-    store = ClientStateStore(checkpoint.checkpoint_dir(job.spec.run_dir) / "clients")
+    store = job.state_store
     # the centralized client's "local epoch" is one epoch's share of its round budget (the federation's
     # steps of one local epoch), so its per-epoch losses line up with the federated methods' epochs
     epochs = max(1, math.ceil(job.train.local_epochs))
@@ -197,7 +197,7 @@ class Federation:
             raise ValueError(f"client_models_round={self.keep_round} must be between 1 and train.rounds={self.train.rounds}")
         if spec.client_validation not in (None, "mean", "weighted"):  # before any client trains
             raise ValueError(f"client_validation = {spec.client_validation!r}: use mean, weighted or null")
-        self.store = ClientStateStore(checkpoint.checkpoint_dir(spec.run_dir) / "clients")
+        self.store = self.job.state_store
         self._writer: checkpoint.BackgroundWriter | None = None  # set while run() goes
         self._theta0_device: Arrays | None = None  # theta_0 as device tensors (device arrays), made once
         es = {"mode": "none", "tau": 0.01, "patience": 10, **spec.early_stopping}
@@ -313,7 +313,8 @@ class Federation:
         if self.spec.save_client_models and rnd == self.keep_round:
             self._save_final_client_models(results, new_arrays if rnd != self.train.rounds else None)
         # written while the next round trains; client states older than this checkpoint's go once it is on disk
-        checkpoint.save(self.spec.run_dir, new_state, self.run_hash, self._writer, then=lambda: self.store.prune(rnd))
+        checkpoint.save(self.spec.run_dir, new_state, self.run_hash, self._writer, then=lambda: self.store.prune(rnd),
+                        store=self.store)
         self._progress(row)
         return new_state
 

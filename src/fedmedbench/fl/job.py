@@ -16,16 +16,20 @@ owns what a job reuses across client calls:
   in one process) with an accelerator, for a method that declares ``device_arrays``, the global
   model, the client results and the average stay device tensors; nothing goes through the host
   per client.
+* the client-state store (``state_store``): deferred on the inline backend, where the server's
+  checkpoint writes the states the round's clients saved (see ``client_state``).
 """
 
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass, replace
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from fedmedbench.fl.client_state import ClientStateStore
 from fedmedbench.fl.registry import (
     Arrays,
     ClientData,
@@ -73,6 +77,8 @@ class Job:
         self._data_budget: int | None = None
         #: arrays between server and clients are device tensors (set by the engine: see :meth:`keep_arrays_on_device`)
         self.device_arrays = False
+        #: the clients' persistent states (``checkpoint/clients``); the engine defers its writes in-process
+        self.state_store = ClientStateStore(Path(spec.run_dir) / "checkpoint" / "clients")
 
     @property
     def task(self) -> Task:
