@@ -76,7 +76,9 @@ def _run(spec: RunSpec, monkeypatch, on: bool) -> tuple[dict, pd.DataFrame, list
 
 
 @pytest.mark.parametrize("method,params", [("fedavg", {}), ("fedavg", {"global_lr": 0.7}), ("fedprox", {"mu": 0.1}),
-                                           ("fedsam", {"rho": 0.05})])
+                                           ("fedsam", {"rho": 0.05}), ("scaffold", {}),
+                                           ("scaffold", {"global_lr": 0.7, "local_iterations": "per_client"}),
+                                           ("fedgamma", {"rho": 0.05})])
 def test_a_device_arrays_run_ends_as_the_host_arrays_run(blood_dir, monkeypatch, method, params):
     host, host_rows, host_logs = _run(make_spec(blood_dir, method, "host", method_params=params), monkeypatch, on=False)
     dev, dev_rows, dev_logs = _run(make_spec(blood_dir, method, "dev", method_params=params), monkeypatch, on=True)
@@ -90,7 +92,7 @@ def test_device_arrays_only_where_they_apply(blood_dir, monkeypatch):
     monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ("cuda", "cpu"))
     assert Job(make_spec(blood_dir, "fedavg", "a")).keep_arrays_on_device(in_process=True)
     assert not Job(make_spec(blood_dir, "fedavg", "b")).keep_arrays_on_device(in_process=False)  # Ray actors, deployed sites
-    assert not Job(make_spec(blood_dir, "scaffold", "c")).keep_arrays_on_device(in_process=True)  # NumPy server step
+    assert not Job(make_spec(blood_dir, "feddyn", "c")).keep_arrays_on_device(in_process=True)  # NumPy server step
     assert not Job(make_spec(blood_dir, "fedavg", "d", device_arrays=False)).keep_arrays_on_device(in_process=True)
     monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ("cuda",))
     assert not Job(make_spec(blood_dir, "fedavg", "e")).keep_arrays_on_device(in_process=True)  # the default on a CPU
@@ -145,3 +147,20 @@ def test_checkpoint_arrays_from_tensors_own_their_memory():
     flat = torch.arange(10, dtype=torch.float32)
     out = arrays_to_tensors({"a": flat[:4].view(2, 2), "b": flat[4:]})
     assert out["a"].untyped_storage().nbytes() == 16 and torch.equal(out["b"], flat[4:])
+
+
+def test_a_scaffold_client_sends_its_model_and_delta_c_as_device_tensors(blood_dir, monkeypatch):
+    monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ("cuda", "cpu"))
+    job = Job(make_spec(blood_dir, "scaffold", "client"))
+    assert job.keep_arrays_on_device(in_process=True)
+    model = job.new_model()
+    arrays = job.arrays(model_arrays(model, job.shared_keys()))
+    result = fed.client_train(job, 0, 1, arrays, steps=2)
+    assert all(isinstance(v, torch.Tensor) for v in result.arrays.values())
+    delta_c = result.extras["delta_c"]
+    assert set(delta_c) == {n for n, p in model.named_parameters() if p.requires_grad}
+    assert all(isinstance(v, torch.Tensor) and v.dtype == torch.float32 for v in delta_c.values())
+    held = job.state_store.unwritten() if job.state_store.deferred else []
+    assert held == []  # not deferred outside the engine: the state is on disk, on the CPU
+    c_i = job.state_store.load(0, before_round=2)["c_i"]
+    assert all(torch.equal(c_i[n], delta_c[n]) for n in delta_c)  # first round: c = c_i = 0, so delta_c = c_i+

@@ -243,10 +243,12 @@ class Federation:
         return self.client_steps[pid]
 
     # -- one round ----------------------------------------------------------------
-    @staticmethod
-    def broadcast(state: checkpoint.RunState) -> dict[str, Arrays]:
-        """The named array sets sent to clients with the global model (stored in server state)."""
+    def broadcast(self, state: checkpoint.RunState) -> dict[str, Arrays]:
+        """The named array sets sent to clients with the global model (stored in server state), in the
+        form of the run's arrays (device tensors with device arrays)."""
         stored = state.server_state.get("_broadcast", {})
+        if self.job.device_arrays:
+            return {name: self.job.arrays(dict(arrays)) for name, arrays in stored.items()}
         return {name: {k: v.numpy() for k, v in arrays.items()} for name, arrays in stored.items()}
 
     def aggregate(self, state: checkpoint.RunState, rnd: int, results: dict[int, ClientResult]) -> Arrays:

@@ -177,17 +177,34 @@ def to_tensors(arrays: Arrays, keys, device: torch.device | None = None) -> Tens
 
 
 def state_tensors(state: dict[str, Any], name: str, like: Tensors) -> Tensors:
-    """A per-client vector kept in ``ctx.state`` (zeros the first time)."""
+    """A per-client vector kept in ``ctx.state`` (zeros the first time), where ``like``'s tensors are."""
     stored = state.get(name)
     if stored is None:
-        return {n: torch.zeros_like(t, device="cpu") for n, t in like.items()}
-    return {n: stored[n].clone() for n in like}
+        return {n: torch.zeros_like(t) for n, t in like.items()}
+    return {n: stored[n].to(like[n].device, copy=True) for n in like}
 
 
 def delta(model: nn.Module, global_arrays: Arrays) -> Tensors:
-    """theta_local - theta_global over trainable parameters (CPU float32)."""
-    return {n: p.detach().cpu().float() - torch.from_numpy(np.asarray(global_arrays[n], dtype=np.float32))
-            for n, p in trainable(model).items()}
+    """theta_local - theta_global over trainable parameters, float32: on the CPU from NumPy arrays,
+    on the model's device from tensor arrays (a job that keeps its arrays on the device)."""
+    out = {}
+    for n, p in trainable(model).items():
+        g = global_arrays[n]
+        if isinstance(g, torch.Tensor):
+            out[n] = p.detach().float() - g.to(p.device, torch.float32)
+        else:
+            out[n] = p.detach().cpu().float() - torch.from_numpy(np.asarray(g, dtype=np.float32))
+    return out
+
+
+def client_tensors(ctx: ClientContext) -> Tensors:
+    """The model's trainable parameters (detached) where a client's vectors live: on the CPU, or on the
+    device when the job keeps its arrays there."""
+    return {n: p.detach() if ctx.device_arrays else p.detach().cpu() for n, p in trainable(ctx.model).items()}
+
+
+def as_float32(x: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+    return x.to(torch.float32) if isinstance(x, torch.Tensor) else x.astype(np.float32)
 
 
 class ServerOptMethod(Method):
@@ -256,5 +273,12 @@ def tensors_to_arrays(t: Tensors) -> Arrays:
     return {k: v.detach().cpu().numpy().astype(np.float32) for k, v in t.items()}
 
 
+def sent_vectors(ctx: ClientContext, t: Tensors) -> Arrays:
+    """A client's vectors as it sends them: float32 NumPy, or the tensors themselves with device arrays."""
+    return {k: v.detach() for k, v in t.items()} if ctx.device_arrays else tensors_to_arrays(t)
+
+
 def arrays_to_vector(a: Arrays) -> Tensors:
-    return {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in a.items()}
+    """float32 tensors of a broadcast array set (copies: the broadcast is shared by every client)."""
+    return {k: v.detach().to(torch.float32, copy=True) if isinstance(v, torch.Tensor)
+            else torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in a.items()}

@@ -17,19 +17,20 @@ from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
     StepHooks,
     arrays_to_vector,
+    as_float32,
+    client_tensors,
     delta,
     local_iterations,
     local_loop_metrics,
+    sent_vectors,
     state_tensors,
-    tensors_to_arrays,
-    trainable,
 )
-from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, model_arrays, register_method
+from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, register_method
 
 
 def control_correction(ctx: ClientContext, c_name: str = "c") -> tuple[dict, dict, dict]:
     """(c, c_i, c - c_i) for this client; c from the broadcast (zeros before the first update)."""
-    like = {n: p.detach().cpu() for n, p in trainable(ctx.model).items()}
+    like = client_tensors(ctx)
     c = arrays_to_vector(ctx.broadcast[c_name]) if c_name in ctx.broadcast else {n: t * 0 for n, t in like.items()}
     c_i = state_tensors(ctx.state, "c_i", like)
     return c, c_i, {n: c[n] - c_i[n] for n in like}
@@ -47,12 +48,13 @@ def server_control_update(ctx: ServerContext, name: str = "c") -> None:
     """c <- c + sum_i delta_c_i / N, kept in the broadcast."""
     deltas = [r.extras["delta_c"] for r in ctx.results]
     old = ctx.broadcast.get(name) or {k: v * 0 for k, v in deltas[0].items()}
-    ctx.broadcast[name] = {k: (old[k] + sum(d[k] for d in deltas) / ctx.num_clients).astype("float32") for k in old}
+    ctx.broadcast[name] = {k: as_float32(old[k] + sum(d[k] for d in deltas) / ctx.num_clients) for k in old}
 
 
 @register_method("scaffold")
 class Scaffold(ServerOptMethod):
     extra_records = ("delta_c",)
+    device_arrays = True
 
     def __init__(self, local_iterations: str = "reference", **params) -> None:
         super().__init__(**params)
@@ -68,8 +70,8 @@ class Scaffold(ServerOptMethod):
         c, c_i, corr = control_correction(ctx)
         metrics = local_loop_metrics(ctx, StepHooks(perturb=self.perturbation(), correction=corr))
         ctx.state["c_i"], dc = updated_control(ctx, c, c_i, local_iterations(ctx, self.k_form))
-        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train,
-                            metrics=metrics, extras={"delta_c": tensors_to_arrays(dc)})
+        return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train,
+                            metrics=metrics, extras={"delta_c": sent_vectors(ctx, dc)})
 
     def aggregate(self, ctx: ServerContext):
         server_control_update(ctx)
