@@ -56,9 +56,9 @@ def direct_client_states() -> None:
     class Direct(client_state.ClientStateStore):
         deferred = property(lambda self: False, lambda self, value: None)
 
-    import fedmedbench.fl.job as job_module
+    from fedmedbench.fl import checkpoint
 
-    job_module.ClientStateStore = Direct
+    checkpoint.ClientStateStore = Direct  # the class Job's store (checkpoint.client_store) is made of
 
 
 def git_head() -> str:

@@ -22,7 +22,7 @@ state (file and sidecar, as above) before it writes ``server.pt`` and its manife
 checkpoint's background thread. A client sampled again before that write reads the copy in
 memory. What reaches the disk, and when a checkpoint may name it, is unchanged; a ConvNeXtV2-nano
 sized state (60 MB) no longer costs a serialisation, a hash and an fsync on the round's
-critical path, nor a read when the client is sampled again soon. States that were never
+critical path. States that were never
 written belong to a round without a checkpoint, which a resumed run discards anyway.
 """
 
@@ -112,8 +112,12 @@ class ClientStateStore:
 
     def write_unwritten(self, entries: list[tuple[int, int, dict[str, Any]]]) -> None:
         """Write ``entries`` (from :meth:`unwritten`) to disk, then stop holding them (a state saved again
-        meanwhile stays held). Safe in a background thread while clients load and save."""
+        meanwhile stays held). An entry an earlier checkpoint wrote meanwhile is skipped. Safe in a
+        background thread while clients load and save."""
         for pid, rnd, state in entries:
+            with self._lock:
+                if self._unwritten.get(pid, {}).get(rnd) is not state:
+                    continue
             self._write(pid, rnd, state)
             with self._lock:
                 by_round = self._unwritten.get(pid, {})
@@ -121,10 +125,6 @@ class ClientStateStore:
                     del by_round[rnd]
                     if not by_round:
                         del self._unwritten[pid]
-
-    def flush(self) -> None:
-        """Write every held state now."""
-        self.write_unwritten(self.unwritten())
 
     def manifest(self, upto_round: int) -> dict[str, dict[str, Any]]:
         """Per client (partition id as text): the round and sha256 of the state a run at ``upto_round`` uses."""

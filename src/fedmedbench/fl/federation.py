@@ -248,7 +248,7 @@ class Federation:
         form of the run's arrays (device tensors with device arrays)."""
         stored = state.server_state.get("_broadcast", {})
         if self.job.device_arrays:
-            return {name: self.job.arrays(dict(arrays)) for name, arrays in stored.items()}
+            return {name: self.job.arrays(arrays) for name, arrays in stored.items()}
         return {name: {k: v.numpy() for k, v in arrays.items()} for name, arrays in stored.items()}
 
     def aggregate(self, state: checkpoint.RunState, rnd: int, results: dict[int, ClientResult]) -> Arrays:

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 from dataclasses import fields, is_dataclass, replace
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from fedmedbench.fl.client_state import ClientStateStore
+from fedmedbench.fl.checkpoint import client_store
 from fedmedbench.fl.registry import (
     Arrays,
     ClientData,
@@ -78,7 +77,7 @@ class Job:
         #: arrays between server and clients are device tensors (set by the engine: see :meth:`keep_arrays_on_device`)
         self.device_arrays = False
         #: the clients' persistent states (``checkpoint/clients``); the engine defers its writes in-process
-        self.state_store = ClientStateStore(Path(spec.run_dir) / "checkpoint" / "clients")
+        self.state_store = client_store(spec.run_dir)
 
     @property
     def task(self) -> Task:
