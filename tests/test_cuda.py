@@ -19,13 +19,18 @@ from fedmedbench.metrics import grouped_classification_metrics
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def test_engine_keeps_arrays_on_the_gpu_with_the_host_paths_numbers(blood_dir):
+EARLYSTOP_METHODS = ["fedavg", "fedprox", "scaffold", "feddyn", "fedsam", "fedspeed", "fedsmoo", "fedgamma", "fedlesam",
+                     "fedwmsam"]
+
+
+@pytest.mark.parametrize("method", EARLYSTOP_METHODS)
+def test_engine_keeps_arrays_on_the_gpu_with_the_host_paths_numbers(blood_dir, method):
     logs: list[str] = []
-    engine.run(make_spec(blood_dir, "fedavg", "gpu-dev", device="cuda"), log=logs.append)
-    engine.run(make_spec(blood_dir, "fedavg", "gpu-host", device="cuda", device_arrays=False), log=lambda m: None)
+    engine.run(make_spec(blood_dir, method, "gpu-dev", device="cuda"), log=logs.append)
+    engine.run(make_spec(blood_dir, method, "gpu-host", device="cuda", device_arrays=False), log=lambda m: None)
     assert any("model arrays stay on cuda" in line for line in logs)
-    dev = torch.load(blood_dir / "run-fedavg-gpu-dev" / "model.pt", weights_only=True)
-    host = torch.load(blood_dir / "run-fedavg-gpu-host" / "model.pt", weights_only=True)
+    dev = torch.load(blood_dir / f"run-{method}-gpu-dev" / "model.pt", weights_only=True)
+    host = torch.load(blood_dir / f"run-{method}-gpu-host" / "model.pt", weights_only=True)
     # the same arithmetic; only cuDNN's kernel choices may differ between the two runs
     assert all(torch.allclose(dev[k].double(), host[k].double(), rtol=1e-4, atol=1e-5) for k in host)
 

@@ -78,7 +78,13 @@ def _run(spec: RunSpec, monkeypatch, on: bool) -> tuple[dict, pd.DataFrame, list
 @pytest.mark.parametrize("method,params", [("fedavg", {}), ("fedavg", {"global_lr": 0.7}), ("fedprox", {"mu": 0.1}),
                                            ("fedsam", {"rho": 0.05}), ("scaffold", {}),
                                            ("scaffold", {"global_lr": 0.7, "local_iterations": "per_client"}),
-                                           ("fedgamma", {"rho": 0.05})])
+                                           ("fedgamma", {"rho": 0.05}), ("feddyn", {"lamb": 0.1}),
+                                           ("feddyn", {"lamb": 0.1, "global_lr": 0.7}),
+                                           ("fedsmoo", {"rho": 0.05, "lamb": 0.1}), ("fedspeed", {"rho": 0.05, "lamb": 0.1}),
+                                           ("fedlesam", {"rho": 0.05}),
+                                           ("fedlesam", {"rho": 0.05, "estimate": "previous_global"}),
+                                           ("fedwmsam", {"rho": 0.05}),
+                                           ("fedwmsam", {"rho": 0.05, "local_iterations": "per_client"})])
 def test_a_device_arrays_run_ends_as_the_host_arrays_run(blood_dir, monkeypatch, method, params):
     host, host_rows, host_logs = _run(make_spec(blood_dir, method, "host", method_params=params), monkeypatch, on=False)
     dev, dev_rows, dev_logs = _run(make_spec(blood_dir, method, "dev", method_params=params), monkeypatch, on=True)
@@ -92,7 +98,7 @@ def test_device_arrays_only_where_they_apply(blood_dir, monkeypatch):
     monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ("cuda", "cpu"))
     assert Job(make_spec(blood_dir, "fedavg", "a")).keep_arrays_on_device(in_process=True)
     assert not Job(make_spec(blood_dir, "fedavg", "b")).keep_arrays_on_device(in_process=False)  # Ray actors, deployed sites
-    assert not Job(make_spec(blood_dir, "feddyn", "c")).keep_arrays_on_device(in_process=True)  # NumPy server step
+    assert not Job(make_spec(blood_dir, "moon", "c")).keep_arrays_on_device(in_process=True)  # NumPy client and server steps
     assert not Job(make_spec(blood_dir, "fedavg", "d", device_arrays=False)).keep_arrays_on_device(in_process=True)
     monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ("cuda",))
     assert not Job(make_spec(blood_dir, "fedavg", "e")).keep_arrays_on_device(in_process=True)  # the default on a CPU
@@ -149,18 +155,52 @@ def test_checkpoint_arrays_from_tensors_own_their_memory():
     assert out["a"].untyped_storage().nbytes() == 16 and torch.equal(out["b"], flat[4:])
 
 
-def test_a_scaffold_client_sends_its_model_and_delta_c_as_device_tensors(blood_dir, monkeypatch):
+@pytest.mark.parametrize("method,sent,kept", [("scaffold", "delta_c", "c_i"), ("fedwmsam", "delta_c", "c_i"),
+                                              ("fedsmoo", "mu", "mu_i")])
+def test_a_client_sends_its_model_and_vectors_as_device_tensors(blood_dir, monkeypatch, method, sent, kept):
     monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ("cuda", "cpu"))
-    job = Job(make_spec(blood_dir, "scaffold", "client"))
+    job = Job(make_spec(blood_dir, method, "client"))
     assert job.keep_arrays_on_device(in_process=True)
     model = job.new_model()
     arrays = job.arrays(model_arrays(model, job.shared_keys()))
     result = fed.client_train(job, 0, 1, arrays, steps=2)
     assert all(isinstance(v, torch.Tensor) for v in result.arrays.values())
-    delta_c = result.extras["delta_c"]
-    assert set(delta_c) == {n for n, p in model.named_parameters() if p.requires_grad}
-    assert all(isinstance(v, torch.Tensor) and v.dtype == torch.float32 for v in delta_c.values())
+    vectors = result.extras[sent]
+    assert set(vectors) == {n for n, p in model.named_parameters() if p.requires_grad}
+    assert all(isinstance(v, torch.Tensor) and v.dtype == torch.float32 for v in vectors.values())
     assert not job.state_store.deferred and job.state_store.unwritten() == []  # outside the engine: written at once
-    c_i = torch.load(Path(job.spec.run_dir) / "checkpoint" / "clients" / "00000" / "r000001.pt", weights_only=True)["c_i"]
-    assert all(v.device.type == "cpu" for v in c_i.values())
-    assert all(torch.equal(c_i[n], delta_c[n]) for n in delta_c)  # first round: c = c_i = 0, so delta_c = c_i+
+    state = torch.load(Path(job.spec.run_dir) / "checkpoint" / "clients" / "00000" / "r000001.pt", weights_only=True)
+    assert all(v.device.type == "cpu" for v in state[kept].values())
+    # first round: c = c_i = 0, so delta_c = c_i+ (SCAFFOLD, FedWMSAM); FedSMOO sends its dual mu_i itself
+    assert all(torch.equal(state[kept][n], vectors[n]) for n in vectors)
+
+
+class _Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("method,params", [("feddyn", {"lamb": 0.1}), ("fedsmoo", {"rho": 0.05, "lamb": 0.1}),
+                                           ("fedlesam", {"rho": 0.05, "estimate": "previous_global"}),
+                                           ("fedwmsam", {"rho": 0.05})])
+def test_a_device_arrays_run_killed_and_resumed_ends_as_the_host_run(blood_dir, monkeypatch, method, params):
+    """Server state (FedDyn's h, FedWMSAM's momentum and alpha, FedSMOO's s) and client states (h_i, mu_i,
+    c_i, the previous global model) come back from the checkpoint on the CPU and go on where the arrays are."""
+    host, host_rows, _ = _run(make_spec(blood_dir, method, "host-k", method_params=params), monkeypatch, on=False)
+    spec = make_spec(blood_dir, method, "dev-k", method_params=params)
+    finish = fed.Federation.finish_round
+
+    def killed_after_round_2(self, state, rnd, *args, **kwargs):
+        new = finish(self, state, rnd, *args, **kwargs)
+        if rnd == 2:
+            raise _Killed
+        return new
+
+    monkeypatch.setattr(fed.Federation, "finish_round", killed_after_round_2)
+    with pytest.raises(_Killed):
+        _run(spec, monkeypatch, on=True)
+    monkeypatch.setattr(fed.Federation, "finish_round", finish)
+    dev, dev_rows, logs = _run(spec, monkeypatch, on=True)
+    assert any("resuming from checkpoint at round 2/3" in line for line in logs)
+    assert any("model arrays stay on cpu" in line for line in logs)
+    assert host.keys() == dev.keys() and all(torch.equal(host[k], dev[k]) for k in host)
+    pd.testing.assert_frame_equal(host_rows, dev_rows)

@@ -31,6 +31,7 @@ from fedmedbench.fl.registry import (
     ClientResult,
     Method,
     ServerContext,
+    is_tensor_arrays,
     weighted_average,
 )
 from fedmedbench.fl.training import (
@@ -203,8 +204,32 @@ def client_tensors(ctx: ClientContext) -> Tensors:
     return {n: p.detach() if ctx.device_arrays else p.detach().cpu() for n, p in trainable(ctx.model).items()}
 
 
+def kept_vectors(ctx: ClientContext, t: Tensors) -> Tensors:
+    """A client's vectors as its state keeps them: detached, on the CPU, or where they are with device arrays."""
+    return {n: v.detach() if ctx.device_arrays else v.detach().cpu() for n, v in t.items()}
+
+
 def as_float32(x: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
     return x.to(torch.float32) if isinstance(x, torch.Tensor) else x.astype(np.float32)
+
+
+def vectors64(arrays: Arrays, keys) -> Tensors:
+    """float64 copies of ``arrays[k]`` as tensors where the arrays are (NumPy arrays: on the CPU), so a
+    server step's arithmetic is written once, in torch, for host and device arrays alike."""
+    return {k: arrays[k].to(torch.float64, copy=True) if isinstance(arrays[k], torch.Tensor)
+            else torch.from_numpy(np.array(arrays[k], dtype=np.float64)) for k in keys}
+
+
+def in_form_of(t: Tensors, like: Arrays, dtype: torch.dtype | None = None) -> Arrays:
+    """``t`` cast to ``dtype`` (default: each entry's dtype in ``like``) and in ``like``'s form: NumPy
+    arrays on the host path, tensors where they are with device arrays."""
+    tensor_form = is_tensor_arrays(like)
+    out: Arrays = {}
+    for k, v in t.items():
+        target = dtype or (like[k].dtype if tensor_form else torch.from_numpy(np.empty(0, like[k].dtype)).dtype)
+        v = v.to(target)
+        out[k] = v if tensor_form else v.numpy()
+    return out
 
 
 class ServerOptMethod(Method):

@@ -12,29 +12,24 @@ This equals FedDyn's  theta = mean(theta_i) - h_server/alpha  with alpha = lambd
 
 from __future__ import annotations
 
-import numpy as np
+import torch
 
 from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
     StepHooks,
+    client_tensors,
     delta,
+    in_form_of,
     local_loop_metrics,
     state_tensors,
     to_tensors,
-    trainable,
+    vectors64,
 )
-from fedmedbench.fl.registry import (
-    Arrays,
-    ClientContext,
-    ClientResult,
-    ServerContext,
-    model_arrays,
-    register_method,
-)
+from fedmedbench.fl.registry import Arrays, ClientContext, ClientResult, ServerContext, register_method
 
 
 def dyn_hooks(ctx: ClientContext, lamb: float) -> tuple[StepHooks, dict]:
-    like = {n: p.detach().cpu() for n, p in trainable(ctx.model).items()}
+    like = client_tensors(ctx)
     h_i = state_tensors(ctx.state, "h_i", like)
     theta_g = to_tensors(ctx.global_arrays, like)
     return StepHooks(correction={n: lamb * (h_i[n] - theta_g[n]) for n in like}, extra_weight_decay=lamb), h_i
@@ -46,25 +41,28 @@ def dyn_client_update(ctx: ClientContext, h_i: dict) -> None:
 
 
 def dyn_server_update(method: ServerOptMethod, ctx: ServerContext) -> Arrays:
-    """h += sum of sampled updates / N; theta = mean(theta_i) + h (params); buffers averaged."""
+    """h += sum of sampled updates / N; theta = mean(theta_i) + h (params); buffers averaged.
+    h (float64) is kept in the server state where the arrays are."""
     keys = method.param_keys(ctx)
-    h = ctx.state.get("h")
-    h = {k: v.numpy().astype(np.float64) for k, v in h.items()} if h is not None else {
-        k: np.zeros_like(ctx.global_arrays[k], dtype=np.float64) for k in keys}
+    theta_g = vectors64(ctx.global_arrays, keys)
+    stored = ctx.state.get("h")
+    h = {k: torch.zeros_like(v) for k, v in theta_g.items()} if stored is None else {
+        k: stored[k].to(theta_g[k].device, torch.float64, copy=True) for k in keys}
     for r in ctx.results:
+        theta_i = vectors64(r.arrays, keys)
         for k in keys:
-            h[k] += (r.arrays[k].astype(np.float64) - ctx.global_arrays[k].astype(np.float64)) / ctx.num_clients
-    import torch
-
-    ctx.state["h"] = {k: torch.from_numpy(v) for k, v in h.items()}
-    out = method.average(ctx)
-    for k in keys:
-        out[k] = (out[k].astype(np.float64) + h[k]).astype(out[k].dtype)
+            h[k] += (theta_i[k] - theta_g[k]) / ctx.num_clients
+    ctx.state["h"] = h
+    out = dict(method.average(ctx))
+    mean = vectors64(out, keys)
+    out.update(in_form_of({k: mean[k] + h[k] for k in keys}, out))
     return out
 
 
 @register_method("feddyn")
 class FedDyn(ServerOptMethod):
+    device_arrays = True
+
     def __init__(self, lamb: float = 0.1, **params) -> None:
         super().__init__(**params)
         if lamb <= 0:
@@ -75,7 +73,7 @@ class FedDyn(ServerOptMethod):
         hooks, h_i = dyn_hooks(ctx, self.lamb)
         metrics = local_loop_metrics(ctx, hooks)
         dyn_client_update(ctx, h_i)
-        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics=metrics)
+        return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train, metrics=metrics)
 
     def aggregate(self, ctx: ServerContext) -> Arrays:
         return dyn_server_update(self, ctx)

@@ -15,24 +15,28 @@ Server: FedAvg (and broadcasts the last global update for estimate="last_update"
 
 from __future__ import annotations
 
-import numpy as np
+import torch
 
 from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
     StepHooks,
     arrays_to_vector,
+    client_tensors,
     flat_norm,
+    in_form_of,
     local_loop_metrics,
     to_tensors,
-    trainable,
+    vectors64,
 )
-from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, model_arrays, register_method
+from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, register_method
 
 ESTIMATES = ("previous_global", "last_update")
 
 
 @register_method("fedlesam")
 class FedLESAM(ServerOptMethod):
+    device_arrays = True
+
     def __init__(self, rho: float = 0.1, estimate: str = "last_update", **params) -> None:
         super().__init__(**params)
         if rho < 0:
@@ -42,17 +46,17 @@ class FedLESAM(ServerOptMethod):
         self.rho, self.estimate = float(rho), estimate
 
     def direction(self, ctx: ClientContext) -> dict | None:
-        like = trainable(ctx.model)
+        like = client_tensors(ctx)
         if self.estimate == "last_update":
             if "last_update" not in ctx.broadcast:
                 return None
             return {n: -t for n, t in arrays_to_vector(ctx.broadcast["last_update"]).items()}
         theta_g = to_tensors(ctx.global_arrays, like)
         prev = ctx.state.get("prev_global")
-        ctx.state["prev_global"] = theta_g
+        ctx.state["prev_global"] = {n: t.clone() for n, t in theta_g.items()}  # never the broadcast's own tensors
         if prev is None:
             return None
-        return {n: prev[n] - theta_g[n] for n in like}
+        return {n: prev[n].to(theta_g[n].device) - theta_g[n] for n in like}
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         d = self.direction(ctx)
@@ -61,12 +65,12 @@ class FedLESAM(ServerOptMethod):
             e = {n: (t * (self.rho / (flat_norm(d) + 1e-7))).to(ctx.device) for n, t in d.items()}
             perturb = lambda model, xb, yb: e  # noqa: E731 - constant over the round
         metrics = local_loop_metrics(ctx, StepHooks(perturb=perturb))
-        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics=metrics)
+        return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train, metrics=metrics)
 
     def aggregate(self, ctx: ServerContext):
         new = super().aggregate(ctx)
         if self.estimate == "last_update":
-            ctx.broadcast["last_update"] = {
-                k: (new[k].astype(np.float64) - ctx.global_arrays[k].astype(np.float64)).astype(np.float32)
-                for k in self.param_keys(ctx)}
+            keys = self.param_keys(ctx)
+            new64, old64 = vectors64(new, keys), vectors64(ctx.global_arrays, keys)
+            ctx.broadcast["last_update"] = in_form_of({k: new64[k] - old64[k] for k in keys}, new, torch.float32)
         return new

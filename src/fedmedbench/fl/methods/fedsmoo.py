@@ -11,25 +11,29 @@ clients (broadcast).
 
 from __future__ import annotations
 
-import numpy as np
+import torch
 
 from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
     arrays_to_vector,
+    client_tensors,
     flat_norm,
     gradient_at,
+    in_form_of,
+    kept_vectors,
     local_loop_metrics,
+    sent_vectors,
     state_tensors,
-    tensors_to_arrays,
-    trainable,
+    vectors64,
 )
 from fedmedbench.fl.methods.feddyn import dyn_client_update, dyn_hooks, dyn_server_update
-from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, model_arrays, register_method
+from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, register_method
 
 
 @register_method("fedsmoo")
 class FedSMOO(ServerOptMethod):
     extra_records = ("mu",)
+    device_arrays = True
 
     def __init__(self, rho: float = 0.1, lamb: float = 0.1, **params) -> None:
         super().__init__(**params)
@@ -38,7 +42,7 @@ class FedSMOO(ServerOptMethod):
         self.rho, self.lamb = float(rho), float(lamb)
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
-        like = {n: p.detach().cpu() for n, p in trainable(ctx.model).items()}
+        like = client_tensors(ctx)
         mu = {n: t.to(ctx.device) for n, t in state_tensors(ctx.state, "mu_i", like).items()}
         s = arrays_to_vector(ctx.broadcast["s"]) if "s" in ctx.broadcast else {n: t * 0 for n, t in like.items()}
         s = {n: t.to(ctx.device) for n, t in s.items()}
@@ -55,13 +59,15 @@ class FedSMOO(ServerOptMethod):
         hooks.perturb = perturb
         metrics = local_loop_metrics(ctx, hooks)
         dyn_client_update(ctx, h_i)
-        ctx.state["mu_i"] = {n: t.detach().cpu() for n, t in mu.items()}
-        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train,
-                            metrics=metrics, extras={"mu": tensors_to_arrays(ctx.state["mu_i"])})
+        ctx.state["mu_i"] = kept_vectors(ctx, mu)
+        return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train,
+                            metrics=metrics, extras={"mu": sent_vectors(ctx, ctx.state["mu_i"])})
 
     def aggregate(self, ctx: ServerContext):
-        mus = [r.extras["mu"] for r in ctx.results]
-        mean = {k: np.mean([m[k] for m in mus], axis=0, dtype=np.float64) for k in mus[0]}
-        norm = float(np.sqrt(sum((v**2).sum() for v in mean.values()))) + 1e-7
-        ctx.broadcast["s"] = {k: (v / norm * self.rho).astype(np.float32) for k, v in mean.items()}
+        """s = rho * mean(mu_i) / ||mean(mu_i)|| over the sampled clients, then FedDyn's step."""
+        first = ctx.results[0].extras["mu"]
+        mus = [vectors64(r.extras["mu"], first) for r in ctx.results]
+        mean = {k: sum(m[k] for m in mus) / len(mus) for k in first}
+        norm = float(torch.sqrt(sum((v * v).sum() for v in mean.values()))) + 1e-7
+        ctx.broadcast["s"] = in_form_of({k: v / norm * self.rho for k, v in mean.items()}, first, torch.float32)
         return dyn_server_update(self, ctx)

@@ -8,11 +8,13 @@ Server: FedDyn's: h += sum of updates / N, theta = mean(theta_i) + h.
 from fedmedbench.fl.methods._sgd import ServerOptMethod, local_loop_metrics
 from fedmedbench.fl.methods.feddyn import dyn_client_update, dyn_hooks, dyn_server_update
 from fedmedbench.fl.methods.fedsam import SAMMixin
-from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, model_arrays, register_method
+from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, register_method
 
 
 @register_method("fedspeed")
 class FedSpeed(SAMMixin, ServerOptMethod):
+    device_arrays = True
+
     def __init__(self, rho: float = 0.1, lamb: float = 0.1, **params) -> None:
         super().__init__(**params)
         if rho < 0 or lamb <= 0:
@@ -24,7 +26,7 @@ class FedSpeed(SAMMixin, ServerOptMethod):
         hooks.perturb = self.sam_perturb
         metrics = local_loop_metrics(ctx, hooks)
         dyn_client_update(ctx, h_i)
-        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train, metrics=metrics)
+        return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train, metrics=metrics)
 
     def aggregate(self, ctx: ServerContext):
         return dyn_server_update(self, ctx)

@@ -29,19 +29,22 @@ from fedmedbench.fl.methods._sgd import (
     StepHooks,
     arrays_to_vector,
     flat_norm,
+    in_form_of,
     local_iterations,
     local_loop_metrics,
-    tensors_to_arrays,
+    sent_vectors,
     to_tensors,
     trainable,
+    vectors64,
 )
 from fedmedbench.fl.methods.scaffold import control_correction, server_control_update, updated_control
-from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, model_arrays, register_method
+from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, register_method
 
 
 @register_method("fedwmsam")
 class FedWMSAM(ServerOptMethod):
     extra_records = ("delta_c",)
+    device_arrays = True
 
     def __init__(self, rho: float = 0.1, alpha: float = 0.1, perturbation_sign: int = -1,
                  local_iterations: str = "reference", **params) -> None:
@@ -56,11 +59,11 @@ class FedWMSAM(ServerOptMethod):
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         like = trainable(ctx.model)
         alpha = float(ctx.broadcast["alpha"]["alpha"]) if "alpha" in ctx.broadcast else self.alpha0
-        m = arrays_to_vector(ctx.broadcast["momentum"]) if "momentum" in ctx.broadcast else {
-            n: torch.zeros_like(p, device="cpu") for n, p in like.items()}
         c, c_i, corr = control_correction(ctx)
+        m = arrays_to_vector(ctx.broadcast["momentum"]) if "momentum" in ctx.broadcast else {
+            n: torch.zeros_like(t) for n, t in corr.items()}
         m_i = {n: (m[n] + corr[n] * alpha / (1 - alpha)).to(ctx.device) for n in like}
-        target = {n: t.to(ctx.device) for n, t in to_tensors(ctx.global_arrays, like).items()}
+        target = {n: t.to(ctx.device, copy=True) for n, t in to_tensors(ctx.global_arrays, like).items()}
 
         def perturb(model, xb, yb):
             d = {n: target[n] - p.detach() for n, p in like.items()}
@@ -75,33 +78,34 @@ class FedWMSAM(ServerOptMethod):
         metrics = local_loop_metrics(ctx, hooks)
         k = local_iterations(ctx, self.k_form)
         ctx.state["c_i"], dc = updated_control(ctx, c, c_i, k)
-        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train,
+        return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train,
                             metrics={**metrics, "k_lr": k * ctx.train.lr_at(ctx.rnd)},
-                            extras={"delta_c": tensors_to_arrays(dc)})
+                            extras={"delta_c": sent_vectors(ctx, dc)})
 
     def aggregate(self, ctx: ServerContext):
         keys = self.param_keys(ctx)
-        deltas = [{k: r.arrays[k].astype(np.float64) - ctx.global_arrays[k].astype(np.float64) for k in keys}
-                  for r in ctx.results]
+        theta_g = vectors64(ctx.global_arrays, keys)
+        deltas = [{k: v - theta_g[k] for k, v in vectors64(r.arrays, keys).items()} for r in ctx.results]
         alpha = float(ctx.broadcast["alpha"]["alpha"]) if "alpha" in ctx.broadcast else self.alpha0
-        m_old = (np.concatenate([ctx.broadcast["momentum"][k].ravel() for k in keys]).astype(np.float64)
+        m_old = (torch.cat([v.reshape(-1) for v in vectors64(ctx.broadcast["momentum"], keys).values()])
                  if "momentum" in ctx.broadcast else None)
-        sims = [similarity(np.concatenate([d[k].ravel() for k in keys]), m_old) for d in deltas]
+        sims = [similarity(torch.cat([d[k].reshape(-1) for k in keys]), m_old) for d in deltas]
         alpha = 0.99 * alpha + 0.01 * float(np.clip(np.mean(sims), 0.1, 0.9))
         server_control_update(ctx)
         w = self.weights(ctx)
         k_lr = [float(r.metrics["k_lr"]) for r in ctx.results]
         decay = ctx.train.lr_decay
-        ctx.broadcast["momentum"] = {
-            k: (-sum(wi * d[k] / kl for wi, d, kl in zip(w, deltas, k_lr, strict=True)) * decay).astype(np.float32)
-            for k in keys}
+        momentum = {k: -sum(float(wi) * d[k] / kl for wi, d, kl in zip(w, deltas, k_lr, strict=True)) * decay
+                    for k in keys}
+        ctx.broadcast["momentum"] = in_form_of(momentum, ctx.global_arrays, torch.float32)
         ctx.broadcast["alpha"] = {"alpha": np.asarray(alpha, dtype=np.float64)}
         return super().aggregate(ctx)
 
 
-def similarity(a: np.ndarray, b: np.ndarray | None) -> float:
+def similarity(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor | None) -> float:
     """v = 1 + cos(a, b); 0 when either vector is zero (or absent), as the reference computes it."""
     if b is None:
         return 0.0
-    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-    return 0.0 if na == 0 or nb == 0 else float(a @ b / (na * nb)) + 1.0
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    na, nb = float(torch.linalg.vector_norm(a)), float(torch.linalg.vector_norm(b))
+    return 0.0 if na == 0 or nb == 0 else float(torch.dot(a, b.to(a.device))) / (na * nb) + 1.0
