@@ -7,10 +7,12 @@ dataset at its official split sizes, through the engine, on ``--device``. Second
 (the first round, which builds caches, is timed apart and left out when more than one round
 runs) times every job's round budget gives the grid's device-hours, one job at a time.
 Methods not timed (``--methods``) are costed at the mean of the timed ones (said in the row).
-Studies whose jobs are not ``train_federated`` runs (fedst, ultraflwr: surgical video
-pipelines) are listed with their job and round counts only.
+The surgical video studies (fedst, ultraflwr) time their jobs on the pipeline's own surgical data,
+which must be built first (``_surgical_cost.py``; ``--surgical-dir``).
 
     python bench/grid_cost.py --config config/studies/earlystop.yaml --rounds 3 --methods fedavg scaffold
+    python bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 --methods fedst seg_fedavg
+    python bench/grid_cost.py --config config/studies/ultraflwr.yaml --rounds 3 --methods FedAvg
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _report import emit  # noqa: E402
+from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
 
 from fedmedbench import io  # noqa: E402
 from fedmedbench import partition as P  # noqa: E402
@@ -162,6 +165,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds timed per method (the first is left out when > 1)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--surgical-dir", type=Path,
+                    help="the pipeline's surgical data folder (default: resources/surgical/<surgical.origin>)")
     ap.add_argument("--out", type=Path, help="append the results as JSON lines")
     args = ap.parse_args()
     import torch
@@ -177,11 +182,14 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
                 rows.append(study_cost(config, study, args.methods, args.rounds, device, args.threads, Path(tmp)))
             emit(rows[-1:], args.out)
-        for name in ("fedst", "ultraflwr"):
-            if name in config:
-                rows.append({"bench": "grid_cost", "study": name, "config": str(path), "timed": False,
-                             "note": "surgical video pipeline: not timed by this script"})
-                emit(rows[-1:], args.out)
+        surgical = args.surgical_dir or Path("resources") / "surgical" / config["surgical"]["origin"]
+        has_runs = {"fedst": config["fedst"].get("enabled", False), "ultraflwr": bool(config["ultraflwr"].get("groups"))}
+        for name, cost in (("fedst", fedst_cost), ("ultraflwr", ultraflwr_cost)):
+            if not has_runs[name] or (args.study and name not in args.study):
+                continue
+            with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
+                rows.append(cost(config, path, args.methods, args.rounds, device, args.threads, Path(tmp), surgical))
+            emit(rows[-1:], args.out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,150 @@
+"""Grid cost of the surgical video studies (fedst, ultraflwr) for ``grid_cost.py``.
+
+Their jobs read the pipeline's own surgical data (``<surgical-dir>/clips`` for fedst,
+``<surgical-dir>/yolo/<group>/<setting>/manifest.json`` for ultraflwr): build those first with
+Snakemake from the same config (real data for a real estimate; the demo's synthetic videos
+only check the path). Each timed method runs a few rounds of the study's own configuration
+through the engine; evaluation is left to the last timed round, so a round's training time and
+an evaluation's time are measured apart:
+
+    train_s = mean of rounds 2 .. R-1   eval_s = round R - train_s
+
+and a job costs ``rounds x train_s + evaluations x eval_s`` (evaluations: every
+``eval_every``-th round and the last). Weights are not loaded (random init costs the same), and
+a CLIP indicator is timed as one-hot (its prompts are embedded once per job).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fedmedbench.fl import engine
+from fedmedbench.fl.spec import RunSpec
+
+
+def evaluations(rounds: int, every: int) -> int:
+    """Evaluated rounds of a job: every ``every``-th round and the last one."""
+    every = max(1, int(every))
+    return rounds // every + (1 if rounds % every else 0)
+
+
+def split_rounds(per_round: list[float]) -> tuple[float, float, str]:
+    """(training s/round, one evaluation's s, how) from per-round times whose last round alone evaluated."""
+    if len(per_round) >= 3:
+        train = float(np.mean(per_round[1:-1]))
+        return train, max(0.0, per_round[-1] - train), "rounds 2..R-1 train only; round R adds the evaluation"
+    return float(per_round[-1]), 0.0, "fewer than 3 rounds: the evaluation is not split out"
+
+
+def time_spec(spec: RunSpec) -> list[float]:
+    """Run the job (a fresh run folder); seconds of each round from the metric rows' elapsed_s."""
+    shutil.rmtree(spec.run_dir, ignore_errors=True)
+    engine.run(spec, log=lambda m: None)
+    elapsed = pd.read_csv(Path(spec.run_dir) / "metrics.csv")["elapsed_s"].to_numpy()
+    return np.diff(np.concatenate([[0.0], elapsed])).tolist()
+
+
+def _missing(path: Path, target: Path, study: str, config_path: Path) -> SystemExit:
+    return SystemExit(f"{study}: {path} is missing; build the study's surgical data first: "
+                      f"snakemake --cores N {target} --configfile {config_path}")
+
+
+def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, rounds: int, device: str, threads: int,
+               workdir: Path, surgical: Path) -> dict[str, Any]:
+    from fedmedbench.studies.fedst import runs as FS
+
+    cfg = config["fedst"]
+    clips = surgical / "clips"
+    if not (clips / "sites.json").exists():
+        raise _missing(clips / "sites.json", clips, "fedst", config_path)
+    timed_cfg = {**cfg, "model": {**cfg["model"], "encoder_weights": None},
+                 "indicator": {**cfg["indicator"], "clip_weights": None,
+                               "kind": "onehot" if cfg["indicator"]["kind"] == "clip" else cfg["indicator"]["kind"]},
+                 "train": {**cfg["train"], "rounds": rounds}, "eval": {**cfg["eval"], "eval_every": rounds}}
+    main_steps = FS.train_config(cfg, "main")[1]
+    timed = [m for m in (methods or ["fedst"]) if m in cfg["methods"]] or list(cfg["methods"][:1])
+    rates: dict[str, tuple[float, float]] = {}
+    row: dict[str, Any] = {"bench": "grid_cost", "study": "fedst", "device": device, "surgical_dir": str(surgical)}
+    for method in timed:
+        d = FS.run_spec(timed_cfg, "main", method, 0, str(clips), str(workdir / f"fedst-{method}"), None, device, threads,
+                        "timing")
+        train_s, eval_s, how = split_rounds(time_spec(RunSpec.from_dict(d)))
+        rates[method] = (train_s, eval_s)
+        row["split"] = how
+    mean = tuple(float(np.mean([r[i] for r in rates.values()])) for i in (0, 1))
+    jobs = FS.runs(cfg)
+    seconds = 0.0
+    for variant, method, _seed in jobs:
+        train, steps = FS.train_config(cfg, variant)
+        train_s, eval_s = rates.get(method, mean)
+        scale = steps / main_steps if steps and main_steps else 1.0  # comm<k>: k iterations; synmix: twice
+        seconds += int(train["rounds"]) * train_s * scale + evaluations(int(train["rounds"]), cfg["eval"]["eval_every"]) * eval_s
+    pre_s = 0.0
+    if cfg["pretrain"].get("enabled", True):
+        per_step = pretrain_step_s(cfg, str(clips), device, workdir)
+        pre_s = per_step * int(cfg["pretrain"]["steps"]) * len(cfg["seeds"])
+        row["pretrain_s_per_step"] = round(per_step, 4)
+    row.update(jobs=len(jobs), job_rounds=sum(int(FS.train_config(cfg, v)[0]["rounds"]) for v, _, _ in jobs),
+               rounds_timed=rounds, local_steps=main_steps, input_size=cfg["data"]["input_size"],
+               train_s_per_round={k: round(v[0], 3) for k, v in rates.items()},
+               eval_s={k: round(v[1], 3) for k, v in rates.items()},
+               untimed_methods_at_mean=sorted(set(cfg["methods"]) - set(rates)),
+               variants_scaled_by_local_steps=True, pretrain_jobs=len(cfg["seeds"]) if pre_s else 0,
+               not_costed="each job's deployment evaluation (out-of-federation site, unseen set, FPS)",
+               device_seconds=round(seconds + pre_s), device_hours=round((seconds + pre_s) / 3600, 1))
+    return row
+
+
+def pretrain_step_s(cfg: dict, clips: str, device: str, workdir: Path, steps: int = 5) -> float:
+    """Seconds per synthetic pre-training step (the training time the pre-trained file records)."""
+    from fedmedbench.studies.fedst import runs as FS
+
+    params = {**FS.pretrain_params(cfg, clips), "steps": steps, "enabled": True}
+    params["indicator"] = {**params["indicator"], "kind": "onehot"} if params["indicator"]["kind"] == "clip" else params["indicator"]
+    out = workdir / "pretrained.pt"
+    FS.pretrain(params, 0, out, device, log=lambda m: None)
+    return float(torch.load(out, weights_only=True)["_pretrain_s"]) / steps
+
+
+def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, rounds: int, device: str, threads: int,
+                   workdir: Path, surgical: Path) -> dict[str, Any]:
+    from fedmedbench.studies.ultraflwr import runs as UFR
+
+    uf = config["ultraflwr"]
+    timed_uf = {**uf, "train": {**uf["train"], "rounds": rounds}, "eval": {**uf["eval"], "every": rounds}}
+    strategies = [m for m in (methods or ["FedAvg"]) if m in uf["strategies"]] or list(uf["strategies"][:1])
+    row: dict[str, Any] = {"bench": "grid_cost", "study": "ultraflwr", "device": device, "surgical_dir": str(surgical)}
+    rates: dict[str, dict[str, tuple[float, float]]] = {}
+    for group, settings in uf["groups"].items():  # groups differ in datasets and sizes: each timed on its first setting
+        manifest = surgical / "yolo" / group / settings[0] / "manifest.json"
+        if not manifest.exists():
+            raise _missing(manifest, surgical / "yolo" / group, "ultraflwr", config_path)
+        for strategy in strategies:
+            r = {"ugroup": group, "usetting": settings[0], "strategy": strategy, "seedset": uf["seed_sets"][0]}
+            d = {**UFR.run_spec(timed_uf, r, str(surgical), None, device, "timing"),
+                 "run_dir": str(workdir / f"uf-{group}-{strategy}"), "threads": threads}
+            train_s, eval_s, how = split_rounds(time_spec(RunSpec.from_dict(d)))
+            rates.setdefault(group, {})[strategy] = (train_s, eval_s)
+            row["split"] = how
+    jobs = list(UFR.runs(uf))
+    n_rounds, every = int(uf["train"]["rounds"]), int(uf["eval"]["every"])
+    seconds = 0.0
+    for job in jobs:
+        group_rates = rates[job["ugroup"]]
+        mean = tuple(float(np.mean([v[i] for v in group_rates.values()])) for i in (0, 1))
+        train_s, eval_s = group_rates.get(job["strategy"], mean)
+        seconds += n_rounds * train_s + evaluations(n_rounds, every) * eval_s
+    row.update(jobs=len(jobs), job_rounds=len(jobs) * n_rounds, rounds_timed=rounds, imgsz=uf["train"]["imgsz"],
+               local_epochs=uf["train"]["epochs"],
+               train_s_per_round={g: {k: round(v[0], 3) for k, v in r.items()} for g, r in rates.items()},
+               eval_s={g: {k: round(v[1], 3) for k, v in r.items()} for g, r in rates.items()},
+               untimed_strategies_at_mean=sorted(set(UFR.strategies(uf)) - set(strategies)),
+               device_seconds=round(seconds), device_hours=round(seconds / 3600, 1))
+    return row
+
