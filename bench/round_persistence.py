@@ -10,6 +10,7 @@ same script with ``PYTHONPATH=<tree>/src``.
 
     python bench/round_persistence.py --method scaffold --rounds 5
     python bench/round_persistence.py --method scaffold --rounds 5 --direct
+    python bench/round_persistence.py --method scaffold --rounds 5 --device cuda   # device arrays on
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--direct", action="store_true", help="write each client state when it is saved")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     limit_threads(args.threads)
@@ -91,7 +93,7 @@ def main() -> None:
             seed=0, partition_path=str(part), sources={"base": str(npz)}, image_size=args.image_size,
             model=args.model, train={"rounds": args.rounds, "local_epochs": 1, "batch_size": args.per_client,
                                      "lr": 0.01, "aggregation": "uniform"},
-            clients_per_round=args.per_round, device="cpu", threads=args.threads, eval_every=args.rounds,
+            clients_per_round=args.per_round, device=args.device, threads=args.threads, eval_every=args.rounds,
             log_every=args.rounds)
         t0 = time.perf_counter()
         engine.run(spec, log=lambda m: None)
@@ -99,7 +101,7 @@ def main() -> None:
         ends = pd.read_csv(Path(spec.run_dir) / "metrics.csv")["elapsed_s"].tolist()
         per_round = np.diff([0.0, *ends])
         emit([{"bench": "round_persistence", "code": git_head(), "method": args.method, "model": args.model,
-               "clients": args.clients, "per_round": args.per_round, "rounds": args.rounds,
+               "clients": args.clients, "per_round": args.per_round, "rounds": args.rounds, "device": args.device,
                "client_states": "direct" if args.direct else "default", "total_s": round(total, 2),
                "steady_s_per_round": round(float(np.mean(per_round[1:-1])), 3),  # the last round also evaluates
                "round_s": [round(float(x), 3) for x in per_round]}], args.out)
