@@ -137,7 +137,7 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
     jobs = grid_jobs(config, study)
     row = {"bench": "grid_cost", "study": study, "device": device, "jobs": len(jobs),
            "job_rounds": sum(j["rounds"] for j in jobs), "model": st["model"]["name"]}
-    timed = [m for m in (methods or st["methods"][:1]) if m in st["methods"]]
+    timed = [m for m in (methods or []) if m in st["methods"]] or st["methods"][:1]  # names of other studies skipped
     first = jobs[0]
     part, sources = make_data(workdir, config, study, first["setting"], first["dataset"])
     s_per_round: dict[str, float] = {}
