@@ -16,15 +16,13 @@ a CLIP indicator is timed as one-hot (its prompts are embedded once per job).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
+from _timing import time_spec
 
-from fedmedbench.fl import engine
 from fedmedbench.fl.spec import RunSpec
 
 
@@ -40,14 +38,6 @@ def split_rounds(per_round: list[float]) -> tuple[float, float, str]:
         train = float(np.mean(per_round[1:-1]))
         return train, max(0.0, per_round[-1] - train), "rounds 2..R-1 train only; round R adds the evaluation"
     return float(per_round[-1]), 0.0, "fewer than 3 rounds: the evaluation is not split out"
-
-
-def time_spec(spec: RunSpec) -> list[float]:
-    """Run the job (a fresh run folder); seconds of each round from the metric rows' elapsed_s."""
-    shutil.rmtree(spec.run_dir, ignore_errors=True)
-    engine.run(spec, log=lambda m: None)
-    elapsed = pd.read_csv(Path(spec.run_dir) / "metrics.csv")["elapsed_s"].to_numpy()
-    return np.diff(np.concatenate([[0.0], elapsed])).tolist()
 
 
 def _missing(path: Path, target: Path, study: str, config_path: Path) -> SystemExit:

@@ -18,10 +18,8 @@ which must be built first (``_surgical_cost.py``; ``--surgical-dir``).
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -33,14 +31,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _report import emit  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
+from _timing import time_spec  # noqa: E402
 
 from fedmedbench import io  # noqa: E402
 from fedmedbench import partition as P  # noqa: E402
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.data import synthetic  # noqa: E402
-from fedmedbench.fl import engine  # noqa: E402
 from fedmedbench.fl.spec import RunSpec  # noqa: E402
-from fedmedbench.fl.tasks.base import _task_cached  # noqa: E402
 
 
 def load_config(path: Path) -> dict:
@@ -117,20 +114,6 @@ def job_spec(workdir: Path, config: dict, study: str, job: dict, part: Path, sou
     )
 
 
-def time_rounds(spec: RunSpec) -> tuple[float, list[float]]:
-    """Run the job; seconds of the first round and of each later one (from the metric rows' elapsed_s)."""
-    import pandas as pd
-
-    _task_cached.cache_clear()
-    shutil.rmtree(spec.run_dir, ignore_errors=True)
-    t0 = time.perf_counter()
-    engine.run(spec, log=lambda m: None)
-    wall = time.perf_counter() - t0
-    elapsed = pd.read_csv(Path(spec.run_dir) / "metrics.csv")["elapsed_s"].to_numpy()
-    per_round = np.diff(np.concatenate([[0.0], elapsed]))
-    return wall, per_round.tolist()
-
-
 def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int, device: str, threads: int,
                workdir: Path) -> dict:
     st = config["studies"][study]
@@ -143,7 +126,7 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
     s_per_round: dict[str, float] = {}
     for method in timed:
         spec = job_spec(workdir, config, study, {**first, "method": method}, part, sources, rounds, device, threads)
-        _, per_round = time_rounds(spec)
+        per_round = time_spec(spec)
         later = per_round[1:] if len(per_round) > 1 else per_round
         s_per_round[method] = float(np.mean(later))
         row.setdefault("first_round_s", {})[method] = round(per_round[0], 2)

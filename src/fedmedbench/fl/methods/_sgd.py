@@ -201,7 +201,7 @@ def delta(model: nn.Module, global_arrays: Arrays) -> Tensors:
 def client_tensors(ctx: ClientContext) -> Tensors:
     """The model's trainable parameters (detached) where a client's vectors live: on the CPU, or on the
     device when the job keeps its arrays there."""
-    return {n: p.detach() if ctx.device_arrays else p.detach().cpu() for n, p in trainable(ctx.model).items()}
+    return kept_vectors(ctx, trainable(ctx.model))
 
 
 def kept_vectors(ctx: ClientContext, t: Tensors) -> Tensors:
@@ -235,7 +235,8 @@ def in_form_of(t: Tensors, like: Arrays, dtype: torch.dtype | None = None) -> Ar
 class ServerOptMethod(Method):
     """FedAvg-style server: average the client states, global lr on the parameters' update.
     A subclass whose client and server steps use only the tensor-aware helpers (``ctx.result_arrays``,
-    ``to_tensors``, ``average``, ``apply_global_lr``) sets ``device_arrays``."""
+    ``to_tensors``, ``average``, ``apply_global_lr``; ``vectors64`` then ``in_form_of`` for its own server
+    arithmetic) sets ``device_arrays``."""
 
     device_data = True  # local_loop indexes batches wherever the data is
 
