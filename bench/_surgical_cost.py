@@ -94,11 +94,12 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
 def pretrain_step_s(cfg: dict, clips: str, device: str, workdir: Path, steps: int = 5) -> float:
     """Seconds per synthetic pre-training step (the training time the pre-trained file records)."""
     from fedmedbench.studies.fedst import runs as FS
+    from fedmedbench.studies.fedst.pretrain import pretrain
 
     params = {**FS.pretrain_params(cfg, clips), "steps": steps, "enabled": True}
     params["indicator"] = {**params["indicator"], "kind": "onehot"} if params["indicator"]["kind"] == "clip" else params["indicator"]
     out = workdir / "pretrained.pt"
-    FS.pretrain(params, 0, out, device, log=lambda m: None)
+    pretrain(params, 0, out, device, log=lambda m: None)
     return float(torch.load(out, weights_only=True)["_pretrain_s"]) / steps
 
 

@@ -39,7 +39,7 @@ CHILD = """
 import json, sys
 sys.path.insert(0, {src!r})
 from fedmedbench.compat import limit_threads
-from fedmedbench.studies.fedst.runs import deploy_eval
+from fedmedbench.studies.fedst.deploy import deploy_eval
 from fedmedbench.fl import engine
 from fedmedbench.fl.spec import RunSpec
 limit_threads({threads})

@@ -1,7 +1,7 @@
 """Snakemake entry: FedST's synthetic pre-training (the initial model of every site and of SERQ)."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.compat import limit_threads
-from fedmedbench.studies.fedst.runs import pretrain
+from fedmedbench.studies.fedst.pretrain import pretrain
 from fedmedbench.runlog import log_to
 from fedmedbench.weights import fetch as weights
 

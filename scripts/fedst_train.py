@@ -3,7 +3,8 @@
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench import io
 from fedmedbench.compat import limit_threads
-from fedmedbench.studies.fedst.runs import deploy_eval, pin_initial_model
+from fedmedbench.studies.fedst.deploy import deploy_eval
+from fedmedbench.studies.fedst.runs import pin_initial_model
 from fedmedbench.fl import engine
 from fedmedbench.fl.spec import for_job
 from fedmedbench.runlog import log_to

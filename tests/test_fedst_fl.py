@@ -17,6 +17,7 @@ from fedmedbench.fl import federation as fed
 from fedmedbench.fl.job import Job
 from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.studies.fedst import deploy
 from fedmedbench.studies.fedst import runs as FS
 
 SITES = {"A": "federated", "B": "federated", "E": "out_of_federation", "sim": "server"}
@@ -140,7 +141,7 @@ def test_fedst_keeps_query_embeddings_and_selection_on_site_and_averages_the_res
     assert not torch.equal(s0[q], s1[q])
     assert not torch.equal(s0["cs.indicator"], s1["cs.indicator"])
     # the deployed model (site E) averages the personal parameters after training
-    dep = FS.deployed_model(spec, method, state.arrays, [4, 4])
+    dep = deploy.deployed_model(spec, method, state.arrays, [4, 4])
     assert torch.allclose(dep.state_dict()[q], (s0[q] + s1[q]) / 2)
 
 
@@ -155,7 +156,7 @@ def test_fedst_with_serq_updates_its_server_state_and_broadcasts_shared_only(cli
     for k in ("decoder.fuse.1.running_mean", "decoder.fuse.1.running_var"):  # Eq. 12 keeps the sites' BN statistics
         assert np.allclose(state.arrays[k], (last[0].arrays[k] + last[1].arrays[k]) / 2, atol=1e-6)
     assert not any(".attn.q." in k for k in state.arrays if k.startswith("encoder."))
-    out = FS.deploy_eval(spec, state, "E", "E", 1)
+    out = deploy.deploy_eval(spec, state, "E", "E", 1)
     assert 0.0 <= out["outfed_dice"] <= 1.0 and "unseen_dice_instrument" in out
     assert out["comm_mb_per_round"] > 0
 
@@ -165,7 +166,7 @@ def test_local_train_sends_nothing_and_fedavg_sends_everything(clips, tmp_path):
     transport = Recorder(spec)
     fed.Federation(spec, log=lambda m: None).run(transport)
     assert all(r.arrays == {} for _, _, res in transport.replies for r in res.values())
-    assert FS.communication_mb(get_method("seg_local"), fed.new_model(spec)) == 0.0
+    assert deploy.communication_mb(get_method("seg_local"), fed.new_model(spec)) == 0.0
     spec = make_spec(clips, tmp_path, "seg_fedavg")
     model = fed.new_model(spec)
     assert set(get_method("seg_fedavg").shared_keys(model)) == set(model.state_dict()) - {"cs.indicator"}

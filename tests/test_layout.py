@@ -129,3 +129,26 @@ def test_architecture_names_every_rule():
     assert rules and sorted(r for r in rules if f"`{r}`" not in text) == []
     for f in (ROOT / "rules").glob("*.smk"):
         assert f"rules/{f.name}" in text, f.name
+
+
+def _workflow_imports() -> list[str]:
+    """The fedmedbench modules the Snakefile and rules/*.smk import (what the workflow reads while it plans)."""
+    text = "\n".join(p.read_text() for p in [ROOT / "Snakefile", *sorted((ROOT / "rules").glob("*.smk"))])
+    names = set(re.findall(r"^import (fedmedbench[\w.]*)", text, flags=re.M))
+    for pkg, what in re.findall(r"^from (fedmedbench[\w.]*) import ([\w, ]+)", text, flags=re.M):
+        for item in (w.strip() for w in what.split(",")):
+            names.add(f"{pkg}.{item}" if (SRC.parent / pkg.replace(".", "/") / f"{item}.py").exists() else pkg)
+    return sorted(names)
+
+
+def test_workflow_plans_without_torch():
+    """Every Snakemake invocation (and each SLURM job, which runs Snakemake twice) parses the workflow:
+    importing torch there would cost seconds per invocation."""
+    names = _workflow_imports()
+    assert {"fedmedbench.studies.fedst.runs", "fedmedbench.fl.spec", "fedmedbench.configcheck"} <= set(names), names
+    probe = ("import sys\nfor n in sys.argv[1:]: __import__(n)\n"
+             "print(sorted(m for m in ('torch', 'flwr', 'timm', 'ultralytics', 'sklearn') if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", probe, *names], capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip().splitlines()[-1] == "[]", res.stdout

@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fedmedbench.fl.registry import TrainConfig
+if TYPE_CHECKING:  # the workflow reads this module while it plans: no torch at import
+    from fedmedbench.fl.registry import TrainConfig
 
 #: fields that do not change the numbers a run produces
 _NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device",
@@ -96,6 +97,8 @@ class RunSpec:
         return json.dumps(self.to_dict(), sort_keys=True, default=str)
 
     def train_config(self) -> TrainConfig:
+        from fedmedbench.fl.registry import TrainConfig
+
         return TrainConfig(**self.train)
 
     def run_hash(self) -> str:
