@@ -1,4 +1,5 @@
-"""The micro pipeline submitted to a REAL single-node SLURM (tests/cluster/slurm.sh) equals a local run.
+"""The micro pipeline submitted to a REAL single-node SLURM (tests/cluster/slurm.sh) equals a local run,
+with one training job pre-empted (scancel) mid-run and resumed from its checkpoint.
 
 Needs root and Debian's slurmctld/slurmd/slurm-client/munge (installed by the cluster script when
 missing). Skipped elsewhere, or with FMB_SKIP_SLURM=1.
@@ -7,9 +8,12 @@ missing). Skipped elsewhere, or with FMB_SKIP_SLURM=1.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +23,8 @@ from helpers import copy_workflow
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "cluster" / "slurm.sh"
+RUNS = Path("results/micro/breastmnist/dir")
+SCAFFOLD = RUNS / "scaffold" / "seed0"
 
 pytestmark = [
     pytest.mark.slow,
@@ -47,49 +53,29 @@ def workflow_copy(dest: Path) -> Path:
     return dest
 
 
-def test_slurm_run_equals_local_run(cluster, tmp_path):
-    local = workflow_copy(tmp_path / "local")
-    slurm = workflow_copy(tmp_path / "slurm")
+@dataclass
+class Runs:
+    local: Path
+    slurm: Path
+    returncode: int
+    out: str
+    cancelled_at_round: int | None
+
+
+@pytest.fixture(scope="module")
+def runs(cluster, tmp_path_factory) -> Runs:
+    """The micro pipeline run locally, then submitted to SLURM. On SLURM the scaffold training job is
+    scancel-ed mid-federation (as pre-emption or a time limit would); Snakemake resubmits it (--retries)."""
+    tmp = tmp_path_factory.mktemp("slurm-runs")
+    local, slurm = workflow_copy(tmp / "local"), workflow_copy(tmp / "slurm")
     shutil.copytree(ROOT / "tests" / "cluster" / "profile", slurm / "profile")
     snake = [sys.executable, "-m", "snakemake", "--configfile", "micro.yaml"]
     p = subprocess.run([*snake, "--cores", "2"], cwd=local, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
-    p = subprocess.run([*snake, "--profile", "profile"], cwd=slurm, env=cluster, capture_output=True, text=True,
-                       timeout=1200)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
-    out = p.stdout + p.stderr
-    assert "100%" in out
-    for method in ("fedavg", "scaffold"):
-        run = Path("results/micro/breastmnist/dir") / method / "seed0"
-        a = torch.load(local / run / "model.pt", weights_only=True)
-        b = torch.load(slurm / run / "model.pt", weights_only=True)
-        assert all(torch.equal(a[k], b[k]) for k in a), method
-        pd.testing.assert_frame_equal(pd.read_csv(local / run / "metrics.csv").drop(columns="elapsed_s"),
-                                      pd.read_csv(slurm / run / "metrics.csv").drop(columns="elapsed_s"))
-    # the jobs really went through SLURM (the plugin reports each submission's SLURM job id)
-    import re
-
-    submitted = re.findall(r"submitted with SLURM jobid", out, flags=re.IGNORECASE)
-    assert len(submitted) >= 3, out[-3000:]  # synthesize, partition, 2 x train (tables/plots are localrules)
-
-
-def test_preempted_training_job_resumes_from_its_checkpoint(cluster, tmp_path):
-    """scancel a running training job (as pre-emption or a time limit would); Snakemake resubmits it
-    (--retries) and the new job continues from the last completed round, not from scratch."""
-    import time
-
-    local = workflow_copy(tmp_path / "local")
-    slurm = workflow_copy(tmp_path / "slurm")
-    for d in (local, slurm):
-        shutil.copy(ROOT / "tests" / "fixtures" / "preempt.yaml", d / "micro.yaml")
-    shutil.copytree(ROOT / "tests" / "cluster" / "profile", slurm / "profile")
-    snake = [sys.executable, "-m", "snakemake", "--configfile", "micro.yaml"]
-    p = subprocess.run([*snake, "--cores", "1"], cwd=local, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
 
     proc = subprocess.Popen([*snake, "--profile", "profile", "--retries", "2"], cwd=slurm, env=cluster,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    ckpt = slurm / "results/micro/breastmnist/dir/scaffold/seed0/checkpoint/server.pt"
+    ckpt = slurm / SCAFFOLD / "checkpoint" / "server.pt"
     cancelled = None
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None and cancelled is None:
@@ -102,17 +88,37 @@ def test_preempted_training_job_resumes_from_its_checkpoint(cluster, tmp_path):
                 q = subprocess.run(["squeue", "-h", "-o", "%i %j %k"], env=cluster, capture_output=True, text=True)
                 for line in q.stdout.splitlines():
                     job_id, *rest = line.split()
-                    if "train_federated" in " ".join(rest):  # the only training job of this config
+                    comment = " ".join(rest)  # rule_<rule>_wildcards_<wildcard values>
+                    if "train_federated" in comment and "scaffold" in comment:
                         subprocess.run(["scancel", job_id], env=cluster, check=True)
                         cancelled = rnd
                         break
         time.sleep(0.1)
     out, _ = proc.communicate(timeout=1200)
-    assert cancelled is not None, "no running training job was caught to cancel\n" + out[-2000:]
-    assert proc.returncode == 0, out[-4000:]
-    log = (slurm / "logs/train_federated/micro/breastmnist/dir/scaffold/seed0.log").read_text()
+    return Runs(local, slurm, proc.returncode, out, cancelled)
+
+
+def test_slurm_run_equals_local_run(runs):
+    assert runs.returncode == 0, runs.out[-4000:]
+    assert "100%" in runs.out
+    for method in ("fedavg", "scaffold"):
+        run = RUNS / method / "seed0"
+        a = torch.load(runs.local / run / "model.pt", weights_only=True)
+        b = torch.load(runs.slurm / run / "model.pt", weights_only=True)
+        assert all(torch.equal(a[k], b[k]) for k in a), method
+        pd.testing.assert_frame_equal(pd.read_csv(runs.local / run / "metrics.csv").drop(columns="elapsed_s"),
+                                      pd.read_csv(runs.slurm / run / "metrics.csv").drop(columns="elapsed_s"))
+    # the jobs really went through SLURM (the plugin reports each submission's SLURM job id)
+    submitted = re.findall(r"submitted with SLURM jobid", runs.out, flags=re.IGNORECASE)
+    assert len(submitted) >= 4, runs.out[-3000:]  # synthesize, partition, 2 x train (tables/plots are localrules)
+
+
+def test_preempted_training_job_resumes_from_its_checkpoint(runs):
+    """The cancelled job's resubmission continues from the last completed round, not from scratch
+    (the equality with the local run is checked above)."""
+    assert runs.cancelled_at_round is not None, "no running training job was caught to cancel\n" + runs.out[-2000:]
+    assert runs.returncode == 0, runs.out[-4000:]
+    log = (runs.slurm / "logs/train_federated/micro/breastmnist/dir/scaffold/seed0.log").read_text()
     assert "resuming from checkpoint at round" in log
-    run = Path("results/micro/breastmnist/dir/scaffold/seed0")
-    a = torch.load(local / run / "model.pt", weights_only=True)
-    b = torch.load(slurm / run / "model.pt", weights_only=True)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    resumed = int(re.search(r"resuming from checkpoint at round (\d+)", log).group(1))
+    assert 1 <= resumed <= 12
