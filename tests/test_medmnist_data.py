@@ -101,3 +101,22 @@ def test_wrong_keys_and_shapes(tmp_path, breast_arrays):
     io.write_npz(tmp_path / "d.npz", breast_arrays)
     with pytest.raises(DataError, match="28 px, expected 64"):
         medmnist.load_npz(tmp_path / "d.npz", expect_size=64)
+
+
+def test_info_table_is_the_librarys_without_importing_the_library():
+    """Each data job reads the dataset table; the medmnist package's own import pulls torch and scikit-learn."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import medmnist as library
+
+    assert medmnist.medmnist_info_table() == library.INFO
+    probe = ("import sys\nfrom fedmedbench.data.medmnist import dataset_info\n"
+             "assert dataset_info('dermamnist').n_classes == 7\n"
+             "print(sorted(m for m in ('medmnist', 'torch', 'sklearn', 'scipy') if m in sys.modules))")
+    src = Path(__file__).resolve().parents[1] / "src"
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "[]", res.stdout

@@ -41,7 +41,8 @@ def tiny_demo(demo: dict) -> dict:
     g["method_params"] = {"gpaf": {"server_epochs": 1}}
     g["report"]["gpaf"]["tsne"] = {"methods": ["gpaf", "fedavg"], "samples_per_client": 10, "generator_samples": 10,
                                    "perplexity": 5}
-    cfg["ultraflwr"].update(strategies=["FedAvg"], report={"top_k": 1}, train={**cfg["ultraflwr"]["train"], "rounds": 1})
+    cfg["ultraflwr"].update(strategies=["FedAvg"], report={"top_k": 1},
+                            train={**cfg["ultraflwr"]["train"], "rounds": 1, "epochs": 1})
     cfg["fedst"].update(methods=["seg_fedavg", "fedst"], variants=[], train={**cfg["fedst"]["train"], "rounds": 1},
                         fig5={"variants": []}, fig7={"methods": []})
     return cfg

@@ -8,9 +8,12 @@ to a temp file, MD5-checked and only then renamed into place; a user-provided fo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import http.client
+import importlib.util
 import shutil
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -54,12 +57,30 @@ class DatasetInfo:
     class_names: tuple[str, ...]
 
 
-def _info(flag: str) -> dict:
-    from medmnist import INFO
+@functools.cache
+def medmnist_info_table() -> dict[str, dict]:
+    """``medmnist.INFO`` (names, labels, split sizes, URLs and MD5s), read from the library's
+    ``info.py`` alone: ``import medmnist`` runs the package's ``__init__``, which imports its torch
+    datasets and scikit-learn evaluator, seconds in every job that only needs this table."""
+    loaded = sys.modules.get("medmnist.info")
+    if loaded is not None:
+        return loaded.INFO
+    spec = importlib.util.find_spec("medmnist")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("the medmnist package is not installed (pip install medmnist; envs/requirements.txt)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "info.py"
+    info_spec = importlib.util.spec_from_file_location("_fedmedbench_medmnist_info", path)
+    if info_spec is None or info_spec.loader is None:
+        raise DataError(f"{path}: cannot read the medmnist package's dataset table")
+    module = importlib.util.module_from_spec(info_spec)
+    info_spec.loader.exec_module(module)
+    return module.INFO
 
+
+def _info(flag: str) -> dict:
     if flag not in SUPPORTED_FLAGS:
         raise DataError(f"unknown or unsupported MedMNIST dataset '{flag}'; supported: {', '.join(SUPPORTED_FLAGS)}")
-    return INFO[flag]
+    return medmnist_info_table()[flag]
 
 
 def dataset_info(flag: str) -> DatasetInfo:
