@@ -4,6 +4,7 @@ are averaged, clips carry exactly their configured frames, FedLD/FedAS server ru
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -647,3 +648,37 @@ def test_serq_server_batches_are_rotated_and_scaled_as_the_sites(clips):
     assert all(tuple(y[i].flatten().tolist()) not in raw for _, y in got for i in range(2))  # every mask was transformed
     plain = list(synthetic_batches(data, {**cfg, "loss": {"augment": False}}, torch.Generator().manual_seed(0), torch.device("cpu")))
     assert all(tuple(y[i].flatten().tolist()) in raw for _, y in plain for i in range(2))
+
+
+def test_a_fresh_model_is_built_once_and_copied_per_request(clips, tmp_path, monkeypatch):
+    """Every request gets the seeded build's values in tensors of its own; a changed pre-trained file,
+    seed or architecture is a new build."""
+    from dataclasses import replace
+
+    from fedmedbench.fl.methods import fedst_base
+
+    spec = make_spec(clips, tmp_path, "fedst")
+    builds = []
+    real = fedst_base._build_seeded
+    monkeypatch.setattr(fedst_base, "_build_seeded", lambda s: builds.append(s.seed) or real(s))
+    fedst_base._BUILT.clear()
+    a, b = fedst_base.build_seeded(spec), fedst_base.build_seeded(spec)
+    assert len(builds) == 1
+    sa, sb = a.state_dict(), b.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) and sa[k].data_ptr() != sb[k].data_ptr() for k in sa)
+    next(a.parameters()).data.add_(1.0)  # what training does to one copy never reaches the next
+    c = fedst_base.build_seeded(spec)
+    assert all(torch.equal(sb[k], v) for k, v in c.state_dict().items())
+    assert len(builds) == 1
+
+    fedst_base.build_seeded(replace(spec, seed=1))
+    assert builds == [0, 1]
+    pre = tmp_path / "pre.pt"
+    torch.save({k: v + 0.5 for k, v in sb.items() if k.endswith("weight")}, pre)
+    first = fedst_base.build_seeded(replace(spec, pretrained_path=str(pre)))
+    torch.save({k: v - 0.5 for k, v in sb.items() if k.endswith("weight")}, pre)
+    os.utime(pre, ns=(1, 10**18))  # a rewritten file, whatever the clock's resolution
+    second = fedst_base.build_seeded(replace(spec, pretrained_path=str(pre)))
+    assert len(builds) == 4
+    q = "decoder.head.weight"
+    assert torch.allclose(first.state_dict()[q], sb[q] + 0.5) and torch.allclose(second.state_dict()[q], sb[q] - 0.5)

@@ -16,6 +16,7 @@ differs in which parameters stay on a site and how the server combines the rest:
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,28 @@ def personal_keys(model: torch.nn.Module, groups: list[str]) -> list[str]:
     return [k for k in model.state_dict() if _ALWAYS_PERSONAL.match(k) or any(p.search(k) for p in pats)]
 
 
+#: the one freshly built model a process keeps (key -> model), copied by :func:`build_seeded`
+_BUILT: dict[tuple, torch.nn.Module] = {}
+
+
 def build_seeded(spec) -> torch.nn.Module:
-    """The run's FedSTNet, identical in every process (seeded), with synthetic pre-training loaded."""
+    """The run's FedSTNet, identical in every process (seeded), with synthetic pre-training loaded.
+
+    A job asks for a fresh model many times (each client call, the shared-key list, the server's
+    SERQ step); it is built once per process and configuration, and each call gets a deep copy of
+    that untouched build (same values, its own tensors)."""
+    pre = spec.pretrained_path
+    stat = Path(pre).stat() if pre and Path(pre).is_file() else None
+    key = (int(spec.seed), repr(sorted(spec.task_params["model"].items())), pre,
+           (stat.st_mtime_ns, stat.st_size) if stat else None)
+    if key not in _BUILT:
+        model = _build_seeded(spec)
+        _BUILT.clear()  # one configuration per job: keep no other
+        _BUILT[key] = model
+    return copy.deepcopy(_BUILT[key])
+
+
+def _build_seeded(spec) -> torch.nn.Module:
     from fedmedbench.models.fedst import build_fedst_net
 
     with torch.random.fork_rng(devices=[]):
