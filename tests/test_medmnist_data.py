@@ -120,3 +120,22 @@ def test_info_table_is_the_librarys_without_importing_the_library():
                          env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"})
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip().splitlines()[-1] == "[]", res.stdout
+
+
+def test_a_broken_medmnist_install_is_named(tmp_path, monkeypatch):
+    """A medmnist package without its info.py: a DataError naming the file, not a bare traceback."""
+    import importlib.machinery
+    import importlib.util
+
+    (tmp_path / "medmnist").mkdir()
+    (tmp_path / "medmnist" / "__init__.py").write_text("")
+    broken = importlib.machinery.ModuleSpec("medmnist", None, is_package=True)
+    broken.submodule_search_locations = [str(tmp_path / "medmnist")]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: broken if name == "medmnist" else None)
+    monkeypatch.delitem(__import__("sys").modules, "medmnist.info", raising=False)
+    medmnist.medmnist_info_table.cache_clear()
+    try:
+        with pytest.raises(DataError, match=r"medmnist[/\\]info.py: cannot read"):
+            medmnist.medmnist_info_table()
+    finally:
+        medmnist.medmnist_info_table.cache_clear()

@@ -70,7 +70,7 @@ def medmnist_info_table() -> dict[str, dict]:
         raise DataError("the medmnist package is not installed (pip install medmnist; envs/requirements.txt)")
     path = Path(next(iter(spec.submodule_search_locations))) / "info.py"
     info_spec = importlib.util.spec_from_file_location("_fedmedbench_medmnist_info", path)
-    if info_spec is None or info_spec.loader is None:
+    if not path.is_file() or info_spec is None or info_spec.loader is None:
         raise DataError(f"{path}: cannot read the medmnist package's dataset table")
     module = importlib.util.module_from_spec(info_spec)
     info_spec.loader.exec_module(module)

@@ -47,5 +47,3 @@ def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "
     state = {k: v.cpu() for k, v in model.state_dict().items() if k != "cs.indicator"}
     with atomic_path(Path(out)) as tmp:
         torch.save({**state, "_pretrain_steps": torch.tensor(steps), "_pretrain_s": torch.tensor(time.monotonic() - t0)}, tmp)
-
-
