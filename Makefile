@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 CORES  ?= 2
 PIP    := $(BIN)/python -m pip
 
-.PHONY: demo test bench lint report venv system-deps freeze clean-results
+.PHONY: demo test bench bench-gpu lint report venv system-deps freeze clean-results
 
 venv: $(STAMP)
 
@@ -63,6 +63,10 @@ bench: $(STAMP)
 	$(BIN)/python bench/memory.py --methods fedavg --clients 10 --rounds 1 --out $(BENCH_OUT)
 	$(BIN)/python bench/memory.py --methods fedavg scaffold feddyn --clients 100 --rounds 1 --out $(BENCH_OUT)
 	@if [ -d benchmarks ]; then $(BIN)/python bench/demo_breakdown.py --out $(BENCH_OUT); fi
+
+# every GPU measurement of docs/benchmarks.md §6 (a CUDA build of torch and a GPU needed)
+bench-gpu: $(STAMP)
+	PYTHON=$(BIN)/python bash bench/gpu_session.sh bench/gpu_results.jsonl
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,3 +26,41 @@ def test_training_and_evaluation_time_come_apart():
     assert train == pytest.approx(2.1) and evaluation == pytest.approx(1.0)
     assert split_rounds([9.0, 2.0, 1.5])[:2] == (2.0, 0.0)  # an evaluation faster than noise costs nothing, not less
     assert split_rounds([4.0, 3.0])[:2] == (3.0, 0.0)  # too few rounds to split: the last round, evaluation included
+
+
+GPU_SESSION = Path(__file__).resolve().parents[1] / "bench" / "gpu_session.sh"
+
+
+def _run_session(tmp_path: Path, python: str, fail: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(GPU_SESSION), str(tmp_path / "rows.jsonl")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": python, "FAIL": fail or "no step has this"}, timeout=120)
+
+
+def test_gpu_session_refuses_a_machine_without_cuda(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/bash\n[ \"$1\" = -c ] && exit 1\nexit 0\n")  # torch sees no CUDA device
+    fake.chmod(0o755)
+    done = _run_session(tmp_path, str(fake))
+    assert done.returncode == 2 and "no CUDA device" in done.stderr
+    assert not (tmp_path / "rows.jsonl").exists() and not (tmp_path / "gpu_session.log").exists()
+
+
+def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/bash\n[ \"$1\" = -c ] && exit 0\n"  # CUDA check and version line
+                    f"echo \"$*\" >> {calls}\n"
+                    "case \"$*\" in *fedst.yaml*) exit 1;; *\"$FAIL\"*) exit 3;; esac\n")
+    fake.chmod(0o755)
+    done = _run_session(tmp_path, str(fake))
+    assert done.returncode == 0, done.stdout + done.stderr  # only the surgical fedst cost failed
+    ran = calls.read_text().splitlines()
+    assert len(ran) == 9 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in ran[1:])
+    assert "tests/test_cuda.py tests/test_device_arrays.py" in ran[0]
+    assert any("earlystop.yaml" in c and "--resident" in c for c in ran)
+    summary = done.stdout.split("== summary")[1]
+    assert "failed (rc 1; see the log: real videos built?)" in summary and "FAILED" not in summary
+    calls.unlink()
+    done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
+    assert done.returncode == 1 and "FAILED (rc 3)" in done.stdout
+    assert len(calls.read_text().splitlines()) == 9  # the failure stopped no later step

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Every GPU measurement of docs/benchmarks.md §6 in one call, on a machine with a CUDA device:
+#   bash bench/gpu_session.sh [OUT.jsonl]        (or: make bench-gpu)
+# Each step appends its JSON rows to OUT (default bench/gpu_results.jsonl) and its output to
+# OUT's folder/gpu_session.log. A step that fails does not stop the others; the summary at the end
+# lists each step's status and seconds, and the exit status is 1 when a step other than the two
+# surgical-grid ones failed (those need the real videos built first, and say which target builds them).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+OUT=${1:-bench/gpu_results.jsonl}
+LOG=$(dirname "$OUT")/gpu_session.log
+THREADS=${THREADS:-4}
+export PYTHONUNBUFFERED=1
+
+if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  echo "gpu_session: torch in $PY sees no CUDA device; run this on a GPU machine with a CUDA build of torch" >&2
+  exit 2
+fi
+mkdir -p "$(dirname "$OUT")"
+{ date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'; } | tee -a "$LOG"
+
+summary=()
+hard_failures=0
+step() {  # step NAME OPTIONAL(0|1) COMMAND...
+  local name=$1 optional=$2; shift 2
+  echo "== $name: $*" | tee -a "$LOG"
+  local t0=$SECONDS
+  "$@" 2>&1 | tee -a "$LOG" | tail -n 5
+  local rc=${PIPESTATUS[0]} status=ok
+  if [ "$rc" -ne 0 ]; then
+    if [ "$optional" = 1 ]; then status="failed (rc $rc; see the log: real videos built?)"
+    else status="FAILED (rc $rc)"; hard_failures=$((hard_failures + 1)); fi
+  fi
+  summary+=("$(printf '%-28s %6ss  %s' "$name" $((SECONDS - t0)) "$status")")
+}
+
+step "cuda tests" 0 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_device_arrays.py
+step "engine vs resident loop" 0 "$PY" bench/engine_overhead.py --device cuda \
+  --study-config config/studies/earlystop.yaml --rounds 5 --eval-every 1 --repeats 2 --threads "$THREADS" --resident --out "$OUT"
+step "engine, batch 50" 0 "$PY" bench/engine_overhead.py --device cuda --model timm:convnextv2_nano \
+  --rounds 3 --eval-every 1 --repeats 1 --threads "$THREADS" --resident --out "$OUT"
+step "scaffold round persistence" 0 "$PY" bench/round_persistence.py --method scaffold --rounds 6 \
+  --threads "$THREADS" --device cuda --out "$OUT"
+step "earlystop grid cost" 0 "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml --rounds 3 \
+  --methods fedavg fedprox scaffold feddyn fedsam fedspeed fedsmoo fedgamma fedlesam fedwmsam --threads "$THREADS" --out "$OUT"
+step "gpaf grid cost" 0 "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --rounds 2 \
+  --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
+step "jobs per GPU" 0 "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --out "$OUT"
+step "fedst grid cost" 1 "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
+  --methods fedst seg_fedavg --threads "$THREADS" --out "$OUT"
+step "ultraflwr grid cost" 1 "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml --rounds 3 \
+  --methods FedAvg FedBackboneAvg --threads "$THREADS" --out "$OUT"
+
+echo "== summary (rows in $OUT, output in $LOG)" | tee -a "$LOG"
+printf '%s\n' "${summary[@]}" | tee -a "$LOG"
+[ "$hard_failures" -eq 0 ]
