@@ -87,13 +87,14 @@ def test_import_is_light_and_the_hook_fixes_torchvision_in_a_fresh_process():
 
 
 def test_a_find_spec_probe_does_not_use_up_the_hook():
-    """Libraries probe importlib.util.find_spec('torchvision') without importing it; the real import later
-    must still get the fallback."""
+    """Libraries probe importlib.util.find_spec('torchvision') without importing it (HF datasets does on
+    import): the probe imports no torch, and the real import later still gets the fallback."""
     import subprocess
     import sys
 
-    code = ("import importlib.util, fedmedbench; importlib.util.find_spec('torchvision'); "
-            "importlib.util.find_spec('torchvision'); import torch, torchvision; "
+    code = ("import importlib.util, sys, fedmedbench; assert importlib.util.find_spec('torchvision'); "
+            "importlib.util.find_spec('torchvision'); import datasets; "
+            "assert 'torch' not in sys.modules, 'a probe of torchvision imported torch'; import torch, torchvision; "
             "b = torch.tensor([[0., 0, 10, 10], [1, 1, 11, 11]]); "
             "print(torchvision.ops.nms(b, torch.tensor([0.9, 0.8]), 0.5).tolist())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

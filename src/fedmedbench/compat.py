@@ -136,23 +136,15 @@ class _TorchvisionImportHook(importlib.abc.MetaPathFinder):
     """Hook on ``import torchvision``: define the fallback ops first, patch nms right after.
 
     Keeps ``import fedmedbench`` light (no torch/torchvision import) for jobs that never
-    touch torchvision, while every process that does import it gets the fallback. The
-    hook stays in place until torchvision's module code actually runs: libraries that
-    only probe ``importlib.util.find_spec("torchvision")`` must not use it up.
+    touch torchvision, while every process that does import it gets the fallback. Libraries
+    often only probe ``importlib.util.find_spec("torchvision")`` (HF ``datasets`` does on
+    import): a probe costs one path lookup, and the hook stays in place; the compiled-ops
+    check (which imports torch) runs when torchvision's module code actually runs.
     """
-
-    _compiled: bool | None = None
 
     def find_spec(self, name, path=None, target=None):
         if name != "torchvision":
             return None
-        if self._compiled is None:
-            type(self)._compiled = _torchvision_compiled_ops_load()
-            if not self._compiled:
-                _define_fallback_ops()
-        if self._compiled:
-            _remove_hook()
-            return None  # compiled ops present: import normally
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return None
@@ -161,9 +153,13 @@ class _TorchvisionImportHook(importlib.abc.MetaPathFinder):
         def exec_module(module):
             global TORCHVISION_NMS_FALLBACK
             _remove_hook()
+            fallback = not _torchvision_compiled_ops_load()
+            if fallback:
+                _define_fallback_ops()
             run_module(module)
-            _route_ops_nms(module)
-            TORCHVISION_NMS_FALLBACK = True
+            if fallback:
+                _route_ops_nms(module)
+                TORCHVISION_NMS_FALLBACK = True
 
         spec.loader.exec_module = exec_module
         return spec
