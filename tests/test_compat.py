@@ -40,6 +40,28 @@ def test_reference_nms_matches_brute_force():
         assert got == brute_force_nms(boxes.tolist(), scores.tolist(), thr)
 
 
+def test_the_matrix_and_stepwise_paths_keep_the_same_boxes(monkeypatch):
+    """Up to NMS_MATRIX_MAX candidates every IoU is taken at once; above it, one row per kept box.
+    Both keep the same boxes, also with tied scores, duplicate and zero-width boxes."""
+    gen = torch.Generator().manual_seed(2)
+    cases = []
+    for n, thr in [(2, 0.5), (84, 0.7), (300, 0.45), (1500, 0.6)]:
+        boxes, scores = random_boxes(n, gen)
+        scores[::7] = scores[0]  # ties: the stable sort decides
+        boxes[::11, 2] = boxes[::11, 0]  # zero width
+        boxes[1::13] = boxes[1].clone()  # duplicates
+        cases.append((boxes, scores, thr))
+    matrix = [compat.nms_reference(*c).tolist() for c in cases]
+    monkeypatch.setattr(compat, "NMS_MATRIX_MAX", 0)
+    stepwise = [compat.nms_reference(*c).tolist() for c in cases]
+    assert matrix == stepwise
+    assert all(0 < len(k) < len(c[1]) for k, c in zip(matrix[1:], cases[1:], strict=True))  # some kept, some not
+    gen = torch.Generator().manual_seed(0)
+    for n, thr in [(30, 0.3), (200, 0.7)]:  # the stepwise path against brute force too
+        boxes, scores = random_boxes(n, gen)
+        assert compat.nms_reference(boxes, scores, thr).tolist() == brute_force_nms(boxes.tolist(), scores.tolist(), thr)
+
+
 def test_torchvision_ops_nms_works_and_agrees():
     import torchvision
 

@@ -57,12 +57,19 @@ def apply_offline_env() -> None:
         os.environ.setdefault(key, value)
 
 
+#: candidates up to which the fallback NMS takes every pairwise IoU at once (N x N booleans: 16 MB at 4096)
+NMS_MATRIX_MAX = 4096
+
+
 def nms_reference(boxes, scores, iou_threshold: float):
     """Greedy NMS in plain PyTorch, same contract as ``torchvision.ops.nms``.
 
-    Boxes are (x1, y1, x2, y2); returns int64 indices of kept boxes sorted by
-    decreasing score. Memory is O(N) per step (no N x N IoU matrix), so it is safe
-    for the tens of thousands of candidate boxes a detector can emit.
+    Boxes are (x1, y1, x2, y2); returns int64 indices of kept boxes sorted by decreasing score.
+    Up to ``NMS_MATRIX_MAX`` candidates the pairwise suppressions are one tensor expression and
+    the greedy pass walks NumPy rows (a detector's validation calls this once per image); above
+    it, memory stays O(N) per step (no N x N matrix) for the tens of thousands of candidates a
+    detector can emit. Both paths evaluate the same float32 IoU expression, so they keep the
+    same boxes.
     """
     import torch
 
@@ -71,21 +78,54 @@ def nms_reference(boxes, scores, iou_threshold: float):
     order = torch.argsort(scores, descending=True, stable=True)
     b = boxes[order].float()
     areas = (b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)
+    if b.shape[0] <= NMS_MATRIX_MAX:
+        keep = _greedy_keep(_suppresses(b, areas, iou_threshold))
+    else:
+        keep = _greedy_keep_stepwise(b, areas, iou_threshold)
+    return order[torch.tensor(keep, dtype=torch.int64, device=b.device)]
+
+
+def _iou_over(b_i, rest, area_i, areas_rest, iou_threshold: float):
+    """Whether each box of ``rest`` overlaps ``b_i`` above the threshold (``b_i`` may broadcast)."""
+    import torch
+
+    xx1 = torch.maximum(b_i[..., 0], rest[..., 0])
+    yy1 = torch.maximum(b_i[..., 1], rest[..., 1])
+    xx2 = torch.minimum(b_i[..., 2], rest[..., 2])
+    yy2 = torch.minimum(b_i[..., 3], rest[..., 3])
+    inter = (xx2 - xx1).clamp(min=0) * (yy2 - yy1).clamp(min=0)
+    return inter / (area_i + areas_rest - inter) > iou_threshold
+
+
+def _suppresses(b, areas, iou_threshold: float):
+    """(N, N) NumPy booleans: row i marks the boxes box i suppresses when it is kept."""
+    return _iou_over(b[:, None, :], b[None, :, :], areas[:, None], areas[None, :], iou_threshold).cpu().numpy()
+
+
+def _greedy_keep(sup) -> list[int]:
+    import numpy as np
+
+    n = sup.shape[0]
+    alive = np.ones(n, dtype=bool)
+    keep = []
+    for i in range(n):
+        if alive[i]:
+            keep.append(i)
+            alive[i + 1 :] &= ~sup[i, i + 1 :]
+    return keep
+
+
+def _greedy_keep_stepwise(b, areas, iou_threshold: float) -> list[int]:
+    import torch
+
     alive = torch.ones(b.shape[0], dtype=torch.bool, device=b.device)
     keep = []
     for i in range(b.shape[0]):
         if not bool(alive[i]):
             continue
         keep.append(i)
-        rest = b[i + 1 :]
-        xx1 = torch.maximum(b[i, 0], rest[:, 0])
-        yy1 = torch.maximum(b[i, 1], rest[:, 1])
-        xx2 = torch.minimum(b[i, 2], rest[:, 2])
-        yy2 = torch.minimum(b[i, 3], rest[:, 3])
-        inter = (xx2 - xx1).clamp(min=0) * (yy2 - yy1).clamp(min=0)
-        iou = inter / (areas[i] + areas[i + 1 :] - inter)
-        alive[i + 1 :] &= ~(iou > iou_threshold)
-    return order[torch.tensor(keep, dtype=torch.int64, device=b.device)]
+        alive[i + 1 :] &= ~_iou_over(b[i], b[i + 1 :], areas[i], areas[i + 1 :], iou_threshold)
+    return keep
 
 
 def _torchvision_compiled_ops_load() -> bool:
