@@ -127,9 +127,15 @@ def _spec(export, tmp_path, strategy, rounds=2, **mp):
     return fed.resolve_data_shapes(spec)
 
 
-def test_trainer_uses_our_weights_and_returns_fp32_validated_ema(export, tmp_path):
-    """The model handed in is trained (not rebuilt), weights come back in fp32 from the selected epoch."""
+def test_trainer_uses_our_weights_and_returns_fp32_validated_ema(export, tmp_path, monkeypatch):
+    """The model handed in is trained (not rebuilt), weights come back in fp32 from the selected epoch;
+    on a CPU the trainer runs no full garbage collection (Ultralytics' is for accelerator memory)."""
+    import gc
+
     from fedmedbench.fl.tasks.detection.task import DetectionTask
+
+    collections = []
+    monkeypatch.setattr(gc, "collect", lambda *a, **k: collections.append(a) or 0)
 
     spec = _spec(export, tmp_path, "FedAvg")
     data = DetectionTask(spec).client_data(0)
@@ -146,6 +152,7 @@ def test_trainer_uses_our_weights_and_returns_fp32_validated_ema(export, tmp_pat
     assert changed
     assert not list((tmp_path / "w").rglob("*.pt"))  # no fp16 checkpoints written
     assert not list(export.parent.rglob("*.cache"))  # label caches stay in the run's stage
+    assert collections == []
 
 
 class _Recording(fed.InProcessTransport):
@@ -593,3 +600,36 @@ def test_study_config_validates_with_no_medmnist_study():
     empty = {**cfg, "ultraflwr": {**uf, "groups": {}}}
     with pytest.raises(Exception, match="studies|groups"):
         validate(yaml.safe_load(yaml.safe_dump(empty)), schema)
+
+
+def test_validation_fuses_quietly_and_scores_as_the_backends_own_fusion(export, tmp_path, monkeypatch):
+    """validate_yolo hands Ultralytics an already fused copy: same mAP as the backend's own fusion
+    of an unfused copy, the caller's model untouched, and no FLOPs profile per validation."""
+    import copy
+
+    from ultralytics.models.yolo.detect import DetectionValidator
+    from ultralytics.utils import torch_utils
+
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+    from fedmedbench.fl.tasks.detection.yolo import validate_yolo
+
+    spec = _spec(export, tmp_path, "FedAvg")
+    data = DetectionTask(spec).client_data(0)
+    model = build_yolo("yolo11n.yaml", spec.num_classes, seed=3)
+    train_yolo(model, data.data_yaml, epochs=1, batch=8, imgsz=64, seed=0, device=torch.device("cpu"),
+               workdir=tmp_path / "t", select="last")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    args = dict(data=str(data.data_yaml), split="val", imgsz=64, batch=8, device="cpu", workers=0, plots=False,
+                save_json=False, verbose=False, conf=0.001, iou=0.7, project=str(tmp_path / "v"), name="val",
+                exist_ok=True)
+    stats = DetectionValidator(args=args)(model=copy.deepcopy(model).float().eval())  # the backend fuses it
+
+    def no_flops(*a, **k):
+        raise AssertionError("FLOPs profiled during validation")
+
+    monkeypatch.setattr(torch_utils, "get_flops", no_flops)
+    ours = validate_yolo(model, data.data_yaml, "val", imgsz=64, batch=8, device=torch.device("cpu"),
+                         workdir=tmp_path / "w")
+    assert ours == {"map50": float(stats["metrics/mAP50(B)"]), "map50_95": float(stats["metrics/mAP50-95(B)"])}
+    assert model.state_dict().keys() == before.keys()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
