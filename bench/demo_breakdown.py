@@ -1,6 +1,9 @@
 """Per-rule breakdown of the last ``make demo`` from Snakemake's ``benchmark:`` files.
 
-Jobs run 2 at a time (``--cores 2``), so the summed job seconds exceed the wall time.
+Jobs run 2 at a time (``--cores 2``), so the summed job seconds exceed the wall time. ``cpu_s`` is
+Snakemake's ``cpu_time``: the job's CPU seconds at its last poll (every 0.5 s for the first 15 s,
+then every 30 s), so a lower bound; a 26 s job reads about 15 s. Wall seconds (``total_s``) are the
+measure of a job's cost.
 
     python bench/demo_breakdown.py [--benchmarks benchmarks] [--out bench/results.jsonl]
 """
