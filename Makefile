@@ -4,6 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORES  ?= 2
+# test processes (0: the tests run in pytest's own process): one process keeps under one core busy
+# (single-threaded Python, start-ups, Flower heartbeats, SLURM polls), so a second uses the other;
+# each test file stays on one process, so its module fixtures are built once (benchmarks §8)
+TEST_WORKERS ?= 2
 PIP    := $(BIN)/python -m pip
 
 .PHONY: demo test bench bench-gpu lint report venv system-deps freeze clean-results
@@ -51,7 +55,7 @@ report: $(STAMP)
 	$(BIN)/snakemake --cores 1 --report results/report.html
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
 
 # CPU benchmarks (docs/benchmarks.md); results appended to bench/results.jsonl
 BENCH_OUT := bench/results.jsonl
