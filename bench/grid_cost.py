@@ -37,7 +37,9 @@ from fedmedbench import io  # noqa: E402
 from fedmedbench import partition as P  # noqa: E402
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.data import synthetic  # noqa: E402
+from fedmedbench.fl import method_params  # noqa: E402
 from fedmedbench.fl.spec import RunSpec  # noqa: E402
+from fedmedbench.studies import grid  # noqa: E402
 
 
 def load_config(path: Path) -> dict:
@@ -73,14 +75,7 @@ def _validate_with_defaults(config: dict, schema: dict) -> None:
 def grid_jobs(config: dict, study: str) -> list[dict]:
     """Every training job of the study (as rules/common.smk's ``runs``), with its round budget."""
     st = config["studies"][study]
-    jobs = []
-    for setting, s in st["settings"].items():
-        for dataset in s.get("datasets") or st["datasets"]:
-            for method in st["methods"]:
-                train = {**st["train"], **s.get("train", {}), **st["method_train"].get(method, {})}
-                jobs += [dict(setting=setting, dataset=dataset, method=method, seed=seed, rounds=int(train["rounds"]))
-                         for seed in st["seeds"]]
-    return jobs
+    return [{**r, "rounds": int(grid.run_train(st, r["setting"], r["method"])["rounds"])} for r in grid.runs(st)]
 
 
 def make_data(workdir: Path, config: dict, study: str, setting: str, dataset: str) -> tuple[Path, dict[str, str]]:
@@ -101,14 +96,17 @@ def make_data(workdir: Path, config: dict, study: str, setting: str, dataset: st
 
 def job_spec(workdir: Path, config: dict, study: str, job: dict, part: Path, sources: dict[str, str], rounds: int,
              device: str, threads: int) -> RunSpec:
+    """The job's spec as the workflow resolves it (rules/common.smk's ``run_spec``), for ``rounds`` rounds,
+    with a random-init model (the pretrained weights do not change the cost)."""
     st = config["studies"][study]
-    s = st["settings"][job["setting"]]
-    train = {**st["train"], **s.get("train", {}), **st["method_train"].get(job["method"], {}), "rounds": rounds}
+    setting, method = job["setting"], job["method"]
     return RunSpec(
-        run_dir=str(workdir / f"run-{job['method']}"), study=study, dataset=job["dataset"], setting=job["setting"],
-        method=job["method"], seed=0, partition_path=str(part), sources=sources, image_size=st["size"],
-        model=st["model"]["name"], train=train, clients_per_round=st["clients_per_round"],
-        method_params=dict(st["method_params"].get(job["method"], {})), device=device, threads=threads,
+        run_dir=str(workdir / f"run-{method}"), study=study, dataset=job["dataset"], setting=setting,
+        method=method, seed=0, partition_path=str(part), sources=sources, image_size=st["size"],
+        model=grid.run_model(st, method)["name"], train={**grid.run_train(st, setting, method), "rounds": rounds},
+        clients_per_round=st["clients_per_round"],
+        method_params=method_params.resolve(method, st["method_params"], st["settings"][setting]),
+        device=device, threads=threads,
         eval_every=min(st["eval_every"], rounds), log_every=rounds, save_client_models=st["save_client_models"],
         client_validation=st.get("client_validation"),
     )

@@ -9,6 +9,7 @@ from snakemake.utils import validate
 import fedmedbench.data.user as USER
 import fedmedbench.studies.earlystop.runs as ES
 import fedmedbench.studies.gpaf.runs as GPAF
+import fedmedbench.studies.grid as GRID
 from fedmedbench.configcheck import coerce_numbers, config_error, ignored_settings
 from fedmedbench.report.html import table_caption
 from fedmedbench.fl import method_params
@@ -161,17 +162,12 @@ def setting_sources(study, dataset, setting):
 
 
 def setting_datasets(study, setting):
-    st = config["studies"][study]
-    return st["settings"][setting].get("datasets") or st["datasets"]
+    return GRID.setting_datasets(config["studies"][study], setting)
 
 
 def runs(study):
-    st = config["studies"][study]
-    for setting in st["settings"]:
-        for dataset in setting_datasets(study, setting):
-            for method in st["methods"]:
-                for seed in st["seeds"]:
-                    yield dict(study=study, dataset=dataset, setting=setting, method=method, seed=seed)
+    for r in GRID.runs(config["studies"][study]):
+        yield dict(study=study, **r)
 
 
 def run_dir(w):
@@ -206,11 +202,7 @@ def run_spec(wildcards):
         "image_size": st["size"],
         "model": run_model(w["study"], w["method"])["name"],
         "pretrained_path": run_weights(w["study"], w["method"])[0],
-        "train": {
-            **st["train"],
-            **st["settings"][w["setting"]].get("train", {}),
-            **st["method_train"].get(w["method"], {}),
-        },
+        "train": GRID.run_train(st, w["setting"], w["method"]),
         "clients_per_round": st["clients_per_round"],
         "method_params": method_params.resolve(w["method"], st["method_params"], st["settings"][w["setting"]]),
         "device": config["device"],
@@ -226,8 +218,7 @@ def run_spec(wildcards):
 
 def run_model(study, method):
     """The model block of one method: the study's, with the method's override (method_model) on top."""
-    st = config["studies"][study]
-    return {**st["model"], **st["method_model"].get(method, {})}
+    return GRID.run_model(config["studies"][study], method)
 
 
 def run_weights(study, method):

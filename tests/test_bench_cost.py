@@ -64,3 +64,28 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
     assert done.returncode == 1 and "FAILED (rc 3)" in done.stdout
     assert len(calls.read_text().splitlines()) == 9  # the failure stopped no later step
+
+
+STUDIES = Path(__file__).resolve().parents[1] / "config" / "studies"
+
+
+@pytest.mark.parametrize("config_name", ["earlystop.yaml", "gpaf.yaml"])
+def test_grid_cost_times_every_method_with_the_parameters_the_workflow_gives_it(config_name, tmp_path):
+    """Each timed job is the grid's own: its method parameters resolved as rules/common.smk resolves them
+    (GPAF's ``label_alpha: partition`` becomes the setting's alpha), and every method builds from them."""
+    import grid_cost
+
+    from fedmedbench.fl.registry import get_method
+
+    config = grid_cost.load_config(STUDIES / config_name)
+    for study, st in config["studies"].items():
+        jobs = grid_cost.grid_jobs(config, study)
+        assert len(jobs) == sum(len(st["settings"][s].get("datasets") or st["datasets"]) for s in st["settings"]) \
+            * len(st["methods"]) * len(st["seeds"])
+        for job in jobs:
+            spec = grid_cost.job_spec(tmp_path, config, study, job, tmp_path / "p.json", {}, 2, "cpu", 1)
+            get_method(spec.method, spec.method_params)
+            if spec.method == "gpaf":
+                alpha = st["settings"][job["setting"]].get("params", {}).get("alpha", 1.0)
+                assert spec.method_params["label_alpha"] == float(alpha)
+            assert spec.train["rounds"] == 2
