@@ -53,6 +53,8 @@ def test_val_test_disjoint_cover_and_follow_client_labels(labels, scheme, params
         idx = np.concatenate([np.asarray(c[part]) for c in doc["clients"]])
         assert len(idx) == len(np.unique(idx)) == hi - lo
         assert idx.min() >= lo and idx.max() < hi
+    if scheme != "domain":  # the server's test set is the whole official test split
+        assert doc["global_test"] == [{"source": "base", "idx": list(range(*doc["pool"]["test"]))}]
     # a client with no training samples of class k gets no test samples of class k
     pool = P.pool_labels(labels)
     for c in doc["clients"]:
