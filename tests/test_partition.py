@@ -42,10 +42,7 @@ def test_disjoint_schemes_cover_train_exactly_once(labels, scheme, params):
     doc = P.build_partition(labels, scheme, n, 0, params)
     allidx = np.concatenate(_train(doc))
     assert len(allidx) == len(np.unique(allidx))  # disjoint
-    if scheme != "fls_quantity":  # floor() of Dirichlet sizes may leave a few samples out
-        assert len(allidx) == len(labels["train"])
-    else:
-        assert len(allidx) >= len(labels["train"]) - n
+    assert len(allidx) == len(labels["train"])
 
 
 @pytest.mark.parametrize("scheme,params", DISJOINT + [("fls", {"alpha": 0.1}), ("fls_pathological", {"classes_per_client": 2})])
@@ -56,6 +53,8 @@ def test_val_test_disjoint_cover_and_follow_client_labels(labels, scheme, params
         idx = np.concatenate([np.asarray(c[part]) for c in doc["clients"]])
         assert len(idx) == len(np.unique(idx)) == hi - lo
         assert idx.min() >= lo and idx.max() < hi
+    if scheme != "domain":  # the server's test set is the whole official test split
+        assert doc["global_test"] == [{"source": "base", "idx": list(range(*doc["pool"]["test"]))}]
     # a client with no training samples of class k gets no test samples of class k
     pool = P.pool_labels(labels)
     for c in doc["clients"]:
@@ -110,7 +109,7 @@ def test_quantity_skews_sizes_not_labels(labels):
         P.quantity(labels["train"], 50, 0, alpha=0.01, min_size=50, max_tries=20)
 
 
-def test_fls_equal_sizes_refill_and_prior_skew(labels):
+def test_fls_sizes_refill_and_prior_skew(labels):
     doc = P.build_partition(labels, "fls", 10, 0, {"alpha": 0.05})
     sizes = {len(t) for t in _train(doc)}
     assert sizes == {len(labels["train"]) // 10}
@@ -119,6 +118,35 @@ def test_fls_equal_sizes_refill_and_prior_skew(labels):
     assert _mean_tv_from_global(doc, labels) > 0.4
     iidish = P.build_partition(labels, "fls", 10, 0, {"alpha": 100.0})
     assert _mean_tv_from_global(iidish, labels) < 0.1
+
+
+@pytest.mark.parametrize("scheme,params", [("fls", {"alpha": 0.1}), ("fls_pathological", {"classes_per_client": 2})])
+def test_fls_client0_takes_the_remainder(scheme, params):
+    """dataset.py: floor(n / N) samples each and client 0 the remainder (7007 / 100 -> 77, 70, ..., 70)."""
+    labels = {"train": np.arange(7007) % N_CLASSES, "val": np.arange(70) % N_CLASSES,
+              "test": np.arange(140) % N_CLASSES}
+    doc = P.build_partition(labels, scheme, 100, 0, params)
+    sizes = [len(t) for t in _train(doc)]
+    assert sizes[0] == 77 and set(sizes[1:]) == {70} and sum(sizes) == 7007
+
+
+def test_fls_quantity_is_min_size_plus_a_multinomial_share():
+    """dataset.py: 1 sample each plus Multinomial(n - N, Dir(alpha)): every sample used, once."""
+    labels = {"train": np.arange(1003) % N_CLASSES, "val": np.arange(70) % N_CLASSES,
+              "test": np.arange(140) % N_CLASSES}
+    for alpha in (0.01, 1.0):
+        doc = P.build_partition(labels, "fls_quantity", 100, 0, {"alpha": alpha})
+        parts = _train(doc)
+        allidx = np.concatenate(parts)
+        assert np.array_equal(np.sort(allidx), np.arange(1003))
+        sizes = np.array([len(t) for t in parts])
+        assert sizes.min() >= 1
+        if alpha == 0.01:  # the mass goes to a few clients, the others keep their one sample
+            assert (sizes == 1).sum() > 80 and sizes.max() > 300
+    doc = P.build_partition(labels, "fls_quantity", 10, 0, {"alpha": 0.5, "min_size": 100})
+    assert min(len(t) for t in _train(doc)) >= 100
+    with pytest.raises(P.PartitionError, match="cannot give"):
+        P.fls_quantity(labels["train"], 10, 0, alpha=0.5, min_size=101)
 
 
 def test_fls_pathological_k_classes(labels):

@@ -16,13 +16,14 @@ Schemes and their sources:
   until every client has ``min_size`` samples) is written here: flwr-datasets has no
   equivalent.
 * ``fls``, ``fls_pathological``, ``fls_quantity``: the sampler of the early-stopping
-  paper's public code (the FL-Simulator family). Equal client sizes; client n has a
-  class prior (Dir(alpha) for ``fls``, uniform over ``k`` random classes for
-  ``fls_pathological``); samples are drawn one at a time for a random non-full
-  client, the class from its prior, the next unused sample of that class; an
-  exhausted class is *refilled* (its pool restarts), so samples can repeat across
-  clients under strong skew. ``fls_quantity`` draws client sizes from Dir(alpha) and
-  fills them by sampling without replacement. No library implements these.
+  paper's public code (the FL-Simulator family). Every client holds floor(n / N)
+  samples and client 0 also the remainder; client n has a class prior (Dir(alpha) for
+  ``fls``, uniform over ``k`` random classes for ``fls_pathological``); samples are
+  drawn one at a time for a random non-full client, the class from its prior, the next
+  unused sample of that class; an exhausted class is *refilled* (its pool restarts),
+  so samples can repeat across clients under strong skew. ``fls_quantity`` gives each
+  client ``min_size`` (1) samples plus a multinomial share of the rest with
+  probabilities from Dir(alpha), every sample used once. No library implements these.
 * ``domain``: one client per imaging domain (``resources/domains``); the training
   split is divided among the domains IID or by Dirichlet label skew; each client's
   val/test come from its own domain's files.
@@ -197,8 +198,12 @@ def _fls_fill(labels: np.ndarray, sizes: np.ndarray, priors: np.ndarray, rng: np
     return [np.asarray(o, dtype=np.int64) for o in out]
 
 
-def _equal_sizes(n: int, num_clients: int) -> np.ndarray:
-    return np.full(num_clients, n // num_clients, dtype=np.int64)
+def _fls_sizes(n: int, num_clients: int) -> np.ndarray:
+    """floor(n / N) samples each, client 0 also the remainder: the reference's sizes, so
+    client 0's size (the K of its SCAFFOLD-family servers) is the reference's."""
+    sizes = np.full(num_clients, n // num_clients, dtype=np.int64)
+    sizes[0] += n - int(sizes.sum())
+    return sizes
 
 
 def fls(labels: np.ndarray, num_clients: int, seed: int, alpha: float) -> Split:
@@ -208,7 +213,7 @@ def fls(labels: np.ndarray, num_clients: int, seed: int, alpha: float) -> Split:
     rng = np.random.default_rng(seed)
     n_classes = int(labels.max()) + 1
     priors = rng.dirichlet(np.full(n_classes, alpha), size=num_clients)
-    return Split(_fls_fill(labels, _equal_sizes(len(labels), num_clients), priors, rng))
+    return Split(_fls_fill(labels, _fls_sizes(len(labels), num_clients), priors, rng))
 
 
 def fls_pathological(labels: np.ndarray, num_clients: int, seed: int, classes_per_client: int) -> Split:
@@ -220,25 +225,24 @@ def fls_pathological(labels: np.ndarray, num_clients: int, seed: int, classes_pe
     priors = np.zeros((num_clients, n_classes))
     for i in range(num_clients):
         priors[i, rng.choice(n_classes, size=classes_per_client, replace=False)] = 1.0 / classes_per_client
-    return Split(_fls_fill(labels, _equal_sizes(len(labels), num_clients), priors, rng))
+    return Split(_fls_fill(labels, _fls_sizes(len(labels), num_clients), priors, rng))
 
 
 def fls_quantity(labels: np.ndarray, num_clients: int, seed: int, alpha: float, min_size: int = 1) -> Split:
+    """Quantity skew of the reference: ``min_size`` samples each plus Multinomial(n - N min_size, Dir(alpha))
+    of the rest, so every training sample belongs to exactly one client."""
     _check_clients(labels, num_clients)
     if alpha <= 0:
         raise PartitionError(f"alpha must be > 0, got {alpha}")
-    rng = np.random.default_rng(seed)
     n = len(labels)
-    sizes = np.floor(rng.dirichlet(np.full(num_clients, alpha)) * n).astype(np.int64)
-    sizes = np.maximum(sizes, min_size)
-    if sizes.sum() > n:  # take the excess from the largest clients
-        for _ in range(int(sizes.sum() - n)):
-            sizes[np.argmax(sizes)] -= 1
-    if sizes.min() < min_size:
+    if n < num_clients * min_size:
         raise PartitionError(f"fls_quantity: cannot give {num_clients} clients >= {min_size} of {n} samples")
+    rng = np.random.default_rng(seed)
+    props = rng.dirichlet(np.full(num_clients, alpha))
+    sizes = min_size + rng.multinomial(n - num_clients * min_size, props / props.sum())
     idx = rng.permutation(n)
     cuts = np.cumsum(sizes)[:-1]
-    return Split([np.sort(p) for p in np.split(idx[: sizes.sum()], cuts)])
+    return Split([np.sort(p) for p in np.split(idx, cuts)])
 
 
 def domain(labels: np.ndarray, num_clients: int, seed: int, domains: list[str], alpha: float | None = None, min_size: int = 10) -> Split:
