@@ -253,7 +253,7 @@ def test_fedlesam_first_participation_plain_then_global_direction():
 
 
 def test_fedlesam_reference_estimate_is_the_negated_last_global_update():
-    """Default (server/FedLESAM.py, optimizer/LESAM.py): e = -rho * u / ||u||, u the last global update."""
+    """Default (server/FedLESAM.py, optimizer/LESAM.py): the direction is -u, u the last global update."""
     assert get_method("fedlesam").estimate == "last_update"
     first, _ = fit("fedlesam", {"rho": 0.1})
     assert same(first.arrays, fit("fedavg")[0].arrays)  # round 1: no update broadcast yet, no perturbation
@@ -270,6 +270,93 @@ def test_fedlesam_reference_estimate_is_the_negated_last_global_update():
     new = get_method("fedlesam").aggregate(sctx)
     for k in u:
         np.testing.assert_allclose(sctx.broadcast["last_update"][k], new[k] - g[k], rtol=1e-5, atol=1e-7)
+
+
+def test_indexed_perturbation_moves_each_tensor_by_one_entry_of_the_flat_direction():
+    """Tensor j moves as a whole by rho * v[j] / sum_k |v[k]|, v the flat direction, k < P tensors."""
+    from fedmedbench.fl.methods._sgd import indexed_perturbation
+
+    d = {"a": torch.tensor([[1.0, -2.0], [3.0, 4.0]]), "b": torch.tensor([5.0, 6.0, 7.0])}
+    e = indexed_perturbation((d[n] for n in ("a", "b")), ["a", "b"], 0.3)
+    assert e["a"].dim() == 0 and math.isclose(float(e["a"]), 0.3 * 1 / 3, rel_tol=1e-6)
+    assert math.isclose(float(e["b"]), 0.3 * -2 / 3, rel_tol=1e-6)
+    # the leading entries may span tensors: v = (1, 2, 3) for three tensors
+    d = {"a": torch.tensor([1.0]), "b": torch.tensor([2.0, 3.0]), "c": torch.tensor([4.0])}
+    e = indexed_perturbation((d[n] for n in "abc"), list("abc"), 0.6)
+    assert [round(float(e[n]), 6) for n in "abc"] == [0.1, 0.2, 0.3]
+    zero = indexed_perturbation((torch.zeros(3) for _ in range(1)), ["a", "b"], 0.6)
+    assert float(zero["a"]) == 0.0 == float(zero["b"])
+
+
+def _reference_indexed_shift(params: list[torch.Tensor], flat: torch.Tensor, rho: float) -> list[torch.Tensor]:
+    """optimizer/LESAM.py / WMSAM.py first_step: e_w = -flat[idx] * rho / (sum |flat[idx]| + 1e-7) per tensor idx."""
+    norm = sum(flat[i].abs() for i in range(len(params)))
+    return [p + (-flat[i] * rho / (norm + 1e-7)) for i, p in enumerate(params)]
+
+
+def _step_from(model: nn.Module, shifted: list[torch.Tensor], xb, yb, lr: float) -> list[torch.Tensor]:
+    """theta - lr * grad CE at the shifted weights (plain SGD, no decay, no clipping)."""
+    pert = copy.deepcopy(model)
+    with torch.no_grad():
+        for p, q in zip(pert.parameters(), shifted, strict=True):
+            p.copy_(q)
+    nn.functional.cross_entropy(pert(xb), yb).backward()
+    return [(p - lr * q.grad).detach() for p, q in zip(model.parameters(), pert.parameters(), strict=True)]
+
+
+@pytest.mark.parametrize("form", ["reference", "vector"])
+def test_fedlesam_perturbation_forms(form):
+    """reference: each tensor shifted by a scalar -rho u[j] / sum_k |u[k]|; vector: e = -rho u/||u||."""
+    model = tiny_model()
+    flat = torch.linspace(-0.3, 0.5, sum(p.numel() for p in model.parameters()))
+    u, i = {}, 0
+    for n, p in model.named_parameters():
+        u[n] = flat[i:i + p.numel()].reshape(p.shape).numpy().copy()
+        i += p.numel()
+    params = {"rho": 0.5, **({} if form == "reference" else {"perturbation_form": form})}
+    result, _ = fit("fedlesam", params, model=copy.deepcopy(model), broadcast={"last_update": u}, steps=1,
+                    weight_decay=0.0, grad_clip=None)
+    idx = torch.randperm(24, generator=torch.Generator().manual_seed(7))[:8]
+    data = tiny_data()
+    xb, yb = to_float(data.train_x[idx], torch.device("cpu")), data.train_y[idx]
+    theta = [p.detach() for p in model.parameters()]
+    if form == "reference":
+        shifted = _reference_indexed_shift(theta, flat, 0.5)
+    else:
+        shifted = [p - 0.5 * torch.from_numpy(u[n]) / flat.norm() for (n, _), p in zip(model.named_parameters(), theta, strict=True)]
+    expected = _step_from(model, shifted, xb, yb, lr=0.1)
+    for (n, _), q in zip(model.named_parameters(), expected, strict=True):
+        torch.testing.assert_close(torch.from_numpy(result.arrays[n]), q, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="perturbation_form"):
+        get_method("fedlesam", {"perturbation_form": "elementwise"})
+
+
+@pytest.mark.parametrize("form", ["reference", "vector"])
+def test_fedwmsam_perturbation_forms_follow_the_moving_target(form):
+    """Two steps, alpha -> 1 and m = 0 (plain CE): step 1 is unperturbed (t = theta); after it the target
+    moves by m_i = 0, so step 2 is perturbed along t - theta_1 = theta_0 - theta_1: per tensor by
+    -rho d[j] / sum_k |d[k]| (reference, optimizer/WMSAM.py) or by -rho d/||d|| (vector)."""
+    model = tiny_model()
+    params = {"rho": 0.5, **({} if form == "reference" else {"perturbation_form": form})}
+    result, _ = fit("fedwmsam", params, model=copy.deepcopy(model), steps=2, batch_size=24, weight_decay=0.0,
+                    grad_clip=None, broadcast={"alpha": {"alpha": np.asarray(1 - 1e-12)}})
+    data = tiny_data()
+    xb, yb = to_float(data.train_x, torch.device("cpu")), data.train_y  # one full batch per step
+    theta0 = [p.detach() for p in model.parameters()]
+    theta1 = _step_from(model, theta0, xb, yb, lr=0.1)
+    d = [a - b for a, b in zip(theta0, theta1, strict=True)]
+    flat = torch.cat([t.reshape(-1) for t in d])
+    m1 = copy.deepcopy(model)
+    with torch.no_grad():
+        for p, q in zip(m1.parameters(), theta1, strict=True):
+            p.copy_(q)
+    if form == "reference":
+        shifted = _reference_indexed_shift(theta1, flat, 0.5)
+    else:
+        shifted = [p - 0.5 * t / flat.norm() for p, t in zip(theta1, d, strict=True)]
+    expected = _step_from(m1, shifted, xb, yb, lr=0.1)
+    for (n, _), q in zip(model.named_parameters(), expected, strict=True):
+        torch.testing.assert_close(torch.from_numpy(result.arrays[n]), q, rtol=1e-4, atol=1e-6)
 
 
 def test_fedwmsam_server_momentum_alpha_and_client_weighting():

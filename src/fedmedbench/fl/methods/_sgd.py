@@ -17,7 +17,7 @@ trainable parameters only (``param_keys``), never on buffers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,31 @@ def sam_perturbation(grads: Tensors, rho: float) -> Tensors:
     """SAM's ascent step e = rho * g / ||g|| (epsilon 1e-7 as in the reference code)."""
     scale = rho / (flat_norm(grads) + 1e-7)
     return {n: g * scale for n, g in grads.items()}
+
+
+PERTURBATION_FORMS = ("reference", "vector")
+
+
+def indexed_perturbation(direction: Iterable[torch.Tensor], order: Sequence[str], rho: float) -> Tensors:
+    """The perturbation as the FedLESAM and FedWMSAM reference optimizers (optimizer/LESAM.py and
+    WMSAM.py of their authors' code and of the early-stopping study) compute it from a flat direction
+    v: they index v by each parameter tensor's position, so tensor j moves as a whole by the scalar
+    rho * v[j] / (sum_k |v[k]| + 1e-7), k over the P parameter tensors; only v's first P entries are
+    read. It is both methods' default because that code produced the study's numbers; ``vector`` is
+    the papers' rho * d/||d||. ``direction`` yields v's pieces in parameter order (lazily: usually the
+    first suffices)."""
+    count, lead, got = len(order), [], 0
+    for t in direction:
+        piece = t.reshape(-1)[: count - got]
+        lead.append(piece)
+        got += piece.numel()
+        if got == count:
+            break
+    if got < count:
+        raise ValueError(f"indexed perturbation: the direction has {got} entries for {count} parameter tensors")
+    v = torch.cat(lead).float()
+    scale = rho / (v.abs().sum() + 1e-7)
+    return {n: v[j] * scale for j, n in enumerate(order)}
 
 
 def gradient_at(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> Tensors:

@@ -1,7 +1,7 @@
 """FedLESAM (Fan et al., ICML 2024): locally estimated global perturbation.
 
 Client: the SAM perturbation direction is the *global* one, estimated without an
-extra backward pass: e = rho * d/||d||, constant over the round, with
+extra backward pass from a direction d, constant over the round, with
     estimate="last_update" (default; the early-stopping paper's server/FedLESAM.py and
         optimizer/LESAM.py): d = -(theta_g^{t-1} -> theta_g^t update), broadcast by the
         server (no perturbation in the first round);
@@ -9,6 +9,11 @@ extra backward pass: e = rho * d/||d||, constant over the round, with
         difference between the global model the client received at its previous
         participation and the current one (kept in the client's state; no perturbation
         the first time a client participates).
+The perturbation made of d (``perturbation_form``):
+    "reference" (default; optimizer/LESAM.py indexes the flat update by parameter position):
+        parameter tensor j moves as a whole by rho * d[j] / sum_k |d[k]|, d flattened in
+        parameter order, k over the P parameter tensors (see ``indexed_perturbation``);
+    "vector" (the FedLESAM paper): e = rho * d/||d||.
 One gradient per step at theta + e, then the step at theta.
 Server: FedAvg (and broadcasts the last global update for estimate="last_update").
 """
@@ -18,14 +23,17 @@ from __future__ import annotations
 import torch
 
 from fedmedbench.fl.methods._sgd import (
+    PERTURBATION_FORMS,
     ServerOptMethod,
     StepHooks,
     arrays_to_vector,
     client_tensors,
     flat_norm,
     in_form_of,
+    indexed_perturbation,
     local_loop_metrics,
     to_tensors,
+    trainable,
     vectors64,
 )
 from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, register_method
@@ -37,13 +45,16 @@ ESTIMATES = ("previous_global", "last_update")
 class FedLESAM(ServerOptMethod):
     device_arrays = True
 
-    def __init__(self, rho: float = 0.1, estimate: str = "last_update", **params) -> None:
+    def __init__(self, rho: float = 0.1, estimate: str = "last_update", perturbation_form: str = "reference",
+                 **params) -> None:
         super().__init__(**params)
         if rho < 0:
             raise ValueError(f"fedlesam: rho must be >= 0, got {rho}")
         if estimate not in ESTIMATES:
             raise ValueError(f"fedlesam: estimate must be one of {ESTIMATES}, got '{estimate}'")
-        self.rho, self.estimate = float(rho), estimate
+        if perturbation_form not in PERTURBATION_FORMS:
+            raise ValueError(f"fedlesam: perturbation_form must be one of {PERTURBATION_FORMS}, got '{perturbation_form}'")
+        self.rho, self.estimate, self.form = float(rho), estimate, perturbation_form
 
     def direction(self, ctx: ClientContext) -> dict | None:
         like = client_tensors(ctx)
@@ -62,7 +73,11 @@ class FedLESAM(ServerOptMethod):
         d = self.direction(ctx)
         perturb = None
         if d is not None and float(flat_norm(d)) > 0:
-            e = {n: (t * (self.rho / (flat_norm(d) + 1e-7))).to(ctx.device) for n, t in d.items()}
+            if self.form == "reference":
+                order = list(trainable(ctx.model))
+                e = {n: t.to(ctx.device) for n, t in indexed_perturbation((d[n] for n in order), order, self.rho).items()}
+            else:
+                e = {n: (t * (self.rho / (flat_norm(d) + 1e-7))).to(ctx.device) for n, t in d.items()}
             perturb = lambda model, xb, yb: e  # noqa: E731 - constant over the round
         metrics = local_loop_metrics(ctx, StepHooks(perturb=perturb))
         return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train, metrics=metrics)

@@ -9,8 +9,11 @@ each step minimises  alpha * CE(theta) + (1 - alpha) * <theta, m_i>  (weighted
 momentum, C2) at a perturbed point theta + e, with e = sign * rho * (t - theta)/||t - theta||
 where the target t starts at theta_g and moves by m_i after every step (momentum-
 guided perturbation, C1; one backward pass per step). sign = -1 in the public code;
-the README's formula has +1 (``perturbation_sign``). c_i is updated as SCAFFOLD
-option II and delta_c_i sent.
+the README's formula has +1 (``perturbation_sign``). ``perturbation_form``: "reference"
+(default; optimizer/WMSAM.py indexes the flat t - theta by parameter position, so tensor j
+moves as a whole by sign * rho * (t - theta)[j] / sum_k |(t - theta)[k]|, k over the P
+parameter tensors, see ``indexed_perturbation``) or "vector" (the formula above, the
+paper's). c_i is updated as SCAFFOLD option II and delta_c_i sent.
 Server: alpha <- 0.99 alpha + 0.01 clip(mean_i v_i, 0.1, 0.9) with v_i = 1 + cos(Delta_i, m)
 (adaptive schedule, C3, using the momentum before this round's update), and v_i = 0 when
 Delta_i or m is zero, as the reference's cosine_similarity returns: in the first round
@@ -25,11 +28,13 @@ import numpy as np
 import torch
 
 from fedmedbench.fl.methods._sgd import (
+    PERTURBATION_FORMS,
     ServerOptMethod,
     StepHooks,
     arrays_to_vector,
     flat_norm,
     in_form_of,
+    indexed_perturbation,
     local_iterations,
     local_loop_metrics,
     sent_vectors,
@@ -47,14 +52,16 @@ class FedWMSAM(ServerOptMethod):
     device_arrays = True
 
     def __init__(self, rho: float = 0.1, alpha: float = 0.1, perturbation_sign: int = -1,
-                 local_iterations: str = "reference", **params) -> None:
+                 local_iterations: str = "reference", perturbation_form: str = "reference", **params) -> None:
         super().__init__(**params)
         if rho < 0 or not 0 < alpha < 1 or perturbation_sign not in (-1, 1):
             raise ValueError(f"fedwmsam: need rho >= 0, 0 < alpha < 1, sign in (-1, 1); got {rho}, {alpha}, {perturbation_sign}")
         if local_iterations not in ("reference", "per_client"):
             raise ValueError(f"fedwmsam: local_iterations must be reference or per_client, got '{local_iterations}'")
+        if perturbation_form not in PERTURBATION_FORMS:
+            raise ValueError(f"fedwmsam: perturbation_form must be one of {PERTURBATION_FORMS}, got '{perturbation_form}'")
         self.rho, self.alpha0, self.sign = float(rho), float(alpha), int(perturbation_sign)
-        self.k_form = local_iterations
+        self.k_form, self.form = local_iterations, perturbation_form
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         like = trainable(ctx.model)
@@ -65,7 +72,11 @@ class FedWMSAM(ServerOptMethod):
         m_i = {n: (m[n] + corr[n] * alpha / (1 - alpha)).to(ctx.device) for n in like}
         target = {n: t.to(ctx.device, copy=True) for n, t in to_tensors(ctx.global_arrays, like).items()}
 
+        order = list(like)
+
         def perturb(model, xb, yb):
+            if self.form == "reference":
+                return indexed_perturbation((target[n] - like[n].detach() for n in order), order, self.sign * self.rho)
             d = {n: target[n] - p.detach() for n, p in like.items()}
             return {n: t * (self.sign * self.rho / (flat_norm(d) + 1e-7)) for n, t in d.items()}
 
