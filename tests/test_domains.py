@@ -1,5 +1,5 @@
-"""MedMNIST-C client domains via medmnistc: deterministic, per-image seeded, applied at the data's own
-resolution, and strong enough to differ (GPAF Scenario 1)."""
+"""Client imaging domains (acquisition profiles, medmnistc corruptions): deterministic, per-image seeded,
+applied at the data's own resolution, and strong enough to differ (GPAF Scenario 1)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _domain(images, name):
 
 def test_degraded_domain_adds_visible_noise_on_flat_grey():
     """Gaussian noise 0.12 at 28 px: >= 15 grey levels of pixel std (the 224 px round trip left ~2.6)."""
-    out = _domain(_flat(), "degraded").astype(float)
+    out = _domain(_flat(), "degraded_medmnistc").astype(float)
     assert out.std(axis=(1, 2)).mean() >= 15
     assert out.mean() > 128 + 20  # brightness x1.3
     assert _domain(_flat(), "clean").tobytes() == _flat().tobytes()
@@ -52,7 +52,7 @@ def test_degraded_domain_adds_visible_noise_on_flat_grey():
 def test_midrange_lower_resolution_removes_fine_detail():
     """pixelate 0.5 is a true 14 px reduction: a 1 px checkerboard loses most of its high-frequency energy."""
     board = _checkerboard()
-    assert _high_frequency_energy(_domain(board, "midrange")) < 0.1 * _high_frequency_energy(board)
+    assert _high_frequency_energy(_domain(board, "midrange_medmnistc")) < 0.1 * _high_frequency_energy(board)
     assert _high_frequency_energy(_domain(board, "clean")) == _high_frequency_energy(board)
     half = domains.build_steps("breastmnist", [{"corruption": "pixelate", "range": [0.5, 0.5]}], "p")
     out = domains.corrupt_images(board, half, 0, "p", "train")
@@ -71,7 +71,7 @@ def test_large_canvas_round_trip_is_exact():
         assert np.array_equal(np.asarray(domains.apply_step(img, identity, 0)), arr)
     blur = domains.build_steps("breastmnist", [{"preset": "motion_blur", "severity": 3}], "m")
     assert blur[0].large_canvas
-    assert not domains.build_steps("breastmnist", domains.GPAF_SCENARIO1["degraded"], "d")[0].large_canvas
+    assert not domains.build_steps("breastmnist", domains.GPAF_SCENARIO1["degraded_medmnistc"], "d")[0].large_canvas
 
 
 def test_domains_hurt_a_model_trained_on_clean_images_only(breast_arrays):
@@ -104,6 +104,27 @@ def test_domains_hurt_a_model_trained_on_clean_images_only(breast_arrays):
     clean, degraded = accuracy(test), accuracy(_domain(test, "degraded"))
     assert clean >= 0.8
     assert degraded <= clean - 0.1, (clean, degraded)
+
+
+def test_profile_is_one_device_per_domain_with_per_image_noise():
+    """The authors' client shift: x' = clip(c x + b + sigma eps, 0, 1), c, b, sigma fixed per domain."""
+    flat = _flat(40, value=100)
+    spec = [{"profile": {"contrast": [0.5, 1.5], "brightness": [0.27, 0.33], "noise": [0.108, 0.132]}}]
+    out = domains.corrupt_images(flat, domains.build_steps("breastmnist", spec, "d", seed=3), 3, "d", "train") / 255.0
+    rng = np.random.default_rng(domains.domain_seed(3, "d", 0))
+    c, b, sigma = rng.uniform([0.5, 0.27, 0.108], [1.5, 0.33, 0.132])
+    # one device for every image: each image's mean is c x + b, the pixel spread is sigma (+ 8-bit rounding)
+    np.testing.assert_allclose(out.mean(axis=(1, 2)), c * 100 / 255 + b, atol=0.025)
+    np.testing.assert_allclose(out.std(axis=(1, 2)), sigma, rtol=0.15)
+    assert out.mean(axis=(1, 2)).std() < 0.01  # no per-image contrast or brightness
+    assert not np.array_equal(out[0], out[1])  # fresh noise per image
+    # brightness is an additive shift on the [0, 1] scale (+0.3 on black), not a factor
+    black = domains.corrupt_images(_flat(4, value=0), domains.build_steps("breastmnist", [{"profile": {"brightness": [0.3, 0.3]}}], "k"), 0, "k", "train")
+    assert np.all(black == round(0.3 * 255))
+    other = domains.build_steps("breastmnist", spec, "d", seed=4)
+    assert not np.array_equal(domains.corrupt_images(flat, other, 3, "d", "train"), out * 255)
+    with pytest.raises(domains.DomainSpecError, match="profile takes"):
+        domains.build_steps("breastmnist", [{"profile": {"gamma": [1, 1]}}], "p")
 
 
 def test_deterministic_and_order_independent(small):

@@ -47,6 +47,22 @@ def test_interpolation_keeps_phase_and_mixes_amplitude(window):
     assert not torch.allclose(out[3], x[3], atol=1.0)
 
 
+def test_default_transfer_is_the_reference_loaders_dc_swap():
+    """Window 0 and lambda = 1 (the reference loader): only the DC amplitude is replaced, so each
+    channel keeps its pattern and takes the target image's mean intensity."""
+    method = FedDG()
+    assert method.p["window"] == 0.0 and method.p["ratio_range"] == [1.0, 1.0]
+    x, other = images(3, 3, seed=3), images(3, 3, seed=4)
+    _, lam = method.sample_targets([amplitude_spectrum(other)], 3, torch.Generator().manual_seed(0))
+    assert torch.equal(lam, torch.ones(3))
+    out = interpolate_amplitude(x, amplitude_spectrum(other), lam, method.p["window"])
+    expected = x - x.mean(dim=(-2, -1), keepdim=True) + other.mean(dim=(-2, -1), keepdim=True)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-2)
+    # the paper's continuous interpolation (3x3 window at 28 px) changes more than the mean
+    paper = interpolate_amplitude(x, amplitude_spectrum(other), torch.ones(3), 0.05)
+    assert (paper - expected).abs().max() > 1.0
+
+
 def test_round_one_shares_spectra_and_server_builds_the_bank():
     method = FedDG(bank_fraction=0.25)
     arrays = fresh_global(method, SPEC)
@@ -86,3 +102,5 @@ def test_feddg_parameter_errors():
         get_method("feddg", {"ratio_range": [0.5, 0.2]})
     with pytest.raises(ValueError, match="first_round"):
         get_method("feddg", {"first_round": "skip"})
+    with pytest.raises(ValueError, match="window"):
+        get_method("feddg", {"window": -0.1})

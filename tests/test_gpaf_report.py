@@ -72,6 +72,18 @@ def test_typed_in_table1_is_binary_f1_of_its_precision_and_recall():
         assert 2 * r["precision"] * r["recall"] / (r["precision"] + r["recall"]) == pytest.approx(r["f1"], abs=0.1)
 
 
+def test_typed_in_table1_is_not_support_weighted_averages():
+    """Support-weighted recall is accuracy itself (checked on hand-made labels), but the printed recall
+    differs from the printed accuracy in every row: the table's metrics are not weighted averages."""
+    from sklearn.metrics import accuracy_score, recall_score
+
+    y_true, y_pred = [0, 0, 0, 1, 1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1, 1, 1, 0, 0]
+    assert recall_score(y_true, y_pred, average="weighted") == pytest.approx(accuracy_score(y_true, y_pred))
+    assert recall_score(y_true, y_pred) != pytest.approx(accuracy_score(y_true, y_pred))  # binary recall differs
+    paper = paper_values.load("gpaf", "table1", ROOT / "config" / "paper_values")
+    assert all(abs(r["recall"] - r["accuracy"]) >= 0.2 for r in paper.rows)
+
+
 def test_table1_caption_names_the_metric_definition(tmp_path):
     from types import SimpleNamespace
 

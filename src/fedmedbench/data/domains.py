@@ -1,13 +1,21 @@
-"""Client imaging domains built with the medmnistc library (MedMNIST-C corruptions).
+"""Client imaging domains: acquisition profiles and medmnistc (MedMNIST-C) corruptions.
 
 A domain is a list of corruption steps applied in order to every image of a file.
-A step is either
+A step is one of
 
 * ``{corruption: brightness, range: [lo, hi]}``: a medmnistc corruption class with a
   parameter drawn uniformly in [lo, hi] per image (medmnistc's ``augmentation=True``
   mode; lo == hi gives a fixed value), or
 * ``{preset: motion_blur, severity: 3}``: the MedMNIST-C benchmark corruption for the
-  dataset at severity 1..5 (``medmnistc.corruptions.registry.CORRUPTIONS_DS``).
+  dataset at severity 1..5 (``medmnistc.corruptions.registry.CORRUPTIONS_DS``), or
+* ``{profile: {contrast: [lo, hi], brightness: [lo, hi], noise: [lo, hi]}}``: an acquisition
+  profile, x' = clip(c * x + b + sigma * eps, 0, 1) on the [0, 1] intensity scale, one clip
+  at the end, eps ~ N(0, 1) per pixel. c, b and sigma are drawn uniformly once per domain
+  (from the domain seed and the domain's name), so every image of a client shares the same
+  device; only the noise differs from image to image. This is the client-shift code the GPAF
+  authors published (sanywright13/GPAFflower baselines/fedprox/fedprox/dataset_preparation.py,
+  ``SameModalityDomainShift``: a fixed contrast factor from the profile's range, a brightness
+  shift and a noise level each scaled by U(0.9, 1.1), applied as above).
 
 Resolution. Every step acts on the image at the resolution the data is used at, so a
 corruption means at 28 px what its parameter says: Gaussian noise 0.12 is a pixel standard
@@ -25,10 +33,12 @@ independent noise draws and shrinks the noise by a third; large-canvas steps sti
 RGB as medmnistc does. Every image gets its own RNG state derived from (seed, domain name,
 split, index), so results do not depend on processing order.
 
-GPAF's Scenario 1 domains (paper, Sec. 4): client 0 clean "high-end"; client 1
-"mid-range" (brightness change 0.2%-15%, lower resolution, contrast 0.6-1.4);
-client 2 "degraded" (brightness +0.3, Gaussian noise 0.12, contrast 0.5-1.5). See
-``GPAF_SCENARIO1`` and config/config.yaml.
+GPAF's Scenario 1 domains: client 0 clean "high-end"; clients 1 "mid-range" and 2 "degraded" as
+the authors' profiles (mid-range: contrast 0.6-1.4, brightness +0.2, noise 0.08; degraded:
+contrast 0.5-1.5, brightness +0.3, noise 0.12; shift and noise x U(0.9, 1.1)). The paper's
+text, read as MedMNIST-C corruptions, is kept as ``midrange_medmnistc`` (brightness 0.2%-15%,
+lower resolution, contrast 0.6-1.4) and ``degraded_medmnistc`` (brightness x1.3, Gaussian
+noise 0.12, contrast 0.5-1.5). See ``GPAF_SCENARIO1`` and config/config.yaml.
 """
 
 from __future__ import annotations
@@ -70,24 +80,54 @@ CORRUPTION_CLASSES = {
 
 GPAF_SCENARIO1: dict[str, list[dict]] = {
     "clean": [],
-    "midrange": [
+    "midrange": [{"profile": {"contrast": [0.6, 1.4], "brightness": [0.18, 0.22], "noise": [0.072, 0.088]}}],
+    "degraded": [{"profile": {"contrast": [0.5, 1.5], "brightness": [0.27, 0.33], "noise": [0.108, 0.132]}}],
+    "midrange_medmnistc": [
         {"corruption": "brightness", "range": [1.002, 1.15]},
         {"corruption": "pixelate", "range": [0.5, 0.5]},
         {"corruption": "contrast", "range": [0.6, 1.4]},
     ],
-    "degraded": [
+    "degraded_medmnistc": [
         {"corruption": "brightness", "range": [1.3, 1.3]},
         {"corruption": "gaussian_noise", "range": [0.12, 0.12]},
         {"corruption": "contrast", "range": [0.5, 1.5]},
     ],
 }
+PROFILE_KEYS = ("contrast", "brightness", "noise")
 
 
 class DomainSpecError(ValueError):
     """A corruption step in the config is not understood (message names it)."""
 
 
-def _build_step(flag: str, step: dict, where: str):
+def _range(value, where: str, key: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise DomainSpecError(f"{where}: {key} must be [lo, hi]") from None
+    if lo > hi:
+        raise DomainSpecError(f"{where}: {key} must be [lo, hi] with lo <= hi")
+    return lo, hi
+
+
+def _build_profile(spec: dict, where: str, domain_seed: int) -> Step:
+    """An acquisition profile: one (contrast, brightness, noise) draw per domain, noise per pixel."""
+    if not isinstance(spec, dict) or set(spec) - set(PROFILE_KEYS):
+        raise DomainSpecError(f"{where}: profile takes {list(PROFILE_KEYS)}")
+    ranges = [_range(spec.get(k, [default, default]), where, k) for k, default in zip(PROFILE_KEYS, (1.0, 0.0, 0.0), strict=True)]
+    c, b, sigma = (float(v) for v in np.random.default_rng(domain_seed).uniform([r[0] for r in ranges], [r[1] for r in ranges]))
+
+    def apply(img: Image.Image, seed: int) -> np.ndarray:
+        x = np.asarray(img, dtype=np.float64) / 255.0
+        noise = np.random.default_rng(seed).standard_normal(x.shape) * sigma
+        return np.round(np.clip(c * x + b + noise, 0.0, 1.0) * 255.0)
+
+    return Step(apply)
+
+
+def _build_step(flag: str, step: dict, where: str, domain_seed: int = 0):
+    if "profile" in step:
+        return _build_profile(step["profile"], where, domain_seed)
     compat.patch_medmnistc()
     from medmnistc.corruptions import registry
 
@@ -106,9 +146,7 @@ def _build_step(flag: str, step: dict, where: str):
     name = step.get("corruption")
     if name not in CORRUPTION_CLASSES:
         raise DomainSpecError(f"{where}: unknown corruption '{name}'; choose from {sorted(CORRUPTION_CLASSES)}")
-    lo, hi = (float(v) for v in step.get("range", [None, None]))
-    if lo > hi:
-        raise DomainSpecError(f"{where}: range must be [lo, hi] with lo <= hi")
+    lo, hi = _range(step.get("range"), where, "range")
     cls = getattr(registry, CORRUPTION_CLASSES[name])
     corruptor = cls(severity_params=[lo, hi])
     return Step(_seeded(corruptor, lambda img: corruptor.apply(img, augmentation=True)), large_canvas=name in LARGE_CANVAS)
@@ -180,13 +218,18 @@ def corrupt_images(images: np.ndarray, steps: Sequence[Step], seed: int, domain:
     return out
 
 
-def build_steps(flag: str, spec: list[dict], domain: str) -> list[Step]:
-    return [_build_step(flag, step, f"domain '{domain}' step {k}") for k, step in enumerate(spec)]
+def domain_seed(seed: int, domain: str, k: int) -> int:
+    """Seed of a domain's own draws (a profile's device parameters) for its step k."""
+    return (zlib.crc32(f"{seed}/{domain}/profile{k}".encode()) * 1_000_003) % (2**32)
+
+
+def build_steps(flag: str, spec: list[dict], domain: str, seed: int = 0) -> list[Step]:
+    return [_build_step(flag, step, f"domain '{domain}' step {k}", domain_seed(seed, domain, k)) for k, step in enumerate(spec)]
 
 
 def corrupt_dataset(data: dict[str, np.ndarray], flag: str, domain: str, spec: list[dict], seed: int) -> dict[str, np.ndarray]:
     """Return a copy of a MedMNIST array dict with every split corrupted by ``spec``."""
-    steps = build_steps(flag, spec, domain)
+    steps = build_steps(flag, spec, domain, seed)
     out = dict(data)
     for split in SPLITS:
         out[f"{split}_images"] = corrupt_images(data[f"{split}_images"], steps, seed, domain, split)

@@ -8,12 +8,17 @@ the broadcast ``amp_bank``, which every client receives from the next round on.
 
 Client, every mini-batch (x, y):
 
-1. Continuous frequency-space interpolation: for each image a target spectrum A_n is
-   drawn from another client's bank (random client, then random spectrum) and
-   lambda ~ U(ratio_range); inside the centred low-frequency window of half-size
-   floor(min(H, W) * window) the amplitude becomes (1 - lambda) * A_local + lambda * A_n
-   (outside it stays A_local), the phase stays the local one, and x_t = IFFT2(A' e^{iP})
-   clipped to the pixel range.
+1. Frequency-space transfer: for each image a target spectrum A_n is drawn from another
+   client's bank (random client, then random spectrum) and lambda ~ U(ratio_range); inside
+   the centred low-frequency window of half-size floor(min(H, W) * window) the amplitude
+   becomes (1 - lambda) * A_local + lambda * A_n (outside it stays A_local), the phase stays
+   the local one, and x_t = IFFT2(A' e^{iP}) clipped to the pixel range. Defaults follow the
+   reference training loader (liuquande/FedDG-ELCFS dataloaders/fundus_dataloader.py:56,
+   253-275): ``window`` 0 (L = 0: the DC term only) and ``ratio_range`` [1, 1] (the target
+   amplitude replaces the local one; the loader's random ratio is computed but its
+   interpolation line is commented out). The paper's continuous interpolation is
+   ``window: 0.05, ratio_range: [0, 1]`` (a 3x3 window at 28 px, the window of the
+   reference demo, L = 0.003 at 384 px, freq_space_interpolation_demo.py:22-37, 92).
 2. Episodic meta-learning: meta-train loss L_in = CE(f(x; theta), y); inner update
    theta' = theta - meta_step * clip(grad L_in, +-grad_clip_inner) (first order, as the
    reference code: no second derivatives unless ``second_order``); meta-test loss
@@ -26,9 +31,8 @@ Round 1 (empty bank; also later if no other client has shared yet): ``first_roun
 (default) runs the same episode with the client's own spectra (intra-client
 interpolation), ``erm`` trains on L_in alone. Server: FedAvg.
 
-Defaults: reference code meta_step 1e-3 and inner gradient clip 100; ``window`` 0.05
-gives a 3x3 low-frequency window at 28 px, the window size of the reference demo
-(L = 0.003 at 384 px).
+Defaults: reference code meta_step 1e-3 and inner gradient clip 100 (train_ELCFS.py:36-37,
+221); window and ratio as the reference loader (see 1.).
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ from fedmedbench.fl.training import (
 
 BANK = "amp_bank"
 DEFAULTS: dict[str, Any] = {
-    "bank_fraction": 0.125, "bank_max": 256, "window": 0.05, "ratio_range": [0.0, 1.0], "meta_step": 1e-3,
+    "bank_fraction": 0.125, "bank_max": 256, "window": 0.0, "ratio_range": [1.0, 1.0], "meta_step": 1e-3,
     "grad_clip_inner": 100.0, "second_order": False, "first_round": "own",
 }
 CHOICES = {"first_round": ("own", "erm")}
@@ -112,6 +116,8 @@ class FedDG(Method):
         lo, hi = self.p["ratio_range"]
         if not 0 <= lo <= hi <= 1:
             raise ValueError(f"method_params.feddg.ratio_range must satisfy 0 <= lo <= hi <= 1, got {self.p['ratio_range']}")
+        if not 0 <= self.p["window"] <= 0.5:
+            raise ValueError(f"method_params.feddg.window must be in [0, 0.5], got {self.p['window']}")
         if not 0 < self.p["bank_fraction"] <= 1:
             raise ValueError(f"method_params.feddg.bank_fraction must be in (0, 1], got {self.p['bank_fraction']}")
 
