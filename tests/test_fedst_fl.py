@@ -462,6 +462,23 @@ def test_fedavg_weights_by_training_clips_uniform_as_option():
     assert np.allclose(get_method("seg_fedavg", {"aggregation": None}).aggregate(ctx())["w"], 0.5)
 
 
+def test_fedrep_weights_the_representation_by_training_clips_uniform_as_option():
+    """FedRep's reference weighs each site's model by its training samples, even where the
+    study's ``train.aggregation`` is uniform (FedST's own rule)."""
+    from fedmedbench.fl.registry import ClientResult, ServerContext, TrainConfig
+
+    a, b = {"w": np.zeros(2, np.float32)}, {"w": np.ones(2, np.float32)}
+
+    def ctx():
+        return ServerContext(rnd=1, global_arrays=a, results=[ClientResult(a, 1), ClientResult(b, 3)], pids=[0, 1], state={},
+                             num_clients=2, device=torch.device("cpu"), new_model=lambda: None,
+                             train=TrainConfig(rounds=1, local_epochs=1, batch_size=2, lr=0.1, aggregation="uniform"))
+
+    assert np.allclose(get_method("fedrep", {}).aggregate(ctx())["w"], 0.75)  # 3 of 4 clips
+    assert np.allclose(get_method("fedrep", {"aggregation": "uniform"}).aggregate(ctx())["w"], 0.5)
+    assert np.allclose(get_method("fedrep", {"aggregation": None}).aggregate(ctx())["w"], 0.5)
+
+
 def test_feddp_calibration_stage_after_federated_rounds(clips, tmp_path):
     """Round 1 federated (queries stay home, but are sent once as an extra for the memory models);
     round 2 = the reference's calibration: no aggregation, each site fine-tunes its whole model."""
