@@ -428,11 +428,12 @@ def test_fedas_alignment_pulls_shared_features_to_the_previous_models_prototypes
         def set_indicator(self, v):
             pass
 
-    monkeypatch.setattr(fedas, "pixel_features", lambda m, x, y: ((m.a * x[:, -1, 0].float()).reshape(-1, 1), y.reshape(-1)))
+    monkeypatch.setattr(fedas, "pixel_features", lambda m, x, y, *a: ((m.a * x[:, -1, 0].float()).reshape(-1, 1), y.reshape(-1)))
     xs = [torch.full((1, 3, 1, 1), 1.0), torch.full((1, 3, 1, 1), 1.0)]
     ys = [torch.tensor([[1]]), torch.tensor([[1]])]
     data = _Batches(xs, ys)
-    method = get_method("fedas", {})
+    assert get_method("fedas", {}).p["align_batch_size"] == 16  # the reference's fixed loader
+    method = get_method("fedas", {"align_batch_size": 1})
     monkeypatch.setattr(type(method), "shared_keys", lambda self, m: ["a"])
     prev = {"a": torch.tensor(3.0)}  # the site's previous model: prototype of class 1 = 3
     ctx = SimpleNamespace(data=SimpleNamespace(train=data, indicator=None), state={"personal": {}, "previous": prev},
@@ -445,6 +446,37 @@ def test_fedas_alignment_pulls_shared_features_to_the_previous_models_prototypes
         a -= 0.01 * 2 * (a - 3.0)
     assert float(model.a.detach()) == pytest.approx(a)
     assert data.seen == [0, 1, 0, 1]
+
+
+def test_fedas_aligns_every_shared_layer_through_the_classifiers_input_from_round_one():
+    """The reference aligns ``model.base`` (all but the head) on the head's input, already in the
+    first round (previous model = the initial one); ``representation: deep`` stops at the encoder."""
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.registry import TrainConfig
+    from fedmedbench.models.fedst import build_fedst_net
+
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randint(0, 256, (1, 3, 32, 32), generator=g, dtype=torch.uint8) for _ in range(3)]
+    ys = [torch.randint(0, 3, (32, 32), generator=g) for _ in range(3)]
+
+    def changed(params: dict) -> set[str]:
+        torch.manual_seed(0)
+        net = build_fedst_net({"temporal": False, "selection": "none", "num_classes": 3, "decoder_dim": 8})
+        before = {n: p.detach().clone() for n, p in net.named_parameters()}
+        data = _Batches(xs, ys)
+        ctx = SimpleNamespace(data=SimpleNamespace(train=data, indicator=torch.zeros(512)), state={},
+                              train=TrainConfig(rounds=1, local_epochs=1, batch_size=2, lr=0.1), device=torch.device("cpu"))
+        get_method("fedas", params)._align(ctx, net)
+        assert data.seen == [0, 0]  # one batch of up to 16 clips for the prototypes, one for the alignment
+        return {n for n, p in net.named_parameters() if not torch.equal(p.detach(), before[n])}
+
+    head_input = changed({})
+    assert any(n.startswith("encoder.") for n in head_input)
+    assert {"decoder.fuse.0.weight", "decoder.proj.0.weight", "decoder.attn.v.weight"} <= head_input
+    assert not any(n.startswith("decoder.head.") for n in head_input)  # the personal classifier is not aligned
+    deep = changed({"representation": "deep"})
+    assert any(n.startswith("encoder.") for n in deep) and not any(n.startswith("decoder.") for n in deep)
 
 
 def test_fedavg_weights_by_training_clips_uniform_as_option():
@@ -460,6 +492,23 @@ def test_fedavg_weights_by_training_clips_uniform_as_option():
     assert np.allclose(get_method("seg_fedavg", {}).aggregate(ctx())["w"], 0.75)
     assert np.allclose(get_method("seg_fedavg", {"aggregation": "uniform"}).aggregate(ctx())["w"], 0.5)
     assert np.allclose(get_method("seg_fedavg", {"aggregation": None}).aggregate(ctx())["w"], 0.5)
+
+
+def test_fedrep_weights_the_representation_by_training_clips_uniform_as_option():
+    """FedRep's reference weighs each site's model by its training samples, even where the
+    study's ``train.aggregation`` is uniform (FedST's own rule)."""
+    from fedmedbench.fl.registry import ClientResult, ServerContext, TrainConfig
+
+    a, b = {"w": np.zeros(2, np.float32)}, {"w": np.ones(2, np.float32)}
+
+    def ctx():
+        return ServerContext(rnd=1, global_arrays=a, results=[ClientResult(a, 1), ClientResult(b, 3)], pids=[0, 1], state={},
+                             num_clients=2, device=torch.device("cpu"), new_model=lambda: None,
+                             train=TrainConfig(rounds=1, local_epochs=1, batch_size=2, lr=0.1, aggregation="uniform"))
+
+    assert np.allclose(get_method("fedrep", {}).aggregate(ctx())["w"], 0.75)  # 3 of 4 clips
+    assert np.allclose(get_method("fedrep", {"aggregation": "uniform"}).aggregate(ctx())["w"], 0.5)
+    assert np.allclose(get_method("fedrep", {"aggregation": None}).aggregate(ctx())["w"], 0.5)
 
 
 def test_feddp_calibration_stage_after_federated_rounds(clips, tmp_path):

@@ -2,20 +2,30 @@
 learning"), adapted to segmentation, following its public code (github.com/xiyuanyang45/FedAS),
 read for understanding; nothing is copied.
 
-* Parameter alignment (client, before training; ``system/flcore/clients/clientas.py``,
+* Parameter alignment (client, before training; ``system/flcore/clients/clientas.py:171-231``,
   ``set_parameters``): per-class prototypes = mean representation of each class, computed
   with the site's own previous model over all its training data; the received shared
   parameters then take one full epoch (``align_epochs``) of SGD (lr ``align_lr`` = 0.01, as
   the reference) on the MSE between their representation of each class and its prototype,
   batch by batch over the training clips; the aligned shared part replaces the site's.
-* Client synchronisation (server; ``system/flcore/servers/serveras.py``,
+  Both passes use batches of ``align_batch_size`` = 16 clips (the reference's fixed loader,
+  ``clientas.py:181``). It runs from the first round on: there the site's previous model is
+  its initial model, the same as the broadcast one (the reference's clients and server start
+  from one model and align in round 0 too).
+* Client synchronisation (server; ``system/flcore/servers/serveras.py:44-59``,
   ``aggregate_wrt_fisher``): every client sends the trace of its Fisher information, the sum
-  over *all* its training batches (``clientas.py``, after local training) of the squared
-  gradients of the batch-mean NLL; the server weights the models by trace / sum of traces.
-* The classifier (``decoder.head``) stays on the site (the reference's base/head split).
-Adaptation to segmentation (ours): the representation is the decoder's deepest input
-(encoder -> temporal module -> channel selection), and a "sample" of a class is a pixel of
-that map (labels resized by nearest neighbour).
+  over *all* its training batches (``clientas.py:93-114``, after local training) of the
+  squared gradients of the batch-mean NLL; the server weights the models by trace / sum of
+  traces.
+* The classifier (``decoder.head``) stays on the site (the reference's base/head split:
+  ``set_parameters`` replaces only ``model.base``).
+
+Adaptation to segmentation (ours): the representation is what the reference's ``base``
+returns, the classifier's input (``representation: head_input``: the decoder's fused map at a
+quarter of the input size), so alignment reaches every shared layer; a "sample" of a class is a
+pixel of that map (labels resized by nearest neighbour). ``representation: deep`` takes the
+decoder's deepest input instead (encoder -> temporal module -> channel selection), which leaves
+the decoder's shared layers out of the alignment.
 """
 
 from __future__ import annotations
@@ -39,34 +49,37 @@ def deep_features(model, x: torch.Tensor) -> torch.Tensor:
     return model.cs(f) if model.cs is not None else f
 
 
-def pixel_features(model, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    f = deep_features(model, x)
+def pixel_features(model, x: torch.Tensor, y: torch.Tensor, where: str = "head_input") -> tuple[torch.Tensor, torch.Tensor]:
+    """(pixels, C) representation and (pixels,) labels of clips x: ``where`` = head_input | deep."""
+    f = model.head_input(x) if where == "head_input" else deep_features(model, x)
     lab = F.interpolate(y[:, None].float(), size=f.shape[2:], mode="nearest")[:, 0].long()
     return f.permute(0, 2, 3, 1).reshape(-1, f.shape[1]), lab.reshape(-1)
 
 
 @register_method("fedas")
 class FedAS(SegMethod):
-    defaults = {"personal": ["head"], "align_epochs": 1, "align_lr": 0.01, "fisher_batches": None}
+    defaults = {"personal": ["head"], "align_epochs": 1, "align_lr": 0.01, "align_batch_size": 16,
+                "representation": "head_input", "fisher_batches": None}
+    choices = {"representation": ("head_input", "deep")}
 
     def _prototypes(self, ctx, model) -> dict[int, torch.Tensor]:
         sums: dict[int, torch.Tensor] = {}
         counts: dict[int, int] = {}
         model.eval()
         with torch.no_grad():
-            for x, y in ctx.data.train.batches(ctx.train.batch_size):
-                f, lab = pixel_features(model, x.to(ctx.device), y.to(ctx.device))
+            for x, y in ctx.data.train.batches(int(self.p["align_batch_size"])):
+                f, lab = pixel_features(model, x.to(ctx.device), y.to(ctx.device), self.p["representation"])
                 for c in lab.unique().tolist():
                     sums[c] = sums.get(c, 0) + f[lab == c].sum(0)
                     counts[c] = counts.get(c, 0) + int((lab == c).sum())
         return {c: sums[c] / counts[c] for c in sums}
 
     def _align(self, ctx, model) -> None:
-        """Align the broadcast shared parameters to the prototypes of the site's previous model."""
-        if "personal" not in ctx.state or "previous" not in ctx.state:
-            return
+        """Align the broadcast shared parameters to the prototypes of the site's previous model
+        (in the first round: the site's initial model, which the broadcast one equals)."""
         previous = self.build_model_like(model)
-        load_arrays(previous, {k: v.numpy() for k, v in ctx.state["previous"].items()})
+        if "previous" in ctx.state:
+            load_arrays(previous, {k: v.numpy() for k, v in ctx.state["previous"].items()})
         previous.to(ctx.device).set_indicator(ctx.data.indicator)
         protos = self._prototypes(ctx, previous)
         shared = set(self.shared_keys(model))
@@ -74,8 +87,8 @@ class FedAS(SegMethod):
         opt = torch.optim.SGD(params, lr=float(self.p["align_lr"]))
         model.train()
         for _ in range(int(self.p["align_epochs"])):  # the reference: one pass over the training data
-            for x, y in ctx.data.train.batches(ctx.train.batch_size):
-                f, lab = pixel_features(model, x.to(ctx.device), y.to(ctx.device))
+            for x, y in ctx.data.train.batches(int(self.p["align_batch_size"])):
+                f, lab = pixel_features(model, x.to(ctx.device), y.to(ctx.device), self.p["representation"])
                 losses = [F.mse_loss(f[lab == c], protos[c].expand_as(f[lab == c])) for c in lab.unique().tolist() if c in protos]
                 if not losses:
                     continue

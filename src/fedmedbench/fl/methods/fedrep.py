@@ -8,18 +8,24 @@ representation frozen, then ``local_rep_ep`` epochs train the representation wit
 frozen. The reference defaults are local_ep = 5, local_rep_ep = 1 (``utils/options.py:14,39``),
 so the head gets 4/5 of the round: ``head_fraction`` = 0.8 of the round's iterations here
 (the FedST study counts iterations, not epochs).
+
+Server: the reference weights each site's model by its number of training samples
+(``main_fedrep.py:43-45,162-182``; equal shards on CIFAR make that uniform there, unequal
+sites do not), so ``aggregation: examples`` is the default whatever ``train.aggregation``
+says; ``uniform`` averages 1/K, ``null`` follows ``train.aggregation``.
 """
 
 from __future__ import annotations
 
-from fedmedbench.fl.methods.fedst_base import SegMethod
-from fedmedbench.fl.registry import register_method
+from fedmedbench.fl.methods.fedst_base import SegMethod, client_weights
+from fedmedbench.fl.registry import Arrays, ServerContext, register_method, weighted_average
 from fedmedbench.fl.tasks.segmentation import train_steps
 
 
 @register_method("fedrep")
 class FedRep(SegMethod):
-    defaults = {"personal": ["decoder"], "head_fraction": 0.8}
+    defaults = {"personal": ["decoder"], "head_fraction": 0.8, "aggregation": "examples"}
+    choices = {"aggregation": ("examples", "uniform", None)}
 
     def local_train(self, ctx, model):
         head = set(self.personal(model))
@@ -35,3 +41,7 @@ class FedRep(SegMethod):
             return loss_h
         loss_b = train_steps(model, ctx.data.train, body_steps, *common, params=body_params)
         return (loss_h * head_steps + loss_b * body_steps) / ctx.steps
+
+    def aggregate(self, ctx: ServerContext) -> Arrays:
+        """The shared representation, weighted as ``aggregation`` says (default: training clips)."""
+        return weighted_average([r.arrays for r in ctx.results], client_weights(ctx, self.p["aggregation"]))

@@ -35,10 +35,13 @@ class Decoder(nn.Module):
         self.fuse = nn.Sequential(nn.Conv2d(dim * len(channels), dim, 1), nn.BatchNorm2d(dim), nn.ReLU(inplace=True))
         self.head = nn.Conv2d(dim, num_classes, 1)
 
-    def forward(self, feats: list[torch.Tensor], out_size: tuple[int, int]) -> torch.Tensor:
+    def fused(self, feats: list[torch.Tensor]) -> torch.Tensor:
+        """The classifier's input (B, dim, h0, w0) at the finest level's size (FedAS's representation)."""
         size = feats[0].shape[2:]
         levels = [p(f) for p, f in zip(self.proj, feats, strict=True)]
         levels[-1] = self.attn(levels[-1])
         up = [lv if lv.shape[2:] == size else F.interpolate(lv, size=size, mode="bilinear", align_corners=False) for lv in levels]
-        logits = self.head(self.fuse(torch.cat(up, dim=1)))
-        return F.interpolate(logits, size=out_size, mode="bilinear", align_corners=False)
+        return self.fuse(torch.cat(up, dim=1))
+
+    def forward(self, feats: list[torch.Tensor], out_size: tuple[int, int]) -> torch.Tensor:
+        return F.interpolate(self.head(self.fused(feats)), size=out_size, mode="bilinear", align_corners=False)

@@ -89,9 +89,19 @@ class FedSTNet(nn.Module):
         ``temporal=False`` bypasses the RSC module (F* = F_ts): SERQ and the synthetic
         pre-training work on still synthetic frames, which carry no motion (paper Sec. III-C).
         """
+        return self.decoder(self.decoder_inputs(clip, temporal), tuple(clip.shape[-2:]))
+
+    def head_input(self, clip: torch.Tensor, temporal: bool = True) -> torch.Tensor:
+        """What the classifier ``decoder.head`` sees (B, decoder_dim, H/4, W/4): the output of
+        everything but the head, the representation a base/head split (FedAS) works on."""
+        return self.decoder.fused(self.decoder_inputs(clip, temporal))
+
+    def decoder_inputs(self, clip: torch.Tensor, temporal: bool = True) -> list[torch.Tensor]:
+        """The four maps the decoder fuses: the current frame's pyramid, its deepest level
+        through the temporal module and channel selection when configured."""
         if clip.ndim != 5:
             raise ValueError(f"expected a clip tensor (B, T, 3, H, W), got shape {tuple(clip.shape)}")
-        b, t, _, h, w = clip.shape
+        b, t = clip.shape[:2]
         if self.rsc is not None and temporal:
             if t != self.cfg.num_frames:
                 raise ValueError(f"the temporal module is configured for {self.cfg.num_frames} frames, the clip has {t}")
@@ -103,7 +113,7 @@ class FedSTNet(nn.Module):
             cur = self.features(clip[:, -1])
         if self.cs is not None:
             cur[-1] = self.cs(cur[-1])
-        return self.decoder(cur, (h, w))
+        return cur
 
 
 def build_fedst_net(cfg: dict[str, Any] | ModelConfig) -> FedSTNet:
