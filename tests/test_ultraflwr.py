@@ -77,7 +77,7 @@ def _results(method, model, n=3):
 @pytest.mark.parametrize("strategy", C.strategy_names())
 def test_aggregation_only_touches_selected_components(strategy):
     """Each of the 14 strategies aggregates exactly its components' keys (mean or median) and nothing else."""
-    method = get_method("ultraflwr", {"strategy": strategy})
+    method = get_method("ultraflwr", {"strategy": strategy, "weighting": "frames"})
     model = build_yolo("yolo11n.yaml", 3, seed=0)
     keys, results = _results(method, model)
     old = {k: v.numpy() for k, v in model.state_dict().items() if k in keys}
@@ -350,6 +350,34 @@ def test_fedavg_weighting_frames_vs_uniform(weighting, expected):
     assert float(out["w"][0]) == pytest.approx(expected)
     with pytest.raises(ValueError, match="weighting"):
         fedavg_weights([1, 2], "examples")
+
+
+def test_defaults_follow_ultraflwrs_code():
+    """Unless configured otherwise, a run does what UltraFlwr's code does: FedAvg gives every client the
+    same weight (its clients all report 10 examples) and the local model is the epoch of best Ultralytics
+    8.3 fitness (its best.pt); the paper's text (mAP50) and McMahan's frame weighting are options."""
+    from pathlib import Path
+
+    import yaml
+
+    from fedmedbench.fl.tasks.detection.yolo import EpochSelector
+
+    method = get_method("ultraflwr", {"strategy": "FedAvg"})
+    assert (method.select_metric, method.weighting) == ("fitness", "uniform")
+    schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "schema.yaml").read_text())
+    train = schema["properties"]["ultraflwr"]["properties"]["train"]["properties"]
+    assert (train["select_metric"]["default"], train["weighting"]["default"]) == ("fitness", "uniform")
+    sel = EpochSelector()  # the hand-made results above: best mAP50 at epoch 1, best fitness at epoch 2
+    for e, (m50, m5095) in enumerate([(0.30, 0.10), (0.60, 0.20), (0.55, 0.30), (0.20, 0.05)]):
+        sel(_FakeTrainer(e, 4, m50, m5095))
+    assert sel.epoch == 2
+    model = build_yolo("yolo11n.yaml", 3, seed=0)
+    keys, results = _results(method, model)  # clients of 1, 2 and 7 training frames
+    ctx = ServerContext(rnd=1, global_arrays={}, results=results, pids=[0, 1, 2], state={}, num_clients=3,
+                        device=torch.device("cpu"), train=TrainConfig(rounds=3, local_epochs=1, batch_size=8, lr=0.01),
+                        new_model=lambda: model)
+    new = method.aggregate(ctx)
+    np.testing.assert_allclose(new[keys[0]], np.mean([r.arrays[keys[0]] for r in results], 0), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("final", ["skip_all", "skip_partial", "keep"])

@@ -2,12 +2,12 @@
 
 Client (each round): load the broadcast components into its model, keep its own
 weights for every other component (persistent client state, restored on resume),
-train E local epochs with Ultralytics, select the local model by validation mAP50
-(best epoch, the paper's text), by Ultralytics 8.3 fitness (UltraFlwr's ``best.pt``) or
-the last epoch, send only the arrays of the aggregated components, in fp32.
-Server: FedAvg (weighted by the clients' training image counts, or equally as UltraFlwr,
-whose clients all report 10 examples) or coordinate-wise FedMedian over the received
-components. The final aggregation after the last round is
+train E local epochs with Ultralytics, select the local model of the best epoch by
+Ultralytics 8.3 fitness (UltraFlwr's ``best.pt``, the default) or by validation mAP50 (the
+paper's text), or the last epoch, send only the arrays of the aggregated components, in fp32.
+Server: FedAvg with equal client weights (UltraFlwr's clients all report 10 examples; the
+default) or weighted by the clients' training image counts (McMahan et al.), or
+coordinate-wise FedMedian over the received components. The final aggregation after the last round is
 omitted (``final_aggregation``): each client is then evaluated with its own last model.
 Communication: bytes each client sent per round, from the arrays actually sent.
 """
@@ -60,7 +60,7 @@ class UltraFlwr(Method):
     personalized = True  # partial strategies leave each client its own model; all are evaluated per client
 
     def __init__(self, strategy: str = "FedAvg", split: str = "ultraflwr", select: str = "best",
-                 select_metric: str = "map50", weighting: str = "frames", final_aggregation: str = "skip_all",
+                 select_metric: str = "fitness", weighting: str = "uniform", final_aggregation: str = "skip_all",
                  ultralytics: dict | None = None) -> None:
         self.components, self.aggregator = parse_strategy(strategy)
         if split not in SPLITS:

@@ -26,7 +26,7 @@ def block_best(curve: list[float], rnd: int, epochs: int) -> float:
     return max(block) if block else math.nan
 
 
-def run_centralized(spec: RunSpec, select: str = "best", select_metric: str = "map50", ultralytics: dict | None = None,
+def run_centralized(spec: RunSpec, select: str = "best", select_metric: str = "fitness", ultralytics: dict | None = None,
                     log=print) -> dict:
     """Train and evaluate every client alone; writes metrics.csv (per round-equivalent and client:
     Ultralytics validation mAP50), client_metrics.csv (row i of the ID/CD matrix per client),

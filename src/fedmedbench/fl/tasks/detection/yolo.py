@@ -8,8 +8,8 @@ Measured pitfalls this wrapper avoids (Ultralytics 8.4):
 * After ``train()`` the wrapper holds ``best.pt``'s EMA weights in fp16, chosen by
   Ultralytics' fitness. Here checkpoints are not written at all (``save_model`` is off);
   a callback (:class:`EpochSelector`) copies the EMA weights that were just validated,
-  in fp32, at the epoch chosen by *our* rule: the best validation mAP50 (the paper's
-  text), the best Ultralytics 8.3 fitness (UltraFlwr's ``best.pt``), or the last epoch.
+  in fp32, at the epoch chosen by *our* rule: the best Ultralytics 8.3 fitness (UltraFlwr's
+  ``best.pt``, the default), the best validation mAP50 (the paper's text), or the last epoch.
 * Every ``train()`` makes a new trainer (optimizer, LR warm-up and EMA start afresh):
   that is UltraFlwr's behaviour per round and is kept.
 """
@@ -85,7 +85,7 @@ def _fp32_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def train_yolo(
     model: torch.nn.Module, data_yaml: str | Path, *, epochs: int, batch: int, imgsz: int, seed: int,
-    device: torch.device, workdir: str | Path, select: str = "best", select_metric: str = "map50",
+    device: torch.device, workdir: str | Path, select: str = "best", select_metric: str = "fitness",
     extra: dict[str, Any] | None = None,
 ) -> TrainOutcome:
     """Train ``model`` (its current weights) for ``epochs`` with Ultralytics' detection trainer."""
@@ -133,7 +133,7 @@ class EpochSelector:
     on ties); ``last``: the final epoch. Epochs not really validated never count as best.
     """
 
-    def __init__(self, select: str = "best", select_metric: str = "map50") -> None:
+    def __init__(self, select: str = "best", select_metric: str = "fitness") -> None:
         if select not in SELECT:
             raise ValueError(f"select must be one of {SELECT}, got '{select}'")
         if select_metric not in SELECT_METRICS:
