@@ -19,7 +19,8 @@ with log_to(snakemake.log[0]) as log:
 
         mp = spec.method_params
         run_centralized(spec, select=mp.get("select", "best"), select_metric=mp.get("select_metric", "fitness"),
-                        ultralytics=mp.get("ultralytics"), log=log)
+                        ultralytics=mp.get("ultralytics"), log=log,
+                        auto_optimizer=mp.get("auto_optimizer", "ultralytics_8_3"))
         io.write_csv(snakemake.output.comm, pd.DataFrame(columns=["round", "client", "bytes_sent"]))
     else:
         from fedmedbench.fl import engine

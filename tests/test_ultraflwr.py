@@ -380,6 +380,38 @@ def test_defaults_follow_ultraflwrs_code():
     np.testing.assert_allclose(new[keys[0]], np.mean([r.arrays[keys[0]] for r in results], 0), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("iterations,expected", [(20_000, ("SGD", 0.01)), (10_000, ("AdamW", 0.000909))])
+def test_auto_optimizer_follows_ultralytics_83(iterations, expected):
+    """optimizer=auto as UltraFlwr's pinned Ultralytics 8.3.48 chose it: plain SGD (Nesterov, lr 0.01) above
+    10,000 iterations (the 400-epoch centralized baseline), AdamW at 0.002 * 5 / (4 + nc) otherwise, bias
+    warm-up from 0; ``installed`` leaves the choice to the installed Ultralytics (8.4: MuSGD for SGD)."""
+    from types import SimpleNamespace
+
+    from ultralytics.models.yolo.detect import DetectionTrainer
+
+    from fedmedbench.fl.tasks.detection.yolo import study_trainer
+
+    def build(cls):
+        trainer = cls.__new__(cls)
+        trainer.args = SimpleNamespace(optimizer="auto", lr0=0.01, momentum=0.937, warmup_bias_lr=0.1)
+        trainer.data = {"nc": 7}
+        opt = trainer.build_optimizer(build_yolo("yolo11n.yaml", 7, seed=0), name="auto", lr=0.01, momentum=0.937,
+                                      decay=5e-4, iterations=iterations)
+        return trainer, opt
+
+    trainer, opt = build(study_trainer())
+    assert type(opt) is getattr(torch.optim, expected[0])
+    assert {g["lr"] for g in opt.param_groups} == {expected[1]}
+    assert (trainer.args.optimizer, trainer.args.lr0, trainer.args.warmup_bias_lr) == (*expected, 0.0)
+    if expected[0] == "SGD":
+        assert all(g["nesterov"] and g["momentum"] == 0.9 for g in opt.param_groups)
+    _, installed = build(study_trainer("installed"))
+    _, theirs = build(DetectionTrainer)
+    assert type(installed) is type(theirs)
+    with pytest.raises(ValueError, match="auto_optimizer"):
+        study_trainer("ultralytics_8_2")
+
+
 @pytest.mark.parametrize("final", ["skip_all", "skip_partial", "keep"])
 def test_final_aggregation_options(monkeypatch, final):
     """What the last round uploads and which model each client is evaluated with afterwards:
