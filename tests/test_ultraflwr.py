@@ -701,3 +701,38 @@ def test_validation_fuses_quietly_as_the_backend_would(export, tmp_path, monkeyp
     assert set(scores) == {"map50", "map50_95"}
     assert model.state_dict().keys() == before.keys()
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("rect", [True, False])
+def test_test_evaluation_uses_rectangular_batches_as_model_val(export, tmp_path, monkeypatch, rect):
+    """Test-split scores are computed as Ultralytics' ``model.val()`` (UltraFlwr's test scripts) computes
+    them: rectangular batches (a landscape frame at 192 px keeps its aspect ratio, padded per side to a
+    multiple of 32, not to a square), the detection task's default; ``rect: false`` letterboxes to 192x192."""
+    import ultralytics.models.yolo.detect as detect
+
+    from fedmedbench.fl.tasks.detection.task import EVAL_DEFAULTS, DetectionTask
+    from fedmedbench.fl.tasks.detection.yolo import validate_yolo
+
+    seen = []
+
+    class Recording(detect.DetectionValidator):
+        def __call__(self, *a, **k):
+            out = super().__call__(*a, **k)
+            seen.append(self.dataloader.dataset)
+            return out
+
+    monkeypatch.setattr(detect, "DetectionValidator", Recording)
+    assert EVAL_DEFAULTS["rect"] is True
+    spec = _spec(export, tmp_path, "FedAvg")
+    data = DetectionTask(spec).client_data(0)
+    model = build_yolo("yolo11n.yaml", spec.num_classes, seed=0)
+    validate_yolo(model, data.data_yaml, "test", imgsz=192, batch=4, device=torch.device("cpu"),
+                  workdir=tmp_path / "w", rect=rect)
+    dataset = seen[-1]
+    h, w = dataset.load_image(0)[0].shape[:2]  # the frame resized to a long side of 192
+    assert dataset.rect is rect and w == 192 and h < 192
+    fed_in = tuple(dataset[0]["img"].shape[1:])  # what the model is given
+    if rect:  # the batch's shape: each side to a multiple of 32 with Ultralytics' 0.5-stride val padding
+        assert fed_in == tuple(int(np.ceil(s / 32 + 0.5)) * 32 for s in (h, w)) and fed_in[0] < fed_in[1]
+    else:
+        assert fed_in == (192, 192)

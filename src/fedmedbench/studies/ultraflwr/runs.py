@@ -71,7 +71,8 @@ def run_spec(uf: dict[str, Any], r: Mapping[str, Any], surgical_dir: str, pretra
         "data_origin": origin,
         "eval_every": uf["eval"]["every"],
         "task": "detection",
-        "task_params": {"eval_batch": uf["eval"]["batch"], "conf": uf["eval"]["conf"], "iou": uf["eval"]["iou"]},
+        "task_params": {"eval_batch": uf["eval"]["batch"], "conf": uf["eval"]["conf"], "iou": uf["eval"]["iou"],
+                        "rect": uf["eval"]["rect"]},
     }
 
 

@@ -206,13 +206,18 @@ def fused_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 def validate_yolo(
     model: torch.nn.Module, data_yaml: str | Path, split: str, *, imgsz: int, batch: int, device: torch.device,
-    workdir: str | Path, conf: float = 0.001, iou: float = 0.7,
+    workdir: str | Path, conf: float = 0.001, iou: float = 0.7, rect: bool = True,
 ) -> dict[str, float]:
-    """mAP50 and mAP50-95 of ``model`` on ``split`` of ``data_yaml`` with Ultralytics' DetectionValidator."""
+    """mAP50 and mAP50-95 of ``model`` on ``split`` of ``data_yaml`` with Ultralytics' DetectionValidator.
+
+    ``rect``: rectangular batches (images padded to the batch's aspect ratio, not to a square), as
+    Ultralytics' ``model.val()`` sets by default and UltraFlwr's test scripts therefore use; a bare
+    validator would letterbox every image to ``imgsz`` x ``imgsz``.
+    """
     from ultralytics.models.yolo.detect import DetectionValidator
 
     args = dict(data=str(data_yaml), split=split, imgsz=int(imgsz), batch=int(batch), device=device_arg(device),
-                workers=0, plots=False, save_json=False, verbose=False, conf=conf, iou=iou,
+                workers=0, plots=False, save_json=False, verbose=False, conf=conf, iou=iou, rect=bool(rect),
                 project=str(Path(workdir).resolve()), name="val", exist_ok=True)
     validator = DetectionValidator(args=args)
     stats = validator(model=fused_copy(model))
