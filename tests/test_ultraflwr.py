@@ -180,7 +180,10 @@ def partial_run(export, tmp_path_factory):
 
 def test_partial_run_keeps_local_components_bit_identical(partial_run):
     """FedBackboneNeckAvg: after aggregation the head of each client is exactly its own; the
-    aggregated components equal the weighted mean; the last round uploads nothing (omitted)."""
+    aggregated components equal the FedAvg mean (equal client weights, the default); the last round
+    uploads nothing (omitted)."""
+    from fedmedbench.fl.methods.ultraflwr import fedavg_weights
+
     spec, f, state, kept = partial_run
     method = get_method("ultraflwr", spec.method_params)
     model = fed.new_model(spec)
@@ -194,10 +197,11 @@ def test_partial_run_keeps_local_components_bit_identical(partial_run):
         # final aggregation omitted: the client's own round-2 model, everything included
         r2 = kept[2][p]
         assert all(torch.equal(personal[k], r2[k]) for k in r2)
-    # round-1 aggregation: shared keys = weighted mean of what clients trained, head not touched
-    sizes = np.array(f.task.client_sizes(), dtype=float)
+    # round-1 aggregation: shared keys = the mean of what clients trained, head not touched
+    assert method.weighting == "uniform"
+    weights = np.array(fedavg_weights(f.task.client_sizes(), method.weighting))
     k = shared[0]
-    expected = sum(w * r1[p][k].numpy().astype(np.float64) for p, w in enumerate(sizes / sizes.sum()))
+    expected = sum(w * r1[p][k].numpy().astype(np.float64) for p, w in enumerate(weights / weights.sum()))
     rows = state.server_state["ultraflwr_clients"]
     assert [r["bytes_sent"] > 0 for r in rows] == [True] * 3 + [False] * 3
     assert rows[0]["elements_sent"] == sum(r1[0][k].numel() for k in shared)
