@@ -18,8 +18,9 @@ with log_to(snakemake.log[0]) as log:
         from fedmedbench.fl.tasks.detection.centralized import run_centralized
 
         mp = spec.method_params
-        run_centralized(spec, select=mp.get("select", "best"), select_metric=mp.get("select_metric", "map50"),
-                        ultralytics=mp.get("ultralytics"), log=log)
+        run_centralized(spec, select=mp.get("select", "best"), select_metric=mp.get("select_metric", "fitness"),
+                        ultralytics=mp.get("ultralytics"), log=log,
+                        auto_optimizer=mp.get("auto_optimizer", "ultralytics_8_3"))
         io.write_csv(snakemake.output.comm, pd.DataFrame(columns=["round", "client", "bytes_sent"]))
     else:
         from fedmedbench.fl import engine

@@ -77,7 +77,7 @@ def _results(method, model, n=3):
 @pytest.mark.parametrize("strategy", C.strategy_names())
 def test_aggregation_only_touches_selected_components(strategy):
     """Each of the 14 strategies aggregates exactly its components' keys (mean or median) and nothing else."""
-    method = get_method("ultraflwr", {"strategy": strategy})
+    method = get_method("ultraflwr", {"strategy": strategy, "weighting": "frames"})
     model = build_yolo("yolo11n.yaml", 3, seed=0)
     keys, results = _results(method, model)
     old = {k: v.numpy() for k, v in model.state_dict().items() if k in keys}
@@ -180,7 +180,10 @@ def partial_run(export, tmp_path_factory):
 
 def test_partial_run_keeps_local_components_bit_identical(partial_run):
     """FedBackboneNeckAvg: after aggregation the head of each client is exactly its own; the
-    aggregated components equal the weighted mean; the last round uploads nothing (omitted)."""
+    aggregated components equal the FedAvg mean (equal client weights, the default); the last round
+    uploads nothing (omitted)."""
+    from fedmedbench.fl.methods.ultraflwr import fedavg_weights
+
     spec, f, state, kept = partial_run
     method = get_method("ultraflwr", spec.method_params)
     model = fed.new_model(spec)
@@ -194,10 +197,11 @@ def test_partial_run_keeps_local_components_bit_identical(partial_run):
         # final aggregation omitted: the client's own round-2 model, everything included
         r2 = kept[2][p]
         assert all(torch.equal(personal[k], r2[k]) for k in r2)
-    # round-1 aggregation: shared keys = weighted mean of what clients trained, head not touched
-    sizes = np.array(f.task.client_sizes(), dtype=float)
+    # round-1 aggregation: shared keys = the mean of what clients trained, head not touched
+    assert method.weighting == "uniform"
+    weights = np.array(fedavg_weights(f.task.client_sizes(), method.weighting))
     k = shared[0]
-    expected = sum(w * r1[p][k].numpy().astype(np.float64) for p, w in enumerate(sizes / sizes.sum()))
+    expected = sum(w * r1[p][k].numpy().astype(np.float64) for p, w in enumerate(weights / weights.sum()))
     rows = state.server_state["ultraflwr_clients"]
     assert [r["bytes_sent"] > 0 for r in rows] == [True] * 3 + [False] * 3
     assert rows[0]["elements_sent"] == sum(r1[0][k].numel() for k in shared)
@@ -350,6 +354,66 @@ def test_fedavg_weighting_frames_vs_uniform(weighting, expected):
     assert float(out["w"][0]) == pytest.approx(expected)
     with pytest.raises(ValueError, match="weighting"):
         fedavg_weights([1, 2], "examples")
+
+
+def test_defaults_follow_ultraflwrs_code():
+    """Unless configured otherwise, a run does what UltraFlwr's code does: FedAvg gives every client the
+    same weight (its clients all report 10 examples) and the local model is the epoch of best Ultralytics
+    8.3 fitness (its best.pt); the paper's text (mAP50) and McMahan's frame weighting are options."""
+    from pathlib import Path
+
+    import yaml
+
+    from fedmedbench.fl.tasks.detection.yolo import EpochSelector
+
+    method = get_method("ultraflwr", {"strategy": "FedAvg"})
+    assert (method.select_metric, method.weighting) == ("fitness", "uniform")
+    schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "schema.yaml").read_text())
+    train = schema["properties"]["ultraflwr"]["properties"]["train"]["properties"]
+    assert (train["select_metric"]["default"], train["weighting"]["default"]) == ("fitness", "uniform")
+    sel = EpochSelector()  # the hand-made results above: best mAP50 at epoch 1, best fitness at epoch 2
+    for e, (m50, m5095) in enumerate([(0.30, 0.10), (0.60, 0.20), (0.55, 0.30), (0.20, 0.05)]):
+        sel(_FakeTrainer(e, 4, m50, m5095))
+    assert sel.epoch == 2
+    model = build_yolo("yolo11n.yaml", 3, seed=0)
+    keys, results = _results(method, model)  # clients of 1, 2 and 7 training frames
+    ctx = ServerContext(rnd=1, global_arrays={}, results=results, pids=[0, 1, 2], state={}, num_clients=3,
+                        device=torch.device("cpu"), train=TrainConfig(rounds=3, local_epochs=1, batch_size=8, lr=0.01),
+                        new_model=lambda: model)
+    new = method.aggregate(ctx)
+    np.testing.assert_allclose(new[keys[0]], np.mean([r.arrays[keys[0]] for r in results], 0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("iterations,expected", [(20_000, ("SGD", 0.01)), (10_000, ("AdamW", 0.000909))])
+def test_auto_optimizer_follows_ultralytics_83(iterations, expected):
+    """optimizer=auto as UltraFlwr's pinned Ultralytics 8.3.48 chose it: plain SGD (Nesterov, lr 0.01) above
+    10,000 iterations (the 400-epoch centralized baseline), AdamW at 0.002 * 5 / (4 + nc) otherwise, bias
+    warm-up from 0; ``installed`` leaves the choice to the installed Ultralytics (8.4: MuSGD for SGD)."""
+    from types import SimpleNamespace
+
+    from ultralytics.models.yolo.detect import DetectionTrainer
+
+    from fedmedbench.fl.tasks.detection.yolo import study_trainer
+
+    def build(cls):
+        trainer = cls.__new__(cls)
+        trainer.args = SimpleNamespace(optimizer="auto", lr0=0.01, momentum=0.937, warmup_bias_lr=0.1)
+        trainer.data = {"nc": 7}
+        opt = trainer.build_optimizer(build_yolo("yolo11n.yaml", 7, seed=0), name="auto", lr=0.01, momentum=0.937,
+                                      decay=5e-4, iterations=iterations)
+        return trainer, opt
+
+    trainer, opt = build(study_trainer())
+    assert type(opt) is getattr(torch.optim, expected[0])
+    assert {g["lr"] for g in opt.param_groups} == {expected[1]}
+    assert (trainer.args.optimizer, trainer.args.lr0, trainer.args.warmup_bias_lr) == (*expected, 0.0)
+    if expected[0] == "SGD":
+        assert all(g["nesterov"] and g["momentum"] == 0.9 for g in opt.param_groups)
+    _, installed = build(study_trainer("installed"))
+    _, theirs = build(DetectionTrainer)
+    assert type(installed) is type(theirs)
+    with pytest.raises(ValueError, match="auto_optimizer"):
+        study_trainer("ultralytics_8_2")
 
 
 @pytest.mark.parametrize("final", ["skip_all", "skip_partial", "keep"])
@@ -641,3 +705,38 @@ def test_validation_fuses_quietly_as_the_backend_would(export, tmp_path, monkeyp
     assert set(scores) == {"map50", "map50_95"}
     assert model.state_dict().keys() == before.keys()
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("rect", [True, False])
+def test_test_evaluation_uses_rectangular_batches_as_model_val(export, tmp_path, monkeypatch, rect):
+    """Test-split scores are computed as Ultralytics' ``model.val()`` (UltraFlwr's test scripts) computes
+    them: rectangular batches (a landscape frame at 192 px keeps its aspect ratio, padded per side to a
+    multiple of 32, not to a square), the detection task's default; ``rect: false`` letterboxes to 192x192."""
+    import ultralytics.models.yolo.detect as detect
+
+    from fedmedbench.fl.tasks.detection.task import EVAL_DEFAULTS, DetectionTask
+    from fedmedbench.fl.tasks.detection.yolo import validate_yolo
+
+    seen = []
+
+    class Recording(detect.DetectionValidator):
+        def __call__(self, *a, **k):
+            out = super().__call__(*a, **k)
+            seen.append(self.dataloader.dataset)
+            return out
+
+    monkeypatch.setattr(detect, "DetectionValidator", Recording)
+    assert EVAL_DEFAULTS["rect"] is True
+    spec = _spec(export, tmp_path, "FedAvg")
+    data = DetectionTask(spec).client_data(0)
+    model = build_yolo("yolo11n.yaml", spec.num_classes, seed=0)
+    validate_yolo(model, data.data_yaml, "test", imgsz=192, batch=4, device=torch.device("cpu"),
+                  workdir=tmp_path / "w", rect=rect)
+    dataset = seen[-1]
+    h, w = dataset.load_image(0)[0].shape[:2]  # the frame resized to a long side of 192
+    assert dataset.rect is rect and w == 192 and h < 192
+    fed_in = tuple(dataset[0]["img"].shape[1:])  # what the model is given
+    if rect:  # the batch's shape: each side to a multiple of 32 with Ultralytics' 0.5-stride val padding
+        assert fed_in == tuple(int(np.ceil(s / 32 + 0.5)) * 32 for s in (h, w)) and fed_in[0] < fed_in[1]
+    else:
+        assert fed_in == (192, 192)

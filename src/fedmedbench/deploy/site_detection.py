@@ -100,7 +100,8 @@ def load(folder: Path, manifest: dict[str, Any], spec) -> Site:
         from fedmedbench.fl.tasks.detection.yolo import validate_yolo
 
         own = validate_yolo(model, data.data_yaml, "test", imgsz=spec.image_size, batch=params["eval_batch"],
-                            device=device, workdir=data.workdir, conf=params["conf"], iou=params["iou"])
+                            device=device, workdir=data.workdir, conf=params["conf"], iou=params["iou"],
+                            rect=params["rect"])
         row = {f"test{j}_{k}": (own[k] if j == pid else math.nan) for j in range(n) for k in METRICS}
         return {**row, **cd_from_pairs(row, pid, n, METRICS)}
 

@@ -2,12 +2,12 @@
 
 Client (each round): load the broadcast components into its model, keep its own
 weights for every other component (persistent client state, restored on resume),
-train E local epochs with Ultralytics, select the local model by validation mAP50
-(best epoch, the paper's text), by Ultralytics 8.3 fitness (UltraFlwr's ``best.pt``) or
-the last epoch, send only the arrays of the aggregated components, in fp32.
-Server: FedAvg (weighted by the clients' training image counts, or equally as UltraFlwr,
-whose clients all report 10 examples) or coordinate-wise FedMedian over the received
-components. The final aggregation after the last round is
+train E local epochs with Ultralytics, select the local model of the best epoch by
+Ultralytics 8.3 fitness (UltraFlwr's ``best.pt``, the default) or by validation mAP50 (the
+paper's text), or the last epoch, send only the arrays of the aggregated components, in fp32.
+Server: FedAvg with equal client weights (UltraFlwr's clients all report 10 examples; the
+default) or weighted by the clients' training image counts (McMahan et al.), or
+coordinate-wise FedMedian over the received components. The final aggregation after the last round is
 omitted (``final_aggregation``): each client is then evaluated with its own last model.
 Communication: bytes each client sent per round, from the arrays actually sent.
 """
@@ -29,7 +29,7 @@ from fedmedbench.fl.registry import (
     weighted_average,
 )
 from fedmedbench.fl.tasks.detection.components import SPLITS, aggregated_keys, parse_strategy
-from fedmedbench.fl.tasks.detection.yolo import SELECT, SELECT_METRICS
+from fedmedbench.fl.tasks.detection.yolo import AUTO_OPTIMIZERS, SELECT, SELECT_METRICS
 
 FINAL_AGGREGATION = ("skip_all", "skip_partial", "keep")
 WEIGHTING = ("frames", "uniform")
@@ -60,8 +60,8 @@ class UltraFlwr(Method):
     personalized = True  # partial strategies leave each client its own model; all are evaluated per client
 
     def __init__(self, strategy: str = "FedAvg", split: str = "ultraflwr", select: str = "best",
-                 select_metric: str = "map50", weighting: str = "frames", final_aggregation: str = "skip_all",
-                 ultralytics: dict | None = None) -> None:
+                 select_metric: str = "fitness", weighting: str = "uniform", final_aggregation: str = "skip_all",
+                 ultralytics: dict | None = None, auto_optimizer: str = "ultralytics_8_3") -> None:
         self.components, self.aggregator = parse_strategy(strategy)
         if split not in SPLITS:
             raise ValueError(f"method_params.ultraflwr.split must be one of {SPLITS}, got '{split}'")
@@ -76,6 +76,9 @@ class UltraFlwr(Method):
         self.strategy, self.split, self.select = strategy, split, select
         self.select_metric, self.weighting = select_metric, weighting
         self.final_aggregation = final_aggregation
+        if auto_optimizer not in AUTO_OPTIMIZERS:
+            raise ValueError(f"method_params.ultraflwr.auto_optimizer must be one of {AUTO_OPTIMIZERS}")
+        self.auto_optimizer = auto_optimizer
         self.ultralytics = dict(ultralytics or {})
 
     @property
@@ -112,7 +115,8 @@ class UltraFlwr(Method):
         outcome = train_yolo(ctx.model, data.data_yaml, epochs=int(round(ctx.train.local_epochs)),
                              batch=ctx.train.batch_size, imgsz=data.imgsz, seed=data.seed, device=ctx.device,
                              workdir=f"{data.workdir}/r{ctx.rnd:03d}", select=self.select,
-                             select_metric=self.select_metric, extra=self.ultralytics)
+                             select_metric=self.select_metric, extra=self.ultralytics,
+                             auto_optimizer=self.auto_optimizer)
         ctx.state["model"] = outcome.state
         last = ctx.rnd >= ctx.train.rounds
         keys = [] if (last and self.skips_final()) else self.shared_keys(ctx.model)

@@ -64,13 +64,15 @@ def run_spec(uf: dict[str, Any], r: Mapping[str, Any], surgical_dir: str, pretra
             "strategy": "FedAvg" if r["strategy"] == "Centralized" else r["strategy"],
             "split": t["split"], "select": t["select"], "select_metric": t["select_metric"],
             "weighting": t["weighting"], "final_aggregation": t["final_aggregation"],
+            "auto_optimizer": t["auto_optimizer"],
             "ultralytics": {"lr0": t["lr0"], "patience": t["patience"], **t["ultralytics"]},
         },
         "device": device,
         "data_origin": origin,
         "eval_every": uf["eval"]["every"],
         "task": "detection",
-        "task_params": {"eval_batch": uf["eval"]["batch"], "conf": uf["eval"]["conf"], "iou": uf["eval"]["iou"]},
+        "task_params": {"eval_batch": uf["eval"]["batch"], "conf": uf["eval"]["conf"], "iou": uf["eval"]["iou"],
+                        "rect": uf["eval"]["rect"]},
     }
 
 

@@ -26,8 +26,8 @@ def block_best(curve: list[float], rnd: int, epochs: int) -> float:
     return max(block) if block else math.nan
 
 
-def run_centralized(spec: RunSpec, select: str = "best", select_metric: str = "map50", ultralytics: dict | None = None,
-                    log=print) -> dict:
+def run_centralized(spec: RunSpec, select: str = "best", select_metric: str = "fitness", ultralytics: dict | None = None,
+                    log=print, auto_optimizer: str = "ultralytics_8_3") -> dict:
     """Train and evaluate every client alone; writes metrics.csv (per round-equivalent and client:
     Ultralytics validation mAP50), client_metrics.csv (row i of the ID/CD matrix per client),
     summary.json and model.pt (client 0... n-1)."""
@@ -43,7 +43,7 @@ def run_centralized(spec: RunSpec, select: str = "best", select_metric: str = "m
         model = build_yolo(spec.model, int(spec.num_classes), seed=spec.seed, weights=spec.pretrained_path)
         out = train_yolo(model, data.data_yaml, epochs=epochs, batch=tc.batch_size, imgsz=data.imgsz, seed=data.seed,
                          device=device, workdir=f"{data.workdir}/centralized", select=select,
-                         select_metric=select_metric, extra=ultralytics)
+                         select_metric=select_metric, extra=ultralytics, auto_optimizer=auto_optimizer)
         model.load_state_dict(out.state)
         models[str(pid)] = out.state
         metrics = task.evaluate_client(model.to(device), data, device)

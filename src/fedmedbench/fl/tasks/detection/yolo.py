@@ -8,10 +8,13 @@ Measured pitfalls this wrapper avoids (Ultralytics 8.4):
 * After ``train()`` the wrapper holds ``best.pt``'s EMA weights in fp16, chosen by
   Ultralytics' fitness. Here checkpoints are not written at all (``save_model`` is off);
   a callback (:class:`EpochSelector`) copies the EMA weights that were just validated,
-  in fp32, at the epoch chosen by *our* rule: the best validation mAP50 (the paper's
-  text), the best Ultralytics 8.3 fitness (UltraFlwr's ``best.pt``), or the last epoch.
+  in fp32, at the epoch chosen by *our* rule: the best Ultralytics 8.3 fitness (UltraFlwr's
+  ``best.pt``, the default), the best validation mAP50 (the paper's text), or the last epoch.
 * Every ``train()`` makes a new trainer (optimizer, LR warm-up and EMA start afresh):
   that is UltraFlwr's behaviour per round and is kept.
+* ``optimizer=auto`` picks MuSGD in Ultralytics 8.4 where 8.3 (UltraFlwr pins 8.3.48) picked
+  SGD (more than 10,000 iterations, e.g. the 400-epoch centralized baseline); the trainer
+  applies 8.3's rule unless ``auto_optimizer: installed`` (:func:`auto_optimizer_83`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,51 @@ def selection_score(metrics: dict, select_metric: str) -> float:
     if select_metric == "fitness":
         return FITNESS_83[2] * m50 + FITNESS_83[3] * float(metrics.get("metrics/mAP50-95(B)", math.nan))
     raise ValueError(f"select_metric must be one of {SELECT_METRICS}, got '{select_metric}'")
+
+
+AUTO_OPTIMIZERS = ("ultralytics_8_3", "installed")
+
+
+def auto_optimizer_83(iterations: float, nc: int) -> tuple[str, float, float]:
+    """Ultralytics 8.3's ``optimizer=auto`` (name, lr0, momentum): SGD at 0.01 above 10,000 iterations,
+    else AdamW at 0.002 * 5 / (4 + nc); the choice UltraFlwr's runs made with ultralytics 8.3.48."""
+    lr_fit = round(0.002 * 5 / (4 + nc), 6)
+    return ("SGD", 0.01, 0.9) if iterations > 10000 else ("AdamW", lr_fit, 0.9)
+
+
+def study_trainer(auto_optimizer: str = "ultralytics_8_3") -> type:
+    """Ultralytics' DetectionTrainer as the study runs it: no checkpoints, no final re-validation, no CPU
+    gc, validated epochs marked, and ``optimizer=auto`` resolved by ``auto_optimizer``."""
+    from ultralytics.models.yolo.detect import DetectionTrainer
+
+    if auto_optimizer not in AUTO_OPTIMIZERS:
+        raise ValueError(f"auto_optimizer must be one of {AUTO_OPTIMIZERS}, got '{auto_optimizer}'")
+
+    class _Trainer(DetectionTrainer):
+        def save_model(self):  # weights are captured in fp32 by the callback, no fp16 checkpoints on disk
+            return False
+
+        def final_eval(self):  # nothing to re-validate: no best.pt
+            return None
+
+        def _clear_memory(self, threshold=None):  # a full gc.collect() frees no accelerator memory on a CPU
+            if self.device.type != "cpu":  # and cost 0.5-0.65 s at the end of each client's training there
+                super()._clear_memory(threshold)
+
+        def validate(self):  # marks the epochs really validated (with val=False only the last one is;
+            out = super().validate()  # tr.metrics then still holds placeholder zeros, not a measurement)
+            self.validated_epoch = self.epoch
+            return out
+
+        def build_optimizer(self, model, name="auto", lr=0.001, momentum=0.9, decay=1e-5, iterations=1e5):
+            if auto_optimizer == "ultralytics_8_3" and str(name).lower() == "auto":
+                name, lr, momentum = auto_optimizer_83(iterations, int(self.data.get("nc", 10)))
+                self.args.optimizer, self.args.lr0 = name, lr
+                self.args.warmup_bias_lr = 0.0  # as 8.3's auto branch
+            return super().build_optimizer(model, name=name, lr=lr, momentum=momentum, decay=decay,
+                                           iterations=iterations)
+
+    return _Trainer
 
 
 #: Ultralytics arguments fixed by this wrapper (not overridable through config)
@@ -85,39 +133,22 @@ def _fp32_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def train_yolo(
     model: torch.nn.Module, data_yaml: str | Path, *, epochs: int, batch: int, imgsz: int, seed: int,
-    device: torch.device, workdir: str | Path, select: str = "best", select_metric: str = "map50",
-    extra: dict[str, Any] | None = None,
+    device: torch.device, workdir: str | Path, select: str = "best", select_metric: str = "fitness",
+    extra: dict[str, Any] | None = None, auto_optimizer: str = "ultralytics_8_3",
 ) -> TrainOutcome:
     """Train ``model`` (its current weights) for ``epochs`` with Ultralytics' detection trainer."""
-    from ultralytics.models.yolo.detect import DetectionTrainer
-
     EpochSelector(select, select_metric)  # fail on a bad choice before Ultralytics starts
+    trainer_cls = study_trainer(auto_optimizer)
     extra = dict(extra or {})
     fixed = sorted(set(extra) & set(FIXED_ARGS))
     if fixed:
         raise ValueError(f"ultralytics overrides {fixed} are set by the study itself (train.ultralytics)")
 
-    class _Trainer(DetectionTrainer):
-        def save_model(self):  # weights are captured in fp32 by the callback, no fp16 checkpoints on disk
-            return False
-
-        def final_eval(self):  # nothing to re-validate: no best.pt
-            return None
-
-        def _clear_memory(self, threshold=None):  # a full gc.collect() frees no accelerator memory on a CPU
-            if self.device.type != "cpu":  # and cost 0.5-0.65 s at the end of each client's training there
-                super()._clear_memory(threshold)
-
-        def validate(self):  # marks the epochs really validated (with val=False only the last one is;
-            out = super().validate()  # tr.metrics then still holds placeholder zeros, not a measurement)
-            self.validated_epoch = self.epoch
-            return out
-
     args = dict(model=str(getattr(model, "yaml_file", "") or "yolo11n.yaml"), data=str(data_yaml), epochs=int(epochs),
                 batch=int(batch), imgsz=int(imgsz), seed=int(seed), deterministic=True, device=device_arg(device),
                 workers=0, project=str(Path(workdir).resolve()), name="train", exist_ok=True, plots=False, save=False,
                 val=select == "best", amp=device.type == "cuda", verbose=False, **extra)
-    trainer = _Trainer(overrides=args)
+    trainer = trainer_cls(overrides=args)
     trainer.model = model  # used as is by setup_model (no rebuild, our weights)
     selector = EpochSelector(select, select_metric)
     trainer.add_callback("on_fit_epoch_end", selector)
@@ -133,7 +164,7 @@ class EpochSelector:
     on ties); ``last``: the final epoch. Epochs not really validated never count as best.
     """
 
-    def __init__(self, select: str = "best", select_metric: str = "map50") -> None:
+    def __init__(self, select: str = "best", select_metric: str = "fitness") -> None:
         if select not in SELECT:
             raise ValueError(f"select must be one of {SELECT}, got '{select}'")
         if select_metric not in SELECT_METRICS:
@@ -175,13 +206,18 @@ def fused_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 def validate_yolo(
     model: torch.nn.Module, data_yaml: str | Path, split: str, *, imgsz: int, batch: int, device: torch.device,
-    workdir: str | Path, conf: float = 0.001, iou: float = 0.7,
+    workdir: str | Path, conf: float = 0.001, iou: float = 0.7, rect: bool = True,
 ) -> dict[str, float]:
-    """mAP50 and mAP50-95 of ``model`` on ``split`` of ``data_yaml`` with Ultralytics' DetectionValidator."""
+    """mAP50 and mAP50-95 of ``model`` on ``split`` of ``data_yaml`` with Ultralytics' DetectionValidator.
+
+    ``rect``: rectangular batches (images padded to the batch's aspect ratio, not to a square), as
+    Ultralytics' ``model.val()`` sets by default and UltraFlwr's test scripts therefore use; a bare
+    validator would letterbox every image to ``imgsz`` x ``imgsz``.
+    """
     from ultralytics.models.yolo.detect import DetectionValidator
 
     args = dict(data=str(data_yaml), split=split, imgsz=int(imgsz), batch=int(batch), device=device_arg(device),
-                workers=0, plots=False, save_json=False, verbose=False, conf=conf, iou=iou,
+                workers=0, plots=False, save_json=False, verbose=False, conf=conf, iou=iou, rect=bool(rect),
                 project=str(Path(workdir).resolve()), name="val", exist_ok=True)
     validator = DetectionValidator(args=args)
     stats = validator(model=fused_copy(model))
