@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from fedmedbench.weights.safeload import LoadReport
 
 SELECT = ("best", "last")
 SELECT_METRICS = ("map50", "fitness")
@@ -93,10 +96,37 @@ FIXED_ARGS = ("model", "data", "epochs", "batch", "imgsz", "seed", "device", "pr
               "plots", "save", "val", "workers", "resume", "pretrained")
 
 
+#: where the tensors the start weights do not supply (the class branches for another ``nc``) start from:
+#: ``client`` = each client's own Ultralytics seed (UltraFlwr: its trainer rebuilds the model under ``seed=cid``
+#: before loading the weights), ``common`` = the run's one model, the same on every client
+HEAD_INITS = ("client", "common")
+
+
+@dataclass(frozen=True)
+class YoloStart:
+    """How a model was built: yaml, class count, seed, start weights and the loader's report of what they
+    supplied (kept so that a client can later re-initialise exactly the tensors they did not supply)."""
+
+    cfg: str
+    nc: int
+    seed: int
+    weights: str | None = None
+    report: LoadReport | None = None
+
+    def unsupplied(self, keys: Iterable[str]) -> list[str]:
+        """Those of ``keys`` the start weights left at the seeded init; none without start weights (the
+        server's random model is then the start and every client receives all of it)."""
+        if self.report is None:
+            return []
+        loaded = set(self.report.loaded)
+        return [k for k in keys if k not in loaded]
+
+
 def build_yolo(cfg: str, nc: int, seed: int, weights: str | None = None) -> torch.nn.Module:
     """A DetectionModel for ``nc`` classes from a yaml (random init, seeded: every process builds the
     same initial weights); ``weights``: a local ``.pt`` (e.g. COCO yolo11n.pt) read with
-    ``weights_only=True``: every tensor but the class-count head layers must load."""
+    ``weights_only=True``: every tensor but the class-count head layers must load. The build and the
+    loader's report stay on the model as ``yolo_start`` (:class:`YoloStart`)."""
     from ultralytics.nn.tasks import DetectionModel
 
     from fedmedbench.weights.models import load_yolo
@@ -104,9 +134,30 @@ def build_yolo(cfg: str, nc: int, seed: int, weights: str | None = None) -> torc
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = DetectionModel(cfg, nc=nc, verbose=False)
-    if weights:
-        load_yolo(model, weights)
-    return model.float()
+    report = load_yolo(model, weights) if weights else None
+    model = model.float()
+    model.yolo_start = YoloStart(cfg=cfg, nc=int(nc), seed=int(seed), weights=weights, report=report)
+    return model
+
+
+def yolo_start(model: torch.nn.Module) -> YoloStart:
+    start = getattr(model, "yolo_start", None)
+    if not isinstance(start, YoloStart):
+        raise ValueError("not a model from build_yolo: no record of its start weights (yolo_start)")
+    return start
+
+
+def reinit_unsupplied(model: torch.nn.Module, seed: int, keep: Iterable[str] = ()) -> list[str]:
+    """Give the tensors the start weights did not supply (all but ``keep``) the values of a fresh build under
+    ``seed``: what Ultralytics' trainer does when it rebuilds the model under its own seed and loads the start
+    weights into it by shape (UltraFlwr's clients in round 1, ``seed=cid``). Returns the keys set."""
+    start = yolo_start(model)
+    kept = set(keep)
+    keys = [k for k in start.unsupplied(model.state_dict()) if k not in kept]
+    if keys:
+        fresh = build_yolo(start.cfg, start.nc, seed=seed).state_dict()
+        model.load_state_dict({k: fresh[k] for k in keys}, strict=False)
+    return keys
 
 
 def device_arg(device: torch.device) -> str:
