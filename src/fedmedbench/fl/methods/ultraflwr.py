@@ -10,6 +10,10 @@ default) or weighted by the clients' training image counts (McMahan et al.), or
 coordinate-wise FedMedian over the received components. The final aggregation after the last round is
 omitted (``final_aggregation``): each client is then evaluated with its own last model.
 Communication: bytes each client sent per round, from the arrays actually sent.
+Start: the server's model (start weights loaded); with ``head_init: client`` (UltraFlwr's code, the
+default) the tensors the start weights do not supply (the class branches for another class count)
+restart under each client's own seed in its first training, so FedAvg and the head strategies average
+differently initialised heads after round 1; ``common`` keeps the server's one init on every client.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from fedmedbench.fl.registry import (
     weighted_average,
 )
 from fedmedbench.fl.tasks.detection.components import SPLITS, aggregated_keys, parse_strategy
-from fedmedbench.fl.tasks.detection.yolo import AUTO_OPTIMIZERS, SELECT, SELECT_METRICS
+from fedmedbench.fl.tasks.detection.yolo import AUTO_OPTIMIZERS, HEAD_INITS, SELECT, SELECT_METRICS
 
 FINAL_AGGREGATION = ("skip_all", "skip_partial", "keep")
 WEIGHTING = ("frames", "uniform")
@@ -61,7 +65,8 @@ class UltraFlwr(Method):
 
     def __init__(self, strategy: str = "FedAvg", split: str = "ultraflwr", select: str = "best",
                  select_metric: str = "fitness", weighting: str = "uniform", final_aggregation: str = "skip_all",
-                 ultralytics: dict | None = None, auto_optimizer: str = "ultralytics_8_3") -> None:
+                 ultralytics: dict | None = None, auto_optimizer: str = "ultralytics_8_3",
+                 head_init: str = "client") -> None:
         self.components, self.aggregator = parse_strategy(strategy)
         if split not in SPLITS:
             raise ValueError(f"method_params.ultraflwr.split must be one of {SPLITS}, got '{split}'")
@@ -79,6 +84,9 @@ class UltraFlwr(Method):
         if auto_optimizer not in AUTO_OPTIMIZERS:
             raise ValueError(f"method_params.ultraflwr.auto_optimizer must be one of {AUTO_OPTIMIZERS}")
         self.auto_optimizer = auto_optimizer
+        if head_init not in HEAD_INITS:
+            raise ValueError(f"method_params.ultraflwr.head_init must be one of {HEAD_INITS}, got '{head_init}'")
+        self.head_init = head_init
         self.ultralytics = dict(ultralytics or {})
 
     @property
@@ -102,16 +110,27 @@ class UltraFlwr(Method):
         """Load the client's own weights: the non-aggregated components (or all of them)."""
         own = ctx.state.get("model")
         if not own:
-            return  # round 1: the common initial model
+            return  # first training: the server's model
         shared = set(self.shared_keys(ctx.model))
         keys = list(own) if everything else [k for k in own if k not in shared]
         load_arrays(ctx.model, {k: own[k].numpy() for k in keys}, keys)
+
+    def _own_head_init(self, ctx: ClientContext) -> list[str]:
+        """A client's first training with ``head_init: client``: the tensors the start weights did not supply
+        restart under the client's own seed, as UltraFlwr's client trainer rebuilds the model under ``seed=cid``
+        before loading what it received; after round 1 the shared components carry aggregated values (kept)."""
+        from fedmedbench.fl.tasks.detection.yolo import reinit_unsupplied
+
+        if self.head_init != "client" or ctx.state.get("model"):
+            return []
+        return reinit_unsupplied(ctx.model, ctx.data.seed, keep=self.shared_keys(ctx.model) if ctx.rnd > 1 else ())
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         from fedmedbench.fl.tasks.detection.yolo import train_yolo
 
         data = ctx.data
         self._restore_own(ctx, everything=False)
+        self._own_head_init(ctx)
         outcome = train_yolo(ctx.model, data.data_yaml, epochs=int(round(ctx.train.local_epochs)),
                              batch=ctx.train.batch_size, imgsz=data.imgsz, seed=data.seed, device=ctx.device,
                              workdir=f"{data.workdir}/r{ctx.rnd:03d}", select=self.select,

@@ -15,7 +15,7 @@ from fedmedbench import io
 from fedmedbench.fl.federation import resolve_data_shapes, resolve_device
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.tasks.detection.task import DetectionTask
-from fedmedbench.fl.tasks.detection.yolo import build_yolo, train_yolo
+from fedmedbench.fl.tasks.detection.yolo import HEAD_INITS, build_yolo, train_yolo
 
 
 def block_best(curve: list[float], rnd: int, epochs: int) -> float:
@@ -26,8 +26,17 @@ def block_best(curve: list[float], rnd: int, epochs: int) -> float:
     return max(block) if block else math.nan
 
 
+def start_seed(spec: RunSpec, data_seed: int, head_init: str) -> int:
+    """The seed a client's centralized model is built under: its own Ultralytics seed (``client``: the
+    trainer rebuilds the model under the run's seed, then loads the start weights; UltraFlwr's
+    ``local_train_and_test.py`` passes none, i.e. Ultralytics' 0) or the run's seed (``common``)."""
+    if head_init not in HEAD_INITS:
+        raise ValueError(f"head_init must be one of {HEAD_INITS}, got '{head_init}'")
+    return int(data_seed) if head_init == "client" else int(spec.seed)
+
+
 def run_centralized(spec: RunSpec, select: str = "best", select_metric: str = "fitness", ultralytics: dict | None = None,
-                    log=print, auto_optimizer: str = "ultralytics_8_3") -> dict:
+                    log=print, auto_optimizer: str = "ultralytics_8_3", head_init: str = "client") -> dict:
     """Train and evaluate every client alone; writes metrics.csv (per round-equivalent and client:
     Ultralytics validation mAP50), client_metrics.csv (row i of the ID/CD matrix per client),
     summary.json and model.pt (client 0... n-1)."""
@@ -40,7 +49,8 @@ def run_centralized(spec: RunSpec, select: str = "best", select_metric: str = "f
     client_rows, curves, models = [], [], {}
     for pid in range(task.num_clients):
         data = task.client_data(pid)
-        model = build_yolo(spec.model, int(spec.num_classes), seed=spec.seed, weights=spec.pretrained_path)
+        model = build_yolo(spec.model, int(spec.num_classes), seed=start_seed(spec, data.seed, head_init),
+                           weights=spec.pretrained_path)
         out = train_yolo(model, data.data_yaml, epochs=epochs, batch=tc.batch_size, imgsz=data.imgsz, seed=data.seed,
                          device=device, workdir=f"{data.workdir}/centralized", select=select,
                          select_metric=select_metric, extra=ultralytics, auto_optimizer=auto_optimizer)
