@@ -119,9 +119,22 @@ def export(tmp_path_factory):
     return root / "yolo" / "a" / "manifest.json"
 
 
-def _spec(export, tmp_path, strategy, rounds=2, **mp):
+@pytest.fixture(scope="module")
+def coco_like(tmp_path_factory):
+    """A stand-in for COCO yolo11n.pt: Ultralytics' own checkpoint of an 80-class YOLO11n (random weights)."""
+    from ultralytics import YOLO
+
+    path = tmp_path_factory.mktemp("coco") / "yolo11n.pt"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(80)
+        YOLO("yolo11n.yaml").save(path)
+    return path
+
+
+def _spec(export, tmp_path, strategy, rounds=2, weights=None, **mp):
     spec = RunSpec(run_dir=str(tmp_path / strategy), study="ultraflwr", dataset="g", setting="a", method="ultraflwr",
                    seed=0, partition_path=str(export), sources={}, image_size=64, model="yolo11n.yaml",
+                   pretrained_path=None if weights is None else str(weights),
                    train={"rounds": rounds, "local_epochs": 1, "batch_size": 8, "lr": 0.01},
                    method_params={"strategy": strategy, **mp}, task="detection", device="cpu")
     return fed.resolve_data_shapes(spec)
@@ -169,9 +182,10 @@ class _Recording(fed.InProcessTransport):
 
 
 @pytest.fixture(scope="module")
-def partial_run(export, tmp_path_factory):
-    """One uninterrupted 2-round FedBackboneNeckAvg run (shared by the PA and resume tests)."""
-    spec = _spec(export, tmp_path_factory.mktemp("pa"), "FedBackboneNeckAvg", rounds=2)
+def partial_run(export, coco_like, tmp_path_factory):
+    """One uninterrupted 2-round FedBackboneNeckAvg run from start weights with an 80-class head, so each client's
+    class branches restart under its own seed in round 1 (shared by the PA and resume tests)."""
+    spec = _spec(export, tmp_path_factory.mktemp("pa"), "FedBackboneNeckAvg", rounds=2, weights=coco_like)
     f = fed.Federation(spec, log=lambda m: None)
     transport = _Recording(spec, f)
     state = f.run(transport)
@@ -238,12 +252,13 @@ class _CrashAt(fed.InProcessTransport):
         return super().train(rnd, steps, arrays, broadcast)
 
 
-def test_resumed_partial_run_is_bit_identical(partial_run, export, tmp_path):
+def test_resumed_partial_run_is_bit_identical(partial_run, export, coco_like, tmp_path):
     """A PA run stopped after round 1 and resumed from its checkpoint ends with the same global
-    arrays, the same per-client kept models (head never aggregated) and the same metrics as the
-    uninterrupted run: the non-aggregated components survive the restart bit for bit."""
+    arrays, the same per-client kept models (head never aggregated, started under each client's
+    seed) and the same metrics as the uninterrupted run: the non-aggregated components survive
+    the restart bit for bit."""
     ref_spec, ref_fed, ref_state, _ = partial_run
-    spec = _spec(export, tmp_path, "FedBackboneNeckAvg", rounds=2)
+    spec = _spec(export, tmp_path, "FedBackboneNeckAvg", rounds=2, weights=coco_like)
     assert spec.run_hash() == ref_spec.run_hash()
     with pytest.raises(_Killed):
         fed.Federation(spec, log=lambda m: None).run(_CrashAt(spec, 2))
@@ -371,6 +386,8 @@ def test_defaults_follow_ultraflwrs_code():
     schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "schema.yaml").read_text())
     train = schema["properties"]["ultraflwr"]["properties"]["train"]["properties"]
     assert (train["select_metric"]["default"], train["weighting"]["default"]) == ("fitness", "uniform")
+    assert schema["properties"]["ultraflwr"]["properties"]["model"]["properties"]["head_init"]["default"] == "client"
+    assert method.head_init == "client"
     sel = EpochSelector()  # the hand-made results above: best mAP50 at epoch 1, best fitness at epoch 2
     for e, (m50, m5095) in enumerate([(0.30, 0.10), (0.60, 0.20), (0.55, 0.30), (0.20, 0.05)]):
         sel(_FakeTrainer(e, 4, m50, m5095))
@@ -454,6 +471,88 @@ def test_final_aggregation_options(monkeypatch, final):
         for k, v in own.items():
             from_server = k in shared and not skip
             assert torch.equal(personal[k], base.state_dict()[k] if from_server else v), (strategy, k)
+
+
+@pytest.mark.parametrize("head_init", ["client", "common"])
+def test_head_init_restarts_what_the_start_weights_do_not_supply(coco_like, monkeypatch, head_init):
+    """Round 1 from 80-class start weights for 3 classes: every tensor the weights supply is theirs on every
+    client; the rest (the class branches, as the loader reports) is, with ``client``, a fresh build under
+    that client's own seed (UltraFlwr's trainer rebuilds the model under seed=cid), so two clients' differ;
+    with ``common`` it is the server's one init on both."""
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.registry import ClientContext, load_arrays
+    from fedmedbench.fl.tasks.detection import yolo as Y
+    from fedmedbench.weights.models import read_yolo_checkpoint
+
+    started: dict[int, dict[str, torch.Tensor]] = {}
+
+    def fake_train(model, *a, seed, **kw):
+        started[seed] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return Y.TrainOutcome(state=started[seed], selected_epoch=0, val_map50=[0.0])
+
+    monkeypatch.setattr(Y, "train_yolo", fake_train)
+    train = TrainConfig(rounds=2, local_epochs=1, batch_size=8, lr=0.01)
+    server = build_yolo("yolo11n.yaml", 3, seed=0, weights=str(coco_like))
+    unsupplied = server.yolo_start.unsupplied(server.state_dict())
+    assert unsupplied == server.yolo_start.report.head_reinitialised  # nothing else is left out of the file
+    assert "model.23.cv3.0.2.weight" in unsupplied and all(k.startswith("model.23.cv3.") for k in unsupplied)
+
+    def ctx(method, pid, seed, rnd=1):
+        shared = method.shared_keys(server)
+        model = build_yolo("yolo11n.yaml", 3, seed=0, weights=str(coco_like))
+        load_arrays(model, {k: server.state_dict()[k].numpy() for k in shared}, shared)
+        data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=seed, workdir="unused", num_train=5)
+        return ClientContext(pid=pid, rnd=rnd, model=model, data=data, train=train, device=torch.device("cpu"),
+                             generator=torch.Generator(), state={}, steps=0)
+
+    method = get_method("ultraflwr", {"strategy": "FedAvg", "head_init": head_init})
+    assert method.head_init == head_init
+    for pid, seed in ((0, 3), (1, 4)):  # seed set 1: clients 0 and 1
+        method.client_fit(ctx(method, pid, seed))
+    served = read_yolo_checkpoint(coco_like)
+    for seed, state in started.items():
+        assert all(torch.equal(state[k], served[k]) for k in state if k not in unsupplied)
+        fresh = build_yolo("yolo11n.yaml", 3, seed=seed if head_init == "client" else 0).state_dict()
+        assert all(torch.equal(state[k], fresh[k]) for k in unsupplied)
+    convs = [k for k in unsupplied if started[3][k].dim() == 4]
+    assert convs
+    differ = [k for k in unsupplied if not torch.equal(started[3][k], started[4][k])]
+    assert differ == (convs if head_init == "client" else [])  # BN and class biases start alike by construction
+    if head_init == "client":  # a client first trained after round 1 keeps what the server aggregated
+        assert method._own_head_init(ctx(method, 2, 5, rnd=2)) == []
+        pa = get_method("ultraflwr", {"strategy": "FedBackboneNeckAvg"})
+        assert pa._own_head_init(ctx(pa, 2, 5, rnd=2)) == unsupplied
+    with pytest.raises(ValueError, match="head_init"):
+        get_method("ultraflwr", {"strategy": "FedAvg", "head_init": "server"})
+
+
+def test_a_fresh_build_under_a_seed_is_the_model_ultralytics_trainer_builds(export, tmp_path):
+    """What ``head_init: client`` gives a client is what Ultralytics' trainer builds after seeding itself
+    with the client's seed (init_seeds, then get_model for the data's nc), before it loads weights."""
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+    from fedmedbench.fl.tasks.detection.yolo import study_trainer
+
+    spec = _spec(export, tmp_path, "FedAvg")
+    data = DetectionTask(spec).client_data(1)
+    args = dict(model="yolo11n.yaml", data=data.data_yaml, seed=data.seed, deterministic=True, device="cpu",
+                workers=0, project=str(tmp_path / "t"), name="t", exist_ok=True, plots=False, save=False, verbose=False)
+    theirs = study_trainer()(overrides=args).get_model(cfg="yolo11n.yaml", weights=None, verbose=False).state_dict()
+    ours = build_yolo("yolo11n.yaml", spec.num_classes, seed=data.seed).state_dict()
+    assert set(theirs) == set(ours) and all(torch.equal(theirs[k], ours[k]) for k in ours)
+
+
+def test_centralized_start_seed_follows_head_init():
+    """The centralized baseline builds each client's model under that client's seed (``client``; the
+    trainer's rebuild) or under the run's seed (``common``), then loads the start weights."""
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.tasks.detection.centralized import start_seed
+
+    spec = SimpleNamespace(seed=1)
+    assert (start_seed(spec, 4, "client"), start_seed(spec, 4, "common")) == (4, 1)
+    with pytest.raises(ValueError, match="head_init"):
+        start_seed(spec, 4, "none")
 
 
 # ----------------------------------------------------------------------------- report (hand-made run outputs)
@@ -651,6 +750,8 @@ def test_study_config_validates_with_no_medmnist_study():
     import yaml
     from snakemake.utils import validate
 
+    from fedmedbench.studies.ultraflwr import runs as UFR
+
     root = Path(__file__).resolve().parents[1]
     schema = str(root / "config" / "schema.yaml")
     cfg = yaml.safe_load((root / "config" / "studies" / "ultraflwr.yaml").read_text())
@@ -661,6 +762,9 @@ def test_study_config_validates_with_no_medmnist_study():
     assert sorted(uf["strategies"]) == sorted(C.strategy_names()) and uf["seed_sets"] == [0, 1, 2]
     t = uf["train"]
     assert (t["rounds"], t["epochs"], t["batch"], t["select"], t["final_aggregation"]) == (20, 20, 8, "best", "skip_all")
+    assert uf["model"]["head_init"] == "client"
+    run = {"ugroup": "combined", "usetting": "a", "strategy": "Centralized", "seedset": 0}
+    assert UFR.run_spec(uf, run, "s", None, "cpu", "real")["method_params"]["head_init"] == "client"
     empty = {**cfg, "ultraflwr": {**uf, "groups": {}}}
     with pytest.raises(Exception, match="studies|groups"):
         validate(yaml.safe_load(yaml.safe_dump(empty)), schema)
