@@ -141,6 +141,7 @@ def build_yolo(cfg: str, nc: int, seed: int, weights: str | None = None) -> torc
 
 
 def yolo_start(model: torch.nn.Module) -> YoloStart:
+    """The build record of a model from :func:`build_yolo` (which tensors its start weights supplied)."""
     start = getattr(model, "yolo_start", None)
     if not isinstance(start, YoloStart):
         raise ValueError("not a model from build_yolo: no record of its start weights (yolo_start)")
