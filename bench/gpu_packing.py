@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import grid_cost  # noqa: E402
 from _report import emit  # noqa: E402
+from _timing import time_spec  # noqa: E402
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -43,7 +44,7 @@ def worker(args: argparse.Namespace) -> None:
     sources = ({d: str(args.npz) for d in s["params"]["domains"]} if s["scheme"] == "domain" else {"base": str(args.npz)})
     spec = grid_cost.job_spec(args.workdir / f"job{args.index}", config, args.study, job, args.partition, sources,
                               args.rounds, args.device, args.threads)
-    _, per_round = grid_cost.time_rounds(spec)
+    per_round = time_spec(spec)
     print(json.dumps({"per_round": per_round}), flush=True)
 
 

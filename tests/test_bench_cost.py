@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -89,3 +90,24 @@ def test_grid_cost_times_every_method_with_the_parameters_the_workflow_gives_it(
                 alpha = st["settings"][job["setting"]].get("params", {}).get("alpha", 1.0)
                 assert spec.method_params["label_alpha"] == float(alpha)
             assert spec.train["rounds"] == 2
+
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+MICRO = Path(__file__).resolve().parent / "fixtures" / "micro.yaml"
+
+
+def _bench(script: str, *args: str) -> subprocess.CompletedProcess:
+    """A bench script run as the GPU session runs it, with this tree's package first on the path."""
+    src = str(BENCH.parent / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_gpu_packing_times_its_jobs_end_to_end(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    done = _bench("gpu_packing.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", "--jobs", "1",
+                  "--rounds", "2", "--threads", "1", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = json.loads(out.read_text().splitlines()[-1])
+    assert row["bench"] == "gpu_packing" and row["results"][0]["jobs"] == 1 and row["results"][0]["s_per_round"]
