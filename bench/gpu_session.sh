@@ -13,6 +13,8 @@ OUT=${1:-bench/gpu_results.jsonl}
 LOG=$(dirname "$OUT")/gpu_session.log
 THREADS=${THREADS:-4}
 export PYTHONUNBUFFERED=1
+# every step imports this tree's package (an installed fedmedbench, or none, would run other code or fail)
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   echo "gpu_session: torch in $PY sees no CUDA device; run this on a GPU machine with a CUDA build of torch" >&2

@@ -51,6 +51,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     fake = tmp_path / "python"
     fake.write_text("#!/bin/bash\n[ \"$1\" = -c ] && exit 0\n"  # CUDA check and version line
                     f"echo \"$*\" >> {calls}\n"
+                    f"echo \"$PYTHONPATH\" >> {tmp_path / 'paths'}\n"
                     "case \"$*\" in *fedst.yaml*) exit 1;; *\"$FAIL\"*) exit 3;; esac\n")
     fake.chmod(0o755)
     done = _run_session(tmp_path, str(fake))
@@ -58,6 +59,8 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     ran = calls.read_text().splitlines()
     assert len(ran) == 9 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in ran[1:])
     assert "tests/test_cuda.py tests/test_device_arrays.py" in ran[0]
+    src = str(GPU_SESSION.parents[1] / "src")
+    assert all(p.split(":")[0] == src for p in (tmp_path / "paths").read_text().splitlines())  # this tree's package
     assert any("earlystop.yaml" in c and "--resident" in c for c in ran)
     summary = done.stdout.split("== summary")[1]
     assert "failed (rc 1; see the log: real videos built?)" in summary and "FAILED" not in summary
