@@ -37,6 +37,7 @@ from fedmedbench import io  # noqa: E402
 from fedmedbench import partition as P  # noqa: E402
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.data import synthetic  # noqa: E402
+from fedmedbench.data.medmnist import dataset_info  # noqa: E402
 from fedmedbench.fl import method_params  # noqa: E402
 from fedmedbench.fl.spec import RunSpec  # noqa: E402
 from fedmedbench.studies import grid  # noqa: E402
@@ -83,7 +84,7 @@ def make_data(workdir: Path, config: dict, study: str, setting: str, dataset: st
     corruptions change pixels, not the cost)."""
     st = config["studies"][study]
     s = st["settings"][setting]
-    arrays = synthetic.generate(dataset, st["size"], seed=0)
+    arrays = synthetic.generate(dataset, st["size"], seed=0, counts=dataset_info(dataset).n_samples)
     npz = workdir / f"{dataset}_{st['size']}.npz"
     io.write_npz(npz, arrays)
     labels = {k: arrays[f"{k}_labels"].reshape(-1) for k in ("train", "val", "test")}

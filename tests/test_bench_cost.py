@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -114,3 +115,20 @@ def test_gpu_packing_times_its_jobs_end_to_end(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     row = json.loads(out.read_text().splitlines()[-1])
     assert row["bench"] == "gpu_packing" and row["results"][0]["jobs"] == 1 and row["results"][0]["s_per_round"]
+
+
+def test_grid_cost_data_has_the_official_split_sizes(tmp_path):
+    """The timed job trains and evaluates on as many images as the real dataset has (not the demo's capped files)."""
+    import grid_cost
+
+    from fedmedbench import io
+    from fedmedbench.data.medmnist import dataset_info
+
+    config = grid_cost.load_config(BENCH.parent / "config" / "studies" / "earlystop.yaml")
+    first = grid_cost.grid_jobs(config, "earlystop")[0]
+    part, sources = grid_cost.make_data(tmp_path, config, "earlystop", first["setting"], first["dataset"])
+    with np.load(sources["base"]) as arrays:
+        sizes = {s: len(arrays[f"{s}_labels"]) for s in ("train", "val", "test")}
+    want = dataset_info(first["dataset"]).n_samples
+    assert sizes == want
+    assert len(io.read_json(part)["clients"]) == config["studies"]["earlystop"]["settings"][first["setting"]]["num_clients"]
