@@ -63,8 +63,12 @@ def direct_client_states() -> None:
 
 
 def git_head() -> str:
-    out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=Path(fedmedbench.__file__).parent,
-                         capture_output=True, text=True)
+    """The source tree's commit (``?`` outside a git checkout or where git is not installed)."""
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=Path(fedmedbench.__file__).parent,
+                             capture_output=True, text=True)
+    except OSError:
+        return "?"
     return out.stdout.strip() or "?"
 
 

@@ -132,3 +132,11 @@ def test_grid_cost_data_has_the_official_split_sizes(tmp_path):
     want = dataset_info(first["dataset"]).n_samples
     assert sizes == want
     assert len(io.read_json(part)["clients"]) == config["studies"]["earlystop"]["settings"][first["setting"]]["num_clients"]
+
+
+def test_round_persistence_names_no_commit_where_git_is_missing(monkeypatch, tmp_path):
+    """Its row is written after the timed run: a machine without git must not lose it."""
+    import round_persistence
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git executable on the path
+    assert round_persistence.git_head() == "?"
