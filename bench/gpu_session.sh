@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU measurement of docs/benchmarks.md §6 in one call, on a machine with a CUDA device:
 #   bash bench/gpu_session.sh [OUT.jsonl]        (or: make bench-gpu)
+#   STEPS='cuda|engine' bash bench/gpu_session.sh  runs only the steps whose names match the
+#   extended regular expression (case-insensitive): the session in parts, e.g. where one command may
+#   run only so long (the PathMNIST grid cost trains the most: 3 epochs over 89,996 images per method).
 # Each step appends its JSON rows to OUT (default bench/gpu_results.jsonl) and its output to
 # OUT's folder/gpu_session.log. A step that fails does not stop the others; the summary at the end
 # lists each step's status and seconds, and the exit status is 1 when a step other than the two
@@ -28,6 +31,7 @@ summary=()
 hard_failures=0
 step() {  # step NAME OPTIONAL(0|1) COMMAND...
   local name=$1 optional=$2; shift 2
+  if [ -n "${STEPS:-}" ] && ! grep -qiE -- "$STEPS" <<<"$name"; then return 0; fi
   echo "== $name: $*" | tee -a "$LOG"
   local t0=$SECONDS
   "$@" 2>&1 | tee -a "$LOG" | tail -n 5
@@ -48,9 +52,12 @@ step "scaffold round persistence" 0 "$PY" bench/round_persistence.py --method sc
   --threads "$THREADS" --device cuda --out "$OUT"
 step "earlystop grid cost" 0 "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml --rounds 3 \
   --methods fedavg fedprox scaffold feddyn fedsam fedspeed fedsmoo fedgamma fedlesam fedwmsam --threads "$THREADS" --out "$OUT"
-step "gpaf grid cost" 0 "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --rounds 2 \
+step "gpaf grid cost" 0 "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf --rounds 2 \
   --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
 step "jobs per GPU" 0 "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --out "$OUT"
+# one round of 3 local epochs over PathMNIST's 89,996 training images per method: the longest step
+step "gpaf pathmnist grid cost" 0 "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf_pathmnist \
+  --rounds 1 --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
 step "fedst grid cost" 1 "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
   --methods fedst seg_fedavg --threads "$THREADS" --out "$OUT"
 step "ultraflwr grid cost" 1 "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml --rounds 3 \

@@ -33,9 +33,11 @@ def test_training_and_evaluation_time_come_apart():
 GPU_SESSION = Path(__file__).resolve().parents[1] / "bench" / "gpu_session.sh"
 
 
-def _run_session(tmp_path: Path, python: str, fail: str = "") -> subprocess.CompletedProcess:
+def _run_session(tmp_path: Path, python: str, fail: str = "", steps: str = "") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "STEPS"}
     return subprocess.run(["bash", str(GPU_SESSION), str(tmp_path / "rows.jsonl")], capture_output=True, text=True,
-                          env={**os.environ, "PYTHON": python, "FAIL": fail or "no step has this"}, timeout=120)
+                          env={**env, "PYTHON": python, "FAIL": fail or "no step has this",
+                               **({"STEPS": steps} if steps else {})}, timeout=120)
 
 
 def test_gpu_session_refuses_a_machine_without_cuda(tmp_path):
@@ -58,7 +60,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     done = _run_session(tmp_path, str(fake))
     assert done.returncode == 0, done.stdout + done.stderr  # only the surgical fedst cost failed
     ran = calls.read_text().splitlines()
-    assert len(ran) == 9 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in ran[1:])
+    assert len(ran) == 10 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in ran[1:])
     assert "tests/test_cuda.py tests/test_device_arrays.py" in ran[0]
     src = str(GPU_SESSION.parents[1] / "src")
     assert all(p.split(":")[0] == src for p in (tmp_path / "paths").read_text().splitlines())  # this tree's package
@@ -68,7 +70,13 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
     assert done.returncode == 1 and "FAILED (rc 3)" in done.stdout
-    assert len(calls.read_text().splitlines()) == 9  # the failure stopped no later step
+    assert len(calls.read_text().splitlines()) == 10  # the failure stopped no later step
+    calls.unlink()
+    done = _run_session(tmp_path, str(fake), steps="CUDA tests|pathmnist")  # a part of the session
+    ran = calls.read_text().splitlines()
+    assert done.returncode == 0 and len(ran) == 2 and "tests/test_cuda.py" in ran[0]
+    assert "--study gpaf_pathmnist" in ran[1]
+    assert "cuda tests" in done.stdout.split("== summary")[1] and "jobs per GPU" not in done.stdout
 
 
 STUDIES = Path(__file__).resolve().parents[1] / "config" / "studies"
