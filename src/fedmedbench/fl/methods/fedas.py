@@ -11,12 +11,20 @@ read for understanding; nothing is copied.
   Both passes use batches of ``align_batch_size`` = 16 clips (the reference's fixed loader,
   ``clientas.py:181``). It runs from the first round on: there the site's previous model is
   its initial model, the same as the broadcast one (the reference's clients and server start
-  from one model and align in round 0 too).
+  from one model and align in round 0 too). Both passes run the network in eval mode
+  (``align_mode: eval``): normalisation layers use their running statistics and leave them
+  unchanged, as the reference: its client models are left in eval mode by the Fisher pass
+  (``clientas.py:94,124``) and its server model is a copy of one of them (``serveras.py:47``;
+  only its first alignment takes the fresh initial model, in train mode, which its CNN without
+  normalisation or dropout does not notice). ``align_mode: train`` runs the alignment pass in
+  train mode instead (batch statistics, running statistics updated); prototypes stay in eval.
 * Client synchronisation (server; ``system/flcore/servers/serveras.py:44-59``,
   ``aggregate_wrt_fisher``): every client sends the trace of its Fisher information, the sum
   over *all* its training batches (``clientas.py:93-114``, after local training) of the
   squared gradients of the batch-mean NLL; the server weights the models by trace / sum of
-  traces.
+  traces. Normalisation buffers (running statistics) are averaged with the same weights
+  (ours: the reference averages ``parameters()`` only, so buffers would stay those of the first
+  uploaded model, ``serveras.py:47-49``; its CNN has none).
 * The classifier (``decoder.head``) stays on the site (the reference's base/head split:
   ``set_parameters`` replaces only ``model.base``).
 
@@ -59,8 +67,8 @@ def pixel_features(model, x: torch.Tensor, y: torch.Tensor, where: str = "head_i
 @register_method("fedas")
 class FedAS(SegMethod):
     defaults = {"personal": ["head"], "align_epochs": 1, "align_lr": 0.01, "align_batch_size": 16,
-                "representation": "head_input", "fisher_batches": None}
-    choices = {"representation": ("head_input", "deep")}
+                "representation": "head_input", "align_mode": "eval", "fisher_batches": None}
+    choices = {"representation": ("head_input", "deep"), "align_mode": ("eval", "train")}
 
     def _prototypes(self, ctx, model) -> dict[int, torch.Tensor]:
         sums: dict[int, torch.Tensor] = {}
@@ -85,7 +93,7 @@ class FedAS(SegMethod):
         shared = set(self.shared_keys(model))
         params = [p for n, p in model.named_parameters() if n in shared]
         opt = torch.optim.SGD(params, lr=float(self.p["align_lr"]))
-        model.train()
+        model.train(self.p["align_mode"] == "train")  # eval: running statistics, left unchanged
         for _ in range(int(self.p["align_epochs"])):  # the reference: one pass over the training data
             for x, y in ctx.data.train.batches(int(self.p["align_batch_size"])):
                 f, lab = pixel_features(model, x.to(ctx.device), y.to(ctx.device), self.p["representation"])
