@@ -448,6 +448,59 @@ def test_fedas_alignment_pulls_shared_features_to_the_previous_models_prototypes
     assert data.seen == [0, 1, 0, 1]
 
 
+def test_fedas_alignment_runs_in_eval_mode_batch_norm_keeps_its_running_statistics(monkeypatch):
+    """``align_mode: eval`` (default, the reference): BN normalises by its running statistics and
+    leaves them unchanged; ``align_mode: train``: batch statistics, running statistics updated."""
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.methods import fedas
+    from fedmedbench.fl.registry import TrainConfig
+
+    class BNFeat(torch.nn.Module):  # feature of a pixel = BN(a * x), one channel, no affine parameters
+        def __init__(self, a: float) -> None:
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.tensor(a))
+            self.bn = torch.nn.BatchNorm1d(1, affine=False)
+            self.bn.running_mean.fill_(0.5)
+            self.bn.running_var.fill_(4.0)
+
+        def set_indicator(self, v) -> None:
+            pass
+
+    monkeypatch.setattr(fedas, "pixel_features", lambda m, x, y, *a: (m.bn((m.a * x[:, -1, 0].float()).reshape(-1, 1)), y.reshape(-1)))
+    pixels = [[1.0, 3.0], [1.0, 2.0]]  # two clips of two pixels, all of class 1
+    xs = [torch.tensor(v).reshape(1, 1, 2).expand(3, 1, 1, 2).clone() for v in pixels]
+    ys = [torch.ones(1, 2, dtype=torch.long) for _ in pixels]
+
+    def align(params: dict) -> BNFeat:
+        method = get_method("fedas", {"align_batch_size": 1, **params})
+        monkeypatch.setattr(type(method), "shared_keys", lambda self, m: ["a"])
+        prev = {k: v.clone() for k, v in BNFeat(3.0).state_dict().items()}  # the site's previous model: a = 3
+        ctx = SimpleNamespace(data=SimpleNamespace(train=_Batches(xs, ys), indicator=None), state={"personal": {}, "previous": prev},
+                              train=TrainConfig(rounds=1, local_epochs=1, batch_size=1, lr=0.1), device=torch.device("cpu"))
+        model = BNFeat(1.0)
+        method._align(ctx, model)
+        return model
+
+    assert get_method("fedas", {}).p["align_mode"] == "eval"
+    model = align({})
+    assert float(model.bn.running_mean) == 0.5 and float(model.bn.running_var) == 4.0
+    assert int(model.bn.num_batches_tracked) == 0
+    # by hand with the running statistics: f = (a x - 0.5) / s, prototype = mean over all pixels at a = 3
+    s = np.sqrt(4.0 + model.bn.eps)
+    proto = np.mean([(3.0 * x - 0.5) / s for v in pixels for x in v])
+    a = 1.0
+    for v in pixels:  # one SGD step (lr 0.01) per clip on the MSE to the prototype
+        a -= 0.01 * np.mean([2 * ((a * x - 0.5) / s - proto) * x / s for x in v])
+    assert float(model.a.detach()) == pytest.approx(a, rel=1e-6)
+
+    trained = align({"align_mode": "train"})
+    assert int(trained.bn.num_batches_tracked) == 2 and float(trained.bn.running_mean) != 0.5
+    assert float(trained.bn.running_var) != 4.0 and float(trained.a.detach()) != pytest.approx(a, rel=1e-6)
+    with pytest.raises(ValueError, match="align_mode"):
+        get_method("fedas", {"align_mode": "batch"})
+
+
 def test_fedas_aligns_every_shared_layer_through_the_classifiers_input_from_round_one():
     """The reference aligns ``model.base`` (all but the head) on the head's input, already in the
     first round (previous model = the initial one); ``representation: deep`` stops at the encoder."""
