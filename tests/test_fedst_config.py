@@ -37,6 +37,7 @@ def test_demo_and_full_grid_validate_with_defaults():
     assert ("syn_server", "fedst", 2) in runs and ("syn_sites", "fedst", 2) in runs
     assert full["fedst"]["train"]["local_steps"] == 100 and ("comm10", "fedst", 0) in runs and ("comm100", "fedst", 0) not in runs
     assert ("ind_clip", "fedst", 0) not in runs and ("ind_onehot", "fedst", 0) in runs
+    assert full["fedst"]["method_params"]["fedas"]["align_mode"] == "eval"
 
 
 def test_every_variant_and_method_resolves_to_a_spec():
@@ -65,6 +66,8 @@ def test_every_variant_and_method_resolves_to_a_spec():
     mix = FS.run_spec(cfg, "synmix", "seg_fedavg", 0, "clips", "run", None, "cpu", 1, "synthetic")["task_params"]
     assert mix["synthetic_mix"] == cfg["server_site"] and mix["local_steps"] == 2 * cfg["train"]["local_steps"]
     assert main["task_params"]["synthetic_mix"] is None
+    # FedAS: the alignment mode reaches the job's params
+    assert FS.run_spec(cfg, "main", "fedas", 0, "clips", "run", None, "cpu", 1, "synthetic")["method_params"]["align_mode"] == "eval"
 
 
 @pytest.mark.parametrize("path,value,needle", [
@@ -73,6 +76,7 @@ def test_every_variant_and_method_resolves_to_a_spec():
     (["fedst", "model", "encoder"], "resnet50", "does not match"),
     (["fedst", "indicator", "kind"], "bert", "'bert' is not one of"),
     (["fedst", "serq", "mu"], 2, "mu"),
+    (["fedst", "method_params"], {"fedas": {"align_mode": "batch"}}, "'batch' is not one of"),
 ])
 def test_schema_errors_name_the_key(path, value, needle):
     assert needle in schema_error(DEMO, path, value, SCHEMA)
