@@ -250,13 +250,15 @@ def test_fedld_round_one_is_the_plain_mean():
 def test_fedas_weights_clients_by_fisher_trace():
     from fedmedbench.fl.registry import ClientResult, ServerContext, TrainConfig
 
-    a = {"w": np.zeros(3, dtype=np.float32)}
-    b = {"w": np.ones(3, dtype=np.float32)}
+    a = {"w": np.zeros(3, dtype=np.float32), "bn.running_mean": np.zeros(2, dtype=np.float32)}
+    b = {"w": np.ones(3, dtype=np.float32), "bn.running_mean": np.ones(2, dtype=np.float32)}
     ctx = ServerContext(rnd=1, global_arrays=a, results=[ClientResult(a, 100, {"fisher_trace": 1.0}),
                                                           ClientResult(b, 1, {"fisher_trace": 3.0})],
                         pids=[0, 1], state={}, num_clients=2, device=torch.device("cpu"),
                         train=TrainConfig(rounds=1, local_epochs=1, batch_size=2, lr=0.1), new_model=lambda: None)
-    assert np.allclose(get_method("fedas").aggregate(ctx)["w"], 0.75)  # 3/4 of the weight, not by examples
+    out = get_method("fedas").aggregate(ctx)
+    assert np.allclose(out["w"], 0.75)  # 3/4 of the weight, not by examples
+    assert np.allclose(out["bn.running_mean"], 0.75)  # BN buffers by the same weights (the reference: first model's)
 
 
 def test_indicators(clips, tmp_path):
