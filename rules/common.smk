@@ -152,12 +152,24 @@ def domain_npz(dataset, size, domain):
     return f"resources/domains/{origin}/{dataset}_{size}/{domain}.npz"
 
 
+def domain_sources(study, dataset, setting):
+    """Domain name -> npz path for a ``domain`` setting (its clients' data)."""
+    s = config["studies"][study]["settings"][setting]
+    return {d: domain_npz(dataset, study_size(study), d) for d in s["params"]["domains"]}
+
+
 def setting_sources(study, dataset, setting):
-    """Data source name -> npz path for a setting (``base`` or one per domain)."""
+    """Data source name -> npz path for a setting (``base`` and/or one per domain).
+
+    A ``domain`` setting with ``holdout: official`` (the default) also reads ``base``: its global
+    test set is the official test split without domain shift."""
     s = config["studies"][study]["settings"][setting]
     size = study_size(study)
     if s["scheme"] == "domain":
-        return {d: domain_npz(dataset, size, d) for d in s["params"]["domains"]}
+        out = domain_sources(study, dataset, setting)
+        if s["params"].get("holdout", "official") == "official":
+            out["base"] = base_npz(dataset, size)
+        return out
     return {"base": base_npz(dataset, size)}
 
 

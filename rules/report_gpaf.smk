@@ -88,7 +88,7 @@ rule gpaf_tsne:
 
 rule gpaf_domains:
     input:
-        lambda wc: list(setting_sources(wc.study, wc.dataset, wc.setting).values()),
+        lambda wc: list(domain_sources(wc.study, wc.dataset, wc.setting).values()),
     output:
         figure=report(
             f"results/{{study}}/figures/domains_{{dataset}}_{{setting}}{TAG}.png",
@@ -98,7 +98,7 @@ rule gpaf_domains:
         ),
         csv=f"results/{{study}}/tables/domains_{{dataset}}_{{setting}}{TAG}.csv",
     params:
-        domains=lambda wc: list(setting_sources(wc.study, wc.dataset, wc.setting)),
+        domains=lambda wc: list(domain_sources(wc.study, wc.dataset, wc.setting)),
         bins=32,
         origin=ORIGIN,
     log:

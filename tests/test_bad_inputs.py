@@ -271,7 +271,7 @@ def test_partition_uses_a_source_the_run_lacks(tmp_path):
     doc = P.build_partition(split_labels(arrays), "domain", 2, 0, {"domains": ["clean", "noisy"]})
     io.write_json(tmp_path / "p.json", doc)
     with pytest.raises(KeyError, match=r"p\.json: partition uses data source\(s\) \['noisy'\]"):
-        FederatedData(tmp_path / "p.json", {"clean": "x.npz"})
+        FederatedData(tmp_path / "p.json", {"clean": "x.npz", "base": "x.npz"})
 
 
 # ---------------------------------------------------------------- labels, splits and official files

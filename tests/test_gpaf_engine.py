@@ -35,7 +35,8 @@ def workdir(tmp_path_factory):
 def spec_for(workdir: Path, method: str, name: str, **params) -> RunSpec:
     return RunSpec(
         run_dir=str(workdir / name), study="t", dataset="breastmnist", setting="dom", method=method, seed=0,
-        partition_path=str(workdir / "p.json"), sources={"a": str(workdir / "b.npz"), "b": str(workdir / "b.npz")},
+        partition_path=str(workdir / "p.json"), sources={"a": str(workdir / "b.npz"), "b": str(workdir / "b.npz"),
+                                                                "base": str(workdir / "b.npz")},
         image_size=28, model="gpaf_cnn", method_params=params, device="cpu", threads=2, save_client_models=True,
         train={"rounds": 2, "local_epochs": 1, "batch_size": 32, "lr": 1e-3, "optimizer": "adam"},
     )

@@ -48,6 +48,8 @@ def test_disjoint_schemes_cover_train_exactly_once(labels, scheme, params):
 @pytest.mark.parametrize("scheme,params", DISJOINT + [("fls", {"alpha": 0.1}), ("fls_pathological", {"classes_per_client": 2})])
 def test_val_test_disjoint_cover_and_follow_client_labels(labels, scheme, params):
     n = 3 if scheme == "domain" else 10
+    if scheme == "domain":  # the label-following holdout; the default is the official one (tested below)
+        params = {**params, "holdout": "label_shares"}
     doc = P.build_partition(labels, scheme, n, 0, params)
     for part, (lo, hi) in (("val", doc["pool"]["val"]), ("test", doc["pool"]["test"])):
         idx = np.concatenate([np.asarray(c[part]) for c in doc["clients"]])
@@ -156,7 +158,8 @@ def test_fls_pathological_k_classes(labels):
 
 
 def test_domain_scheme_sources_and_global_test(labels):
-    doc = P.build_partition(labels, "domain", 3, 0, {"domains": ["clean", "mid", "bad"], "alpha": 0.5, "min_size": 5})
+    doc = P.build_partition(labels, "domain", 3, 0, {"domains": ["clean", "mid", "bad"], "alpha": 0.5, "min_size": 5,
+                                                     "holdout": "label_shares"})
     assert [c["source"] for c in doc["clients"]] == ["clean", "mid", "bad"]
     assert [g["source"] for g in doc["global_test"]] == ["clean", "mid", "bad"]
     total = sum(len(g["idx"]) for g in doc["global_test"])
@@ -195,3 +198,39 @@ def test_center_scheme(labels):
 def test_bad_requests_fail_clearly(labels, bad, match):
     with pytest.raises(P.PartitionError, match=match):
         P.build_partition(labels, bad["scheme"], bad["num_clients"], 0, bad["params"])
+
+
+def test_domain_holdout_official_is_equal_shares_and_a_clean_official_test_set(labels):
+    """GPAF authors' loaders: each client's val/test is an equal random share of the official split
+    (label-blind), and the server's test set is the whole official test split without domain shift."""
+    doc = P.build_partition(labels, "domain", 3, 0, {"domains": ["clean", "mid", "old"], "alpha": 0.1})
+    lo, hi = doc["pool"]["test"]
+    assert doc["global_test"] == [{"source": "base", "idx": list(range(lo, hi))}]
+    for part in ("val", "test"):
+        sizes = [len(c[part]) for c in doc["clients"]]
+        assert max(sizes) - min(sizes) <= 1
+        assert sum(sizes) == len(labels[part])
+    assert [c["source"] for c in doc["clients"]] == ["clean", "mid", "old"]  # shares read in the client's domain
+    old = P.build_partition(labels, "domain", 3, 0, {"domains": ["clean", "mid", "old"], "alpha": 0.1,
+                                                      "holdout": "label_shares"})
+    assert [g["source"] for g in old["global_test"]] == ["clean", "mid", "old"]
+
+
+def test_domain_label_split_authors_has_no_self_balancing():
+    """The authors' per-class Dir(alpha) split: a client can hold more than n/K samples of every class
+    (each class is split independently); NIID-Bench's self-balancing gives a client already above
+    n/K nothing of the next class, so no client can exceed n/K in both classes."""
+    y = np.repeat([0, 1], 900)
+    both_large = {}
+    for name in ("authors", "niid_bench"):
+        hits = 0
+        for seed in range(30):
+            split = P.domain(y, 3, seed, ["a", "b", "c"], alpha=0.1, label_split=name)
+            counts = np.stack([np.bincount(y[t], minlength=2) for t in split.train])
+            assert counts.sum() == len(y) and len(np.unique(np.concatenate(split.train))) == len(y)
+            hits += int(np.any(np.all(counts > len(y) / 3, axis=1)))
+        both_large[name] = hits
+    assert both_large["authors"] > 0 and both_large["niid_bench"] == 0
+    default = P.domain(y, 3, 0, ["a", "b", "c"], alpha=0.1)
+    assert all(np.array_equal(a, b) for a, b in zip(default.train, P.dirichlet_per_class(y, 3, 0, 0.1).train, strict=True))
+

@@ -26,7 +26,13 @@ Schemes and their sources:
   probabilities from Dir(alpha), every sample used once. No library implements these.
 * ``domain``: one client per imaging domain (``resources/domains``); the training
   split is divided among the domains IID or by Dirichlet label skew; each client's
-  val/test come from its own domain's files.
+  val/test come from its own domain's files. ``label_split: authors`` (default) is the GPAF
+  authors' per-class Dirichlet split (:func:`dirichlet_per_class`), ``niid_bench`` the
+  ``dirichlet`` scheme. ``holdout: official`` (default, the authors' loaders) cuts the official val and
+  test splits into near-equal random shares, one per client (in its domain), and the
+  global test set is the whole official test split without any domain shift;
+  ``label_shares`` gives shares in proportion to the client's training labels (as every
+  other scheme) and the global test set is the union of the clients' shifted shares.
 * ``center``: GPAF Scenario 2 (PathMNIST): official train split -> client 0, official
   test split -> client 1; each re-split into train/val/test. The official validation
   split comes from the training centre (NCT-CRC-HE-100K, like the train split) and is
@@ -245,13 +251,73 @@ def fls_quantity(labels: np.ndarray, num_clients: int, seed: int, alpha: float, 
     return Split([np.sort(p) for p in np.split(idx, cuts)])
 
 
-def domain(labels: np.ndarray, num_clients: int, seed: int, domains: list[str], alpha: float | None = None, min_size: int = 10) -> Split:
+def dirichlet_per_class(labels: np.ndarray, num_clients: int, seed: int, alpha: float, min_ratio: float = 0.1,
+                        max_tries: int = 10) -> Split:
+    """The GPAF authors' Dirichlet label split (``_dirichlet_split``, dataset_preparation.py).
+
+    Per class c, client shares p_c ~ Dir(alpha 1_K); client k gets floor(p_ck n_c) samples of
+    class c and the rounding remainder goes one each to the clients with the fewest. The draw
+    is repeated (at most ``max_tries`` times, then the last one is kept) until every client
+    would hold int(n min_ratio / K) samples. No self-balancing: a client's share of one class
+    does not depend on what it holds of the others.
+    """
+    _check_clients(labels, num_clients)
+    if alpha <= 0:
+        raise PartitionError(f"alpha must be > 0, got {alpha}")
+    rng = np.random.default_rng(seed)
+    classes = np.unique(labels)
+    sizes = np.array([np.sum(labels == c) for c in classes])
+    floor_min = int(len(labels) * min_ratio / num_clients)
+    for _ in range(max_tries):
+        props = rng.dirichlet([alpha] * num_clients, size=len(classes))
+        if np.all((props * sizes[:, None]).astype(int).sum(axis=0) >= floor_min):
+            break
+    parts: list[list[int]] = [[] for _ in range(num_clients)]
+    for c, p in zip(classes, props, strict=True):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        counts = (p * len(idx)).astype(int)
+        rest = len(idx) - int(counts.sum())
+        if rest > 0:
+            counts[np.argpartition(counts, rest)[:rest]] += 1
+        for k, part in enumerate(np.split(idx, np.cumsum(counts)[:-1])):
+            parts[k].extend(part.tolist())
+    return Split([np.sort(np.asarray(q, dtype=np.int64)) for q in parts])
+
+
+#: ``label_split`` readings of the domain scheme (default first)
+DOMAIN_LABEL_SPLIT = ("authors", "niid_bench")
+#: ``holdout`` readings of the domain scheme (default first)
+DOMAIN_HOLDOUT = ("official", "label_shares")
+
+
+def domain(labels: np.ndarray, num_clients: int, seed: int, domains: list[str], alpha: float | None = None, min_size: int = 10,
+           label_split: str = "authors", holdout: str = "official") -> Split:
+    """One client per domain; training labels IID or Dirichlet (``label_split`` names the algorithm).
+
+    ``min_size`` applies to ``niid_bench``; ``holdout`` is used by :func:`build_partition`.
+    """
     if not domains:
         raise PartitionError("domain scheme needs a non-empty 'domains' list (one client per domain)")
     if num_clients != len(domains):
         raise PartitionError(f"domain scheme: num_clients={num_clients} must equal the number of domains ({len(domains)})")
-    split = iid(labels, num_clients, seed) if alpha is None else dirichlet(labels, num_clients, seed, alpha, min_size)
+    if label_split not in DOMAIN_LABEL_SPLIT:
+        raise PartitionError(f"domain scheme: label_split={label_split!r}; choose from {', '.join(DOMAIN_LABEL_SPLIT)}")
+    if holdout not in DOMAIN_HOLDOUT:
+        raise PartitionError(f"domain scheme: holdout={holdout!r}; choose from {', '.join(DOMAIN_HOLDOUT)}")
+    if alpha is None:
+        split = iid(labels, num_clients, seed)
+    elif label_split == "authors":
+        split = dirichlet_per_class(labels, num_clients, seed, alpha)
+    else:
+        split = dirichlet(labels, num_clients, seed, alpha, min_size)
     return Split(split.train, sources=list(domains))
+
+
+def equal_shares(n: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """A random permutation of range(n) cut into near-equal parts (the first n mod K one larger)."""
+    sizes = np.full(num_clients, n // num_clients)
+    sizes[: n % num_clients] += 1
+    return [np.sort(q) for q in np.split(rng.permutation(n), np.cumsum(sizes)[:-1])]
 
 
 SCHEMES: dict[str, Callable[..., Split]] = {
@@ -273,7 +339,7 @@ SCHEME_PARAMS = {
     "fls": {"alpha"},
     "fls_pathological": {"classes_per_client"},
     "fls_quantity": {"alpha", "min_size"},
-    "domain": {"domains", "alpha", "min_size"},
+    "domain": {"domains", "alpha", "min_size", "label_split", "holdout"},
     "center": {"val_fraction_center", "test_fraction_center", "official_val_center"},
 }
 ALL_SCHEMES = tuple(SCHEME_PARAMS)
@@ -367,16 +433,21 @@ def build_partition(
         if any(len(t) == 0 for t in train):
             empty = [i for i, t in enumerate(train) if len(t) == 0]
             raise PartitionError(f"scheme '{scheme}' left client(s) {empty} without training data; use fewer clients")
-        weights = label_counts(split_labels["train"], train, n_classes)
         rng = np.random.default_rng([seed, 7])
-        vals = proportional_allocation(split_labels["val"], weights, rng)
-        tests = proportional_allocation(split_labels["test"], weights, rng)
+        official = scheme == "domain" and params.get("holdout", DOMAIN_HOLDOUT[0]) == "official"
+        if official:  # the GPAF authors' loaders: equal random shares of the official val/test splits
+            vals = equal_shares(len(split_labels["val"]), num_clients, rng)
+            tests = equal_shares(len(split_labels["test"]), num_clients, rng)
+        else:
+            weights = label_counts(split_labels["train"], train, n_classes)
+            vals = proportional_allocation(split_labels["val"], weights, rng)
+            tests = proportional_allocation(split_labels["test"], weights, rng)
         sources = result.sources or ["base"] * num_clients
         clients = [
             {"train": train[i], "val": vals[i] + offsets["val"], "test": tests[i] + offsets["test"]}
             for i in range(num_clients)
         ]
-        if result.sources:
+        if result.sources and not official:
             global_test = [{"source": sources[i], "idx": clients[i]["test"]} for i in range(num_clients)]
         else:
             global_test = [{"source": "base", "idx": np.arange(*pool["test"])}]
