@@ -66,8 +66,11 @@ def test_every_variant_and_method_resolves_to_a_spec():
     mix = FS.run_spec(cfg, "synmix", "seg_fedavg", 0, "clips", "run", None, "cpu", 1, "synthetic")["task_params"]
     assert mix["synthetic_mix"] == cfg["server_site"] and mix["local_steps"] == 2 * cfg["train"]["local_steps"]
     assert main["task_params"]["synthetic_mix"] is None
-    # FedAS: the alignment mode reaches the job's params
-    assert FS.run_spec(cfg, "main", "fedas", 0, "clips", "run", None, "cpu", 1, "synthetic")["method_params"]["align_mode"] == "eval"
+    # FedAS: the grid's alignment mode reaches the job's params
+    grid = yaml.safe_load((ROOT / "config" / "studies" / "fedst.yaml").read_text())
+    validate(grid, SCHEMA)
+    fedas = FS.run_spec(grid["fedst"], "main", "fedas", 0, "clips", "run", None, "cpu", 1, "real")["method_params"]
+    assert fedas["align_mode"] == "eval"
 
 
 @pytest.mark.parametrize("path,value,needle", [
