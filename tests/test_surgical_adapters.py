@@ -311,11 +311,50 @@ def test_endovis2017_other_labels_only_when_asked(copy_of, tmp_path):
     cfg, root, folder = copy_of("endovis2017")
     p = folder / "train" / "instrument_dataset_1" / "ground_truth" / "Other_labels" / "frame000.png"
     m = cv2.imread(str(p), cv2.IMREAD_UNCHANGED)
-    m[:4, :4] = 40
+    m[:4, :4] = 50
     cv2.imwrite(str(p), m)
     _index("e", cfg, root, tmp_path / "a")  # skipped by default
-    with pytest.raises(BadFileError, match=r"\[40\] not in the label map"):
+    with pytest.raises(BadFileError, match=r"\[50\] not in the label map"):
         _index("e", {**cfg, "exclude_label_dirs": []}, root, tmp_path / "b")
+
+
+def test_endovis2017_probe_value_is_background(copy_of, tmp_path):
+    """The release's parts_mapping.json has Probe = 40 besides 10/20/30: background, not a bad file."""
+    cfg, root, folder = copy_of("endovis2017")
+    d = [d for d in sorted((folder / "train" / "instrument_dataset_1" / "ground_truth").iterdir())
+         if d.name != "Other_labels"][0]
+    m = np.zeros((F.H, F.W), np.uint8)
+    m[:4, :4], m[4:8, :4], m[8:12, :4], m[12:16, :4] = 10, 20, 30, 40
+    cv2.imwrite(str(d / "frame000.png"), m)
+    for other in (o for o in d.parent.iterdir() if o != d and o.name != "Other_labels"):
+        cv2.imwrite(str(other / "frame000.png"), np.zeros((F.H, F.W), np.uint8))
+    df, _ = _index("e", cfg, root, tmp_path / "idx")
+    row = df[(df["video_id"] == "instrument_dataset_1") & (df["frame"] == 0)].iloc[0]
+    merged = cv2.imread(row.mask_path, cv2.IMREAD_UNCHANGED)
+    assert [int(merged[r, 0]) for r in (0, 4, 8, 12)] == [1, 2, 3, 0]
+
+
+@pytest.mark.parametrize("under_ground_truth", [False, True])
+def test_endovis2017_test_release_parts_segmentation_values(copy_of, tmp_path, under_ground_truth):
+    """The test label release: one merged PartsSegmentation mask per frame, 30 shaft, 100 wrist,
+    255 clasper, 200 probe; Binary/TypeSegmentation beside it are not part masks."""
+    cfg, root, folder = copy_of("endovis2017")
+    vdir = folder / "test" / "instrument_dataset_3"
+    shutil.rmtree(vdir / "ground_truth")
+    base = vdir / "ground_truth" if under_ground_truth else vdir
+    frames = sorted((vdir / "left_frames").iterdir())
+    m = np.zeros((F.H, F.W), np.uint8)
+    m[:4, :4], m[4:8, :4], m[8:12, :4], m[12:16, :4] = 30, 100, 255, 200
+    for f in frames:
+        for sub, mask in (("PartsSegmentation", m), ("BinarySegmentation", (m > 0).astype(np.uint8) * 255),
+                          ("TypeSegmentation", (m > 0).astype(np.uint8) * 2)):
+            (base / sub).mkdir(parents=True, exist_ok=True)
+            cv2.imwrite(str(base / sub / f.name), mask)
+    df, _ = _index("e", cfg, root, tmp_path / "idx")
+    rows = df[df["video_id"] == "instrument_dataset_3"]
+    assert len(rows) == len(frames) and rows["labelled"].all()
+    merged = cv2.imread(rows.iloc[0].mask_path, cv2.IMREAD_UNCHANGED)
+    assert [int(merged[r, 0]) for r in (0, 4, 8, 12)] == [1, 2, 3, 0]
 
 
 # --- EndoVis2018 ------------------------------------------------------------------------------------------

@@ -7,18 +7,25 @@ Release layout (``<surgical.root>/EndoVis2017/``)::
                               /ground_truth/Maryland_Bipolar_Forceps_labels/frame000.png
                               /ground_truth/Other_labels/frame000.png
     test/instrument_dataset_1/left_frames/frame225.png ... frame299.png
-                             /PartsSegmentation/frame225.png   (test labels, when placed there)
+                             /[ground_truth/]PartsSegmentation/frame225.png   (test labels, when placed there)
 
-Each ``*_labels`` image marks one instrument's parts with grey values 10 = shaft,
-20 = wrist, 30 = clasper (``label_values``); the adapter merges the instruments of a frame
-into one canonical part mask. ``Other_labels`` (non-robotic instruments, no parts) is
-skipped by default (``exclude_label_dirs``). Test sequences 1-8 continue the training
+Each ``*_labels`` image marks one instrument's parts with the grey values of the release's
+``parts_mapping.json``: 10 = shaft, 20 = wrist, 30 = clasper, 40 = probe (``label_values``);
+the probe (a drop-in ultrasound probe, not a robotic instrument part) is background, as in
+the common reading of the release (only 10/20/30 become parts). The adapter merges the
+instruments of a frame into one canonical part mask. The separately released test labels
+come merged, one ``PartsSegmentation`` image per frame, with other grey values: 30 = shaft,
+100 = wrist, 255 = clasper, 200 = probe (``merged_label_values``); ``BinarySegmentation``
+and ``TypeSegmentation`` next to it are not read. ``Other_labels`` (non-robotic
+instruments, no parts) is skipped by default (``exclude_label_dirs``). Test sequences 1-8 continue the training
 procedures of the same number (frames 225-299), so they keep the same ``video_id``: the
 original protocol, which FedST follows, splits by time within a procedure. Frames without
 any label folder (test frames before the labels are added) are indexed as unlabelled.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
@@ -35,15 +42,19 @@ from fedmedbench.data.surgical.segmasks import (
 TASK = "segmentation"
 OFFICIAL_FPS = 2.0  # "we sample the frames from 30 Hz video at 2 Hz"
 OFFICIAL_SPLIT_DIRS = {"train": "train", "test": "test"}
-OFFICIAL_VALUES = {10: "shaft", 20: "wrist", 30: "clasper"}
+#: per-instrument ``*_labels`` masks (training release, its parts_mapping.json); 40 = probe
+OFFICIAL_VALUES = {10: "shaft", 20: "wrist", 30: "clasper", 40: "background"}
+#: merged ``PartsSegmentation`` masks of the test label release; 200 = probe
+OFFICIAL_MERGED_VALUES = {30: "shaft", 100: "wrist", 255: "clasper", 200: "background"}
 MERGED_DIRS = ("PartsSegmentation",)
 
 
-def _label_dirs(vdir, exclude) -> tuple[list, bool]:
+def _label_dirs(vdir: Path, exclude: set[str]) -> tuple[list[Path], bool]:
     """Per-instrument label folders (merged=False) or one merged parts folder (merged=True)."""
-    for name in MERGED_DIRS:
-        if (vdir / name).is_dir():
-            return [vdir / name], True
+    for parent in (vdir, vdir / "ground_truth"):
+        for name in MERGED_DIRS:
+            if (parent / name).is_dir():
+                return [parent / name], True
     gt = vdir / "ground_truth"
     if not gt.is_dir():
         return [], False
@@ -64,16 +75,17 @@ def index(ctx: AdapterContext) -> tuple[list[dict], dict]:
     present = split_folders(ctx, OFFICIAL_SPLIT_DIRS, "EndoVis2017")
     fps, fps_source = resolve_fps(ctx, OFFICIAL_FPS, required=True)
     lut = value_map(ctx, OFFICIAL_VALUES, "parts")
+    merged_lut = value_map(ctx, OFFICIAL_MERGED_VALUES, "parts", key="merged_label_values")
     exclude = set(ctx.opt("exclude_label_dirs", ["Other_labels"]))
     rows = []
     for d, split in sorted(present.items()):
         for vdir in sorted(p for p in (ctx.root / d).iterdir() if p.is_dir()):
             vid = vdir.name
-            label_dirs, _ = _label_dirs(vdir, exclude)
+            label_dirs, merged = _label_dirs(vdir, exclude)
             for img, frame, size in readable_frames(ctx, vdir / "left_frames", vid):
                 mask_path = ""
                 if label_dirs:
-                    mask = _frame_mask(ctx, img, label_dirs, lut, size, vid, frame)
+                    mask = _frame_mask(ctx, img, label_dirs, merged_lut if merged else lut, size, vid, frame)
                     if mask is None:
                         continue
                     mask_path = save_canonical(ctx, vid, frame, mask)

@@ -82,14 +82,14 @@ def readable_frames(ctx: AdapterContext, frame_dir: Path, vid: str):
         yield img, frame, size
 
 
-def value_map(ctx: AdapterContext, default: dict, label_set: str) -> dict[int, int]:
-    """``label_values`` (raw value -> class name) resolved to class indices of the label set."""
+def value_map(ctx: AdapterContext, default: dict, label_set: str, key: str = "label_values") -> dict[int, int]:
+    """The option ``key`` (raw value -> class name) resolved to class indices of the label set."""
     classes = LABEL_SETS[label_set]
-    raw = ctx.opt("label_values", default)
+    raw = ctx.opt(key, default)
     out = {}
     for value, name in raw.items():
         if name not in classes:
-            raise ValueError(f"surgical.datasets.{ctx.name}.label_values: '{name}' is not a class of the "
+            raise ValueError(f"surgical.datasets.{ctx.name}.{key}: '{name}' is not a class of the "
                              f"'{label_set}' label set {classes}")
         out[int(value)] = classes.index(name)
     out.setdefault(0, 0)
