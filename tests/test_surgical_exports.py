@@ -166,3 +166,22 @@ def test_export_sites_metadata(tmp_path):
         export_sites({"x": ({}, {"task": "detection"})}, {"Z": {"dataset": "x", "surgery_type": "s"}},
                      {"num_previous": 3, "interval_s": 0.2, "tolerance_s": 0.1}, tmp_path / "c2", "synthetic")
     assert not (tmp_path / "c2").exists()
+
+
+def test_export_sites_exclude_videos(tmp_path):
+    """A site's exclude_videos leave those videos out of its clips (FedST site A: EndoVis2017 test 9, 10)."""
+    cfg, _ = F.make(tmp_path / "raw", "endovis2017")
+    build_index("endovis2017", cfg, tmp_path / "raw", tmp_path / "idx", log=lambda m: None)
+    index = read_index(tmp_path / "idx")
+    clip_cfg = {"num_previous": 3, "interval_s": 0.2, "tolerance_s": 0.1}
+    sites = {"A": {"dataset": "endovis2017", "surgery_type": "nephrectomy", "exclude_videos": ["instrument_dataset_3"]}}
+    export_sites({"endovis2017": index}, sites, clip_cfg, tmp_path / "clips", "synthetic")
+    clips = pd.read_parquet(tmp_path / "clips" / "A" / "clips.parquet")
+    info = json.loads((tmp_path / "clips" / "A" / "site.json").read_text())
+    assert "instrument_dataset_3" in set(index[0]["video_id"])
+    assert set(clips["video_id"]) == set(index[0]["video_id"]) - {"instrument_dataset_3"}
+    assert not any("instrument_dataset_3" in p for ps in clips["clip_paths"] for p in ps)
+    assert info["excluded_videos"] == ["instrument_dataset_3"]
+    with pytest.raises(ValueError, match="not videos of dataset"):
+        export_sites({"endovis2017": index}, {"A": {**sites["A"], "exclude_videos": ["nope"]}}, clip_cfg,
+                     tmp_path / "c2", "synthetic")

@@ -6,7 +6,8 @@ current frame". For every labelled frame at time t and k = num_previous .. 1 the
 takes the earlier frame of the same video and split whose timestamp is nearest to
 t - k * interval_s, provided it lies within tolerance_s of it; otherwise the current frame
 is duplicated in that slot (counted in ``n_duplicated``). Unlabelled frames (no mask)
-serve as history only. Releases annotated at 2 Hz (EndoVis) have no frame 0.2 s back
+serve as history only; a site's ``exclude_videos`` are left out entirely (FedST's site A
+tests on the 8 continuation sequences of EndoVis2017 only, Table I). Releases annotated at 2 Hz (EndoVis) have no frame 0.2 s back
 unless the intermediate video frames are added to the dataset as unlabelled frames.
 
 Output (``<out>/``, written atomically)::
@@ -87,6 +88,11 @@ def export_sites(indices: dict[str, tuple[pd.DataFrame, dict]], sites: dict[str,
                 raise ValueError(f"site '{site}': dataset '{cfg['dataset']}' is not a segmentation dataset")
             if cfg.get("role", "federated") not in ROLES:
                 raise ValueError(f"site '{site}': role must be one of {ROLES}")
+            excluded = sorted(cfg.get("exclude_videos") or [])
+            unknown = sorted(set(excluded) - set(df["video_id"].astype(str)))
+            if unknown:
+                raise ValueError(f"site '{site}': exclude_videos {unknown} are not videos of dataset '{cfg['dataset']}'")
+            df = df[~df["video_id"].astype(str).isin(excluded)]
             clips = build_clips(df, n_prev, interval, tol)
             if clips.empty:
                 raise ValueError(f"site '{site}': dataset '{cfg['dataset']}' has no labelled frame")
@@ -100,7 +106,7 @@ def export_sites(indices: dict[str, tuple[pd.DataFrame, dict]], sites: dict[str,
                     "surgery_type": cfg["surgery_type"], "prompt": template.format(site=site, **cfg),
                     "label_set": meta.get("label_set"), "classes": meta["classes"], "fps": meta.get("fps"),
                     "fps_source": meta.get("fps_source"), "origin": origin, "num_previous": n_prev,
-                    "interval_s": interval, "tolerance_s": tol, "counts": counts,
+                    "interval_s": interval, "tolerance_s": tol, "excluded_videos": excluded, "counts": counts,
                     "history_duplicated_fraction": round(float(clips["n_duplicated"].sum()) / max(1, n_prev * len(clips)), 4)
                     if n_prev else 0.0}
             (tmp / site / "site.json").write_text(json.dumps(info, indent=1) + "\n")
