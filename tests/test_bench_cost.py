@@ -77,6 +77,10 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     assert done.returncode == 0 and len(ran) == 2 and "tests/test_cuda.py" in ran[0]
     assert "--study gpaf_pathmnist" in ran[1]
     assert "cuda tests" in done.stdout.split("== summary")[1] and "jobs per GPU" not in done.stdout
+    calls.unlink()
+    for steps, needle in (("pathmnsit", "matches no step"), ("gpaf(", "not an extended regular expression")):
+        done = _run_session(tmp_path, str(fake), steps=steps)  # a typo runs nothing and says so
+        assert done.returncode == 2 and needle in done.stderr and not calls.exists()
 
 
 STUDIES = Path(__file__).resolve().parents[1] / "config" / "studies"
