@@ -30,6 +30,8 @@ import grid_cost  # noqa: E402
 from _report import emit  # noqa: E402
 from _timing import time_spec  # noqa: E402
 
+from fedmedbench import partition as P  # noqa: E402
+
 
 def worker(args: argparse.Namespace) -> None:
     """One job: run it, print its per-round seconds as JSON."""
@@ -41,7 +43,7 @@ def worker(args: argparse.Namespace) -> None:
     first = grid_cost.grid_jobs(config, args.study)[0]
     job = {**first, "method": args.method}
     s = st["settings"][job["setting"]]
-    sources = ({d: str(args.npz) for d in s["params"]["domains"]} if s["scheme"] == "domain" else {"base": str(args.npz)})
+    sources = {name: str(args.npz) for name in P.source_names(s["scheme"], s.get("params", {}))}
     spec = grid_cost.job_spec(args.workdir / f"job{args.index}", config, args.study, job, args.partition, sources,
                               args.rounds, args.device, args.threads)
     per_round = time_spec(spec)

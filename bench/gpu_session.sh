@@ -4,6 +4,7 @@
 #   STEPS='cuda|engine' bash bench/gpu_session.sh  runs only the steps whose names match the
 #   extended regular expression (case-insensitive): the session in parts, e.g. where one command may
 #   run only so long (the PathMNIST grid cost trains the most: 3 epochs over 89,996 images per method).
+#   A STEPS that is no valid pattern, or matches no step, exits 2.
 # Each step appends its JSON rows to OUT (default bench/gpu_results.jsonl) and its output to
 # OUT's folder/gpu_session.log. A step that fails does not stop the others; the summary at the end
 # lists each step's status and seconds, and the exit status is 1 when a step other than the two
@@ -19,6 +20,10 @@ export PYTHONUNBUFFERED=1
 # every step imports this tree's package (an installed fedmedbench, or none, would run other code or fail)
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
+if [ -n "${STEPS:-}" ]; then  # a bad pattern or a typo would otherwise run nothing and end "successfully"
+  grep -qiE -- "$STEPS" <<<"" 2>/dev/null
+  if [ $? -eq 2 ]; then echo "gpu_session: STEPS='$STEPS' is not an extended regular expression" >&2; exit 2; fi
+fi
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   echo "gpu_session: torch in $PY sees no CUDA device; run this on a GPU machine with a CUDA build of torch" >&2
   exit 2
@@ -63,6 +68,10 @@ step "fedst grid cost" 1 "$PY" bench/grid_cost.py --config config/studies/fedst.
 step "ultraflwr grid cost" 1 "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml --rounds 3 \
   --methods FedAvg FedBackboneAvg --threads "$THREADS" --out "$OUT"
 
+if [ -n "${STEPS:-}" ] && [ ${#summary[@]} -eq 0 ]; then
+  echo "gpu_session: STEPS='$STEPS' matches no step" >&2
+  exit 2
+fi
 echo "== summary (rows in $OUT, output in $LOG)" | tee -a "$LOG"
 printf '%s\n' "${summary[@]}" | tee -a "$LOG"
 [ "$hard_failures" -eq 0 ]

@@ -91,7 +91,7 @@ def make_data(workdir: Path, config: dict, study: str, setting: str, dataset: st
     n_classes = int(max(v.max() for v in labels.values())) + 1
     part = workdir / f"{setting}.json"
     io.write_json(part, P.build_partition(labels, s["scheme"], s["num_clients"], 0, s.get("params", {}), n_classes))
-    sources = {d: str(npz) for d in s["params"]["domains"]} if s["scheme"] == "domain" else {"base": str(npz)}
+    sources = {name: str(npz) for name in P.source_names(s["scheme"], s.get("params", {}))}
     return part, sources
 
 

@@ -10,6 +10,7 @@ import fedmedbench.data.user as USER
 import fedmedbench.studies.earlystop.runs as ES
 import fedmedbench.studies.gpaf.runs as GPAF
 import fedmedbench.studies.grid as GRID
+import fedmedbench.partition as PARTITION
 from fedmedbench.configcheck import coerce_numbers, config_error, ignored_settings
 from fedmedbench.report.html import table_caption
 from fedmedbench.fl import method_params
@@ -159,18 +160,14 @@ def domain_sources(study, dataset, setting):
 
 
 def setting_sources(study, dataset, setting):
-    """Data source name -> npz path for a setting (``base`` and/or one per domain).
+    """Data source name -> npz path for a setting (``base`` and/or one per domain; ``partition.source_names``).
 
     A ``domain`` setting with ``holdout: official`` (the default) also reads ``base``: its global
     test set is the official test split without domain shift."""
     s = config["studies"][study]["settings"][setting]
     size = study_size(study)
-    if s["scheme"] == "domain":
-        out = domain_sources(study, dataset, setting)
-        if s["params"].get("holdout", "official") == "official":
-            out["base"] = base_npz(dataset, size)
-        return out
-    return {"base": base_npz(dataset, size)}
+    return {name: base_npz(dataset, size) if name == "base" else domain_npz(dataset, size, name)
+            for name in PARTITION.source_names(s["scheme"], s.get("params") or {})}
 
 
 def setting_datasets(study, setting):

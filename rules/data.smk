@@ -1,5 +1,5 @@
 # Data: official MedMNIST files (download or a verified local folder), the user's own datasets
-# (checked on import), the synthetic stand-in for the demo, and MedMNIST-C client domains (medmnistc).
+# (checked on import), the synthetic stand-in for the demo, and the client imaging domains (acquisition profiles, medmnistc corruptions).
 
 
 # No params: where a file comes from and how hard to try (data.medmnist_root, data.download) do not

@@ -77,6 +77,10 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     assert done.returncode == 0 and len(ran) == 2 and "tests/test_cuda.py" in ran[0]
     assert "--study gpaf_pathmnist" in ran[1]
     assert "cuda tests" in done.stdout.split("== summary")[1] and "jobs per GPU" not in done.stdout
+    calls.unlink()
+    for steps, needle in (("pathmnsit", "matches no step"), ("gpaf(", "not an extended regular expression")):
+        done = _run_session(tmp_path, str(fake), steps=steps)  # a typo runs nothing and says so
+        assert done.returncode == 2 and needle in done.stderr and not calls.exists()
 
 
 STUDIES = Path(__file__).resolve().parents[1] / "config" / "studies"
@@ -148,3 +152,17 @@ def test_round_persistence_names_no_commit_where_git_is_missing(monkeypatch, tmp
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no git executable on the path
     assert round_persistence.git_head() == "?"
+
+
+def test_grid_cost_sources_are_every_source_the_partition_reads(tmp_path):
+    """GPAF's domain settings read one file per domain and, with the official holdout (the default), the
+    clean official test split as ``base``: the timed job must be given all of them."""
+    import grid_cost
+
+    from fedmedbench.fl.data import FederatedData
+
+    config = grid_cost.load_config(BENCH.parent / "config" / "studies" / "gpaf.yaml")
+    first = grid_cost.grid_jobs(config, "gpaf")[0]
+    part, sources = grid_cost.make_data(tmp_path, config, "gpaf", first["setting"], first["dataset"])
+    assert set(sources) == {"clean", "midrange", "degraded", "base"}
+    assert FederatedData(part, sources).num_clients == 3

@@ -503,6 +503,12 @@ def test_fedas_alignment_runs_in_eval_mode_batch_norm_keeps_its_running_statisti
         get_method("fedas", {"align_mode": "batch"})
 
 
+@pytest.mark.parametrize("size", [0, -4, 2.5, "16", True])
+def test_fedas_align_batch_size_must_be_a_positive_integer(size):
+    with pytest.raises(ValueError, match=r"method_params\.fedas\.align_batch_size"):
+        get_method("fedas", {"align_batch_size": size})
+
+
 def test_fedas_aligns_every_shared_layer_through_the_classifiers_input_from_round_one():
     """The reference aligns ``model.base`` (all but the head) on the head's input, already in the
     first round (previous model = the initial one); ``representation: deep`` stops at the encoder."""

@@ -234,3 +234,16 @@ def test_domain_label_split_authors_has_no_self_balancing():
     default = P.domain(y, 3, 0, ["a", "b", "c"], alpha=0.1)
     assert all(np.array_equal(a, b) for a, b in zip(default.train, P.dirichlet_per_class(y, 3, 0, 0.1).train, strict=True))
 
+
+
+def test_source_names_follow_the_holdout(labels):
+    """What a setting's runs must be given: the domain files, and ``base`` where the global test set is the
+    official split (the default holdout) or the scheme has no domains; exactly what the partition reads."""
+    doms = {"domains": ["clean", "mid"], "alpha": 0.5}
+    assert P.source_names("domain", doms) == ["clean", "mid", "base"]
+    assert P.source_names("domain", {**doms, "holdout": "label_shares"}) == ["clean", "mid"]
+    assert P.source_names("dirichlet", {"alpha": 0.5}) == ["base"]
+    for params in (doms, {**doms, "holdout": "label_shares"}):
+        doc = P.build_partition(labels, "domain", 2, 0, params)
+        read = {c["source"] for c in doc["clients"]} | {g["source"] for g in doc["global_test"]}
+        assert read == set(P.source_names("domain", params))

@@ -313,6 +313,20 @@ def domain(labels: np.ndarray, num_clients: int, seed: int, domains: list[str], 
     return Split(split.train, sources=list(domains))
 
 
+def official_holdout(scheme: str, params: dict) -> bool:
+    """Whether a setting's global test set is the official test split without domain shift (the
+    ``domain`` scheme's ``holdout: official``, its default)."""
+    return scheme == "domain" and (params or {}).get("holdout", DOMAIN_HOLDOUT[0]) == "official"
+
+
+def source_names(scheme: str, params: dict) -> list[str]:
+    """The data sources a partition of ``scheme`` reads (the run's ``sources`` keys): one per domain for
+    the ``domain`` scheme, plus ``base`` where its global test set is the official split; else ``base``."""
+    if scheme != "domain":
+        return ["base"]
+    return [*(params or {}).get("domains", []), *(["base"] if official_holdout(scheme, params) else [])]
+
+
 def equal_shares(n: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
     """A random permutation of range(n) cut into near-equal parts (the first n mod K one larger)."""
     sizes = np.full(num_clients, n // num_clients)
@@ -434,7 +448,7 @@ def build_partition(
             empty = [i for i, t in enumerate(train) if len(t) == 0]
             raise PartitionError(f"scheme '{scheme}' left client(s) {empty} without training data; use fewer clients")
         rng = np.random.default_rng([seed, 7])
-        official = scheme == "domain" and params.get("holdout", DOMAIN_HOLDOUT[0]) == "official"
+        official = official_holdout(scheme, params)
         if official:  # the GPAF authors' loaders: equal random shares of the official val/test splits
             vals = equal_shares(len(split_labels["val"]), num_clients, rng)
             tests = equal_shares(len(split_labels["test"]), num_clients, rng)

@@ -70,6 +70,12 @@ class FedAS(SegMethod):
                 "representation": "head_input", "align_mode": "eval", "fisher_batches": None}
     choices = {"representation": ("head_input", "deep"), "align_mode": ("eval", "train")}
 
+    def __init__(self, **params) -> None:
+        super().__init__(**params)
+        size = self.p["align_batch_size"]  # checked here, not at the first alignment deep into a run
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"method_params.fedas.align_batch_size must be a positive integer, got {size!r}")
+
     def _prototypes(self, ctx, model) -> dict[int, torch.Tensor]:
         sums: dict[int, torch.Tensor] = {}
         counts: dict[int, int] = {}

@@ -17,15 +17,15 @@ says; ``uniform`` averages 1/K, ``null`` follows ``train.aggregation``.
 
 from __future__ import annotations
 
-from fedmedbench.fl.methods.fedst_base import SegMethod, client_weights
-from fedmedbench.fl.registry import Arrays, ServerContext, register_method, weighted_average
+from fedmedbench.fl.methods.fedst_base import AGGREGATION_CHOICES, SegMethod
+from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.tasks.segmentation import train_steps
 
 
 @register_method("fedrep")
 class FedRep(SegMethod):
     defaults = {"personal": ["decoder"], "head_fraction": 0.8, "aggregation": "examples"}
-    choices = {"aggregation": ("examples", "uniform", None)}
+    choices = {"aggregation": AGGREGATION_CHOICES}  # SegMethod.aggregate reads it
 
     def local_train(self, ctx, model):
         head = set(self.personal(model))
@@ -41,7 +41,3 @@ class FedRep(SegMethod):
             return loss_h
         loss_b = train_steps(model, ctx.data.train, body_steps, *common, params=body_params)
         return (loss_h * head_steps + loss_b * body_steps) / ctx.steps
-
-    def aggregate(self, ctx: ServerContext) -> Arrays:
-        """The shared representation, weighted as ``aggregation`` says (default: training clips)."""
-        return weighted_average([r.arrays for r in ctx.results], client_weights(ctx, self.p["aggregation"]))

@@ -114,6 +114,10 @@ def tensors(model: torch.nn.Module, keys: list[str]) -> dict[str, torch.Tensor]:
     return {k: state[k].detach().cpu().clone() for k in keys}
 
 
+#: a method's ``aggregation`` parameter: training clips, 1/K, or None = ``train.aggregation``
+AGGREGATION_CHOICES = ("examples", "uniform", None)
+
+
 def client_weights(ctx: ServerContext, rule: str | None = None) -> list[float]:
     """Aggregation weights: ``examples`` (training clips, FedAvg) or ``uniform`` (FedST Algorithm 1,
     line 8: 1/K); ``rule`` None = ``train.aggregation``."""
@@ -183,7 +187,9 @@ class SegMethod(Method):
 
     # --- server --------------------------------------------------------------------------
     def aggregate(self, ctx: ServerContext) -> Arrays:
-        return weighted_average([r.arrays for r in ctx.results], client_weights(ctx))
+        """The shared arrays averaged with :func:`client_weights`: by the method's ``aggregation``
+        parameter where it has one (:data:`AGGREGATION_CHOICES`), else by ``train.aggregation``."""
+        return weighted_average([r.arrays for r in ctx.results], client_weights(ctx, self.p.get("aggregation")))
 
 
 @register_method("seg_local")
@@ -223,10 +229,7 @@ class SegFedAvg(SegMethod):
 
     personalized = False
     defaults = {"personal": [], "aggregation": "examples"}
-    choices = {"aggregation": ("examples", "uniform", None)}
-
-    def aggregate(self, ctx: ServerContext) -> Arrays:
-        return weighted_average([r.arrays for r in ctx.results], client_weights(ctx, self.p["aggregation"]))
+    choices = {"aggregation": AGGREGATION_CHOICES}
 
 
 def flat(arrays: Arrays, keys: list[str]) -> np.ndarray:

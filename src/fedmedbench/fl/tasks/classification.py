@@ -58,9 +58,11 @@ class ClassificationTask(Task):
     def evaluate_global(self, model, device):
         """Global test and validation sets, and every client's test split.
 
-        A client's test split is a subset of the global test set (every scheme builds the
-        global test from the same pool indices), so the global test set is predicted once and
-        each client's metrics come from its rows: 100 clients cost no extra forward passes.
+        A client's test split is usually a subset of the global test set (same pool indices and
+        source), so the global test set is predicted once and each client's metrics come from its
+        rows: 100 clients cost no extra forward passes. A client whose split is not inside it (the
+        domain scheme's official holdout: shifted client shares, a clean global set) is predicted
+        on its own.
         """
         from fedmedbench.fl.training import evaluate, predict_samples
         from fedmedbench.metrics import grouped_classification_metrics

@@ -232,8 +232,9 @@ def best_so_far(curves: pd.DataFrame, metric: str) -> pd.Series:
 
 def fig5a_frame(curves: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Fig. 5a: per (dataset, setting, method) and round, the best ``metric`` so far (mean over seeds);
-    by default ``client_val_accuracy``, the clients' own models after local training on their own
-    validation data, averaged over the clients."""
+    by default (``report.gpaf.fig5a_metric``) ``val_accuracy``, the global model on the clients'
+    validation data, as the GPAF authors' server logs it; ``client_val_accuracy`` = the clients' own
+    models after local training on their own validation data, averaged over the clients."""
     rows = []
     for (dataset, setting, method), g in curves.groupby(["dataset", "setting", "method"], sort=False):
         best = best_so_far(g, metric)
