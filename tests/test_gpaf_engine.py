@@ -26,7 +26,7 @@ def workdir(tmp_path_factory):
     d = tmp_path_factory.mktemp("gpaf_engine")
     arrays = synthetic.generate("breastmnist", 28, seed=0, counts={"train": 180, "val": 30, "test": 60})
     io.write_npz(d / "b.npz", arrays)
-    doc = P.build_partition(split_labels(arrays), "domain", 2, 0, {"domains": ["a", "b"], "alpha": 1.0, "min_size": 5},
+    doc = P.build_partition(split_labels(arrays), "domain", 2, 0, {"domains": ["a", "b"], "alpha": 1.0},
                             num_classes=2)
     io.write_json(d / "p.json", doc)
     return d

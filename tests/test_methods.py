@@ -331,13 +331,15 @@ def test_fedlesam_perturbation_forms(form):
         get_method("fedlesam", {"perturbation_form": "elementwise"})
 
 
-@pytest.mark.parametrize("form", ["reference", "vector"])
-def test_fedwmsam_perturbation_forms_follow_the_moving_target(form):
+@pytest.mark.parametrize("form,sign", [("reference", -1), ("vector", -1), ("reference", 1), ("vector", 1)])
+def test_fedwmsam_perturbation_forms_follow_the_moving_target(form, sign):
     """Two steps, alpha -> 1 and m = 0 (plain CE): step 1 is unperturbed (t = theta); after it the target
     moves by m_i = 0, so step 2 is perturbed along t - theta_1 = theta_0 - theta_1: per tensor by
-    -rho d[j] / sum_k |d[k]| (reference, optimizer/WMSAM.py) or by -rho d/||d|| (vector)."""
+    sign rho d[j] / sum_k |d[k]| (reference, optimizer/WMSAM.py) or by sign rho d/||d|| (vector);
+    sign -1 is the public code's, +1 the README formula's."""
     model = tiny_model()
-    params = {"rho": 0.5, **({} if form == "reference" else {"perturbation_form": form})}
+    params = {"rho": 0.5, **({} if form == "reference" else {"perturbation_form": form}),
+              **({} if sign == -1 else {"perturbation_sign": sign})}
     result, _ = fit("fedwmsam", params, model=copy.deepcopy(model), steps=2, batch_size=24, weight_decay=0.0,
                     grad_clip=None, broadcast={"alpha": {"alpha": np.asarray(1 - 1e-12)}})
     data = tiny_data()
@@ -351,9 +353,9 @@ def test_fedwmsam_perturbation_forms_follow_the_moving_target(form):
         for p, q in zip(m1.parameters(), theta1, strict=True):
             p.copy_(q)
     if form == "reference":
-        shifted = _reference_indexed_shift(theta1, flat, 0.5)
+        shifted = _reference_indexed_shift(theta1, flat, -sign * 0.5)
     else:
-        shifted = [p - 0.5 * t / flat.norm() for p, t in zip(theta1, d, strict=True)]
+        shifted = [p + sign * 0.5 * t / flat.norm() for p, t in zip(theta1, d, strict=True)]
     expected = _step_from(m1, shifted, xb, yb, lr=0.1)
     for (n, _), q in zip(model.named_parameters(), expected, strict=True):
         torch.testing.assert_close(torch.from_numpy(result.arrays[n]), q, rtol=1e-4, atol=1e-6)

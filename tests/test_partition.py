@@ -159,13 +159,15 @@ def test_fls_pathological_k_classes(labels):
 
 def test_domain_scheme_sources_and_global_test(labels):
     doc = P.build_partition(labels, "domain", 3, 0, {"domains": ["clean", "mid", "bad"], "alpha": 0.5, "min_size": 5,
-                                                     "holdout": "label_shares"})
+                                                     "label_split": "niid_bench", "holdout": "label_shares"})
     assert [c["source"] for c in doc["clients"]] == ["clean", "mid", "bad"]
     assert [g["source"] for g in doc["global_test"]] == ["clean", "mid", "bad"]
     total = sum(len(g["idx"]) for g in doc["global_test"])
     assert total == len(labels["test"])
     with pytest.raises(P.PartitionError, match="must equal the number of domains"):
         P.build_partition(labels, "domain", 4, 0, {"domains": ["a", "b"]})
+    with pytest.raises(P.PartitionError, match="min_size applies to label_split: niid_bench"):  # not silently unused
+        P.build_partition(labels, "domain", 3, 0, {"domains": ["clean", "mid", "bad"], "alpha": 0.5, "min_size": 5})
 
 
 def test_center_scheme(labels):

@@ -290,11 +290,14 @@ DOMAIN_LABEL_SPLIT = ("authors", "niid_bench")
 DOMAIN_HOLDOUT = ("official", "label_shares")
 
 
-def domain(labels: np.ndarray, num_clients: int, seed: int, domains: list[str], alpha: float | None = None, min_size: int = 10,
+def domain(labels: np.ndarray, num_clients: int, seed: int, domains: list[str], alpha: float | None = None,
+           min_size: int | None = None,
            label_split: str = "authors", holdout: str = "official") -> Split:
     """One client per domain; training labels IID or Dirichlet (``label_split`` names the algorithm).
 
-    ``min_size`` applies to ``niid_bench``; ``holdout`` is used by :func:`build_partition`.
+    ``min_size`` (default 10) applies to ``niid_bench`` only: the authors' split has its own floor, so
+    a ``min_size`` given with it is refused rather than silently unused. ``holdout`` is used by
+    :func:`build_partition`.
     """
     if not domains:
         raise PartitionError("domain scheme needs a non-empty 'domains' list (one client per domain)")
@@ -304,12 +307,15 @@ def domain(labels: np.ndarray, num_clients: int, seed: int, domains: list[str], 
         raise PartitionError(f"domain scheme: label_split={label_split!r}; choose from {', '.join(DOMAIN_LABEL_SPLIT)}")
     if holdout not in DOMAIN_HOLDOUT:
         raise PartitionError(f"domain scheme: holdout={holdout!r}; choose from {', '.join(DOMAIN_HOLDOUT)}")
+    if min_size is not None and label_split != "niid_bench":
+        raise PartitionError(f"domain scheme: min_size applies to label_split: niid_bench, not {label_split!r} "
+                             "(its split keeps every client at 10% of an equal share); remove min_size or set label_split")
     if alpha is None:
         split = iid(labels, num_clients, seed)
     elif label_split == "authors":
         split = dirichlet_per_class(labels, num_clients, seed, alpha)
     else:
-        split = dirichlet(labels, num_clients, seed, alpha, min_size)
+        split = dirichlet(labels, num_clients, seed, alpha, 10 if min_size is None else min_size)
     return Split(split.train, sources=list(domains))
 
 
