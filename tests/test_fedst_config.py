@@ -80,6 +80,7 @@ def test_every_variant_and_method_resolves_to_a_spec():
     (["fedst", "indicator", "kind"], "bert", "'bert' is not one of"),
     (["fedst", "serq", "mu"], 2, "mu"),
     (["fedst", "method_params"], {"fedas": {"align_mode": "batch"}}, "'batch' is not one of"),
+    (["fedst", "method_params"], {"fedas": {"alignmode": "eval"}}, "Additional properties are not allowed"),
 ])
 def test_schema_errors_name_the_key(path, value, needle):
     assert needle in schema_error(DEMO, path, value, SCHEMA)
