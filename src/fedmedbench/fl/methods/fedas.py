@@ -46,20 +46,10 @@ from fedmedbench.fl.methods.fedst_base import SegMethod
 from fedmedbench.fl.registry import load_arrays, register_method, weighted_average
 
 
-def deep_features(model, x: torch.Tensor) -> torch.Tensor:
-    """The decoder's deepest input (B, C, h, w) for clips x: encoder -> RSC -> selection."""
-    b, t = x.shape[:2]
-    if model.rsc is not None:
-        deep = model.features(x.reshape(b * t, *x.shape[2:]))[-1]
-        f = model.rsc(deep.reshape(b, t, *deep.shape[1:]))
-    else:
-        f = model.features(x[:, -1])[-1]
-    return model.cs(f) if model.cs is not None else f
-
-
 def pixel_features(model, x: torch.Tensor, y: torch.Tensor, where: str = "head_input") -> tuple[torch.Tensor, torch.Tensor]:
-    """(pixels, C) representation and (pixels,) labels of clips x: ``where`` = head_input | deep."""
-    f = model.head_input(x) if where == "head_input" else deep_features(model, x)
+    """(pixels, C) representation and (pixels,) labels of clips x: ``where`` = head_input (the
+    classifier's input) | deep (the decoder's deepest input: encoder -> RSC -> selection)."""
+    f = model.head_input(x) if where == "head_input" else model.decoder_inputs(x)[-1]
     lab = F.interpolate(y[:, None].float(), size=f.shape[2:], mode="nearest")[:, 0].long()
     return f.permute(0, 2, 3, 1).reshape(-1, f.shape[1]), lab.reshape(-1)
 
