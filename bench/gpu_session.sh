@@ -3,7 +3,8 @@
 #   bash bench/gpu_session.sh [OUT.jsonl]        (or: make bench-gpu)
 #   STEPS='cuda|engine' bash bench/gpu_session.sh  runs only the steps whose names match the
 #   extended regular expression (case-insensitive): the session in parts, e.g. where one command may
-#   run only so long (the PathMNIST grid cost trains the most: 3 epochs over 89,996 images per method).
+#   run only so long (the PathMNIST grid cost trains the most: 3 epochs of the training centre's share of PathMNIST's
+#   89,996-image training split, per method).
 #   A STEPS that is no valid pattern, or matches no step, exits 2.
 # Each step appends its JSON rows to OUT (default bench/gpu_results.jsonl) and its output to
 # OUT's folder/gpu_session.log. A step that fails does not stop the others; the summary at the end
@@ -60,7 +61,8 @@ step "earlystop grid cost" 0 "$PY" bench/grid_cost.py --config config/studies/ea
 step "gpaf grid cost" 0 "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf --rounds 2 \
   --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
 step "jobs per GPU" 0 "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --out "$OUT"
-# one round of 3 local epochs over PathMNIST's 89,996 training images per method: the longest step
+# one round of 3 local epochs per method, the training centre's client holding most of PathMNIST's 89,996
+# training images (the center scheme keeps a validation and a test share of them): the longest step
 step "gpaf pathmnist grid cost" 0 "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf_pathmnist \
   --rounds 1 --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
 step "fedst grid cost" 1 "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
