@@ -51,6 +51,7 @@ def _bad(path: list, value):
     (["studies", "micro", "early_stopping", "never_fired"], "ignore", "'ignore' is not one of"),
     (["studies", "micro", "train", "input_norm"], "triple", "'triple' is not one of"),
     (["studies", "micro", "method_params"], {"scaffold": {"local_iterations": "textbook"}}, "local_iterations"),
+    (["domains", "base"], [], "'base' does not match"),  # reserved: the unshifted data source of a run
 ])
 def test_schema_errors_name_the_key(path, value, needle):
     with pytest.raises(Exception) as info:
