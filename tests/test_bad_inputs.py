@@ -254,7 +254,7 @@ def test_disk_full_during_checkpoint_keeps_the_previous_one(tmp_path, monkeypatc
         checkpoint.save(tmp_path, checkpoint.RunState(round=2, arrays=state.arrays), "h")
     monkeypatch.undo()
     assert checkpoint.load(tmp_path, "h").round == 1
-    assert leftovers(tmp_path / "checkpoint") == ["server.pt"]
+    assert leftovers(tmp_path / "checkpoint") == ["client_rows.jsonl", "rows.jsonl", "server.pt"]
 
 
 def test_unreadable_checkpoint_is_named(tmp_path):
@@ -668,7 +668,8 @@ def test_finished_run_keeps_results_not_resume_state(tiny_run):
 
 def test_disk_full_names_the_folder_and_leaves_no_temp_file(tmp_path, monkeypatch):
     state = checkpoint.RunState(round=1, arrays=model_arrays(torch.nn.Linear(2, 2)))
-    checkpoint.save(tmp_path, state, "h")
+    rows_log = checkpoint.RowsLog(tmp_path)  # the run's log: the second checkpoint appends to its rows files
+    checkpoint.save(tmp_path, state, "h", rows_log=rows_log)
     real_write = Path.write_bytes
 
     def full(self, data):
@@ -677,10 +678,10 @@ def test_disk_full_names_the_folder_and_leaves_no_temp_file(tmp_path, monkeypatc
 
     monkeypatch.setattr(Path, "write_bytes", full)
     with pytest.raises(OSError, match=rf"No space left on {tmp_path / 'checkpoint'} while writing the server checkpoint"):
-        checkpoint.save(tmp_path, checkpoint.RunState(round=2, arrays=state.arrays), "h")
+        checkpoint.save(tmp_path, checkpoint.RunState(round=2, arrays=state.arrays), "h", rows_log=rows_log)
     monkeypatch.undo()
     assert checkpoint.load(tmp_path, "h").round == 1
-    assert leftovers(tmp_path / "checkpoint") == ["server.pt"]
+    assert leftovers(tmp_path / "checkpoint") == ["client_rows.jsonl", "rows.jsonl", "server.pt"]
 
 
 def test_temp_files_of_a_killed_job_are_removed_at_job_start(tmp_path):

@@ -120,10 +120,18 @@ def write_bytes(target: str | os.PathLike, data: bytes, what: str = "file") -> N
         with atomic_path(target) as tmp:
             tmp.write_bytes(data)
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise OSError(exc.errno, f"No space left on {target.parent} while writing the {what} {target.name} "
-                                     f"({len(data)} bytes): free space there and rerun") from exc
+        full = disk_full_error(exc, target, what, len(data))
+        if full is not None:
+            raise full from exc
         raise
+
+
+def disk_full_error(exc: OSError, target: Path, what: str, nbytes: int) -> OSError | None:
+    """A full disk or quota (``exc``) reported naming the folder and the file being written; None otherwise."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return OSError(exc.errno, f"No space left on {target.parent} while writing the {what} {target.name} "
+                                  f"({nbytes} bytes): free space there and rerun")
+    return None
 
 
 def write_torch(target: str | os.PathLike, obj: Any, what: str = "file") -> str:

@@ -198,6 +198,7 @@ class Federation:
         if spec.client_validation not in (None, "mean", "weighted"):  # before any client trains
             raise ValueError(f"client_validation = {spec.client_validation!r}: use mean, weighted or null")
         self.store = self.job.state_store
+        self.rows_log = checkpoint.RowsLog(spec.run_dir)  # each checkpoint appends its round's rows
         self._writer: checkpoint.BackgroundWriter | None = None  # set while run() goes
         self._theta0_device: Arrays | None = None  # theta_0 as device tensors (device arrays), made once
         es = {"mode": "none", "tau": 0.01, "patience": 10, **spec.early_stopping}
@@ -209,7 +210,7 @@ class Federation:
 
     # -- state ------------------------------------------------------------------
     def initial_state(self) -> checkpoint.RunState:
-        resumed = checkpoint.load(self.spec.run_dir, self.run_hash)
+        resumed = checkpoint.load(self.spec.run_dir, self.run_hash, self.rows_log)
         if resumed is not None:
             self.store.discard_after(resumed.round)
             self.log(f"resuming from checkpoint at round {resumed.round}/{self.train.rounds}")
@@ -316,7 +317,7 @@ class Federation:
             self._save_final_client_models(results, new_arrays if rnd != self.train.rounds else None)
         # written while the next round trains; client states older than this checkpoint's go once it is on disk
         checkpoint.save(self.spec.run_dir, new_state, self.run_hash, self._writer, then=lambda: self.store.prune(rnd),
-                        store=self.store)
+                        store=self.store, rows_log=self.rows_log)
         self._progress(row)
         return new_state
 
