@@ -166,3 +166,16 @@ def test_grid_cost_sources_are_every_source_the_partition_reads(tmp_path):
     part, sources = grid_cost.make_data(tmp_path, config, "gpaf", first["setting"], first["dataset"])
     assert set(sources) == {"clean", "midrange", "degraded", "base"}
     assert FederatedData(part, sources).num_clients == 3
+
+
+def test_checkpoint_growth_times_a_checkpoint_that_holds_its_rounds_rows(tmp_path):
+    """The checkpoint it times at round r resumes with r rounds of rows, and server.pt keeps one size."""
+    import checkpoint_growth
+
+    from fedmedbench.fl import checkpoint
+
+    out = checkpoint_growth.save_cost(tmp_path, [1, 4], clients=5, model="cnn_small", repeats=1)
+    assert [r["client_rows"] for r in out] == [5, 20]
+    assert out[0]["server_pt_mb"] == out[1]["server_pt_mb"]
+    resumed = checkpoint.load(tmp_path / "r4-0", "h")
+    assert (resumed.rows, resumed.client_rows) == checkpoint_growth.rows_upto(4, 5)
