@@ -1,8 +1,10 @@
-"""Shared by the benchmark scripts: print result rows and append them to a JSON-lines file."""
+"""Shared by the benchmark scripts: print result rows and append them to a JSON-lines file, and
+name the source tree's commit they measured."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 
@@ -12,3 +14,16 @@ def emit(rows: list[dict], out: Path | None) -> None:
     if out:
         with out.open("a") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def git_head() -> str:
+    """The commit of the fedmedbench source tree in use (``?`` outside a git checkout or where git is
+    not installed): a bench run with ``PYTHONPATH=<other tree>/src`` names that tree's commit."""
+    import fedmedbench
+
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=Path(fedmedbench.__file__).parent,
+                             capture_output=True, text=True)
+    except OSError:
+        return "?"
+    return out.stdout.strip() or "?"

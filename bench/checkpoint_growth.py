@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import emit  # noqa: E402
+from _report import emit, git_head  # noqa: E402
 
 import fedmedbench  # noqa: E402
 from fedmedbench.compat import limit_threads  # noqa: E402
@@ -95,15 +94,6 @@ def engine_growth(workdir: Path, rounds: int, threads: int) -> dict:
             "last_s_per_round": round(float(per_round[-20:].mean()), 4)}
 
 
-def _commit() -> str:
-    root = Path(fedmedbench.__file__).resolve().parents[2]
-    try:
-        return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--at", type=int, nargs="*", default=[1, 100, 250, 500], help="rounds to time one checkpoint at")
@@ -115,7 +105,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="append the result as JSON lines")
     args = ap.parse_args()
     limit_threads(args.threads)
-    code = {"source": str(Path(fedmedbench.__file__).resolve().parent), "commit": _commit(),
+    code = {"source": str(Path(fedmedbench.__file__).resolve().parent), "commit": git_head(),
             "rows_log": hasattr(checkpoint, "RowsLog")}
     with tempfile.TemporaryDirectory(prefix="fmb-ckpt-") as tmp:
         if args.engine_rounds:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,9 +27,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import emit  # noqa: E402
+from _report import emit, git_head  # noqa: E402
 
-import fedmedbench  # noqa: E402
 from fedmedbench import io  # noqa: E402
 from fedmedbench import partition as P  # noqa: E402
 from fedmedbench.compat import limit_threads  # noqa: E402
@@ -60,16 +58,6 @@ def direct_client_states() -> None:
     from fedmedbench.fl import checkpoint
 
     checkpoint.ClientStateStore = Direct  # the class Job's store (checkpoint.client_store) is made of
-
-
-def git_head() -> str:
-    """The source tree's commit (``?`` outside a git checkout or where git is not installed)."""
-    try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=Path(fedmedbench.__file__).parent,
-                             capture_output=True, text=True)
-    except OSError:
-        return "?"
-    return out.stdout.strip() or "?"
 
 
 def main() -> None:
