@@ -37,14 +37,14 @@ import fedmedbench  # noqa: E402
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.fl import checkpoint  # noqa: E402
 from fedmedbench.fl.registry import model_arrays  # noqa: E402
+from fedmedbench.metrics import CLASSIFICATION_METRICS  # noqa: E402
 
-#: the columns of an earlystop round (classification metrics on the global test and validation sets,
-#: their client mean/std, the data-free rule's fields) and of one client's row
-METRICS = ("accuracy", "balanced_accuracy", "auc", "f1", "precision", "recall", "loss")
+#: the columns of an earlystop round (the classification metrics on the global test and validation
+#: sets, their client mean/std, 5 local epochs' losses, the data-free rule's fields) and of one client's row
 SERVER_KEYS = (["train_loss", *(f"train_loss_e{e}" for e in range(1, 6))]
-               + [f"{p}_{m}" for p in ("global", "val", "local_mean", "local_std") for m in METRICS]
+               + [f"{p}_{m}" for p in ("global", "val", "local_mean", "local_std") for m in CLASSIFICATION_METRICS]
                + ["task_norm", "growth_rate"])
-CLIENT_KEYS = [f"local_{m}" for m in METRICS] + ["local_examples"]
+CLIENT_KEYS = [f"local_{m}" for m in CLASSIFICATION_METRICS]
 
 
 def rows_upto(rounds: int, clients: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
