@@ -148,3 +148,13 @@ def test_a_state_with_fewer_rows_writes_the_files_again(tmp_path):
     assert (checkpoint.load(tmp_path, "h").rows, checkpoint.load(tmp_path, "h").client_rows) == _rows(1)
     checkpoint.save(tmp_path, _state(2, *_rows(2)), "h", rows_log=log)
     assert checkpoint.load(tmp_path, "h").client_rows == _rows(2)[1]
+
+
+def test_a_server_checkpoint_with_an_incomplete_rows_record_is_named(tmp_path):
+    checkpoint.save(tmp_path, _state(1, *_rows(1)), "h")
+    server = checkpoint.checkpoint_dir(tmp_path) / "server.pt"
+    payload = torch.load(server, weights_only=True)
+    del payload["rows_log"]["client_rows"]["sha256"]
+    write_bytes(server, torch_bytes(payload))
+    with pytest.raises(checkpoint.RowsLogError, match=r"server\.pt: its record of client_rows\.jsonl is incomplete"):
+        checkpoint.load(tmp_path, "h")

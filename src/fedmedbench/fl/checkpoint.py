@@ -158,7 +158,10 @@ class RowsLog:
         then continues after them."""
         out = {}
         for kind in ROW_KINDS:
-            entry, path = record[kind], self.path(kind)
+            entry, path = record.get(kind), self.path(kind)
+            if not isinstance(entry, dict) or not {"bytes", "sha256", "count"} <= set(entry):
+                raise RowsLogError(f"{self.folder / 'server.pt'}: its record of {path.name} is incomplete "
+                                   f"({entry!r}): {RESTART_HINT}")
             size = int(entry["bytes"])
             what = f"the checkpoint of round {checkpoint_round} needs its first {size} bytes"
             if not path.is_file():
