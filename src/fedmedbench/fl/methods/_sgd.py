@@ -136,7 +136,8 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
         opt.zero_grad(set_to_none=True)
         with forward_precision(cfg, device):
             loss = nn.functional.cross_entropy(forward(xb).float(), yb)
-        (hooks.loss_weight * loss).backward()
+        # a weight of 1 (every method but FedWMSAM) is no op to launch twice a step; x * 1.0 == x bit for bit
+        (loss if hooks.loss_weight == 1.0 else hooks.loss_weight * loss).backward()
         with torch.no_grad():
             if e:
                 for n, t in e.items():
