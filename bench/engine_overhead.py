@@ -214,9 +214,26 @@ def profile_engine(spec: RunSpec, path: Path, top: int = 45) -> None:
     path.write_text(out.getvalue())
 
 
+def torch_profile_engine(spec: RunSpec, path: Path, top: int = 45) -> None:
+    """One more engine run under ``torch.profiler`` (host, and the GPU when the run is on one): ops and
+    CUDA runtime calls (copies, synchronisations) by their own host time and, on a GPU, by device time.
+    Where cProfile sees Python functions, this sees what each costs in launches and waits."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = spec.device == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])) as prof:
+        through_engine(spec)
+    averages = prof.key_averages()
+    tables = [averages.table(sort_by="self_cpu_time_total", row_limit=top)]
+    if on_gpu:
+        tables.append(averages.table(sort_by="self_device_time_total", row_limit=top))
+    path.write_text("\n\n".join(tables))
+
+
 def measure(model: str, clients: int, per_round: int, rounds: int, threads: int, backend: str, workdir: Path,
             local_epochs: float = 5, repeats: int = 2, device: str = "cpu", resident: bool = False,
-            eval_every: int | None = None, train: dict | None = None, profile: Path | None = None) -> dict:
+            eval_every: int | None = None, train: dict | None = None, profile: Path | None = None,
+            torch_profile: Path | None = None) -> dict:
     npz, part = make_data(workdir, clients)
     spec = make_spec(workdir, npz, part, model, rounds, per_round, threads, backend, local_epochs, device, eval_every,
                      train)
@@ -238,6 +255,8 @@ def measure(model: str, clients: int, per_round: int, rounds: int, threads: int,
             steady[name].append(float(np.mean(round_times[1:] if len(round_times) > 1 else round_times)))
     if profile is not None:
         profile_engine(spec, profile)
+    if torch_profile is not None:
+        torch_profile_engine(spec, torch_profile)
     best = {name: min(ts) for name, ts in times.items()}
     ref = finals["engine"]
     identical = {name: ref.keys() == arr.keys() and all(np.array_equal(ref[k], arr[k]) for k in ref)
@@ -276,6 +295,8 @@ def main() -> None:
                     help="take local training (batch, lr, momentum, ...) and the model from this study config")
     ap.add_argument("--study", default="earlystop", help="the study of --study-config")
     ap.add_argument("--profile", type=Path, help="profile one more engine run (cProfile) into this file")
+    ap.add_argument("--torch-profile", type=Path,
+                    help="profile one more engine run with torch.profiler (ops, copies, syncs) into this file")
     ap.add_argument("--compile", action="store_true", help="train.compile on every side (torch.compile'd forward)")
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")
     args = ap.parse_args()
@@ -287,7 +308,8 @@ def main() -> None:
         train = {**(train or DEFAULT_TRAIN), "compile": True}
     with tempfile.TemporaryDirectory(prefix="fmb-bench-") as tmp:
         row = measure(model, args.clients, args.per_round, args.rounds, args.threads, args.backend, Path(tmp),
-                      args.local_epochs, args.repeats, args.device, args.resident, args.eval_every, train, args.profile)
+                      args.local_epochs, args.repeats, args.device, args.resident, args.eval_every, train, args.profile,
+                      args.torch_profile)
     if args.study_config:
         row["study_config"] = f"{args.study_config}:{args.study}"
     row["compile"] = args.compile

@@ -7,9 +7,10 @@
 #   89,996-image training split, per method).
 #   A STEPS that is no valid pattern, or matches no step, exits 2.
 # Each step appends its JSON rows to OUT (default bench/gpu_results.jsonl) and its output to
-# OUT's folder/gpu_session.log. A step that fails does not stop the others; the summary at the end
-# lists each step's status and seconds, and the exit status is 1 when a step other than the two
-# surgical-grid ones failed (those need the real videos built first, and say which target builds them).
+# OUT's folder/gpu_session.log (the engine's torch.profiler tables to engine_torch_profile.txt
+# there). A step that fails does not stop the others; the summary at the end lists each step's
+# status and seconds, and the exit status is 1 when a step other than the two surgical-grid ones
+# failed (those need the real videos built first, and say which target builds them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -51,7 +52,11 @@ step() {  # step NAME OPTIONAL(0|1) COMMAND...
 
 step "cuda tests" 0 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_device_arrays.py
 step "engine vs resident loop" 0 "$PY" bench/engine_overhead.py --device cuda \
-  --study-config config/studies/earlystop.yaml --rounds 5 --eval-every 1 --repeats 2 --threads "$THREADS" --resident --out "$OUT"
+  --study-config config/studies/earlystop.yaml --rounds 5 --eval-every 1 --repeats 2 --threads "$THREADS" --resident \
+  --torch-profile "$(dirname "$OUT")/engine_torch_profile.txt" --out "$OUT"
+# the seconds per round each side spends outside local training and evaluation, and its kernel launches there
+step "engine host overhead" 0 "$PY" bench/host_overhead.py --device cuda --width 0 --rounds 6 --repeats 2 \
+  --threads "$THREADS" --out "$OUT"
 step "engine, batch 50" 0 "$PY" bench/engine_overhead.py --device cuda --model timm:convnextv2_nano \
   --rounds 3 --eval-every 1 --repeats 1 --threads "$THREADS" --resident --out "$OUT"
 step "scaffold round persistence" 0 "$PY" bench/round_persistence.py --method scaffold --rounds 6 \

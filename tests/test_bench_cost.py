@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -60,17 +61,18 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     done = _run_session(tmp_path, str(fake))
     assert done.returncode == 0, done.stdout + done.stderr  # only the surgical fedst cost failed
     ran = calls.read_text().splitlines()
-    assert len(ran) == 10 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in ran[1:])
+    assert len(ran) == 11 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in ran[1:])
     assert "tests/test_cuda.py tests/test_device_arrays.py" in ran[0]
     src = str(GPU_SESSION.parents[1] / "src")
     assert all(p.split(":")[0] == src for p in (tmp_path / "paths").read_text().splitlines())  # this tree's package
-    assert any("earlystop.yaml" in c and "--resident" in c for c in ran)
+    assert any("earlystop.yaml" in c and "--resident" in c and f"--torch-profile {tmp_path}/" in c for c in ran)
+    assert any("host_overhead.py --device cuda --width 0" in c for c in ran)
     summary = done.stdout.split("== summary")[1]
     assert "failed (rc 1; see the log: real videos built?)" in summary and "FAILED" not in summary
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
     assert done.returncode == 1 and "FAILED (rc 3)" in done.stdout
-    assert len(calls.read_text().splitlines()) == 10  # the failure stopped no later step
+    assert len(calls.read_text().splitlines()) == 11  # the failure stopped no later step
     calls.unlink()
     done = _run_session(tmp_path, str(fake), steps="CUDA tests|pathmnist")  # a part of the session
     ran = calls.read_text().splitlines()
@@ -179,3 +181,41 @@ def test_checkpoint_growth_times_a_checkpoint_that_holds_its_rounds_rows(tmp_pat
     assert out[0]["server_pt_mb"] == out[1]["server_pt_mb"]
     resumed = checkpoint.load(tmp_path / "r4-0", "h")
     assert (resumed.rows, resumed.client_rows) == checkpoint_growth.rows_upto(4, 5)
+
+
+def test_host_overhead_counts_ops_by_phase_and_leaves_views_out():
+    import host_overhead
+    import torch
+
+    phases = host_overhead.Phases()
+    a = torch.ones(4)
+
+    def evaluate(x):
+        return x.sum()  # 1 op, inside training below: counted as training
+
+    def train(x):
+        y = x * 2 + 1  # 2 ops
+        y.view(2, 2)  # a view: no kernel
+        return phases.wrap("eval", evaluate)(y)
+
+    with host_overhead.CountOps(phases):
+        phases.wrap("train", train)(a)
+        torch.zeros(3)  # outside any phase
+        phases.wrap("eval", evaluate)(a)
+    assert (phases.ops["train"], phases.ops["eval"], phases.ops["other"]) == (3, 1, 1)
+    assert phases.other_ops == {"aten.zeros": 1}
+    assert [name for _, _, name in phases.intervals] == ["train", "eval"]  # the nested call is not a second interval
+
+
+def test_host_overhead_takes_the_steady_rounds_less_their_training_and_evaluation():
+    import host_overhead
+
+    phases = host_overhead.Phases()
+    phases.intervals = [(5.0, 12.0, "train"), (13.0, 15.0, "train"), (21.0, 30.0, "eval")]
+    # round ends at 10, 20, 35 (an earlier boundary, the resident loop's first sync, is left out)
+    assert host_overhead.steady_host_seconds(phases, [0.0, 10.0, 20.0, 35.0], rounds=3) == [10 - 4, 15 - 9]
+    phases.marks = [(collections.Counter(train=5, other=9), collections.Counter(add=2)),
+                    (collections.Counter(train=15, eval=4, other=19), collections.Counter(add=6, mul=4)),
+                    (collections.Counter(train=25, eval=8, other=29), collections.Counter(add=10, mul=8))]
+    per_phase, other = phases.steady_ops(rounds=3)
+    assert per_phase == {"train": 10, "eval": 4, "other": 10} and other == {"add": 4, "mul": 4}
