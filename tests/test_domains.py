@@ -173,3 +173,39 @@ def test_rgb_domain(tmp_path):
     rgb = synthetic.generate("pathmnist", 28, seed=0, counts={"train": 10, "val": 4, "test": 4})
     out = domains.corrupt_dataset(rgb, "pathmnist", "d", domains.GPAF_SCENARIO1["degraded"], 0)
     assert out["train_images"].shape == (10, 28, 28, 3)
+
+
+@pytest.mark.parametrize("preset", ["bubble", "stain_deposit"])
+def test_microscopy_presets_are_seeded_per_image(preset):
+    """medmnistc's microscopy corruptions draw from Python's ``random``: seeded per image like NumPy's, so
+    a dataset comes out the same whatever the process drew before, and the caller's state is kept."""
+    import random
+
+    from fedmedbench.data import synthetic
+
+    images = synthetic.generate("bloodmnist", 28, seed=0, counts={"train": 6, "val": 1, "test": 1})["train_images"]
+    steps = domains.build_steps("bloodmnist", [{"preset": preset, "severity": 3}], "m")
+    random.seed(1)
+    a = domains.corrupt_images(images, steps, 0, "m", "train")
+    assert random.random() == random.Random(1).random()  # the caller's state, as it was
+    random.seed(2)
+    b = domains.corrupt_images(images, steps, 0, "m", "train")
+    assert np.array_equal(a, b) and not np.array_equal(a, images)
+    assert np.array_equal(domains.corrupt_images(images[:2], steps, 0, "m", "train"), a[:2])
+
+
+def test_the_corruptions_that_read_their_own_rng_are_the_ones_given_one():
+    """Only corruptors whose code reads ``self.rng`` get a Generator per image (the rest draw from the
+    per-image seeded global RNGs); a medmnistc release that adds one must be listed."""
+    import inspect
+
+    from fedmedbench import compat
+
+    compat.patch_medmnistc()
+    from medmnistc.corruptions import base, registry
+
+    classes = {name: cls for name, cls in vars(registry).items()
+               if inspect.isclass(cls) and issubclass(cls, base.BaseCorruption) and cls is not base.BaseCorruption}
+    readers = {name for name, cls in classes.items()
+               if any("self.rng" in inspect.getsource(k) for k in cls.__mro__ if k.__module__.startswith("medmnistc"))}
+    assert len(classes) > 10 and readers == domains.RNG_ATTRIBUTE_READERS

@@ -31,7 +31,8 @@ Grey (1-channel) images are corrupted as greyscale ("L") images: the noise is dr
 pixel. medmnistc's own pipeline converts them to RGB and back, which averages three
 independent noise draws and shrinks the noise by a third; large-canvas steps still go through
 RGB as medmnistc does. Every image gets its own RNG state derived from (seed, domain name,
-split, index), so results do not depend on processing order.
+split, index), NumPy's and Python's (medmnistc's microscopy corruptions draw from ``random``), so
+results do not depend on processing order or on what the process drew before.
 
 GPAF's Scenario 1 domains: client 0 clean "high-end"; clients 1 "mid-range" and 2 "degraded" as
 the authors' profiles (mid-range: contrast 0.6-1.4, brightness +0.2, noise 0.08; degraded:
@@ -44,6 +45,7 @@ noise 0.12, contrast 0.5-1.5). See ``GPAF_SCENARIO1`` and config/config.yaml.
 from __future__ import annotations
 
 import math
+import random
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -160,11 +162,20 @@ class Step:
     large_canvas: bool = False
 
 
+#: medmnistc corruptions that draw from their own ``rng`` attribute; the others draw from NumPy's global
+#: RNG, which :func:`corrupt_images` seeds per image (checked against medmnistc's source by the tests)
+RNG_ATTRIBUTE_READERS = frozenset({"ImpulseNoise"})
+
+
 def _seeded(corruptor, apply):
-    """Wrap ``apply(img)`` as ``step(img, seed)``; corruptors that keep an ``rng`` get a fresh one."""
+    """Wrap ``apply(img)`` as ``step(img, seed)``; a corruptor that reads its own ``rng`` gets a fresh one
+    from the image's seed (building a Generator for every step of every image would cost more than
+    most corruptions of a 28 px image)."""
+    if type(corruptor).__name__ not in RNG_ATTRIBUTE_READERS:
+        return lambda img, seed: apply(img)
 
     def step(img, seed: int):
-        corruptor.rng = np.random.default_rng(seed)  # used by ImpulseNoise; harmless elsewhere
+        corruptor.rng = np.random.default_rng(seed)
         return apply(img)
 
     return step
@@ -204,17 +215,21 @@ def corrupt_images(images: np.ndarray, steps: Sequence[Step], seed: int, domain:
         return images.copy()
     mode = "L" if images.ndim == 3 else "RGB"
     out = np.empty_like(images)
-    state = np.random.get_state()
+    # medmnistc draws from NumPy's global RNG and, in its microscopy corruptions (bubble, stain deposit,
+    # characters), from Python's: both are seeded per image and given back as they were
+    np_state, py_state = np.random.get_state(), random.getstate()
     try:
         for i, img in enumerate(images):
             s = image_seed(seed, domain, split, i)
             np.random.seed(s)
+            random.seed(s)
             pil = Image.fromarray(img).convert(mode)
             for step in steps:
                 pil = apply_step(pil, step, s)
             out[i] = np.asarray(pil)
     finally:
-        np.random.set_state(state)
+        np.random.set_state(np_state)
+        random.setstate(py_state)
     return out
 
 
