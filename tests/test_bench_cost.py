@@ -219,3 +219,19 @@ def test_host_overhead_takes_the_steady_rounds_less_their_training_and_evaluatio
                     (collections.Counter(train=25, eval=8, other=29), collections.Counter(add=10, mul=8))]
     per_phase, other = phases.steady_ops(rounds=3)
     assert per_phase == {"train": 10, "eval": 4, "other": 10} and other == {"add": 4, "mul": 4}
+
+
+def test_data_speed_times_every_gpaf_domain_and_compares_the_medmnistc_chains():
+    """Each default GPAF domain is timed; the MedMNIST-C chains also as bare medmnistc calls, which must
+    give the images ``domains`` gives apart from its per-image seeding (the same chain, not another)."""
+    import data_speed
+
+    from fedmedbench.data import domains
+
+    rows = data_speed.bench_corruptions(count=4)
+    assert [r["domain"] for r in rows] == list(data_speed.CORRUPTION_DOMAINS)
+    assert all(("ratio" in r) == r["domain"].endswith("_medmnistc") and r["ours_img_s"] > 0 for r in rows)
+    flat = np.full((3, 28, 28), 128, np.uint8)
+    spec = [{"corruption": "contrast", "range": [0.5, 0.5]}, {"corruption": "pixelate", "range": [0.5, 0.5]}]
+    ours = domains.corrupt_images(flat, domains.build_steps("breastmnist", spec, "d"), 0, "d", "train")
+    assert np.array_equal(data_speed._direct_medmnistc(flat, spec), ours)  # no randomness in these two
