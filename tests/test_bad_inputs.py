@@ -242,14 +242,36 @@ def test_client_raising_inside_training_is_covered_by_the_engine_test():
     assert hasattr(test_engine, "test_client_failure_fails_the_job_with_its_traceback")
 
 
+def _fill_disk_while_writing_states(monkeypatch) -> None:
+    """State files (server.pt, client states) get half their bytes written, then the disk is full."""
+    from fedmedbench.fl import state_file
+
+    class FullDisk:
+        def __init__(self, fh) -> None:
+            self.fh, self.left = fh, 100
+
+        def write(self, data) -> int:
+            part = memoryview(data).cast("B")[: self.left]
+            self.fh.write(part)
+            self.left -= len(part)
+            if self.left <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return len(part)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.fh.close()
+
+    monkeypatch.setattr(state_file, "open", lambda path, mode: FullDisk(open(path, mode)), raising=False)
+
+
 def test_disk_full_during_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
     state = checkpoint.RunState(round=1, arrays=model_arrays(torch.nn.Linear(2, 2)))
     checkpoint.save(tmp_path, state, "h")
 
-    def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(torch, "save", full)
+    _fill_disk_while_writing_states(monkeypatch)
     with pytest.raises(OSError, match="No space left"):
         checkpoint.save(tmp_path, checkpoint.RunState(round=2, arrays=state.arrays), "h")
     monkeypatch.undo()
@@ -670,13 +692,7 @@ def test_disk_full_names_the_folder_and_leaves_no_temp_file(tmp_path, monkeypatc
     state = checkpoint.RunState(round=1, arrays=model_arrays(torch.nn.Linear(2, 2)))
     rows_log = checkpoint.RowsLog(tmp_path)  # the run's log: the second checkpoint appends to its rows files
     checkpoint.save(tmp_path, state, "h", rows_log=rows_log)
-    real_write = Path.write_bytes
-
-    def full(self, data):
-        real_write(self, data[: len(data) // 2])  # half written, then the disk is full
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(Path, "write_bytes", full)
+    _fill_disk_while_writing_states(monkeypatch)
     with pytest.raises(OSError, match=rf"No space left on {tmp_path / 'checkpoint'} while writing the server checkpoint"):
         checkpoint.save(tmp_path, checkpoint.RunState(round=2, arrays=state.arrays), "h", rows_log=rows_log)
     monkeypatch.undo()

@@ -12,6 +12,7 @@ from test_device_arrays import make_spec
 from fedmedbench.fl import checkpoint, engine
 from fedmedbench.fl import federation as fed
 from fedmedbench.fl.client_state import ClientStateStore, copy_state, sha256_file
+from fedmedbench.fl.state_file import read_state, write_state
 from fedmedbench.io import write_torch
 
 
@@ -78,6 +79,7 @@ def test_copy_state_is_what_loading_the_saved_file_gives(tmp_path):
     state = {"p": torch.nn.Parameter(torch.ones(2)), "g": torch.zeros(2, requires_grad=True),
              "d": torch.arange(3, dtype=torch.int64), "nested": [torch.ones(1), 3, (1.5, "x")], "s": "name"}
     write_torch(tmp_path / "s.pt", state)
+    write_state(tmp_path / "store.pt", state)  # the store's own format
     loaded = torch.load(tmp_path / "s.pt", weights_only=True)
     copied = copy_state(state)
 
@@ -99,6 +101,7 @@ def test_copy_state_is_what_loading_the_saved_file_gives(tmp_path):
             assert a == b
 
     same(loaded, copied)
+    same(read_state(tmp_path / "store.pt"), copied)
     assert copied["d"].data_ptr() != state["d"].data_ptr()
 
 
@@ -132,7 +135,7 @@ def test_a_checkpoint_is_the_state_when_it_was_taken_not_when_it_is_written(tmp_
     resumed = checkpoint.load(tmp_path, "hash")
     assert resumed.round == 1 and torch.equal(resumed.server_state["m"], torch.zeros(2))
     assert resumed.rows == [{"round": 1, "loss": 0.5}]
-    payload = torch.load(checkpoint.checkpoint_dir(tmp_path) / "server.pt", weights_only=True)
+    payload = read_state(checkpoint.checkpoint_dir(tmp_path) / "server.pt")
     assert list(payload["client_states"]) == ["0"] and payload["client_states"]["0"]["round"] == 1  # round 2 still held
     assert [(pid, rnd) for pid, rnd, _ in store.unwritten()] == [(0, 2)]
 
@@ -163,5 +166,5 @@ def test_an_inline_scaffold_run_equals_one_that_writes_each_state_at_once(blood_
     assert files[0] == files[1] and files[0]
     for rel in files[0]:
         assert (clients[0] / rel).read_bytes() == (clients[1] / rel).read_bytes(), rel
-    manifest = torch.load(checkpoint.checkpoint_dir(deferred.run_dir) / "server.pt", weights_only=True)["client_states"]
+    manifest = read_state(checkpoint.checkpoint_dir(deferred.run_dir) / "server.pt")["client_states"]
     assert {f"{int(rel.parts[0])}" for rel in files[0]} == set(manifest)

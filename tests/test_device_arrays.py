@@ -17,6 +17,7 @@ from fedmedbench.fl import job as job_module
 from fedmedbench.fl.job import Job, copy_into
 from fedmedbench.fl.registry import arrays_to_tensors, model_arrays, model_tensors, weighted_average
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.state_file import read_state
 from fedmedbench.fl.stopping import DataFreeMonitor
 
 
@@ -131,7 +132,7 @@ def test_theta0_is_written_once_and_checked_on_resume(blood_dir, tmp_path):
     spec.run_dir = str(tmp_path / "run")
     engine.run(spec, log=lambda m: None)
     folder = checkpoint.checkpoint_dir(spec.run_dir)
-    payload = torch.load(folder / "server.pt", weights_only=True)
+    payload = read_state(folder / "server.pt")
     assert "_theta0" not in payload["server_state"] and payload["server_state"]["_theta0_sha256"]
     theta0 = torch.load(folder / "theta0.pt", weights_only=True)
     fed.seed_everything(spec.seed)  # theta_0 is the seeded initial model's parameters
@@ -169,7 +170,7 @@ def test_a_client_sends_its_model_and_vectors_as_device_tensors(blood_dir, monke
     assert set(vectors) == {n for n, p in model.named_parameters() if p.requires_grad}
     assert all(isinstance(v, torch.Tensor) and v.dtype == torch.float32 for v in vectors.values())
     assert not job.state_store.deferred and job.state_store.unwritten() == []  # outside the engine: written at once
-    state = torch.load(Path(job.spec.run_dir) / "checkpoint" / "clients" / "00000" / "r000001.pt", weights_only=True)
+    state = read_state(Path(job.spec.run_dir) / "checkpoint" / "clients" / "00000" / "r000001.pt")
     assert all(v.device.type == "cpu" for v in state[kept].values())
     # first round: c = c_i = 0, so delta_c = c_i+ (SCAFFOLD, FedWMSAM); FedSMOO sends its dual mu_i itself
     assert all(torch.equal(state[kept][n], vectors[n]) for n in vectors)

@@ -22,6 +22,7 @@ from fedmedbench.data import synthetic
 from fedmedbench.fl import federation as fed
 from fedmedbench.fl.registry import get_method, weighted_average
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.state_file import read_state
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def checkpoint_round(run_dir: Path) -> int:
     if not path.exists():
         return 0
     try:
-        return int(torch.load(path, weights_only=True)["round"])
+        return int(read_state(path)["round"])
     except Exception:  # noqa: BLE001 - being replaced right now
         return 0
 

@@ -17,6 +17,7 @@ from fedmedbench import io
 from fedmedbench import partition as P
 from fedmedbench.data import synthetic
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.state_file import read_state
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -71,8 +72,8 @@ def test_gpaf_end_to_end_and_deterministic(workdir):
     model = torch.load(Path(spec.run_dir) / "model.pt", weights_only=True)
     assert any(k.startswith("generator.") for k in model)
     states = sorted((Path(spec.run_dir) / "checkpoint" / "clients").glob("*/r*.pt"))
-    assert len(states) == 2 and set(torch.load(states[0], weights_only=True)) == {"decoder", "disc"}
-    server = torch.load(Path(spec.run_dir) / "checkpoint" / "server.pt", weights_only=True)
+    assert len(states) == 2 and set(read_state(states[0])) == {"decoder", "disc"}
+    server = read_state(Path(spec.run_dir) / "checkpoint" / "server.pt")
     assert "gpaf_dn" in server["server_state"] and len(server["server_state"]["gpaf_generator_losses"]) == 2
     # a second run in other processes gives the same model (every random draw is seeded)
     again = spec_for(workdir, "gpaf", "gpaf_again", server_epochs=3)
@@ -94,12 +95,12 @@ def test_baselines_end_to_end(workdir, method, params):
     run(spec)
     clients = common_checks(spec)
     assert sorted(clients) == (["0"] if method == "centralized" else ["0", "1"])
-    server = torch.load(Path(spec.run_dir) / "checkpoint" / "server.pt", weights_only=True)
+    server = read_state(Path(spec.run_dir) / "checkpoint" / "server.pt")
     if method == "feddg":
         assert sorted(server["server_state"]["_broadcast"]["amp_bank"]) == ["client0", "client1"]
     if method == "moon":
         states = sorted((Path(spec.run_dir) / "checkpoint" / "clients").glob("*/r*.pt"))
-        assert len(states) == 2 and set(torch.load(states[0], weights_only=True)) == {"prev"}
+        assert len(states) == 2 and set(read_state(states[0])) == {"prev"}
 
 
 @pytest.mark.slow

@@ -16,6 +16,8 @@ import pytest
 import torch
 from helpers import copy_workflow
 
+from fedmedbench.fl.state_file import read_state
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = [Path("results/micro/breastmnist/dir") / m / "seed0" for m in ("scaffold", "fedavg")]
 pytestmark = pytest.mark.slow
@@ -47,7 +49,7 @@ def kill_when(proc: subprocess.Popen, condition, timeout=600) -> bool:
 
 def checkpoint_round(path: Path) -> int:
     try:
-        return int(torch.load(path, weights_only=True)["round"])
+        return int(read_state(path)["round"])
     except Exception:  # noqa: BLE001 - absent or being replaced
         return 0
 

@@ -15,6 +15,7 @@ import torch
 
 from fedmedbench.fl import checkpoint
 from fedmedbench.fl.registry import model_arrays
+from fedmedbench.fl.state_file import read_state, write_state
 from fedmedbench.io import torch_bytes, write_bytes
 
 ARRAYS = model_arrays(torch.nn.Linear(3, 2))
@@ -153,8 +154,8 @@ def test_a_state_with_fewer_rows_writes_the_files_again(tmp_path):
 def test_a_server_checkpoint_with_an_incomplete_rows_record_is_named(tmp_path):
     checkpoint.save(tmp_path, _state(1, *_rows(1)), "h")
     server = checkpoint.checkpoint_dir(tmp_path) / "server.pt"
-    payload = torch.load(server, weights_only=True)
+    payload = read_state(server)
     del payload["rows_log"]["client_rows"]["sha256"]
-    write_bytes(server, torch_bytes(payload))
+    write_state(server, payload)
     with pytest.raises(checkpoint.RowsLogError, match=r"server\.pt: its record of client_rows\.jsonl is incomplete"):
         checkpoint.load(tmp_path, "h")

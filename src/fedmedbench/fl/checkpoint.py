@@ -9,8 +9,10 @@ checkpoint costs the same in round 500 as in round 1 (a run evaluating 100 clien
 has 50,000 client rows by then). Rows an interrupted round appended are cut off on resume.
 The initial model theta_0 (server state ``_theta0``, for the data-free stopping rule) never
 changes, so it is written once to ``theta0.pt``; ``server.pt`` records its sha256, checked on
-resume. Loading uses ``torch.load(weights_only=True)``: tensors and plain containers only, never
-arbitrary pickles. Client states live beside it (``checkpoint/clients``, see ``client_state``);
+resume. ``server.pt`` is written by ``state_file`` (safetensors' layout, its tensors' bytes written
+without holding the GIL the next round's training needs; a payload it cannot describe goes through
+``torch.save``), and read back by it, or by ``torch.load(weights_only=True)`` for a ``torch.save``
+file: tensors and plain containers only, never arbitrary pickles. Client states live beside it (``checkpoint/clients``, see ``client_state``);
 the checkpoint records which client state files round r needs and their sha256, and loading
 checks them.
 
@@ -34,7 +36,8 @@ import torch
 
 from fedmedbench.fl.client_state import RESTART_HINT, ClientStateStore, copy_state
 from fedmedbench.fl.registry import arrays_to_tensors
-from fedmedbench.io import disk_full_error, remove_temp_files, torch_bytes, write_bytes, write_torch
+from fedmedbench.fl.state_file import read_state, write_state
+from fedmedbench.io import disk_full_error, remove_temp_files, write_bytes, write_torch
 
 
 @dataclass
@@ -244,7 +247,7 @@ def save(run_dir: str | Path, state: RunState, run_hash: str, writer: Background
         payload["rows_log"] = rows_log.append(new_rows)
         # which client state files this round needs, with their sha256 (checked on resume)
         payload["client_states"] = store.manifest(state.round)
-        write_bytes(path, torch_bytes(payload), what="server checkpoint")
+        write_state(path, payload, what="server checkpoint")  # the arrays' bytes written without the GIL
         if then is not None:
             then()
 
@@ -282,7 +285,7 @@ def load(run_dir: str | Path, run_hash: str, rows_log: RowsLog | None = None) ->
     if not path.is_file():
         return None
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = read_state(path)
     except Exception as exc:  # noqa: BLE001
         raise RuntimeError(f"{path}: unreadable checkpoint ({exc}); {RESTART_HINT}") from exc
     if payload.get("run_hash") != run_hash:

@@ -37,7 +37,8 @@ from typing import Any
 import torch
 
 from fedmedbench import io
-from fedmedbench.io import write_bytes, write_torch
+from fedmedbench.fl.state_file import read_state, write_state
+from fedmedbench.io import write_bytes
 
 _NAME = re.compile(r"^r(\d{6})\.pt$")
 #: what to do when a client state is missing or damaged (the run cannot continue bit-identically)
@@ -82,7 +83,7 @@ class ClientStateStore:
             return {}
         path = versions[-1][1]
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return read_state(path)
         except Exception as exc:  # noqa: BLE001 - name the file
             # torch's own text suggests weights_only=False, which is never the fix here: keep it to the chained error
             raise ClientStateError(f"{path}: cannot load client state ({type(exc).__name__}: not a readable tensor "
@@ -102,7 +103,7 @@ class ClientStateStore:
 
     def _write(self, pid: int, rnd: int, state: dict[str, Any]) -> None:
         path = self._dir(pid) / f"r{rnd:06d}.pt"
-        digest = write_torch(path, state, what="client state")
+        digest = write_state(path, state, what="client state")
         write_bytes(_sidecar(path), (digest + "\n").encode(), what="client state hash")
 
     def unwritten(self) -> list[tuple[int, int, dict[str, Any]]]:
