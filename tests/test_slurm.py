@@ -21,6 +21,8 @@ import pytest
 import torch
 from helpers import copy_workflow
 
+from fedmedbench.fl.state_file import read_state
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "cluster" / "slurm.sh"
 RUNS = Path("results/micro/breastmnist/dir")
@@ -81,7 +83,7 @@ def runs(cluster, tmp_path_factory) -> Runs:
     while time.monotonic() < deadline and proc.poll() is None and cancelled is None:
         if ckpt.exists():
             try:
-                rnd = int(torch.load(ckpt, weights_only=True)["round"])
+                rnd = int(read_state(ckpt)["round"])
             except Exception:  # noqa: BLE001 - being replaced
                 rnd = 0
             if 1 <= rnd < 10:
