@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 from test_device_arrays import make_spec
+from test_state_file import same_state
 
 from fedmedbench.fl import checkpoint, engine
 from fedmedbench.fl import federation as fed
@@ -83,25 +84,8 @@ def test_copy_state_is_what_loading_the_saved_file_gives(tmp_path):
     loaded = torch.load(tmp_path / "s.pt", weights_only=True)
     copied = copy_state(state)
 
-    def same(a, b):
-        if isinstance(a, torch.Tensor):
-            assert type(a) is type(b) and a.requires_grad == b.requires_grad and a.dtype == b.dtype
-            assert torch.equal(a.detach(), b.detach())
-            return
-        assert type(a) is type(b)
-        if isinstance(a, dict):
-            assert a.keys() == b.keys()
-            for k in a:
-                same(a[k], b[k])
-        elif isinstance(a, list | tuple):
-            assert len(a) == len(b)
-            for x, y in zip(a, b, strict=True):
-                same(x, y)
-        else:
-            assert a == b
-
-    same(loaded, copied)
-    same(read_state(tmp_path / "store.pt"), copied)
+    same_state(loaded, copied)
+    same_state(read_state(tmp_path / "store.pt"), copied)
     assert copied["d"].data_ptr() != state["d"].data_ptr()
 
 

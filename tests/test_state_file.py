@@ -15,20 +15,24 @@ from fedmedbench.fl.state_file import DTYPES, ZIP_MAGIC, StateFileError, read_st
 from fedmedbench.io import write_torch
 
 
-def _same(a, b) -> None:
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def same_state(a, b) -> None:
+    """``a`` and ``b`` hold the same structure, types, flags and values, bit for bit."""
     assert type(a) is type(b), (type(a), type(b))
     if isinstance(a, torch.Tensor):
         assert (a.dtype, a.shape, a.requires_grad) == (b.dtype, b.shape, b.requires_grad)
-        assert a.detach().contiguous().view(torch.uint8).numpy().tobytes() == \
-            b.detach().contiguous().view(torch.uint8).numpy().tobytes() if a.dim() else torch.equal(a, b)
+        assert _bytes(a) == _bytes(b)
     elif isinstance(a, dict):
         assert list(a) == list(b)
         for k in a:
-            _same(a[k], b[k])
+            same_state(a[k], b[k])
     elif isinstance(a, list | tuple):
         assert len(a) == len(b)
         for x, y in zip(a, b, strict=True):
-            _same(x, y)
+            same_state(x, y)
     elif isinstance(a, float) and math.isnan(a):
         assert math.isnan(b)
     else:
@@ -57,7 +61,7 @@ def test_a_state_reads_back_as_torch_save_would_give_it(tmp_path):
     digest = write_state(tmp_path / "s.pt", state)
     write_torch(tmp_path / "t.pt", state)
     got = read_state(tmp_path / "s.pt")
-    _same(torch.load(tmp_path / "t.pt", weights_only=True), got)
+    same_state(torch.load(tmp_path / "t.pt", weights_only=True), got)
     assert torch.equal(got["transposed"], state["transposed"])
     assert digest == hashlib.sha256((tmp_path / "s.pt").read_bytes()).hexdigest()
     assert (tmp_path / "s.pt").read_bytes()[:4] != ZIP_MAGIC
