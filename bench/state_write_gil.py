@@ -55,11 +55,15 @@ def loop_rate(seconds: float) -> float:
 def stall(write: Callable[[int], None], writes: int, alone: float) -> dict:
     """Run ``writes`` writes in a thread while the loop runs; the loop's lost seconds per write."""
     took: list[float] = []
+    failed: list[BaseException] = []
 
     def writer() -> None:
         t0 = time.perf_counter()
-        for i in range(writes):
-            write(i)
+        try:
+            for i in range(writes):
+                write(i)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread below
+            failed.append(exc)
         took.append(time.perf_counter() - t0)
 
     x = torch.zeros(1)
@@ -70,6 +74,8 @@ def stall(write: Callable[[int], None], writes: int, alone: float) -> dict:
         x.add_(1)
         n += 1
     elapsed = time.perf_counter() - t0
+    if failed:
+        raise RuntimeError(f"the background write failed: {failed[0]}") from failed[0]
     return {"write_ms": round(took[0] / writes * 1e3, 1),
             "loop_lost_ms_per_write": round(max(0.0, elapsed - n / alone) / writes * 1e3, 1)}
 

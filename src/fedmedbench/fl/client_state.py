@@ -179,7 +179,7 @@ class ClientStateStore:
 
 
 def copy_state(obj: Any) -> Any:
-    """A deep copy of a client state as ``torch.load`` of its file returns it: tensors detached on the
+    """A deep copy of a client state as reading its file (:func:`read_state`) returns it: tensors detached on the
     CPU, containers rebuilt, plain values as they are."""
     if isinstance(obj, torch.Tensor):
         out = obj.detach().to("cpu", copy=True)

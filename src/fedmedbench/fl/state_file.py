@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from fedmedbench.io import atomic_path, disk_full_error, torch_bytes, write_bytes
+from fedmedbench.io import atomic_path, disk_full_error, write_torch
 
 #: torch dtype <-> safetensors dtype name
 DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -97,9 +97,7 @@ def write_state(target: str | Path, state: Any, what: str = "client state") -> s
     try:
         tree = _encode(state, tensors)
     except _Unsupported:
-        data = torch_bytes(state)
-        write_bytes(target, data, what)
-        return hashlib.sha256(data).hexdigest()
+        return write_torch(target, state, what)
     buffers = [_bytes_of(t) for t in tensors]
     header: dict[str, Any] = {"__metadata__": {TREE_KEY: json.dumps(tree, separators=(",", ":"))}}
     offset = 0
