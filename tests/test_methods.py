@@ -581,3 +581,38 @@ def test_nonfinite_loss_stops_by_default_and_continues_as_the_reference_on_reque
     probs = np.full((6, N_CLASSES), np.nan)
     out = classification_metrics(np.array([0, 1, 2, 0, 1, 2]), probs, float("nan"))
     assert out["balanced_accuracy"] == pytest.approx(1 / N_CLASSES)
+
+
+def _deep_model(layers: int) -> nn.Module:
+    torch.manual_seed(0)
+    body = [m for _ in range(layers) for m in (nn.Linear(4, 4), nn.Tanh())]
+    return nn.Sequential(nn.Flatten(), *body, nn.Linear(4, N_CLASSES))
+
+
+def _client_ops(method: str, params: dict, layers: int) -> int:
+    """Non-view ATen ops (kernel launches on a GPU) of one two-step client_fit on a model of 2 * (layers + 1) tensors."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += not func.is_view
+            return func(*args, **(kwargs or {}))
+
+    model = _deep_model(layers)
+    broadcast = {"last_update": {n: np.full(p.shape, 0.01, np.float32) for n, p in model.named_parameters()}}
+    ctx = context(model=model, steps=2, broadcast=broadcast if method == "fedlesam" else None)
+    with Count():
+        get_method(method, params).client_fit(ctx)
+    return Count.n
+
+
+@pytest.mark.parametrize("method,params", [(m, {}) for m in ALL] + [
+    ("fedlesam", {"perturbation_form": "vector"}), ("fedwmsam", {"perturbation_form": "vector"})])
+def test_client_ops_grow_linearly_with_the_parameter_tensors(method, params):
+    """A client's step launches a bounded number of ops per parameter tensor: doubling the tensors must not
+    quadruple the ops (a norm over all tensors recomputed for each tensor made FedSMOO's step O(P^2):
+    80,000 launches per step for ConvNeXtV2-nano's 160 tensors)."""
+    small, large = _client_ops(method, params, 8), _client_ops(method, params, 16)  # 18 and 34 tensors
+    assert large / small < 2.3, f"{method} {params}: {small} ops with 18 tensors, {large} with 34"

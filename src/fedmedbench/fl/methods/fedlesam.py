@@ -32,6 +32,7 @@ from fedmedbench.fl.methods._sgd import (
     in_form_of,
     indexed_perturbation,
     local_loop_metrics,
+    sam_perturbation,
     to_tensors,
     trainable,
     vectors64,
@@ -77,7 +78,7 @@ class FedLESAM(ServerOptMethod):
                 order = list(trainable(ctx.model))
                 e = {n: t.to(ctx.device) for n, t in indexed_perturbation((d[n] for n in order), order, self.rho).items()}
             else:
-                e = {n: (t * (self.rho / (flat_norm(d) + 1e-7))).to(ctx.device) for n, t in d.items()}
+                e = {n: t.to(ctx.device) for n, t in sam_perturbation(d, self.rho).items()}
             perturb = lambda model, xb, yb: e  # noqa: E731 - constant over the round
         metrics = local_loop_metrics(ctx, StepHooks(perturb=perturb))
         return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train, metrics=metrics)

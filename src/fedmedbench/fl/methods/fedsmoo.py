@@ -17,11 +17,11 @@ from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
     arrays_to_vector,
     client_tensors,
-    flat_norm,
     gradient_at,
     in_form_of,
     kept_vectors,
     local_loop_metrics,
+    sam_perturbation,
     sent_vectors,
     state_tensors,
     vectors64,
@@ -50,7 +50,7 @@ class FedSMOO(ServerOptMethod):
         def perturb(model, xb, yb):
             g = gradient_at(model, xb, yb)
             g = {n: g[n] - (mu[n] + s[n]) for n in g}
-            e = {n: t * (self.rho / (flat_norm(g) + 1e-7)) for n, t in g.items()}
+            e = sam_perturbation(g, self.rho)  # one norm per step, not one per tensor
             for n in e:
                 mu[n] += e[n] - s[n]
             return e

@@ -32,11 +32,11 @@ from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
     StepHooks,
     arrays_to_vector,
-    flat_norm,
     in_form_of,
     indexed_perturbation,
     local_iterations,
     local_loop_metrics,
+    sam_perturbation,
     sent_vectors,
     to_tensors,
     trainable,
@@ -78,7 +78,7 @@ class FedWMSAM(ServerOptMethod):
             if self.form == "reference":
                 return indexed_perturbation((target[n] - like[n].detach() for n in order), order, self.sign * self.rho)
             d = {n: target[n] - p.detach() for n, p in like.items()}
-            return {n: t * (self.sign * self.rho / (flat_norm(d) + 1e-7)) for n, t in d.items()}
+            return sam_perturbation(d, self.sign * self.rho)
 
         def advance_target():
             for n in target:
