@@ -60,6 +60,25 @@ def direct_client_states() -> None:
     checkpoint.ClientStateStore = Direct  # the class Job's store (checkpoint.client_store) is made of
 
 
+def time_store_calls() -> dict[str, list[float]]:
+    """Seconds the round's own thread spends in the client-state store's ``load`` and ``save`` (per call)."""
+    from fedmedbench.fl.client_state import ClientStateStore
+
+    spent: dict[str, list[float]] = {"load": [], "save": []}
+    for name in spent:
+        call = getattr(ClientStateStore, name)
+
+        def timed(self, *args, _call=call, _name=name, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return _call(self, *args, **kwargs)
+            finally:
+                spent[_name].append(time.perf_counter() - t0)
+
+        setattr(ClientStateStore, name, timed)
+    return spent
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--method", default="scaffold")
@@ -87,6 +106,7 @@ def main() -> None:
                                      "lr": 0.01, "aggregation": "uniform"},
             clients_per_round=args.per_round, device=args.device, threads=args.threads, eval_every=args.rounds,
             log_every=args.rounds)
+        spent = time_store_calls()
         t0 = time.perf_counter()
         engine.run(spec, log=lambda m: None)
         total = time.perf_counter() - t0
@@ -96,7 +116,10 @@ def main() -> None:
                "clients": args.clients, "per_round": args.per_round, "rounds": args.rounds, "device": args.device,
                "client_states": "direct" if args.direct else "default", "total_s": round(total, 2),
                "steady_s_per_round": round(float(np.mean(per_round[1:-1])), 3),  # the last round also evaluates
-               "round_s": [round(float(x), 3) for x in per_round]}], args.out)
+               "round_s": [round(float(x), 3) for x in per_round],
+               # the round's own thread, every round (the first round's clients have no state to load)
+               "load_s_per_call": round(float(np.mean(spent["load"][args.per_round:])), 4),
+               "save_s_per_call": round(float(np.mean(spent["save"])), 4)}], args.out)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 from test_device_arrays import make_spec
 from test_state_file import same_state
 
 from fedmedbench.fl import checkpoint, engine
 from fedmedbench.fl import federation as fed
-from fedmedbench.fl.client_state import ClientStateStore, copy_state, sha256_file
+from fedmedbench.fl.client_state import ClientStateError, ClientStateStore, copy_state, sha256_file
 from fedmedbench.fl.state_file import read_state, write_state
 from fedmedbench.io import write_torch
 
@@ -66,6 +67,66 @@ def test_discard_after_drops_held_states_of_later_rounds(tmp_path):
     store.save(0, 3, {"v": torch.tensor(3.0)})
     store.discard_after(2)
     assert [(pid, rnd) for pid, rnd, _ in store.unwritten()] == [(0, 2)]
+
+
+def _reads_by_thread(store: ClientStateStore, monkeypatch) -> list[tuple[int, str]]:
+    """Record (pid, thread name) for every state the store reads."""
+    import threading
+
+    reads: list[tuple[int, str]] = []
+    read = store._read
+
+    def recorded(pid, before_round):
+        reads.append((pid, threading.current_thread().name))
+        return read(pid, before_round)
+
+    monkeypatch.setattr(store, "_read", recorded)
+    return reads
+
+
+def test_prefetch_reads_the_next_clients_state_while_one_trains(tmp_path, monkeypatch):
+    store = ClientStateStore(tmp_path, deferred=True)
+    for pid in (0, 1, 2):
+        store.save(pid, 1, {"v": torch.full((3,), float(pid)), "pid": pid})
+    store.write_unwritten(store.unwritten()[:2])  # clients 0 and 1 on disk, 2 still held
+    direct = {pid: ClientStateStore(tmp_path).load(pid, 2) for pid in (0, 1)}
+    reads = _reads_by_thread(store, monkeypatch)
+    store.prefetch([2, 0, 1, 5], before_round=2)
+    for pid in (2, 0, 1):
+        got = store.load(pid, before_round=2)
+        same_state(got, direct[pid] if pid in direct else {"v": torch.full((3,), 2.0), "pid": 2})
+        got["v"].add_(1.0)  # a client changes its copy: the store's is unchanged
+    assert store.load(5, before_round=2) == {}  # a client without state
+    assert [pid for pid, _ in reads] == [2, 0, 1, 5]
+    assert {name.startswith("client-state-read") for _, name in reads} == {True}  # none on the round's path
+    assert torch.equal(store.load(2, before_round=2)["v"], torch.full((3,), 2.0))  # not read ahead: read now
+
+
+def test_prefetch_reads_one_ahead_drops_unused_reads_and_reports_a_damaged_file(tmp_path, monkeypatch):
+    store = ClientStateStore(tmp_path, deferred=True)
+    for pid in (0, 1, 2):
+        store.save(pid, 1, {"v": torch.tensor(float(pid))})
+    store.write_unwritten(store.unwritten())
+    reads = _reads_by_thread(store, monkeypatch)
+    store.prefetch([0, 1, 2], before_round=2)
+    store._reader.submit(lambda: None).result()  # the read ahead has run
+    assert [pid for pid, _ in reads] == [0]  # one state ahead, not the round's all
+    store.prefetch([1, 2], before_round=3)  # client 0 never loaded: its read is dropped
+    assert list(store._ahead) == [(1, 3)]
+    (tmp_path / "00002" / "r000001.pt").write_bytes(b"garbled")
+    assert float(store.load(1, before_round=3)["v"]) == 1.0  # and client 2's (damaged) read starts
+    with pytest.raises(ClientStateError, match=r"00002/r000001\.pt: cannot load client state"):
+        store.load(2, before_round=3)
+
+
+def test_prefetch_is_off_where_states_are_written_at_once_or_absent(tmp_path):
+    undeferred = ClientStateStore(tmp_path / "a")
+    undeferred.save(0, 1, {"v": torch.tensor(1.0)})
+    undeferred.prefetch([0], before_round=2)  # out of process (Ray, deployment): no read ahead
+    stateless = ClientStateStore(tmp_path / "b", deferred=True)
+    stateless.prefetch([0, 1], before_round=2)  # a method without client state
+    assert undeferred._reader is None and stateless._reader is None
+    assert float(undeferred.load(0, before_round=2)["v"]) == 1.0 and stateless.load(0, before_round=2) == {}
 
 
 def test_an_undeferred_store_writes_at_once(tmp_path):
@@ -132,13 +193,29 @@ def _federation_run(spec) -> fed.Federation:
     return federation
 
 
-def test_an_inline_scaffold_run_equals_one_that_writes_each_state_at_once(blood_dir):
+def test_an_inline_scaffold_run_equals_one_that_writes_each_state_at_once(blood_dir, monkeypatch):
     deferred = make_spec(blood_dir, "scaffold", "held", keep_checkpoints=True)
     at_once = make_spec(blood_dir, "scaffold", "direct", keep_checkpoints=True)
+    threads: list[str] = []
+    read = ClientStateStore._read
+
+    def recorded(self, pid, before_round):
+        import threading
+
+        state = read(self, pid, before_round)
+        if state:  # a read that found a state (round 1's clients have none yet)
+            threads.append(threading.current_thread().name)
+        return state
+
+    monkeypatch.setattr(ClientStateStore, "_read", recorded)
     logs: list[str] = []
     federation = engine.run(deferred, log=logs.append)
     assert federation.store.deferred
+    # the inline run read its clients' states ahead, in the background
+    assert threads and {t.startswith("client-state-read") for t in threads} == {True}
+    threads.clear()
     _federation_run(at_once)
+    assert threads and {t.startswith("client-state-read") for t in threads} == {False}  # read as loaded
     a = torch.load(Path(deferred.run_dir) / "model.pt", weights_only=True)
     b = torch.load(Path(at_once.run_dir) / "model.pt", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

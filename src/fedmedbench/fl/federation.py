@@ -352,6 +352,7 @@ class Federation:
             if self.should_stop(state):  # resumed after the data-free rule had fired
                 break
             sampled = self.sample(rnd)
+            self.store.prefetch(sampled, rnd)  # in-process: each client's state read while the one before trains
             results = transport.train(rnd, {p: self.steps(p) for p in sampled}, state.arrays, self.broadcast(state))
             if sorted(results) != sampled:
                 raise RuntimeError(f"round {rnd}: results for clients {sorted(results)}, expected {sampled}")
