@@ -433,6 +433,62 @@ def test_auto_optimizer_follows_ultralytics_83(iterations, expected):
         study_trainer("ultralytics_8_2")
 
 
+def _validated_trainer(cls, monkeypatch, m50, m5095, patience=100):
+    """A trainer of ``cls`` set up (the base class's setup stubbed) and validated once by a validator
+    stub returning Ultralytics 8.4's metrics dict (its ``fitness`` = mAP50-95)."""
+    from types import SimpleNamespace
+
+    from ultralytics.models.yolo.detect import DetectionTrainer
+    from ultralytics.utils.torch_utils import EarlyStopping
+
+    def setup(self):
+        self.stopper, self.stop = EarlyStopping(patience=self.args.patience), False
+
+    monkeypatch.setattr(DetectionTrainer, "_setup_train", setup)
+    trainer = cls.__new__(cls)
+    trainer.args = SimpleNamespace(patience=patience)
+    trainer.ema, trainer.world_size, trainer.best_fitness, trainer.epoch = None, 1, None, 0
+    trainer.loss = torch.tensor(1.0)  # Ultralytics evaluates its loss fallback even when metrics have a fitness
+    trainer.validator = lambda tr: {"metrics/mAP50(B)": m50, "metrics/mAP50-95(B)": m5095, "fitness": m5095}
+    trainer._setup_train()
+    trainer.metrics, trainer.fitness = trainer.validate()
+    return trainer
+
+
+def test_early_stopping_reads_ultralytics_83_fitness(monkeypatch):
+    """The fitness the trainer hands its early stopping (and keeps as best_fitness) is Ultralytics 8.3.48's
+    0.1 mAP50 + 0.9 mAP50-95 (0.1 * 0.8 + 0.9 * 0.5 = 0.53), not 8.4's mAP50-95 alone (0.5);
+    ``fitness="installed"`` keeps 8.4's."""
+    from fedmedbench.fl.tasks.detection.yolo import EarlyStopping83, study_trainer
+
+    trainer = _validated_trainer(study_trainer(), monkeypatch, 0.8, 0.5)
+    assert trainer.fitness == pytest.approx(0.53) and trainer.best_fitness == pytest.approx(0.53)
+    assert isinstance(trainer.stopper, EarlyStopping83)
+    assert not trainer.stopper(1, trainer.fitness) and trainer.stopper.best_fitness == pytest.approx(0.53)
+    assert trainer.validated_epoch == 0
+    installed = _validated_trainer(study_trainer(fitness="installed"), monkeypatch, 0.8, 0.5)
+    assert not isinstance(installed.stopper, EarlyStopping83)
+    assert installed.fitness == pytest.approx(0.5) and installed.best_fitness == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="fitness"):
+        study_trainer(fitness="ultralytics_8_2")
+
+
+def test_early_stopping_counts_an_equal_fitness_as_improvement_as_ultralytics_83():
+    """Patience 2 on the fitness sequence 0.5, 0.5, 0.4, 0.4, 0.4: Ultralytics 8.3.48 (``>=``) takes epoch 2
+    as the best and stops at epoch 4; 8.4 (strict ``>``) keeps epoch 1 and stops at epoch 3."""
+    from ultralytics.utils.torch_utils import EarlyStopping
+
+    from fedmedbench.fl.tasks.detection.yolo import EarlyStopping83
+
+    def stop_epoch(stopper):
+        return next(e for e, f in enumerate([0.5, 0.5, 0.4, 0.4, 0.4], start=1) if stopper(e, f))
+
+    ours = EarlyStopping83(patience=2)
+    assert stop_epoch(ours) == 4 and ours.best_epoch == 2
+    assert stop_epoch(EarlyStopping(patience=2)) == 3
+    assert not EarlyStopping83(patience=2)(1, None)
+
+
 @pytest.mark.parametrize("final", ["skip_all", "skip_partial", "keep"])
 def test_final_aggregation_options(monkeypatch, final):
     """What the last round uploads and which model each client is evaluated with afterwards:

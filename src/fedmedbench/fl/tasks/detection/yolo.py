@@ -15,6 +15,10 @@ Measured pitfalls this wrapper avoids (Ultralytics 8.4):
 * ``optimizer=auto`` picks MuSGD in Ultralytics 8.4 where 8.3 (UltraFlwr pins 8.3.48) picked
   SGD (more than 10,000 iterations, e.g. the 400-epoch centralized baseline); the trainer
   applies 8.3's rule unless ``auto_optimizer: installed`` (:func:`auto_optimizer_83`).
+* Ultralytics 8.4's trainer fitness is mAP50-95 alone and its early stopping needs a strict improvement;
+  8.3.48's is 0.1 mAP50 + 0.9 mAP50-95 and an equal fitness resets the patience count. Early stopping
+  (patience 100, the 400-epoch centralized baseline) follows 8.3.48 unless ``fitness="installed"``
+  (:class:`EarlyStopping83`).
 """
 
 from __future__ import annotations
@@ -47,6 +51,27 @@ def selection_score(metrics: dict, select_metric: str) -> float:
 
 
 AUTO_OPTIMIZERS = ("ultralytics_8_3", "installed")
+#: the trainer's fitness (what early stopping reads): Ultralytics 8.3.48's or the installed Ultralytics'
+FITNESS_RULES = ("ultralytics_8_3", "installed")
+
+
+class EarlyStopping83:
+    """Ultralytics 8.3.48's ``EarlyStopping``: an epoch whose fitness is at least the best so far (``>=``,
+    8.4 needs ``>``) becomes the best epoch; training stops ``patience`` epochs after the best one."""
+
+    def __init__(self, patience: int | None = 50) -> None:
+        self.best_fitness, self.best_epoch = 0.0, 0
+        self.patience = patience or float("inf")
+        self.possible_stop = False
+
+    def __call__(self, epoch: int, fitness: float | None) -> bool:
+        if fitness is None:  # not validated this epoch
+            return False
+        if fitness >= self.best_fitness:
+            self.best_epoch, self.best_fitness = epoch, fitness
+        delta = epoch - self.best_epoch
+        self.possible_stop = delta >= (self.patience - 1)
+        return delta >= self.patience
 
 
 def auto_optimizer_83(iterations: float, nc: int) -> tuple[str, float, float]:
@@ -56,13 +81,17 @@ def auto_optimizer_83(iterations: float, nc: int) -> tuple[str, float, float]:
     return ("SGD", 0.01, 0.9) if iterations > 10000 else ("AdamW", lr_fit, 0.9)
 
 
-def study_trainer(auto_optimizer: str = "ultralytics_8_3") -> type:
+def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3") -> type:
     """Ultralytics' DetectionTrainer as the study runs it: no checkpoints, no final re-validation, no CPU
-    gc, validated epochs marked, and ``optimizer=auto`` resolved by ``auto_optimizer``."""
+    gc, validated epochs marked, ``optimizer=auto`` resolved by ``auto_optimizer``, and the fitness that
+    early stopping reads (and ``best_fitness``) by ``fitness``: ``ultralytics_8_3`` = 0.1 mAP50 + 0.9
+    mAP50-95 with 8.3.48's stopping rule (:class:`EarlyStopping83`), ``installed`` = the installed one's."""
     from ultralytics.models.yolo.detect import DetectionTrainer
 
     if auto_optimizer not in AUTO_OPTIMIZERS:
         raise ValueError(f"auto_optimizer must be one of {AUTO_OPTIMIZERS}, got '{auto_optimizer}'")
+    if fitness not in FITNESS_RULES:
+        raise ValueError(f"fitness must be one of {FITNESS_RULES}, got '{fitness}'")
 
     class _Trainer(DetectionTrainer):
         def save_model(self):  # weights are captured in fp32 by the callback, no fp16 checkpoints on disk
@@ -75,10 +104,19 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3") -> type:
             if self.device.type != "cpu":  # and cost 0.5-0.65 s at the end of each client's training there
                 super()._clear_memory(threshold)
 
+        def _setup_train(self, *args, **kwargs):
+            super()._setup_train(*args, **kwargs)
+            if fitness == "ultralytics_8_3":
+                self.stopper = EarlyStopping83(patience=self.args.patience)
+
         def validate(self):  # marks the epochs really validated (with val=False only the last one is;
-            out = super().validate()  # tr.metrics then still holds placeholder zeros, not a measurement)
+            best = self.best_fitness  # tr.metrics then still holds placeholder zeros, not a measurement)
+            metrics, fit = super().validate()
             self.validated_epoch = self.epoch
-            return out
+            if fitness == "ultralytics_8_3" and metrics and "metrics/mAP50-95(B)" in metrics:
+                fit = selection_score(metrics, "fitness")
+                self.best_fitness = fit if not best or best < fit else best  # 8.3.48's trainer.validate
+            return metrics, fit
 
         def build_optimizer(self, model, name="auto", lr=0.001, momentum=0.9, decay=1e-5, iterations=1e5):
             if auto_optimizer == "ultralytics_8_3" and str(name).lower() == "auto":
@@ -186,11 +224,11 @@ def _fp32_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def train_yolo(
     model: torch.nn.Module, data_yaml: str | Path, *, epochs: int, batch: int, imgsz: int, seed: int,
     device: torch.device, workdir: str | Path, select: str = "best", select_metric: str = "fitness",
-    extra: dict[str, Any] | None = None, auto_optimizer: str = "ultralytics_8_3",
+    extra: dict[str, Any] | None = None, auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
 ) -> TrainOutcome:
     """Train ``model`` (its current weights) for ``epochs`` with Ultralytics' detection trainer."""
     EpochSelector(select, select_metric)  # fail on a bad choice before Ultralytics starts
-    trainer_cls = study_trainer(auto_optimizer)
+    trainer_cls = study_trainer(auto_optimizer, fitness)
     extra = dict(extra or {})
     fixed = sorted(set(extra) & set(FIXED_ARGS))
     if fixed:
