@@ -285,14 +285,14 @@ def test_resumed_partial_run_is_bit_identical(partial_run, export, coco_like, tm
 
 @pytest.mark.parametrize("select", ["best", "last"])
 def test_select_captures_the_chosen_epochs_weights(export, tmp_path, monkeypatch, select):
-    """select=best: the EMA weights of the first epoch with the highest validation mAP50;
-    select=last: those of the last epoch (recorded independently at every epoch end)."""
+    """select=best: the EMA weights of the last epoch with the highest Ultralytics 8.3 fitness (ties
+    included, as best.pt); select=last: those of the last epoch (recorded independently at every epoch end)."""
     from ultralytics.models.yolo.detect import DetectionTrainer
 
     from fedmedbench.fl.tasks.detection import yolo as Y
     from fedmedbench.fl.tasks.detection.task import DetectionTask
 
-    epochs: list[tuple[float, dict]] = []
+    epochs: list[tuple[float, dict, float]] = []
     init = DetectionTrainer.__init__
 
     def recording_init(self, *a, **kw):
@@ -300,7 +300,7 @@ def test_select_captures_the_chosen_epochs_weights(export, tmp_path, monkeypatch
 
         def record(tr):
             m50 = float((tr.metrics or {}).get("metrics/mAP50(B)", float("nan")))
-            epochs.append((m50, Y._fp32_copy(tr.ema.ema.state_dict())))
+            epochs.append((m50, Y._fp32_copy(tr.ema.ema.state_dict()), Y.selection_score(tr.metrics or {}, "fitness")))
 
         self.add_callback("on_fit_epoch_end", record)  # registered before train_yolo's own callback
 
@@ -317,8 +317,8 @@ def test_select_captures_the_chosen_epochs_weights(export, tmp_path, monkeypatch
         expected = 1
         assert np.isnan(out.val_map50[0]) and not np.isnan(out.val_map50[1])  # only the final epoch validated
     else:
-        m = [e[0] for e in epochs]
-        expected = int(np.argmax(m))  # first epoch reaching the maximum (strict improvement needed)
+        m, score = [e[0] for e in epochs], [e[2] for e in epochs]
+        expected = max(i for i, v in enumerate(score) if v == max(score))  # the last epoch reaching the maximum
         assert out.val_map50 == pytest.approx(m)
     assert out.selected_epoch == expected
     assert all(torch.equal(out.state[k], epochs[expected][1][k]) for k in out.state)
@@ -356,6 +356,19 @@ def test_select_metric_map50_vs_ultralytics_fitness_pick_different_epochs(metric
     assert last.epoch == 3
     with pytest.raises(ValueError, match="select_metric"):
         EpochSelector("best", "map50_95")
+
+
+@pytest.mark.parametrize("metric", ["fitness", "map50"])
+def test_select_keeps_the_last_of_tied_epochs_as_ultralytics_best_pt(metric):
+    """Three epochs with the same validation results: Ultralytics writes best.pt whenever an epoch's fitness
+    equals the best so far (8.3.48 and 8.4 ``engine/trainer.py``: ``best_fitness == fitness``), so the
+    reference's best.pt holds the last of the tied epochs: epoch 2's weights."""
+    from fedmedbench.fl.tasks.detection.yolo import EpochSelector
+
+    sel = EpochSelector("best", metric)
+    for e in range(3):
+        sel(_FakeTrainer(e, 3, 0.4, 0.2))
+    assert sel.epoch == 2 and float(sel.state["weight"]) == 2.0
 
 
 @pytest.mark.parametrize("weighting,expected", [("frames", 0.25 * 1 + 0.75 * 5), ("uniform", 3.0)])

@@ -250,8 +250,9 @@ def train_yolo(
 class EpochSelector:
     """``on_fit_epoch_end`` callback: keeps the fp32 EMA weights of the chosen epoch and the mAP50 curve.
 
-    ``best``: the validated epoch with the highest score (:func:`selection_score`; the first
-    on ties); ``last``: the final epoch. Epochs not really validated never count as best.
+    ``best``: the validated epoch with the highest score (:func:`selection_score`; the last on ties,
+    as Ultralytics rewrites ``best.pt`` whenever an epoch's fitness equals the best so far);
+    ``last``: the final epoch. Epochs not really validated never count as best.
     """
 
     def __init__(self, select: str = "best", select_metric: str = "fitness") -> None:
@@ -269,7 +270,7 @@ class EpochSelector:
         self.curve.append(m50 if validated else math.nan)
         score = selection_score(metrics, self.select_metric) if validated else math.nan
         last = tr.epoch + 1 >= tr.epochs or tr.stop
-        better = self.select == "best" and validated and score > self.best
+        better = self.select == "best" and validated and score >= self.best
         if better or (self.select == "last" and last) or self.state is None:
             self.best = score if better else self.best
             self.state = _fp32_copy(tr.ema.ema.state_dict())
