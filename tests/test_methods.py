@@ -395,6 +395,26 @@ def test_fedwmsam_server_momentum_alpha_and_client_weighting():
     assert diff(a1) < 1e-5 < diff(a2)
 
 
+def test_fedwmsam_alpha_after_a_nan_update_clips_to_the_floor_as_the_reference():
+    """server/FedWMSAM.py:42-43: alpha = 0.99 alpha + 0.01 max(0.1, min([mean v, 0.9])); Python's min keeps
+    the NaN it starts from and max then keeps 0.1, so a client whose update is NaN (v_i = NaN) moves alpha
+    to 0.99 alpha + 0.01 * 0.1, not to NaN as np.clip would."""
+    from fedmedbench.fl.methods.fedwmsam import clipped
+
+    assert max(0.1, min([float("nan"), 0.9])) == 0.1 and math.isnan(float(np.clip(float("nan"), 0.1, 0.9)))
+    assert clipped(float("nan")) == 0.1 and clipped(0.5) == 0.5 and clipped(2.0) == 0.9 and clipped(0.0) == 0.1
+    assert clipped(float("inf")) == 0.9 and clipped(-float("inf")) == 0.1
+    g = model_arrays(tiny_model(0))
+    good = model_arrays(tiny_model(1))
+    bad = {k: np.full_like(v, np.nan) for k, v in g.items()}
+    dcs = {k: np.zeros_like(v) for k, v in g.items()}
+    results = [ClientResult(arrays=a, num_examples=10, metrics={"k_lr": 0.3}, extras={"delta_c": dcs}) for a in (good, bad)]
+    momentum = {k: np.full_like(v, 0.01) for k, v in g.items()}  # non-zero: v_i = 1 + cos, NaN for the NaN update
+    ctx = server_ctx(g, results, aggregation="uniform", broadcast={"momentum": momentum, "alpha": {"alpha": np.asarray(0.3)}})
+    get_method("fedwmsam").aggregate(ctx)
+    assert math.isclose(float(ctx.broadcast["alpha"]["alpha"]), 0.99 * 0.3 + 0.01 * 0.1)
+
+
 def test_unknown_parameter_and_bad_values_are_named():
     with pytest.raises(TypeError, match=r"fedavg.*unknown parameter"):
         get_method("fedavg", {"mu": 1})

@@ -17,7 +17,8 @@ paper's). c_i is updated as SCAFFOLD option II and delta_c_i sent.
 Server: alpha <- 0.99 alpha + 0.01 clip(mean_i v_i, 0.1, 0.9) with v_i = 1 + cos(Delta_i, m)
 (adaptive schedule, C3, using the momentum before this round's update), and v_i = 0 when
 Delta_i or m is zero, as the reference's cosine_similarity returns: in the first round
-(m = 0) alpha becomes 0.99 alpha + 0.01 * 0.1. c += sum delta_c_i / N; m from this
+(m = 0) alpha becomes 0.99 alpha + 0.01 * 0.1. The clip is the reference's max(0.1, min(mean, 0.9)):
+a NaN mean (a client's update NaN) counts as 0.1. c += sum delta_c_i / N; m from this
 round's updates; theta_g += eta_g mean(Delta_i). K in the c_i and m updates: see
 SCAFFOLD (``local_iterations``).
 """
@@ -101,7 +102,7 @@ class FedWMSAM(ServerOptMethod):
         m_old = (torch.cat([v.reshape(-1) for v in vectors64(ctx.broadcast["momentum"], keys).values()])
                  if "momentum" in ctx.broadcast else None)
         sims = [similarity(torch.cat([d[k].reshape(-1) for k in keys]), m_old) for d in deltas]
-        alpha = 0.99 * alpha + 0.01 * float(np.clip(np.mean(sims), 0.1, 0.9))
+        alpha = 0.99 * alpha + 0.01 * clipped(float(np.mean(sims)))
         server_control_update(ctx)
         w = self.weights(ctx)
         k_lr = [float(r.metrics["k_lr"]) for r in ctx.results]
@@ -111,6 +112,13 @@ class FedWMSAM(ServerOptMethod):
         ctx.broadcast["momentum"] = in_form_of(momentum, ctx.global_arrays, torch.float32)
         ctx.broadcast["alpha"] = {"alpha": np.asarray(alpha, dtype=np.float64)}
         return super().aggregate(ctx)
+
+
+def clipped(value: float) -> float:
+    """max(0.1, min([value, 0.9])) as server/FedWMSAM.py:43 writes it, with Python's min and max, value
+    first: a NaN (a diverged client's update) gives 0.1, where np.clip would give NaN and make alpha NaN
+    for good."""
+    return max(0.1, min([value, 0.9]))
 
 
 def similarity(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor | None) -> float:
