@@ -127,6 +127,24 @@ def test_profile_is_one_device_per_domain_with_per_image_noise():
         domains.build_steps("breastmnist", [{"profile": {"gamma": [1, 1]}}], "p")
 
 
+def test_scenario1_devices_are_the_authors_realised_draws():
+    """Clients 1 and 2 get the (c, b, sigma) the authors' seeded draw gives them (seed 42 + client id;
+    noise, contrast, brightness in that order), and a flat 204 grey goes to c x + b, not to white."""
+    expected = {"midrange": (1.087253231423585, 0.18533563856743954, 0.07384087306223647),
+                "degraded": (0.6047961043698697, 0.3146784289007711, 0.1280362115679756)}
+    for name, device in expected.items():
+        (step,) = domains.build_steps("breastmnist", domains.GPAF_SCENARIO1[name], name, seed=7)
+        np.testing.assert_allclose(step.params, device, rtol=0, atol=1e-15)
+    assert domains.gpaf_device(0) == (1.0, 0.0, 0.0)  # client 0: high-end, the original images
+    out = _domain(_flat(200, value=204), "degraded").astype(float)
+    c, b, sigma = expected["degraded"]
+    assert abs(out.mean() - 255 * (c * 0.8 + b)) < 2.0  # 203.6 grey (noise clipped above 1 lowers it < 1 level)
+    assert (out == 255).mean() < 0.1
+    assert abs(out.std() / 255 - sigma) < 0.015
+    with pytest.raises(domains.DomainSpecError, match="gpaf_device takes"):
+        domains.build_steps("breastmnist", [{"gpaf_device": {"client": "2"}}], "p")
+
+
 def test_deterministic_and_order_independent(small):
     spec = domains.GPAF_SCENARIO1["degraded"]
     a = domains.corrupt_dataset(small, "breastmnist", "degraded", spec, seed=0)

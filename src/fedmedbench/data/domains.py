@@ -12,10 +12,13 @@ A step is one of
   profile, x' = clip(c * x + b + sigma * eps, 0, 1) on the [0, 1] intensity scale, one clip
   at the end, eps ~ N(0, 1) per pixel. c, b and sigma are drawn uniformly once per domain
   (from the domain seed and the domain's name), so every image of a client shares the same
-  device; only the noise differs from image to image. This is the client-shift code the GPAF
-  authors published (sanywright13/GPAFflower baselines/fedprox/fedprox/dataset_preparation.py,
-  ``SameModalityDomainShift``: a fixed contrast factor from the profile's range, a brightness
-  shift and a noise level each scaled by U(0.9, 1.1), applied as above).
+  device; only the noise differs from image to image, or
+* ``{gpaf_device: {client: k, seed: 42}}``: the same transform with the device of client k in
+  the GPAF authors' code (sanywright13/GPAFflower baselines/fedprox/fedprox/dataset_preparation.py,
+  ``SameModalityDomainShift``): profile ``k % 3`` of (high-end, mid-range, older model),
+  ``np.random.seed(seed + k)``, then sigma = noise level x U(0.9, 1.1), c ~ U(contrast range),
+  b = shift x U(0.9, 1.1), drawn in that order (:func:`gpaf_device`). Client 1 gets
+  c = 1.087, b = 0.185, sigma = 0.074; client 2 c = 0.605, b = 0.315, sigma = 0.128.
 
 Resolution. Every step acts on the image at the resolution the data is used at, so a
 corruption means at 28 px what its parameter says: Gaussian noise 0.12 is a pixel standard
@@ -34,12 +37,14 @@ RGB as medmnistc does. Every image gets its own RNG state derived from (seed, do
 split, index), NumPy's and Python's (medmnistc's microscopy corruptions draw from ``random``), so
 results do not depend on processing order or on what the process drew before.
 
-GPAF's Scenario 1 domains: client 0 clean "high-end"; clients 1 "mid-range" and 2 "degraded" as
-the authors' profiles (mid-range: contrast 0.6-1.4, brightness +0.2, noise 0.08; degraded:
-contrast 0.5-1.5, brightness +0.3, noise 0.12; shift and noise x U(0.9, 1.1)). The paper's
-text, read as MedMNIST-C corruptions, is kept as ``midrange_medmnistc`` (brightness 0.2%-15%,
-lower resolution, contrast 0.6-1.4) and ``degraded_medmnistc`` (brightness x1.3, Gaussian
-noise 0.12, contrast 0.5-1.5). See ``GPAF_SCENARIO1`` and config/config.yaml.
+GPAF's Scenario 1 domains: client 0 clean "high-end"; clients 1 "mid-range" and 2 "degraded" with
+the authors' devices (``gpaf_device`` 1 and 2, the values their runs used). ``midrange_profile`` and
+``degraded_profile`` draw a device from the same ranges with the domain seed instead (mid-range:
+contrast 0.6-1.4, brightness +0.2, noise 0.08; degraded: contrast 0.5-1.5, brightness +0.3, noise
+0.12; shift and noise x U(0.9, 1.1)). The paper's text, read as MedMNIST-C corruptions, is kept as
+``midrange_medmnistc`` (brightness 0.2%-15%, lower resolution, contrast 0.6-1.4) and
+``degraded_medmnistc`` (brightness x1.3, Gaussian noise 0.12, contrast 0.5-1.5). See
+``GPAF_SCENARIO1`` and config/config.yaml.
 """
 
 from __future__ import annotations
@@ -82,8 +87,10 @@ CORRUPTION_CLASSES = {
 
 GPAF_SCENARIO1: dict[str, list[dict]] = {
     "clean": [],
-    "midrange": [{"profile": {"contrast": [0.6, 1.4], "brightness": [0.18, 0.22], "noise": [0.072, 0.088]}}],
-    "degraded": [{"profile": {"contrast": [0.5, 1.5], "brightness": [0.27, 0.33], "noise": [0.108, 0.132]}}],
+    "midrange": [{"gpaf_device": {"client": 1}}],
+    "degraded": [{"gpaf_device": {"client": 2}}],
+    "midrange_profile": [{"profile": {"contrast": [0.6, 1.4], "brightness": [0.18, 0.22], "noise": [0.072, 0.088]}}],
+    "degraded_profile": [{"profile": {"contrast": [0.5, 1.5], "brightness": [0.27, 0.33], "noise": [0.108, 0.132]}}],
     "midrange_medmnistc": [
         {"corruption": "brightness", "range": [1.002, 1.15]},
         {"corruption": "pixelate", "range": [0.5, 0.5]},
@@ -96,6 +103,10 @@ GPAF_SCENARIO1: dict[str, list[dict]] = {
     ],
 }
 PROFILE_KEYS = ("contrast", "brightness", "noise")
+
+#: the GPAF authors' equipment profiles (noise level, contrast range, brightness shift) of
+#: ``SameModalityDomainShift``: high-end, mid-range, older model, for client_id % 3
+GPAF_DEVICE_PROFILES = ((0.0, (1.0, 1.0), 0.0), (0.08, (0.6, 1.4), 0.2), (0.12, (0.5, 1.5), 0.3))
 
 
 class DomainSpecError(ValueError):
@@ -112,24 +123,48 @@ def _range(value, where: str, key: str) -> tuple[float, float]:
     return lo, hi
 
 
-def _build_profile(spec: dict, where: str, domain_seed: int) -> Step:
-    """An acquisition profile: one (contrast, brightness, noise) draw per domain, noise per pixel."""
-    if not isinstance(spec, dict) or set(spec) - set(PROFILE_KEYS):
-        raise DomainSpecError(f"{where}: profile takes {list(PROFILE_KEYS)}")
-    ranges = [_range(spec.get(k, [default, default]), where, k) for k, default in zip(PROFILE_KEYS, (1.0, 0.0, 0.0), strict=True)]
-    c, b, sigma = (float(v) for v in np.random.default_rng(domain_seed).uniform([r[0] for r in ranges], [r[1] for r in ranges]))
+def gpaf_device(client: int, seed: int = 42) -> tuple[float, float, float]:
+    """(c, b, sigma) the authors' code realises for ``client``: their global NumPy RNG seeded with
+    seed + client_id (dataset_preparation.py:65), then noise, contrast, brightness (:98-100)."""
+    noise, contrast, shift = GPAF_DEVICE_PROFILES[client % len(GPAF_DEVICE_PROFILES)]
+    rs = np.random.RandomState(seed + client)  # what np.random.seed(s) followed by np.random.uniform draws
+    sigma = noise * rs.uniform(0.9, 1.1)
+    c = rs.uniform(*contrast)
+    b = shift * rs.uniform(0.9, 1.1)
+    return float(c), float(b), float(sigma)
+
+
+def _device_step(c: float, b: float, sigma: float) -> Step:
+    """x' = clip(c x + b + sigma eps, 0, 1) on the [0, 1] scale, eps per pixel (dataset_preparation.py:117-131)."""
 
     def apply(img: Image.Image, seed: int) -> np.ndarray:
         x = np.asarray(img, dtype=np.float64) / 255.0
         noise = np.random.default_rng(seed).standard_normal(x.shape) * sigma
         return np.round(np.clip(c * x + b + noise, 0.0, 1.0) * 255.0)
 
-    return Step(apply)
+    return Step(apply, params=(c, b, sigma))
+
+
+def _build_profile(spec: dict, where: str, domain_seed: int) -> Step:
+    """An acquisition profile: one (contrast, brightness, noise) draw per domain, noise per pixel."""
+    if not isinstance(spec, dict) or set(spec) - set(PROFILE_KEYS):
+        raise DomainSpecError(f"{where}: profile takes {list(PROFILE_KEYS)}")
+    ranges = [_range(spec.get(k, [default, default]), where, k) for k, default in zip(PROFILE_KEYS, (1.0, 0.0, 0.0), strict=True)]
+    c, b, sigma = (float(v) for v in np.random.default_rng(domain_seed).uniform([r[0] for r in ranges], [r[1] for r in ranges]))
+    return _device_step(c, b, sigma)
+
+
+def _build_gpaf_device(spec: dict, where: str) -> Step:
+    if not isinstance(spec, dict) or set(spec) - {"client", "seed"} or not isinstance(spec.get("client"), int):
+        raise DomainSpecError(f"{where}: gpaf_device takes client (an integer) and seed")
+    return _device_step(*gpaf_device(spec["client"], int(spec.get("seed", 42))))
 
 
 def _build_step(flag: str, step: dict, where: str, domain_seed: int = 0):
     if "profile" in step:
         return _build_profile(step["profile"], where, domain_seed)
+    if "gpaf_device" in step:
+        return _build_gpaf_device(step["gpaf_device"], where)
     compat.patch_medmnistc()
     from medmnistc.corruptions import registry
 
@@ -156,10 +191,12 @@ def _build_step(flag: str, step: dict, where: str, domain_seed: int = 0):
 
 @dataclass(frozen=True)
 class Step:
-    """A built corruption: ``apply(pil_image, seed) -> array`` and whether it needs the 224 px canvas."""
+    """A built corruption: ``apply(pil_image, seed) -> array``, whether it needs the 224 px canvas and,
+    for an acquisition device, its (c, b, sigma)."""
 
     apply: Callable
     large_canvas: bool = False
+    params: tuple[float, ...] | None = None
 
 
 #: medmnistc corruptions that draw from their own ``rng`` attribute; the others draw from NumPy's global
