@@ -279,3 +279,28 @@ def test_generator_objective_is_eq7_plus_the_optional_kl_term(kl_weight):
         s = 0.5 * h["kd"] + 0.5 * h["gm"]
         assert h["J"] == pytest.approx(1.0 * s + 0.3 * h["diver"] + kl_weight * h["kl"], rel=1e-5)
         assert h["kl"] > 0
+
+
+def test_paper_grid_trains_every_method_with_the_authors_batch_and_weight_decay():
+    """The authors' client code: batch 13 (BreastMNIST; 32 in their PathMNIST config) and Adam weight
+    decay 1e-4 on the encoder and classifier (and the baseline client), for every method of the grid."""
+    from pathlib import Path
+
+    import yaml
+    from snakemake.utils import validate
+
+    from fedmedbench.fl.registry import TrainConfig
+    from fedmedbench.fl.training import make_optimizer
+    from fedmedbench.studies import grid
+
+    root = Path(__file__).resolve().parents[1]
+    config = yaml.safe_load((root / "config" / "studies" / "gpaf.yaml").read_text())
+    validate(config, str(root / "config" / "schema.yaml"), set_default=True)
+    for study, batch in (("gpaf", 13), ("gpaf_pathmnist", 32)):
+        st = config["studies"][study]
+        for setting in st["settings"]:
+            for method in st["methods"]:
+                train = TrainConfig(**grid.run_train(st, setting, method))
+                assert (train.batch_size, train.weight_decay, train.optimizer) == (batch, 1e-4, "adam"), (study, method)
+                opt = make_optimizer(torch.nn.Linear(2, 2), train, 1)
+                assert isinstance(opt, torch.optim.Adam) and opt.param_groups[0]["weight_decay"] == 1e-4
