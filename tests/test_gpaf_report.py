@@ -64,8 +64,8 @@ def test_table1_puts_the_papers_values_beside_ours():
     assert (none["Accuracy (alpha=0.5) paper"] == "").all()
 
 
-def test_typed_in_table1_is_binary_f1_of_its_precision_and_recall():
-    """A typo check, and the reason the table's F1 is binary: F1 = 2PR/(P+R) in all ten typed rows."""
+def test_typed_in_table1_f1_is_the_harmonic_mean_of_its_precision_and_recall():
+    """A typo check: F1 = 2PR/(P+R) in all ten typed rows."""
     paper = paper_values.load("gpaf", "table1", ROOT / "config" / "paper_values")
     assert len(paper.rows) == 10
     for r in paper.rows:
@@ -87,14 +87,54 @@ def test_typed_in_table1_is_not_support_weighted_averages():
 def test_table1_caption_names_the_metric_definition(tmp_path):
     from types import SimpleNamespace
 
-    assert "class 1 ('normal, benign') as the positive class" in gpaf.metric_definition(2, ("malignant", "normal, benign"))
-    assert "macro averages over the 9 classes" in gpaf.metric_definition(9)
+    names = ("malignant", "normal, benign")
+    assert "class 1 ('normal, benign') as the positive class" in gpaf.metric_definition(2, names, ("global_f1",))
+    assert "unweighted means over the 2 classes" in gpaf.metric_definition(2, names, ("global_f1_macro",))
+    assert "macro averages over the 9 classes" in gpaf.metric_definition(9, (), ("global_f1",))
     runs = runs_frame()
     long, display = gpaf.table1(runs, ["global_accuracy", "global_f1"], ["fedavg"], SETTINGS)
     out = SimpleNamespace(csv=tmp_path / "t.csv", md=tmp_path / "t.md", tex=tmp_path / "t.tex")
     gpaf.write_table1(long, display, runs, out, "s", "breastmnist", "synthetic")
     md = out.md.read_text()
     assert "binary with class 1 ('normal, benign')" in md and "SYNTHETIC" in md
+
+
+def _breast_test_fits(precision_recall) -> np.ndarray:
+    """Per typed Table 1 row, the smallest max |error| (pp) of accuracy, precision, recall over every
+    integer confusion matrix of BreastMNIST's test split (42 class 0, 114 class 1)."""
+    tn, tp = np.meshgrid(np.arange(43.0), np.arange(115.0), indexing="ij")
+    fp, fn = 42 - tn, 114 - tp
+    acc = 100 * (tp + tn) / 156
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p, r = precision_recall(tn, fp, fn, tp)
+    paper = paper_values.load("gpaf", "table1", ROOT / "config" / "paper_values")
+    err = [np.nanmin(np.maximum.reduce([abs(acc - x["accuracy"]), abs(100 * p - x["precision"]), abs(100 * r - x["recall"])]))
+           for x in paper.rows]
+    return np.array(err)
+
+
+def test_table1_default_is_macro_averaged():
+    """Table 1's F1/recall/precision default to macro averages, pinned on a hand-made confusion matrix;
+    the printed rows fit macro averages on the 156 test images within 2 pp, binary class-1 ones never within 3."""
+    from fedmedbench.metrics import classification_metrics
+
+    default = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())["definitions"]["gpaf_report"]["properties"]["table_metrics"]["default"]
+    tn, fp, fn, tp = 30, 12, 20, 94
+    y = np.array([0] * 42 + [1] * 114)
+    pred = np.array([0] * tn + [1] * fp + [0] * fn + [1] * tp)
+    m = classification_metrics(y, np.eye(2)[pred], 0.0)
+    runs = pd.DataFrame([{"dataset": "breastmnist", "setting": "alpha0.5", "method": "gpaf", "seed": 0, "rounds": 10,
+                          **{f"global_{k}": v for k, v in m.items()}}])
+    long, _ = gpaf.table1(runs, default, ["gpaf"], SETTINGS)
+    shown = {gpaf.paper_metric(k): long[f"{k}_mean"].iloc[0] for k in default}
+    recall = (tn / 42 + tp / 114) / 2
+    precision = (tn / (tn + fn) + tp / (tp + fp)) / 2
+    f1 = (2 * tn / (42 + tn + fn) + 2 * tp / (114 + tp + fp)) / 2
+    assert shown == pytest.approx({"accuracy": 124 / 156, "recall": recall, "precision": precision, "f1": f1}, abs=1e-12)
+    assert shown["recall"] != pytest.approx(tp / 114)  # not the binary class-1 recall
+    macro = _breast_test_fits(lambda tn, fp, fn, tp: ((tn / (tn + fn) + tp / (tp + fp)) / 2, (tn / 42 + tp / 114) / 2))
+    binary = _breast_test_fits(lambda tn, fp, fn, tp: (tp / (tp + fp), tp / 114))
+    assert macro.max() < 2.0 and binary.min() > 3.0, (macro, binary)
 
 
 def curves_frame() -> pd.DataFrame:

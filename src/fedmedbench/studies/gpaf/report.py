@@ -3,8 +3,9 @@
 * :func:`table1` — methods x (metric, setting), mean ± std over seeds of the final round, in
   the layout of the paper's Table 1 (accuracy, F1, recall, precision per alpha), each cell
   followed by the paper's value and the difference (:mod:`fedmedbench.report.paper_values`).
-  The paper's F1/recall/precision are binary with label 1 positive (F1 = 2PR/(P+R) of its
-  printed P and R); so are ours on 2-class data, macro on multi-class: :func:`metric_definition`.
+  The paper's F1/recall/precision fit macro averages over the classes (the authors' later
+  evaluation code, torchmetrics ``average='macro'``), so Table 1 shows ``*_macro`` by default;
+  the caption says which (:func:`metric_definition`).
 * :func:`rounds_to_target` — per run the first round whose metric reaches the target; the
   target is given, or ``target_fraction`` x the lowest best accuracy among the federated
   methods (so every method can reach it); speed-up = 1 - rounds / rounds of the reference.
@@ -74,13 +75,25 @@ def metric_name(metric: str) -> str:
     return metric.split("_", 1)[-1] if metric.startswith(("global_", "local_")) else metric
 
 
-def metric_definition(n_classes: int, class_names: tuple[str, ...] = ()) -> str:
+def paper_metric(metric: str) -> str:
+    """``global_f1_macro`` -> ``f1``: the paper's column a metric of the table sits beside."""
+    return metric_name(metric).removesuffix("_macro")
+
+
+def metric_definition(n_classes: int, class_names: tuple[str, ...] = (), metrics: tuple[str, ...] = ()) -> str:
     """Caption sentence: which F1/recall/precision the table shows for a dataset with ``n_classes``."""
-    if n_classes == 2:
-        name = f" ('{class_names[1]}')" if len(class_names) > 1 else ""
-        return (f"F1, recall and precision are binary with class 1{name} as the positive class, as the paper's "
-                "(its F1 = 2PR/(P+R)); macro averages are kept in the run summaries as *_macro.")
-    return f"F1, recall and precision are macro averages over the {n_classes} classes."
+    names = {metric_name(m) for m in metrics}
+    out = []
+    if any(n.endswith("_macro") for n in names):
+        out.append(f"Macro F1, recall and precision are unweighted means over the {n_classes} classes, as the "
+                   "paper's (its printed accuracy, precision and recall fit macro averages, not binary ones).")
+    if names & {"f1", "recall", "precision"}:
+        if n_classes == 2:
+            name = f" ('{class_names[1]}')" if len(class_names) > 1 else ""
+            out.append(f"F1, recall and precision are binary with class 1{name} as the positive class.")
+        else:
+            out.append(f"F1, recall and precision are macro averages over the {n_classes} classes.")
+    return " ".join(out)
 
 
 def table1(runs: pd.DataFrame, metrics: list[str], method_order: list[str], settings: dict[str, dict],
@@ -102,7 +115,7 @@ def table1(runs: pd.DataFrame, metrics: list[str], method_order: list[str], sett
     pct = long[["dataset", "setting", "method"]].copy()
     for m in metrics:
         pct[f"{m}_pct"] = 100 * long[f"{m}_mean"]
-    pct = paper_values.beside(pct, paper, {f"{m}_pct": metric_name(m) for m in metrics}, synthetic)
+    pct = paper_values.beside(pct, paper, {f"{m}_pct": paper_metric(m) for m in metrics}, synthetic)
     for m in metrics:
         long[f"{m}_paper"] = pct[f"{m}_pct (paper)"].to_numpy()
         long[f"{m}_diff"] = pct[f"{m}_pct Δ"].to_numpy()
@@ -145,8 +158,9 @@ def write_table1(long: pd.DataFrame, display: pd.DataFrame, runs: pd.DataFrame, 
     info = dataset_info(dataset)
     seeds = sorted(runs["seed"].unique().tolist())
     rounds = sorted(runs["rounds"].unique().tolist())
+    shown = tuple(c.removesuffix("_mean") for c in long.columns if c.endswith("_mean"))
     cap = (f"Study '{study}', {dataset}: GPAF paper Table 1 layout; final-round global test metrics in %, "
-           f"mean ± std over seeds {seeds}; rounds {rounds}. {metric_definition(info.n_classes, info.class_names)} "
+           f"mean ± std over seeds {seeds}; rounds {rounds}. {metric_definition(info.n_classes, info.class_names, shown)} "
            f"{paper_values.note(paper, origin == 'synthetic')} Source: {source_note(origin)}. "
            f"Models: {init}.")
     io.write_csv(outputs.csv, long)
