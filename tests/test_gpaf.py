@@ -304,3 +304,17 @@ def test_paper_grid_trains_every_method_with_the_authors_batch_and_weight_decay(
                 assert (train.batch_size, train.weight_decay, train.optimizer) == (batch, 1e-4, "adam"), (study, method)
                 opt = make_optimizer(torch.nn.Linear(2, 2), train, 1)
                 assert isinstance(opt, torch.optim.Adam) and opt.param_groups[0]["weight_decay"] == 1e-4
+
+
+@pytest.mark.parametrize("gan_loss", ["nonsaturating", "minimax"])
+def test_generators_diversity_loss_follows_gan_loss(gan_loss):
+    """G_w's side of Eq. 6 takes the configured GAN form: minimax is log(1 - D_n(z)) (<= 0), as printed;
+    nonsaturating is -log D_n(z) (>= 0)."""
+    method = GPAF(server_epochs=1, server_steps_per_epoch=1, gan_loss=gan_loss, lambda_s=0.0, generator_kl=0.0,
+                  lambda_diver=1.0)
+    model = method.build_model(SPEC)
+    dn = LatentDiscriminator(64)
+    (rec,) = method.train_generator(model.generator, fixed_ensemble(), fixed_ensemble(1, seed=1)[0], dn,
+                                    server_generator(0, 1), torch.device("cpu"))
+    assert rec["J"] == pytest.approx(rec["diver"])
+    assert (rec["diver"] < 0) == (gan_loss == "minimax"), rec

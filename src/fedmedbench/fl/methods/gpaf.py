@@ -40,8 +40,9 @@ docs/gpaf.md gives the reasons):
 * ``generator_kl`` = lambda_kl(s) = 0.4 and ``lambda_diver`` = lambda_adv(s) = 0.3: the paper's
   "adversarial and KL weights" of server training (Sec. 4.1) read as the weights of
   L_diver and of a KL term on G_w's Gaussian (Alg. 1 line 3 lists lambda_kl, lambda_adv).
-* ``gan_loss``: ``nonsaturating`` (default) trains E_s on -log D_s(z), the usual GAN
-  practice with the same fixed point as Eq. 13's log(1 - D_s(z)) (``minimax``).
+* ``gan_loss``: ``nonsaturating`` (default) trains E_s on -log D_s(z) and G_w on -log D_n(z), the
+  usual GAN practice with the same fixed point as Eq. 13's log(1 - D_s(z)) and Eq. 6's
+  log(1 - D_n(z)) (``minimax``, both).
 * ``conditional_disc``: D_s(z) as in Eq. 13 (default) or D_s(z, y); the conditional
   alignment comes from z* being generated for the batch's own labels.
 * ``classify_on``: C_s is trained on the sampled z (``sample``, default) or on mu;
@@ -330,7 +331,7 @@ class GPAF(Method):
                 if diversity:  # D_n: prior samples (real) vs generated z (fake), Eq. 6
                     prior = randn(z.shape[0], z.shape[1], generator, device)
                     rec["diver_value"] = self._dn_step(dn, opt_d, prior, z)
-                    div = generator_side_loss(dn(z), "nonsaturating")
+                    div = generator_side_loss(dn(z), p["gan_loss"])  # G_w's side of Eq. 6, the same form as E_s's
                 losses = self.generator_losses(z, y_vec, ensemble, global_clf)
                 kl = kl_to_standard_normal(mu, logvar)
                 total = p["lambda_s"] * losses["s"] + p["lambda_diver"] * div + p["generator_kl"] * kl
