@@ -29,7 +29,10 @@ masks (object boundary vs background features) and has no classification counter
 
 Round 1 (empty bank; also later if no other client has shared yet): ``first_round: own``
 (default) runs the same episode with the client's own spectra (intra-client
-interpolation), ``erm`` trains on L_in alone. Server: FedAvg.
+interpolation), ``erm`` trains on L_in alone. The reference precomputes every client's
+spectra before training (fundus_dataloader.py:24-28), so its clients use the others' from
+the first iteration; here spectra travel with a client's first reply (a deviation: there is
+no exchange before round 1). Server: FedAvg.
 
 Defaults: reference code meta_step 1e-3 and inner gradient clip 100 (train_ELCFS.py:36-37,
 221); window and ratio as the reference loader (see 1.).
