@@ -261,6 +261,37 @@ def test_fedas_weights_clients_by_fisher_trace():
     assert np.allclose(out["bn.running_mean"], 0.75)  # BN buffers by the same weights (the reference: first model's)
 
 
+@pytest.mark.parametrize("evaluate", ["trained", "aggregate"])
+def test_fedas_evaluates_each_sites_trained_model_aggregate_as_option(clips, tmp_path, evaluate):
+    """The reference tests each client's own model, the one its local training left
+    (``serveras.py:73-79``, ``clientbase.py:82-100``); ``evaluate: aggregate`` = the Fisher
+    average + the site's classifier."""
+    params = {} if evaluate == "trained" else {"fedas": {"evaluate": evaluate}}  # trained: the default
+    cfg = study_cfg(train={**study_cfg()["train"], "rounds": 1}, method_params=params)
+    spec = make_spec(clips, tmp_path, "fedas", cfg=cfg)
+    transport = Recorder(spec)
+    task, seen = transport.job.task, {}
+    original = task.evaluate_client
+
+    def capture(model, data, device):
+        seen[len(seen)] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        return original(model, data, device)
+
+    task.evaluate_client = capture
+    state = fed.Federation(spec, log=lambda m: None).run(transport)
+    _, _, sent = transport.replies[-1]
+    assert sorted(seen) == [0, 1]
+    for pid in (0, 1):
+        trained = sent[pid].arrays  # the shared part as the site's local training left it
+        assert not np.allclose(trained["decoder.fuse.0.weight"], state.arrays["decoder.fuse.0.weight"])
+        want = trained if evaluate == "trained" else state.arrays
+        for k in ("decoder.fuse.0.weight", "encoder.backbone.stages.0.blocks.0.attn.kv.k.weight"):
+            assert np.array_equal(seen[pid][k].numpy(), np.asarray(want[k])), (pid, k)
+    assert get_method("fedas", {}).p["evaluate"] == "trained"
+    with pytest.raises(ValueError, match="evaluate"):
+        get_method("fedas", {"evaluate": "aligned"})
+
+
 def test_indicators(clips, tmp_path):
     from fedmedbench.fl.tasks.segmentation import load_sites, site_indicators
 

@@ -25,6 +25,13 @@ read for understanding; nothing is copied.
   traces. Normalisation buffers (running statistics) are averaged with the same weights
   (ours: the reference averages ``parameters()`` only, so buffers would stay those of the first
   uploaded model, ``serveras.py:47-49``; its CNN has none).
+* Evaluation (``evaluate: trained``): each site's own model as its last local training left it
+  (``ctx.state["previous"]``). The reference evaluates at the start of each round, before it
+  sends the new global model (``serveras.py:73-79``), and each client tests its ``self.model``
+  (``clientbase.py:82-100``): the model it trained in the round before, neither the Fisher
+  average nor its alignment. ``evaluate: aggregate`` evaluates the new Fisher-averaged shared
+  part with the site's own classifier instead (no alignment, no local training). A site not yet
+  trained is evaluated that way under either reading.
 * The classifier (``decoder.head``) stays on the site (the reference's base/head split:
   ``set_parameters`` replaces only ``model.base``).
 
@@ -57,8 +64,10 @@ def pixel_features(model, x: torch.Tensor, y: torch.Tensor, where: str = "head_i
 @register_method("fedas")
 class FedAS(SegMethod):
     defaults = {"personal": ["head"], "align_epochs": 1, "align_lr": 0.01, "align_batch_size": 16,
-                "representation": "head_input", "align_mode": "eval", "fisher_batches": None}
-    choices = {"representation": ("head_input", "deep"), "align_mode": ("eval", "train")}
+                "representation": "head_input", "align_mode": "eval", "fisher_batches": None,
+                "evaluate": "trained"}
+    choices = {"representation": ("head_input", "deep"), "align_mode": ("eval", "train"),
+               "evaluate": ("trained", "aggregate")}
 
     def __init__(self, **params) -> None:
         super().__init__(**params)
@@ -128,6 +137,14 @@ class FedAS(SegMethod):
         fisher = self._fisher_trace(ctx, model)
         ctx.state["previous"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
         return self.finish(ctx, model, loss, {"fisher_trace": fisher})
+
+    def personal_model(self, ctx):
+        """The site's locally trained model (the reference tests each client's own model), or with
+        ``evaluate: aggregate`` the broadcast shared part + the site's classifier."""
+        model = self.prepare(ctx)
+        if self.p["evaluate"] == "trained" and "previous" in ctx.state:
+            load_arrays(model, {k: v.numpy() for k, v in ctx.state["previous"].items()})
+        return model
 
     def aggregate(self, ctx):
         fim = np.array([r.metrics.get("fisher_trace", 0.0) for r in ctx.results], dtype=float)
