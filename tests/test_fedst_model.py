@@ -102,3 +102,40 @@ def test_fedst_capacity_matches_the_paper_table_ix():
     kept = set(personal_keys(fedst, ["enc_q", "cs", "rsc"]))
     shared = sum(p.numel() for k, p in params.items() if k not in kept)
     assert shared < n_fedavg, (shared, n_fedavg)
+
+
+def test_sent_mib_per_method_on_the_paper_grid_vs_table_ix():
+    """Table IX's MB are MiB of fp32 shared parameters: FedRep (head = decoder) sends the PVT-v2-b0
+    backbone, 13.01 exactly, and FedST 12.69 within 0.2. FedAvg's 19.71 and FedDP's 6.7 fit no
+    one decoder width together with FedST's 12.69 (FedST shares the decoder): a decoder
+    6.7 MiB wide would put FedST near 18.8; these rows stay apart, pinned here."""
+    import copy
+    from pathlib import Path
+
+    import yaml
+    from snakemake.utils import validate
+
+    from fedmedbench.fl.registry import get_method
+    from fedmedbench.studies.fedst import runs as FS
+    from fedmedbench.studies.fedst.deploy import communication_mb
+
+    root = Path(__file__).resolve().parents[1]
+    grid = yaml.safe_load((root / "config" / "studies" / "fedst.yaml").read_text())
+    validate(grid, str(root / "config" / "schema.yaml"))
+    paper = yaml.safe_load((root / "config" / "paper_values" / "fedst.yaml").read_text())["tables"]["table9"]["rows"]
+    paper = {r["Method"]: r["Cost (MB/round)"] for r in paper}
+    cfg = copy.deepcopy(grid["fedst"])
+
+    def sent(method):
+        spec = FS.run_spec(cfg, "main", method, 0, "clips", "run", None, "cpu", 1, "real")
+        torch.manual_seed(0)
+        net = build_fedst_net({**spec["task_params"]["model"], "encoder_weights": None})
+        return communication_mb(get_method(method, spec["method_params"]), net)
+
+    ours = {m: sent(m) for m in ("seg_fedavg", "fedrep", "feddp", "fedas", "fedst")}
+    assert ours["fedrep"] == pytest.approx(paper["FedRep"], abs=0.01)
+    assert ours["fedst"] == pytest.approx(paper["FedST"], abs=0.2)
+    assert ours["fedst"] < ours["fedrep"] < ours["seg_fedavg"]  # Table IX's order
+    # the fidelity table's numbers: FedAvg 13.26 (paper 19.71), FedDP 12.52 (paper 6.7)
+    assert ours["seg_fedavg"] == pytest.approx(13.26, abs=0.01) and ours["feddp"] == pytest.approx(12.52, abs=0.01)
+    assert ours["fedas"] == pytest.approx(ours["seg_fedavg"], abs=0.01)
