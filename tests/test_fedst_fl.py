@@ -361,6 +361,26 @@ def test_every_site_and_the_upperbound_take_exactly_local_steps(clips, tmp_path,
     assert seen[-1] == 1  # null: the engine's epochs-based count
 
 
+def test_upperbound_takes_the_sum_of_the_sites_steps_as_option(clips, tmp_path, monkeypatch):
+    """``seg_centralized.steps: sum_of_sites``: local_steps x the number of sites per round (the
+    federation's total); the default takes local_steps, each site model's schedule."""
+    from fedmedbench.fl.registry import model_arrays
+    from fedmedbench.fl.tasks import segmentation
+
+    seen = []
+    monkeypatch.setattr(segmentation, "train_steps", lambda model, data, steps, *a, **k: seen.append(steps) or 0.0)
+    for params in ({}, {"seg_centralized": {"steps": "sum_of_sites"}}):
+        cfg = study_cfg(method_params=params)
+        cfg["train"] = {**cfg["train"], "local_steps": 3}
+        spec = make_spec(clips, tmp_path, "seg_centralized", "main", cfg)
+        m = get_method(spec.method, spec.method_params)
+        model = fed.new_model(spec)
+        fed.client_train(Job(spec), 0, 1, model_arrays(model, m.shared_keys(model)), 1, {})
+    assert seen == [3, 2 * 3]  # two federated sites, A and B
+    with pytest.raises(ValueError, match="steps"):
+        get_method("seg_centralized", {"steps": "all"})
+
+
 def test_fedrep_trains_the_head_first_then_the_body(clips, tmp_path, monkeypatch):
     """FedRep's reference split: 4/5 of the round on the decoder (head) alone, then 1/5 on the rest."""
     from fedmedbench.fl.methods import fedrep
