@@ -71,6 +71,10 @@ def test_every_variant_and_method_resolves_to_a_spec():
     validate(grid, SCHEMA)
     fedas = FS.run_spec(grid["fedst"], "main", "fedas", 0, "clips", "run", None, "cpu", 1, "real")["method_params"]
     assert fedas["align_mode"] == "eval"
+    # metrics: the class rule reaches the task (default every part in every frame)
+    assert main["task_params"]["class_rule"] == "all_classes"
+    endovis = {**cfg, "eval": {**cfg["eval"], "class_rule": "gt_classes"}}
+    assert FS.run_spec(endovis, "main", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")["task_params"]["class_rule"] == "gt_classes"
 
 
 @pytest.mark.parametrize("path,value,needle", [

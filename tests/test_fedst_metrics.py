@@ -73,3 +73,45 @@ def test_meter_per_class_binary_collapse_and_frame_average():
 def test_shape_mismatch_is_named():
     with pytest.raises(ValueError, match="shape"):
         binary_scores(np.zeros((3, 3)), np.zeros((4, 4)))
+
+
+PARTS = {1: "shaft", 2: "wrist", 3: "clasper"}
+
+
+def parts_frame(shaft=True, wrist=True, clasper=None):
+    """A 12x12 label map: shaft rows 0-3, wrist rows 4-7 (when asked), a 2x2 clasper at ``clasper``."""
+    m = np.zeros((12, 12), dtype=np.uint8)
+    if shaft:
+        m[0:4, :] = 1
+    if wrist:
+        m[4:8, :] = 2
+    if clasper is not None:
+        y, x = clasper
+        m[y:y + 2, x:x + 2] = 3
+    return m
+
+
+@pytest.mark.parametrize("rule,missed_wrist,false_clasper", [("all_classes", 2 / 3, 2 / 3), ("gt_classes", 0.5, 1.0)])
+def test_class_rule_every_part_or_the_parts_in_the_ground_truth(rule, missed_wrist, false_clasper):
+    """all_classes: every part in every frame (absent in both = 1, one side empty = 0);
+    gt_classes (EndoVis 2017, ternaus evaluate.py:10-41): the parts in the ground truth only."""
+    meter = SegmentationMeter(PARTS, class_rule=rule)
+    meter.add(parts_frame(wrist=False), parts_frame())  # the prediction misses the wrist
+    assert meter.result()["mean_dice"] == pytest.approx(missed_wrist)
+    meter = SegmentationMeter(PARTS, class_rule=rule)
+    meter.add(parts_frame(wrist=False, clasper=(9, 9)), parts_frame(wrist=False))  # a 2x2 false clasper
+    out = meter.result()
+    assert out["mean_dice"] == pytest.approx(false_clasper) and out["mean_iou"] == pytest.approx(false_clasper)
+    if rule == "gt_classes":
+        assert math.isnan(out["dice_clasper"]) and out["dice_shaft"] == 1.0 and out["mean_hd95"] == 0.0
+
+
+def test_gt_classes_frame_without_parts_is_perfect_only_if_nothing_is_predicted():
+    empty = np.zeros((12, 12), dtype=np.uint8)
+    meter = SegmentationMeter(PARTS, class_rule="gt_classes")
+    meter.add(empty, empty)
+    meter.add(parts_frame(shaft=False, wrist=False, clasper=(0, 0)), empty)
+    out = meter.result()
+    assert out["mean_dice"] == pytest.approx(0.5) and out["mean_hd95"] == pytest.approx(empty_penalty((12, 12)) / 2)
+    with pytest.raises(ValueError, match="class_rule"):
+        SegmentationMeter(PARTS, class_rule="present")

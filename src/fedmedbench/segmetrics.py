@@ -14,6 +14,14 @@ Scores are computed per frame and per foreground class (classes 1..C-1; backgrou
 out of the averages as in the EndoVis part-segmentation protocol) and then averaged over
 frames; ``mean_<metric>`` averages the per-class values. Distances are in pixels (spacing 1),
 as the FedST paper reports them.
+
+``class_rule`` (which classes a frame's score covers): ``all_classes`` (default) scores every
+foreground class in every frame with the rule above; ``gt_classes`` is the EndoVis 2017
+convention (ternaus/robot-surgery-segmentation ``evaluate.py:10-41``): a frame's score is the
+mean over the classes present in its ground truth, classes only predicted are ignored, and a
+frame without any part scores perfect if nothing is predicted, else worst. ``mean_<metric>``
+is then the mean of the frame scores; ``<metric>_<class>`` the mean over the frames whose
+ground truth holds that class (NaN if none).
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import numpy as np
 from medpy.metric import binary as mb
 
 METRICS: tuple[str, ...] = ("dice", "iou", "hd95", "assd")
+#: which classes a frame's score covers (module docstring)
+CLASS_RULES: tuple[str, ...] = ("all_classes", "gt_classes")
 #: larger is better for these (the others are distances)
 HIGHER_IS_BETTER = {"dice": True, "iou": True, "hd95": False, "assd": False}
 
@@ -63,10 +73,14 @@ class SegmentationMeter:
     foreground class (the unseen binary set: all parts = instrument).
     """
 
-    def __init__(self, class_names: dict[int, str], binary: bool = False) -> None:
+    def __init__(self, class_names: dict[int, str], binary: bool = False, class_rule: str = "all_classes") -> None:
+        if class_rule not in CLASS_RULES:
+            raise ValueError(f"class_rule must be one of {CLASS_RULES}, got {class_rule!r}")
         self.binary = binary
+        self.class_rule = class_rule
         self.class_names = {1: "instrument"} if binary else dict(class_names)
         self._rows: list[dict[int, dict[str, float]]] = []
+        self._frames: list[dict[str, float]] = []  # gt_classes: each frame's score
 
     def add(self, pred: np.ndarray, gt: np.ndarray) -> None:
         """One frame (2-D label maps) or a batch (N, H, W)."""
@@ -76,7 +90,16 @@ class SegmentationMeter:
         for p, g in zip(pred, gt, strict=True):
             if self.binary:
                 p, g = (p > 0).astype(np.uint8), (g > 0).astype(np.uint8)
-            self._rows.append(frame_scores(p, g, self.class_names))
+            if self.class_rule == "all_classes":
+                self._rows.append(frame_scores(p, g, self.class_names))
+                continue
+            present = [c for c in self.class_names if (g == c).any()]
+            scores = frame_scores(p, g, present)
+            self._rows.append(scores)
+            if present:
+                self._frames.append({m: float(np.mean([scores[c][m] for c in present])) for m in METRICS})
+            else:  # no part in the ground truth: perfect if no part is predicted either, else worst
+                self._frames.append(binary_scores(np.isin(p, list(self.class_names)), np.zeros(g.shape, dtype=bool)))
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -84,6 +107,13 @@ class SegmentationMeter:
     def result(self) -> dict[str, float]:
         """``<metric>_<class>`` per class and ``mean_<metric>`` (mean over classes); NaN if no frame."""
         out: dict[str, float] = {}
+        if self.class_rule == "gt_classes":
+            for m in METRICS:
+                for c, name in self.class_names.items():
+                    vals = [r[c][m] for r in self._rows if c in r]
+                    out[f"{m}_{name}"] = float(np.mean(vals)) if vals else math.nan
+                out[f"mean_{m}"] = float(np.mean([f[m] for f in self._frames])) if self._frames else math.nan
+            return out
         for m in METRICS:
             per_class = []
             for c, name in self.class_names.items():

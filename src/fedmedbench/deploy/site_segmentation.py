@@ -94,7 +94,8 @@ def load(folder: Path, manifest: dict[str, Any], spec) -> Site:
 
     def evaluate(model: torch.nn.Module, data: SiteData, device: torch.device) -> dict[str, float]:
         model.set_indicator(data.indicator)
-        out = {f"local_{k}": v for k, v in evaluate_clips(model, data.test, classes, device, bs).items()}
+        out = {f"local_{k}": v for k, v in evaluate_clips(model, data.test, classes, device, bs,
+                                                                 class_rule=tp.get("class_rule", "all_classes")).items()}
         out.update({f"global_{k}": math.nan for k in names})
         return out
 

@@ -356,10 +356,11 @@ def train_steps(
 
 @torch.no_grad()
 def evaluate_clips(model: torch.nn.Module, data: ClipSet, classes: dict[int, str], device: torch.device,
-                   batch_size: int, binary: bool = False) -> dict[str, float]:
-    """Metrics of ``model`` on ``data`` (names: ``dice`` .. and ``dice_<class>`` ..)."""
+                   batch_size: int, binary: bool = False, class_rule: str = "all_classes") -> dict[str, float]:
+    """Metrics of ``model`` on ``data`` (names: ``dice`` .. and ``dice_<class>`` ..); ``class_rule``:
+    :data:`fedmedbench.segmetrics.CLASS_RULES`."""
     model.eval()
-    meter = SegmentationMeter(classes, binary=binary)
+    meter = SegmentationMeter(classes, binary=binary, class_rule=class_rule)
     for x, y in data.batches(batch_size):
         pred = model(x.to(device)).argmax(dim=1).cpu().numpy()
         meter.add(pred, y.numpy())
@@ -463,11 +464,15 @@ class SegmentationTask(Task):
     def _bs(self) -> int:
         return int(self.spec.task_params.get("eval_batch_size", 8))
 
+    @property
+    def class_rule(self) -> str:
+        return str(self.spec.task_params.get("class_rule", "all_classes"))
+
     def evaluate_global(self, model, device):
         per_client = []
         for s in self.spec.task_params["sites"]:
             model.set_indicator(self.site(s).indicator)
-            per_client.append({f"local_{k}": v for k, v in evaluate_clips(model, self.site(s).test, self.classes, device, self._bs()).items()})
+            per_client.append({f"local_{k}": v for k, v in evaluate_clips(model, self.site(s).test, self.classes, device, self._bs(), class_rule=self.class_rule).items()})
         # pooled test = frame-weighted mean of the sites' per-frame scores
         n = np.array([len(self.site(s).test) for s in self.spec.task_params["sites"]], dtype=float)
         row = {f"global_{k}": float(np.average([c[f"local_{k}"] for c in per_client], weights=n)) for k in self.metric_names}
@@ -475,9 +480,9 @@ class SegmentationTask(Task):
 
     def evaluate_client(self, model, data, device):
         model.set_indicator(data.indicator)
-        out = {f"local_{k}": v for k, v in evaluate_clips(model, data.test, self.classes, device, self._bs()).items()}
+        out = {f"local_{k}": v for k, v in evaluate_clips(model, data.test, self.classes, device, self._bs(), class_rule=self.class_rule).items()}
         if self.spec.task_params.get("cross_site_eval", True):
-            out.update({f"global_{k}": v for k, v in evaluate_clips(model, self.pooled_test(), self.classes, device, self._bs()).items()})
+            out.update({f"global_{k}": v for k, v in evaluate_clips(model, self.pooled_test(), self.classes, device, self._bs(), class_rule=self.class_rule).items()})
         else:
             out.update({f"global_{k}": math.nan for k in self.metric_names})
         return out

@@ -227,6 +227,7 @@ def run_spec(cfg: dict[str, Any], variant: str, method: str, seed: int, clips_ro
             "local_steps": train_config(cfg, variant)[1],
             "synthetic_mix": cfg["server_site"] if variant == SYNMIX else None,
             "cross_site_eval": bool(cfg["eval"]["cross_site_eval"]), "eval_batch_size": int(cfg["eval"]["batch_size"]),
+            "class_rule": cfg["eval"].get("class_rule", "all_classes"),
         },
     }
 
