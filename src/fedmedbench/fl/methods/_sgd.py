@@ -51,18 +51,45 @@ def trainable(model: nn.Module) -> Tensors:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
+# Per-tensor arithmetic over a model's tensors goes through torch's multi-tensor (``_foreach``) ops:
+# one launch on a GPU for all of them instead of one per tensor (ConvNeXtV2-nano has 160), with the
+# same elementwise results bit for bit.
+
+
+def add(a: Tensors, b: Tensors) -> Tensors:
+    """a + b for every tensor of ``a``."""
+    return dict(zip(a, torch._foreach_add(list(a.values()), [b[n] for n in a]), strict=True)) if a else {}
+
+
+def sub(a: Tensors, b: Tensors) -> Tensors:
+    """a - b for every tensor of ``a``."""
+    return dict(zip(a, torch._foreach_sub(list(a.values()), [b[n] for n in a]), strict=True)) if a else {}
+
+
+def add_(a: Tensors, b: Tensors) -> None:
+    """a += b in place, for every tensor of ``a``."""
+    if a:
+        torch._foreach_add_(list(a.values()), [b[n] for n in a])
+
+
 def flat_norm(tensors: Tensors) -> torch.Tensor:
-    return torch.sqrt(sum((t.float() ** 2).sum() for t in tensors.values()))
+    """||t|| over all tensors as one vector (per-tensor sums of squares added in order)."""
+    ts = [t.float() for t in tensors.values()]
+    return torch.sqrt(sum(sq.sum() for sq in torch._foreach_mul(ts, ts)))  # x * x is x ** 2 bit for bit
 
 
 def grads_of(model: nn.Module) -> Tensors:
-    return {n: p.grad.detach().clone() for n, p in trainable(model).items() if p.grad is not None}
+    """The parameters' gradients (not copies: the next backward starts from ``set_to_none``, so these
+    tensors are never written again)."""
+    return {n: p.grad.detach() for n, p in trainable(model).items() if p.grad is not None}
 
 
 def sam_perturbation(grads: Tensors, rho: float) -> Tensors:
     """SAM's ascent step e = rho * g / ||g|| (epsilon 1e-7 as in the reference code)."""
+    if not grads:
+        return {}
     scale = rho / (flat_norm(grads) + 1e-7)
-    return {n: g * scale for n, g in grads.items()}
+    return dict(zip(grads, torch._foreach_mul(list(grads.values()), scale), strict=True))
 
 
 PERTURBATION_FORMS = ("reference", "vector")
@@ -123,6 +150,7 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
     params = trainable(model)
     opt = make_optimizer(model, cfg, ctx.rnd, hooks.extra_weight_decay)
     correction = {n: t.to(device) for n, t in (hooks.correction or {}).items()}
+    corrected = {n: params[n] for n in correction}
     losses = StepLosses() if losses is None else losses  # read once after the last step: no host sync per step
     x_u8, y = ctx.data.train_x, ctx.data.train_y
     for idx in batch_indices(y.shape[0], cfg.batch_size, ctx.steps, ctx.generator):
@@ -130,9 +158,9 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
         with forward_precision(cfg, device):
             e = hooks.perturb(model, xb, yb) if hooks.perturb else None
         if e:
+            shifted = {n: params[n] for n in e}
             with torch.no_grad():
-                for n, t in e.items():
-                    params[n].add_(t)
+                add_(shifted, e)
         opt.zero_grad(set_to_none=True)
         with forward_precision(cfg, device):
             loss = nn.functional.cross_entropy(forward(xb).float(), yb)
@@ -140,11 +168,9 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
         (loss if hooks.loss_weight == 1.0 else hooks.loss_weight * loss).backward()
         with torch.no_grad():
             if e:
-                for n, t in e.items():
-                    params[n].sub_(t)
-            for n, d in correction.items():
-                p = params[n]
-                p.grad = d.clone() if p.grad is None else p.grad.add_(d)
+                torch._foreach_sub_(list(shifted.values()), list(e.values()))
+            if correction:
+                _add_to_grads(corrected, correction)
         if cfg.grad_clip:
             nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip)
         opt.step()
@@ -153,6 +179,15 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
         losses.add(loss)
     return losses.mean(ctx.rnd, check=cfg.on_nonfinite != "continue",
                        hint="lower train.lr, set train.grad_clip, or train.on_nonfinite: continue")
+
+
+def _add_to_grads(params: Tensors, d: Tensors) -> None:
+    """p.grad += d (p.grad = d where a parameter got no gradient)."""
+    if all(p.grad is not None for p in params.values()):
+        torch._foreach_add_([p.grad for p in params.values()], list(d.values()))
+        return
+    for n, p in params.items():
+        p.grad = d[n].clone() if p.grad is None else p.grad.add_(d[n])
 
 
 def local_loop_metrics(ctx: ClientContext, hooks: StepHooks) -> dict[str, float]:
