@@ -141,7 +141,9 @@ class DataFreeMonitor:
             import torch
 
             with torch.no_grad():
-                sq = torch.stack([((params[k].double() - theta0[k].to(first.device).double()) ** 2).sum() for k in theta0])
+                # multi-tensor ops: one launch each on a GPU, not one per tensor; x * x is x ** 2 bit for bit
+                d = torch._foreach_sub([params[k].double() for k in theta0], [theta0[k].to(first.device).double() for k in theta0])
+                sq = torch.stack([s.sum() for s in torch._foreach_mul(d, d)])
                 return float(math.sqrt(float(sq.sum())))
         return float(math.sqrt(sum(float(((params[k].astype(np.float64) - theta0[k].astype(np.float64)) ** 2).sum())
                                    for k in theta0)))

@@ -56,20 +56,45 @@ def trainable(model: nn.Module) -> Tensors:
 # same elementwise results bit for bit.
 
 
-def add(a: Tensors, b: Tensors) -> Tensors:
+Operand = Tensors | float | torch.Tensor
+
+
+def _each(op: Callable, a: Tensors, b: Operand) -> Tensors:
+    """``op`` applied to every tensor of ``a`` and ``b``'s tensor of the same name (or the number ``b``)."""
+    if not a:
+        return {}
+    return dict(zip(a, op(list(a.values()), [b[n] for n in a] if isinstance(b, dict) else b), strict=True))
+
+
+def add(a: Tensors, b: Operand) -> Tensors:
     """a + b for every tensor of ``a``."""
-    return dict(zip(a, torch._foreach_add(list(a.values()), [b[n] for n in a]), strict=True)) if a else {}
+    return _each(torch._foreach_add, a, b)
 
 
-def sub(a: Tensors, b: Tensors) -> Tensors:
+def sub(a: Tensors, b: Operand) -> Tensors:
     """a - b for every tensor of ``a``."""
-    return dict(zip(a, torch._foreach_sub(list(a.values()), [b[n] for n in a]), strict=True)) if a else {}
+    return _each(torch._foreach_sub, a, b)
 
 
-def add_(a: Tensors, b: Tensors) -> None:
+def mul(a: Tensors, b: Operand) -> Tensors:
+    """a * b for every tensor of ``a``."""
+    return _each(torch._foreach_mul, a, b)
+
+
+def div(a: Tensors, b: Operand) -> Tensors:
+    """a / b for every tensor of ``a``."""
+    return _each(torch._foreach_div, a, b)
+
+
+def neg(a: Tensors) -> Tensors:
+    """-a for every tensor of ``a``."""
+    return dict(zip(a, torch._foreach_neg(list(a.values())), strict=True)) if a else {}
+
+
+def add_(a: Tensors, b: Operand) -> None:
     """a += b in place, for every tensor of ``a``."""
     if a:
-        torch._foreach_add_(list(a.values()), [b[n] for n in a])
+        torch._foreach_add_(list(a.values()), [b[n] for n in a] if isinstance(b, dict) else b)
 
 
 def flat_norm(tensors: Tensors) -> torch.Tensor:
@@ -89,7 +114,7 @@ def sam_perturbation(grads: Tensors, rho: float) -> Tensors:
     if not grads:
         return {}
     scale = rho / (flat_norm(grads) + 1e-7)
-    return dict(zip(grads, torch._foreach_mul(list(grads.values()), scale), strict=True))
+    return mul(grads, scale)
 
 
 PERTURBATION_FORMS = ("reference", "vector")
@@ -249,14 +274,12 @@ def state_tensors(state: dict[str, Any], name: str, like: Tensors) -> Tensors:
 def delta(model: nn.Module, global_arrays: Arrays) -> Tensors:
     """theta_local - theta_global over trainable parameters, float32: on the CPU from NumPy arrays,
     on the model's device from tensor arrays (a job that keeps its arrays on the device)."""
-    out = {}
-    for n, p in trainable(model).items():
-        g = global_arrays[n]
-        if isinstance(g, torch.Tensor):
-            out[n] = p.detach().float() - g.to(p.device, torch.float32)
-        else:
-            out[n] = p.detach().cpu().float() - torch.from_numpy(np.asarray(g, dtype=np.float32))
-    return out
+    params = trainable(model)
+    if all(isinstance(global_arrays[n], torch.Tensor) for n in params):
+        return sub({n: p.detach().float() for n, p in params.items()},
+                   {n: global_arrays[n].to(p.device, torch.float32) for n, p in params.items()})
+    return {n: p.detach().cpu().float() - torch.from_numpy(np.asarray(global_arrays[n], dtype=np.float32))
+            for n, p in params.items()}
 
 
 def client_tensors(ctx: ClientContext) -> Tensors:

@@ -17,11 +17,16 @@ import torch
 from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
     StepHooks,
+    add,
+    add_,
     client_tensors,
     delta,
+    div,
     in_form_of,
     local_loop_metrics,
+    mul,
     state_tensors,
+    sub,
     to_tensors,
     vectors64,
 )
@@ -32,12 +37,12 @@ def dyn_hooks(ctx: ClientContext, lamb: float) -> tuple[StepHooks, dict]:
     like = client_tensors(ctx)
     h_i = state_tensors(ctx.state, "h_i", like)
     theta_g = to_tensors(ctx.global_arrays, like)
-    return StepHooks(correction={n: lamb * (h_i[n] - theta_g[n]) for n in like}, extra_weight_decay=lamb), h_i
+    return StepHooks(correction=mul(sub(h_i, theta_g), lamb), extra_weight_decay=lamb), h_i
 
 
 def dyn_client_update(ctx: ClientContext, h_i: dict) -> None:
     d = delta(ctx.model, ctx.global_arrays)
-    ctx.state["h_i"] = {n: h_i[n] + d[n] for n in d}
+    ctx.state["h_i"] = add({n: h_i[n] for n in d}, d)
 
 
 def dyn_server_update(method: ServerOptMethod, ctx: ServerContext) -> Arrays:
@@ -49,13 +54,11 @@ def dyn_server_update(method: ServerOptMethod, ctx: ServerContext) -> Arrays:
     h = {k: torch.zeros_like(v) for k, v in theta_g.items()} if stored is None else {
         k: stored[k].to(theta_g[k].device, torch.float64, copy=True) for k in keys}
     for r in ctx.results:
-        theta_i = vectors64(r.arrays, keys)
-        for k in keys:
-            h[k] += (theta_i[k] - theta_g[k]) / ctx.num_clients
+        add_(h, div(sub(vectors64(r.arrays, keys), theta_g), ctx.num_clients))
     ctx.state["h"] = h
     out = dict(method.average(ctx))
     mean = vectors64(out, keys)
-    out.update(in_form_of({k: mean[k] + h[k] for k in keys}, out))
+    out.update(in_form_of(add(mean, h), out))
     return out
 
 

@@ -32,7 +32,9 @@ from fedmedbench.fl.methods._sgd import (
     in_form_of,
     indexed_perturbation,
     local_loop_metrics,
+    neg,
     sam_perturbation,
+    sub,
     to_tensors,
     trainable,
     vectors64,
@@ -62,7 +64,7 @@ class FedLESAM(ServerOptMethod):
         if self.estimate == "last_update":
             if "last_update" not in ctx.broadcast:
                 return None
-            return {n: -t for n, t in arrays_to_vector(ctx.broadcast["last_update"]).items()}
+            return neg(arrays_to_vector(ctx.broadcast["last_update"]))
         theta_g = to_tensors(ctx.global_arrays, like)
         prev = ctx.state.get("prev_global")
         ctx.state["prev_global"] = {n: t.clone() for n, t in theta_g.items()}  # never the broadcast's own tensors
@@ -88,5 +90,5 @@ class FedLESAM(ServerOptMethod):
         if self.estimate == "last_update":
             keys = self.param_keys(ctx)
             new64, old64 = vectors64(new, keys), vectors64(ctx.global_arrays, keys)
-            ctx.broadcast["last_update"] = in_form_of({k: new64[k] - old64[k] for k in keys}, new, torch.float32)
+            ctx.broadcast["last_update"] = in_form_of(sub(new64, old64), new, torch.float32)
         return new

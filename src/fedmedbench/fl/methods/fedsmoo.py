@@ -15,15 +15,20 @@ import torch
 
 from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
+    add,
+    add_,
     arrays_to_vector,
     client_tensors,
+    div,
     gradient_at,
     in_form_of,
     kept_vectors,
     local_loop_metrics,
+    mul,
     sam_perturbation,
     sent_vectors,
     state_tensors,
+    sub,
     vectors64,
 )
 from fedmedbench.fl.methods.feddyn import dyn_client_update, dyn_hooks, dyn_server_update
@@ -49,10 +54,9 @@ class FedSMOO(ServerOptMethod):
 
         def perturb(model, xb, yb):
             g = gradient_at(model, xb, yb)
-            g = {n: g[n] - (mu[n] + s[n]) for n in g}
+            g = sub(g, add({n: mu[n] for n in g}, s))
             e = sam_perturbation(g, self.rho)  # one norm per step, not one per tensor
-            for n in e:
-                mu[n] += e[n] - s[n]
+            add_({n: mu[n] for n in e}, sub(e, s))
             return e
 
         hooks, h_i = dyn_hooks(ctx, self.lamb)
@@ -67,7 +71,10 @@ class FedSMOO(ServerOptMethod):
         """s = rho * mean(mu_i) / ||mean(mu_i)|| over the sampled clients, then FedDyn's step."""
         first = ctx.results[0].extras["mu"]
         mus = [vectors64(r.extras["mu"], first) for r in ctx.results]
-        mean = {k: sum(m[k] for m in mus) / len(mus) for k in first}
-        norm = float(torch.sqrt(sum((v * v).sum() for v in mean.values()))) + 1e-7
-        ctx.broadcast["s"] = in_form_of({k: v / norm * self.rho for k, v in mean.items()}, first, torch.float32)
+        total = add(mus[0], 0)  # as sum(): 0 + the first, then the others in order
+        for m in mus[1:]:
+            add_(total, m)
+        mean = div(total, len(mus))
+        norm = float(torch.sqrt(sum(sq.sum() for sq in torch._foreach_mul(list(mean.values()), list(mean.values()))))) + 1e-7
+        ctx.broadcast["s"] = in_form_of(mul(div(mean, norm), self.rho), first, torch.float32)
         return dyn_server_update(self, ctx)

@@ -32,13 +32,19 @@ from fedmedbench.fl.methods._sgd import (
     PERTURBATION_FORMS,
     ServerOptMethod,
     StepHooks,
+    add,
+    add_,
     arrays_to_vector,
+    div,
     in_form_of,
     indexed_perturbation,
     local_iterations,
     local_loop_metrics,
+    mul,
+    neg,
     sam_perturbation,
     sent_vectors,
+    sub,
     to_tensors,
     trainable,
     vectors64,
@@ -70,7 +76,7 @@ class FedWMSAM(ServerOptMethod):
         c, c_i, corr = control_correction(ctx)
         m = arrays_to_vector(ctx.broadcast["momentum"]) if "momentum" in ctx.broadcast else {
             n: torch.zeros_like(t) for n, t in corr.items()}
-        m_i = {n: (m[n] + corr[n] * alpha / (1 - alpha)).to(ctx.device) for n in like}
+        m_i = {n: t.to(ctx.device) for n, t in add({n: m[n] for n in like}, div(mul(corr, alpha), 1 - alpha)).items()}
         target = {n: t.to(ctx.device, copy=True) for n, t in to_tensors(ctx.global_arrays, like).items()}
 
         order = list(like)
@@ -82,10 +88,9 @@ class FedWMSAM(ServerOptMethod):
             return sam_perturbation(d, self.sign * self.rho)
 
         def advance_target():
-            for n in target:
-                target[n] += m_i[n]
+            add_(target, m_i)
 
-        hooks = StepHooks(perturb=perturb, correction={n: (1 - alpha) * t for n, t in m_i.items()},
+        hooks = StepHooks(perturb=perturb, correction=mul(m_i, 1 - alpha),
                           loss_weight=alpha, after_step=advance_target)
         metrics = local_loop_metrics(ctx, hooks)
         k = local_iterations(ctx, self.k_form)
@@ -97,7 +102,7 @@ class FedWMSAM(ServerOptMethod):
     def aggregate(self, ctx: ServerContext):
         keys = self.param_keys(ctx)
         theta_g = vectors64(ctx.global_arrays, keys)
-        deltas = [{k: v - theta_g[k] for k, v in vectors64(r.arrays, keys).items()} for r in ctx.results]
+        deltas = [sub(vectors64(r.arrays, keys), theta_g) for r in ctx.results]
         alpha = float(ctx.broadcast["alpha"]["alpha"]) if "alpha" in ctx.broadcast else self.alpha0
         m_old = (torch.cat([v.reshape(-1) for v in vectors64(ctx.broadcast["momentum"], keys).values()])
                  if "momentum" in ctx.broadcast else None)
@@ -107,8 +112,15 @@ class FedWMSAM(ServerOptMethod):
         w = self.weights(ctx)
         k_lr = [float(r.metrics["k_lr"]) for r in ctx.results]
         decay = ctx.train.lr_decay
-        momentum = {k: -sum(float(wi) * d[k] / kl for wi, d, kl in zip(w, deltas, k_lr, strict=True)) * decay
-                    for k in keys}
+        # -sum_i (w_i d_i / (K lr)_i) * decay, summed in client order from 0 as Python's sum()
+        total: dict = {}
+        for wi, d, kl in zip(w, deltas, k_lr, strict=True):
+            term = div(mul({k: d[k] for k in keys}, float(wi)), kl)
+            if total:
+                add_(total, term)
+            else:
+                total = add(term, 0)
+        momentum = mul(neg(total), decay)
         ctx.broadcast["momentum"] = in_form_of(momentum, ctx.global_arrays, torch.float32)
         ctx.broadcast["alpha"] = {"alpha": np.asarray(alpha, dtype=np.float64)}
         return super().aggregate(ctx)

@@ -13,17 +13,23 @@ steps this client took, E * ceil(n_i / B) (the SCAFFOLD paper).
 
 from __future__ import annotations
 
+import torch
+
 from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
     StepHooks,
+    add,
+    add_,
     arrays_to_vector,
     as_float32,
     client_tensors,
     delta,
+    div,
     local_iterations,
     local_loop_metrics,
     sent_vectors,
     state_tensors,
+    sub,
 )
 from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, register_method
 
@@ -33,22 +39,28 @@ def control_correction(ctx: ClientContext, c_name: str = "c") -> tuple[dict, dic
     like = client_tensors(ctx)
     c = arrays_to_vector(ctx.broadcast[c_name]) if c_name in ctx.broadcast else {n: t * 0 for n, t in like.items()}
     c_i = state_tensors(ctx.state, "c_i", like)
-    return c, c_i, {n: c[n] - c_i[n] for n in like}
+    return c, c_i, sub(c, c_i)
 
 
 def updated_control(ctx: ClientContext, c: dict, c_i: dict, k: float) -> tuple[dict, dict]:
     """Option II: c_i+ = c_i - c + (theta_g - theta_i) / (K lr); returns (c_i+, delta_c)."""
     d = delta(ctx.model, ctx.global_arrays)
     k_lr = k * ctx.train.lr_at(ctx.rnd)
-    new = {n: c_i[n] - c[n] - d[n] / k_lr for n in d}
-    return new, {n: new[n] - c_i[n] for n in d}
+    new = sub(sub({n: c_i[n] for n in d}, c), div(d, k_lr))
+    return new, sub(new, c_i)
 
 
 def server_control_update(ctx: ServerContext, name: str = "c") -> None:
     """c <- c + sum_i delta_c_i / N, kept in the broadcast."""
     deltas = [r.extras["delta_c"] for r in ctx.results]
     old = ctx.broadcast.get(name) or {k: v * 0 for k, v in deltas[0].items()}
-    ctx.broadcast[name] = {k: as_float32(old[k] + sum(d[k] for d in deltas) / ctx.num_clients) for k in old}
+    if not all(isinstance(v, torch.Tensor) for d in (old, *deltas) for v in d.values()):  # NumPy arrays (host path)
+        ctx.broadcast[name] = {k: as_float32(old[k] + sum(d[k] for d in deltas) / ctx.num_clients) for k in old}
+        return
+    total = add(deltas[0], 0)  # as sum(): 0 + the first, then the others in order
+    for d in deltas[1:]:
+        add_(total, d)
+    ctx.broadcast[name] = {k: as_float32(v) for k, v in add(old, div(total, ctx.num_clients)).items()}
 
 
 @register_method("scaffold")
