@@ -636,3 +636,42 @@ def test_client_ops_grow_linearly_with_the_parameter_tensors(method, params):
     80,000 launches per step for ConvNeXtV2-nano's 160 tensors)."""
     small, large = _client_ops(method, params, 8), _client_ops(method, params, 16)  # 18 and 34 tensors
     assert large / small < 2.3, f"{method} {params}: {small} ops with 18 tensors, {large} with 34"
+
+
+def test_multi_tensor_arithmetic_is_one_op_and_the_per_tensor_result_bit_for_bit():
+    """_sgd's add/sub/mul/div/neg/add_ launch one op for all tensors (one kernel on a GPU, not one per
+    tensor) and give exactly the per-tensor results, signed zeros, infinities and NaNs included."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fedmedbench.fl.methods import _sgd
+
+    g = torch.Generator().manual_seed(0)
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-45, -3.5])
+    a = {f"t{i}": torch.cat([torch.randn(i + 1, generator=g), special]) for i in range(6)}
+    b = {n: torch.randn(t.shape, generator=g).flip(0) for n, t in a.items()}
+    b["t0"][:7] = special.flip(0)
+
+    class Ops(TorchDispatchMode):
+        names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Ops.names.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    cases = [(_sgd.add, lambda x, y: x + y, b), (_sgd.sub, lambda x, y: x - y, b), (_sgd.mul, lambda x, y: x * y, b),
+             (_sgd.div, lambda x, y: x / y, b), (_sgd.add, lambda x, y: x + y, 0), (_sgd.div, lambda x, y: x / y, 0.37),
+             (_sgd.mul, lambda x, y: x * y, torch.tensor(-0.25))]
+    for fn, per_tensor, other in cases:
+        Ops.names = []
+        with Ops():
+            got = fn(a, other)
+        assert len(Ops.names) == 1 and Ops.names[0].startswith("aten._foreach_"), (fn.__name__, Ops.names)
+        for n, t in a.items():
+            want = per_tensor(t, other[n] if isinstance(other, dict) else other)
+            assert torch.equal(got[n].view(torch.int32), want.view(torch.int32)), (fn.__name__, n)
+    negated = _sgd.neg(a)
+    assert all(torch.equal(negated[n].view(torch.int32), (-t).view(torch.int32)) for n, t in a.items())
+    copy_a = {n: t.clone() for n, t in a.items()}
+    _sgd.add_(copy_a, b)
+    assert all(torch.equal(copy_a[n].view(torch.int32), (a[n] + b[n]).view(torch.int32)) for n in a)
+    assert _sgd.add({}, b) == {} and _sgd.sam_perturbation({}, 0.1) == {}
