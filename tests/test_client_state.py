@@ -117,6 +117,10 @@ def test_prefetch_reads_one_ahead_drops_unused_reads_and_reports_a_damaged_file(
     assert float(store.load(1, before_round=3)["v"]) == 1.0  # and client 2's (damaged) read starts
     with pytest.raises(ClientStateError, match=r"00002/r000001\.pt: cannot load client state"):
         store.load(2, before_round=3)
+    store.prefetch([0], before_round=4)
+    store.stop_reading()  # the run is over: the thread ends, what it read is dropped
+    assert store._reader is None and store._ahead == {}
+    assert float(store.load(0, before_round=4)["v"]) == 0.0
 
 
 def test_prefetch_is_off_where_states_are_written_at_once_or_absent(tmp_path):
@@ -210,7 +214,7 @@ def test_an_inline_scaffold_run_equals_one_that_writes_each_state_at_once(blood_
     monkeypatch.setattr(ClientStateStore, "_read", recorded)
     logs: list[str] = []
     federation = engine.run(deferred, log=logs.append)
-    assert federation.store.deferred
+    assert federation.store.deferred and federation.store._reader is None  # its read-ahead thread ended with the run
     # the inline run read its clients' states ahead, in the background
     assert threads and {t.startswith("client-state-read") for t in threads} == {True}
     threads.clear()

@@ -101,6 +101,14 @@ class ClientStateStore:
         if pids:
             self._read_ahead(int(pids[0]), int(before_round))
 
+    def stop_reading(self) -> None:
+        """End the read-ahead thread (the run is over); reads not used are dropped."""
+        with self._lock:
+            self._queue, reader, self._reader = ([], 0), self._reader, None
+            self._ahead.clear()
+        if reader is not None:
+            reader.shutdown(wait=True, cancel_futures=True)
+
     def _read_next_after(self, pid: int, before_round: int) -> None:
         pids, rnd = self._queue
         if rnd == before_round and pid in pids and pids.index(pid) + 1 < len(pids):

@@ -337,11 +337,13 @@ class Federation:
         try:
             state = self._rounds(transport)
         except BaseException:
+            self.store.stop_reading()
             try:
                 self._writer.close()
             except Exception:  # noqa: BLE001 - the round's own error is the one to report
                 pass
             raise
+        self.store.stop_reading()
         self._writer.close()
         return state
 
