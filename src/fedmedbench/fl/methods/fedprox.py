@@ -6,7 +6,7 @@ decay mu*theta and a constant correction -mu*theta_g. With mu = 0 this is FedAvg
 Server: FedAvg.
 """
 
-from fedmedbench.fl.methods._sgd import ServerOptMethod, StepHooks, to_tensors, trainable
+from fedmedbench.fl.methods._sgd import ServerOptMethod, StepHooks, mul, to_tensors, trainable
 from fedmedbench.fl.registry import ClientContext, register_method
 
 
@@ -22,4 +22,4 @@ class FedProx(ServerOptMethod):
 
     def hooks(self, ctx: ClientContext) -> StepHooks:
         anchor = to_tensors(ctx.global_arrays, trainable(ctx.model))
-        return StepHooks(correction={n: -self.mu * t for n, t in anchor.items()}, extra_weight_decay=self.mu)
+        return StepHooks(correction=mul(anchor, -self.mu), extra_weight_decay=self.mu)
