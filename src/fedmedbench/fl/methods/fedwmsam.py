@@ -115,7 +115,7 @@ class FedWMSAM(ServerOptMethod):
         # -sum_i (w_i d_i / (K lr)_i) * decay, summed in client order from 0 as Python's sum()
         total: dict = {}
         for wi, d, kl in zip(w, deltas, k_lr, strict=True):
-            term = div(mul({k: d[k] for k in keys}, float(wi)), kl)
+            term = div(mul(d, float(wi)), kl)  # d holds exactly the param keys
             if total:
                 add_(total, term)
             else:
