@@ -110,7 +110,7 @@ def _client_context(
         # a deployed site knows no other site's size (methods that need them say so)
         client_sizes=None if pid in site_data else (lambda: job.task.client_sizes()),
         epoch_steps=max(1, math.ceil(steps / epochs)) if job.method.centralized else None,
-        device_arrays=job.device_arrays,
+        device_arrays=job.device_arrays, slots=job.slots,
     )
     return ctx, store
 

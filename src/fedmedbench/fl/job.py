@@ -39,6 +39,7 @@ from fedmedbench.fl.registry import (
     load_arrays,
 )
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.state_slots import StateSlots
 from fedmedbench.fl.tasks.base import Task, task_for
 from fedmedbench.fl.training import to_device
 
@@ -71,6 +72,8 @@ class Job:
         self._fresh_flags: tuple[list, list] | None = None
         self._shared_keys: list[str] | None = None
         self._whole: bool | None = None
+        #: where the resident model keeps its state (read and written without walking its modules)
+        self._slots: StateSlots | None = None
         self._data: dict[int, Any] = {}
         self._data_bytes = 0
         self._data_budget: int | None = None
@@ -97,7 +100,15 @@ class Job:
             self._whole = set(self._shared_keys) == set(self._resident.state_dict())
             self._fresh_flags = ([(p, p.requires_grad) for p in self._resident.parameters()],
                                  [(m, m.training) for m in self._resident.modules()])
+            self._slots = StateSlots.of(self._resident) if self._whole else None
         return self._shared_keys
+
+    @property
+    def slots(self) -> StateSlots | None:
+        """The resident model's state slots (None without a resident model, or where its state_dict
+        is not plain parameters and buffers)."""
+        self.shared_keys()
+        return self._slots
 
     def keep_arrays_on_device(self, in_process: bool) -> bool:
         """Turn on device arrays where they apply: server and clients share this process (``in_process``),
@@ -114,10 +125,15 @@ class Job:
         """A model holding the broadcast ``arrays``, on the job's device."""
         keys = self.shared_keys()
         if self._whole:  # the resident model: values copied into its tensors in place
-            model = self._resident
+            model, slots = self._resident, self._slots
             self._reset(model)
-            to_device(model, self.device)
-            copy_into(model, arrays, keys)
+            if slots is None:
+                to_device(model, self.device)
+                copy_into(model, arrays, keys)
+            else:
+                if not slots.on(self.device):
+                    model.to(self.device)
+                copy_into(model, arrays, keys, slots.tensors(keys))
             return model
         model = self.new_model()  # un-shared entries keep a freshly built model's values
         load_arrays(model, arrays, keys)
@@ -152,15 +168,17 @@ class Job:
                 and is_dataclass(data) and isinstance(data, ClientData))
 
 
-def copy_into(model: torch.nn.Module, arrays: Arrays, keys: list[str]) -> None:
+def copy_into(model: torch.nn.Module, arrays: Arrays, keys: list[str], targets: list[torch.Tensor] | None = None) -> None:
     """Copy ``arrays[k]`` (NumPy or tensors, any device) into the model's own tensors for ``keys``
     (the resident model's whole state): the values ``load_state_dict`` would set, by one grouped
-    copy when the arrays are tensors of the model's devices and dtypes."""
-    state = model.state_dict()
+    copy when the arrays are tensors of the model's devices and dtypes. ``targets``: the model's
+    tensors for ``keys`` when already at hand (its ``StateSlots``), else read from its state_dict."""
     missing = set(keys) - set(arrays)
     if missing:
         raise KeyError(f"arrays lack model keys: {sorted(missing)[:5]}")
-    targets = [state[k] for k in keys]
+    if targets is None:
+        state = model.state_dict()
+        targets = [state[k] for k in keys]
     sources = [torch.as_tensor(arrays[k]) for k in keys]
     for k, t, s in zip(keys, targets, sources, strict=True):
         if tuple(s.shape) != tuple(t.shape):

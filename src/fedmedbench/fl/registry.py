@@ -30,6 +30,7 @@ import torch
 
 if TYPE_CHECKING:
     from fedmedbench.fl.spec import RunSpec
+    from fedmedbench.fl.state_slots import StateSlots
 
 #: a model's state by key: NumPy arrays on the host; on the inline backend, for a method with
 #: ``device_arrays``, torch tensors on the job's device (no host round trip per client)
@@ -145,12 +146,16 @@ class ClientContext:
     epoch_steps: int | None = None
     #: send results as tensors on the device (the job's arrays live there; see Method.device_arrays)
     device_arrays: bool = False
+    #: where the job's reused model keeps its state entries (``result_arrays`` reads them without a
+    #: ``state_dict()`` walk); None when ``model`` is built for this call
+    slots: StateSlots | None = None
 
     def result_arrays(self, model: torch.nn.Module | None = None, keys: list[str] | None = None) -> Arrays:
         """What the client sends: the model's state (``ctx.model`` by default) as NumPy arrays, or
         as device tensors when the job keeps its arrays on the device."""
         model = self.model if model is None else model
-        return model_tensors(model, keys) if self.device_arrays else model_arrays(model, keys)
+        state = self.slots.state(keys) if self.slots is not None and self.slots.model is model else None
+        return model_tensors(model, keys, state) if self.device_arrays else model_arrays(model, keys, state)
 
     def steps_per_epoch(self) -> int:
         """Steps of one local epoch: ``epoch_steps``, else ceil(n_train / B) (where batch_indices reshuffles)."""
@@ -248,16 +253,19 @@ class Method:
         return weighted_average([r.arrays for r in ctx.results], [r.num_examples for r in ctx.results])
 
 
-def model_arrays(model: torch.nn.Module, keys: list[str] | None = None) -> Arrays:
-    """state_dict entries (parameters and buffers) as numpy arrays on the CPU, in order."""
-    state = model.state_dict()
+def model_arrays(model: torch.nn.Module, keys: list[str] | None = None,
+                 state: dict[str, torch.Tensor] | None = None) -> Arrays:
+    """state_dict entries (parameters and buffers) as numpy arrays on the CPU, in order (``state``: the
+    model's state_dict entries already at hand, e.g. from its ``StateSlots``)."""
+    state = model.state_dict() if state is None else state
     return {k: state[k].detach().cpu().numpy().copy() for k in (keys if keys is not None else state)}
 
 
-def model_tensors(model: torch.nn.Module, keys: list[str] | None = None) -> dict[str, torch.Tensor]:
+def model_tensors(model: torch.nn.Module, keys: list[str] | None = None,
+                  state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """state_dict entries copied where they are (the device): one copy kernel per dtype, each
-    entry a view of its dtype's flat buffer."""
-    state = model.state_dict()
+    entry a view of its dtype's flat buffer (``state`` as in :func:`model_arrays`)."""
+    state = model.state_dict() if state is None else state
     return snapshot({k: state[k] for k in (keys if keys is not None else state)})
 
 
