@@ -200,7 +200,7 @@ class Federation:
         self.store = self.job.state_store
         self.rows_log = checkpoint.RowsLog(spec.run_dir)  # each checkpoint appends its round's rows
         self._writer: checkpoint.BackgroundWriter | None = None  # set while run() goes
-        self._theta0_device: Arrays | None = None  # theta_0 as device tensors (device arrays), made once
+        self._theta0_device: Arrays | None = None  # theta_0 as float64 device tensors (device arrays), made once
         es = {"mode": "none", "tau": 0.01, "patience": 10, **spec.early_stopping}
         if es["mode"] not in ("none", "datafree"):
             raise ValueError(f"early_stopping.mode must be none or datafree, got {es['mode']}")
@@ -322,12 +322,13 @@ class Federation:
         return new_state
 
     def _theta0(self, state: checkpoint.RunState) -> Arrays:
-        """theta_0 of the data-free rule in the form of the run's arrays (on the device with device arrays)."""
+        """theta_0 of the data-free rule in the form of the run's arrays (with device arrays: on the device,
+        in the rule's float64 once, so a round converts only the new model)."""
         stored = state.server_state["_theta0"]
         if not self.job.device_arrays:
             return {k: v.numpy() for k, v in stored.items()}
         if self._theta0_device is None:
-            self._theta0_device = self.job.arrays(stored)
+            self._theta0_device = {k: v.double() for k, v in self.job.arrays(stored).items()}
         return self._theta0_device
 
     def run(self, transport: Transport) -> checkpoint.RunState:
