@@ -53,9 +53,9 @@ from fedmedbench.fl.training import local_sgd  # noqa: E402
 DERMA_COUNTS = {"train": 7007, "val": 1003, "test": 2005}
 
 
-def make_data(workdir: Path, clients: int, seed: int = 0) -> tuple[Path, Path]:
-    arrays = synthetic.generate("dermamnist", 64, seed=seed, counts=DERMA_COUNTS)
-    npz = workdir / "dermamnist_64.npz"
+def make_data(workdir: Path, clients: int, seed: int = 0, image_size: int = 64) -> tuple[Path, Path]:
+    arrays = synthetic.generate("dermamnist", image_size, seed=seed, counts=DERMA_COUNTS)
+    npz = workdir / f"dermamnist_{image_size}.npz"
     io.write_npz(npz, arrays)
     labels = {s: arrays[f"{s}_labels"].reshape(-1) for s in ("train", "val", "test")}
     part = workdir / "partition.json"
@@ -80,10 +80,10 @@ def study_train(config: Path, study: str) -> tuple[dict, str]:
 
 def make_spec(workdir: Path, npz: Path, part: Path, model: str, rounds: int, per_round: int, threads: int, backend: str,
               local_epochs: float = 5, device: str = "cpu", eval_every: int | None = None,
-              train: dict | None = None) -> RunSpec:
+              train: dict | None = None, image_size: int = 64) -> RunSpec:
     return RunSpec(
         run_dir=str(workdir / f"run-{model}-{backend}"), study="bench", dataset="dermamnist", setting="dir0.1",
-        method="fedavg", seed=0, partition_path=str(part), sources={"base": str(npz)}, image_size=64, model=model,
+        method="fedavg", seed=0, partition_path=str(part), sources={"base": str(npz)}, image_size=image_size, model=model,
         train={**(train or DEFAULT_TRAIN), "rounds": rounds, "local_epochs": local_epochs},
         clients_per_round=per_round, device=device, threads=threads, backend=backend, eval_every=eval_every or rounds,
         log_every=rounds,

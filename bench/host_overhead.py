@@ -26,7 +26,12 @@ local training ends with its one loss read and evaluation with its copy of the p
 host, so the device is idle at both boundaries and the seconds outside them are the engine's own.
 
     python bench/host_overhead.py --rounds 6 --repeats 2
+    python bench/host_overhead.py --width 2 --image-size 32 --threads 1 --rounds 6 --repeats 2
     python bench/host_overhead.py --device cuda --width 0 --rounds 6 --repeats 2 --threads 4
+
+It also reports whole steady rounds per side (``s_per_round``: round, local training, evaluation) and
+their ratio. With the second command every op is tiny, so the CPU round is bound by host work as a GPU
+round is: what the engine adds there, device-specific costs aside.
 """
 
 from __future__ import annotations
@@ -180,6 +185,17 @@ def steady_host_seconds(phases: Phases, round_ends: list[float], rounds: int) ->
     return [b - a - phases.in_phase(a, b) for a, b in zip(ends, ends[1:], strict=False)]
 
 
+def steady_phase_seconds(phases: Phases, round_ends: list[float], rounds: int) -> dict[str, float]:
+    """Mean seconds per round over rounds 2 .. R: the whole round, its local training and its evaluation."""
+    start, end = round_ends[-rounds], round_ends[-1]
+    n = rounds - 1
+
+    def within(name: str) -> float:
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b, p in phases.intervals if p == name) / n
+
+    return {"round": (end - start) / n, "train": within("train"), "eval": within("eval")}
+
+
 def side_run(side: str, spec, count: bool) -> tuple[dict[str, np.ndarray], Phases, list[float]]:
     phases, round_ends = Phases(), []
     undo = instrument(phases, round_ends, side)
@@ -196,19 +212,22 @@ def side_run(side: str, spec, count: bool) -> tuple[dict[str, np.ndarray], Phase
 
 
 def measure(rounds: int, repeats: int, width: int | None, threads: int, local_epochs: float, workdir: Path,
-            config: Path, device: str = "cpu", clients: int = 100, per_round: int = 10) -> dict:
-    npz, part = eo.make_data(workdir, clients)
+            config: Path, device: str = "cpu", clients: int = 100, per_round: int = 10, image_size: int = 64) -> dict:
+    npz, part = eo.make_data(workdir, clients, image_size=image_size)
     train, model = eo.study_train(config, "earlystop")
-    spec = eo.make_spec(workdir, npz, part, model, rounds, per_round, threads, "inline", local_epochs, device, 1, train)
-    warm = eo.make_spec(workdir, npz, part, model, 1, 2, threads, "inline", local_epochs, device, 1, train)
+    spec = eo.make_spec(workdir, npz, part, model, rounds, per_round, threads, "inline", local_epochs, device, 1, train,
+                        image_size)
+    warm = eo.make_spec(workdir, npz, part, model, 1, 2, threads, "inline", local_epochs, device, 1, train, image_size)
     warm.run_dir = str(workdir / "warmup")
     eo.through_engine(warm)
     host: dict[str, list[float]] = {"engine": [], "resident": []}
+    whole: dict[str, list[dict[str, float]]] = {"engine": [], "resident": []}
     finals = {}
     for _ in range(repeats):
         for side in host:
             finals[side], phases, ends = side_run(side, spec, count=False)
             host[side].append(float(np.mean(steady_host_seconds(phases, ends, rounds))))
+            whole[side].append(steady_phase_seconds(phases, ends, rounds))
     ops = {}
     for side in host:
         _, phases, _ = side_run(side, spec, count=True)
@@ -221,12 +240,17 @@ def measure(rounds: int, repeats: int, width: int | None, threads: int, local_ep
     identical = finals["engine"].keys() == finals["resident"].keys() and all(
         np.array_equal(finals["engine"][k], finals["resident"][k]) for k in finals["engine"])
     best = {side: min(v) for side, v in host.items()}
+    fastest = {side: min(v, key=lambda r: r["round"]) for side, v in whole.items()}
     return {"bench": "host_overhead", "code": git_head(), "device": device, "model": model, "width": width or NANO_DIMS[0],
-            "clients": clients, "per_round": per_round, "rounds": rounds, "local_epochs": local_epochs,
+            "image_size": image_size, "clients": clients, "per_round": per_round, "rounds": rounds, "local_epochs": local_epochs,
             "batch_size": spec.train["batch_size"], "threads": threads, "repeats": repeats,
             "ops_per_round": ops, "host_s_per_round": {k: round(v, 4) for k, v in best.items()},
             "host_runs": {k: [round(t, 4) for t in v] for k, v in host.items()},
             "engine_minus_resident_ms_per_client": round((best["engine"] - best["resident"]) / per_round * 1e3, 2),
+            # whole steady rounds (the run with the shorter rounds per side): where every op is tiny (a thin
+            # model, small images, one thread) the CPU round is bound by host work, as a GPU's is
+            "s_per_round": {side: {k: round(v, 4) for k, v in r.items()} for side, r in fastest.items()},
+            "round_ratio": round(fastest["engine"]["round"] / fastest["resident"]["round"], 4),
             "identical_weights": identical,
             "max_abs_difference": eo._max_difference(finals["engine"], finals["resident"])}
 
@@ -237,6 +261,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="alternating timed runs per side; the best counts")
     ap.add_argument("--width", type=int, default=8, help="first stage width of the thin model (0: the real one)")
     ap.add_argument("--local-epochs", type=float, default=5)
+    ap.add_argument("--image-size", type=int, default=64,
+                    help="synthetic DermaMNIST's side in pixels (32 with --width 2 --threads 1: every op tiny, the "
+                         "round host-bound as on a GPU)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: the engine's real GPU path, timed on the GPU (use --width 0 for the real model)")
@@ -250,7 +277,7 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="fmb-bench-") as tmp:
             row = measure(args.rounds, args.repeats, args.width or None, args.threads, args.local_epochs, Path(tmp),
-                          args.study_config, args.device)
+                          args.study_config, args.device, image_size=args.image_size)
     finally:
         for u in reversed(undo):
             u()
