@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from test_job import spec  # noqa: F401 - the job tests' run spec, a fixture here too
 from torch import nn
 
 from fedmedbench.fl.job import Job
@@ -79,8 +80,8 @@ def test_models_whose_state_dict_is_more_than_parameters_and_buffers_get_none():
     assert StateSlots.of(hooked) is None
 
 
-def test_job_loads_through_the_slots_after_the_model_changed_its_tensors(tmp_path):
-    job = Job(_job_spec(tmp_path))
+def test_job_loads_through_the_slots_after_the_model_changed_its_tensors(spec):  # noqa: F811
+    job = Job(spec)
     assert job.slots is not None and job.slots.model is job.model_with(model_arrays(job.new_model()))
     torch.manual_seed(3)
     arrays = model_arrays(job.new_model())
@@ -94,8 +95,8 @@ def test_job_loads_through_the_slots_after_the_model_changed_its_tensors(tmp_pat
     assert all(np.array_equal(v, arrays[k]) for k, v in model_arrays(again).items())
 
 
-def test_result_arrays_read_the_slots_only_for_their_own_model(tmp_path):
-    job = Job(_job_spec(tmp_path))
+def test_result_arrays_read_the_slots_only_for_their_own_model(spec):  # noqa: F811
+    job = Job(spec)
     model = job.model_with(model_arrays(job.new_model()))
     calls = []
 
@@ -118,20 +119,3 @@ def test_result_arrays_read_the_slots_only_for_their_own_model(tmp_path):
     ctx.result_arrays(other)  # another model: its own state_dict, not the slots
     assert calls == [None, None]
 
-
-def _job_spec(tmp_path):
-    from helpers import split_labels
-
-    from fedmedbench import io
-    from fedmedbench import partition as P
-    from fedmedbench.data import synthetic
-    from fedmedbench.fl import federation as fed
-    from fedmedbench.fl.spec import RunSpec
-
-    arrays = synthetic.generate("breastmnist", 28, seed=0, counts={"train": 40, "val": 8, "test": 8})
-    io.write_npz(tmp_path / "b.npz", arrays)
-    io.write_json(tmp_path / "p.json", P.build_partition(split_labels(arrays), "iid", 2, 0, {}, num_classes=2))
-    return fed.resolve_data_shapes(RunSpec(
-        run_dir=str(tmp_path / "run"), study="t", dataset="breastmnist", setting="iid", method="fedavg", seed=0,
-        partition_path=str(tmp_path / "p.json"), sources={"base": str(tmp_path / "b.npz")}, image_size=28,
-        train={"rounds": 1, "local_epochs": 1, "batch_size": 16, "lr": 0.05}, device="cpu"))
