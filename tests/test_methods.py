@@ -675,3 +675,36 @@ def test_multi_tensor_arithmetic_is_one_op_and_the_per_tensor_result_bit_for_bit
     _sgd.add_(copy_a, b)
     assert all(torch.equal(copy_a[n].view(torch.int32), (a[n] + b[n]).view(torch.int32)) for n in a)
     assert _sgd.add({}, b) == {} and _sgd.sam_perturbation({}, 0.1) == {}
+
+
+def test_broadcast_vectors_are_copied_by_one_op_bit_for_bit():
+    """A broadcast set of float32 device tensors (SCAFFOLD's c, FedSMOO's s, FedWMSAM's momentum) becomes
+    the client's own copy by one concatenation, not one copy per tensor; NumPy arrays keep their path."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fedmedbench.fl.methods import _sgd
+
+    special = torch.tensor([0.0, -0.0, float("inf"), float("nan"), 1e-45])
+    a = {f"t{i}": torch.cat([torch.randn(i + 1, 2).reshape(-1), special]).reshape(-1, 1) for i in range(5)}
+
+    class Ops(TorchDispatchMode):
+        names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:
+                Ops.names.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    with Ops():
+        got = _sgd.arrays_to_vector(a)
+    assert Ops.names == ["aten.cat"]
+    for n, t in a.items():
+        assert got[n].shape == t.shape and got[n].dtype == torch.float32
+        assert torch.equal(got[n].view(torch.int32), t.view(torch.int32))
+        assert got[n].untyped_storage().data_ptr() != t.untyped_storage().data_ptr()  # a copy, not the broadcast
+    before = {n: t.clone() for n, t in a.items()}
+    got["t0"].add_(1.0)  # the client changes its copy: neither the broadcast nor its other vectors move
+    assert all(torch.equal(a[n].view(torch.int32), before[n].view(torch.int32)) for n in a)
+    assert torch.equal(got["t1"].view(torch.int32), a["t1"].view(torch.int32))
+    host = _sgd.arrays_to_vector({"w": np.array([1.5, -0.0], dtype=np.float64), "b": np.array([2], dtype=np.int64)})
+    assert host["w"].dtype == torch.float32 and host["w"].tolist() == [1.5, -0.0] and host["b"].dtype == torch.float32

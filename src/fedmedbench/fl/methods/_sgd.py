@@ -32,6 +32,7 @@ from fedmedbench.fl.registry import (
     Method,
     ServerContext,
     is_tensor_arrays,
+    snapshot,
     weighted_average,
 )
 from fedmedbench.fl.training import (
@@ -389,6 +390,9 @@ def sent_vectors(ctx: ClientContext, t: Tensors) -> Arrays:
 
 
 def arrays_to_vector(a: Arrays) -> Tensors:
-    """float32 tensors of a broadcast array set (copies: the broadcast is shared by every client)."""
+    """float32 tensors of a broadcast array set (copies: the broadcast is shared by every client). Float32
+    tensors (device arrays) are copied by one concatenation per device, not one copy per tensor."""
+    if a and all(isinstance(v, torch.Tensor) and v.dtype == torch.float32 for v in a.values()):
+        return snapshot(a)
     return {k: v.detach().to(torch.float32, copy=True) if isinstance(v, torch.Tensor)
             else torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in a.items()}
