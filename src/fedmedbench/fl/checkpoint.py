@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from fedmedbench.fl.client_state import RESTART_HINT, ClientStateStore, copy_state
-from fedmedbench.fl.registry import arrays_to_tensors
+from fedmedbench.fl.registry import host_tensors
 from fedmedbench.fl.state_file import read_state, write_state
 from fedmedbench.io import disk_full_error, remove_temp_files, write_bytes, write_torch
 
@@ -234,7 +234,7 @@ def save(run_dir: str | Path, state: RunState, run_hash: str, writer: Background
     payload = {
         "run_hash": run_hash,
         "round": state.round,
-        "arrays": arrays_to_tensors(state.arrays),
+        "arrays": host_tensors(state.arrays),
         "server_state": copy_state(server_state),  # the method may change its tensors in place next round
         "elapsed": state.elapsed,
     }

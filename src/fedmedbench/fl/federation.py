@@ -31,6 +31,7 @@ from fedmedbench.fl.registry import (
     ServerContext,
     arrays_to_tensors,
     get_method,
+    host_tensors,
     model_arrays,
 )
 from fedmedbench.fl.spec import RunSpec
@@ -260,7 +261,7 @@ class Federation:
             new_model=self.job.new_model, broadcast=self.broadcast(state), seed=self.spec.seed,
         )
         new_arrays = self.method.aggregate(ctx)
-        state.server_state["_broadcast"] = {name: arrays_to_tensors(a) for name, a in ctx.broadcast.items()}
+        state.server_state["_broadcast"] = {name: host_tensors(a) for name, a in ctx.broadcast.items()}
         return new_arrays
 
     def needs_client_eval(self, rnd: int) -> bool:

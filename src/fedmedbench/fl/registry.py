@@ -269,19 +269,40 @@ def model_tensors(model: torch.nn.Module, keys: list[str] | None = None,
     return snapshot({k: state[k] for k in (keys if keys is not None else state)})
 
 
-def snapshot(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Detached copies of ``tensors`` (same devices, dtypes and shapes) made by one concatenation
-    per (device, dtype) group instead of one copy per entry."""
+def snapshot(tensors: dict[str, torch.Tensor], device: torch.device | str | None = None,
+             dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Detached copies of ``tensors`` (same shapes; on ``device`` and as ``dtype``, by default where and
+    as each is), made per (device, dtype) group by one copy instead of one per entry: of the memory the
+    group already covers back to back (views of one flat buffer, as this function and a state file read
+    give), else of one concatenation. Each copy is a view of its group's new flat buffer."""
     groups: dict[tuple, list[str]] = {}
     for k, t in tensors.items():
         groups.setdefault((t.device, t.dtype), []).append(k)
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        for keys in groups.values():
-            flat = torch.cat([tensors[k].detach().reshape(-1) for k in keys])
-            for k, piece in zip(keys, flat.split([tensors[k].numel() for k in keys]), strict=True):
-                out[k] = piece.view(tensors[k].shape)
+        for (where, kind), keys in groups.items():
+            parts = [tensors[k].detach() for k in keys]
+            target = where if device is None else torch.device(device)
+            flat = _tiled(parts)
+            if flat is None:  # the concatenation is a new buffer; .to moves or converts it only where asked
+                flat = torch.cat([t.reshape(-1) for t in parts]).to(target, dtype or kind)
+            else:
+                flat = flat.to(target, dtype or kind, copy=True)
+            for k, t, piece in zip(keys, parts, flat.split([t.numel() for t in parts]), strict=True):
+                out[k] = piece.view(t.shape)
     return {k: out[k] for k in tensors}
+
+
+def _tiled(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """The flat view of the memory ``parts`` cover back to back, in order, in one storage; None otherwise."""
+    first = parts[0]
+    storage = first.untyped_storage().data_ptr()
+    start = end = first.storage_offset()
+    for t in parts:
+        if not t.is_contiguous() or t.untyped_storage().data_ptr() != storage or t.storage_offset() != end:
+            return None
+        end += t.numel()
+    return first.as_strided((end - start,), (1,), start)
 
 
 def is_tensor_arrays(arrays: Arrays) -> bool:
@@ -299,6 +320,16 @@ def arrays_to_tensors(arrays: Arrays) -> dict[str, torch.Tensor]:
     """Arrays -> CPU tensors of the same shape (0-d stays 0-d, unlike ascontiguousarray), owning their memory."""
     return {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor)
             else torch.from_numpy(np.array(v, order="C", copy=True)) for k, v in arrays.items()}
+
+
+def host_tensors(arrays: Arrays) -> dict[str, torch.Tensor]:
+    """:func:`arrays_to_tensors` with the tensor values copied to the host by one transfer per (device,
+    dtype) (:func:`snapshot`: views of one buffer each). For what a state file writes (each tensor's own
+    bytes); ``torch.save`` would store the shared buffer instead (``model.pt`` keeps
+    :func:`arrays_to_tensors`)."""
+    copied = snapshot({k: v for k, v in arrays.items() if isinstance(v, torch.Tensor)}, "cpu")
+    rest = arrays_to_tensors({k: v for k, v in arrays.items() if k not in copied})
+    return {k: copied[k] if k in copied else rest[k] for k in arrays}
 
 
 def load_arrays(model: torch.nn.Module, arrays: Arrays, keys: list[str] | None = None) -> None:

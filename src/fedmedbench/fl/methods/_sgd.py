@@ -269,6 +269,9 @@ def state_tensors(state: dict[str, Any], name: str, like: Tensors) -> Tensors:
     stored = state.get(name)
     if stored is None:
         return {n: torch.zeros_like(t) for n, t in like.items()}
+    devices = {t.device for t in like.values()}
+    if len(devices) == 1:  # one transfer, not one per tensor (a state read back is one buffer's views)
+        return snapshot({n: stored[n] for n in like}, devices.pop())
     return {n: stored[n].to(like[n].device, copy=True) for n in like}
 
 
@@ -301,6 +304,9 @@ def as_float32(x: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
 def vectors64(arrays: Arrays, keys) -> Tensors:
     """float64 copies of ``arrays[k]`` as tensors where the arrays are (NumPy arrays: on the CPU), so a
     server step's arithmetic is written once, in torch, for host and device arrays alike."""
+    keys = list(keys)
+    if keys and all(isinstance(arrays[k], torch.Tensor) for k in keys):  # one conversion per device and dtype
+        return snapshot({k: arrays[k] for k in keys}, dtype=torch.float64)
     return {k: arrays[k].to(torch.float64, copy=True) if isinstance(arrays[k], torch.Tensor)
             else torch.from_numpy(np.array(arrays[k], dtype=np.float64)) for k in keys}
 
@@ -309,6 +315,8 @@ def in_form_of(t: Tensors, like: Arrays, dtype: torch.dtype | None = None) -> Ar
     """``t`` cast to ``dtype`` (default: each entry's dtype in ``like``) and in ``like``'s form: NumPy
     arrays on the host path, tensors where they are with device arrays."""
     tensor_form = is_tensor_arrays(like)
+    if tensor_form and dtype is not None and t:  # one conversion per device and source dtype
+        return snapshot(t, dtype=dtype)
     out: Arrays = {}
     for k, v in t.items():
         target = dtype or (like[k].dtype if tensor_form else torch.from_numpy(np.empty(0, like[k].dtype)).dtype)

@@ -50,7 +50,7 @@ from fedmedbench.fl.methods._sgd import (
     vectors64,
 )
 from fedmedbench.fl.methods.scaffold import control_correction, server_control_update, updated_control
-from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, register_method
+from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, register_method, snapshot
 
 
 @register_method("fedwmsam")
@@ -77,7 +77,7 @@ class FedWMSAM(ServerOptMethod):
         m = arrays_to_vector(ctx.broadcast["momentum"]) if "momentum" in ctx.broadcast else {
             n: torch.zeros_like(t) for n, t in corr.items()}
         m_i = {n: t.to(ctx.device) for n, t in add({n: m[n] for n in like}, div(mul(corr, alpha), 1 - alpha)).items()}
-        target = {n: t.to(ctx.device, copy=True) for n, t in to_tensors(ctx.global_arrays, like).items()}
+        target = snapshot(to_tensors(ctx.global_arrays, like), ctx.device)  # advanced in place: a copy
 
         order = list(like)
 
