@@ -140,7 +140,7 @@ def indexed_perturbation(direction: Iterable[torch.Tensor], order: Sequence[str]
         raise ValueError(f"indexed perturbation: the direction has {got} entries for {count} parameter tensors")
     v = torch.cat(lead).float()
     scale = rho / (v.abs().sum() + 1e-7)
-    return {n: v[j] * scale for j, n in enumerate(order)}
+    return dict(zip(order, (v * scale).unbind(0), strict=True))  # one multiplication; entry j is v[j] * scale
 
 
 def gradient_at(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> Tensors:
