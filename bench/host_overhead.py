@@ -101,9 +101,9 @@ class Phases:
         wrapped.__wrapped__ = fn
         return wrapped
 
-    def in_phase(self, start: float, end: float) -> float:
-        """Seconds of wrapped phases that fall within [start, end]."""
-        return sum(max(0.0, min(b, end) - max(a, start)) for a, b, _ in self.intervals)
+    def in_phase(self, start: float, end: float, name: str | None = None) -> float:
+        """Seconds of wrapped phases (of the phase ``name`` only, if given) that fall within [start, end]."""
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b, p in self.intervals if name in (None, p))
 
 
 class CountOps(TorchDispatchMode):
@@ -189,11 +189,7 @@ def steady_phase_seconds(phases: Phases, round_ends: list[float], rounds: int) -
     """Mean seconds per round over rounds 2 .. R: the whole round, its local training and its evaluation."""
     start, end = round_ends[-rounds], round_ends[-1]
     n = rounds - 1
-
-    def within(name: str) -> float:
-        return sum(max(0.0, min(b, end) - max(a, start)) for a, b, p in phases.intervals if p == name) / n
-
-    return {"round": (end - start) / n, "train": within("train"), "eval": within("eval")}
+    return {"round": (end - start) / n, **{p: phases.in_phase(start, end, p) / n for p in ("train", "eval")}}
 
 
 def side_run(side: str, spec, count: bool) -> tuple[dict[str, np.ndarray], Phases, list[float]]:
