@@ -214,6 +214,10 @@ def test_host_overhead_takes_the_steady_rounds_less_their_training_and_evaluatio
     phases.intervals = [(5.0, 12.0, "train"), (13.0, 15.0, "train"), (21.0, 30.0, "eval")]
     # round ends at 10, 20, 35 (an earlier boundary, the resident loop's first sync, is left out)
     assert host_overhead.steady_host_seconds(phases, [0.0, 10.0, 20.0, 35.0], rounds=3) == [10 - 4, 15 - 9]
+    # the steady rounds (10 .. 35, two of them): 12.5 s each; training 10..12 and 13..15 (4 s) and
+    # evaluation 21..30 (9 s) over the two; what falls before the first steady round is left out
+    assert host_overhead.steady_phase_seconds(phases, [0.0, 10.0, 20.0, 35.0], rounds=3) == {
+        "round": 12.5, "train": 2.0, "eval": 4.5}
     phases.marks = [(collections.Counter(train=5, other=9), collections.Counter(add=2)),
                     (collections.Counter(train=15, eval=4, other=19), collections.Counter(add=6, mul=4)),
                     (collections.Counter(train=25, eval=8, other=29), collections.Counter(add=10, mul=8))]
