@@ -31,7 +31,9 @@ host, so the device is idle at both boundaries and the seconds outside them are 
 
 It also reports whole steady rounds per side (``s_per_round``: round, local training, evaluation) and
 their ratio. With the second command every op is tiny, so the CPU round is bound by host work as a GPU
-round is: what the engine adds there, device-specific costs aside.
+round is: what the engine adds there, device-specific costs aside. ``--checkpoint-writes in-round``
+writes the engine's checkpoints in the round instead of in the background thread, to see what that
+thread costs a host-bound round.
 """
 
 from __future__ import annotations
@@ -162,6 +164,18 @@ def as_on_a_gpu() -> Callable[[], None]:
     return lambda: [u() for u in reversed(undo)]
 
 
+def checkpoint_writes_in_the_round() -> Callable[[], None]:
+    """The engine's checkpoint written in the round, as before ``checkpoint.BackgroundWriter``: what the
+    background thread's serialisation and writes cost a host-bound round shows as the difference."""
+    from fedmedbench.fl import checkpoint
+
+    def submit(self, fn, *args) -> None:
+        self.wait()
+        fn(*args)
+
+    return _patch(checkpoint.BackgroundWriter, "submit", submit)
+
+
 def thin_timm(width: int | None) -> Callable[[], None]:
     """``timm.create_model('convnextv2_nano')`` at stage widths (w, 2w, 4w, 8w); ``None`` keeps the real model."""
     import timm
@@ -264,12 +278,15 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: the engine's real GPU path, timed on the GPU (use --width 0 for the real model)")
     ap.add_argument("--study-config", type=Path, default=Path(__file__).resolve().parents[1] / "config/studies/earlystop.yaml")
+    ap.add_argument("--checkpoint-writes", choices=["background", "in-round"], default="background",
+                    help="in-round: the engine writes each checkpoint before the next round starts (to compare)")
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")
     args = ap.parse_args()
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (rounds 2 .. R are measured)")
     limit_threads(args.threads)
-    undo = [as_on_a_gpu() if args.device == "cpu" else (lambda: None), thin_timm(args.width or None)]
+    undo = [as_on_a_gpu() if args.device == "cpu" else (lambda: None), thin_timm(args.width or None),
+            checkpoint_writes_in_the_round() if args.checkpoint_writes == "in-round" else (lambda: None)]
     try:
         with tempfile.TemporaryDirectory(prefix="fmb-bench-") as tmp:
             row = measure(args.rounds, args.repeats, args.width or None, args.threads, args.local_epochs, Path(tmp),
@@ -277,6 +294,7 @@ def main() -> None:
     finally:
         for u in reversed(undo):
             u()
+    row["checkpoint_writes"] = args.checkpoint_writes
     emit([row], args.out)
     if args.device == "cpu" and not row["identical_weights"]:
         sys.exit("engine and resident loop ended with different weights: the comparison is not like for like")
