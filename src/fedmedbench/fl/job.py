@@ -140,12 +140,17 @@ class Job:
         return model.to(self.device)
 
     def _reset(self, model: torch.nn.Module) -> None:
+        """Gradients dropped, ``requires_grad`` and train/eval modes as built; only what differs is written
+        (``Module.__setattr__`` and ``requires_grad_`` cost far more than reading the flags)."""
         params, modules = self._fresh_flags
         for p, flag in params:
-            p.grad = None
-            p.requires_grad_(flag)
+            if p.grad is not None:
+                p.grad = None
+            if p.requires_grad != flag:
+                p.requires_grad_(flag)
         for m, training in modules:
-            m.training = training
+            if m.training != training:
+                m.training = training
 
     # -- data -------------------------------------------------------------------------
     def client_data(self, pid: int) -> Any:
