@@ -122,9 +122,13 @@ def test_task_norm_of_tensors_equals_numpy():
     theta0 = {k: rng.standard_normal(50).astype(np.float32) for k in "abc"}
     theta = {k: v + rng.standard_normal(50).astype(np.float32) for k, v in theta0.items()}
     want = DataFreeMonitor.task_norm(theta, theta0)
-    got = DataFreeMonitor.task_norm({k: torch.from_numpy(v) for k, v in theta.items()},
-                                    {k: torch.from_numpy(v) for k, v in theta0.items()})
+    tensors = {k: torch.from_numpy(v.copy()) for k, v in theta.items()}
+    got = DataFreeMonitor.task_norm(tensors, {k: torch.from_numpy(v) for k, v in theta0.items()})
     assert abs(got - want) <= 1e-12 * want
+    assert all(np.array_equal(tensors[k].numpy(), theta[k]) for k in theta)  # the differences go to a copy
+    wide = {k: t.double() for k, t in tensors.items()}  # float64 arrays: converted "in place" would alias them
+    assert DataFreeMonitor.task_norm(wide, {k: torch.from_numpy(v) for k, v in theta0.items()}) == got
+    assert all(np.array_equal(wide[k].numpy(), theta[k].astype(np.float64)) for k in theta)
 
 
 def test_theta0_is_written_once_and_checked_on_resume(blood_dir, tmp_path):

@@ -140,9 +140,13 @@ class DataFreeMonitor:
         if not isinstance(first, np.ndarray) and type(first).__module__.startswith("torch"):
             import torch
 
+            from fedmedbench.fl.registry import snapshot
+
             with torch.no_grad():
-                # multi-tensor ops: one launch each on a GPU, not one per tensor; x * x is x ** 2 bit for bit
-                d = torch._foreach_sub([params[k].double() for k in theta0], [theta0[k].to(first.device).double() for k in theta0])
+                # multi-tensor ops: one launch each on a GPU, not one per tensor; x * x is x ** 2 bit for bit;
+                # theta_r in float64 by one conversion (an exact one), the differences in place in that copy
+                d = list(snapshot({k: params[k] for k in theta0}, dtype=torch.float64).values())
+                torch._foreach_sub_(d, [theta0[k].to(first.device).double() for k in theta0])
                 sq = torch.stack([s.sum() for s in torch._foreach_mul(d, d)])
                 return float(math.sqrt(float(sq.sum())))
         return float(math.sqrt(sum(float(((params[k].astype(np.float64) - theta0[k].astype(np.float64)) ** 2).sum())
