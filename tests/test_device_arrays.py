@@ -122,13 +122,30 @@ def test_task_norm_of_tensors_equals_numpy():
     theta0 = {k: rng.standard_normal(50).astype(np.float32) for k in "abc"}
     theta = {k: v + rng.standard_normal(50).astype(np.float32) for k, v in theta0.items()}
     want = DataFreeMonitor.task_norm(theta, theta0)
+    oracle = np.sqrt(sum(((theta[k].astype(np.float64) - theta0[k]) ** 2).sum() for k in theta))
+    assert abs(want - oracle) <= 1e-12 * want
     tensors = {k: torch.from_numpy(v.copy()) for k, v in theta.items()}
     got = DataFreeMonitor.task_norm(tensors, {k: torch.from_numpy(v) for k, v in theta0.items()})
-    assert abs(got - want) <= 1e-12 * want
+    assert got == want
     assert all(np.array_equal(tensors[k].numpy(), theta[k]) for k in theta)  # the differences go to a copy
     wide = {k: t.double() for k, t in tensors.items()}  # float64 arrays: converted "in place" would alias them
     assert DataFreeMonitor.task_norm(wide, {k: torch.from_numpy(v) for k, v in theta0.items()}) == got
     assert all(np.array_equal(wide[k].numpy(), theta[k].astype(np.float64)) for k in theta)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_task_norm_is_the_same_bits_for_numpy_and_tensors(seed):
+    """Many entries of many sizes (a model's): NumPy's pairwise sums would differ from torch's in the last
+    bit for some of these, so host and device-array runs would log different task norms."""
+    rng = np.random.default_rng(seed)
+    theta0 = {f"w{i}": rng.standard_normal(int(rng.integers(1, 5000))).astype(np.float32) for i in range(20)}
+    theta = {k: v + rng.standard_normal(v.shape).astype(np.float32) for k, v in theta0.items()}
+    read_only = {k: np.frombuffer(v.tobytes(), np.float32) for k, v in theta.items()}
+    host = DataFreeMonitor.task_norm(read_only, theta0)
+    device = DataFreeMonitor.task_norm({k: torch.from_numpy(v.copy()) for k, v in theta.items()},
+                                       {k: torch.from_numpy(v).double() for k, v in theta0.items()})
+    assert host == device
+    assert DataFreeMonitor.task_norm({}, {}) == 0.0
 
 
 def test_theta0_is_written_once_and_checked_on_resume(blood_dir, tmp_path):
