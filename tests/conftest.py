@@ -33,3 +33,18 @@ def blood_dir(tmp_path_factory):
     io.write_npz(d / "b.npz", arrays)
     io.write_json(d / "p.json", P.build_partition(split_labels(arrays), "fls", 4, 0, {"alpha": 0.5}, num_classes=8))
     return d
+
+
+@pytest.fixture(scope="session")
+def breast_domains_dir(tmp_path_factory):
+    """A folder with a small synthetic BreastMNIST (b.npz) and a 2-client domain partition (p.json): the GPAF study's shape."""
+    from helpers import split_labels
+
+    from fedmedbench import partition as P
+
+    d = tmp_path_factory.mktemp("breast_domains")
+    arrays = synthetic.generate("breastmnist", 28, seed=0, counts={"train": 120, "val": 30, "test": 40})
+    io.write_npz(d / "b.npz", arrays)
+    io.write_json(d / "p.json", P.build_partition(split_labels(arrays), "domain", 2, 0, {"domains": ["a", "b"], "alpha": 1.0},
+                                                  num_classes=2))
+    return d

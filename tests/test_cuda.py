@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from test_device_arrays import make_spec
+from test_gpaf_device_path import GPAF_STUDY_RUNS, breast_spec
 from test_metrics import _sklearn
 
 from fedmedbench.fl import engine
@@ -31,6 +32,20 @@ def test_engine_keeps_arrays_on_the_gpu_with_the_host_paths_numbers(blood_dir, m
     assert any("model arrays stay on cuda" in line for line in logs)
     dev = torch.load(blood_dir / f"run-{method}-gpu-dev" / "model.pt", weights_only=True)
     host = torch.load(blood_dir / f"run-{method}-gpu-host" / "model.pt", weights_only=True)
+    # the same arithmetic; only cuDNN's kernel choices may differ between the two runs
+    assert all(torch.allclose(dev[k].double(), host[k].double(), rtol=1e-4, atol=1e-5) for k in host)
+
+
+@pytest.mark.parametrize("method,params", GPAF_STUDY_RUNS)
+def test_gpaf_study_methods_keep_arrays_and_data_on_the_gpu_with_the_host_paths_numbers(breast_domains_dir, method, params):
+    d, logs = breast_domains_dir, []
+    engine.run(breast_spec(d, method, params, "gpu-dev", device="cuda"), log=logs.append)
+    engine.run(breast_spec(d, method, params, "gpu-host", device="cuda", device_arrays=False, cache_on_device=False),
+               log=lambda m: None)
+    assert any("model arrays stay on cuda" in line for line in logs)
+    assert Job(breast_spec(d, method, params, "gpu-cache", device="cuda")).client_data(0).train_x.is_cuda
+    dev = torch.load(d / f"{method}-gpu-dev" / "model.pt", weights_only=True)
+    host = torch.load(d / f"{method}-gpu-host" / "model.pt", weights_only=True)
     # the same arithmetic; only cuDNN's kernel choices may differ between the two runs
     assert all(torch.allclose(dev[k].double(), host[k].double(), rtol=1e-4, atol=1e-5) for k in host)
 

@@ -99,7 +99,8 @@ def test_device_arrays_only_where_they_apply(blood_dir, monkeypatch):
     monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ("cuda", "cpu"))
     assert Job(make_spec(blood_dir, "fedavg", "a")).keep_arrays_on_device(in_process=True)
     assert not Job(make_spec(blood_dir, "fedavg", "b")).keep_arrays_on_device(in_process=False)  # Ray actors, deployed sites
-    assert not Job(make_spec(blood_dir, "moon", "c")).keep_arrays_on_device(in_process=True)  # NumPy client and server steps
+    local = Job(make_spec(blood_dir, "local", "c"))  # a method that does not declare device arrays
+    assert not local.method.device_arrays and not local.keep_arrays_on_device(in_process=True)
     assert not Job(make_spec(blood_dir, "fedavg", "d", device_arrays=False)).keep_arrays_on_device(in_process=True)
     monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ("cuda",))
     assert not Job(make_spec(blood_dir, "fedavg", "e")).keep_arrays_on_device(in_process=True)  # the default on a CPU

@@ -7,7 +7,14 @@ import pytest
 import torch
 from helpers.clients import client_ctx, fresh_global, server_ctx, toy_data, toy_spec
 
-from fedmedbench.fl.methods.feddg import BANK, FedDG, amplitude_spectrum, interpolate_amplitude, low_freq_mask
+from fedmedbench.fl.methods.feddg import (
+    BANK,
+    FedDG,
+    SpectrumBank,
+    amplitude_spectrum,
+    interpolate_amplitude,
+    low_freq_mask,
+)
 from fedmedbench.fl.registry import get_method, weighted_average
 
 SPEC = toy_spec("feddg")
@@ -53,7 +60,7 @@ def test_default_transfer_is_the_reference_loaders_dc_swap():
     method = FedDG()
     assert method.p["window"] == 0.0 and method.p["ratio_range"] == [1.0, 1.0]
     x, other = images(3, 3, seed=3), images(3, 3, seed=4)
-    _, lam = method.sample_targets([amplitude_spectrum(other)], 3, torch.Generator().manual_seed(0))
+    _, lam = method.sample_targets(SpectrumBank.of([amplitude_spectrum(other)]), 3, torch.Generator().manual_seed(0))
     assert torch.equal(lam, torch.ones(3))
     out = interpolate_amplitude(x, amplitude_spectrum(other), lam, method.p["window"])
     expected = x - x.mean(dim=(-2, -1), keepdim=True) + other.mean(dim=(-2, -1), keepdim=True)
@@ -83,7 +90,8 @@ def test_round_one_shares_spectra_and_server_builds_the_bank():
     bank = method.target_bank(client_ctx(method, SPEC, new, datas[0], pid=0, rnd=2, broadcast=ctx.broadcast),
                               own=np.zeros((1, 1, 28, 28), np.float32))
     own0 = ctx.broadcast[BANK]["client0"]
-    assert len(bank) == 2 and not any(b.shape == own0.shape and np.array_equal(b.numpy(), own0) for b in bank)
+    spectra = [bank.client(c) for c in range(len(bank))]
+    assert len(bank) == 2 and not any(b.shape == own0.shape and np.array_equal(b.numpy(), own0) for b in spectra)
 
 
 def test_first_round_modes_and_episode_changes_the_update():

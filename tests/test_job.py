@@ -82,8 +82,8 @@ def test_device_data_cache_stops_at_the_memory_budget(spec, monkeypatch):
     # off when the config says so, or for a method whose client step wants host data
     off = Job(RunSpec.from_dict({**spec.to_dict(), "cache_on_device": False}))
     assert off.client_data(0) is not off.client_data(0)
-    moon = Job(RunSpec.from_dict({**spec.to_dict(), "method": "moon"}))
-    assert not moon.method.device_data and moon.client_data(0) is not moon.client_data(0)
+    local = Job(RunSpec.from_dict({**spec.to_dict(), "method": "local"}))
+    assert not local.method.device_data and local.client_data(0) is not local.client_data(0)
 
 
 def test_cpu_never_caches(spec):

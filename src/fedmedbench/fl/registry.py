@@ -240,7 +240,7 @@ class Method:
         losses = StepLosses(ctx.steps_per_epoch())
         loss = local_sgd(ctx.model, ctx.data.train_x, ctx.data.train_y, ctx.steps, ctx.train, ctx.rnd, ctx.device, ctx.generator,
                          losses=losses)
-        return ClientResult(arrays=model_arrays(ctx.model), num_examples=ctx.data.num_train,
+        return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train,
                             metrics={"train_loss": loss, **losses.epoch_metrics()})
 
     def personal_model(self, ctx: ClientContext) -> torch.nn.Module:

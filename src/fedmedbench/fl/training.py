@@ -106,17 +106,13 @@ def make_optimizer(model: nn.Module, cfg, rnd: int, extra_weight_decay: float = 
     raise ValueError(f"unknown optimizer '{cfg.optimizer}' (train.optimizer): use sgd or adam")
 
 
-def optimizer_step(loss: torch.Tensor, model: nn.Module, opt: torch.optim.Optimizer, cfg, rnd: int, step: int,
-                   what: str = "training") -> float:
-    """Check the loss is finite (else a clear NonFiniteLossError), backward, clip, step; returns the loss."""
-    if not torch.isfinite(loss):
-        raise NonFiniteLossError(f"non-finite {what} loss ({loss.item()}) at round {rnd}, step {step}; "
-                                 "lower train.lr or enable train.grad_clip")
+def optimizer_step(loss: torch.Tensor, model: nn.Module, opt: torch.optim.Optimizer, cfg) -> None:
+    """Backward, clip (``train.grad_clip``), step. The loss is not read here (that would wait for the
+    device every step): callers keep it in :class:`StepLosses`, which checks it once per client."""
     loss.backward()
     if cfg.grad_clip:
         nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     opt.step()
-    return float(loss.detach())
 
 
 def epoch_means(values: list[float], steps_per_epoch: int) -> list[float]:

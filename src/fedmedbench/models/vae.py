@@ -134,8 +134,9 @@ class ConditionalGenerator(nn.Module):
 
 
 def randn(n: int, d: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """Standard normal noise drawn on the CPU from ``generator`` (device-independent, resumable)."""
-    return torch.randn(n, d, generator=generator).to(device)
+    """Standard normal noise drawn on the CPU from ``generator`` (device-independent, resumable); its copy to
+    an accelerator does not wait for the device (the host keeps queueing)."""
+    return torch.randn(n, d, generator=generator).to(device, non_blocking=True)
 
 
 def reparameterize(mu: torch.Tensor, logvar: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -40,6 +40,7 @@ Defaults: reference code meta_step 1e-3 and inner gradient clip 100 (train_ELCFS
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,15 +56,15 @@ from fedmedbench.fl.registry import (
     ClientResult,
     Method,
     ServerContext,
-    model_arrays,
     register_method,
     weighted_average,
 )
 from fedmedbench.fl.training import (
+    StepLosses,
     batch_indices,
-    epoch_loss_metrics,
     make_optimizer,
     optimizer_step,
+    to_device,
     to_float,
 )
 
@@ -97,8 +98,8 @@ def interpolate_amplitude(x: torch.Tensor, amp_target: torch.Tensor, lam: torch.
     f = torch.fft.fft2(x.float())
     amp, phase = f.abs(), f.angle()
     mask = low_freq_mask(x.shape[-2], x.shape[-1], window, x.device)
-    lam = lam.to(x.device).view(-1, 1, 1, 1)
-    mixed = torch.where(mask, (1 - lam) * amp + lam * amp_target.to(x.device), amp)
+    lam = lam.to(x.device, non_blocking=True).view(-1, 1, 1, 1)
+    mixed = torch.where(mask, (1 - lam) * amp + lam * amp_target.to(x.device, non_blocking=True), amp)
     return torch.fft.ifft2(torch.polar(mixed, phase)).real
 
 
@@ -107,12 +108,37 @@ def to_model_scale(x_pixels: torch.Tensor) -> torch.Tensor:
     return x_pixels.clamp(0, 255).div(127.5).sub(1.0)
 
 
+@dataclass
+class SpectrumBank:
+    """The amplitude spectra a client draws its targets from, stacked in one tensor (where the broadcast
+    is: on the device with device arrays), ``sizes[c]`` rows for the c-th client, in client order."""
+
+    spectra: torch.Tensor
+    sizes: list[int]
+
+    @classmethod
+    def of(cls, per_client: list[torch.Tensor]) -> SpectrumBank:
+        return cls(torch.cat(per_client), [int(t.shape[0]) for t in per_client])
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def client(self, c: int) -> torch.Tensor:
+        start = sum(self.sizes[:c])
+        return self.spectra[start : start + self.sizes[c]]
+
+
 # ----------------------------------------------------------------------------- method
 
 
 @register_method("feddg")
 class FedDG(Method):
     extra_records = ("amplitudes",)
+    #: batches are indexed wherever the client's data is (the engine may keep it on the device)
+    device_data = True
+    #: the model's arrays may stay on the device (the server is FedAvg's tensor-aware average; the
+    #: bank travels as the broadcast, on the device too)
+    device_arrays = True
 
     def __init__(self, **params: Any) -> None:
         self.p = check_params("feddg", DEFAULTS, CHOICES, params)
@@ -135,24 +161,28 @@ class FedDG(Method):
         return torch.Generator().manual_seed((ctx.generator.initial_seed() ^ 0xFEDD6) % 2**63)
 
     def shared_spectra(self, ctx: ClientContext, generator: torch.Generator) -> np.ndarray:
-        """Amplitude spectra of a random subset of the client's training images (what it shares)."""
+        """Amplitude spectra of a random subset of the client's training images (what it shares), computed
+        on the CPU wherever the client's data is kept, so the bank has the same bits either way."""
         n = ctx.data.num_train
         k = max(1, min(int(self.p["bank_max"]), int(round(n * self.p["bank_fraction"]))))
         idx = torch.randperm(n, generator=generator)[:k]
-        return amplitude_spectrum(ctx.data.train_x[idx]).numpy().astype(np.float32)
+        return amplitude_spectrum(ctx.data.train_x[idx].cpu()).numpy().astype(np.float32)
 
-    def target_bank(self, ctx: ClientContext, own: np.ndarray) -> list[torch.Tensor] | None:
-        """Other clients' spectra (one tensor per client), the own ones in round 1, or None (plain ERM)."""
+    def target_bank(self, ctx: ClientContext, own: np.ndarray) -> SpectrumBank | None:
+        """Other clients' spectra, the own ones in round 1, or None (plain ERM)."""
         bank = ctx.broadcast.get(BANK, {})
-        others = [torch.from_numpy(np.asarray(v)) for k, v in sorted(bank.items()) if k != self.key(ctx.pid)]
+        others = [torch.as_tensor(v) for k, v in sorted(bank.items()) if k != self.key(ctx.pid)]
         if others:
-            return others
-        return [torch.from_numpy(own)] if self.p["first_round"] == "own" else None
+            return SpectrumBank.of(others)
+        return SpectrumBank.of([torch.from_numpy(own)]) if self.p["first_round"] == "own" else None
 
-    def sample_targets(self, bank: list[torch.Tensor], n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """(amplitude targets, lambdas) for n images: a random client, then a random spectrum of it."""
+    def sample_targets(self, bank: SpectrumBank, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(amplitude targets, lambdas) for n images: a random client, then a random spectrum of it (drawn
+        on the CPU, one after the other; the spectra are gathered where the bank is, by one index)."""
         clients = torch.randint(len(bank), (n,), generator=generator)
-        targets = torch.stack([bank[c][torch.randint(bank[c].shape[0], (1,), generator=generator)[0]] for c in clients.tolist()])
+        starts = np.cumsum([0, *bank.sizes[:-1]])
+        rows = [int(starts[c]) + int(torch.randint(bank.sizes[c], (1,), generator=generator)[0]) for c in clients.tolist()]
+        targets = bank.spectra[torch.tensor(rows).to(bank.spectra.device, non_blocking=True)]
         lo, hi = self.p["ratio_range"]
         lam = lo + (hi - lo) * torch.rand(n, generator=generator)
         return targets, lam
@@ -174,26 +204,26 @@ class FedDG(Method):
         aux = self.aux_generator(ctx)
         own = self.shared_spectra(ctx, aux)
         bank = self.target_bank(ctx, own)
-        model, cfg, device = ctx.model.to(ctx.device).train(), ctx.train, ctx.device
+        model, cfg, device = to_device(ctx.model, ctx.device).train(), ctx.train, ctx.device
         opt = make_optimizer(model, cfg, ctx.rnd)
-        total, count, step_losses = 0.0, 0, []
+        losses = StepLosses(ctx.steps_per_epoch())  # read once after the last step: no host sync per step
         for idx in batch_indices(ctx.data.num_train, cfg.batch_size, ctx.steps, ctx.generator):
-            xu8, y = ctx.data.train_x[idx], ctx.data.train_y[idx].to(device)
+            xu8, y = ctx.data.train_x[idx], ctx.data.train_y[idx].to(device, non_blocking=True)
             x_t = None
             if bank is not None:
                 targets, lam = self.sample_targets(bank, len(idx), aux)
-                x_t = to_model_scale(interpolate_amplitude(xu8.float().to(device), targets, lam, self.p["window"]))
+                x_t = to_model_scale(interpolate_amplitude(xu8.to(device, non_blocking=True).float(), targets, lam,
+                                                           self.p["window"]))
             opt.zero_grad(set_to_none=True)
             loss = self.episode_loss(model, to_float(xu8, device), x_t, y)
-            step_losses.append(optimizer_step(loss, model, opt, cfg, ctx.rnd, count + 1, what="FedDG"))
-            total += step_losses[-1]
-            count += 1
+            optimizer_step(loss, model, opt, cfg)
+            losses.add(loss)
+        train_loss = losses.mean(ctx.rnd, what="FedDG", hint="lower train.lr or enable train.grad_clip")
         extras = {}
         if self.key(ctx.pid) not in ctx.broadcast.get(BANK, {}):
             extras["amplitudes"] = {"amp": own}
-        return ClientResult(arrays=model_arrays(model), num_examples=ctx.data.num_train,
-                            metrics={"train_loss": total / max(count, 1),
-                                     **epoch_loss_metrics(step_losses, ctx.steps_per_epoch())}, extras=extras)
+        return ClientResult(arrays=ctx.result_arrays(model), num_examples=ctx.data.num_train,
+                            metrics={"train_loss": train_loss, **losses.epoch_metrics()}, extras=extras)
 
     def aggregate(self, ctx: ServerContext) -> Arrays:
         bank = dict(ctx.broadcast.get(BANK, {}))

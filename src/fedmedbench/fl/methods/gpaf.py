@@ -55,6 +55,7 @@ docs/gpaf.md gives the reasons):
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -69,16 +70,19 @@ from fedmedbench.fl.registry import (
     ClientResult,
     Method,
     ServerContext,
+    is_tensor_arrays,
     load_arrays,
     model_arrays,
+    model_tensors,
     register_method,
     weighted_average,
 )
 from fedmedbench.fl.training import (
     NonFiniteLossError,
+    StepLosses,
     batch_indices,
-    epoch_loss_metrics,
     make_optimizer,
+    to_device,
     to_float,
 )
 from fedmedbench.models.vae import (
@@ -156,11 +160,27 @@ def optimizer_state_cpu(opt: torch.optim.Optimizer) -> dict:
 
 
 def load_prefixed(module: nn.Module, arrays: Arrays, prefix: str) -> None:
-    module.load_state_dict({k[len(prefix):]: torch.as_tensor(np.asarray(v)) for k, v in arrays.items() if k.startswith(prefix)})
+    """Load the entries under ``prefix`` (NumPy arrays or tensors on any device) into ``module``."""
+    module.load_state_dict({k[len(prefix):]: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))
+                            for k, v in arrays.items() if k.startswith(prefix)})
+
+
+def read_once(steps: list[dict[str, torch.Tensor]]) -> list[dict[str, float]]:
+    """Per-step loss tensors (0-d, same keys every step) as floats, read from the device in one transfer."""
+    if not steps:
+        return []
+    keys = list(steps[0])
+    values = torch.stack([torch.stack([s[k].detach().float() for k in keys]) for s in steps]).double().cpu().tolist()
+    return [dict(zip(keys, row, strict=True)) for row in values]
 
 
 @register_method("gpaf")
 class GPAF(Method):
+    #: batches are indexed wherever the client's data is (the engine may keep it on the device)
+    device_data = True
+    #: the model's arrays may stay on the device: the server averages and trains G_w where they are
+    device_arrays = True
+
     def __init__(self, **params: Any) -> None:
         self.p = check_params("gpaf", DEFAULTS, CHOICES, params)
         alpha = self.p["label_alpha"]
@@ -203,8 +223,9 @@ class GPAF(Method):
 
     def model_step(self, model: GPAFNet, decoder: ConvDecoder, disc: LatentDiscriminator, opt: torch.optim.Optimizer,
                    x: torch.Tensor, y: torch.Tensor, y_vec: torch.Tensor, z_star: torch.Tensor | None,
-                   generator: torch.Generator, grad_clip: float | None = None) -> tuple[dict[str, float], torch.Tensor]:
-        """One descent step of E_s, U_s, C_s on L_total (Eq. 14); returns the losses and the detached z."""
+                   generator: torch.Generator, grad_clip: float | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """One descent step of E_s, U_s, C_s on L_total (Eq. 14); returns the losses (detached 0-d tensors, not
+        read here: the client reads them once after its last step) and the detached z."""
         p = self.p
         mu, logvar = model.encoder(x)
         z = reparameterize(mu, logvar, generator)
@@ -215,27 +236,25 @@ class GPAF(Method):
         if z_star is not None:
             loss_g = generator_side_loss(disc(z, y_vec), p["gan_loss"])
             total = total + p["lambda_adv"] * loss_g
-        if not torch.isfinite(total):
-            raise NonFiniteLossError(f"non-finite GPAF client loss ({total.item()}); lower train.lr or enable train.grad_clip")
         opt.zero_grad(set_to_none=True)
         total.backward()
         if grad_clip:
             nn.utils.clip_grad_norm_([q for g in opt.param_groups for q in g["params"]], grad_clip)
         opt.step()
-        return {"loss_total": float(total.detach()), "loss_v": float(loss_v.detach()), "loss_cl": float(loss_cl.detach()),
-                "loss_g": float(loss_g.detach())}, z.detach()
+        return {"loss_total": total.detach(), "loss_v": loss_v.detach(), "loss_cl": loss_cl.detach(),
+                "loss_g": loss_g.detach()}, z.detach()
 
     def disc_step(self, disc: LatentDiscriminator, opt: torch.optim.Optimizer, z_star: torch.Tensor, z: torch.Tensor,
-                  y_vec: torch.Tensor) -> float:
-        """One ascent step of D_s on L_g (Eq. 13, max over D_s); returns L_g before the step."""
+                  y_vec: torch.Tensor) -> torch.Tensor:
+        """One ascent step of D_s on L_g (Eq. 13, max over D_s); returns L_g before the step (a detached 0-d tensor)."""
         value = adversarial_value(disc(z_star, y_vec), disc(z.detach(), y_vec))
         opt.zero_grad(set_to_none=True)
         (-value).backward()
         opt.step()
-        return float(value.detach())
+        return value.detach()
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
-        model: GPAFNet = ctx.model.to(ctx.device).train()
+        model: GPAFNet = to_device(ctx.model, ctx.device).train()
         generator_net = model.generator.eval().requires_grad_(False)
         decoder, disc = self.local_parts(ctx, model)
         decoder.train()
@@ -244,10 +263,10 @@ class GPAF(Method):
         opt_d = self.disc_optimizer(disc)
         adversarial = ctx.rnd >= self.p["adv_start_round"]
         ncls = generator_net.num_classes
-        sums: dict[str, float] = {}
-        steps, step_losses = 0, []
+        total = StepLosses(ctx.steps_per_epoch())  # L_total, read once after the last step: no host sync per step
+        parts: list[dict[str, torch.Tensor]] = []  # its terms (and D_s's L_g), read once too
         for idx in batch_indices(ctx.data.num_train, ctx.train.batch_size, ctx.steps, ctx.generator):
-            x, y = to_float(ctx.data.train_x[idx], ctx.device), ctx.data.train_y[idx].to(ctx.device)
+            x, y = to_float(ctx.data.train_x[idx], ctx.device), ctx.data.train_y[idx].to(ctx.device, non_blocking=True)
             y_vec = F.one_hot(y, ncls).float()
             z_star = None
             if adversarial:
@@ -256,16 +275,20 @@ class GPAF(Method):
             losses, z = self.model_step(model, decoder, disc, opt, x, y, y_vec, z_star, ctx.generator, ctx.train.grad_clip)
             if adversarial:
                 losses["loss_d"] = self.disc_step(disc, opt_d, z_star, z, y_vec)
-            for k, v in losses.items():
-                sums[k] = sums.get(k, 0.0) + v
-            step_losses.append(losses["loss_total"])
-            steps += 1
+            total.add(losses.pop("loss_total"))
+            parts.append(losses)
+        train_loss = total.mean(ctx.rnd, what="GPAF client", hint="lower train.lr or enable train.grad_clip") if parts \
+            else float("nan")
         ctx.state["decoder"] = tensors_of(decoder)
         ctx.state["disc"] = tensors_of(disc)
-        metrics = {k: v / max(steps, 1) for k, v in sums.items()}
-        metrics["train_loss"] = metrics.pop("loss_total", float("nan"))
-        metrics.update(epoch_loss_metrics(step_losses, ctx.steps_per_epoch()))  # L_total per local epoch
-        return ClientResult(arrays=model_arrays(model, self.client_keys(model)), num_examples=ctx.data.num_train,
+        sums: dict[str, float] = {}
+        for losses in read_once(parts):  # each term's mean over the steps, summed in step order
+            for k, v in losses.items():
+                sums[k] = sums.get(k, 0.0) + v
+        metrics = {k: v / len(parts) for k, v in sums.items()}
+        metrics["train_loss"] = train_loss
+        metrics.update(total.epoch_metrics())  # L_total per local epoch
+        return ClientResult(arrays=ctx.result_arrays(model, self.client_keys(model)), num_examples=ctx.data.num_train,
                             metrics=metrics)
 
     # --- server side -------------------------------------------------------------
@@ -321,12 +344,13 @@ class GPAF(Method):
         dn.to(device).train()
         opt_g, opt_d = optimizers or self.server_optimizers(gen, dn, None)
         diversity = p["diversity_prior"] != "none"
-        history = []
+        totals: list[torch.Tensor] = []  # every step's J, read once after the last step: no host sync per step
+        last_steps: list[dict[str, torch.Tensor]] = []  # each epoch's last step's losses
         for _ in range(p["server_epochs"]):
             for _ in range(p["server_steps_per_epoch"]):
-                y_vec = self.sample_labels(p["server_batch_size"], gen.num_classes, generator).to(device)
+                y_vec = self.sample_labels(p["server_batch_size"], gen.num_classes, generator).to(device, non_blocking=True)
                 z, mu, logvar = gen(y_vec, generator)
-                rec: dict[str, float] = {}
+                rec: dict[str, torch.Tensor] = {}
                 div = torch.zeros((), device=device)
                 if diversity:  # D_n: prior samples (real) vs generated z (fake), Eq. 6
                     prior = randn(z.shape[0], z.shape[1], generator, device)
@@ -335,24 +359,30 @@ class GPAF(Method):
                 losses = self.generator_losses(z, y_vec, ensemble, global_clf)
                 kl = kl_to_standard_normal(mu, logvar)
                 total = p["lambda_s"] * losses["s"] + p["lambda_diver"] * div + p["generator_kl"] * kl
-                if not torch.isfinite(total):
-                    raise NonFiniteLossError(f"non-finite GPAF generator loss ({total.item()}); lower generator_lr")
                 opt_g.zero_grad(set_to_none=True)
                 total.backward()
                 opt_g.step()
-                rec.update({"J": float(total.detach()), "kd": float(losses["kd"].detach()), "gm": float(losses["gm"].detach()),
-                            "diver": float(div.detach()), "kl": float(kl.detach())})
-            history.append(rec)
+                totals.append(total.detach())
+                rec.update({"J": total.detach(), "kd": losses["kd"].detach(), "gm": losses["gm"].detach(),
+                            "diver": div.detach(), "kl": kl.detach()})
+            last_steps.append(rec)
         gen.eval().requires_grad_(False)
-        return history
+        if totals:
+            values = torch.stack(totals).double().cpu().tolist()
+            bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+            if bad is not None:
+                raise NonFiniteLossError(f"non-finite GPAF generator loss ({values[bad]}) at server step {bad + 1}; "
+                                         "lower generator_lr")
+        return read_once(last_steps)
 
     @staticmethod
-    def _dn_step(dn: nn.Module, opt: torch.optim.Optimizer, prior: torch.Tensor, z: torch.Tensor) -> float:
+    def _dn_step(dn: nn.Module, opt: torch.optim.Optimizer, prior: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """One ascent step of D_n on Eq. 6's value; returns the value before the step (a detached 0-d tensor)."""
         value = adversarial_value(dn(prior), dn(z.detach()))
         opt.zero_grad(set_to_none=True)
         (-value).backward()
         opt.step()
-        return float(value.detach())
+        return value.detach()
 
     def aggregate(self, ctx: ServerContext) -> Arrays:
         weights = [r.num_examples if self.p["aggregation"] == "weighted" else 1 for r in ctx.results]
@@ -377,5 +407,6 @@ class GPAF(Method):
             ctx.state["gpaf_opt_g"], ctx.state["gpaf_opt_dn"] = (optimizer_state_cpu(o) for o in optimizers)
         ctx.state.setdefault("gpaf_generator_losses", []).append(history[-1] if history else {})
         out = dict(new)
-        out.update(model_arrays(model, [k for k in model.state_dict() if k.startswith(GENERATOR_PREFIX)]))
+        generator_keys = [k for k in model.state_dict() if k.startswith(GENERATOR_PREFIX)]
+        out.update((model_tensors if is_tensor_arrays(new) else model_arrays)(model, generator_keys))  # G_w where the arrays are
         return out

@@ -34,12 +34,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedmedbench.fl.methods._shared import check_params, tensors_of
-from fedmedbench.fl.registry import ClientContext, ClientResult, Method, model_arrays, register_method
+from fedmedbench.fl.registry import ClientContext, ClientResult, Method, register_method
 from fedmedbench.fl.training import (
+    StepLosses,
     batch_indices,
-    epoch_loss_metrics,
     make_optimizer,
     optimizer_step,
+    to_device,
     to_float,
 )
 
@@ -79,13 +80,18 @@ def frozen(model: nn.Module) -> nn.Module:
 
 @register_method("moon")
 class MOON(Method):
+    #: batches are indexed wherever the client's data is (the engine may keep it on the device)
+    device_data = True
+    #: the server is FedAvg's tensor-aware average: the model's arrays may stay on the device
+    device_arrays = True
+
     def __init__(self, **params: Any) -> None:
         self.p = check_params("moon", DEFAULTS, {}, params)
         if self.p["temperature"] <= 0:
             raise ValueError(f"method_params.moon.temperature must be > 0, got {self.p['temperature']}")
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
-        model, cfg, device = ctx.model.to(ctx.device), ctx.train, ctx.device
+        model, cfg, device = to_device(ctx.model, ctx.device), ctx.train, ctx.device
         global_model = frozen(copy.deepcopy(model)).eval()  # w^t
         prev_model = None
         if "prev" in ctx.state:  # w_k^{t-1}; none in the client's first round -> CE only
@@ -94,10 +100,10 @@ class MOON(Method):
         model.train()
         opt = make_optimizer(model, cfg, ctx.rnd)
         mu, tau = self.p["mu"], self.p["temperature"]
-        total, count, step_losses = 0.0, 0, []
+        losses = StepLosses(ctx.steps_per_epoch())  # read once after the last step: no host sync per step
         x_all, y_all = ctx.data.train_x, ctx.data.train_y
         for idx in batch_indices(y_all.shape[0], cfg.batch_size, ctx.steps, ctx.generator):
-            xb, yb = to_float(x_all[idx], device), y_all[idx].to(device)
+            xb, yb = to_float(x_all[idx], device), y_all[idx].to(device, non_blocking=True)
             opt.zero_grad(set_to_none=True)
             z, logits = representation_and_logits(model, xb)
             if prev_model is None:
@@ -106,10 +112,9 @@ class MOON(Method):
                 with torch.no_grad():
                     z_glob, z_prev = representation(global_model, xb), representation(prev_model, xb)
                 loss = moon_loss(logits, yb, z, z_glob, z_prev, mu, tau)
-            step_losses.append(optimizer_step(loss, model, opt, cfg, ctx.rnd, count + 1, what="MOON"))
-            total += step_losses[-1]
-            count += 1
+            optimizer_step(loss, model, opt, cfg)
+            losses.add(loss)
+        train_loss = losses.mean(ctx.rnd, what="MOON", hint="lower train.lr or enable train.grad_clip")
         ctx.state["prev"] = tensors_of(model)
-        return ClientResult(arrays=model_arrays(model), num_examples=ctx.data.num_train,
-                            metrics={"train_loss": total / max(count, 1),
-                                     **epoch_loss_metrics(step_losses, ctx.steps_per_epoch())})
+        return ClientResult(arrays=ctx.result_arrays(model), num_examples=ctx.data.num_train,
+                            metrics={"train_loss": train_loss, **losses.epoch_metrics()})
