@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import Killed, kill_after_round
 
 from fedmedbench.fl import checkpoint, engine
 from fedmedbench.fl import federation as fed
@@ -198,10 +199,6 @@ def test_a_client_sends_its_model_and_vectors_as_device_tensors(blood_dir, monke
     assert all(torch.equal(state[kept][n], vectors[n]) for n in vectors)
 
 
-class _Killed(Exception):
-    pass
-
-
 @pytest.mark.parametrize("method,params", [("feddyn", {"lamb": 0.1}), ("fedsmoo", {"rho": 0.05, "lamb": 0.1}),
                                            ("fedlesam", {"rho": 0.05, "estimate": "previous_global"}),
                                            ("fedwmsam", {"rho": 0.05})])
@@ -210,18 +207,10 @@ def test_a_device_arrays_run_killed_and_resumed_ends_as_the_host_run(blood_dir, 
     c_i, the previous global model) come back from the checkpoint on the CPU and go on where the arrays are."""
     host, host_rows, _ = _run(make_spec(blood_dir, method, "host-k", method_params=params), monkeypatch, on=False)
     spec = make_spec(blood_dir, method, "dev-k", method_params=params)
-    finish = fed.Federation.finish_round
-
-    def killed_after_round_2(self, state, rnd, *args, **kwargs):
-        new = finish(self, state, rnd, *args, **kwargs)
-        if rnd == 2:
-            raise _Killed
-        return new
-
-    monkeypatch.setattr(fed.Federation, "finish_round", killed_after_round_2)
-    with pytest.raises(_Killed):
+    revive = kill_after_round(monkeypatch, 2)
+    with pytest.raises(Killed):
         _run(spec, monkeypatch, on=True)
-    monkeypatch.setattr(fed.Federation, "finish_round", finish)
+    revive()
     dev, dev_rows, logs = _run(spec, monkeypatch, on=True)
     assert any("resuming from checkpoint at round 2/3" in line for line in logs)
     assert any("model arrays stay on cpu" in line for line in logs)

@@ -14,11 +14,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import Killed, kill_after_round
 from helpers.clients import client_ctx, fresh_global, toy_data, toy_spec, train_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fedmedbench.fl import engine
-from fedmedbench.fl import federation as fed
 from fedmedbench.fl import job as job_module
 from fedmedbench.fl.methods.gpaf import GPAF, server_generator
 from fedmedbench.fl.registry import get_method
@@ -140,28 +140,16 @@ def test_a_device_path_run_ends_as_the_host_run(breast_domains_dir, monkeypatch,
     pd.testing.assert_frame_equal(host_rows, dev_rows)  # every metric: losses, client validation, task norms
 
 
-class _Killed(Exception):
-    pass
-
-
 @pytest.mark.parametrize("method,params", [("gpaf", {"server_epochs": 2}), ("feddg", {})])
 def test_a_device_path_run_killed_and_resumed_ends_as_the_host_run(breast_domains_dir, monkeypatch, method, params):
     """GPAF's server state (D_n, the optimizers' moments) and FedDG's amplitude bank come back from the checkpoint
     on the CPU and go on where the arrays are."""
     d = breast_domains_dir
     host, host_rows, host_clients, _ = _run(d, method, params, "host-k", monkeypatch, on=False)
-    finish = fed.Federation.finish_round
-
-    def killed_after_round_1(self, state, rnd, *args, **kwargs):
-        new = finish(self, state, rnd, *args, **kwargs)
-        if rnd == 1:
-            raise _Killed
-        return new
-
-    monkeypatch.setattr(fed.Federation, "finish_round", killed_after_round_1)
-    with pytest.raises(_Killed):
+    revive = kill_after_round(monkeypatch, 1)
+    with pytest.raises(Killed):
         _run(d, method, params, "dev-k", monkeypatch, on=True)
-    monkeypatch.setattr(fed.Federation, "finish_round", finish)
+    revive()
     dev, dev_rows, dev_clients, (logs, _) = _run(d, method, params, "dev-k", monkeypatch, on=True)
     assert any("resuming from checkpoint at round 1/2" in line for line in logs)
     assert host.keys() == dev.keys() and all(torch.equal(host[k], dev[k]) for k in host)

@@ -1,6 +1,7 @@
 """Helpers shared by tests."""
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -38,3 +39,24 @@ def schema_error(cfg: dict, path: list, value, schema: dict) -> str:
     with pytest.raises(Exception) as info:
         validate(cfg, schema)
     return str(info.value)
+
+
+class Killed(Exception):
+    """Raised where :func:`kill_after_round` kills a run."""
+
+
+def kill_after_round(monkeypatch, rnd: int) -> Callable[[], None]:
+    """Make every engine run die (``Killed``) right after round ``rnd`` is finished and its checkpoint taken, as
+    a process killed then would; returns the undo (runs resume from that checkpoint afterwards)."""
+    from fedmedbench.fl import federation as fed
+
+    finish = fed.Federation.finish_round
+
+    def killed(self, state, r, *args, **kwargs):
+        new = finish(self, state, r, *args, **kwargs)
+        if r == rnd:
+            raise Killed
+        return new
+
+    monkeypatch.setattr(fed.Federation, "finish_round", killed)
+    return lambda: monkeypatch.setattr(fed.Federation, "finish_round", finish)
