@@ -94,9 +94,9 @@ def test_a_non_finite_generator_step_fails_the_server_naming_it():
     with torch.no_grad():
         next(model.generator.parameters()).fill_(float("nan"))
     ensemble = [model.classifier]
-    with pytest.raises(NonFiniteLossError, match=r"non-finite GPAF generator loss \(nan\) at server step 1; lower generator_lr"):
+    with pytest.raises(NonFiniteLossError, match=r"non-finite GPAF generator loss \(nan\) at round 4, step 1; lower generator_lr"):
         method.train_generator(model.generator, ensemble, model.classifier, LatentDiscriminator(method.p["latent_dim"]),
-                               server_generator(0, 1), torch.device("cpu"))
+                               server_generator(0, 4), torch.device("cpu"), rnd=4)
 
 
 def breast_spec(d: Path, method: str, params: dict, tag: str, device: str = "cpu", **extra) -> RunSpec:

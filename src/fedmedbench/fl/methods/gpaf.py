@@ -55,7 +55,6 @@ docs/gpaf.md gives the reasons):
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -78,7 +77,6 @@ from fedmedbench.fl.registry import (
     weighted_average,
 )
 from fedmedbench.fl.training import (
-    NonFiniteLossError,
     StepLosses,
     batch_indices,
     make_optimizer,
@@ -330,7 +328,8 @@ class GPAF(Method):
 
     def train_generator(self, gen: nn.Module, ensemble: list[nn.Module], global_clf: nn.Module, dn: nn.Module,
                         generator: torch.Generator, device: torch.device,
-                        optimizers: tuple[torch.optim.Optimizer, torch.optim.Optimizer] | None = None) -> list[dict[str, float]]:
+                        optimizers: tuple[torch.optim.Optimizer, torch.optim.Optimizer] | None = None,
+                        rnd: int = 1) -> list[dict[str, float]]:
         """``server_epochs`` epochs of ``server_steps_per_epoch`` D_n and G_w updates each (Alg. 1 lines 4-12).
 
         There is no server data, so an epoch is a number of generated batches: 5 by default, FedGen's
@@ -344,7 +343,7 @@ class GPAF(Method):
         dn.to(device).train()
         opt_g, opt_d = optimizers or self.server_optimizers(gen, dn, None)
         diversity = p["diversity_prior"] != "none"
-        totals: list[torch.Tensor] = []  # every step's J, read once after the last step: no host sync per step
+        totals = StepLosses()  # every step's J, read once after the last step: no host sync per step
         last_steps: list[dict[str, torch.Tensor]] = []  # each epoch's last step's losses
         for _ in range(p["server_epochs"]):
             for _ in range(p["server_steps_per_epoch"]):
@@ -362,17 +361,12 @@ class GPAF(Method):
                 opt_g.zero_grad(set_to_none=True)
                 total.backward()
                 opt_g.step()
-                totals.append(total.detach())
+                totals.add(total)
                 rec.update({"J": total.detach(), "kd": losses["kd"].detach(), "gm": losses["gm"].detach(),
                             "diver": div.detach(), "kl": kl.detach()})
             last_steps.append(rec)
         gen.eval().requires_grad_(False)
-        if totals:
-            values = torch.stack(totals).double().cpu().tolist()
-            bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
-            if bad is not None:
-                raise NonFiniteLossError(f"non-finite GPAF generator loss ({values[bad]}) at server step {bad + 1}; "
-                                         "lower generator_lr")
+        totals.mean(rnd, what="GPAF generator", hint="lower generator_lr")  # a non-finite step names itself
         return read_once(last_steps)
 
     @staticmethod
@@ -401,7 +395,7 @@ class GPAF(Method):
         model.generator.to(ctx.device)
         dn.to(ctx.device)
         optimizers = self.server_optimizers(model.generator, dn, ctx.state, ctx.rnd)
-        history = self.train_generator(model.generator, ensemble, model.classifier, dn, g, ctx.device, optimizers)
+        history = self.train_generator(model.generator, ensemble, model.classifier, dn, g, ctx.device, optimizers, ctx.rnd)
         ctx.state["gpaf_dn"] = tensors_of(dn)
         if self.p["server_optimizer"] == "persist":
             ctx.state["gpaf_opt_g"], ctx.state["gpaf_opt_dn"] = (optimizer_state_cpu(o) for o in optimizers)
