@@ -206,10 +206,7 @@ def local_sgd(
             loss = loss_fn(forward(xb).float(), yb)
             if extra_loss is not None:
                 loss = loss + extra_loss(model)
-        loss.backward()
-        if cfg.grad_clip:
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
+        optimizer_step(loss, model, opt, cfg)
         losses.add(loss)
     return losses.mean(rnd, hint="lower train.lr or enable train.grad_clip")
 
