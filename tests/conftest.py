@@ -43,7 +43,7 @@ def breast_domains_dir(tmp_path_factory):
     from fedmedbench import partition as P
 
     d = tmp_path_factory.mktemp("breast_domains")
-    arrays = synthetic.generate("breastmnist", 28, seed=0, counts={"train": 120, "val": 30, "test": 40})
+    arrays = synthetic.generate("breastmnist", 28, seed=0, counts={"train": 180, "val": 30, "test": 60})
     io.write_npz(d / "b.npz", arrays)
     io.write_json(d / "p.json", P.build_partition(split_labels(arrays), "domain", 2, 0, {"domains": ["a", "b"], "alpha": 1.0},
                                                   num_classes=2))

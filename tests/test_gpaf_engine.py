@@ -11,26 +11,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from helpers import split_labels
 
-from fedmedbench import io
-from fedmedbench import partition as P
-from fedmedbench.data import synthetic
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.state_file import read_state
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gpaf_engine")
-    arrays = synthetic.generate("breastmnist", 28, seed=0, counts={"train": 180, "val": 30, "test": 60})
-    io.write_npz(d / "b.npz", arrays)
-    doc = P.build_partition(split_labels(arrays), "domain", 2, 0, {"domains": ["a", "b"], "alpha": 1.0},
-                            num_classes=2)
-    io.write_json(d / "p.json", doc)
-    return d
+@pytest.fixture
+def workdir(breast_domains_dir):
+    return breast_domains_dir
 
 
 def spec_for(workdir: Path, method: str, name: str, **params) -> RunSpec:
