@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from fedmedbench.fl.checkpoint import client_store
+from fedmedbench.fl.determinism import use_deterministic_kernels
 from fedmedbench.fl.registry import (
     Arrays,
     ClientData,
@@ -67,6 +68,8 @@ class Job:
         self.method: Method = get_method(spec.method, spec.method_params)
         self._task: Task | None = None
         self.device = resolve_device(spec.device)
+        if spec.deterministic:
+            use_deterministic_kernels()
         self.train: TrainConfig = spec.train_config()
         self._resident: torch.nn.Module | None = None
         self._fresh_flags: tuple[list, list] | None = None

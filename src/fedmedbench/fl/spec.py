@@ -17,13 +17,14 @@ if TYPE_CHECKING:  # the workflow reads this module while it plans: no torch at 
 
 #: fields that do not change the numbers a run produces
 _NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device",
-               "device_arrays"}
+               "device_arrays", "deterministic"}
 #: fields a job's script sets from its Snakemake job and the config, never from ``params:``: they change
 #: how a run executes, not its numbers, so changing them reruns no finished job
-RUNTIME_FIELDS = ("threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device", "device_arrays")
+RUNTIME_FIELDS = ("threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device", "device_arrays",
+                  "deterministic")
 RESUME_MODES = ("auto", "restart")
 #: the config's ``engine`` entries a spec takes: how a job runs, never what it computes
-ENGINE_OPTIONS = ("backend", "cache_on_device", "device_arrays")
+ENGINE_OPTIONS = ("backend", "cache_on_device", "device_arrays", "deterministic")
 
 
 def engine_options(config: dict[str, Any]) -> dict[str, Any]:
@@ -58,6 +59,9 @@ class RunSpec:
     #: on the inline backend with an accelerator, keep the model's arrays on the device between server
     #: and clients for methods that support it (fl/job.py); never changes results
     device_arrays: bool = True
+    #: deterministic GPU kernels (fl/determinism.py): a rerun or a resumed run gives the same bits; the same
+    #: arithmetic, so not hashed; no effect on the CPU
+    deterministic: bool = False
     data_origin: str = "synthetic"
     log_every: int = 1
     eval_every: int = 1
