@@ -1,23 +1,45 @@
 """The GPU paths, on a machine with CUDA (skipped elsewhere): device arrays, device-cached client
-data, the device average and the metrics computed on the GPU."""
+data, the device average and the metrics computed on the GPU, and ``engine.deterministic``.
+
+The runs compared here ask for deterministic kernels (``engine.deterministic``): without them cuDNN's
+convolution backward differs from run to run in the last bits, which a few rounds of Adam (the GPAF
+study) or of FedDyn, FedSpeed and FedGAMMA amplify far beyond any tolerance, so two runs of the same
+arithmetic could not be told from two different ones."""
 
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
 import torch
+from helpers import Killed, kill_after_round
 from test_device_arrays import make_spec
 from test_gpaf_device_path import GPAF_STUDY_RUNS, breast_spec
 from test_metrics import _sklearn
 
 from fedmedbench.fl import engine
+from fedmedbench.fl.determinism import CUBLAS_WORKSPACE_CONFIG
 from fedmedbench.fl.job import Job
 from fedmedbench.fl.registry import weighted_average
 from fedmedbench.metrics import grouped_classification_metrics
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+# cuBLAS reads its workspace setting when the process first uses it: before any test here runs
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
+
+
+def _load(run_dir) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "model.pt", weights_only=True)
+
+
+def _differences(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> str:
+    """The entries that differ and by how much (the assertion's message: what a failure looked like)."""
+    diff = {k: float((a[k].double() - b[k].double()).abs().max()) for k in b if not torch.equal(a[k], b[k])}
+    worst = sorted(diff.items(), key=lambda kv: -kv[1])[:5]
+    return f"{len(diff)} of {len(b)} entries differ; largest: {worst}"
 
 
 EARLYSTOP_METHODS = ["fedavg", "fedprox", "scaffold", "feddyn", "fedsam", "fedspeed", "fedsmoo", "fedgamma", "fedlesam",
@@ -27,27 +49,48 @@ EARLYSTOP_METHODS = ["fedavg", "fedprox", "scaffold", "feddyn", "fedsam", "fedsp
 @pytest.mark.parametrize("method", EARLYSTOP_METHODS)
 def test_engine_keeps_arrays_on_the_gpu_with_the_host_paths_numbers(blood_dir, method):
     logs: list[str] = []
-    engine.run(make_spec(blood_dir, method, "gpu-dev", device="cuda"), log=logs.append)
-    engine.run(make_spec(blood_dir, method, "gpu-host", device="cuda", device_arrays=False), log=lambda m: None)
+    engine.run(make_spec(blood_dir, method, "gpu-dev", device="cuda", deterministic=True), log=logs.append)
+    engine.run(make_spec(blood_dir, method, "gpu-host", device="cuda", device_arrays=False, deterministic=True),
+               log=lambda m: None)
     assert any("model arrays stay on cuda" in line for line in logs)
-    dev = torch.load(blood_dir / f"run-{method}-gpu-dev" / "model.pt", weights_only=True)
-    host = torch.load(blood_dir / f"run-{method}-gpu-host" / "model.pt", weights_only=True)
-    # the same arithmetic; only cuDNN's kernel choices may differ between the two runs
-    assert all(torch.allclose(dev[k].double(), host[k].double(), rtol=1e-4, atol=1e-5) for k in host)
+    dev, host = _load(blood_dir / f"run-{method}-gpu-dev"), _load(blood_dir / f"run-{method}-gpu-host")
+    # the same kernels for training; the server's float64 arithmetic runs on the GPU on one path and on the CPU on
+    # the other, where a reduction (FedSMOO's and FedWMSAM's norms) may round its last bit differently
+    assert all(torch.allclose(dev[k].double(), host[k].double(), rtol=1e-4, atol=1e-5) for k in host), \
+        _differences(dev, host)
 
 
 @pytest.mark.parametrize("method,params", GPAF_STUDY_RUNS)
 def test_gpaf_study_methods_keep_arrays_and_data_on_the_gpu_with_the_host_paths_numbers(breast_domains_dir, method, params):
     d, logs = breast_domains_dir, []
-    engine.run(breast_spec(d, method, params, "gpu-dev", device="cuda"), log=logs.append)
-    engine.run(breast_spec(d, method, params, "gpu-host", device="cuda", device_arrays=False, cache_on_device=False),
-               log=lambda m: None)
+    engine.run(breast_spec(d, method, params, "gpu-dev", device="cuda", deterministic=True), log=logs.append)
+    engine.run(breast_spec(d, method, params, "gpu-host", device="cuda", device_arrays=False, cache_on_device=False,
+                           deterministic=True), log=lambda m: None)
     assert any("model arrays stay on cuda" in line for line in logs)
     assert Job(breast_spec(d, method, params, "gpu-cache", device="cuda")).client_data(0).train_x.is_cuda
-    dev = torch.load(d / f"{method}-gpu-dev" / "model.pt", weights_only=True)
-    host = torch.load(d / f"{method}-gpu-host" / "model.pt", weights_only=True)
-    # the same arithmetic; only cuDNN's kernel choices may differ between the two runs
-    assert all(torch.allclose(dev[k].double(), host[k].double(), rtol=1e-4, atol=1e-5) for k in host)
+    dev, host = _load(d / f"{method}-gpu-dev"), _load(d / f"{method}-gpu-host")
+    # the same kernels on the same device, and no server arithmetic that the two paths do on different devices
+    # (the average is the same bits on the GPU: test_the_gpu_average_is_the_numpy_average_bit_for_bit)
+    assert host.keys() == dev.keys() and all(torch.equal(dev[k], host[k]) for k in host), _differences(dev, host)
+
+
+@pytest.mark.parametrize("method,params", [("gpaf", {"server_epochs": 2}), ("centralized", {})])
+def test_deterministic_kernels_make_a_gpu_rerun_and_a_resumed_run_the_same_bits(breast_domains_dir, monkeypatch,
+                                                                                 method, params):
+    d = breast_domains_dir
+    for tag in ("det-a", "det-b"):
+        engine.run(breast_spec(d, method, params, tag, device="cuda", deterministic=True), log=lambda m: None)
+    revive = kill_after_round(monkeypatch, 1)
+    with pytest.raises(Killed):
+        engine.run(breast_spec(d, method, params, "det-k", device="cuda", deterministic=True), log=lambda m: None)
+    revive()
+    logs: list[str] = []
+    engine.run(breast_spec(d, method, params, "det-k", device="cuda", deterministic=True), log=logs.append)
+    assert any("resuming from checkpoint at round 1/2" in line for line in logs)
+    first = _load(d / f"{method}-det-a")
+    for tag in ("det-b", "det-k"):
+        again = _load(d / f"{method}-{tag}")
+        assert all(torch.equal(first[k], again[k]) for k in first), (tag, _differences(again, first))
 
 
 def test_client_data_is_cached_on_the_gpu(blood_dir):
