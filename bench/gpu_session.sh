@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement of docs/benchmarks.md §6 in one call, on a machine with a CUDA device:
 #   bash bench/gpu_session.sh [OUT.jsonl]        (or: make bench-gpu)
+#   (on a machine without a package index, first carry the wheels of bench/gpu_wheels.sh)
 #   STEPS='cuda|engine' bash bench/gpu_session.sh  runs only the steps whose names match the
 #   extended regular expression (case-insensitive): the session in parts, e.g. where one command may
 #   run only so long (the PathMNIST grid cost trains the most: 3 epochs of the training centre's share of PathMNIST's
@@ -28,6 +29,14 @@ if [ -n "${STEPS:-}" ]; then  # a bad pattern or a typo would otherwise run noth
 fi
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   echo "gpu_session: torch in $PY sees no CUDA device; run this on a GPU machine with a CUDA build of torch" >&2
+  exit 2
+fi
+missing=$("$PY" -c '
+import importlib.util
+need = ["flwr", "flwr_datasets", "jsonschema", "timm", "medmnist", "sklearn", "pandas", "yaml", "psutil"]
+print(" ".join(m for m in need if importlib.util.find_spec(m) is None))')
+if [ -n "$missing" ]; then  # every step would fail on its first import
+  echo "gpu_session: $PY lacks: $missing (offline: bench/gpu_wheels.sh downloads their wheels; its header says how to install them)" >&2
   exit 2
 fi
 mkdir -p "$(dirname "$OUT")"

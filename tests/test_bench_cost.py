@@ -50,6 +50,16 @@ def test_gpu_session_refuses_a_machine_without_cuda(tmp_path):
     assert not (tmp_path / "rows.jsonl").exists() and not (tmp_path / "gpu_session.log").exists()
 
 
+def test_gpu_session_names_missing_packages_before_any_step(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/bash\n[ \"$1\" = -c ] && { case \"$2\" in *find_spec*) echo medmnist flwr;; esac; exit 0; }\n"
+                    f"echo \"$*\" >> {tmp_path / 'calls'}\n")
+    fake.chmod(0o755)
+    done = _run_session(tmp_path, str(fake))
+    assert done.returncode == 2 and "lacks: medmnist flwr" in done.stderr and "bench/gpu_wheels.sh" in done.stderr
+    assert not (tmp_path / "calls").exists() and not (tmp_path / "gpu_session.log").exists()  # no step ran
+
+
 def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     calls = tmp_path / "calls"
     fake = tmp_path / "python"
@@ -240,3 +250,21 @@ def test_data_speed_times_every_gpaf_domain_and_compares_the_medmnistc_chains():
     spec = [{"corruption": "contrast", "range": [0.5, 0.5]}, {"corruption": "pixelate", "range": [0.5, 0.5]}]
     ours = domains.corrupt_images(flat, domains.build_steps("breastmnist", spec, "d"), 0, "d", "train")
     assert np.array_equal(data_speed._direct_medmnistc(flat, spec), ours)  # no randomness in these two
+
+
+def test_gpu_wheels_asks_for_each_package_at_its_pinned_version(tmp_path):
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/bash\necho \"$*\" > {tmp_path / 'args'}\n")
+    fake.chmod(0o755)
+    script = GPU_SESSION.parent / "gpu_wheels.sh"
+    done = subprocess.run(["bash", str(script), str(tmp_path / "w"), "3.12"], capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    args = (tmp_path / "args").read_text().split()
+    pins = dict(a.split("==") for a in args if "==" in a)
+    constraints = dict(line.split("==") for line in (GPU_SESSION.parents[1] / "envs" / "constraints.txt").read_text().split()
+                       if "==" in line)
+    assert {"flwr", "medmnist", "grpcio", "protobuf", "jsonschema"} <= set(pins)
+    assert all(constraints[name] == version for name, version in pins.items())  # the project's own versions
+    assert args[args.index("--python-version") + 1] == "3.12" and "--no-deps" in args
