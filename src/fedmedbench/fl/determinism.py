@@ -24,7 +24,8 @@ def use_deterministic_kernels() -> None:
     """Deterministic kernels from here on in this process: cuDNN's deterministic algorithms (chosen
     by its heuristics, not by timing), cuBLAS's fixed workspace (unless the environment already sets
     one), and torch's deterministic implementations where an operation has one. An operation with
-    none warns once instead of failing a long job (``warn_only``)."""
+    none (e.g. the backward of ``cnn_small``'s adaptive average pooling, which adds with atomics) warns
+    instead of failing a long job (``warn_only``), and its runs may still differ."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
