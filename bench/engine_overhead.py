@@ -44,6 +44,7 @@ from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.data import synthetic  # noqa: E402
 from fedmedbench.fl import engine  # noqa: E402
 from fedmedbench.fl import federation as fed  # noqa: E402
+from fedmedbench.fl.determinism import use_deterministic_kernels  # noqa: E402
 from fedmedbench.fl.registry import load_arrays, model_arrays, weighted_average  # noqa: E402
 from fedmedbench.fl.spec import RunSpec  # noqa: E402
 from fedmedbench.fl.tasks.base import _task_cached, task_for  # noqa: E402
@@ -298,9 +299,13 @@ def main() -> None:
     ap.add_argument("--torch-profile", type=Path,
                     help="profile one more engine run with torch.profiler (ops, copies, syncs) into this file")
     ap.add_argument("--compile", action="store_true", help="train.compile on every side (torch.compile'd forward)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="deterministic kernels on every side (engine.deterministic): what reproducible GPU runs cost")
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")
     args = ap.parse_args()
     limit_threads(args.threads)
+    if args.deterministic:
+        use_deterministic_kernels()  # before the first kernel: cuBLAS reads its workspace setting once
     train, model = None, args.model
     if args.study_config:
         train, model = study_train(args.study_config, args.study)
@@ -313,6 +318,7 @@ def main() -> None:
     if args.study_config:
         row["study_config"] = f"{args.study_config}:{args.study}"
     row["compile"] = args.compile
+    row["deterministic"] = args.deterministic
     emit([row], args.out)
     if args.device == "cpu" and not row["identical_weights"]:
         sys.exit("engine and plain loop ended with different weights: the comparison is not like for like")

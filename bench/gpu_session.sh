@@ -69,6 +69,10 @@ step "engine host overhead" 0 "$PY" bench/host_overhead.py --device cuda --width
 # the same with each checkpoint written in the round: what the background writer saves (or costs, in GIL time)
 step "engine host overhead, checkpoint in the round" 0 "$PY" bench/host_overhead.py --device cuda --width 0 --rounds 6 \
   --repeats 2 --threads "$THREADS" --checkpoint-writes in-round --out "$OUT"
+# the same with deterministic kernels (engine.deterministic): what a reproducible GPU run costs
+step "engine, deterministic kernels" 0 "$PY" bench/engine_overhead.py --device cuda \
+  --study-config config/studies/earlystop.yaml --rounds 5 --eval-every 1 --repeats 2 --threads "$THREADS" --resident \
+  --deterministic --out "$OUT"
 step "engine, batch 50" 0 "$PY" bench/engine_overhead.py --device cuda --model timm:convnextv2_nano \
   --rounds 3 --eval-every 1 --repeats 1 --threads "$THREADS" --resident --out "$OUT"
 step "scaffold round persistence" 0 "$PY" bench/round_persistence.py --method scaffold --rounds 6 \

@@ -71,19 +71,20 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     done = _run_session(tmp_path, str(fake))
     assert done.returncode == 0, done.stdout + done.stderr  # only the surgical fedst cost failed
     ran = calls.read_text().splitlines()
-    assert len(ran) == 12 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in ran[1:])
+    assert len(ran) == 13 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in ran[1:])
     assert "tests/test_cuda.py tests/test_device_arrays.py" in ran[0]
     src = str(GPU_SESSION.parents[1] / "src")
     assert all(p.split(":")[0] == src for p in (tmp_path / "paths").read_text().splitlines())  # this tree's package
     assert any("earlystop.yaml" in c and "--resident" in c and f"--torch-profile {tmp_path}/" in c for c in ran)
     assert any("host_overhead.py --device cuda --width 0" in c and "in-round" not in c for c in ran)
     assert any("host_overhead.py --device cuda --width 0" in c and "--checkpoint-writes in-round" in c for c in ran)
+    assert sum("--deterministic" in c for c in ran) == 1  # one engine run with deterministic kernels
     summary = done.stdout.split("== summary")[1]
     assert "failed (rc 1; see the log: real videos built?)" in summary and "FAILED" not in summary
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
     assert done.returncode == 1 and "FAILED (rc 3)" in done.stdout
-    assert len(calls.read_text().splitlines()) == 12  # the failure stopped no later step
+    assert len(calls.read_text().splitlines()) == 13  # the failure stopped no later step
     calls.unlink()
     done = _run_session(tmp_path, str(fake), steps="CUDA tests|pathmnist")  # a part of the session
     ran = calls.read_text().splitlines()
