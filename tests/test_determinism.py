@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,6 +82,6 @@ def test_the_schema_rejects_a_non_boolean():
 
 
 def test_the_demo_config_leaves_it_off():
-    cfg = yaml.safe_load(open(SCHEMA.replace("schema.yaml", "config.yaml")).read())
+    cfg = yaml.safe_load(Path(SCHEMA).with_name("config.yaml").read_text())
     validate(cfg, SCHEMA)
     assert cfg["engine"]["deterministic"] is False
