@@ -52,6 +52,9 @@ def _bad(path: list, value):
     (["studies", "micro", "train", "input_norm"], "triple", "'triple' is not one of"),
     (["studies", "micro", "method_params"], {"scaffold": {"local_iterations": "textbook"}}, "local_iterations"),
     (["domains", "base"], [], "'base' does not match"),  # reserved: the unshifted data source of a run
+    (["surgical"], {"synthetic": {"datasets": {"m2cai16": {"style": "cholecystectomy_a", "distinct_frames": 0}}}},
+     "distinct_frames"),
+    (["surgical"], {"synthetic": {"datasets": {"m2cai16": {"style": "cholecystectomy_a", "width": 8192}}}}, "width"),
 ])
 def test_schema_errors_name_the_key(path, value, needle):
     with pytest.raises(Exception) as info:

@@ -86,3 +86,30 @@ def test_unknown_style_and_layout_are_named(tmp_path):
     with pytest.raises(ValueError, match="no synthetic writer for layout 'coco'"):
         SL.generate("x", {"layout": "coco", "folder": "X"}, {"style": "simulator"}, 0, 64, 48, tmp_path / "X")
     assert not (tmp_path / "X").exists()
+
+
+@pytest.mark.parametrize("name", sorted(F.SPECS))
+def test_repeated_frames_are_hard_links_of_one_video_at_the_dataset_size(tmp_path, name):
+    """``distinct_frames``: a video's frames beyond the first K repeat them in turn, as hard links (no new
+    pixels, no new disk), never across videos; ``width``/``height`` give the dataset its own frame size;
+    the release indexes as usual, with as many labelled frames as without repeats."""
+    cfg, spec = F.SPECS[name]
+    plain = {**spec, "width": 80, "height": 40}
+    SL.generate(name, cfg, plain, 0, F.W, F.H, tmp_path / "plain" / cfg["folder"])
+    SL.generate(name, cfg, {**plain, "distinct_frames": 2}, 0, F.W, F.H, tmp_path / "rep" / cfg["folder"])
+    indexed = {}
+    for kind in ("plain", "rep"):
+        build_index(name, {**cfg, "bad_files": "fail"}, tmp_path / kind, tmp_path / f"idx-{kind}", log=lambda m: None)
+        indexed[kind] = read_index(tmp_path / f"idx-{kind}")[0]
+    assert len(indexed["rep"]) == len(indexed["plain"]) and indexed["rep"]["labelled"].sum() > 0
+    frames = [Path(p) for p in indexed["rep"]["image_path"]]
+    assert set(indexed["rep"]["width"]) == {80} and set(indexed["rep"]["height"]) == {40}
+    by_video = {}
+    for video, path in zip(indexed["rep"]["video_id"], frames, strict=True):
+        by_video.setdefault(video, []).append(path.stat().st_ino)
+    inodes = [i for v in by_video.values() for i in v]
+    assert len(set(inodes)) < len(inodes)  # some frames repeat as links
+    for video, own in by_video.items():
+        assert len(set(own)) <= 2, video  # K = 2 distinct images per video
+        others = {i for v, o in by_video.items() if v != video for i in o}
+        assert not set(own) & others, video  # never linked across videos

@@ -11,25 +11,36 @@ and the simulator set). ``spec`` is one entry of ``surgical.synthetic.datasets``
 * ``frames`` [min, max]: frames per video; ``test_frames`` [min, max] for test videos
 * ``label_every``: frames+masks only; frames in between get no mask (history-only frames)
 * ``tool_scale``: m2cai16/CholecTrack20 only: tools (and their boxes) drawn this much larger
+* ``width``, ``height``: this dataset's frame size (default: ``surgical.synthetic``'s)
+* ``distinct_frames``: render at most this many frames per video and repeat them in turn for the
+  rest, each repeat a hard link to the first file written from the same frame (videos at a
+  release's full frame count and resolution in seconds and little disk, for timing; the content
+  then repeats, so such a set is for cost measurements, never for learning curves)
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from fedmedbench.data.surgical import cholectrack20 as ct20
 from fedmedbench.data.surgical import endovis2018 as ev18
+from fedmedbench.data.surgical import fsutil
 from fedmedbench.data.surgical import m2cai16 as m2
-from fedmedbench.data.surgical.fsutil import atomic_dir, write_jpg, write_png
+from fedmedbench.data.surgical.fsutil import atomic_dir
 from fedmedbench.data.surgical.schema import TOOL_CLASSES
 from fedmedbench.data.surgical.synthetic import (
     STYLES,
     Frame,
+    Style,
+    Track,
     detection_tracks,
     render_video,
     rng_for,
@@ -59,7 +70,54 @@ def _style(spec: dict):
         raise ValueError(f"unknown synthetic style '{spec.get('style')}'; known: {sorted(STYLES)}") from None
 
 
-# --- m2cai16-tool-locations -------------------------------------------------------------------
+# --- repeated frames (``distinct_frames``) ------------------------------------------------------
+
+#: while a dataset with ``distinct_frames`` is written: (id of a frame-owned array, suffix) -> (the array,
+#: the first file written from it); holding the array keeps its id from being reused by another object
+_written: dict[tuple[int, str], tuple[np.ndarray, Path]] | None = None
+
+
+@contextmanager
+def _linking(active: bool):
+    global _written
+    _written = {} if active else None
+    try:
+        yield
+    finally:
+        _written = None
+
+
+def _write(path: Path, array: np.ndarray) -> None:
+    """Encode ``array`` to ``path`` (PNG or JPEG by suffix); a repeated frame's array becomes a hard link."""
+    entry = _written.get((id(array), path.suffix)) if _written is not None else None
+    own = entry is not None and entry[0] is array
+    if own and entry[1] is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.link(entry[1], path)
+        return
+    (fsutil.write_jpg if path.suffix == ".jpg" else fsutil.write_png)(path, array)
+    if own:  # the first file of a frame that repeats
+        _written[(id(array), path.suffix)] = (array, path)
+
+
+def _video(rng: np.random.Generator, spec: dict, style: Style, n: int, width: int, height: int, dt: float,
+           tracks_of: Callable[..., list[Track]], **render) -> tuple[list[Frame], list[Track]]:
+    """``n`` frames of one video and its tools (``tracks_of(rng, width, height, count, dt)``): all frames
+    rendered, or with ``distinct_frames`` K the first K, repeated in turn."""
+    k = int(spec.get("distinct_frames") or 0)
+    count = k if 0 < k < n else n
+    tracks = tracks_of(rng, width, height, count, dt)
+    frames = render_video(rng, style, count, width, height, dt, tracks, **render)
+    if count == n:
+        return frames, tracks
+    if _written is not None:
+        _written.clear()  # the previous video's frames are written: only this video's can repeat
+        for fr in frames:
+            for arr in (fr.image, fr.parts):
+                for suffix in (".png", ".jpg"):
+                    _written[(id(arr), suffix)] = (arr, None)
+    return [frames[i % k] for i in range(n)], tracks
+
 
 def _voc_xml(stem: str, w: int, h: int, boxes) -> bytes:
     official = {v: k for k, v in m2.OFFICIAL_CLASS_MAP.items()}
@@ -87,17 +145,17 @@ def write_m2cai16(out: Path, name: str, spec: dict, seed: int, width: int, heigh
         vid = f"v{v:02d}"
         rng = rng_for(seed, name, vid)
         n = _n_frames(rng, spec)
-        frames = render_video(rng, style, n, width, height, 1.0, detection_tracks(rng, width, height, n, 1.0),
-                              tool_scale=float(spec.get("tool_scale") or 1.0))
+        frames, _ = _video(rng, spec, style, n, width, height, 1.0, detection_tracks,
+                           tool_scale=float(spec.get("tool_scale") or 1.0))
         start = int(rng.integers(1, 40))
         for k, fr in enumerate(frames):
             stem = f"{vid}_{int(fps) * (start + k):06d}"
             stems.append(stem)
-            write_jpg(out / "JPEGImages" / f"{stem}.jpg", fr.image)
+            _write(out / "JPEGImages" / f"{stem}.jpg", fr.image)
             (out / "Annotations").mkdir(parents=True, exist_ok=True)
             (out / "Annotations" / f"{stem}.xml").write_bytes(_voc_xml(stem, width, height, fr.boxes))
             if k % 4 == 0:  # the release ships mirrored augmentation copies next to the frames
-                write_jpg(out / "JPEGImages" / f"{stem}_flip.jpg", fr.image[:, ::-1])
+                _write(out / "JPEGImages" / f"{stem}_flip.jpg", fr.image[:, ::-1])
                 flipped = [type(b)(b.cls, width - b.x2, b.y1, width - b.x1, b.y2) for b in fr.boxes]
                 (out / "Annotations" / f"{stem}_flip.xml").write_bytes(_voc_xml(f"{stem}_flip", width, height, flipped))
     # the original FRAME-level splits (60/20/20 of shuffled frames: adjacent frames leak across splits)
@@ -120,12 +178,12 @@ def write_cholectrack20(out: Path, name: str, spec: dict, seed: int, width: int,
         for vid in videos:
             rng = rng_for(seed, name, vid)
             n = _n_frames(rng, spec)
-            frames = render_video(rng, style, n, width, height, 1.0, detection_tracks(rng, width, height, n, 1.0),
-                              tool_scale=float(spec.get("tool_scale") or 1.0))
+            frames, _ = _video(rng, spec, style, n, width, height, 1.0, detection_tracks,
+                               tool_scale=float(spec.get("tool_scale") or 1.0))
             annotations = {}
             for k, fr in enumerate(frames):
                 frame = int(fps) * k + 1  # 000001.png, 000026.png, ... (1 fps of the 25 fps video)
-                write_png(out / split_dir / vid / "Frames" / f"{frame:06d}.png", fr.image)
+                _write(out / split_dir / vid / "Frames" / f"{frame:06d}.png", fr.image)
                 annotations[str(frame)] = [{
                     "instrument": TOOL_CLASSES.index(b.cls), "verb": -1, "target": -1, "phase": 0, "triplet": -1,
                     "tool_bbox": [b.x1 / width, b.y1 / height, (b.x2 - b.x1) / width, (b.y2 - b.y1) / height],
@@ -151,12 +209,12 @@ def write_cholectrack20(out: Path, name: str, spec: dict, seed: int, width: int,
 def _ev17_write(vdir: Path, frames: list[Frame], first: int, names: list[str]) -> None:
     for k, fr in enumerate(frames):
         fname = f"frame{first + k:03d}.png"
-        write_png(vdir / "left_frames" / fname, fr.image)
+        _write(vdir / "left_frames" / fname, fr.image)
         for j, label in enumerate(names):
             own = fr.tool_parts[j] if j < len(fr.tool_parts) else np.zeros_like(fr.parts)
-            write_png(vdir / "ground_truth" / label / fname, (own * 10).astype(np.uint8))
+            _write(vdir / "ground_truth" / label / fname, (own * 10).astype(np.uint8))
         other = np.zeros_like(fr.parts)  # non-robotic instruments: no part labels (skipped by default)
-        write_png(vdir / "ground_truth" / "Other_labels" / fname, other)
+        _write(vdir / "ground_truth" / "Other_labels" / fname, other)
 
 
 def write_endovis2017(out: Path, name: str, spec: dict, seed: int, width: int, height: int, fps: float) -> None:
@@ -167,8 +225,7 @@ def write_endovis2017(out: Path, name: str, spec: dict, seed: int, width: int, h
         rng = rng_for(seed, name, vid)
         a = _n_frames(rng, spec) if i <= n_train else 0
         b = _n_frames(rng, spec, "test_frames") if i <= n_test else 0
-        tracks = segmentation_tracks(rng, width, height, a + b, 1.0 / fps)
-        frames = render_video(rng, style, a + b, width, height, 1.0 / fps, tracks)
+        frames, tracks = _video(rng, spec, style, a + b, width, height, 1.0 / fps, segmentation_tracks)
         names = [f"{side}_{ENDOVIS17_NAMES[t.cls]}_labels" for side, t in zip(("Left", "Right"), tracks, strict=False)]
         if a:
             _ev17_write(out / "train" / vid, frames[:a], 0, names)
@@ -195,11 +252,10 @@ def write_endovis2018(out: Path, name: str, spec: dict, seed: int, width: int, h
     for split, i, sdir in plan:
         rng = rng_for(seed, name, split, i)
         n = _n_frames(rng, spec, "frames" if split == "train" else "test_frames")
-        frames = render_video(rng, style, n, width, height, 1.0 / fps,
-                              segmentation_tracks(rng, width, height, n, 1.0 / fps), organ=True)
+        frames, _ = _video(rng, spec, style, n, width, height, 1.0 / fps, segmentation_tracks, organ=True)
         for k, fr in enumerate(frames):
-            write_png(sdir / "left_frames" / f"frame{k:03d}.png", fr.image)
-            write_png(sdir / "labels" / f"frame{k:03d}.png", _ev18_labels(fr))
+            _write(sdir / "left_frames" / f"frame{k:03d}.png", fr.image)
+            _write(sdir / "labels" / f"frame{k:03d}.png", _ev18_labels(fr))
         (sdir / "labels.json").write_text(json.dumps(labels_json))
 
 
@@ -217,13 +273,12 @@ def write_frames_masks(out: Path, name: str, spec: dict, seed: int, width: int, 
             vid = f"video_{number:02d}" if not style.flat else f"scene_{number:04d}"
             rng = rng_for(seed, name, split, vid)
             n = _n_frames(rng, spec, "frames" if split == "train" else "test_frames")
-            frames = render_video(rng, style, n, width, height, 1.0 / fps,
-                                  segmentation_tracks(rng, width, height, n, 1.0 / fps))
+            frames, _ = _video(rng, spec, style, n, width, height, 1.0 / fps, segmentation_tracks)
             for k, fr in enumerate(frames):
-                write_png(out / split / vid / "frames" / f"{k:06d}.png", fr.image)
+                _write(out / split / vid / "frames" / f"{k:06d}.png", fr.image)
                 if k % label_every == 0:  # binary label sets (GraSP): instrument = 1
                     mask = (fr.parts > 0).astype(fr.parts.dtype) if spec.get("_binary") else fr.parts
-                    write_png(out / split / vid / "masks" / f"{k:06d}.png", mask)
+                    _write(out / split / vid / "masks" / f"{k:06d}.png", mask)
 
 
 WRITERS = {
@@ -245,7 +300,8 @@ def generate(name: str, dataset_cfg: dict, spec: dict, seed: int, width: int, he
     fps = dataset_cfg.get("fps") or OFFICIAL_FPS.get(layout)
     if not fps:
         raise ValueError(f"surgical.datasets.{name}.fps must be set to synthesize a '{layout}' dataset")
-    with atomic_dir(out) as tmp:
+    width, height = int(spec.get("width") or width), int(spec.get("height") or height)
+    with atomic_dir(out) as tmp, _linking(bool(spec.get("distinct_frames"))):
         binary = layout == "frames_masks" and dataset_cfg.get("label_set") == "binary"
         WRITERS[layout](tmp, name, {**spec, "_binary": binary}, seed, width, height, float(fps))
         (tmp / "SYNTHETIC.txt").write_text(
