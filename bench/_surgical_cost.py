@@ -12,10 +12,21 @@ an evaluation's time are measured apart:
 and a job costs ``rounds x train_s + evaluations x eval_s`` (evaluations: every
 ``eval_every``-th round and the last). Weights are not loaded (random init costs the same), and
 a CLIP indicator is timed as one-hot (its prompts are embedded once per job).
+
+On a stand-in (``surgical_stand_in.py``: synthetic, at the papers' frame counts, ``stand_in.json``
+beside the data) built at a fraction of the frames, the work that grows with the frames is scaled
+back up: an evaluation by ``1 / test_fraction``; an ultraflwr local epoch by ``1 / fraction``.
+ultraflwr times ``--surgical-epochs`` local epochs per round (the paper's 20 would take hours per
+timed round) and splits a round into each client's set-up and its epochs from the epoch ends
+(:func:`epoch_clock`): a paper round = set-up + epochs x epoch.
 """
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +35,61 @@ import torch
 from _timing import time_spec
 
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.tasks.detection import yolo
+
+
+def stand_in(surgical: Path) -> dict[str, Any] | None:
+    """The stand-in record of a surgical data folder (None for the pipeline's own data)."""
+    path = surgical / "stand_in.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def data_label(record: dict[str, Any] | None) -> dict[str, Any]:
+    """How the row's data was made, with the factors that scale the timed work up to the papers' frames."""
+    if record is None:
+        return {"data": "the pipeline's surgical data", "fraction": 1.0, "test_fraction": 1.0}
+    return {"data": f"SYNTHETIC stand-in at the papers' frame counts (bench/surgical_stand_in.yaml), "
+                    f"{record['distinct_frames']} distinct frames a video", "fraction": float(record["fraction"]),
+            "test_fraction": float(record["test_fraction"])}
+
+
+@contextmanager
+def epoch_clock() -> Iterator[list[dict[str, Any]]]:
+    """Time every local YOLO training: ``[{"start": s, "epoch_ends": [s, ...]}, ...]`` (perf_counter seconds).
+
+    A training starts when ``train_yolo`` makes its epoch selector (just before Ultralytics' trainer is
+    built) and each epoch ends at the selector's call (``on_fit_epoch_end``, after that epoch's validation).
+    """
+    calls: list[dict[str, Any]] = []
+    init, call = yolo.EpochSelector.__init__, yolo.EpochSelector.__call__
+
+    def timed_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if calls and not calls[-1]["epoch_ends"]:  # train_yolo first makes one only to check its arguments
+            calls[-1]["start"] = time.perf_counter()
+        else:
+            calls.append({"start": time.perf_counter(), "epoch_ends": []})
+
+    def timed_call(self, trainer):
+        call(self, trainer)
+        calls[-1]["epoch_ends"].append(time.perf_counter())
+
+    yolo.EpochSelector.__init__, yolo.EpochSelector.__call__ = timed_init, timed_call
+    try:
+        yield calls
+    finally:
+        yolo.EpochSelector.__init__, yolo.EpochSelector.__call__ = init, call
+
+
+def split_trainings(calls: list[dict[str, Any]]) -> tuple[float, float]:
+    """(set-up s, one epoch's s) of a client's local training, means over the trainings that ran at least
+    two epochs: an epoch = the mean gap between epoch ends, set-up = the first epoch's end minus one epoch."""
+    timed = [c for c in calls if len(c["epoch_ends"]) >= 2]
+    if not timed:
+        raise ValueError("no local training ran two epochs: time at least 2 (--surgical-epochs)")
+    epochs = [float(np.mean(np.diff(c["epoch_ends"]))) for c in timed]
+    setups = [c["epoch_ends"][0] - c["start"] - e for c, e in zip(timed, epochs, strict=True)]
+    return float(np.mean(setups)), float(np.mean(epochs))
 
 
 def evaluations(rounds: int, every: int) -> int:
@@ -60,12 +126,14 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
     main_steps = FS.train_config(cfg, "main")[1]
     timed = [m for m in (methods or ["fedst"]) if m in cfg["methods"]] or list(cfg["methods"][:1])
     rates: dict[str, tuple[float, float]] = {}
-    row: dict[str, Any] = {"bench": "grid_cost", "study": "fedst", "device": device, "surgical_dir": str(surgical)}
+    label = data_label(stand_in(surgical))
+    row: dict[str, Any] = {"bench": "grid_cost", "study": "fedst", "device": device, "surgical_dir": str(surgical),
+                           **label}
     for method in timed:
         d = FS.run_spec(timed_cfg, "main", method, 0, str(clips), str(workdir / f"fedst-{method}"), None, device, threads,
                         "timing")
         train_s, eval_s, how = split_rounds(time_spec(RunSpec.from_dict(d)))
-        rates[method] = (train_s, eval_s)
+        rates[method] = (train_s, eval_s / label["test_fraction"])  # training is a fixed number of steps
         row["split"] = how
     mean = tuple(float(np.mean([r[i] for r in rates.values()])) for i in (0, 1))
     jobs = FS.runs(cfg)
@@ -87,6 +155,7 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
                untimed_methods_at_mean=sorted(set(cfg["methods"]) - set(rates)),
                variants_scaled_by_local_steps=True, pretrain_jobs=len(cfg["seeds"]) if pre_s else 0,
                not_costed="each job's deployment evaluation (out-of-federation site, unseen set, FPS)",
+               scaled="an evaluation by 1 / test_fraction (training runs a fixed number of steps)",
                device_seconds=round(seconds + pre_s), device_hours=round((seconds + pre_s) / 3600, 1))
     return row
 
@@ -104,14 +173,19 @@ def pretrain_step_s(cfg: dict, clips: str, device: str, workdir: Path, steps: in
 
 
 def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, rounds: int, device: str, threads: int,
-                   workdir: Path, surgical: Path) -> dict[str, Any]:
+                   workdir: Path, surgical: Path, epochs: int = 2) -> dict[str, Any]:
     from fedmedbench.studies.ultraflwr import runs as UFR
 
     uf = config["ultraflwr"]
-    timed_uf = {**uf, "train": {**uf["train"], "rounds": rounds}, "eval": {**uf["eval"], "every": rounds}}
+    paper_epochs = int(uf["train"]["epochs"])
+    epochs = max(2, min(int(epochs), paper_epochs))
+    timed_uf = {**uf, "train": {**uf["train"], "rounds": rounds, "epochs": epochs}, "eval": {**uf["eval"], "every": rounds}}
     strategies = [m for m in (methods or ["FedAvg"]) if m in uf["strategies"]] or list(uf["strategies"][:1])
-    row: dict[str, Any] = {"bench": "grid_cost", "study": "ultraflwr", "device": device, "surgical_dir": str(surgical)}
+    label = data_label(stand_in(surgical))
+    row: dict[str, Any] = {"bench": "grid_cost", "study": "ultraflwr", "device": device, "surgical_dir": str(surgical),
+                           **label}
     rates: dict[str, dict[str, tuple[float, float]]] = {}
+    parts: dict[str, dict[str, dict[str, float]]] = {}
     for group, settings in uf["groups"].items():  # groups differ in datasets and sizes: each timed on its first setting
         manifest = surgical / "yolo" / group / settings[0] / "manifest.json"
         if not manifest.exists():
@@ -120,8 +194,12 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
             r = {"ugroup": group, "usetting": settings[0], "strategy": strategy, "seedset": uf["seed_sets"][0]}
             d = {**UFR.run_spec(timed_uf, r, str(surgical), None, device, "timing"),
                  "run_dir": str(workdir / f"uf-{group}-{strategy}"), "threads": threads}
-            train_s, eval_s, how = split_rounds(time_spec(RunSpec.from_dict(d)))
-            rates.setdefault(group, {})[strategy] = (train_s, eval_s)
+            with epoch_clock() as calls:
+                per_round = time_spec(RunSpec.from_dict(d))
+            train_s, eval_s, how = split_rounds(per_round)
+            round_rates = paper_round(train_s, calls, len(per_round), epochs, paper_epochs, label["fraction"])
+            rates.setdefault(group, {})[strategy] = (round_rates["train_s"], eval_s / label["test_fraction"])
+            parts.setdefault(group, {})[strategy] = {k: round(v, 3) for k, v in round_rates.items()}
             row["split"] = how
     jobs = list(UFR.runs(uf))
     n_rounds, every = int(uf["train"]["rounds"]), int(uf["eval"]["every"])
@@ -132,10 +210,25 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
         train_s, eval_s = group_rates.get(job["strategy"], mean)
         seconds += n_rounds * train_s + evaluations(n_rounds, every) * eval_s
     row.update(jobs=len(jobs), job_rounds=len(jobs) * n_rounds, rounds_timed=rounds, imgsz=uf["train"]["imgsz"],
-               local_epochs=uf["train"]["epochs"],
+               local_epochs=paper_epochs, local_epochs_timed=epochs, round_parts=parts,
                train_s_per_round={g: {k: round(v[0], 3) for k, v in r.items()} for g, r in rates.items()},
                eval_s={g: {k: round(v[1], 3) for k, v in r.items()} for g, r in rates.items()},
                untimed_strategies_at_mean=sorted(set(UFR.strategies(uf)) - set(strategies)),
+               scaled=f"a round = set-up + {paper_epochs} x epoch / fraction, an evaluation / test_fraction; "
+                      "mosaic stays on in every timed epoch (the paper's last close_mosaic epochs load faster)",
                device_seconds=round(seconds), device_hours=round(seconds / 3600, 1))
     return row
 
+
+def paper_round(train_s: float, calls: list[dict[str, Any]], n_rounds: int, epochs: int, paper_epochs: int,
+                fraction: float) -> dict[str, float]:
+    """One paper round's training seconds from a timed one: the timed round's seconds less its epochs
+    (``overhead_s``: each client's trainer set-up, aggregation, messages) plus ``paper_epochs`` epochs scaled
+    to all frames. ``calls`` are the job's local trainings in order (as many per round)."""
+    per_round = len(calls) // max(1, n_rounds)
+    later = calls[per_round:] if n_rounds > 1 else calls  # the first round builds caches, as in train_s
+    setup_s, epoch_s = split_trainings(later)
+    round_epoch_s = epoch_s * per_round  # the clients train one after another
+    overhead_s = max(0.0, train_s - epochs * round_epoch_s)
+    return {"train_s": overhead_s + paper_epochs * round_epoch_s / fraction, "overhead_s": overhead_s,
+            "client_setup_s": setup_s, "client_epoch_s": epoch_s, "clients": float(per_round)}

@@ -8,11 +8,14 @@ dataset at its official split sizes, through the engine, on ``--device``. Second
 runs) times every job's round budget gives the grid's device-hours, one job at a time.
 Methods not timed (``--methods``) are costed at the mean of the timed ones (said in the row).
 The surgical video studies (fedst, ultraflwr) time their jobs on the pipeline's own surgical data,
-which must be built first (``_surgical_cost.py``; ``--surgical-dir``).
+which must be built first, or on a synthetic stand-in at the papers' frame counts
+(``surgical_stand_in.py``; ``_surgical_cost.py``; ``--surgical-dir``).
 
     python bench/grid_cost.py --config config/studies/earlystop.yaml --rounds 3 --methods fedavg scaffold
     python bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 --methods fedst seg_fedavg
     python bench/grid_cost.py --config config/studies/ultraflwr.yaml --rounds 3 --methods FedAvg
+    python bench/surgical_stand_in.py --config config/studies/ultraflwr.yaml --out /tmp/si-uf --fraction 0.05
+    python bench/grid_cost.py --config config/studies/ultraflwr.yaml --surgical-dir /tmp/si-uf --rounds 3 --methods FedAvg
 """
 
 from __future__ import annotations
@@ -149,6 +152,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--surgical-dir", type=Path,
                     help="the pipeline's surgical data folder (default: resources/surgical/<surgical.origin>)")
+    ap.add_argument("--surgical-epochs", type=int, default=2,
+                    help="ultraflwr: local epochs per timed round (at least 2; scaled up to the config's)")
     ap.add_argument("--out", type=Path, help="append the results as JSON lines")
     args = ap.parse_args()
     import torch
@@ -169,8 +174,10 @@ def main() -> None:
         for name, cost in (("fedst", fedst_cost), ("ultraflwr", ultraflwr_cost)):
             if not has_runs[name] or (args.study and name not in args.study):
                 continue
+            extra = {"epochs": args.surgical_epochs} if name == "ultraflwr" else {}
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
-                rows.append(cost(config, path, args.methods, args.rounds, device, args.threads, Path(tmp), surgical))
+                rows.append(cost(config, path, args.methods, args.rounds, device, args.threads, Path(tmp), surgical,
+                                 **extra))
             emit(rows[-1:], args.out)
 
 

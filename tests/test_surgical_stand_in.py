@@ -1,0 +1,180 @@
+"""The surgical grids' cost without the licensed videos: stand-ins at the papers' frame counts
+(bench/surgical_stand_in.py) and the cost arithmetic that scales a timed fraction back up
+(bench/_surgical_cost.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import _surgical_cost as SC  # noqa: E402
+import grid_cost  # noqa: E402
+import surgical_stand_in as SI  # noqa: E402
+
+from fedmedbench.fl.tasks.detection import yolo  # noqa: E402
+
+STUDIES = BENCH.parent / "config" / "studies"
+SPEC = yaml.safe_load((BENCH / "surgical_stand_in.yaml").read_text())
+
+#: (training, test) frames as published: FedST Table I (site A without the two 300-frame test procedures,
+#: as config/studies/fedst.yaml leaves them out) and UltraFlwr Sec. III-A (all frames of a dataset)
+PUBLISHED = {"endovis2017": (1800, 600), "endovis2018": (2235, 997), "rarp": (2023, 1138), "hystyt": (998, 982),
+             "lobyt": (0, 203), "simulator": (3600, 0), "m2cai16": (2811, 0), "cholectrack20": (31226, 0)}
+LEFT_OUT = {"endovis2017": 2}  # test-only procedures 9 and 10 (excluded by the study config)
+
+
+def _frames(name: str) -> tuple[int, int]:
+    e = SPEC["datasets"][name]
+    if name == "cholectrack20":
+        return 18 * e["frames"], 0  # the release's 20 ids less VID30/31, whose frames the study drops
+    train = (e.get("videos") or 0) * e["frames"]
+    test = ((e.get("test_videos") or 0) - LEFT_OUT.get(name, 0)) * e.get("test_frames", e["frames"])
+    return train, test
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_stand_in_has_the_papers_frame_counts(name):
+    train, test = _frames(name)
+    want_train, want_test = PUBLISHED[name]
+    assert train == pytest.approx(want_train, rel=0.002, abs=1) and test == pytest.approx(want_test, rel=0.002, abs=1)
+
+
+def _tiny_spec(tmp_path: Path) -> Path:
+    """The stand-in spec with small frames (the counts are the papers')."""
+    spec = yaml.safe_load((BENCH / "surgical_stand_in.yaml").read_text())
+    for entry in spec["datasets"].values():
+        entry["width"], entry["height"] = 64, 48
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_ultraflwr_stand_in_writes_the_exports_at_the_fraction_asked(tmp_path):
+    """Every video keeps round(fraction x its frames); the YOLO exports of every group and setting exist; the
+    recorded fraction is what was written over what the papers have; repeated frames are hard links."""
+    config = grid_cost.load_config(STUDIES / "ultraflwr.yaml")
+    record = SI.build(config, tmp_path / "si", 0.01, spec_file=_tiny_spec(tmp_path), jobs=1, log=lambda m: None)
+    counts = record["labelled_frames"]
+    assert sum(counts["cholectrack20"].values()) == 20 * round(1735 * 0.01)
+    assert sum(counts["m2cai16"].values()) == 10 * round(281 * 0.01)
+    written = 18 * 17 + 10 * 3  # without VID30/31
+    assert record["fraction"] == pytest.approx(written / (18 * 1735 + 10 * 281), rel=0.05)
+    for group, settings in config["ultraflwr"]["groups"].items():
+        for setting in settings:
+            manifest = json.loads((tmp_path / "si" / "yolo" / group / setting / "manifest.json").read_text())
+            assert sum(c["counts"]["train"]["frames"] for c in manifest["clients"]) > 0
+    frames = sorted((tmp_path / "si" / "raw" / "CholecTrack20" / "Training" / "VID02" / "Frames").iterdir())
+    assert len(frames) == 17 and frames[0].stat().st_ino == frames[8].stat().st_ino  # 8 distinct, then repeats
+    assert json.loads((tmp_path / "si" / "stand_in.json").read_text())["origin"] == "synthetic"
+    with pytest.raises(SystemExit, match="one --fraction"):
+        SI.build(config, tmp_path / "si2", 0.01, 0.5, spec_file=_tiny_spec(tmp_path))
+    with pytest.raises(SystemExit, match=r"fractions must be in \(0, 1\]"):
+        SI.build(config, tmp_path / "si2", 0.0, spec_file=_tiny_spec(tmp_path))
+
+
+def test_fedst_stand_in_keeps_every_training_frame_and_a_share_of_the_test_frames(tmp_path):
+    config = grid_cost.load_config(STUDIES / "fedst.yaml")
+    record = SI.build(config, tmp_path / "si", 1.0, 0.1, spec_file=_tiny_spec(tmp_path), jobs=2, log=lambda m: None)
+    counts = record["labelled_frames"]
+    assert counts["endovis2017"]["train"] == 1800 and counts["endovis2018"]["train"] == 2235
+    assert counts["endovis2017"]["test"] == 10 * round(75 * 0.1)  # procedures 9 and 10 included, as released
+    assert record["fraction"] == 1.0
+    assert record["test_fraction"] == pytest.approx(0.1, rel=0.1)
+    sites = json.loads((tmp_path / "si" / "clips" / "sites.json").read_text())["sites"]
+    assert set(sites) == set(config["surgical"]["sites"])
+    assert sites["A"]["excluded_videos"] == ["instrument_dataset_10", "instrument_dataset_9"]
+
+
+def test_fractions_are_what_was_written_over_what_the_papers_have():
+    entries = {"a": {"frames": 100, "test_frames": 10}, "b": {"frames": 50}, "token": {"frames": 4, "fixed": True}}
+    specs = {"a": {"frames": [10, 10], "test_frames": [1, 1]}, "b": {"frames": [5, 5]}, "token": {"frames": [4, 4]}}
+    counts = {"a": {"train": 30, "val": 0, "test": 2}, "b": {"train": 10, "val": 5, "test": 5},
+              "token": {"train": 0, "val": 0, "test": 4}}
+    kept, kept_test = SI.effective_fractions(entries, specs, counts)
+    assert kept == pytest.approx(45 / (300 + 150))  # (30 + 15) written of 300 + 150
+    assert kept_test == pytest.approx(7 / (20 + 50))  # a: 2 of 20, b: 5 of 50; the token set left out
+
+
+def _trainer(epoch: int, epochs: int) -> SimpleNamespace:
+    model = torch.nn.Linear(1, 1)
+    metrics = {"metrics/mAP50(B)": 0.5, "metrics/mAP50-95(B)": 0.3, "fitness": 0.32}
+    return SimpleNamespace(metrics=metrics, epoch=epoch, epochs=epochs, stop=False, validated_epoch=epoch,
+                           ema=SimpleNamespace(ema=model))
+
+
+def test_epoch_clock_times_each_local_training_and_then_lets_go(monkeypatch):
+    """A training starts at its second selector (the first only checks the arguments) and an epoch ends at
+    each selector call; outside the clock the selector is untouched."""
+    now = iter([10.0, 12.0, 15.0, 18.0, 30.0, 41.0, 44.0, 47.0])
+    monkeypatch.setattr(SC.time, "perf_counter", lambda: next(now))
+    with SC.epoch_clock() as calls:
+        for _ in range(2):  # two trainings of 2 epochs, as train_yolo makes them
+            yolo.EpochSelector("best", "fitness")
+            selector = yolo.EpochSelector("best", "fitness")
+            for epoch in range(2):
+                selector(_trainer(epoch, 2))
+    assert calls == [{"start": 12.0, "epoch_ends": [15.0, 18.0]}, {"start": 41.0, "epoch_ends": [44.0, 47.0]}]
+    assert SC.split_trainings(calls) == (0.0, 3.0)
+    assert "timed" not in yolo.EpochSelector.__init__.__qualname__
+    assert "timed" not in yolo.EpochSelector.__call__.__qualname__
+
+
+def test_a_local_training_splits_into_set_up_and_epochs():
+    calls = [{"start": 0.0, "epoch_ends": [5.0, 8.0, 11.0]}, {"start": 20.0, "epoch_ends": [24.0, 27.0]},
+             {"start": 30.0, "epoch_ends": [31.0]}]  # one epoch only: nothing to split, left out
+    setup, epoch = SC.split_trainings(calls)
+    assert epoch == pytest.approx(3.0) and setup == pytest.approx((2.0 + 1.0) / 2)
+    with pytest.raises(ValueError, match="at least 2"):
+        SC.split_trainings(calls[2:])
+
+
+def test_a_paper_round_scales_the_epochs_to_all_frames_and_keeps_the_set_up():
+    """3 clients, 2 timed epochs of 3 s each: a 20 s timed round = 18 s of epochs + 2 s of the rest; the
+    paper round has 20 epochs of all frames (a 5 % stand-in: x 20)."""
+    calls = [{"start": 10.0 * i, "epoch_ends": [10.0 * i + 4.0, 10.0 * i + 7.0]} for i in range(9)]  # 3 rounds
+    parts = SC.paper_round(20.0, calls, 3, 2, 20, 0.05)
+    assert parts["clients"] == 3 and parts["client_epoch_s"] == pytest.approx(3.0)
+    assert parts["client_setup_s"] == pytest.approx(1.0) and parts["overhead_s"] == pytest.approx(2.0)
+    assert parts["train_s"] == pytest.approx(2.0 + 20 * 3 * 3.0 / 0.05)
+
+
+def test_fedst_cost_scales_an_evaluation_by_the_test_fraction_only(monkeypatch, tmp_path):
+    """Training runs a fixed number of steps whatever the frames; an evaluation reads test_fraction of them."""
+    config = grid_cost.load_config(STUDIES / "fedst.yaml")
+    config["fedst"]["pretrain"]["enabled"] = False
+    surgical = tmp_path / "si"
+    (surgical / "clips").mkdir(parents=True)
+    (surgical / "clips" / "sites.json").write_text("{}")
+    (surgical / "stand_in.json").write_text(json.dumps({"fraction": 1.0, "test_fraction": 0.25, "distinct_frames": 8}))
+    monkeypatch.setattr(SC, "time_spec", lambda spec: [9.0, 2.0, 2.0, 3.0])  # round 4 adds a 1 s evaluation
+    row = SC.fedst_cost(config, STUDIES / "fedst.yaml", ["fedst"], 4, "cpu", 1, tmp_path / "w", surgical)
+    assert row["train_s_per_round"] == {"fedst": 2.0} and row["eval_s"] == {"fedst": 4.0}
+    assert row["test_fraction"] == 0.25 and "SYNTHETIC stand-in" in row["data"]
+
+
+def test_ultraflwr_cost_times_real_local_trainings_on_a_stand_in(tmp_path):
+    """End to end on the CPU at 64 px: the clock sees every client's 2 epochs in each of 3 rounds, and the
+    paper round is the timed round's rest plus 20 epochs of every client scaled to all frames."""
+    config = grid_cost.load_config(STUDIES / "ultraflwr.yaml")
+    uf = config["ultraflwr"]
+    uf["groups"] = {"combined": ["a"]}
+    uf["train"]["imgsz"] = 64
+    uf["model"]["weights"] = None
+    SI.build(config, tmp_path / "si", 0.01, spec_file=_tiny_spec(tmp_path), jobs=1, log=lambda m: None)
+    row = SC.ultraflwr_cost(config, STUDIES / "ultraflwr.yaml", ["FedAvg"], 3, "cpu", 1, tmp_path / "w",
+                            tmp_path / "si", epochs=2)
+    parts = row["round_parts"]["combined"]["FedAvg"]
+    assert parts["clients"] == 3 and parts["client_epoch_s"] > 0 and parts["client_setup_s"] >= 0
+    assert parts["train_s"] == pytest.approx(parts["overhead_s"] + 20 * 3 * parts["client_epoch_s"] / row["fraction"],
+                                             rel=1e-3)
+    assert row["local_epochs"] == 20 and row["local_epochs_timed"] == 2 and row["device_hours"] > 0
+    assert row["jobs"] == len(uf["strategies"]) * 3 + 3  # and the per-client centralized baseline per seed set
