@@ -10,8 +10,10 @@
 # Each step appends its JSON rows to OUT (default bench/gpu_results.jsonl) and its output to
 # OUT's folder/gpu_session.log (the engine's torch.profiler tables to engine_torch_profile.txt
 # there). A step that fails does not stop the others; the summary at the end lists each step's
-# status and seconds, and the exit status is 1 when a step other than the two surgical-grid ones
-# failed (those need the real videos built first, and say which target builds them).
+# status and seconds, and the exit status is 1 when a step failed.
+# The surgical grids are timed on synthetic stand-ins at the papers' frame counts, built first into
+# $STAND_IN (default /tmp/fedmedbench-stand-in; bench/surgical_stand_in.py), or on the real videos'
+# exports in $SURGICAL_DIR when set (resources/surgical/real after Snakemake built them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -19,6 +21,7 @@ PY=${PYTHON:-python3}
 OUT=${1:-bench/gpu_results.jsonl}
 LOG=$(dirname "$OUT")/gpu_session.log
 THREADS=${THREADS:-4}
+STAND_IN=${STAND_IN:-/tmp/fedmedbench-stand-in}
 export PYTHONUNBUFFERED=1
 # every step imports this tree's package (an installed fedmedbench, or none, would run other code or fail)
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -45,51 +48,61 @@ mkdir -p "$(dirname "$OUT")"
 
 summary=()
 hard_failures=0
-step() {  # step NAME OPTIONAL(0|1) COMMAND...
-  local name=$1 optional=$2; shift 2
+step() {  # step NAME COMMAND...
+  local name=$1; shift
   if [ -n "${STEPS:-}" ] && ! grep -qiE -- "$STEPS" <<<"$name"; then return 0; fi
   echo "== $name: $*" | tee -a "$LOG"
   local t0=$SECONDS
   "$@" 2>&1 | tee -a "$LOG" | tail -n 5
   local rc=${PIPESTATUS[0]} status=ok
-  if [ "$rc" -ne 0 ]; then
-    if [ "$optional" = 1 ]; then status="failed (rc $rc; see the log: real videos built?)"
-    else status="FAILED (rc $rc)"; hard_failures=$((hard_failures + 1)); fi
-  fi
+  if [ "$rc" -ne 0 ]; then status="FAILED (rc $rc)"; hard_failures=$((hard_failures + 1)); fi
   summary+=("$(printf '%-28s %6ss  %s' "$name" $((SECONDS - t0)) "$status")")
 }
 
-step "cuda tests" 0 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_device_arrays.py
-step "engine vs resident loop" 0 "$PY" bench/engine_overhead.py --device cuda \
+step "cuda tests" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_device_arrays.py
+step "engine vs resident loop" "$PY" bench/engine_overhead.py --device cuda \
   --study-config config/studies/earlystop.yaml --rounds 5 --eval-every 1 --repeats 2 --threads "$THREADS" --resident \
   --torch-profile "$(dirname "$OUT")/engine_torch_profile.txt" --out "$OUT"
 # the seconds per round each side spends outside local training and evaluation, and its kernel launches there
-step "engine host overhead" 0 "$PY" bench/host_overhead.py --device cuda --width 0 --rounds 6 --repeats 2 \
+step "engine host overhead" "$PY" bench/host_overhead.py --device cuda --width 0 --rounds 6 --repeats 2 \
   --threads "$THREADS" --out "$OUT"
 # the same with each checkpoint written in the round: what the background writer saves (or costs, in GIL time)
-step "engine host overhead, checkpoint in the round" 0 "$PY" bench/host_overhead.py --device cuda --width 0 --rounds 6 \
+step "engine host overhead, checkpoint in the round" "$PY" bench/host_overhead.py --device cuda --width 0 --rounds 6 \
   --repeats 2 --threads "$THREADS" --checkpoint-writes in-round --out "$OUT"
 # the same with deterministic kernels (engine.deterministic): what a reproducible GPU run costs
-step "engine, deterministic kernels" 0 "$PY" bench/engine_overhead.py --device cuda \
+step "engine, deterministic kernels" "$PY" bench/engine_overhead.py --device cuda \
   --study-config config/studies/earlystop.yaml --rounds 5 --eval-every 1 --repeats 2 --threads "$THREADS" --resident \
   --deterministic --out "$OUT"
-step "engine, batch 50" 0 "$PY" bench/engine_overhead.py --device cuda --model timm:convnextv2_nano \
+step "engine, batch 50" "$PY" bench/engine_overhead.py --device cuda --model timm:convnextv2_nano \
   --rounds 3 --eval-every 1 --repeats 1 --threads "$THREADS" --resident --out "$OUT"
-step "scaffold round persistence" 0 "$PY" bench/round_persistence.py --method scaffold --rounds 6 \
+step "scaffold round persistence" "$PY" bench/round_persistence.py --method scaffold --rounds 6 \
   --threads "$THREADS" --device cuda --out "$OUT"
-step "earlystop grid cost" 0 "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml --rounds 3 \
+step "earlystop grid cost" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml --rounds 3 \
   --methods fedavg fedprox scaffold feddyn fedsam fedspeed fedsmoo fedgamma fedlesam fedwmsam --threads "$THREADS" --out "$OUT"
-step "gpaf grid cost" 0 "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf --rounds 2 \
+step "gpaf grid cost" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf --rounds 2 \
   --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
-step "jobs per GPU" 0 "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --out "$OUT"
+step "jobs per GPU" "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --out "$OUT"
 # one round of 3 local epochs per method, the training centre's client holding most of PathMNIST's 89,996
 # training images (the center scheme keeps a validation and a test share of them): the longest step
-step "gpaf pathmnist grid cost" 0 "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf_pathmnist \
+step "gpaf pathmnist grid cost" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf_pathmnist \
   --rounds 1 --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
-step "fedst grid cost" 1 "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
-  --methods fedst seg_fedavg --threads "$THREADS" --out "$OUT"
-step "ultraflwr grid cost" 1 "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml --rounds 3 \
-  --methods FedAvg FedBackboneAvg --threads "$THREADS" --out "$OUT"
+# fedst: every training frame (the frame cache sees the real working set), a quarter of the test frames
+# (an evaluation is scaled back up); 3 rounds from a cold frame cache
+if [ -z "${SURGICAL_DIR:-}" ]; then
+  step "fedst stand-in" "$PY" bench/surgical_stand_in.py --config config/studies/fedst.yaml --out "$STAND_IN/fedst" \
+    --test-fraction 0.25 --jobs 8
+fi
+step "fedst grid cost" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
+  --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods fedst seg_fedavg --threads "$THREADS" --out "$OUT"
+# ultraflwr: 5 % of every video's frames, 2 local epochs a round, scaled up to the paper's 20 epochs and all
+# frames; the strategies differ only in which tensors are averaged, so FedAvg stands for all of them
+if [ -z "${SURGICAL_DIR:-}" ]; then
+  step "ultraflwr stand-in" "$PY" bench/surgical_stand_in.py --config config/studies/ultraflwr.yaml \
+    --out "$STAND_IN/ultraflwr" --fraction 0.05 --jobs 8
+fi
+step "ultraflwr grid cost" "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml --rounds 3 \
+  --surgical-epochs 2 --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" --methods FedAvg --threads "$THREADS" \
+  --out "$OUT"
 
 if [ -n "${STEPS:-}" ] && [ ${#summary[@]} -eq 0 ]; then
   echo "gpu_session: STEPS='$STEPS' matches no step" >&2
