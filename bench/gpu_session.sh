@@ -36,7 +36,8 @@ if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 missing=$("$PY" -c '
 import importlib.util
-need = ["flwr", "flwr_datasets", "jsonschema", "timm", "medmnist", "sklearn", "pandas", "yaml", "psutil"]
+need = ["flwr", "flwr_datasets", "jsonschema", "timm", "medmnist", "sklearn", "pandas", "yaml", "psutil",
+        "ultralytics", "thop", "cv2", "pyarrow"]
 print(" ".join(m for m in need if importlib.util.find_spec(m) is None))')
 if [ -n "$missing" ]; then  # every step would fail on its first import
   echo "gpu_session: $PY lacks: $missing (offline: bench/gpu_wheels.sh downloads their wheels; its header says how to install them)" >&2

@@ -8,14 +8,16 @@
 #   python3 -m pip install --no-index --no-deps --target /tmp/site DIR/*.whl && export PYTHONPATH=/tmp/site
 #   PYTHON=python3 bash bench/gpu_session.sh
 # Flower needs its own grpcio, protobuf, typer, click and rich versions (the image's may be other
-# ones); medmnist is read for its dataset table (names, split sizes) only.
+# ones); medmnist is read for its dataset table (names, split sizes) only. Ultralytics (the ultraflwr
+# grid) comes without polars (54 MB; only its plots and results.csv read it, which the study's trainer
+# skips) and runs on the image's opencv-python-headless.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-.whl}
 PYV=${2:-3.12}
 PACKAGES=(flwr flwr-datasets datasets dill multiprocess grpcio grpcio-health-checking protobuf cryptography cffi
           pycparser pycryptodome iterators tomli tomli_w typer click rich jsonschema jsonschema-specifications
-          referencing rpds-py platformdirs medmnist fire termcolor)
+          referencing rpds-py platformdirs medmnist fire termcolor ultralytics ultralytics-thop)
 pins=()
 for p in "${PACKAGES[@]}"; do
   pin=$(grep -iE "^${p//[-_]/[-_]}==" envs/constraints.txt) || { echo "gpu_wheels: $p has no pin in envs/constraints.txt" >&2; exit 2; }
