@@ -913,3 +913,105 @@ def test_test_evaluation_uses_rectangular_batches_as_model_val(export, tmp_path,
         assert fed_in == tuple(int(np.ceil(s / 32 + 0.5)) * 32 for s in (h, w)) and fed_in[0] < fed_in[1]
     else:
         assert fed_in == (192, 192)
+
+
+def test_training_workers_are_a_result_parameter_that_reaches_ultralytics(export, tmp_path, monkeypatch):
+    """``ultraflwr.train.workers`` (UltraFlwr: 0): in the run's hash once set (its augmentations differ), absent
+    at 0 (earlier runs keep their hash), handed by the method and by train_yolo to Ultralytics' trainer."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import yaml
+
+    from fedmedbench.fl.registry import ClientContext
+    from fedmedbench.fl.tasks.detection import yolo as Y
+    from fedmedbench.studies.ultraflwr import runs as UFR
+
+    schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "schema.yaml").read_text())
+    assert schema["properties"]["ultraflwr"]["properties"]["train"]["properties"]["workers"]["default"] == 0
+    train = {"rounds": 2, "epochs": 1, "batch": 8, "imgsz": 64, "lr0": 0.01, "patience": 100, "split": "ultraflwr",
+             "select": "best", "select_metric": "fitness", "weighting": "uniform", "final_aggregation": "skip_all",
+             "auto_optimizer": "ultralytics_8_3", "ultralytics": {}}
+    conf = {"train": train, "model": {"cfg": "yolo11n.yaml", "head_init": "client"},
+            "eval": {"every": 1, "batch": 16, "conf": 0.001, "iou": 0.7, "rect": True}}
+    r = {"ugroup": "g", "usetting": "a", "strategy": "FedAvg", "seedset": 0}
+    specs = {w: RunSpec.from_dict(UFR.run_spec({**conf, "train": {**train, "workers": w}}, r, "s", None, "cpu", "x"))
+             for w in (0, 2)}
+    assert "workers" not in specs[0].method_params and specs[2].method_params["workers"] == 2
+    assert specs[0].run_hash() != specs[2].run_hash()
+    with pytest.raises(ValueError, match="workers must be >= 0"):
+        get_method("ultraflwr", {"workers": -1})
+
+    asked = []
+    monkeypatch.setattr(Y, "train_yolo", lambda *a, **kw: asked.append(kw["workers"]) or Y.TrainOutcome(
+        state=build_yolo("yolo11n.yaml", 3, seed=0).state_dict(), selected_epoch=0, val_map50=[0.0]))
+    method = get_method("ultraflwr", {"strategy": "FedAvg", "workers": 3})
+    data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=0, workdir="unused", num_train=5)
+    method.client_fit(ClientContext(pid=0, rnd=1, model=build_yolo("yolo11n.yaml", 3, seed=0), data=data,
+                                    train=TrainConfig(rounds=2, local_epochs=1, batch_size=8, lr=0.01),
+                                    device=torch.device("cpu"), generator=torch.Generator(), state={}, steps=0,
+                                    global_arrays={}))
+    assert asked == [3]
+    monkeypatch.undo()
+
+    seen = []
+    made = Y.study_trainer
+
+    def recording(*a, **k):
+        class Recording(made(*a, **k)):
+            def __init__(self, *args, overrides=None, **kwargs):
+                seen.append(overrides["workers"])  # Ultralytics itself then loads in-process on a CPU
+                super().__init__(*args, overrides=overrides, **kwargs)
+        return Recording
+
+    monkeypatch.setattr(Y, "study_trainer", recording)
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+
+    spec = _spec(export, tmp_path, "FedAvg")
+    data = DetectionTask(spec).client_data(0)
+    train_yolo(build_yolo("yolo11n.yaml", spec.num_classes, seed=0), data.data_yaml, epochs=1, batch=8, imgsz=64,
+               seed=0, device=torch.device("cpu"), workdir=tmp_path / "w", select="last", workers=1)
+    assert seen == [1]
+
+
+def test_evaluation_loader_workers_change_no_prediction(export, tmp_path, monkeypatch):
+    """``engine.loader_workers``: the validator reads the images in order, so every image's predictions and
+    the metrics are the same with worker processes as without; not in the run's hash."""
+    import dataclasses
+    import functools
+
+    from ultralytics.models.yolo.detect import val as detect_val
+    from ultralytics.utils import metrics as M
+
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+    from fedmedbench.fl.tasks.detection.yolo import validate_yolo
+
+    spec = _spec(export, tmp_path, "FedAvg")
+    assert dataclasses.replace(spec, loader_workers=2).run_hash() == spec.run_hash()
+    data = DetectionTask(spec).client_data(0)
+    model = build_yolo("yolo11n.yaml", spec.num_classes, seed=4)
+    recorded: dict[int, list] = {}
+    update = M.DetMetrics.update_stats
+    build = detect_val.build_dataloader
+    loaders = []
+
+    def loader(dataset, batch, workers, *a, forced=0, **k):  # on a CPU Ultralytics sets workers to 0: a GPU's
+        loaders.append(forced)  # loader is forced here so that worker processes really read the images
+        return build(dataset, batch, forced, *a, **k)
+
+    for workers in (0, 2):
+        stats = recorded.setdefault(workers, [])
+        monkeypatch.setattr(M.DetMetrics, "update_stats",
+                            lambda self, stat, stats=stats: stats.append({k: np.array(v) for k, v in stat.items()})
+                            or update(self, stat))
+        monkeypatch.setattr(detect_val, "build_dataloader", functools.partial(loader, forced=workers))
+        scores = validate_yolo(model, data.data_yaml, "test", imgsz=64, batch=4, device=torch.device("cpu"),
+                               workdir=tmp_path / f"w{workers}", workers=workers)
+        recorded[workers].append(scores)
+    assert loaders == [0, 2]
+    *images0, scores0 = recorded[0]
+    *images2, scores2 = recorded[2]
+    assert scores0 == scores2 and len(images0) == len(images2) > 2
+    assert sum(len(s["conf"]) for s in images0) > 0  # the random model predicts boxes: a real comparison
+    for a, b in zip(images0, images2, strict=True):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a if k != "im_name")

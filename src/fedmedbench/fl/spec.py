@@ -17,14 +17,14 @@ if TYPE_CHECKING:  # the workflow reads this module while it plans: no torch at 
 
 #: fields that do not change the numbers a run produces
 _NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device",
-               "device_arrays", "deterministic"}
+               "device_arrays", "deterministic", "loader_workers"}
 #: fields a job's script sets from its Snakemake job and the config, never from ``params:``: they change
 #: how a run executes, not its numbers, so changing them reruns no finished job
 RUNTIME_FIELDS = ("threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device", "device_arrays",
-                  "deterministic")
+                  "deterministic", "loader_workers")
 RESUME_MODES = ("auto", "restart")
 #: the config's ``engine`` entries a spec takes: how a job runs, never what it computes
-ENGINE_OPTIONS = ("backend", "cache_on_device", "device_arrays", "deterministic")
+ENGINE_OPTIONS = ("backend", "cache_on_device", "device_arrays", "deterministic", "loader_workers")
 
 
 def engine_options(config: dict[str, Any]) -> dict[str, Any]:
@@ -62,6 +62,9 @@ class RunSpec:
     #: deterministic GPU kernels (fl/determinism.py): a rerun or a resumed run gives the same bits; the same
     #: arithmetic, so not hashed; no effect on the CPU
     deterministic: bool = False
+    #: DataLoader worker processes of the surgical detection evaluation (Ultralytics' validator reads the
+    #: images in order, so the metrics do not depend on it): speed only, not hashed
+    loader_workers: int = 0
     data_origin: str = "synthetic"
     log_every: int = 1
     eval_every: int = 1

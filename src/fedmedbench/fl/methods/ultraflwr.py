@@ -66,7 +66,7 @@ class UltraFlwr(Method):
     def __init__(self, strategy: str = "FedAvg", split: str = "ultraflwr", select: str = "best",
                  select_metric: str = "fitness", weighting: str = "uniform", final_aggregation: str = "skip_all",
                  ultralytics: dict | None = None, auto_optimizer: str = "ultralytics_8_3",
-                 head_init: str = "client") -> None:
+                 head_init: str = "client", workers: int = 0) -> None:
         self.components, self.aggregator = parse_strategy(strategy)
         if split not in SPLITS:
             raise ValueError(f"method_params.ultraflwr.split must be one of {SPLITS}, got '{split}'")
@@ -88,6 +88,9 @@ class UltraFlwr(Method):
             raise ValueError(f"method_params.ultraflwr.head_init must be one of {HEAD_INITS}, got '{head_init}'")
         self.head_init = head_init
         self.ultralytics = dict(ultralytics or {})
+        if int(workers) < 0:
+            raise ValueError(f"method_params.ultraflwr.workers must be >= 0, got {workers}")
+        self.workers = int(workers)
 
     @property
     def partial(self) -> bool:
@@ -135,7 +138,7 @@ class UltraFlwr(Method):
                              batch=ctx.train.batch_size, imgsz=data.imgsz, seed=data.seed, device=ctx.device,
                              workdir=f"{data.workdir}/r{ctx.rnd:03d}", select=self.select,
                              select_metric=self.select_metric, extra=self.ultralytics,
-                             auto_optimizer=self.auto_optimizer)
+                             auto_optimizer=self.auto_optimizer, workers=self.workers)
         ctx.state["model"] = outcome.state
         last = ctx.rnd >= ctx.train.rounds
         keys = [] if (last and self.skips_final()) else self.shared_keys(ctx.model)

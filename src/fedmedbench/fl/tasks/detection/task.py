@@ -88,7 +88,8 @@ class DetectionTask(Task):
 
         p = self.params
         return validate_yolo(model, data_yaml, split, imgsz=self.spec.image_size, batch=p["eval_batch"], device=device,
-                             workdir=workdir, conf=p["conf"], iou=p["iou"], rect=p["rect"])
+                             workdir=workdir, conf=p["conf"], iou=p["iou"], rect=p["rect"],
+                             workers=self.spec.loader_workers)
 
     def evaluate_client(self, model, data: DetectionClient, device) -> dict[str, float]:
         """Row ``data.pid`` of the ID/CD matrix (``test<j>_*``) with its ID (``local_*``) and CD (``cd_*``)."""

@@ -225,8 +225,10 @@ def train_yolo(
     model: torch.nn.Module, data_yaml: str | Path, *, epochs: int, batch: int, imgsz: int, seed: int,
     device: torch.device, workdir: str | Path, select: str = "best", select_metric: str = "fitness",
     extra: dict[str, Any] | None = None, auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
+    workers: int = 0,
 ) -> TrainOutcome:
-    """Train ``model`` (its current weights) for ``epochs`` with Ultralytics' detection trainer."""
+    """Train ``model`` (its current weights) for ``epochs`` with Ultralytics' detection trainer (``workers``
+    dataloader processes; 0 = in this process, as UltraFlwr)."""
     EpochSelector(select, select_metric)  # fail on a bad choice before Ultralytics starts
     trainer_cls = study_trainer(auto_optimizer, fitness)
     extra = dict(extra or {})
@@ -236,7 +238,7 @@ def train_yolo(
 
     args = dict(model=str(getattr(model, "yaml_file", "") or "yolo11n.yaml"), data=str(data_yaml), epochs=int(epochs),
                 batch=int(batch), imgsz=int(imgsz), seed=int(seed), deterministic=True, device=device_arg(device),
-                workers=0, project=str(Path(workdir).resolve()), name="train", exist_ok=True, plots=False, save=False,
+                workers=int(workers), project=str(Path(workdir).resolve()), name="train", exist_ok=True, plots=False, save=False,
                 val=select == "best", amp=device.type == "cuda", verbose=False, **extra)
     trainer = trainer_cls(overrides=args)
     trainer.model = model  # used as is by setup_model (no rebuild, our weights)
@@ -297,7 +299,7 @@ def fused_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 def validate_yolo(
     model: torch.nn.Module, data_yaml: str | Path, split: str, *, imgsz: int, batch: int, device: torch.device,
-    workdir: str | Path, conf: float = 0.001, iou: float = 0.7, rect: bool = True,
+    workdir: str | Path, conf: float = 0.001, iou: float = 0.7, rect: bool = True, workers: int = 0,
 ) -> dict[str, float]:
     """mAP50 and mAP50-95 of ``model`` on ``split`` of ``data_yaml`` with Ultralytics' DetectionValidator.
 
@@ -308,7 +310,7 @@ def validate_yolo(
     from ultralytics.models.yolo.detect import DetectionValidator
 
     args = dict(data=str(data_yaml), split=split, imgsz=int(imgsz), batch=int(batch), device=device_arg(device),
-                workers=0, plots=False, save_json=False, verbose=False, conf=conf, iou=iou, rect=bool(rect),
+                workers=int(workers), plots=False, save_json=False, verbose=False, conf=conf, iou=iou, rect=bool(rect),
                 project=str(Path(workdir).resolve()), name="val", exist_ok=True)
     validator = DetectionValidator(args=args)
     stats = validator(model=fused_copy(model))
