@@ -173,13 +173,18 @@ def pretrain_step_s(cfg: dict, clips: str, device: str, workdir: Path, steps: in
 
 
 def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, rounds: int, device: str, threads: int,
-                   workdir: Path, surgical: Path, epochs: int = 2) -> dict[str, Any]:
+                   workdir: Path, surgical: Path, epochs: int = 2, workers: int | None = None) -> dict[str, Any]:
+    """``workers``: the local trainings' and the evaluation's dataloader workers (default: the config's
+    ``ultraflwr.train.workers`` and ``engine.loader_workers``)."""
     from fedmedbench.studies.ultraflwr import runs as UFR
 
     uf = config["ultraflwr"]
     paper_epochs = int(uf["train"]["epochs"])
     epochs = max(2, min(int(epochs), paper_epochs))
-    timed_uf = {**uf, "train": {**uf["train"], "rounds": rounds, "epochs": epochs}, "eval": {**uf["eval"], "every": rounds}}
+    train_workers = int(uf["train"].get("workers", 0) if workers is None else workers)
+    loader_workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)
+    timed_uf = {**uf, "train": {**uf["train"], "rounds": rounds, "epochs": epochs, "workers": train_workers},
+                "eval": {**uf["eval"], "every": rounds}}
     strategies = [m for m in (methods or ["FedAvg"]) if m in uf["strategies"]] or list(uf["strategies"][:1])
     label = data_label(stand_in(surgical))
     row: dict[str, Any] = {"bench": "grid_cost", "study": "ultraflwr", "device": device, "surgical_dir": str(surgical),
@@ -193,7 +198,8 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
         for strategy in strategies:
             r = {"ugroup": group, "usetting": settings[0], "strategy": strategy, "seedset": uf["seed_sets"][0]}
             d = {**UFR.run_spec(timed_uf, r, str(surgical), None, device, "timing"),
-                 "run_dir": str(workdir / f"uf-{group}-{strategy}"), "threads": threads}
+                 "run_dir": str(workdir / f"uf-{group}-{strategy}"), "threads": threads,
+                 "loader_workers": loader_workers}
             with epoch_clock() as calls:
                 per_round = time_spec(RunSpec.from_dict(d))
             train_s, eval_s, how = split_rounds(per_round)
@@ -211,6 +217,7 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
         seconds += n_rounds * train_s + evaluations(n_rounds, every) * eval_s
     row.update(jobs=len(jobs), job_rounds=len(jobs) * n_rounds, rounds_timed=rounds, imgsz=uf["train"]["imgsz"],
                local_epochs=paper_epochs, local_epochs_timed=epochs, round_parts=parts,
+               train_workers=train_workers, loader_workers=loader_workers,
                train_s_per_round={g: {k: round(v[0], 3) for k, v in r.items()} for g, r in rates.items()},
                eval_s={g: {k: round(v[1], 3) for k, v in r.items()} for g, r in rates.items()},
                untimed_strategies_at_mean=sorted(set(UFR.strategies(uf)) - set(strategies)),

@@ -104,6 +104,11 @@ fi
 step "ultraflwr grid cost" "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml --rounds 3 \
   --surgical-epochs 2 --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" --methods FedAvg --threads "$THREADS" \
   --out "$OUT"
+# the same with 8 dataloader workers in each local training and evaluation (ultraflwr.train.workers,
+# engine.loader_workers; UltraFlwr loads in the process): what parallel loading saves on a GPU
+step "ultraflwr grid cost, 8 loader workers" "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml \
+  --rounds 3 --surgical-epochs 2 --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" --methods FedAvg \
+  --yolo-workers 8 --threads "$THREADS" --out "$OUT"
 
 if [ -n "${STEPS:-}" ] && [ ${#summary[@]} -eq 0 ]; then
   echo "gpu_session: STEPS='$STEPS' matches no step" >&2

@@ -154,6 +154,9 @@ def main() -> None:
                     help="the pipeline's surgical data folder (default: resources/surgical/<surgical.origin>)")
     ap.add_argument("--surgical-epochs", type=int, default=2,
                     help="ultraflwr: local epochs per timed round (at least 2; scaled up to the config's)")
+    ap.add_argument("--yolo-workers", type=int,
+                    help="ultraflwr: dataloader workers of local training (ultraflwr.train.workers) and of the "
+                         "evaluation (engine.loader_workers); default: the config's")
     ap.add_argument("--out", type=Path, help="append the results as JSON lines")
     args = ap.parse_args()
     import torch
@@ -174,7 +177,7 @@ def main() -> None:
         for name, cost in (("fedst", fedst_cost), ("ultraflwr", ultraflwr_cost)):
             if not has_runs[name] or (args.study and name not in args.study):
                 continue
-            extra = {"epochs": args.surgical_epochs} if name == "ultraflwr" else {}
+            extra = {"epochs": args.surgical_epochs, "workers": args.yolo_workers} if name == "ultraflwr" else {}
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
                 rows.append(cost(config, path, args.methods, args.rounds, device, args.threads, Path(tmp), surgical,
                                  **extra))
