@@ -40,6 +40,8 @@ from fedmedbench.fl.tasks.detection import yolo
 
 def stand_in(surgical: Path) -> dict[str, Any] | None:
     """The stand-in record of a surgical data folder (None for the pipeline's own data)."""
+    if (surgical / ".building").exists():
+        raise SystemExit(f"{surgical}: an unfinished stand-in (its build stopped); run surgical_stand_in.py again")
     path = surgical / "stand_in.json"
     return json.loads(path.read_text()) if path.exists() else None
 

@@ -7,8 +7,9 @@ ultraflwr) in their release layouts, at the frame counts and sizes of ``bench/su
 code: the frame indices, the re-curated client settings and the YOLO exports
 (``<out>/yolo/<group>``), and the clip index (``<out>/clips``). ``grid_cost.py --surgical-dir <out>``
 then times the study on it. Each video renders ``distinct_frames`` frames and repeats them as hard
-links, so a release-sized set takes seconds and little disk; the content is synthetic and repeats:
-for cost, never a paper reproduction.
+links, so a release-sized set takes minutes (mostly the indexing, which decodes every frame as on
+real data) and little disk; the content is synthetic and repeats: for cost, never a paper
+reproduction.
 
 ``--fraction`` scales each video's frames; for fedst, ``--test-fraction`` scales the test videos'
 instead (default: ``--fraction``). Timing a full-size ultraflwr round takes many minutes, so a
@@ -45,6 +46,8 @@ from fedmedbench.data.surgical.recurate import build_group  # noqa: E402
 from fedmedbench.data.surgical.schema import read_index  # noqa: E402
 
 SPEC_FILE = ROOT / "bench" / "surgical_stand_in.yaml"
+#: present while a stand-in is written (removed once stand_in.json is)
+BUILDING = ".building"
 #: keys of a stand-in entry that are not generator settings
 NOTES = ("source", "fixed")
 
@@ -130,8 +133,7 @@ def build(config: dict, out: Path, fraction: float = 1.0, test_fraction: float |
     missing = [n for n in names if n not in stand_in["datasets"]]
     if missing:
         raise SystemExit(f"{spec_file}: no stand-in for dataset(s) {missing} of {study}")
-    if out.exists():
-        shutil.rmtree(out)
+    _claim(out)
     specs = {n: generator_spec(stand_in["datasets"][n], fraction, test_fraction, stand_in["distinct_frames"])
              for n in names}
     start = time.perf_counter()
@@ -157,11 +159,23 @@ def build(config: dict, out: Path, fraction: float = 1.0, test_fraction: float |
               "never a paper reproduction", "study": study, "fraction": kept, "test_fraction": kept_test,
               "requested": {"fraction": fraction, "test_fraction": test_fraction},
               "distinct_frames": int(stand_in["distinct_frames"]), "labelled_frames": counts,
-              "datasets": {n: {**{k: v for k, v in specs[n].items()}, "source": stand_in["datasets"][n].get("source")}
-                           for n in names},
+              "datasets": {n: {**specs[n], "source": stand_in["datasets"][n].get("source")} for n in names},
               "build_s": round(time.perf_counter() - start, 1), "export_s": round(time.perf_counter() - exported, 1)}
     io.write_json(out / "stand_in.json", record)
+    (out / BUILDING).unlink()
     return record
+
+
+def _claim(out: Path) -> None:
+    """Empty ``out`` for a new stand-in, marked unfinished until ``stand_in.json`` is written (the indices
+    and exports name their files by absolute path, so the set is built in place, not renamed into it).
+    Only an empty folder or an earlier stand-in is replaced."""
+    if out.exists():
+        if any(out.iterdir()) and not (out / "stand_in.json").exists() and not (out / BUILDING).exists():
+            raise SystemExit(f"{out} exists and holds no stand-in (no stand_in.json): choose another --out")
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    (out / BUILDING).write_text("a stand-in is being built here; an interrupted build leaves this file\n")
 
 
 def main() -> None:

@@ -178,3 +178,24 @@ def test_ultraflwr_cost_times_real_local_trainings_on_a_stand_in(tmp_path):
                                              rel=1e-3)
     assert row["local_epochs"] == 20 and row["local_epochs_timed"] == 2 and row["device_hours"] > 0
     assert row["jobs"] == len(uf["strategies"]) * 3 + 3  # and the per-client centralized baseline per seed set
+
+
+def test_a_stand_in_replaces_only_an_earlier_stand_in_and_an_unfinished_one_is_named(tmp_path, monkeypatch):
+    config = grid_cost.load_config(STUDIES / "ultraflwr.yaml")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "results.csv").write_text("keep me")
+    with pytest.raises(SystemExit, match="holds no stand-in"):
+        SI.build(config, tmp_path / "mine", 0.01, spec_file=_tiny_spec(tmp_path))
+    assert (tmp_path / "mine" / "results.csv").read_text() == "keep me"
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SI, "export_group", stop)  # a build stopped after the indices
+    with pytest.raises(KeyboardInterrupt):
+        SI.build(config, tmp_path / "si", 0.01, spec_file=_tiny_spec(tmp_path), jobs=1, log=lambda m: None)
+    with pytest.raises(SystemExit, match="unfinished stand-in"):
+        SC.ultraflwr_cost(config, STUDIES / "ultraflwr.yaml", ["FedAvg"], 3, "cpu", 1, tmp_path / "w", tmp_path / "si")
+    monkeypatch.undo()
+    SI.build(config, tmp_path / "si", 0.01, spec_file=_tiny_spec(tmp_path), jobs=1, log=lambda m: None)  # replaced
+    assert (tmp_path / "si" / "stand_in.json").exists() and not (tmp_path / "si" / SI.BUILDING).exists()

@@ -14,8 +14,8 @@ and the simulator set). ``spec`` is one entry of ``surgical.synthetic.datasets``
 * ``width``, ``height``: this dataset's frame size (default: ``surgical.synthetic``'s)
 * ``distinct_frames``: render at most this many frames per video and repeat them in turn for the
   rest, each repeat a hard link to the first file written from the same frame (videos at a
-  release's full frame count and resolution in seconds and little disk, for timing; the content
-  then repeats, so such a set is for cost measurements, never for learning curves)
+  release's full frame count and resolution without rendering or storing every frame, for timing;
+  the content repeats, so such a set is for cost measurements, never for learning curves)
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _style(spec: dict):
 
 #: while a dataset with ``distinct_frames`` is written: (id of a frame-owned array, suffix) -> (the array,
 #: the first file written from it); holding the array keeps its id from being reused by another object
-_written: dict[tuple[int, str], tuple[np.ndarray, Path]] | None = None
+_written: dict[tuple[int, str], tuple[np.ndarray, Path | None]] | None = None
 
 
 @contextmanager
