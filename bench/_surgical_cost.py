@@ -131,6 +131,11 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
     label = data_label(stand_in(surgical))
     row: dict[str, Any] = {"bench": "grid_cost", "study": "fedst", "device": device, "surgical_dir": str(surgical),
                            **label}
+    pre_s = 0.0
+    if cfg["pretrain"].get("enabled", True):  # first: a few steps, so a failure costs no method's timing
+        per_step = pretrain_step_s(timed_cfg, str(clips), device, workdir)  # without weight files, as the jobs
+        pre_s = per_step * int(cfg["pretrain"]["steps"]) * len(cfg["seeds"])
+        row["pretrain_s_per_step"] = round(per_step, 4)
     for method in timed:
         d = FS.run_spec(timed_cfg, "main", method, 0, str(clips), str(workdir / f"fedst-{method}"), None, device, threads,
                         "timing")
@@ -145,11 +150,6 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
         train_s, eval_s = rates.get(method, mean)
         scale = steps / main_steps if steps and main_steps else 1.0  # comm<k>: k iterations; synmix: twice
         seconds += int(train["rounds"]) * train_s * scale + evaluations(int(train["rounds"]), cfg["eval"]["eval_every"]) * eval_s
-    pre_s = 0.0
-    if cfg["pretrain"].get("enabled", True):
-        per_step = pretrain_step_s(cfg, str(clips), device, workdir)
-        pre_s = per_step * int(cfg["pretrain"]["steps"]) * len(cfg["seeds"])
-        row["pretrain_s_per_step"] = round(per_step, 4)
     row.update(jobs=len(jobs), job_rounds=sum(int(FS.train_config(cfg, v)[0]["rounds"]) for v, _, _ in jobs),
                rounds_timed=rounds, local_steps=main_steps, input_size=cfg["data"]["input_size"],
                train_s_per_round={k: round(v[0], 3) for k, v in rates.items()},

@@ -199,3 +199,27 @@ def test_a_stand_in_replaces_only_an_earlier_stand_in_and_an_unfinished_one_is_n
     monkeypatch.undo()
     SI.build(config, tmp_path / "si", 0.01, spec_file=_tiny_spec(tmp_path), jobs=1, log=lambda m: None)  # replaced
     assert (tmp_path / "si" / "stand_in.json").exists() and not (tmp_path / "si" / SI.BUILDING).exists()
+
+
+def test_fedst_cost_times_pretraining_first_and_without_weight_files(monkeypatch, tmp_path):
+    """The paper config names ImageNet and CLIP weight sets; the timing loads neither (random init and a
+    one-hot indicator cost the same), and pre-training is timed before any method."""
+    from fedmedbench.studies.fedst import pretrain as PT
+
+    config = grid_cost.load_config(STUDIES / "fedst.yaml")
+    assert config["fedst"]["model"]["encoder_weights"] and config["fedst"]["indicator"]["kind"] == "clip"
+    surgical = tmp_path / "si"
+    (surgical / "clips").mkdir(parents=True)
+    (surgical / "clips" / "sites.json").write_text("{}")
+    order = []
+
+    def fake_pretrain(params, seed, out, device, log):
+        order.append("pretrain")
+        assert params["model"]["encoder_weights"] is None and params["indicator"]["kind"] == "onehot"
+        torch.save({"_pretrain_s": 5.0}, out)
+
+    monkeypatch.setattr(PT, "pretrain", fake_pretrain)
+    monkeypatch.setattr(SC, "time_spec", lambda spec: order.append(spec.method) or [9.0, 2.0, 2.0, 3.0])
+    (tmp_path / "w").mkdir()
+    row = SC.fedst_cost(config, STUDIES / "fedst.yaml", ["fedst"], 4, "cpu", 1, tmp_path / "w", surgical)
+    assert order == ["pretrain", "fedst"] and row["pretrain_s_per_step"] == 1.0
