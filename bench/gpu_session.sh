@@ -87,14 +87,17 @@ step "jobs per GPU" "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads
 # training images (the center scheme keeps a validation and a test share of them): the longest step
 step "gpaf pathmnist grid cost" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf_pathmnist \
   --rounds 1 --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
-# fedst: every training frame (the frame cache sees the real working set), a quarter of the test frames
-# (an evaluation is scaled back up); 3 rounds from a cold frame cache
+# fedst: every training frame (the frame cache sees the real working set), a tenth of the test frames
+# (an evaluation is scaled back up); 3 rounds from a cold frame cache. FedST (SERQ on the server too) and
+# FedAvg in two steps: each costs the whole grid at its rate, the upper and the lower bound
 if [ -z "${SURGICAL_DIR:-}" ]; then
   step "fedst stand-in" "$PY" bench/surgical_stand_in.py --config config/studies/fedst.yaml --out "$STAND_IN/fedst" \
-    --test-fraction 0.25 --jobs 8
+    --test-fraction 0.1 --jobs 8
 fi
-step "fedst grid cost" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
-  --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods fedst seg_fedavg --threads "$THREADS" --out "$OUT"
+step "fedst grid cost, FedST" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
+  --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods fedst --threads "$THREADS" --out "$OUT"
+step "fedst grid cost, FedAvg" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
+  --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods seg_fedavg --threads "$THREADS" --out "$OUT"
 # ultraflwr: 5 % of every video's frames, 2 local epochs a round, scaled up to the paper's 20 epochs and all
 # frames; the strategies differ only in which tensors are averaged, so FedAvg stands for all of them
 if [ -z "${SURGICAL_DIR:-}" ]; then

@@ -73,7 +73,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     ran = calls.read_text().splitlines()
     stand_ins = [c for c in ran if "surgical_stand_in.py" in c]
-    assert len(ran) == 16 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in ran[1:] if c not in stand_ins)
+    assert len(ran) == 17 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in ran[1:] if c not in stand_ins)
     assert "tests/test_cuda.py tests/test_device_arrays.py" in ran[0]
     src = str(GPU_SESSION.parents[1] / "src")
     assert all(p.split(":")[0] == src for p in (tmp_path / "paths").read_text().splitlines())  # this tree's package
@@ -84,19 +84,22 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     for study in ("fedst", "ultraflwr"):  # each surgical grid is timed on the stand-in built just before it
         build = next(i for i, c in enumerate(ran) if "surgical_stand_in.py" in c and f"{study}.yaml" in c)
         assert f"--out {tmp_path / 'si' / study}" in ran[build]
-        assert "grid_cost.py" in ran[build + 1] and f"--surgical-dir {tmp_path / 'si' / study}" in ran[build + 1]
-    assert "--surgical-epochs 2" in ran[-2] and "--fraction 0.05" in ran[-3]
+        timed = [c for c in ran[build + 1:] if f"{study}.yaml" in c]
+        assert len(timed) == 2 and all("grid_cost.py" in c and f"--surgical-dir {tmp_path / 'si' / study}" in c
+                                       for c in timed)
+    assert "--surgical-epochs 2" in ran[-2] and "--fraction 0.05" in ran[-3] and "--test-fraction 0.1" in ran[-6]
+    assert "--methods fedst " in ran[-5] and "--methods seg_fedavg " in ran[-4]  # the upper and the lower bound
     assert "--yolo-workers 8" in ran[-1] and "--yolo-workers" not in ran[-2]
     assert "FAILED" not in done.stdout.split("== summary")[1]
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
     assert done.returncode == 1 and "FAILED (rc 3)" in done.stdout
-    assert len(calls.read_text().splitlines()) == 16  # the failure stopped no later step
+    assert len(calls.read_text().splitlines()) == 17  # the failure stopped no later step
     calls.unlink()
     done = _run_session(tmp_path, str(fake), steps="grid cost", SURGICAL_DIR=str(tmp_path / "real"))
     ran = calls.read_text().splitlines()  # the real videos' exports: no stand-in, both grids read them
     assert done.returncode == 0 and not [c for c in ran if "surgical_stand_in.py" in c]
-    assert sum(f"--surgical-dir {tmp_path / 'real'}" in c for c in ran) == 3
+    assert sum(f"--surgical-dir {tmp_path / 'real'}" in c for c in ran) == 4
     calls.unlink()
     done = _run_session(tmp_path, str(fake), steps="CUDA tests|pathmnist")  # a part of the session
     ran = calls.read_text().splitlines()
