@@ -121,9 +121,9 @@ def _generate(args: tuple) -> tuple[str, float, float]:
 def build(config: dict, out: Path, fraction: float = 1.0, test_fraction: float | None = None, jobs: int = 4,
           spec_file: Path = SPEC_FILE, log=print) -> dict[str, Any]:
     """Write the stand-in of the config's surgical study under ``out``; returns what ``stand_in.json`` holds."""
-    if not 0 < fraction <= 1 or not 0 < (test_fraction or fraction) <= 1:
-        raise SystemExit(f"fractions must be in (0, 1], got {fraction} and {test_fraction}")
     test_fraction = fraction if test_fraction is None else test_fraction
+    if not (0 < fraction <= 1 and 0 < test_fraction <= 1):
+        raise SystemExit(f"fractions must be in (0, 1], got {fraction} and {test_fraction}")
     study = study_of(config)
     if study == "ultraflwr" and test_fraction != fraction:  # its test videos are chosen by the group's lists
         raise SystemExit("ultraflwr: one --fraction for every video (its test videos are picked by video_splits)")

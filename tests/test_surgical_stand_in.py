@@ -77,8 +77,11 @@ def test_ultraflwr_stand_in_writes_the_exports_at_the_fraction_asked(tmp_path):
     assert json.loads((tmp_path / "si" / "stand_in.json").read_text())["origin"] == "synthetic"
     with pytest.raises(SystemExit, match="one --fraction"):
         SI.build(config, tmp_path / "si2", 0.01, 0.5, spec_file=_tiny_spec(tmp_path))
-    with pytest.raises(SystemExit, match=r"fractions must be in \(0, 1\]"):
-        SI.build(config, tmp_path / "si2", 0.0, spec_file=_tiny_spec(tmp_path))
+    for fractions in ((0.0, None), (1.0, 0.0), (1.5, None)):
+        with pytest.raises(SystemExit, match=r"fractions must be in \(0, 1\]"):
+            SI.build(grid_cost.load_config(STUDIES / "fedst.yaml"), tmp_path / "si2", *fractions,
+                     spec_file=_tiny_spec(tmp_path))
+    assert not (tmp_path / "si2").exists()
 
 
 def test_fedst_stand_in_keeps_every_training_frame_and_a_share_of_the_test_frames(tmp_path):
