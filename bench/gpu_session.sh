@@ -4,8 +4,8 @@
 #   (on a machine without a package index, first carry the wheels of bench/gpu_wheels.sh)
 #   STEPS='cuda|engine' bash bench/gpu_session.sh  runs only the steps whose names match the
 #   extended regular expression (case-insensitive): the session in parts, e.g. where one command may
-#   run only so long (the PathMNIST grid cost trains the most: 3 epochs of the training centre's share of PathMNIST's
-#   89,996-image training split, per method).
+#   run only so long (the PathMNIST grid cost trains 3 epochs of the training centre's share of PathMNIST's
+#   89,996-image training split per method; each surgical grid step takes minutes: STEPS=fedst, STEPS=ultraflwr).
 #   A STEPS that is no valid pattern, or matches no step, exits 2.
 # Each step appends its JSON rows to OUT (default bench/gpu_results.jsonl) and its output to
 # OUT's folder/gpu_session.log (the engine's torch.profiler tables to engine_torch_profile.txt
