@@ -49,7 +49,9 @@ from fedmedbench.studies import grid  # noqa: E402
 def load_config(path: Path) -> dict:
     """The config with the schema's defaults filled in (as Snakemake sees it; jsonschema's own
     default-filling validator where Snakemake is not installed, e.g. on a bare GPU node)."""
-    config = yaml.safe_load(path.read_text())
+    if not Path(path).is_file():
+        raise SystemExit(f"{path}: no such config file")
+    config = yaml.safe_load(Path(path).read_text())
     schema_path = ROOT / "config" / "schema.yaml"
     try:
         from snakemake.utils import validate

@@ -226,3 +226,8 @@ def test_fedst_cost_times_pretraining_first_and_without_weight_files(monkeypatch
     (tmp_path / "w").mkdir()
     row = SC.fedst_cost(config, STUDIES / "fedst.yaml", ["fedst"], 4, "cpu", 1, tmp_path / "w", surgical)
     assert order == ["pretrain", "fedst"] and row["pretrain_s_per_step"] == 1.0
+
+
+def test_a_missing_config_is_named(tmp_path):
+    with pytest.raises(SystemExit, match="nope.yaml: no such config file"):
+        grid_cost.load_config(tmp_path / "nope.yaml")
