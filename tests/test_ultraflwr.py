@@ -1015,3 +1015,35 @@ def test_evaluation_loader_workers_change_no_prediction(export, tmp_path, monkey
     assert sum(len(s["conf"]) for s in images0) > 0  # the random model predicts boxes: a real comparison
     for a, b in zip(images0, images2, strict=True):
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a if k != "im_name")
+
+
+def test_offline_ultralytics_touches_no_network_and_keeps_its_own_answers(tmp_path, monkeypatch):
+    """Offline, the font check of every dataset check and the AMP check of a CUDA training (a download of
+    yolo26n.pt) must not try the network (no timeout per local training or evaluation), and Ultralytics' offline
+    answers stay: no font, AMP on."""
+    from ultralytics.utils import checks, downloads
+
+    from fedmedbench.fl.tasks.detection.yolo import ultralytics_offline
+
+    monkeypatch.setenv("YOLO_OFFLINE", "1")
+    monkeypatch.setattr("ultralytics.utils.WEIGHTS_DIR", tmp_path)  # no cached yolo26n.pt
+    monkeypatch.setattr(checks, "USER_CONFIG_DIR", tmp_path)  # no cached font
+    reached = []
+
+    def network(*args, **kwargs):
+        reached.append(args)
+        raise AssertionError("the network was tried")
+
+    for name in ("requests.get", "requests.head"):
+        monkeypatch.setattr(name, network)
+    monkeypatch.setattr(downloads.subprocess, "run", network)
+    model = torch.nn.Linear(2, 2, device="meta")  # a device that is neither the CPU nor MPS, as a GPU's
+    saved = downloads.safe_download, downloads.is_url
+    with ultralytics_offline():
+        with pytest.raises(ConnectionError, match="offline"):
+            downloads.attempt_download_asset(tmp_path / "yolo26n.pt")
+        assert checks.check_amp(model) is True
+        assert checks.check_font("NoSuchFont-fedmedbench.ttf") is None
+        assert downloads.is_url("https://example.org/a.zip")  # the URL's form is still checked
+    assert reached == [] and (downloads.safe_download, downloads.is_url) == saved
+    assert not list(tmp_path.iterdir())  # no partial file left behind

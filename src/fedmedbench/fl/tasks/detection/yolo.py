@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,39 @@ def auto_optimizer_83(iterations: float, nc: int) -> tuple[str, float, float]:
     else AdamW at 0.002 * 5 / (4 + nc); the choice UltraFlwr's runs made with ultralytics 8.3.48."""
     lr_fit = round(0.002 * 5 / (4 + nc), 6)
     return ("SGD", 0.01, 0.9) if iterations > 10000 else ("AdamW", lr_fit, 0.9)
+
+
+@contextmanager
+def ultralytics_offline() -> Iterator[None]:
+    """Offline (Ultralytics' ``is_online()``, which ``YOLO_OFFLINE`` turns off), Ultralytics touches no network:
+    its downloads fail at once and its URL checks answer "not there" without a request.
+
+    A trainer and a validator check the dataset, which looks for a plot font online (``requests.head``), and on a
+    CUDA device the trainer's AMP check downloads ``yolo26n.pt``. On a compute node without network these can only
+    fail, and where packets are dropped each waits out its timeout (3 s, 30 s, or the resolver's) for every local
+    training and evaluation of every round. Ultralytics' own answers to the failures stay: no font (plots only),
+    AMP on with a warning (its list of GPUs with broken AMP still applies).
+    """
+    from ultralytics.utils import downloads, is_online
+
+    if is_online():
+        yield
+        return
+
+    def no_download(*args: Any, url: str = "", **kwargs: Any) -> None:
+        raise ConnectionError(f"offline (YOLO_OFFLINE or no network): not downloading {url or args[:1]}")
+
+    url_format = downloads.is_url
+
+    def no_url_check(url: Any, check: bool = False) -> bool:
+        return False if check else url_format(url)
+
+    saved = downloads.safe_download, downloads.is_url
+    downloads.safe_download, downloads.is_url = no_download, no_url_check
+    try:
+        yield
+    finally:
+        downloads.safe_download, downloads.is_url = saved
 
 
 def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3") -> type:
@@ -240,11 +274,12 @@ def train_yolo(
                 batch=int(batch), imgsz=int(imgsz), seed=int(seed), deterministic=True, device=device_arg(device),
                 workers=int(workers), project=str(Path(workdir).resolve()), name="train", exist_ok=True, plots=False, save=False,
                 val=select == "best", amp=device.type == "cuda", verbose=False, **extra)
-    trainer = trainer_cls(overrides=args)
-    trainer.model = model  # used as is by setup_model (no rebuild, our weights)
     selector = EpochSelector(select, select_metric)
-    trainer.add_callback("on_fit_epoch_end", selector)
-    trainer.train()
+    with ultralytics_offline():
+        trainer = trainer_cls(overrides=args)
+        trainer.model = model  # used as is by setup_model (no rebuild, our weights)
+        trainer.add_callback("on_fit_epoch_end", selector)
+        trainer.train()
     return TrainOutcome(state=selector.state, selected_epoch=selector.epoch, val_map50=selector.curve,
                         train_loss=_total_loss(getattr(trainer, "tloss", None)))
 
@@ -312,6 +347,7 @@ def validate_yolo(
     args = dict(data=str(data_yaml), split=split, imgsz=int(imgsz), batch=int(batch), device=device_arg(device),
                 workers=int(workers), plots=False, save_json=False, verbose=False, conf=conf, iou=iou, rect=bool(rect),
                 project=str(Path(workdir).resolve()), name="val", exist_ok=True)
-    validator = DetectionValidator(args=args)
-    stats = validator(model=fused_copy(model))
+    with ultralytics_offline():
+        validator = DetectionValidator(args=args)
+        stats = validator(model=fused_copy(model))
     return {"map50": float(stats["metrics/mAP50(B)"]), "map50_95": float(stats["metrics/mAP50-95(B)"])}
