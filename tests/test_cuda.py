@@ -23,6 +23,7 @@ from test_metrics import _sklearn
 from fedmedbench.fl import engine
 from fedmedbench.fl.determinism import CUBLAS_WORKSPACE_CONFIG
 from fedmedbench.fl.job import Job
+from fedmedbench.fl.methods._sgd import div
 from fedmedbench.fl.registry import weighted_average
 from fedmedbench.metrics import grouped_classification_metrics
 
@@ -110,6 +111,20 @@ def test_the_gpu_average_is_the_numpy_average_bit_for_bit():
     weights = list(rng.random(10) + 0.1)
     want = weighted_average(clients, weights)
     got = weighted_average([{k: torch.from_numpy(v).cuda() for k, v in c.items()} for c in clients], weights)
+    assert all(got[k].is_cuda and got[k].cpu().numpy().tobytes() == want[k].tobytes() for k in want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("divisor", [0.0037, 7, "tensor"])
+def test_division_on_the_gpu_is_numpys_quotient_bit_for_bit(dtype, divisor):
+    """CUDA divides by a number as a multiplication by its reciprocal (a quarter of float32 quotients differ
+    in the last bit); ``_sgd.div`` must give the CPU's and NumPy's quotients, as the host path computes them."""
+    rng = np.random.default_rng(0)
+    host = {k: rng.standard_normal(n).astype(np.float32 if dtype == torch.float32 else np.float64)
+            for k, n in (("w", 4096), ("b", 33))}
+    b = torch.tensor(0.37, dtype=torch.float64) if divisor == "tensor" else divisor
+    got = div({k: torch.from_numpy(v).cuda() for k, v in host.items()}, b)
+    want = {k: v / v.dtype.type(float(b)) for k, v in host.items()}
     assert all(got[k].is_cuda and got[k].cpu().numpy().tobytes() == want[k].tobytes() for k in want)
 
 

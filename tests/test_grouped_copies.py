@@ -158,3 +158,24 @@ def test_server_float64_vectors_and_host_copies():
     _no_shared_memory({"w": got["w"]}, {"w": src["a"]})
     narrowed = _sgd.in_form_of({k: v.double() for k, v in src.items()}, src, torch.float32)
     _same_bits(narrowed, src)
+
+
+def test_division_off_the_cpu_divides_by_a_0_dim_tensor_never_by_a_number(monkeypatch):
+    """A number divisor on a GPU is applied as a reciprocal multiplication (one bit less exact than the CPU's
+    quotient); off the CPU, ``div`` hands every division a 0-dim divisor tensor of the operand's dtype and device."""
+    seen = []
+    real = torch._foreach_div
+
+    def spy(tensors, other):
+        seen.append(other)
+        return real(tensors, other)
+
+    monkeypatch.setattr(torch, "_foreach_div", spy)
+    same = {"w": torch.ones(3, device="meta"), "b": torch.ones(2, device="meta")}
+    mixed = {"w": torch.ones(3, device="meta"), "h": torch.ones(2, dtype=torch.float64, device="meta")}
+    out = _sgd.div(same, 3)
+    assert len(seen) == 1 and seen[0].shape == () and seen[0].device.type == "meta" and seen[0].dtype == torch.float32
+    assert {k: v.dtype for k, v in _sgd.div(mixed, torch.tensor(2.0)).items()} == {"w": torch.float32, "h": torch.float64}
+    assert out["w"].device.type == "meta" and len(seen) == 1  # mixed dtypes: per-tensor divisions by 0-dim tensors
+    cpu = _sgd.div({"w": torch.full((3,), 1.0)}, 3)  # the CPU divides by the number as before
+    assert isinstance(seen[-1], int) and torch.equal(cpu["w"], torch.full((3,), 1.0) / 3)

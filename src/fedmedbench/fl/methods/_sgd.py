@@ -83,8 +83,29 @@ def mul(a: Tensors, b: Operand) -> Tensors:
 
 
 def div(a: Tensors, b: Operand) -> Tensors:
-    """a / b for every tensor of ``a``."""
-    return _each(torch._foreach_div, a, b)
+    """a / b for every tensor of ``a``, rounded as a true division on every device.
+
+    CUDA's multi-tensor (and plain) division by a number multiplies by its reciprocal, one bit less exact than
+    the CPU's and NumPy's quotient: the device-arrays path would then drift away from the host path (SCAFFOLD's
+    (theta_g - theta_i) / (K lr), the servers' sums / N). A divisor held as a 0-dim tensor on the device is divided
+    by, as on the CPU. On the CPU nothing changes.
+    """
+    if not a or isinstance(b, dict):
+        return _each(torch._foreach_div, a, b)
+    first = next(iter(a.values()))
+    if first.device.type == "cpu":
+        return _each(torch._foreach_div, a, b)
+    if any(t.dtype != first.dtype or t.device != first.device for t in a.values()):
+        return {n: t / _divisor(b, t) for n, t in a.items()}
+    return _each(torch._foreach_div, a, _divisor(b, first))
+
+
+def _divisor(b: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``b`` as a 0-dim tensor of ``like``'s dtype on its device (its value rounded to that dtype, as a number
+    divisor is on the CPU)."""
+    if isinstance(b, torch.Tensor):
+        return b.detach().to(device=like.device, dtype=like.dtype).reshape(())
+    return torch.full((), b, dtype=like.dtype, device=like.device)
 
 
 def neg(a: Tensors) -> Tensors:
