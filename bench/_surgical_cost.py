@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _timing import time_spec
+from _timing import progress, time_spec
 
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.tasks.detection import yolo
@@ -75,6 +75,9 @@ def epoch_clock() -> Iterator[list[dict[str, Any]]]:
     def timed_call(self, trainer):
         call(self, trainer)
         calls[-1]["epoch_ends"].append(time.perf_counter())
+        ends = calls[-1]["epoch_ends"]
+        progress(f"local training {len(calls)}: epoch {len(ends)} ended {ends[-1] - calls[-1]['start']:.1f} s "
+                 "after its start")
 
     yolo.EpochSelector.__init__, yolo.EpochSelector.__call__ = timed_init, timed_call
     try:

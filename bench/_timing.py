@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +17,17 @@ from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.tasks.base import _task_cached
 
 
-def time_spec(spec: RunSpec) -> list[float]:
-    """Run the job in a fresh run folder (no task cached from an earlier job); seconds of each round,
-    from the metric rows' elapsed_s."""
+def progress(message: str) -> None:
+    """A timing's progress on stderr, stamped with the wall clock: where a run stopped short of its limit
+    (a device session's command), what it had reached still shows."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def time_spec(spec: RunSpec, log: Callable[[str], None] = progress) -> list[float]:
+    """Run the job in a fresh run folder (no task cached from an earlier job), logging every round; seconds
+    of each round, from the metric rows' elapsed_s."""
     _task_cached.cache_clear()
     shutil.rmtree(spec.run_dir, ignore_errors=True)
-    engine.run(spec, log=lambda m: None)
+    engine.run(dataclasses.replace(spec, log_every=1), log=log)  # log_every is not hashed: the same job
     elapsed = pd.read_csv(Path(spec.run_dir) / "metrics.csv")["elapsed_s"].to_numpy()
     return np.diff(np.concatenate([[0.0], elapsed])).tolist()

@@ -26,7 +26,7 @@ import argparse
 import shutil
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -138,8 +138,9 @@ def build(config: dict, out: Path, fraction: float = 1.0, test_fraction: float |
              for n in names}
     start = time.perf_counter()
     work = [(n, surgical["datasets"][n], specs[n], out) for n in names]
-    with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(work)))) as pool:
-        for name, written, indexed in pool.map(_generate, work):
+    with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(work)))) as pool:  # one dataset per process
+        for done in as_completed([pool.submit(_generate, w) for w in work]):
+            name, written, indexed = done.result()
             log(f"{name}: written in {written:.1f} s, indexed in {indexed:.1f} s")
     indices = {n: read_index(out / "index" / n) for n in names}
     exported = time.perf_counter()
@@ -155,6 +156,7 @@ def build(config: dict, out: Path, fraction: float = 1.0, test_fraction: float |
                                 {d: indices[d][1] for d in gcfg["datasets"]}, gcfg, surgical["tool_groups"])
             write_group(group, out / "groups" / g, "synthetic")
             export_group(out / "groups" / g, out / "yolo" / g)
+    log(f"{study}: exported in {time.perf_counter() - exported:.1f} s")
     record = {"origin": "synthetic", "note": "SYNTHETIC stand-in at the papers' frame counts, for cost only; "
               "never a paper reproduction", "study": study, "fraction": kept, "test_fraction": kept_test,
               "requested": {"fraction": fraction, "test_fraction": test_fraction},
