@@ -11,9 +11,10 @@
 # OUT's folder/gpu_session.log (the engine's torch.profiler tables to engine_torch_profile.txt
 # there). A step that fails does not stop the others; the summary at the end lists each step's
 # status and seconds, and the exit status is 1 when a step failed.
-# The surgical grids are timed on synthetic stand-ins at the papers' frame counts, built first into
-# $STAND_IN (default /tmp/fedmedbench-stand-in; bench/surgical_stand_in.py), or on the real videos'
-# exports in $SURGICAL_DIR when set (resources/surgical/real after Snakemake built them).
+# The surgical grids are timed on synthetic stand-ins at the papers' frame counts, built in the background
+# from the start into $STAND_IN (default /tmp/fedmedbench-stand-in; bench/surgical_stand_in.py), or on the
+# real videos' exports in $SURGICAL_DIR when set (resources/surgical/real after Snakemake built them).
+# The timings log each round and local epoch with the clock: a step cut short still shows how far it got.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -59,6 +60,27 @@ step() {  # step NAME COMMAND...
   if [ "$rc" -ne 0 ]; then status="FAILED (rc $rc)"; hard_failures=$((hard_failures + 1)); fi
   summary+=("$(printf '%-28s %6ss  %s' "$name" $((SECONDS - t0)) "$status")")
 }
+selected() { [ -z "${STEPS:-}" ] || grep -qiE -- "$STEPS" <<<"$1"; }
+# The stand-ins are CPU work (one dataset per process; fedst's took about 5 min on 2 cores, most of it decoding
+# every frame to index it): each is built in the background from the start, while the GPU steps before its own
+# run, and its step waits for it. The builds use up to 7 + 2 of the 16 cores meanwhile.
+start_build() {  # start_build STUDY ARGS...: the stand-in of config/studies/STUDY.yaml; its exit status lands in STUDY.rc
+  local study=$1; shift
+  mkdir -p "$STAND_IN" && rm -f "$STAND_IN/$study.rc"
+  ( "$PY" bench/surgical_stand_in.py --config "config/studies/$study.yaml" --out "$STAND_IN/$study" "$@" \
+      >"$STAND_IN/$study.log" 2>&1; echo $? >"$STAND_IN/$study.rc" ) &
+}
+wait_build() {  # wait_build STUDY: the build's output and exit status, once it is done
+  while [ ! -s "$STAND_IN/$1.rc" ]; do sleep 2; done
+  cat "$STAND_IN/$1.log"
+  return "$(cat "$STAND_IN/$1.rc")"
+}
+if [ -z "${SURGICAL_DIR:-}" ]; then
+  # fedst: every training frame (the frame cache sees the real working set), a tenth of the test frames (an
+  # evaluation is scaled back up); ultraflwr: 2 % of every video's frames (a round is scaled up to all of them)
+  if selected "fedst stand-in"; then start_build fedst --test-fraction 0.1 --jobs 8; fi
+  if selected "ultraflwr stand-in"; then start_build ultraflwr --fraction 0.02 --jobs 8; fi
+fi
 
 step "cuda tests" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_device_arrays.py
 step "engine vs resident loop" "$PY" bench/engine_overhead.py --device cuda \
@@ -87,23 +109,16 @@ step "jobs per GPU" "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads
 # training images (the center scheme keeps a validation and a test share of them): the longest step
 step "gpaf pathmnist grid cost" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf_pathmnist \
   --rounds 1 --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
-# fedst: every training frame (the frame cache sees the real working set), a tenth of the test frames
-# (an evaluation is scaled back up); 3 rounds from a cold frame cache. FedST (SERQ on the server too) and
-# FedAvg in two steps: each costs the whole grid at its rate, the upper and the lower bound
-if [ -z "${SURGICAL_DIR:-}" ]; then
-  step "fedst stand-in" "$PY" bench/surgical_stand_in.py --config config/studies/fedst.yaml --out "$STAND_IN/fedst" \
-    --test-fraction 0.1 --jobs 8
-fi
+# fedst: 3 rounds from a cold frame cache. FedST (SERQ on the server too) and FedAvg in two steps: each costs
+# the whole grid at its rate, the upper and the lower bound
+if [ -z "${SURGICAL_DIR:-}" ]; then step "fedst stand-in" wait_build fedst; fi
 step "fedst grid cost, FedST" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
   --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods fedst --threads "$THREADS" --out "$OUT"
 step "fedst grid cost, FedAvg" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
   --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods seg_fedavg --threads "$THREADS" --out "$OUT"
-# ultraflwr: 5 % of every video's frames, 2 local epochs a round, scaled up to the paper's 20 epochs and all
-# frames; the strategies differ only in which tensors are averaged, so FedAvg stands for all of them
-if [ -z "${SURGICAL_DIR:-}" ]; then
-  step "ultraflwr stand-in" "$PY" bench/surgical_stand_in.py --config config/studies/ultraflwr.yaml \
-    --out "$STAND_IN/ultraflwr" --fraction 0.05 --jobs 8
-fi
+# ultraflwr: 2 local epochs a round, scaled up to the paper's 20 epochs and all frames; the strategies differ
+# only in which tensors are averaged, so FedAvg stands for all of them
+if [ -z "${SURGICAL_DIR:-}" ]; then step "ultraflwr stand-in" wait_build ultraflwr; fi
 step "ultraflwr grid cost" "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml --rounds 3 \
   --surgical-epochs 2 --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" --methods FedAvg --threads "$THREADS" \
   --out "$OUT"

@@ -72,29 +72,38 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     done = _run_session(tmp_path, str(fake))
     assert done.returncode == 0, done.stdout + done.stderr
     ran = calls.read_text().splitlines()
-    stand_ins = [c for c in ran if "surgical_stand_in.py" in c]
-    assert len(ran) == 17 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in ran[1:] if c not in stand_ins)
-    assert "tests/test_cuda.py tests/test_device_arrays.py" in ran[0]
+    stand_ins = [c for c in ran if "surgical_stand_in.py" in c]  # built in the background from the start
+    steps = [c for c in ran if c not in stand_ins]
+    assert len(stand_ins) == 2 and len(steps) == 15 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
+    assert "tests/test_cuda.py tests/test_device_arrays.py" in steps[0]
     src = str(GPU_SESSION.parents[1] / "src")
     assert all(p.split(":")[0] == src for p in (tmp_path / "paths").read_text().splitlines())  # this tree's package
     assert any("earlystop.yaml" in c and "--resident" in c and f"--torch-profile {tmp_path}/" in c for c in ran)
     assert any("host_overhead.py --device cuda --width 0" in c and "in-round" not in c for c in ran)
     assert any("host_overhead.py --device cuda --width 0" in c and "--checkpoint-writes in-round" in c for c in ran)
     assert sum("--deterministic" in c for c in ran) == 1  # one engine run with deterministic kernels
-    for study in ("fedst", "ultraflwr"):  # each surgical grid is timed on the stand-in built just before it
+    for study in ("fedst", "ultraflwr"):  # each surgical grid is timed on its stand-in, once that is built
         build = next(i for i, c in enumerate(ran) if "surgical_stand_in.py" in c and f"{study}.yaml" in c)
         assert f"--out {tmp_path / 'si' / study}" in ran[build]
-        timed = [c for c in ran[build + 1:] if f"{study}.yaml" in c]
-        assert len(timed) == 2 and all("grid_cost.py" in c and f"--surgical-dir {tmp_path / 'si' / study}" in c
-                                       for c in timed)
-    assert "--surgical-epochs 2" in ran[-2] and "--fraction 0.05" in ran[-3] and "--test-fraction 0.1" in ran[-6]
-    assert "--methods fedst " in ran[-5] and "--methods seg_fedavg " in ran[-4]  # the upper and the lower bound
-    assert "--yolo-workers 8" in ran[-1] and "--yolo-workers" not in ran[-2]
+        assert (tmp_path / "si" / f"{study}.rc").read_text().strip() == "0"
+        timed = [i for i, c in enumerate(ran) if f"{study}.yaml" in c and "grid_cost.py" in c]
+        assert len(timed) == 2 and min(timed) > build
+        assert all(f"--surgical-dir {tmp_path / 'si' / study}" in ran[i] for i in timed)
+    assert "--fraction 0.02" in next(c for c in stand_ins if "ultraflwr.yaml" in c)
+    assert "--test-fraction 0.1" in next(c for c in stand_ins if "fedst.yaml" in c)
+    assert "--surgical-epochs 2" in steps[-2]
+    assert "--methods fedst " in steps[-4] and "--methods seg_fedavg " in steps[-3]  # the upper and the lower bound
+    assert "--yolo-workers 8" in steps[-1] and "--yolo-workers" not in steps[-2]
     assert "FAILED" not in done.stdout.split("== summary")[1]
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
     assert done.returncode == 1 and "FAILED (rc 3)" in done.stdout
     assert len(calls.read_text().splitlines()) == 17  # the failure stopped no later step
+    calls.unlink()
+    done = _run_session(tmp_path, str(fake), fail="ultraflwr.yaml --out", steps="ultraflwr")
+    ran = calls.read_text().splitlines()  # a failed build fails its step, and the timings that read it run and fail
+    assert done.returncode == 1 and len(ran) == 3 and "FAILED (rc 3)" in done.stdout.split("== summary")[1]
+    assert "ultraflwr stand-in" in done.stdout.split("== summary")[1].split("FAILED")[0].splitlines()[-1]
     calls.unlink()
     done = _run_session(tmp_path, str(fake), steps="grid cost", SURGICAL_DIR=str(tmp_path / "real"))
     ran = calls.read_text().splitlines()  # the real videos' exports: no stand-in, both grids read them
