@@ -21,7 +21,8 @@ with log_to(snakemake.log[0]) as log:
         run_centralized(spec, select=mp.get("select", "best"), select_metric=mp.get("select_metric", "fitness"),
                         ultralytics=mp.get("ultralytics"), log=log,
                         auto_optimizer=mp.get("auto_optimizer", "ultralytics_8_3"),
-                        head_init=mp.get("head_init", "client"), workers=int(mp.get("workers", 0)))
+                        head_init=mp.get("head_init", "client"), workers=int(mp.get("workers", 0)),
+                        warmup=mp.get("warmup", "ultralytics_8_3"))
         io.write_csv(snakemake.output.comm, pd.DataFrame(columns=["round", "client", "bytes_sent"]))
     else:
         from fedmedbench.fl import engine

@@ -162,7 +162,8 @@ def test_trainer_uses_our_weights_and_returns_fp32_validated_ema(export, tmp_pat
     # started from OUR weights: the frozen DFL projection is untouched, BN counters kept counting from ours
     assert torch.equal(out.state["model.23.dfl.conv.weight"], before["model.23.dfl.conv.weight"])
     changed = [k for k in before if before[k].is_floating_point() and not torch.equal(before[k], out.state[k])]
-    assert changed
+    params = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert set(changed) & params  # weights moved, not only BN statistics (two epochs of one batch each)
     assert not list((tmp_path / "w").rglob("*.pt"))  # no fp16 checkpoints written
     assert not list(export.parent.rglob("*.cache"))  # label caches stay in the run's stage
     assert collections == []
@@ -401,6 +402,7 @@ def test_defaults_follow_ultraflwrs_code():
     assert (train["select_metric"]["default"], train["weighting"]["default"]) == ("fitness", "uniform")
     assert schema["properties"]["ultraflwr"]["properties"]["model"]["properties"]["head_init"]["default"] == "client"
     assert method.head_init == "client"
+    assert train["warmup"]["default"] == method.warmup == "ultralytics_8_3"  # UltraFlwr pins Ultralytics 8.3.48
     sel = EpochSelector()  # the hand-made results above: best mAP50 at epoch 1, best fitness at epoch 2
     for e, (m50, m5095) in enumerate([(0.30, 0.10), (0.60, 0.20), (0.55, 0.30), (0.20, 0.05)]):
         sel(_FakeTrainer(e, 4, m50, m5095))
@@ -444,6 +446,45 @@ def test_auto_optimizer_follows_ultralytics_83(iterations, expected):
     assert type(installed) is type(theirs)
     with pytest.raises(ValueError, match="auto_optimizer"):
         study_trainer("ultralytics_8_2")
+
+
+@pytest.mark.parametrize("warmup_epochs,batches,epochs,ours,installed", [(3.0, 4, 2, 100, 4), (3.0, 40, 20, 120, 120),
+                                                                      (3.0, 20, 20, 100, 60), (0.0, 4, 2, -1, 0)])
+def test_warmup_length_follows_ultralytics_83(warmup_epochs, batches, epochs, ours, installed):
+    """The learning rate warms up over max(warmup_epochs x batches, 100) iterations as in UltraFlwr's Ultralytics
+    8.3.48 (engine/trainer.py:325); ``installed`` keeps 8.4's min(warmup_epochs, epochs - 1) epochs of batches."""
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.tasks.detection.yolo import study_trainer, warmup_iterations_83
+
+    def length(cls):
+        trainer = cls.__new__(cls)
+        trainer.args, trainer.epochs = SimpleNamespace(warmup_epochs=warmup_epochs), epochs
+        return trainer._get_warmup_iterations(batches)
+
+    assert warmup_iterations_83(warmup_epochs, batches) == ours == length(study_trainer())
+    assert length(study_trainer(warmup="installed")) == installed
+    with pytest.raises(ValueError, match="warmup"):
+        study_trainer(warmup="ultralytics_8_2")
+    with pytest.raises(ValueError, match="warmup must be one of"):
+        get_method("ultraflwr", {"warmup": "none"})
+
+
+def test_a_short_training_of_a_small_client_moves_its_weights_only_with_83s_warmup(export, tmp_path):
+    """Two epochs of one batch: with 8.4's warm-up (one epoch of batches) the only optimizer step falls on its
+    first iteration, at learning rate 0, and no weight moves; 8.3.48's (100 iterations) steps every batch."""
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+
+    spec = _spec(export, tmp_path, "FedAvg")
+    data = DetectionTask(spec).client_data(0)
+    moved = {}
+    for warmup in ("ultralytics_8_3", "installed"):
+        model = build_yolo("yolo11n.yaml", spec.num_classes, seed=5)
+        before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        out = train_yolo(model, data.data_yaml, epochs=2, batch=8, imgsz=64, seed=0, device=torch.device("cpu"),
+                         workdir=tmp_path / warmup, select="last", warmup=warmup)
+        moved[warmup] = sum(not torch.equal(out.state[n], p) for n, p in before.items())
+    assert moved["installed"] == 0 and moved["ultralytics_8_3"] > 0.9 * len(before)
 
 
 def _validated_trainer(cls, monkeypatch, m50, m5095, patience=100):
@@ -931,7 +972,7 @@ def test_training_workers_are_a_result_parameter_that_reaches_ultralytics(export
     assert schema["properties"]["ultraflwr"]["properties"]["train"]["properties"]["workers"]["default"] == 0
     train = {"rounds": 2, "epochs": 1, "batch": 8, "imgsz": 64, "lr0": 0.01, "patience": 100, "split": "ultraflwr",
              "select": "best", "select_metric": "fitness", "weighting": "uniform", "final_aggregation": "skip_all",
-             "auto_optimizer": "ultralytics_8_3", "ultralytics": {}}
+             "auto_optimizer": "ultralytics_8_3", "warmup": "ultralytics_8_3", "ultralytics": {}}
     conf = {"train": train, "model": {"cfg": "yolo11n.yaml", "head_init": "client"},
             "eval": {"every": 1, "batch": 16, "conf": 0.001, "iou": 0.7, "rect": True}}
     r = {"ugroup": "g", "usetting": "a", "strategy": "FedAvg", "seedset": 0}

@@ -33,7 +33,7 @@ from fedmedbench.fl.registry import (
     weighted_average,
 )
 from fedmedbench.fl.tasks.detection.components import SPLITS, aggregated_keys, parse_strategy
-from fedmedbench.fl.tasks.detection.yolo import AUTO_OPTIMIZERS, HEAD_INITS, SELECT, SELECT_METRICS
+from fedmedbench.fl.tasks.detection.yolo import AUTO_OPTIMIZERS, HEAD_INITS, SELECT, SELECT_METRICS, WARMUPS
 
 FINAL_AGGREGATION = ("skip_all", "skip_partial", "keep")
 WEIGHTING = ("frames", "uniform")
@@ -66,7 +66,7 @@ class UltraFlwr(Method):
     def __init__(self, strategy: str = "FedAvg", split: str = "ultraflwr", select: str = "best",
                  select_metric: str = "fitness", weighting: str = "uniform", final_aggregation: str = "skip_all",
                  ultralytics: dict | None = None, auto_optimizer: str = "ultralytics_8_3",
-                 head_init: str = "client", workers: int = 0) -> None:
+                 head_init: str = "client", workers: int = 0, warmup: str = "ultralytics_8_3") -> None:
         self.components, self.aggregator = parse_strategy(strategy)
         if split not in SPLITS:
             raise ValueError(f"method_params.ultraflwr.split must be one of {SPLITS}, got '{split}'")
@@ -84,6 +84,9 @@ class UltraFlwr(Method):
         if auto_optimizer not in AUTO_OPTIMIZERS:
             raise ValueError(f"method_params.ultraflwr.auto_optimizer must be one of {AUTO_OPTIMIZERS}")
         self.auto_optimizer = auto_optimizer
+        if warmup not in WARMUPS:
+            raise ValueError(f"method_params.ultraflwr.warmup must be one of {WARMUPS}, got '{warmup}'")
+        self.warmup = warmup
         if head_init not in HEAD_INITS:
             raise ValueError(f"method_params.ultraflwr.head_init must be one of {HEAD_INITS}, got '{head_init}'")
         self.head_init = head_init
@@ -138,7 +141,7 @@ class UltraFlwr(Method):
                              batch=ctx.train.batch_size, imgsz=data.imgsz, seed=data.seed, device=ctx.device,
                              workdir=f"{data.workdir}/r{ctx.rnd:03d}", select=self.select,
                              select_metric=self.select_metric, extra=self.ultralytics,
-                             auto_optimizer=self.auto_optimizer, workers=self.workers)
+                             auto_optimizer=self.auto_optimizer, workers=self.workers, warmup=self.warmup)
         ctx.state["model"] = outcome.state
         last = ctx.rnd >= ctx.train.rounds
         keys = [] if (last and self.skips_final()) else self.shared_keys(ctx.model)

@@ -15,6 +15,11 @@ Measured pitfalls this wrapper avoids (Ultralytics 8.4):
 * ``optimizer=auto`` picks MuSGD in Ultralytics 8.4 where 8.3 (UltraFlwr pins 8.3.48) picked
   SGD (more than 10,000 iterations, e.g. the 400-epoch centralized baseline); the trainer
   applies 8.3's rule unless ``auto_optimizer: installed`` (:func:`auto_optimizer_83`).
+* Ultralytics 8.4 warms the learning rate (and the gradient accumulation) up over ``min(warmup_epochs,
+  epochs - 1)`` epochs' batches; 8.3.48 over ``max(warmup_epochs x batches, 100)`` iterations. For a client of
+  fewer than 34 batches the two differ; for a 2-epoch training of a few batches 8.4's single optimizer step
+  falls at the warm-up's first iteration, where the learning rate is 0, and no weight moves. The trainer
+  follows 8.3.48 unless ``warmup="installed"`` (:func:`warmup_iterations_83`).
 * Ultralytics 8.4's trainer fitness is mAP50-95 alone and its early stopping needs a strict improvement;
   8.3.48's is 0.1 mAP50 + 0.9 mAP50-95 and an equal fitness resets the patience count. Early stopping
   (patience 100, the 400-epoch centralized baseline) follows 8.3.48 unless ``fitness="installed"``
@@ -52,6 +57,8 @@ def selection_score(metrics: dict, select_metric: str) -> float:
 
 
 AUTO_OPTIMIZERS = ("ultralytics_8_3", "installed")
+#: how many iterations the learning rate warms up over: as Ultralytics 8.3.48 (UltraFlwr's pin) or the installed one
+WARMUPS = ("ultralytics_8_3", "installed")
 #: the trainer's fitness (what early stopping reads): Ultralytics 8.3.48's or the installed Ultralytics'
 FITNESS_RULES = ("ultralytics_8_3", "installed")
 
@@ -115,17 +122,27 @@ def ultralytics_offline() -> Iterator[None]:
         downloads.safe_download, downloads.is_url = saved
 
 
-def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3") -> type:
+def warmup_iterations_83(warmup_epochs: float, batches: int) -> int:
+    """Warm-up iterations of Ultralytics 8.3.48 (``engine/trainer.py:325``): at least 100, whatever the number
+    of epochs; -1 (none) when ``warmup_epochs`` is 0."""
+    return max(round(warmup_epochs * batches), 100) if warmup_epochs > 0 else -1
+
+
+def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
+                  warmup: str = "ultralytics_8_3") -> type:
     """Ultralytics' DetectionTrainer as the study runs it: no checkpoints, no final re-validation, no CPU
     gc, validated epochs marked, ``optimizer=auto`` resolved by ``auto_optimizer``, and the fitness that
     early stopping reads (and ``best_fitness``) by ``fitness``: ``ultralytics_8_3`` = 0.1 mAP50 + 0.9
-    mAP50-95 with 8.3.48's stopping rule (:class:`EarlyStopping83`), ``installed`` = the installed one's."""
+    mAP50-95 with 8.3.48's stopping rule (:class:`EarlyStopping83`), ``installed`` = the installed one's; the
+    learning-rate warm-up's length by ``warmup`` (8.3.48's :func:`warmup_iterations_83` or the installed one's)."""
     from ultralytics.models.yolo.detect import DetectionTrainer
 
     if auto_optimizer not in AUTO_OPTIMIZERS:
         raise ValueError(f"auto_optimizer must be one of {AUTO_OPTIMIZERS}, got '{auto_optimizer}'")
     if fitness not in FITNESS_RULES:
         raise ValueError(f"fitness must be one of {FITNESS_RULES}, got '{fitness}'")
+    if warmup not in WARMUPS:
+        raise ValueError(f"warmup must be one of {WARMUPS}, got '{warmup}'")
 
     class _Trainer(DetectionTrainer):
         def save_model(self):  # weights are captured in fp32 by the callback, no fp16 checkpoints on disk
@@ -137,6 +154,11 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
         def _clear_memory(self, threshold=None):  # a full gc.collect() frees no accelerator memory on a CPU
             if self.device.type != "cpu":  # and cost 0.5-0.65 s at the end of each client's training there
                 super()._clear_memory(threshold)
+
+        def _get_warmup_iterations(self, num_batches):
+            if warmup == "ultralytics_8_3":
+                return warmup_iterations_83(self.args.warmup_epochs, num_batches)
+            return super()._get_warmup_iterations(num_batches)
 
         def _setup_train(self, *args, **kwargs):
             super()._setup_train(*args, **kwargs)
@@ -259,12 +281,12 @@ def train_yolo(
     model: torch.nn.Module, data_yaml: str | Path, *, epochs: int, batch: int, imgsz: int, seed: int,
     device: torch.device, workdir: str | Path, select: str = "best", select_metric: str = "fitness",
     extra: dict[str, Any] | None = None, auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
-    workers: int = 0,
+    workers: int = 0, warmup: str = "ultralytics_8_3",
 ) -> TrainOutcome:
     """Train ``model`` (its current weights) for ``epochs`` with Ultralytics' detection trainer (``workers``
     dataloader processes; 0 = in this process, as UltraFlwr)."""
     EpochSelector(select, select_metric)  # fail on a bad choice before Ultralytics starts
-    trainer_cls = study_trainer(auto_optimizer, fitness)
+    trainer_cls = study_trainer(auto_optimizer, fitness, warmup)
     extra = dict(extra or {})
     fixed = sorted(set(extra) & set(FIXED_ARGS))
     if fixed:
