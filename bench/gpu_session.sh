@@ -7,6 +7,8 @@
 #   run only so long (the PathMNIST grid cost trains 3 epochs of the training centre's share of PathMNIST's
 #   89,996-image training split per method; each surgical grid step takes minutes: STEPS=fedst, STEPS=ultraflwr).
 #   A STEPS that is no valid pattern, or matches no step, exits 2.
+#   STEP_LIMIT=S stops a step after S seconds; BUDGET=S stops the session after S seconds: a step runs at most
+#   what is left and none starts with under 30 s left (a device lease of so many minutes, one call per lease).
 # Each step appends its JSON rows to OUT (default bench/gpu_results.jsonl) and its output to
 # OUT's folder/gpu_session.log (the engine's torch.profiler tables to engine_torch_profile.txt
 # there). A step that fails does not stop the others; the summary at the end lists each step's
@@ -50,17 +52,29 @@ mkdir -p "$(dirname "$OUT")"
 
 summary=()
 hard_failures=0
-step() {  # step NAME COMMAND...
+selected() { [ -z "${STEPS:-}" ] || grep -qiE -- "$STEPS" <<<"$1"; }
+step() {  # step NAME COMMAND...: under STEP_LIMIT and what is left of BUDGET
   local name=$1; shift
-  if [ -n "${STEPS:-}" ] && ! grep -qiE -- "$STEPS" <<<"$name"; then return 0; fi
+  selected "$name" || return 0
+  local limit=${STEP_LIMIT:-0}
+  if [ -n "${BUDGET:-}" ]; then
+    local left=$((BUDGET - SECONDS))
+    if [ "$left" -lt 30 ]; then
+      echo "== $name: skipped, ${left} s of BUDGET left" | tee -a "$LOG"
+      summary+=("$(printf '%-28s %6ss  %s' "$name" 0 "skipped (BUDGET spent)")")
+      return 0
+    fi
+    if [ "$limit" -le 0 ] || [ "$limit" -gt "$left" ]; then limit=$left; fi
+  fi
   echo "== $name: $*" | tee -a "$LOG"
   local t0=$SECONDS
-  "$@" 2>&1 | tee -a "$LOG" | tail -n 5
+  if [ "$limit" -gt 0 ]; then timeout -k 5 "$limit" "$@"; else "$@"; fi 2>&1 | tee -a "$LOG" | tail -n 5
   local rc=${PIPESTATUS[0]} status=ok
-  if [ "$rc" -ne 0 ]; then status="FAILED (rc $rc)"; hard_failures=$((hard_failures + 1)); fi
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    status="TIMED OUT (limit $limit s; its output so far is in the log)"; hard_failures=$((hard_failures + 1))
+  elif [ "$rc" -ne 0 ]; then status="FAILED (rc $rc)"; hard_failures=$((hard_failures + 1)); fi
   summary+=("$(printf '%-28s %6ss  %s' "$name" $((SECONDS - t0)) "$status")")
 }
-selected() { [ -z "${STEPS:-}" ] || grep -qiE -- "$STEPS" <<<"$1"; }
 # The stand-ins are CPU work (one dataset per process; fedst's took about 5 min on 2 cores, most of it decoding
 # every frame to index it): each is built in the background from the start, while the GPU steps before its own
 # run, and its step waits for it. The builds use up to 7 + 2 of the 16 cores meanwhile.
@@ -70,11 +84,8 @@ start_build() {  # start_build STUDY ARGS...: the stand-in of config/studies/STU
   ( "$PY" bench/surgical_stand_in.py --config "config/studies/$study.yaml" --out "$STAND_IN/$study" "$@" \
       >"$STAND_IN/$study.log" 2>&1; echo $? >"$STAND_IN/$study.rc" ) &
 }
-wait_build() {  # wait_build STUDY: the build's output and exit status, once it is done
-  while [ ! -s "$STAND_IN/$1.rc" ]; do sleep 2; done
-  cat "$STAND_IN/$1.log"
-  return "$(cat "$STAND_IN/$1.rc")"
-}
+# a stand-in step: the build's output and exit status once it is done (a command, so that a limit can stop it)
+WAIT_BUILD='while [ ! -s "$0/$1.rc" ]; do sleep 2; done; cat "$0/$1.log"; exit "$(cat "$0/$1.rc")"'
 if [ -z "${SURGICAL_DIR:-}" ]; then
   # fedst: every training frame (the frame cache sees the real working set), a tenth of the test frames (an
   # evaluation is scaled back up); ultraflwr: 2 % of every video's frames (a round is scaled up to all of them)
@@ -111,14 +122,14 @@ step "gpaf pathmnist grid cost" "$PY" bench/grid_cost.py --config config/studies
   --rounds 1 --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
 # fedst: 3 rounds from a cold frame cache. FedST (SERQ on the server too) and FedAvg in two steps: each costs
 # the whole grid at its rate, the upper and the lower bound
-if [ -z "${SURGICAL_DIR:-}" ]; then step "fedst stand-in" wait_build fedst; fi
+if [ -z "${SURGICAL_DIR:-}" ]; then step "fedst stand-in" bash -c "$WAIT_BUILD" "$STAND_IN" fedst; fi
 step "fedst grid cost, FedST" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
   --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods fedst --threads "$THREADS" --out "$OUT"
 step "fedst grid cost, FedAvg" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
   --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods seg_fedavg --threads "$THREADS" --out "$OUT"
 # ultraflwr: 2 local epochs a round, scaled up to the paper's 20 epochs and all frames; the strategies differ
 # only in which tensors are averaged, so FedAvg stands for all of them
-if [ -z "${SURGICAL_DIR:-}" ]; then step "ultraflwr stand-in" wait_build ultraflwr; fi
+if [ -z "${SURGICAL_DIR:-}" ]; then step "ultraflwr stand-in" bash -c "$WAIT_BUILD" "$STAND_IN" ultraflwr; fi
 step "ultraflwr grid cost" "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml --rounds 3 \
   --surgical-epochs 2 --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" --methods FedAvg --threads "$THREADS" \
   --out "$OUT"

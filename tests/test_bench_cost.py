@@ -36,7 +36,8 @@ GPU_SESSION = Path(__file__).resolve().parents[1] / "bench" / "gpu_session.sh"
 
 def _run_session(tmp_path: Path, python: str, fail: str = "", steps: str = "", **env_extra: str
                  ) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("STEPS", "SURGICAL_DIR", "STAND_IN")}
+    env = {k: v for k, v in os.environ.items() if k not in ("STEPS", "SURGICAL_DIR", "STAND_IN", "BUDGET",
+                                                                "STEP_LIMIT")}
     return subprocess.run(["bash", str(GPU_SESSION), str(tmp_path / "rows.jsonl")], capture_output=True, text=True,
                           env={**env, "PYTHON": python, "FAIL": fail or "no step has this", "STAND_IN": str(tmp_path / "si"),
                                **({"STEPS": steps} if steps else {}), **env_extra}, timeout=120)
@@ -119,6 +120,29 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     for steps, needle in (("pathmnsit", "matches no step"), ("gpaf(", "not an extended regular expression")):
         done = _run_session(tmp_path, str(fake), steps=steps)  # a typo runs nothing and says so
         assert done.returncode == 2 and needle in done.stderr and not calls.exists()
+
+
+def test_gpu_session_stops_a_step_at_its_limit_and_starts_none_past_its_budget(tmp_path):
+    """A device lease is minutes long: STEP_LIMIT stops a step that runs over (the later ones still run), and
+    BUDGET stops the session, each step running at most what is left and none starting with under 30 s left."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/bash\n[ \"$1\" = -c ] && exit 0\n"
+                    f"echo \"$*\" >> {calls}\n"
+                    "case \"$*\" in *\"$SLOW\"*) sleep \"$NAP\";; esac\n")
+    fake.chmod(0o755)
+    done = _run_session(tmp_path, str(fake), steps="cuda tests|batch 50|persistence", STEP_LIMIT="1", SLOW="--model",
+                        NAP="20")
+    summary = done.stdout.split("== summary")[1]
+    assert done.returncode == 1 and len(calls.read_text().splitlines()) == 3  # the step after it still ran
+    assert "TIMED OUT (limit 1 s" in [line for line in summary.splitlines() if "batch 50" in line][0]
+    assert summary.count("ok") == 2
+    calls.unlink()
+    done = _run_session(tmp_path, str(fake), steps="cuda tests|batch 50|persistence", BUDGET="33", SLOW="test_cuda",
+                        NAP="4")
+    summary = done.stdout.split("== summary")[1]
+    assert done.returncode == 0 and len(calls.read_text().splitlines()) == 1  # 29 s left after the first step
+    assert summary.count("skipped (BUDGET spent)") == 2 and "skipped, 2" in done.stdout
 
 
 STUDIES = Path(__file__).resolve().parents[1] / "config" / "studies"
