@@ -116,17 +116,7 @@ step "earlystop grid cost" "$PY" bench/grid_cost.py --config config/studies/earl
 step "gpaf grid cost" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf --rounds 2 \
   --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
 step "jobs per GPU" "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --out "$OUT"
-# one round of 3 local epochs per method, the training centre's client holding most of PathMNIST's 89,996
-# training images (the center scheme keeps a validation and a test share of them): the longest step
-step "gpaf pathmnist grid cost" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf_pathmnist \
-  --rounds 1 --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
-# fedst: 3 rounds from a cold frame cache. FedST (SERQ on the server too) and FedAvg in two steps: each costs
-# the whole grid at its rate, the upper and the lower bound
-if [ -z "${SURGICAL_DIR:-}" ]; then step "fedst stand-in" bash -c "$WAIT_BUILD" "$STAND_IN" fedst; fi
-step "fedst grid cost, FedST" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
-  --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods fedst --threads "$THREADS" --out "$OUT"
-step "fedst grid cost, FedAvg" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
-  --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods seg_fedavg --threads "$THREADS" --out "$OUT"
+# the surgical grids, ultraflwr first: their stand-ins are built from the start (ultraflwr's in seconds, fedst's in minutes)
 # ultraflwr: 2 local epochs a round, scaled up to the paper's 20 epochs and all frames; the strategies differ
 # only in which tensors are averaged, so FedAvg stands for all of them
 if [ -z "${SURGICAL_DIR:-}" ]; then step "ultraflwr stand-in" bash -c "$WAIT_BUILD" "$STAND_IN" ultraflwr; fi
@@ -138,6 +128,17 @@ step "ultraflwr grid cost" "$PY" bench/grid_cost.py --config config/studies/ultr
 step "ultraflwr grid cost, 8 loader workers" "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml \
   --rounds 3 --surgical-epochs 2 --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" --methods FedAvg \
   --yolo-workers 8 --threads "$THREADS" --out "$OUT"
+# fedst: 3 rounds from a cold frame cache. FedST (SERQ on the server too) and FedAvg in two steps: each costs
+# the whole grid at its rate, the upper and the lower bound
+if [ -z "${SURGICAL_DIR:-}" ]; then step "fedst stand-in" bash -c "$WAIT_BUILD" "$STAND_IN" fedst; fi
+step "fedst grid cost, FedAvg" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
+  --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods seg_fedavg --threads "$THREADS" --out "$OUT"
+step "fedst grid cost, FedST" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
+  --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods fedst --threads "$THREADS" --out "$OUT"
+# one round of 3 local epochs per method, the training centre's client holding most of PathMNIST's 89,996
+# training images (the center scheme keeps a validation and a test share of them): the longest step
+step "gpaf pathmnist grid cost" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf_pathmnist \
+  --rounds 1 --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
 
 if [ -n "${STEPS:-}" ] && [ ${#summary[@]} -eq 0 ]; then
   echo "gpu_session: STEPS='$STEPS' matches no step" >&2

@@ -92,9 +92,10 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
         assert all(f"--surgical-dir {tmp_path / 'si' / study}" in ran[i] for i in timed)
     assert "--fraction 0.02" in next(c for c in stand_ins if "ultraflwr.yaml" in c)
     assert "--test-fraction 0.1" in next(c for c in stand_ins if "fedst.yaml" in c)
-    assert "--surgical-epochs 2" in steps[-2]
-    assert "--methods fedst " in steps[-4] and "--methods seg_fedavg " in steps[-3]  # the upper and the lower bound
-    assert "--yolo-workers 8" in steps[-1] and "--yolo-workers" not in steps[-2]
+    assert "--study gpaf_pathmnist" in steps[-1]
+    assert "--methods seg_fedavg " in steps[-3] and "--methods fedst " in steps[-2]  # the lower and the upper bound
+    assert "--surgical-epochs 2" in steps[-5] and "--yolo-workers" not in steps[-5]
+    assert "--yolo-workers 8" in steps[-4]
     assert "FAILED" not in done.stdout.split("== summary")[1]
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
