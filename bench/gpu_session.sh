@@ -8,7 +8,7 @@
 #   89,996-image training split per method; each surgical grid step takes minutes: STEPS=fedst, STEPS=ultraflwr).
 #   A STEPS that is no valid pattern, or matches no step, exits 2.
 #   STEP_LIMIT=S stops a step after S seconds; BUDGET=S stops the session after S seconds: a step runs at most
-#   what is left and none starts with under 30 s left (a device lease of so many minutes, one call per lease).
+#   what is left and none starts with under 30 s left (a GPU allocation of so many minutes).
 # Each step appends its JSON rows to OUT (default bench/gpu_results.jsonl) and its output to
 # OUT's folder/gpu_session.log (the engine's torch.profiler tables to engine_torch_profile.txt
 # there). A step that fails does not stop the others; the summary at the end lists each step's

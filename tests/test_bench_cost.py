@@ -124,7 +124,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
 
 
 def test_gpu_session_stops_a_step_at_its_limit_and_starts_none_past_its_budget(tmp_path):
-    """A device lease is minutes long: STEP_LIMIT stops a step that runs over (the later ones still run), and
+    """A GPU allocation is minutes long: STEP_LIMIT stops a step that runs over (the later ones still run), and
     BUDGET stops the session, each step running at most what is left and none starting with under 30 s left."""
     calls = tmp_path / "calls"
     fake = tmp_path / "python"
