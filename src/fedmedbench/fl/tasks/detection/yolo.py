@@ -16,9 +16,10 @@ Measured pitfalls this wrapper avoids (Ultralytics 8.4):
   SGD (more than 10,000 iterations, e.g. the 400-epoch centralized baseline); the trainer
   applies 8.3's rule unless ``auto_optimizer: installed`` (:func:`auto_optimizer_83`).
 * Ultralytics 8.4 warms the learning rate (and the gradient accumulation) up over ``min(warmup_epochs,
-  epochs - 1)`` epochs' batches; 8.3.48 over ``max(warmup_epochs x batches, 100)`` iterations. For a client of
-  fewer than 34 batches the two differ; for a 2-epoch training of a few batches 8.4's single optimizer step
-  falls at the warm-up's first iteration, where the learning rate is 0, and no weight moves. The trainer
+  epochs - 1)`` epochs' batches; 8.3.48 over ``max(warmup_epochs x batches, 100)`` iterations. At 4 or more
+  epochs the two differ for clients of fewer than 34 batches; for a 2-epoch training of up to 4 batches an epoch
+  8.4's single optimizer step falls at the warm-up's first iteration, where the learning rate is 0, and no
+  weight moves. The trainer
   follows 8.3.48 unless ``warmup="installed"`` (:func:`warmup_iterations_83`).
 * Ultralytics 8.4's trainer fitness is mAP50-95 alone and its early stopping needs a strict improvement;
   8.3.48's is 0.1 mAP50 + 0.9 mAP50-95 and an equal fitness resets the patience count. Early stopping
