@@ -18,8 +18,8 @@ from fedmedbench.fl.tasks.base import _task_cached
 
 
 def progress(message: str) -> None:
-    """A timing's progress on stderr, stamped with the wall clock: where a run stopped short of its limit
-    (a device session's command), what it had reached still shows."""
+    """A timing's progress on stderr, stamped with the wall clock: where a run is stopped at a time limit,
+    what it had reached still shows."""
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 

@@ -31,6 +31,20 @@ def test_training_and_evaluation_time_come_apart():
     assert split_rounds([4.0, 3.0])[:2] == (3.0, 0.0)  # too few rounds to split: the last round, evaluation included
 
 
+def test_a_timing_logs_every_round_with_the_clock(blood_dir, capsys):
+    """A timing stopped at a limit still shows how far it got: every round is logged, stamped with the time."""
+    import re
+
+    from _timing import progress, time_spec
+    from test_device_arrays import make_spec
+
+    lines: list[str] = []
+    per_round = time_spec(make_spec(blood_dir, "fedavg", "timed"), log=lines.append)
+    assert len(per_round) == 3 and [re.search(r"round (\d)/3", m).group(1) for m in lines if "/3" in m] == ["1", "2", "3"]
+    progress("round 1/3")
+    assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] round 1/3\n", capsys.readouterr().err)
+
+
 GPU_SESSION = Path(__file__).resolve().parents[1] / "bench" / "gpu_session.sh"
 
 
