@@ -403,6 +403,7 @@ def test_defaults_follow_ultraflwrs_code():
     assert schema["properties"]["ultraflwr"]["properties"]["model"]["properties"]["head_init"]["default"] == "client"
     assert method.head_init == "client"
     assert train["warmup"]["default"] == method.warmup == "ultralytics_8_3"  # UltraFlwr pins Ultralytics 8.3.48
+    assert train["assigner"]["default"] == method.assigner == "ultralytics_8_3"
     sel = EpochSelector()  # the hand-made results above: best mAP50 at epoch 1, best fitness at epoch 2
     for e, (m50, m5095) in enumerate([(0.30, 0.10), (0.60, 0.20), (0.55, 0.30), (0.20, 0.05)]):
         sel(_FakeTrainer(e, 4, m50, m5095))
@@ -487,6 +488,42 @@ def test_a_short_training_of_a_small_client_moves_its_weights_only_with_83s_warm
     assert moved["installed"] == 0 and moved["ultralytics_8_3"] > 0.9 * len(before)
 
 
+def test_candidate_anchors_follow_ultralytics_83():
+    """8.3.48 lets an anchor take a box only when its centre lies inside the box; 8.4 first widens a box narrower or
+    shorter than 16 px to 16 px. On an 8 x 8 px box the two differ; on boxes of 16 px or more they agree."""
+    from ultralytics.utils.tal import TaskAlignedAssigner
+
+    from fedmedbench.fl.tasks.detection.yolo import anchors_in_boxes_83
+
+    centres = torch.tensor([[12.0, 12.0], [20.0, 20.0], [4.0, 4.0], [30.0, 30.0]])
+    small = torch.tensor([[[10.0, 10.0, 18.0, 18.0]]])
+    installed = TaskAlignedAssigner(topk=10, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32])
+    assert anchors_in_boxes_83(centres, small).tolist() == [[[True, False, False, False]]]
+    assert installed.select_candidates_in_gts(centres, small, torch.ones(1, 1, 1)).tolist() == [[[True, True, False, False]]]
+    gen = torch.Generator().manual_seed(0)
+    grid = torch.stack(torch.meshgrid(torch.arange(4.0, 200, 8), torch.arange(4.0, 200, 8), indexing="xy"), -1).view(-1, 2)
+    corner = torch.rand(2, 5, 2, generator=gen) * 120
+    large = torch.cat((corner, corner + 16 + torch.rand(2, 5, 2, generator=gen) * 60), -1)
+    assert torch.equal(anchors_in_boxes_83(grid, large), installed.select_candidates_in_gts(grid, large, torch.ones(2, 5, 1)))
+
+
+@pytest.mark.parametrize("assigner", ["ultralytics_8_3", "installed"])
+def test_the_trained_models_loss_assigns_targets_by_the_chosen_rule(export, tmp_path, assigner):
+    from ultralytics.utils.tal import TaskAlignedAssigner
+
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+
+    spec = _spec(export, tmp_path, "FedAvg")
+    data = DetectionTask(spec).client_data(0)
+    model = build_yolo("yolo11n.yaml", spec.num_classes, seed=5)
+    train_yolo(model, data.data_yaml, epochs=1, batch=8, imgsz=64, seed=0, device=torch.device("cpu"),
+               workdir=tmp_path / "w", select="last", assigner=assigner)
+    rule = type(model.criterion.assigner).select_candidates_in_gts
+    assert (rule is TaskAlignedAssigner.select_candidates_in_gts) == (assigner == "installed")
+    with pytest.raises(ValueError, match="assigner must be one of"):
+        get_method("ultraflwr", {"assigner": "none"})
+
+
 def _validated_trainer(cls, monkeypatch, m50, m5095, patience=100):
     """A trainer of ``cls`` set up (the base class's setup stubbed) and validated once by a validator
     stub returning Ultralytics 8.4's metrics dict (its ``fitness`` = mAP50-95)."""
@@ -501,7 +538,7 @@ def _validated_trainer(cls, monkeypatch, m50, m5095, patience=100):
     monkeypatch.setattr(DetectionTrainer, "_setup_train", setup)
     trainer = cls.__new__(cls)
     trainer.args = SimpleNamespace(patience=patience)
-    trainer.ema, trainer.world_size, trainer.best_fitness, trainer.epoch = None, 1, None, 0
+    trainer.model, trainer.ema, trainer.world_size, trainer.best_fitness, trainer.epoch = None, None, 1, None, 0
     trainer.loss = torch.tensor(1.0)  # Ultralytics evaluates its loss fallback even when metrics have a fitness
     trainer.validator = lambda tr: {"metrics/mAP50(B)": m50, "metrics/mAP50-95(B)": m5095, "fitness": m5095}
     trainer._setup_train()
@@ -972,7 +1009,8 @@ def test_training_workers_are_a_result_parameter_that_reaches_ultralytics(export
     assert schema["properties"]["ultraflwr"]["properties"]["train"]["properties"]["workers"]["default"] == 0
     train = {"rounds": 2, "epochs": 1, "batch": 8, "imgsz": 64, "lr0": 0.01, "patience": 100, "split": "ultraflwr",
              "select": "best", "select_metric": "fitness", "weighting": "uniform", "final_aggregation": "skip_all",
-             "auto_optimizer": "ultralytics_8_3", "warmup": "ultralytics_8_3", "ultralytics": {}}
+             "auto_optimizer": "ultralytics_8_3", "warmup": "ultralytics_8_3", "assigner": "ultralytics_8_3",
+             "ultralytics": {}}
     conf = {"train": train, "model": {"cfg": "yolo11n.yaml", "head_init": "client"},
             "eval": {"every": 1, "batch": 16, "conf": 0.001, "iou": 0.7, "rect": True}}
     r = {"ugroup": "g", "usetting": "a", "strategy": "FedAvg", "seedset": 0}

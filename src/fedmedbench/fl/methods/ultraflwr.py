@@ -33,7 +33,14 @@ from fedmedbench.fl.registry import (
     weighted_average,
 )
 from fedmedbench.fl.tasks.detection.components import SPLITS, aggregated_keys, parse_strategy
-from fedmedbench.fl.tasks.detection.yolo import AUTO_OPTIMIZERS, HEAD_INITS, SELECT, SELECT_METRICS, WARMUPS
+from fedmedbench.fl.tasks.detection.yolo import (
+    ASSIGNERS,
+    AUTO_OPTIMIZERS,
+    HEAD_INITS,
+    SELECT,
+    SELECT_METRICS,
+    WARMUPS,
+)
 
 FINAL_AGGREGATION = ("skip_all", "skip_partial", "keep")
 WEIGHTING = ("frames", "uniform")
@@ -66,7 +73,8 @@ class UltraFlwr(Method):
     def __init__(self, strategy: str = "FedAvg", split: str = "ultraflwr", select: str = "best",
                  select_metric: str = "fitness", weighting: str = "uniform", final_aggregation: str = "skip_all",
                  ultralytics: dict | None = None, auto_optimizer: str = "ultralytics_8_3",
-                 head_init: str = "client", workers: int = 0, warmup: str = "ultralytics_8_3") -> None:
+                 head_init: str = "client", workers: int = 0, warmup: str = "ultralytics_8_3",
+                 assigner: str = "ultralytics_8_3") -> None:
         self.components, self.aggregator = parse_strategy(strategy)
         if split not in SPLITS:
             raise ValueError(f"method_params.ultraflwr.split must be one of {SPLITS}, got '{split}'")
@@ -87,6 +95,9 @@ class UltraFlwr(Method):
         if warmup not in WARMUPS:
             raise ValueError(f"method_params.ultraflwr.warmup must be one of {WARMUPS}, got '{warmup}'")
         self.warmup = warmup
+        if assigner not in ASSIGNERS:
+            raise ValueError(f"method_params.ultraflwr.assigner must be one of {ASSIGNERS}, got '{assigner}'")
+        self.assigner = assigner
         if head_init not in HEAD_INITS:
             raise ValueError(f"method_params.ultraflwr.head_init must be one of {HEAD_INITS}, got '{head_init}'")
         self.head_init = head_init
@@ -141,7 +152,8 @@ class UltraFlwr(Method):
                              batch=ctx.train.batch_size, imgsz=data.imgsz, seed=data.seed, device=ctx.device,
                              workdir=f"{data.workdir}/r{ctx.rnd:03d}", select=self.select,
                              select_metric=self.select_metric, extra=self.ultralytics,
-                             auto_optimizer=self.auto_optimizer, workers=self.workers, warmup=self.warmup)
+                             auto_optimizer=self.auto_optimizer, workers=self.workers, warmup=self.warmup,
+                             assigner=self.assigner)
         ctx.state["model"] = outcome.state
         last = ctx.rnd >= ctx.train.rounds
         keys = [] if (last and self.skips_final()) else self.shared_keys(ctx.model)

@@ -21,6 +21,9 @@ Measured pitfalls this wrapper avoids (Ultralytics 8.4):
   8.4's single optimizer step falls at the warm-up's first iteration, where the learning rate is 0, and no
   weight moves. The trainer
   follows 8.3.48 unless ``warmup="installed"`` (:func:`warmup_iterations_83`).
+* Ultralytics 8.4's loss lets an anchor take a ground-truth box narrower or shorter than 16 px (the middle
+  stride) when its centre lies inside the box widened to 16 px; 8.3.48 only when it lies inside the box itself.
+  The trainer's loss follows 8.3.48 unless ``assigner="installed"`` (:func:`anchors_in_boxes_83`).
 * Ultralytics 8.4's trainer fitness is mAP50-95 alone and its early stopping needs a strict improvement;
   8.3.48's is 0.1 mAP50 + 0.9 mAP50-95 and an equal fitness resets the patience count. Early stopping
   (patience 100, the 400-epoch centralized baseline) follows 8.3.48 unless ``fitness="installed"``
@@ -60,6 +63,8 @@ def selection_score(metrics: dict, select_metric: str) -> float:
 AUTO_OPTIMIZERS = ("ultralytics_8_3", "installed")
 #: how many iterations the learning rate warms up over: as Ultralytics 8.3.48 (UltraFlwr's pin) or the installed one
 WARMUPS = ("ultralytics_8_3", "installed")
+#: which anchors may take a ground-truth box in the loss's target assignment: as Ultralytics 8.3.48 or the installed one
+ASSIGNERS = ("ultralytics_8_3", "installed")
 #: the trainer's fitness (what early stopping reads): Ultralytics 8.3.48's or the installed Ultralytics'
 FITNESS_RULES = ("ultralytics_8_3", "installed")
 
@@ -129,13 +134,38 @@ def warmup_iterations_83(warmup_epochs: float, batches: int) -> int:
     return max(round(warmup_epochs * batches), 100) if warmup_epochs > 0 else -1
 
 
+def anchors_in_boxes_83(anchor_centres: torch.Tensor, boxes: torch.Tensor, eps: float = 1e-9) -> torch.Tensor:
+    """Ultralytics 8.3.48's candidate anchors of the target assignment (``utils/tal.py``,
+    ``TaskAlignedAssigner.select_candidates_in_gts``): an anchor may take a box when its centre lies inside the
+    box by more than ``eps`` on all four sides, whatever the box's size. ``anchor_centres`` (n_anchors, 2) and
+    ``boxes`` (batch, n_boxes, 4) in xyxy pixels; a bool mask (batch, n_boxes, n_anchors)."""
+    top_left, bottom_right = boxes[..., None, :2], boxes[..., None, 2:]
+    margins = torch.cat((anchor_centres - top_left, bottom_right - anchor_centres), dim=-1)
+    return margins.amin(-1) > eps
+
+
+def _use_83_assigner(model: torch.nn.Module) -> None:
+    """Give ``model`` a fresh loss whose target assignment takes its candidate anchors by 8.3.48's rule."""
+    from ultralytics.utils.tal import TaskAlignedAssigner
+
+    class _Assigner83(TaskAlignedAssigner):
+        def select_candidates_in_gts(self, xy_centers, gt_bboxes, mask_gt, eps=1e-9):
+            return anchors_in_boxes_83(xy_centers, gt_bboxes, eps)
+
+    model.criterion = model.init_criterion()
+    a = model.criterion.assigner
+    model.criterion.assigner = _Assigner83(topk=a.topk, num_classes=a.num_classes, alpha=a.alpha, beta=a.beta,
+                                           stride=a.stride, eps=a.eps, topk2=a.topk2)
+
+
 def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
-                  warmup: str = "ultralytics_8_3") -> type:
+                  warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3") -> type:
     """Ultralytics' DetectionTrainer as the study runs it: no checkpoints, no final re-validation, no CPU
     gc, validated epochs marked, ``optimizer=auto`` resolved by ``auto_optimizer``, and the fitness that
     early stopping reads (and ``best_fitness``) by ``fitness``: ``ultralytics_8_3`` = 0.1 mAP50 + 0.9
     mAP50-95 with 8.3.48's stopping rule (:class:`EarlyStopping83`), ``installed`` = the installed one's; the
-    learning-rate warm-up's length by ``warmup`` (8.3.48's :func:`warmup_iterations_83` or the installed one's)."""
+    learning-rate warm-up's length by ``warmup`` (8.3.48's :func:`warmup_iterations_83` or the installed one's)
+    and the loss's candidate anchors by ``assigner`` (8.3.48's :func:`anchors_in_boxes_83` or the installed one's)."""
     from ultralytics.models.yolo.detect import DetectionTrainer
 
     if auto_optimizer not in AUTO_OPTIMIZERS:
@@ -144,6 +174,8 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
         raise ValueError(f"fitness must be one of {FITNESS_RULES}, got '{fitness}'")
     if warmup not in WARMUPS:
         raise ValueError(f"warmup must be one of {WARMUPS}, got '{warmup}'")
+    if assigner not in ASSIGNERS:
+        raise ValueError(f"assigner must be one of {ASSIGNERS}, got '{assigner}'")
 
     class _Trainer(DetectionTrainer):
         def save_model(self):  # weights are captured in fp32 by the callback, no fp16 checkpoints on disk
@@ -165,6 +197,12 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
             super()._setup_train(*args, **kwargs)
             if fitness == "ultralytics_8_3":
                 self.stopper = EarlyStopping83(patience=self.args.patience)
+            if assigner == "ultralytics_8_3":  # the trained model's loss and its EMA copy's (validation loss)
+                from ultralytics.utils.torch_utils import unwrap_model
+
+                for m in (unwrap_model(self.model), self.ema.ema if self.ema else None):
+                    if m is not None:
+                        _use_83_assigner(m)
 
         def validate(self):  # marks the epochs really validated (with val=False only the last one is;
             best = self.best_fitness  # tr.metrics then still holds placeholder zeros, not a measurement)
@@ -282,12 +320,12 @@ def train_yolo(
     model: torch.nn.Module, data_yaml: str | Path, *, epochs: int, batch: int, imgsz: int, seed: int,
     device: torch.device, workdir: str | Path, select: str = "best", select_metric: str = "fitness",
     extra: dict[str, Any] | None = None, auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
-    workers: int = 0, warmup: str = "ultralytics_8_3",
+    workers: int = 0, warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3",
 ) -> TrainOutcome:
     """Train ``model`` (its current weights) for ``epochs`` with Ultralytics' detection trainer (``workers``
     dataloader processes; 0 = in this process, as UltraFlwr)."""
     EpochSelector(select, select_metric)  # fail on a bad choice before Ultralytics starts
-    trainer_cls = study_trainer(auto_optimizer, fitness, warmup)
+    trainer_cls = study_trainer(auto_optimizer, fitness, warmup, assigner)
     extra = dict(extra or {})
     fixed = sorted(set(extra) & set(FIXED_ARGS))
     if fixed:
