@@ -22,7 +22,8 @@ with log_to(snakemake.log[0]) as log:
                         ultralytics=mp.get("ultralytics"), log=log,
                         auto_optimizer=mp.get("auto_optimizer", "ultralytics_8_3"),
                         head_init=mp.get("head_init", "client"), workers=int(mp.get("workers", 0)),
-                        warmup=mp.get("warmup", "ultralytics_8_3"), assigner=mp.get("assigner", "ultralytics_8_3"))
+                        warmup=mp.get("warmup", "ultralytics_8_3"), assigner=mp.get("assigner", "ultralytics_8_3"),
+                        hsv=mp.get("hsv", "ultralytics_8_3"))
         io.write_csv(snakemake.output.comm, pd.DataFrame(columns=["round", "client", "bytes_sent"]))
     else:
         from fedmedbench.fl import engine

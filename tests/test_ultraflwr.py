@@ -404,6 +404,7 @@ def test_defaults_follow_ultraflwrs_code():
     assert method.head_init == "client"
     assert train["warmup"]["default"] == method.warmup == "ultralytics_8_3"  # UltraFlwr pins Ultralytics 8.3.48
     assert train["assigner"]["default"] == method.assigner == "ultralytics_8_3"
+    assert train["hsv"]["default"] == method.hsv == "ultralytics_8_3"
     sel = EpochSelector()  # the hand-made results above: best mAP50 at epoch 1, best fitness at epoch 2
     for e, (m50, m5095) in enumerate([(0.30, 0.10), (0.60, 0.20), (0.55, 0.30), (0.20, 0.05)]):
         sel(_FakeTrainer(e, 4, m50, m5095))
@@ -522,6 +523,58 @@ def test_the_trained_models_loss_assigns_targets_by_the_chosen_rule(export, tmp_
     assert (rule is TaskAlignedAssigner.select_candidates_in_gts) == (assigner == "installed")
     with pytest.raises(ValueError, match="assigner must be one of"):
         get_method("ultraflwr", {"assigner": "none"})
+
+
+def test_hue_augmentation_follows_ultralytics_83():
+    """8.3.48 scales OpenCV's hue (0..179) by the drawn factor 1 + u * hsv_h, modulo 180; 8.4 shifts it by
+    u * hsv_h * 180. One uniform triple is drawn per image either way."""
+    import cv2
+    from ultralytics.data.augment import RandomHSV
+
+    from fedmedbench.fl.tasks.detection.yolo import _hsv_83, hue_lut_83
+
+    assert hue_lut_83(1.5)[[0, 100, 130, 179]].tolist() == [0, 150, 15, 88]  # 130 x 1.5 = 195 -> 15
+    hsv = np.array([[[5, 200, 200], [100, 200, 200], [170, 200, 200]]], np.uint8)
+    img = cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)
+    np.random.seed(0)
+    u = np.random.uniform(-1, 1, 3)[0]  # 0.0976...
+    want_hsv = hsv.copy()
+    want_hsv[..., 0] = (hsv[..., 0].astype(np.float64) * (1 + 0.5 * u) % 180).astype(np.uint8)
+    want = cv2.cvtColor(want_hsv, cv2.COLOR_HSV2BGR)
+    outputs = {}
+    for name, cls in (("8.3", _hsv_83(RandomHSV)), ("8.4", RandomHSV)):
+        np.random.seed(0)
+        labels = cls(hgain=0.5, sgain=0.0, vgain=0.0)({"img": img.copy()})
+        outputs[name] = labels["img"]
+        assert np.random.uniform() == pytest.approx(np.random.RandomState(0).uniform(size=4)[3])  # 3 draws used
+    assert np.array_equal(outputs["8.3"], want)
+    assert not np.array_equal(outputs["8.4"], want)
+
+
+def test_the_training_set_takes_its_hsv_step_by_the_chosen_rule_also_after_the_mosaic_closes(monkeypatch):
+    from types import SimpleNamespace
+
+    from ultralytics.data.augment import Compose, RandomHSV
+    from ultralytics.models.yolo.detect import DetectionTrainer
+
+    from fedmedbench.fl.tasks.detection.yolo import study_trainer
+
+    def stub(self, img_path, mode="train", batch=None):
+        ds = SimpleNamespace(build_transforms=lambda hyp: Compose([RandomHSV(0.1, 0.2, 0.3), "format"]))
+        ds.transforms = ds.build_transforms(None)
+        return ds
+
+    monkeypatch.setattr(DetectionTrainer, "build_dataset", stub)
+    for hsv, mode, swapped in (("ultralytics_8_3", "train", True), ("ultralytics_8_3", "val", False),
+                               ("installed", "train", False)):
+        cls = study_trainer(hsv=hsv)
+        ds = cls.build_dataset(cls.__new__(cls), "images", mode)
+        for built in (ds.transforms, ds.build_transforms(None)):  # the first list, and the one close_mosaic builds
+            step = built.transforms[0]
+            assert (type(step) is not RandomHSV) == swapped and isinstance(step, RandomHSV)
+            assert (step.hgain, step.sgain, step.vgain) == (0.1, 0.2, 0.3) and built.transforms[1] == "format"
+    with pytest.raises(ValueError, match="hsv must be one of"):
+        get_method("ultraflwr", {"hsv": "none"})
 
 
 def _validated_trainer(cls, monkeypatch, m50, m5095, patience=100):
@@ -1010,7 +1063,7 @@ def test_training_workers_are_a_result_parameter_that_reaches_ultralytics(export
     train = {"rounds": 2, "epochs": 1, "batch": 8, "imgsz": 64, "lr0": 0.01, "patience": 100, "split": "ultraflwr",
              "select": "best", "select_metric": "fitness", "weighting": "uniform", "final_aggregation": "skip_all",
              "auto_optimizer": "ultralytics_8_3", "warmup": "ultralytics_8_3", "assigner": "ultralytics_8_3",
-             "ultralytics": {}}
+             "hsv": "ultralytics_8_3", "ultralytics": {}}
     conf = {"train": train, "model": {"cfg": "yolo11n.yaml", "head_init": "client"},
             "eval": {"every": 1, "batch": 16, "conf": 0.001, "iou": 0.7, "rect": True}}
     r = {"ugroup": "g", "usetting": "a", "strategy": "FedAvg", "seedset": 0}

@@ -37,6 +37,7 @@ from fedmedbench.fl.tasks.detection.yolo import (
     ASSIGNERS,
     AUTO_OPTIMIZERS,
     HEAD_INITS,
+    HSV_RULES,
     SELECT,
     SELECT_METRICS,
     WARMUPS,
@@ -74,7 +75,7 @@ class UltraFlwr(Method):
                  select_metric: str = "fitness", weighting: str = "uniform", final_aggregation: str = "skip_all",
                  ultralytics: dict | None = None, auto_optimizer: str = "ultralytics_8_3",
                  head_init: str = "client", workers: int = 0, warmup: str = "ultralytics_8_3",
-                 assigner: str = "ultralytics_8_3") -> None:
+                 assigner: str = "ultralytics_8_3", hsv: str = "ultralytics_8_3") -> None:
         self.components, self.aggregator = parse_strategy(strategy)
         if split not in SPLITS:
             raise ValueError(f"method_params.ultraflwr.split must be one of {SPLITS}, got '{split}'")
@@ -98,6 +99,9 @@ class UltraFlwr(Method):
         if assigner not in ASSIGNERS:
             raise ValueError(f"method_params.ultraflwr.assigner must be one of {ASSIGNERS}, got '{assigner}'")
         self.assigner = assigner
+        if hsv not in HSV_RULES:
+            raise ValueError(f"method_params.ultraflwr.hsv must be one of {HSV_RULES}, got '{hsv}'")
+        self.hsv = hsv
         if head_init not in HEAD_INITS:
             raise ValueError(f"method_params.ultraflwr.head_init must be one of {HEAD_INITS}, got '{head_init}'")
         self.head_init = head_init
@@ -153,7 +157,7 @@ class UltraFlwr(Method):
                              workdir=f"{data.workdir}/r{ctx.rnd:03d}", select=self.select,
                              select_metric=self.select_metric, extra=self.ultralytics,
                              auto_optimizer=self.auto_optimizer, workers=self.workers, warmup=self.warmup,
-                             assigner=self.assigner)
+                             assigner=self.assigner, hsv=self.hsv)
         ctx.state["model"] = outcome.state
         last = ctx.rnd >= ctx.train.rounds
         keys = [] if (last and self.skips_final()) else self.shared_keys(ctx.model)

@@ -24,6 +24,9 @@ Measured pitfalls this wrapper avoids (Ultralytics 8.4):
 * Ultralytics 8.4's loss lets an anchor take a ground-truth box narrower or shorter than 16 px (the middle
   stride) when its centre lies inside the box widened to 16 px; 8.3.48 only when it lies inside the box itself.
   The trainer's loss follows 8.3.48 unless ``assigner="installed"`` (:func:`anchors_in_boxes_83`).
+* Ultralytics 8.4's HSV augmentation shifts the hue by up to ``hsv_h`` x 180; 8.3.48's scales it by a factor in
+  [1 - hsv_h, 1 + hsv_h] (a red hue near 0 hardly moves, one near 179 by up to 2.7). The training set's HSV step
+  follows 8.3.48 unless ``hsv="installed"`` (:func:`hue_lut_83`); both draw the same random numbers.
 * Ultralytics 8.4's trainer fitness is mAP50-95 alone and its early stopping needs a strict improvement;
   8.3.48's is 0.1 mAP50 + 0.9 mAP50-95 and an equal fitness resets the patience count. Early stopping
   (patience 100, the 400-epoch centralized baseline) follows 8.3.48 unless ``fitness="installed"``
@@ -40,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedmedbench.weights.safeload import LoadReport
@@ -65,6 +69,8 @@ AUTO_OPTIMIZERS = ("ultralytics_8_3", "installed")
 WARMUPS = ("ultralytics_8_3", "installed")
 #: which anchors may take a ground-truth box in the loss's target assignment: as Ultralytics 8.3.48 or the installed one
 ASSIGNERS = ("ultralytics_8_3", "installed")
+#: how the training set's HSV augmentation moves the hue: as Ultralytics 8.3.48 or the installed one
+HSV_RULES = ("ultralytics_8_3", "installed")
 #: the trainer's fitness (what early stopping reads): Ultralytics 8.3.48's or the installed Ultralytics'
 FITNESS_RULES = ("ultralytics_8_3", "installed")
 
@@ -158,14 +164,61 @@ def _use_83_assigner(model: torch.nn.Module) -> None:
                                            stride=a.stride, eps=a.eps, topk2=a.topk2)
 
 
+def hue_lut_83(factor: float, dtype=np.uint8) -> np.ndarray:
+    """Ultralytics 8.3.48's hue look-up table (``data/augment.py``, ``RandomHSV``): OpenCV hue h (0..179) becomes
+    ``h x factor mod 180``, ``factor`` drawn in [1 - hsv_h, 1 + hsv_h]."""
+    return (np.arange(0, 256, dtype=np.float64) * factor % 180).astype(dtype)
+
+
+def _hsv_83(transform_cls: type) -> type:
+    """Ultralytics' ``RandomHSV`` with 8.3.48's hue rule: the same draws (one uniform triple per image), the same
+    saturation and value tables."""
+    import cv2
+
+    class _RandomHSV83(transform_cls):
+        def apply_image(self, labels, params=None):
+            img = labels["img"]
+            if img.shape[-1] != 3 or not (self.hgain or self.sgain or self.vgain):
+                return labels
+            gains = np.random.uniform(-1, 1, 3) * [self.hgain, self.sgain, self.vgain] + 1
+            x = np.arange(0, 256, dtype=gains.dtype)
+            luts = (hue_lut_83(gains[0], img.dtype), np.clip(x * gains[1], 0, 255).astype(img.dtype),
+                    np.clip(x * gains[2], 0, 255).astype(img.dtype))
+            hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)
+            mapped = cv2.merge([cv2.LUT(channel, lut) for channel, lut in zip(cv2.split(hsv), luts, strict=True)])
+            cv2.cvtColor(mapped, cv2.COLOR_HSV2BGR, dst=img)
+            return labels
+
+    return _RandomHSV83
+
+
+def _use_83_hsv(dataset) -> None:
+    """Make every transform list ``dataset`` builds (now, and again when Ultralytics closes the mosaic) take its
+    HSV step by 8.3.48's hue rule."""
+    from ultralytics.data.augment import RandomHSV
+
+    hsv_83 = _hsv_83(RandomHSV)
+    build = dataset.build_transforms
+
+    def swap(compose):
+        compose.transforms = [hsv_83(t.hgain, t.sgain, t.vgain) if type(t) is RandomHSV else t
+                              for t in compose.transforms]
+        return compose
+
+    dataset.build_transforms = lambda hyp: swap(build(hyp))
+    swap(dataset.transforms)
+
+
 def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
-                  warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3") -> type:
+                  warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3",
+                  hsv: str = "ultralytics_8_3") -> type:
     """Ultralytics' DetectionTrainer as the study runs it: no checkpoints, no final re-validation, no CPU
     gc, validated epochs marked, ``optimizer=auto`` resolved by ``auto_optimizer``, and the fitness that
     early stopping reads (and ``best_fitness``) by ``fitness``: ``ultralytics_8_3`` = 0.1 mAP50 + 0.9
     mAP50-95 with 8.3.48's stopping rule (:class:`EarlyStopping83`), ``installed`` = the installed one's; the
     learning-rate warm-up's length by ``warmup`` (8.3.48's :func:`warmup_iterations_83` or the installed one's)
-    and the loss's candidate anchors by ``assigner`` (8.3.48's :func:`anchors_in_boxes_83` or the installed one's)."""
+    the loss's candidate anchors by ``assigner`` (8.3.48's :func:`anchors_in_boxes_83` or the installed one's) and
+    the training set's hue augmentation by ``hsv`` (8.3.48's :func:`hue_lut_83` or the installed one's)."""
     from ultralytics.models.yolo.detect import DetectionTrainer
 
     if auto_optimizer not in AUTO_OPTIMIZERS:
@@ -176,6 +229,8 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
         raise ValueError(f"warmup must be one of {WARMUPS}, got '{warmup}'")
     if assigner not in ASSIGNERS:
         raise ValueError(f"assigner must be one of {ASSIGNERS}, got '{assigner}'")
+    if hsv not in HSV_RULES:
+        raise ValueError(f"hsv must be one of {HSV_RULES}, got '{hsv}'")
 
     class _Trainer(DetectionTrainer):
         def save_model(self):  # weights are captured in fp32 by the callback, no fp16 checkpoints on disk
@@ -187,6 +242,12 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
         def _clear_memory(self, threshold=None):  # a full gc.collect() frees no accelerator memory on a CPU
             if self.device.type != "cpu":  # and cost 0.5-0.65 s at the end of each client's training there
                 super()._clear_memory(threshold)
+
+        def build_dataset(self, img_path, mode="train", batch=None):
+            dataset = super().build_dataset(img_path, mode, batch)
+            if hsv == "ultralytics_8_3" and mode == "train":
+                _use_83_hsv(dataset)
+            return dataset
 
         def _get_warmup_iterations(self, num_batches):
             if warmup == "ultralytics_8_3":
@@ -320,12 +381,12 @@ def train_yolo(
     model: torch.nn.Module, data_yaml: str | Path, *, epochs: int, batch: int, imgsz: int, seed: int,
     device: torch.device, workdir: str | Path, select: str = "best", select_metric: str = "fitness",
     extra: dict[str, Any] | None = None, auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
-    workers: int = 0, warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3",
+    workers: int = 0, warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3", hsv: str = "ultralytics_8_3",
 ) -> TrainOutcome:
     """Train ``model`` (its current weights) for ``epochs`` with Ultralytics' detection trainer (``workers``
     dataloader processes; 0 = in this process, as UltraFlwr)."""
     EpochSelector(select, select_metric)  # fail on a bad choice before Ultralytics starts
-    trainer_cls = study_trainer(auto_optimizer, fitness, warmup, assigner)
+    trainer_cls = study_trainer(auto_optimizer, fitness, warmup, assigner, hsv)
     extra = dict(extra or {})
     fixed = sorted(set(extra) & set(FIXED_ARGS))
     if fixed:
