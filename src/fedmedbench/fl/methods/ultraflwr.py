@@ -41,6 +41,7 @@ from fedmedbench.fl.tasks.detection.yolo import (
     SELECT,
     SELECT_METRICS,
     WARMUPS,
+    one_of,
 )
 
 FINAL_AGGREGATION = ("skip_all", "skip_partial", "keep")
@@ -77,34 +78,20 @@ class UltraFlwr(Method):
                  head_init: str = "client", workers: int = 0, warmup: str = "ultralytics_8_3",
                  assigner: str = "ultralytics_8_3", hsv: str = "ultralytics_8_3") -> None:
         self.components, self.aggregator = parse_strategy(strategy)
-        if split not in SPLITS:
-            raise ValueError(f"method_params.ultraflwr.split must be one of {SPLITS}, got '{split}'")
-        if select not in SELECT:
-            raise ValueError(f"method_params.ultraflwr.select must be one of {SELECT}, got '{select}'")
-        if select_metric not in SELECT_METRICS:
-            raise ValueError(f"method_params.ultraflwr.select_metric must be one of {SELECT_METRICS}")
-        if weighting not in WEIGHTING:
-            raise ValueError(f"method_params.ultraflwr.weighting must be one of {WEIGHTING}, got '{weighting}'")
-        if final_aggregation not in FINAL_AGGREGATION:
-            raise ValueError(f"method_params.ultraflwr.final_aggregation must be one of {FINAL_AGGREGATION}")
-        self.strategy, self.split, self.select = strategy, split, select
-        self.select_metric, self.weighting = select_metric, weighting
-        self.final_aggregation = final_aggregation
-        if auto_optimizer not in AUTO_OPTIMIZERS:
-            raise ValueError(f"method_params.ultraflwr.auto_optimizer must be one of {AUTO_OPTIMIZERS}")
-        self.auto_optimizer = auto_optimizer
-        if warmup not in WARMUPS:
-            raise ValueError(f"method_params.ultraflwr.warmup must be one of {WARMUPS}, got '{warmup}'")
-        self.warmup = warmup
-        if assigner not in ASSIGNERS:
-            raise ValueError(f"method_params.ultraflwr.assigner must be one of {ASSIGNERS}, got '{assigner}'")
-        self.assigner = assigner
-        if hsv not in HSV_RULES:
-            raise ValueError(f"method_params.ultraflwr.hsv must be one of {HSV_RULES}, got '{hsv}'")
-        self.hsv = hsv
-        if head_init not in HEAD_INITS:
-            raise ValueError(f"method_params.ultraflwr.head_init must be one of {HEAD_INITS}, got '{head_init}'")
-        self.head_init = head_init
+        self.strategy = strategy
+
+        def checked(key: str, value: str, choices: tuple) -> str:
+            return one_of(f"method_params.ultraflwr.{key}", value, choices)
+
+        self.split, self.select = checked("split", split, SPLITS), checked("select", select, SELECT)
+        self.select_metric = checked("select_metric", select_metric, SELECT_METRICS)
+        self.weighting = checked("weighting", weighting, WEIGHTING)
+        self.final_aggregation = checked("final_aggregation", final_aggregation, FINAL_AGGREGATION)
+        # where Ultralytics 8.4 (installed) trains differently from UltraFlwr's 8.3.48 (yolo.py's module docstring)
+        self.auto_optimizer = checked("auto_optimizer", auto_optimizer, AUTO_OPTIMIZERS)
+        self.warmup, self.assigner = checked("warmup", warmup, WARMUPS), checked("assigner", assigner, ASSIGNERS)
+        self.hsv = checked("hsv", hsv, HSV_RULES)
+        self.head_init = checked("head_init", head_init, HEAD_INITS)
         self.ultralytics = dict(ultralytics or {})
         if int(workers) < 0:
             raise ValueError(f"method_params.ultraflwr.workers must be >= 0, got {workers}")

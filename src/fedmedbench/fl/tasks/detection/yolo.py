@@ -164,6 +164,13 @@ def _use_83_assigner(model: torch.nn.Module) -> None:
                                            stride=a.stride, eps=a.eps, topk2=a.topk2)
 
 
+def one_of(key: str, value: Any, choices: tuple) -> Any:
+    """``value`` if it is one of ``choices``; else a ValueError naming ``key`` (a config or parameter path)."""
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {choices}, got '{value}'")
+    return value
+
+
 def hue_lut_83(factor: float, dtype=np.uint8) -> np.ndarray:
     """Ultralytics 8.3.48's hue look-up table (``data/augment.py``, ``RandomHSV``): OpenCV hue h (0..179) becomes
     ``h x factor mod 180``, ``factor`` drawn in [1 - hsv_h, 1 + hsv_h]."""
@@ -221,16 +228,9 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
     the training set's hue augmentation by ``hsv`` (8.3.48's :func:`hue_lut_83` or the installed one's)."""
     from ultralytics.models.yolo.detect import DetectionTrainer
 
-    if auto_optimizer not in AUTO_OPTIMIZERS:
-        raise ValueError(f"auto_optimizer must be one of {AUTO_OPTIMIZERS}, got '{auto_optimizer}'")
-    if fitness not in FITNESS_RULES:
-        raise ValueError(f"fitness must be one of {FITNESS_RULES}, got '{fitness}'")
-    if warmup not in WARMUPS:
-        raise ValueError(f"warmup must be one of {WARMUPS}, got '{warmup}'")
-    if assigner not in ASSIGNERS:
-        raise ValueError(f"assigner must be one of {ASSIGNERS}, got '{assigner}'")
-    if hsv not in HSV_RULES:
-        raise ValueError(f"hsv must be one of {HSV_RULES}, got '{hsv}'")
+    for key, value, choices in (("auto_optimizer", auto_optimizer, AUTO_OPTIMIZERS), ("fitness", fitness, FITNESS_RULES),
+                                ("warmup", warmup, WARMUPS), ("assigner", assigner, ASSIGNERS), ("hsv", hsv, HSV_RULES)):
+        one_of(key, value, choices)
 
     class _Trainer(DetectionTrainer):
         def save_model(self):  # weights are captured in fp32 by the callback, no fp16 checkpoints on disk
