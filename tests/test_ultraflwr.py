@@ -531,7 +531,7 @@ def test_hue_augmentation_follows_ultralytics_83():
     import cv2
     from ultralytics.data.augment import RandomHSV
 
-    from fedmedbench.fl.tasks.detection.yolo import _hsv_83, hue_lut_83
+    from fedmedbench.fl.tasks.detection.yolo import RandomHSV83, hue_lut_83
 
     assert hue_lut_83(1.5)[[0, 100, 130, 179]].tolist() == [0, 150, 15, 88]  # 130 x 1.5 = 195 -> 15
     hsv = np.array([[[5, 200, 200], [100, 200, 200], [170, 200, 200]]], np.uint8)
@@ -542,7 +542,7 @@ def test_hue_augmentation_follows_ultralytics_83():
     want_hsv[..., 0] = (hsv[..., 0].astype(np.float64) * (1 + 0.5 * u) % 180).astype(np.uint8)
     want = cv2.cvtColor(want_hsv, cv2.COLOR_HSV2BGR)
     outputs = {}
-    for name, cls in (("8.3", _hsv_83(RandomHSV)), ("8.4", RandomHSV)):
+    for name, cls in (("8.3", RandomHSV83), ("8.4", RandomHSV)):
         np.random.seed(0)
         labels = cls(hgain=0.5, sgain=0.0, vgain=0.0)({"img": img.copy()})
         outputs[name] = labels["img"]
@@ -557,7 +557,7 @@ def test_the_training_set_takes_its_hsv_step_by_the_chosen_rule_also_after_the_m
     from ultralytics.data.augment import Compose, RandomHSV
     from ultralytics.models.yolo.detect import DetectionTrainer
 
-    from fedmedbench.fl.tasks.detection.yolo import study_trainer
+    from fedmedbench.fl.tasks.detection.yolo import RandomHSV83, study_trainer, with_83_hue
 
     def stub(self, img_path, mode="train", batch=None):
         ds = SimpleNamespace(build_transforms=lambda hyp: Compose([RandomHSV(0.1, 0.2, 0.3), "format"]))
@@ -571,10 +571,14 @@ def test_the_training_set_takes_its_hsv_step_by_the_chosen_rule_also_after_the_m
         ds = cls.build_dataset(cls.__new__(cls), "images", mode)
         for built in (ds.transforms, ds.build_transforms(None)):  # the first list, and the one close_mosaic builds
             step = built.transforms[0]
-            assert (type(step) is not RandomHSV) == swapped and isinstance(step, RandomHSV)
+            assert type(step) is (RandomHSV83 if swapped else RandomHSV)
             assert (step.hgain, step.sgain, step.vgain) == (0.1, 0.2, 0.3) and built.transforms[1] == "format"
     with pytest.raises(ValueError, match="hsv must be one of"):
         get_method("ultraflwr", {"hsv": "none"})
+    import pickle  # dataloader workers started by spawn or forkserver receive the dataset pickled
+
+    built = pickle.loads(pickle.dumps(with_83_hue(Compose([RandomHSV(0.1, 0.2, 0.3)]))))
+    assert type(built.transforms[0]) is RandomHSV83 and built.transforms[0].vgain == 0.3
 
 
 def _validated_trainer(cls, monkeypatch, m50, m5095, patience=100):

@@ -19,14 +19,13 @@ Measured pitfalls this wrapper avoids (Ultralytics 8.4):
   epochs - 1)`` epochs' batches; 8.3.48 over ``max(warmup_epochs x batches, 100)`` iterations. At 4 or more
   epochs the two differ for clients of fewer than 34 batches; for a 2-epoch training of up to 4 batches an epoch
   8.4's single optimizer step falls at the warm-up's first iteration, where the learning rate is 0, and no
-  weight moves. The trainer
-  follows 8.3.48 unless ``warmup="installed"`` (:func:`warmup_iterations_83`).
+  weight moves. The trainer follows 8.3.48 unless ``warmup="installed"`` (:func:`warmup_iterations_83`).
 * Ultralytics 8.4's loss lets an anchor take a ground-truth box narrower or shorter than 16 px (the middle
   stride) when its centre lies inside the box widened to 16 px; 8.3.48 only when it lies inside the box itself.
   The trainer's loss follows 8.3.48 unless ``assigner="installed"`` (:func:`anchors_in_boxes_83`).
 * Ultralytics 8.4's HSV augmentation shifts the hue by up to ``hsv_h`` x 180; 8.3.48's scales it by a factor in
   [1 - hsv_h, 1 + hsv_h] (a red hue near 0 hardly moves, one near 179 by up to 2.7). The training set's HSV step
-  follows 8.3.48 unless ``hsv="installed"`` (:func:`hue_lut_83`); both draw the same random numbers.
+  follows 8.3.48 unless ``hsv="installed"`` (:class:`RandomHSV83`); both draw the same random numbers.
 * Ultralytics 8.4's trainer fitness is mAP50-95 alone and its early stopping needs a strict improvement;
   8.3.48's is 0.1 mAP50 + 0.9 mAP50-95 and an equal fitness resets the patience count. Early stopping
   (patience 100, the 400-epoch centralized baseline) follows 8.3.48 unless ``fitness="installed"``
@@ -177,43 +176,54 @@ def hue_lut_83(factor: float, dtype=np.uint8) -> np.ndarray:
     return (np.arange(0, 256, dtype=np.float64) * factor % 180).astype(dtype)
 
 
-def _hsv_83(transform_cls: type) -> type:
-    """Ultralytics' ``RandomHSV`` with 8.3.48's hue rule: the same draws (one uniform triple per image), the same
-    saturation and value tables."""
-    import cv2
+class RandomHSV83:
+    """Ultralytics' ``RandomHSV`` step with 8.3.48's hue rule: the same draws (one uniform triple per image) and
+    the same saturation and value tables as the installed one. A module-level class, so that a dataset holding it
+    pickles for dataloader workers started by spawn or forkserver."""
 
-    class _RandomHSV83(transform_cls):
-        def apply_image(self, labels, params=None):
-            img = labels["img"]
-            if img.shape[-1] != 3 or not (self.hgain or self.sgain or self.vgain):
-                return labels
-            gains = np.random.uniform(-1, 1, 3) * [self.hgain, self.sgain, self.vgain] + 1
-            x = np.arange(0, 256, dtype=gains.dtype)
-            luts = (hue_lut_83(gains[0], img.dtype), np.clip(x * gains[1], 0, 255).astype(img.dtype),
-                    np.clip(x * gains[2], 0, 255).astype(img.dtype))
-            hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)
-            mapped = cv2.merge([cv2.LUT(channel, lut) for channel, lut in zip(cv2.split(hsv), luts, strict=True)])
-            cv2.cvtColor(mapped, cv2.COLOR_HSV2BGR, dst=img)
+    def __init__(self, hgain: float = 0.5, sgain: float = 0.5, vgain: float = 0.5) -> None:
+        self.hgain, self.sgain, self.vgain = hgain, sgain, vgain
+
+    def __call__(self, labels: dict) -> dict:
+        import cv2
+
+        img = labels["img"]
+        if img.shape[-1] != 3 or not (self.hgain or self.sgain or self.vgain):
             return labels
+        gains = np.random.uniform(-1, 1, 3) * [self.hgain, self.sgain, self.vgain] + 1
+        x = np.arange(0, 256, dtype=gains.dtype)
+        luts = (hue_lut_83(gains[0], img.dtype), np.clip(x * gains[1], 0, 255).astype(img.dtype),
+                np.clip(x * gains[2], 0, 255).astype(img.dtype))
+        hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)
+        mapped = cv2.merge([cv2.LUT(channel, lut) for channel, lut in zip(cv2.split(hsv), luts, strict=True)])
+        cv2.cvtColor(mapped, cv2.COLOR_HSV2BGR, dst=img)
+        return labels
 
-    return _RandomHSV83
+
+def with_83_hue(compose):
+    """``compose`` (an Ultralytics transform list) with each ``RandomHSV`` step replaced by :class:`RandomHSV83`."""
+    from ultralytics.data.augment import RandomHSV
+
+    compose.transforms = [RandomHSV83(t.hgain, t.sgain, t.vgain) if type(t) is RandomHSV else t
+                          for t in compose.transforms]
+    return compose
+
+
+@dataclass
+class _BuildWith83Hue:
+    """A dataset's ``build_transforms`` whose lists take 8.3.48's hue rule (picklable, unlike a closure)."""
+
+    build: Any
+
+    def __call__(self, hyp):
+        return with_83_hue(self.build(hyp))
 
 
 def _use_83_hsv(dataset) -> None:
     """Make every transform list ``dataset`` builds (now, and again when Ultralytics closes the mosaic) take its
     HSV step by 8.3.48's hue rule."""
-    from ultralytics.data.augment import RandomHSV
-
-    hsv_83 = _hsv_83(RandomHSV)
-    build = dataset.build_transforms
-
-    def swap(compose):
-        compose.transforms = [hsv_83(t.hgain, t.sgain, t.vgain) if type(t) is RandomHSV else t
-                              for t in compose.transforms]
-        return compose
-
-    dataset.build_transforms = lambda hyp: swap(build(hyp))
-    swap(dataset.transforms)
+    dataset.build_transforms = _BuildWith83Hue(dataset.build_transforms)
+    with_83_hue(dataset.transforms)
 
 
 def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
@@ -223,7 +233,7 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
     gc, validated epochs marked, ``optimizer=auto`` resolved by ``auto_optimizer``, and the fitness that
     early stopping reads (and ``best_fitness``) by ``fitness``: ``ultralytics_8_3`` = 0.1 mAP50 + 0.9
     mAP50-95 with 8.3.48's stopping rule (:class:`EarlyStopping83`), ``installed`` = the installed one's; the
-    learning-rate warm-up's length by ``warmup`` (8.3.48's :func:`warmup_iterations_83` or the installed one's)
+    learning-rate warm-up's length by ``warmup`` (8.3.48's :func:`warmup_iterations_83` or the installed one's),
     the loss's candidate anchors by ``assigner`` (8.3.48's :func:`anchors_in_boxes_83` or the installed one's) and
     the training set's hue augmentation by ``hsv`` (8.3.48's :func:`hue_lut_83` or the installed one's)."""
     from ultralytics.models.yolo.detect import DetectionTrainer
