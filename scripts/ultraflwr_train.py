@@ -15,15 +15,9 @@ with log_to(snakemake.log[0]) as log:
     spec = for_job(snakemake.params.spec, snakemake.threads, snakemake.config)
     spec = weights.pin(spec, snakemake.input.weights)  # the loaded file is the fetched one (hash in the run hash)
     if snakemake.wildcards.strategy == "Centralized":
-        from fedmedbench.fl.tasks.detection.centralized import run_centralized
+        from fedmedbench.fl.tasks.detection.centralized import OPTIONS, run_centralized
 
-        mp = spec.method_params
-        run_centralized(spec, select=mp.get("select", "best"), select_metric=mp.get("select_metric", "fitness"),
-                        ultralytics=mp.get("ultralytics"), log=log,
-                        auto_optimizer=mp.get("auto_optimizer", "ultralytics_8_3"),
-                        head_init=mp.get("head_init", "client"), workers=int(mp.get("workers", 0)),
-                        warmup=mp.get("warmup", "ultralytics_8_3"), assigner=mp.get("assigner", "ultralytics_8_3"),
-                        hsv=mp.get("hsv", "ultralytics_8_3"))
+        run_centralized(spec, log=log, **{k: v for k, v in spec.method_params.items() if k in OPTIONS})
         io.write_csv(snakemake.output.comm, pd.DataFrame(columns=["round", "client", "bytes_sent"]))
     else:
         from fedmedbench.fl import engine

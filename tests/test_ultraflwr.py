@@ -1183,3 +1183,16 @@ def test_offline_ultralytics_touches_no_network_and_keeps_its_own_answers(tmp_pa
         assert downloads.is_url("https://example.org/a.zip")  # the URL's form is still checked
     assert reached == [] and (downloads.safe_download, downloads.is_url) == saved
     assert not list(tmp_path.iterdir())  # no partial file left behind
+
+
+def test_a_centralized_run_takes_every_training_option_of_the_method():
+    """The centralized baseline trains with the same Ultralytics settings as the strategies: every method
+    parameter run_centralized accepts reaches it (scripts/ultraflwr_train.py passes those in OPTIONS)."""
+    import inspect
+
+    from fedmedbench.fl.tasks.detection.centralized import OPTIONS, run_centralized
+
+    accepted = set(inspect.signature(run_centralized).parameters) - {"spec", "log"}
+    method = set(inspect.signature(type(get_method("ultraflwr", {}))).parameters)
+    assert set(OPTIONS) == accepted and accepted <= method
+    assert {"warmup", "assigner", "hsv", "auto_optimizer", "workers"} <= set(OPTIONS)

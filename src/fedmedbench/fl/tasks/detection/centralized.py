@@ -35,6 +35,10 @@ def start_seed(spec: RunSpec, data_seed: int, head_init: str) -> int:
     return int(data_seed) if head_init == "client" else int(spec.seed)
 
 
+#: the ultraflwr method parameters a centralized run takes (the rest are the federated strategy's)
+OPTIONS = ("select", "select_metric", "ultralytics", "auto_optimizer", "head_init", "workers", "warmup", "assigner", "hsv")
+
+
 def run_centralized(spec: RunSpec, select: str = "best", select_metric: str = "fitness", ultralytics: dict | None = None,
                     log=print, auto_optimizer: str = "ultralytics_8_3", head_init: str = "client",
                     workers: int = 0, warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3",
