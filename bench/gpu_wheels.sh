@@ -10,7 +10,8 @@
 # Flower needs its own grpcio, protobuf, typer, click and rich versions (the image's may be other
 # ones); medmnist is read for its dataset table (names, split sizes) only. Ultralytics (the ultraflwr
 # grid) comes without polars (54 MB; only its plots and results.csv read it, which the study's trainer
-# skips) and runs on the image's opencv-python-headless.
+# skips) and runs on the image's opencv-python-headless. MedPy (fedst's HD95 and ASSD) is published as a
+# source archive only: it is built here into a pure-Python wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-.whl}
@@ -27,4 +28,6 @@ mkdir -p "$DIR"
 python3 -m pip download --no-deps --only-binary=:all: --python-version "$PYV" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$DIR" "${pins[@]}"
-echo "gpu_wheels: ${#pins[@]} packages in $DIR"
+medpy=$(grep -ioE "^medpy==[^ ]+" envs/constraints.txt) || { echo "gpu_wheels: medpy has no pin in envs/constraints.txt" >&2; exit 2; }
+python3 -m pip wheel --no-deps -w "$DIR" "$medpy"
+echo "gpu_wheels: $((${#pins[@]} + 1)) packages in $DIR"

@@ -319,16 +319,47 @@ def test_data_speed_times_every_gpaf_domain_and_compares_the_medmnistc_chains():
 def test_gpu_wheels_asks_for_each_package_at_its_pinned_version(tmp_path):
     fake = tmp_path / "bin" / "python3"
     fake.parent.mkdir()
-    fake.write_text(f"#!/bin/bash\necho \"$*\" > {tmp_path / 'args'}\n")
+    fake.write_text(f"#!/bin/bash\necho \"$*\" >> {tmp_path / 'args'}\n")
     fake.chmod(0o755)
     script = GPU_SESSION.parent / "gpu_wheels.sh"
     done = subprocess.run(["bash", str(script), str(tmp_path / "w"), "3.12"], capture_output=True, text=True,
                           env={**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}, timeout=60)
     assert done.returncode == 0, done.stderr
-    args = (tmp_path / "args").read_text().split()
+    download, build = (tmp_path / "args").read_text().splitlines()
+    args = download.split()
     pins = dict(a.split("==") for a in args if "==" in a)
     constraints = dict(line.split("==") for line in (GPU_SESSION.parents[1] / "envs" / "constraints.txt").read_text().split()
                        if "==" in line)
     assert {"flwr", "medmnist", "grpcio", "protobuf", "jsonschema"} <= set(pins)
     assert all(constraints[name] == version for name, version in pins.items())  # the project's own versions
     assert args[args.index("--python-version") + 1] == "3.12" and "--no-deps" in args
+    # MedPy has no wheel on the index: its pinned source archive is built into one, without its dependencies
+    assert build.split()[:3] == ["-m", "pip", "wheel"] and "--no-deps" in build.split()
+    assert f"medpy=={constraints['medpy']}" in build.split()
+
+
+def test_the_gpu_session_checks_for_every_package_the_project_imports_when_loaded():
+    """Each module-level third-party import of the package is in gpu_session.sh's list of packages it checks
+    for before any step (torch excepted: checked first, with its CUDA device): a package missing on the GPU
+    machine stops the session at once, not a step minutes later (the fedst steps once failed on medpy)."""
+    import ast
+    import re
+
+    src = GPU_SESSION.parents[1] / "src"
+    direct: set[str] = set()
+    for path in (src / "fedmedbench").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                direct |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                direct.add(node.module.split(".")[0])
+    probe = ("import importlib, pkgutil, sys, fedmedbench\n"
+             "for m in pkgutil.walk_packages(fedmedbench.__path__, 'fedmedbench.'): importlib.import_module(m.name)\n"
+             "print(' '.join(sorted({k.split('.')[0] for k in sys.modules})))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(src)})
+    assert done.returncode == 0, done.stderr
+    loaded = (direct & set(done.stdout.split())) - set(sys.stdlib_module_names) - {"fedmedbench", "torch", "numpy"}
+    listed = re.search(r"need = \[(.*?)\]", GPU_SESSION.read_text(), re.S)
+    assert listed and "medpy" in loaded
+    assert loaded <= set(re.findall(r'"([^"]+)"', listed.group(1)))
