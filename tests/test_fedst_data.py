@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -104,3 +106,114 @@ def test_synthetic_grasp_stand_in_writes_binary_masks(tmp_path):
     parts = generate("rarp", {"layout": "frames_masks", "fps": 1}, {"style": "prostatectomy", "test_videos": 1, "test_frames": [3, 3]},
                      0, 48, 32, tmp_path / "RARP")
     assert max(int(np.asarray(Image.open(m)).max()) for m in parts.glob("test/*/masks/*.png")) > 1  # parts kept
+
+
+def _frames_on_disk(tmp, names, h=40, w=56):
+    """PNG frames with random content under ``names`` (same name = same file), and a mask."""
+    rng = np.random.default_rng(1)
+    for name in dict.fromkeys(names):
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(tmp / name)
+    mask = tmp / "mask.png"
+    Image.fromarray((rng.integers(0, 4, (h, w))).astype(np.uint8)).save(mask)
+    return [str(tmp / n) for n in names], str(mask)
+
+
+@pytest.mark.parametrize("size", [(20, 28), (64, 80)])  # shrinking (area) and enlarging (antialiased bilinear)
+def test_a_clip_decodes_each_distinct_frame_once_and_gives_the_bits_of_decoding_all(tmp_path, monkeypatch, size):
+    """A clip whose earlier frames repeat (no frame at the clip interval: EndoVis at 1-2 fps) decodes and
+    resizes each distinct file once; the tensor is the one of a clip with every frame in its own file."""
+    import shutil
+
+    repeated, mask = _frames_on_disk(tmp_path, ["f2.png", "f2.png", "f3.png", "f3.png"])
+    copies = [str(tmp_path / n) for n in ("f2.png", "f2b.png", "f3.png", "f3b.png")]
+    shutil.copy(tmp_path / "f2.png", copies[1])
+    shutil.copy(tmp_path / "f3.png", copies[3])
+    opened = []
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda p, *a, **k: opened.append(str(p)) or real_open(p, *a, **k))
+    x, y = ClipSet([repeated], [mask], "repeated", size).item(0)
+    assert sorted(opened) == sorted([repeated[0], repeated[2], mask])  # 2 frames and the mask, not 4 frames
+    opened.clear()
+    x_all, y_all = ClipSet([copies], [mask], "copies", size).item(0)
+    assert len(opened) == 5
+    assert x.shape == (4, 3, *size) and torch.equal(x, x_all) and torch.equal(y, y_all)
+    assert torch.equal(x[0], x[1]) and not torch.equal(x[1], x[2])
+
+
+def test_decode_workers_read_the_next_clips_ahead_and_change_no_bit(tmp_path, monkeypatch):
+    import threading
+
+    clips = []
+    for c in range(5):
+        d = tmp_path / f"c{c}"
+        d.mkdir()
+        clips.append(_frames_on_disk(d, [f"{t}.png" for t in range(3)]))
+    paths, masks = [c[0] for c in clips], [c[1] for c in clips]
+    where: dict[int, str] = {}
+    real_read = ClipSet._read
+    monkeypatch.setattr(ClipSet, "_read", lambda self, i: where.setdefault(i, threading.current_thread().name)
+                        and real_read(self, i))
+    inline = ClipSet(paths, masks, "inline", (16, 24), FrameCache(0))
+    ahead = ClipSet(paths, masks, "ahead", (16, 24), FrameCache(0, workers=2))
+    x, y = ahead.batch([0, 1], ahead=[2, 3])
+    assert set(ahead.cache._pending) == {ahead._key(2), ahead._key(3)}  # decoding while batch 0-1 is used
+    assert torch.equal(x, inline.batch([0, 1])[0]) and torch.equal(y, inline.batch([0, 1])[1])
+    x, y = ahead.batch([2, 3])
+    assert not ahead.cache._pending  # each clip read ahead was taken
+    assert torch.equal(x, inline.batch([2, 3])[0])
+    assert all(where[i].startswith("clip-decode") for i in (0, 1, 2, 3))
+    where.clear()
+    inline.batch([4])
+    assert where[4] == threading.current_thread().name  # without workers: in the caller's thread
+    # a damaged file read ahead fails where the clip is used, naming it
+    Path(paths[4][1]).write_bytes(b"not a png")
+    bad = ClipSet(paths, masks, "site X train", (16, 24), FrameCache(0, workers=2))
+    bad.prefetch([4])
+    with pytest.raises(RuntimeError, match="site X train: clip 4: cannot read an image"):
+        bad.batch([4])
+    with pytest.raises(ValueError, match="loader_workers"):
+        FrameCache(0, workers=-1)
+
+
+class _LastFrame(torch.nn.Module):
+    """Four-class logits from the current frame (a 1x1 convolution)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 4, 1)
+
+    def forward(self, x, temporal=True):
+        return self.conv(x[:, -1].float() / 255)
+
+
+def test_local_training_gives_the_same_weights_and_loss_with_decode_workers(tmp_path, monkeypatch):
+    """train_steps with clips decoded ahead in 3 threads = decoded on demand, bit for bit; every clip read
+    ahead is used; the mean loss is the float64 sum of the step losses, as a Python float sum gives."""
+    from fedmedbench.fl.registry import TrainConfig
+    from fedmedbench.fl.tasks import segmentation as seg
+
+    clips = []
+    for c in range(7):
+        d = tmp_path / f"c{c}"
+        d.mkdir()
+        clips.append(_frames_on_disk(d, ["a.png", "a.png", "b.png"], h=24, w=32))
+    losses = []
+    real_loss = seg.seg_loss
+    monkeypatch.setattr(seg, "seg_loss", lambda *a: losses.append(real := real_loss(*a)) or real)
+    train = TrainConfig(rounds=1, local_epochs=1, batch_size=2, lr=0.1, optimizer="adamw")
+    runs = []
+    for workers in (0, 3):
+        data = ClipSet([c[0] for c in clips], [c[1] for c in clips], "site", (12, 16), FrameCache(0, workers))
+        model = _LastFrame()
+        losses.clear()
+        mean = seg.train_steps(model, data, 9, train, 0.1, torch.device("cpu"), torch.Generator().manual_seed(4),
+                               {"augment": True, "rotate_deg": 15, "scale": 0.1})
+        assert not data.cache._pending  # 9 steps over 7 clips: reshuffles included, nothing read in vain
+        step_sum = 0.0
+        for loss in losses:
+            step_sum += float(loss)
+        assert mean == step_sum / 9
+        runs.append((mean, {k: v.clone() for k, v in model.state_dict().items()}))
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])

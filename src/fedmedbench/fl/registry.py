@@ -188,6 +188,8 @@ class ServerContext:
     #: the run's seed: a server step that draws random numbers seeds its own generator
     #: from (seed, rnd), so resumed runs repeat them exactly
     seed: int = 0
+    #: threads a server step may use to read its own data ahead of use (``engine.loader_workers``): speed only
+    loader_workers: int = 0
 
 
 @dataclass

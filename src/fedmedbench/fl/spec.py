@@ -62,8 +62,9 @@ class RunSpec:
     #: deterministic GPU kernels (fl/determinism.py): a rerun or a resumed run gives the same bits; the same
     #: arithmetic, so not hashed; no effect on the CPU
     deterministic: bool = False
-    #: DataLoader worker processes of the surgical detection evaluation (Ultralytics' validator reads the
-    #: images in order, so the metrics do not depend on it): speed only, not hashed
+    #: parallel reading of surgical images: DataLoader worker processes of the detection evaluation
+    #: (Ultralytics' validator reads the images in order), threads decoding the segmentation clips ahead of
+    #: use (fl/tasks/segmentation.py); the same results either way: speed only, not hashed
     loader_workers: int = 0
     data_origin: str = "synthetic"
     log_every: int = 1

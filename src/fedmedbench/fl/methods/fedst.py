@@ -79,7 +79,7 @@ class FedST(SegMethod):
 
         loss = super().local_train(ctx, model)
         if self.p["site_finetune"]:
-            train_steps(model, _server_clips(self.serq), int(self.p["site_finetune"]), ctx.train, ctx.train.lr_at(ctx.rnd),
+            train_steps(model, _server_clips(self.serq, ctx.data.train.cache.workers), int(self.p["site_finetune"]), ctx.train, ctx.train.lr_at(ctx.rnd),
                         ctx.device, ctx.generator, self.loss_cfg(ctx), temporal=False)
         return loss
 
@@ -109,14 +109,15 @@ def _deep(model, frames: torch.Tensor) -> torch.Tensor:
 _SERVER_CLIPS: dict[tuple, object] = {}
 
 
-def _server_clips(cfg: dict[str, Any]):
-    """The simulator clips SERQ draws from, with one bounded cache kept across rounds."""
+def _server_clips(cfg: dict[str, Any], workers: int = 0):
+    """The simulator clips SERQ draws from, with one bounded cache kept across rounds (``workers`` threads decode
+    each batch's clips in parallel)."""
     size = input_size(cfg.get("input_size"))
-    key = (str(cfg["clips_root"]), cfg["site"], int(cfg["num_frames"]), size)
+    key = (str(cfg["clips_root"]), cfg["site"], int(cfg["num_frames"]), size, int(workers))
     if key not in _SERVER_CLIPS:
         _SERVER_CLIPS.clear()
         _SERVER_CLIPS[key] = load_clipset(cfg["clips_root"], cfg["site"], None, int(cfg["num_frames"]), size,
-                                          FrameCache(int(cfg.get("cache_mb", 2048)) * 2**20))
+                                          FrameCache(int(cfg.get("cache_mb", 2048)) * 2**20, int(workers)))
     return _SERVER_CLIPS[key]
 
 
@@ -127,7 +128,7 @@ def _global_model(ctx, gamma: dict, cfg: dict[str, Any]):
     sites = load_sites(cfg["clips_root"])["sites"]
     if cfg["site"] not in sites:
         raise KeyError(f"method_params.fedst.serq.site = {cfg['site']!r} is not among the exported sites {sorted(sites)}")
-    data = _server_clips(cfg)
+    data = _server_clips(cfg, ctx.loader_workers)
     indicator = site_indicators(sites, cfg["indicator"])[cfg["site"]]
     glob = ctx.new_model()
     if "serq_rho" in ctx.state:  # rho_g^t: the server's own personal part, kept from its last update
@@ -152,9 +153,10 @@ def synthetic_batches(data, cfg: dict[str, Any], g: torch.Generator, dev: torch.
     bs = min(int(cfg["batch_size"]), len(data))
     for _ in range(int(cfg["steps"])):
         x, y = data.batch(torch.randint(len(data), (bs,), generator=g).tolist())
+        x, y = x.to(dev), y.to(dev)  # augmented where the model runs
         if loss.get("augment", True):
             x, y = augment(x, y, g, float(loss.get("rotate_deg", 15)), float(loss.get("scale", 0.1)))
-        yield x.to(dev), y.to(dev)
+        yield x, y
 
 
 def finetune_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:

@@ -23,8 +23,10 @@ from __future__ import annotations
 import json
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,17 +48,28 @@ class FrameCache:
     """Decoded, resized clips kept in memory, least recently used evicted first, bounded by bytes.
 
     One cache serves every clip set of a run (a site's test clips and the pooled test set share
-    entries); ``max_bytes`` 0 disables caching (decode on every access)."""
+    entries); ``max_bytes`` 0 disables caching (decode on every access). ``workers`` threads decode
+    the clips a loop asks for ahead of use (:meth:`prefetch`; 0: each clip is decoded when it is
+    used, in the caller's thread): a GPU need not wait for PNG decoding between its steps. A clip
+    decodes to the same bits in any thread, so the workers change speed only."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, workers: int = 0) -> None:
         if max_bytes < 0:
             raise ValueError(f"fedst data.cache_mb must be >= 0, got {max_bytes / 2**20:g}")
+        if workers < 0:
+            raise ValueError(f"engine.loader_workers must be >= 0, got {workers}")
         self.max_bytes = int(max_bytes)
+        self.workers = int(workers)
         self.bytes = 0
         self._items: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self._pending: dict[tuple, Future] = {}
+        self._pool: ThreadPoolExecutor | None = None
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def __getstate__(self) -> dict[str, Any]:  # a task sent to another process takes no threads or reads in flight
+        return {**self.__dict__, "_pending": {}, "_pool": None}
 
     def get(self, key: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
         hit = self._items.get(key)
@@ -73,6 +86,24 @@ class FrameCache:
             self.bytes -= sum(t.numel() * t.element_size() for t in old)
         self._items[key] = value
         self.bytes += size
+
+    def fetch(self, key: tuple, read: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The clip under ``key``: from memory, from a decode in flight, or ``read()`` now (then kept)."""
+        hit = self.get(key)
+        if hit is None:
+            pending = self._pending.pop(key, None)
+            hit = pending.result() if pending is not None else read()  # a failed read raises here, as it would inline
+            self.put(key, hit)
+        return hit
+
+    def prefetch(self, key: tuple, read: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Start decoding ``key`` in a worker thread, unless it is in memory or in flight (or there are no workers);
+        the caller fetches it later. Only clips certain to be used are asked for: nothing else is dropped."""
+        if self.workers == 0 or key in self._items or key in self._pending:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="clip-decode")
+        self._pending[key] = self._pool.submit(read)
 
 
 def resize_clip(frames: torch.Tensor, mask: torch.Tensor, size: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,20 +147,29 @@ class ClipSet:
         cache = sets[0].cache if sets else None
         return ClipSet([p for s in sets for p in s.clip_paths], [m for s in sets for m in s.mask_paths], source, size, cache)
 
+    def _key(self, i: int) -> tuple:
+        return (tuple(self.clip_paths[i]), self.mask_paths[i], self.size)
+
     def item(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(T, 3, h, w) uint8 frames and (h, w) int64 mask of clip ``i``."""
-        key = (tuple(self.clip_paths[i]), self.mask_paths[i], self.size)
-        hit = self.cache.get(key)
-        if hit is None:
-            hit = self._read(i)
-            self.cache.put(key, hit)
-        return hit[0], hit[1].long()
+        frames, mask = self.cache.fetch(self._key(i), partial(self._read, i))
+        return frames, mask.long()
+
+    def prefetch(self, idx: Iterable[int]) -> None:
+        """Decode clips ``idx`` in the cache's worker threads ahead of their use (no-op without workers)."""
+        for i in idx:
+            self.cache.prefetch(self._key(int(i)), partial(self._read, int(i)))
 
     def _read(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decodes each distinct frame file of the clip once: a clip whose earlier frames repeat its labelled one
+        (no frames at the clip interval, e.g. EndoVis at 1-2 fps) decodes and resizes one image, not four; each
+        image is resized on its own, so the repeats are the same bits either way."""
         from PIL import Image
 
+        paths = self.clip_paths[i]
+        distinct = list(dict.fromkeys(paths))
         try:
-            frames = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in self.clip_paths[i]])
+            frames = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in distinct])
             mask = np.asarray(Image.open(self.mask_paths[i]))
         except OSError as exc:
             raise RuntimeError(f"{self.source}: clip {i}: cannot read an image ({exc})") from exc
@@ -140,10 +180,18 @@ class ClipSet:
         if mask.max(initial=0) > 255:
             raise ValueError(f"{self.mask_paths[i]}: label {int(mask.max())} does not fit the uint8 mask cache")
         x = torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous()
-        return resize_clip(x, torch.from_numpy(mask.astype(np.uint8)), self.size)
+        x, m = resize_clip(x, torch.from_numpy(mask.astype(np.uint8)), self.size)
+        if len(distinct) < len(paths):
+            x = x[[distinct.index(p) for p in paths]]
+        return x, m
 
-    def batch(self, idx: list[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        items = [self.item(int(i)) for i in idx]
+    def batch(self, idx: list[int] | np.ndarray, ahead: Iterable[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """Clips ``idx`` stacked; with workers their decodes run in parallel, then those of ``ahead`` (the clips
+        the next batches will certainly take) start while the caller works on this one."""
+        idx = [int(i) for i in idx]
+        self.prefetch(idx)
+        self.prefetch(ahead)
+        items = [self.item(i) for i in idx]
         shapes = {tuple(x.shape) for x, _ in items}
         if len(shapes) > 1:
             raise ValueError(f"{self.source}: clips of different sizes {sorted(shapes)} in one batch; "
@@ -151,8 +199,10 @@ class ClipSet:
         return torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
 
     def batches(self, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Every clip in order, ``size`` at a time (the next batch decoding while this one is used)."""
         for start in range(0, len(self), size):
-            yield self.batch(list(range(start, min(len(self), start + size))))
+            yield self.batch(range(start, min(len(self), start + size)),
+                             ahead=range(start + size, min(len(self), start + 2 * size)))
 
 
 @dataclass
@@ -284,7 +334,7 @@ def seg_loss(logits: torch.Tensor, target: torch.Tensor, dice_weight: float) -> 
 
 def augment(x: torch.Tensor, y: torch.Tensor, g: torch.Generator, degrees: float, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Random rotation and scale (the paper's augmentation), the same for every frame of a clip."""
-    b, t, c, h, w = x.shape
+    b, t, c, h, w = x.shape  # the angles and scales are drawn on the CPU generator wherever x is
     ang = (torch.rand(b, generator=g) * 2 - 1) * math.radians(degrees)
     sc = 1 + (torch.rand(b, generator=g) * 2 - 1) * scale
     cos, sin = torch.cos(ang) / sc, torch.sin(ang) / sc
@@ -331,16 +381,17 @@ def train_steps(
     params = [p for p in (params if params is not None else model.parameters()) if p.requires_grad]
     opt = make_optimizer(params, train, lr)
     bs = min(train.batch_size, len(data))
+    ahead = max(bs, data.cache.workers)  # clips decoding ahead, of the steps still to come
     order: list[int] = []
-    total = 0.0
-    for _ in range(steps):
+    total = torch.zeros((), dtype=torch.float64, device=device)  # read once at the end: no host sync per step
+    for step in range(steps):
         if len(order) < bs:
             order += torch.randperm(len(data), generator=generator).tolist()
         idx, order = order[:bs], order[bs:]
-        x, y = data.batch(idx)
+        x, y = data.batch(idx, ahead=order[:min(ahead, bs * (steps - step - 1))])
+        x, y = x.to(device), y.to(device)  # augmented where the model runs
         if loss_cfg.get("augment", True):
             x, y = augment(x, y, generator, float(loss_cfg.get("rotate_deg", 15)), float(loss_cfg.get("scale", 0.1)))
-        x, y = x.to(device), y.to(device)
         logits = model(x) if temporal else model(x, temporal=False)
         loss = seg_loss(logits, y, float(loss_cfg.get("dice_weight", 0.3)))
         if extra_loss is not None:
@@ -350,8 +401,8 @@ def train_steps(
         if train.grad_clip:
             torch.nn.utils.clip_grad_norm_(params, train.grad_clip)
         opt.step()
-        total += float(loss.detach())
-    return total / max(1, steps)
+        total += loss.detach()  # float64, as the Python float sum it replaces: the same mean
+    return float(total) / max(1, steps)
 
 
 @torch.no_grad()
@@ -382,7 +433,7 @@ class SegmentationTask(Task):
     ``indicator`` (kind, dim, clip_weights, clip_model, sigma), ``loss`` (dice_weight,
     augment, rotate_deg, scale), ``input_size`` ([h, w] every clip is resized to; metrics,
     HD95 and ASSD included, are computed at that size), ``cache_mb`` (bound of the decoded-clip
-    cache), ``local_steps`` (exact iterations per round on every site and for the pooled
+    cache; ``spec.loader_workers`` threads decode the clips ahead of their use), ``local_steps`` (exact iterations per round on every site and for the pooled
     Upperbound; None = the engine's epochs-based count), ``cross_site_eval`` (personalised models also on the
     pooled test set; off = ``global_*`` NaN for them), ``eval_batch_size``.
     """
@@ -406,7 +457,7 @@ class SegmentationTask(Task):
         self.num_frames = len(tp["model"].get("pools", [7, 4, 2, 1]))
         self.indicators = site_indicators(self.all_sites, tp.get("indicator", {}))
         self.size = input_size(tp.get("input_size"))
-        self.cache = FrameCache(int(tp.get("cache_mb", 2048)) * 2**20)
+        self.cache = FrameCache(int(tp.get("cache_mb", 2048)) * 2**20, int(spec.loader_workers))
         self._sites: dict[str, SiteData] = {}
 
     @property
