@@ -86,6 +86,30 @@ def epoch_clock() -> Iterator[list[dict[str, Any]]]:
         yolo.EpochSelector.__init__, yolo.EpochSelector.__call__ = init, call
 
 
+@contextmanager
+def steps_clock() -> Iterator[list[float]]:
+    """Log every local segmentation training (``train_steps``: a site's round, SERQ's site fine-tuning, the
+    pre-training) with its steps and seconds as it ends; yields the seconds of each."""
+    from fedmedbench.fl.tasks import segmentation
+
+    seconds: list[float] = []
+    inner = segmentation.train_steps
+
+    def timed(model, data, steps, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = inner(model, data, steps, *args, **kwargs)
+        seconds.append(time.perf_counter() - t0)
+        progress(f"local training {len(seconds)}: {steps} steps on {data.source} in {seconds[-1]:.1f} s "
+                 f"({1000 * seconds[-1] / max(1, steps):.0f} ms a step)")
+        return out
+
+    segmentation.train_steps = timed
+    try:
+        yield seconds
+    finally:
+        segmentation.train_steps = inner
+
+
 def split_trainings(calls: list[dict[str, Any]]) -> tuple[float, float]:
     """(set-up s, one epoch's s) of a client's local training, means over the trainings that ran at least
     two epochs: an epoch = the mean gap between epoch ends, set-up = the first epoch's end minus one epoch."""
@@ -117,7 +141,8 @@ def _missing(path: Path, target: Path, study: str, config_path: Path) -> SystemE
 
 
 def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, rounds: int, device: str, threads: int,
-               workdir: Path, surgical: Path) -> dict[str, Any]:
+               workdir: Path, surgical: Path, workers: int | None = None) -> dict[str, Any]:
+    """``workers``: threads decoding clips ahead of use (default: the config's ``engine.loader_workers``)."""
     from fedmedbench.studies.fedst import runs as FS
 
     cfg = config["fedst"]
@@ -132,17 +157,19 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
     timed = [m for m in (methods or ["fedst"]) if m in cfg["methods"]] or list(cfg["methods"][:1])
     rates: dict[str, tuple[float, float]] = {}
     label = data_label(stand_in(surgical))
+    workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)
     row: dict[str, Any] = {"bench": "grid_cost", "study": "fedst", "device": device, "surgical_dir": str(surgical),
-                           **label}
+                           **label, "loader_workers": workers}
     pre_s = 0.0
     if cfg["pretrain"].get("enabled", True):  # first: a few steps, so a failure costs no method's timing
-        per_step = pretrain_step_s(timed_cfg, str(clips), device, workdir)  # without weight files, as the jobs
+        per_step = pretrain_step_s(timed_cfg, str(clips), device, workdir, workers=workers)  # no weight files, as the jobs
         pre_s = per_step * int(cfg["pretrain"]["steps"]) * len(cfg["seeds"])
         row["pretrain_s_per_step"] = round(per_step, 4)
     for method in timed:
         d = FS.run_spec(timed_cfg, "main", method, 0, str(clips), str(workdir / f"fedst-{method}"), None, device, threads,
                         "timing")
-        train_s, eval_s, how = split_rounds(time_spec(RunSpec.from_dict(d)))
+        with steps_clock():
+            train_s, eval_s, how = split_rounds(time_spec(RunSpec.from_dict({**d, "loader_workers": workers})))
         rates[method] = (train_s, eval_s / label["test_fraction"])  # training is a fixed number of steps
         row["split"] = how
     mean = tuple(float(np.mean([r[i] for r in rates.values()])) for i in (0, 1))
@@ -165,7 +192,7 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
     return row
 
 
-def pretrain_step_s(cfg: dict, clips: str, device: str, workdir: Path, steps: int = 5) -> float:
+def pretrain_step_s(cfg: dict, clips: str, device: str, workdir: Path, steps: int = 5, workers: int = 0) -> float:
     """Seconds per synthetic pre-training step (the training time the pre-trained file records)."""
     from fedmedbench.studies.fedst import runs as FS
     from fedmedbench.studies.fedst.pretrain import pretrain
@@ -173,7 +200,7 @@ def pretrain_step_s(cfg: dict, clips: str, device: str, workdir: Path, steps: in
     params = {**FS.pretrain_params(cfg, clips), "steps": steps, "enabled": True}
     params["indicator"] = {**params["indicator"], "kind": "onehot"} if params["indicator"]["kind"] == "clip" else params["indicator"]
     out = workdir / "pretrained.pt"
-    pretrain(params, 0, out, device, log=lambda m: None)
+    pretrain(params, 0, out, device, log=lambda m: None, loader_workers=workers)
     return float(torch.load(out, weights_only=True)["_pretrain_s"]) / steps
 
 

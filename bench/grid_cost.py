@@ -159,6 +159,8 @@ def main() -> None:
     ap.add_argument("--yolo-workers", type=int,
                     help="ultraflwr: dataloader workers of local training (ultraflwr.train.workers) and of the "
                          "evaluation (engine.loader_workers); default: the config's")
+    ap.add_argument("--loader-workers", type=int,
+                    help="fedst: threads decoding clips ahead of use (engine.loader_workers); default: the config's")
     ap.add_argument("--out", type=Path, help="append the results as JSON lines")
     args = ap.parse_args()
     import torch
@@ -179,7 +181,8 @@ def main() -> None:
         for name, cost in (("fedst", fedst_cost), ("ultraflwr", ultraflwr_cost)):
             if not has_runs[name] or (args.study and name not in args.study):
                 continue
-            extra = {"epochs": args.surgical_epochs, "workers": args.yolo_workers} if name == "ultraflwr" else {}
+            extra = ({"epochs": args.surgical_epochs, "workers": args.yolo_workers} if name == "ultraflwr"
+                     else {"workers": args.loader_workers})
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
                 rows.append(cost(config, path, args.methods, args.rounds, device, args.threads, Path(tmp), surgical,
                                  **extra))

@@ -158,10 +158,36 @@ def test_fedst_cost_scales_an_evaluation_by_the_test_fraction_only(monkeypatch, 
     (surgical / "clips").mkdir(parents=True)
     (surgical / "clips" / "sites.json").write_text("{}")
     (surgical / "stand_in.json").write_text(json.dumps({"fraction": 1.0, "test_fraction": 0.25, "distinct_frames": 8}))
-    monkeypatch.setattr(SC, "time_spec", lambda spec: [9.0, 2.0, 2.0, 3.0])  # round 4 adds a 1 s evaluation
+    specs = []
+    monkeypatch.setattr(SC, "time_spec", lambda spec: specs.append(spec) or [9.0, 2.0, 2.0, 3.0])  # round 4: a 1 s evaluation
     row = SC.fedst_cost(config, STUDIES / "fedst.yaml", ["fedst"], 4, "cpu", 1, tmp_path / "w", surgical)
     assert row["train_s_per_round"] == {"fedst": 2.0} and row["eval_s"] == {"fedst": 4.0}
     assert row["test_fraction"] == 0.25 and "SYNTHETIC stand-in" in row["data"]
+    # the clips decode ahead in the study's threads (engine.loader_workers), or in as many as asked for
+    assert specs[0].loader_workers == config["engine"]["loader_workers"] == row["loader_workers"] == 4
+    row = SC.fedst_cost(config, STUDIES / "fedst.yaml", ["fedst"], 4, "cpu", 1, tmp_path / "w", surgical, workers=8)
+    assert specs[1].loader_workers == row["loader_workers"] == 8
+
+
+def test_steps_clock_logs_each_local_segmentation_training_and_then_lets_go(monkeypatch):
+    from fedmedbench.fl.tasks import segmentation as seg
+
+    def fake(model, data, steps, *args, **kwargs):
+        return 0.5
+
+    monkeypatch.setattr(seg, "train_steps", fake)
+    monkeypatch.setattr(SC.time, "perf_counter", iter([1.0, 3.5, 10.0, 10.2]).__next__)
+    logged: list[str] = []
+    monkeypatch.setattr(SC, "progress", logged.append)
+    with SC.steps_clock() as seconds:
+        from fedmedbench.fl.tasks.segmentation import train_steps  # as the methods import it, at call time
+
+        assert train_steps(None, SimpleNamespace(source="site A train"), 100) == 0.5
+        train_steps(None, SimpleNamespace(source="sim"), 4)
+    assert seconds == pytest.approx([2.5, 0.2])
+    assert logged[0] == "local training 1: 100 steps on site A train in 2.5 s (25 ms a step)"
+    assert logged[1].startswith("local training 2: 4 steps on sim in 0.2 s (50 ms a step)")
+    assert seg.train_steps is fake
 
 
 def test_ultraflwr_cost_times_real_local_trainings_on_a_stand_in(tmp_path):
@@ -216,7 +242,7 @@ def test_fedst_cost_times_pretraining_first_and_without_weight_files(monkeypatch
     (surgical / "clips" / "sites.json").write_text("{}")
     order = []
 
-    def fake_pretrain(params, seed, out, device, log):
+    def fake_pretrain(params, seed, out, device, log, loader_workers=0):
         order.append("pretrain")
         assert params["model"]["encoder_weights"] is None and params["indicator"]["kind"] == "onehot"
         torch.save({"_pretrain_s": 5.0}, out)

@@ -1,0 +1,70 @@
+"""FedST's data path per local step: a training batch of clips decoded, resized and augmented, as
+``train_steps`` takes it (2 clips of 4 frames at the study's 480x480), with 0 or more decode threads
+(``engine.loader_workers``) and a cold cache (every clip decoded: the paper grid's 7,056 training
+clips at 480x480 are about 21 GB, the cache 4 GB). ``--compute-ms`` stands for the model's step on a
+GPU: the loop waits that long after taking each batch, so the threads decode while it "trains"; a step
+then costs max(compute, data not hidden).
+
+    python bench/clip_loading.py --clips /tmp/fedmedbench-stand-in/fedst/clips --site A C --steps 40 \
+        --workers 0 2 4 --compute-ms 0 60 [--out bench/results.jsonl]
+
+The clips are a stand-in's (``surgical_stand_in.py``) or the pipeline's export of the real videos.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import emit  # noqa: E402
+
+from fedmedbench.compat import limit_threads  # noqa: E402
+from fedmedbench.fl.tasks.segmentation import FrameCache, augment, load_clipset  # noqa: E402
+
+
+def time_site(clips: Path, site: str, steps: int, workers: int, compute_ms: float, size: tuple[int, int],
+              batch: int = 2, frames: int = 4) -> dict:
+    data = load_clipset(clips, site, "train", frames, size, FrameCache(0, workers))
+    distinct = sum(len(set(p)) for p in data.clip_paths) / max(1, len(data))
+    g = torch.Generator().manual_seed(0)
+    order = torch.randperm(len(data), generator=g).tolist()
+    ahead = max(batch, workers)
+    t0 = time.perf_counter()
+    for step in range(steps):
+        idx, order = order[:batch], order[batch:]
+        x, y = data.batch(idx, ahead=order[:min(ahead, batch * (steps - step - 1))])
+        augment(x, y, g, 15.0, 0.1)
+        time.sleep(compute_ms / 1000)
+    per_step = (time.perf_counter() - t0) / steps
+    return {"bench": "clip_loading", "site": site, "clips": len(data), "distinct_frames_per_clip": round(distinct, 2),
+            "input_size": list(size), "batch": batch, "steps": steps, "loader_workers": workers,
+            "compute_ms": compute_ms, "ms_per_step": round(per_step * 1000, 1),
+            "data_ms_not_hidden": round(max(0.0, per_step * 1000 - compute_ms), 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clips", type=Path, required=True, help="a clips folder (sites.json, <site>/clips.parquet)")
+    ap.add_argument("--site", nargs="+", default=["A", "C"])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--workers", type=int, nargs="+", default=[0, 2, 4])
+    ap.add_argument("--compute-ms", type=float, nargs="+", default=[0.0])
+    ap.add_argument("--size", type=int, nargs=2, default=[480, 480])
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (the job's)")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    limit_threads(args.threads)
+    rows = [time_site(args.clips, site, args.steps, w, c, tuple(args.size))
+            for site in args.site for c in args.compute_ms for w in args.workers]
+    emit(rows, args.out)
+
+
+if __name__ == "__main__":
+    main()
