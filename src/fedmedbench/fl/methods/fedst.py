@@ -79,7 +79,8 @@ class FedST(SegMethod):
 
         loss = super().local_train(ctx, model)
         if self.p["site_finetune"]:
-            train_steps(model, _server_clips(self.serq, ctx.data.train.cache.workers), int(self.p["site_finetune"]), ctx.train, ctx.train.lr_at(ctx.rnd),
+            synthetic = _server_clips(self.serq, ctx.data.train.cache.workers)  # the site's decode threads
+            train_steps(model, synthetic, int(self.p["site_finetune"]), ctx.train, ctx.train.lr_at(ctx.rnd),
                         ctx.device, ctx.generator, self.loss_cfg(ctx), temporal=False)
         return loss
 

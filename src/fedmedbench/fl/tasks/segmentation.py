@@ -97,8 +97,8 @@ class FrameCache:
         return hit
 
     def prefetch(self, key: tuple, read: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Start decoding ``key`` in a worker thread, unless it is in memory or in flight (or there are no workers);
-        the caller fetches it later. Only clips certain to be used are asked for: nothing else is dropped."""
+        """Start decoding ``key`` in a worker thread, unless it is in memory or in flight (or there are no workers).
+        Callers ask only for clips they will fetch: a decode that is never fetched is held until the cache goes."""
         if self.workers == 0 or key in self._items or key in self._pending:
             return
         if self._pool is None:
@@ -161,18 +161,20 @@ class ClipSet:
             self.cache.prefetch(self._key(int(i)), partial(self._read, int(i)))
 
     def _read(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decodes each distinct frame file of the clip once: a clip whose earlier frames repeat its labelled one
-        (no frames at the clip interval, e.g. EndoVis at 1-2 fps) decodes and resizes one image, not four; each
-        image is resized on its own, so the repeats are the same bits either way."""
+        """Decodes each distinct frame file of the clip once: a clip whose frames repeat (no frame at the clip
+        interval, e.g. EndoVis at 2 Hz: t-0.5, t-0.5, t, t) decodes and resizes 2 images, not 4; each image is
+        resized on its own, so a repeat is the same bits as decoding its file again."""
         from PIL import Image
 
         paths = self.clip_paths[i]
         distinct = list(dict.fromkeys(paths))
         try:
-            frames = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in distinct])
+            images = [np.asarray(Image.open(p).convert("RGB")) for p in distinct]
             mask = np.asarray(Image.open(self.mask_paths[i]))
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - any decoder's failure (an image plugin's too) names the clip
             raise RuntimeError(f"{self.source}: clip {i}: cannot read an image ({exc})") from exc
+        try:
+            frames = np.stack(images)
         except ValueError as exc:  # frames of different sizes within one clip
             raise ValueError(f"{self.source}: clip {i}: frames {self.clip_paths[i]} differ in size ({exc})") from exc
         if mask.shape != frames.shape[1:3]:
@@ -433,9 +435,10 @@ class SegmentationTask(Task):
     ``indicator`` (kind, dim, clip_weights, clip_model, sigma), ``loss`` (dice_weight,
     augment, rotate_deg, scale), ``input_size`` ([h, w] every clip is resized to; metrics,
     HD95 and ASSD included, are computed at that size), ``cache_mb`` (bound of the decoded-clip
-    cache; ``spec.loader_workers`` threads decode the clips ahead of their use), ``local_steps`` (exact iterations per round on every site and for the pooled
-    Upperbound; None = the engine's epochs-based count), ``cross_site_eval`` (personalised models also on the
-    pooled test set; off = ``global_*`` NaN for them), ``eval_batch_size``.
+    cache; ``spec.loader_workers`` threads decode the clips ahead of their use), ``local_steps``
+    (exact iterations per round on every site and for the pooled Upperbound; None = the engine's
+    epochs-based count), ``cross_site_eval`` (personalised models also on the pooled test set; off =
+    ``global_*`` NaN for them), ``eval_batch_size``.
     """
 
     primary_metric = "dice"
