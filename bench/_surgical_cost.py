@@ -88,8 +88,10 @@ def epoch_clock() -> Iterator[list[dict[str, Any]]]:
 
 @contextmanager
 def steps_clock() -> Iterator[list[float]]:
-    """Log every local segmentation training (``train_steps``: a site's round, SERQ's site fine-tuning, the
-    pre-training) with its steps and seconds as it ends; yields the seconds of each."""
+    """Log each local segmentation training with its steps and seconds as it ends; yields the seconds of each.
+
+    It sees the ``train_steps`` calls that look the function up when they run (FedAvg and the FedST
+    methods: a site's round, the sites' synthetic fine-tuning); FedRep, FedDP and FedLD bind it at import."""
     from fedmedbench.fl.tasks import segmentation
 
     seconds: list[float] = []
