@@ -178,6 +178,7 @@ def test_a_run_with_clips_decoded_ahead_in_threads_is_the_run_without(clips, tmp
     assert fedst_method._SERVER_CLIPS and all(c.cache.workers == 3 for c in fedst_method._SERVER_CLIPS.values())
     (a, rows_a), (b, rows_b) = runs
     assert set(a.arrays) == set(b.arrays) and all(np.array_equal(a.arrays[k], b.arrays[k]) for k in a.arrays)
+
     def numbers(rows):  # every column but the wall clock (NaN == NaN as text)
         return json.dumps([{k: v for k, v in r.items() if k != "elapsed_s"} for r in rows])
 
@@ -728,8 +729,8 @@ def _tiny_server(clips, **over):
 
     cfg = {**SERQ_DEFAULTS, "clips_root": str(clips), "site": "sim", "num_frames": 4, "steps": 2, "probe": 2,
            "indicator": {"kind": "onehot", "dim": 8}, "loss": {"dice_weight": 0.3}, "input_size": [32, 32], **over}
-    return cfg, new_model, lambda state: SimpleNamespace(seed=0, rnd=1, device=torch.device("cpu"), state=state, new_model=new_model,
-                                                                       loader_workers=0)
+    return cfg, new_model, lambda state: SimpleNamespace(seed=0, rnd=1, device=torch.device("cpu"), state=state,
+                                                         new_model=new_model, loader_workers=0)
 
 
 def test_fig5_server_finetuning_is_plain_segmentation_loss_on_synthetic_batches(clips):
