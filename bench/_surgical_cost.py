@@ -15,7 +15,8 @@ a CLIP indicator is timed as one-hot (its prompts are embedded once per job).
 
 On a stand-in (``surgical_stand_in.py``: synthetic, at the papers' frame counts, ``stand_in.json``
 beside the data) built at a fraction of the frames, the work that grows with the frames is scaled
-back up: an evaluation by ``1 / test_fraction``; an ultraflwr local epoch by ``1 / fraction``.
+back up: an evaluation by ``1 / test_fraction``; an ultraflwr local epoch by ``1 / fraction``. A fedst
+site trains a fixed number of steps whatever its clips; its clip cache is scaled by ``fraction`` instead.
 ultraflwr times ``--surgical-epochs`` local epochs per round (the paper's 20 would take hours per
 timed round) and splits a round into each client's set-up and its epochs from the epoch ends
 (:func:`epoch_clock`): a paper round = set-up + epochs x epoch.
@@ -151,17 +152,20 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
     clips = surgical / "clips"
     if not (clips / "sites.json").exists():
         raise _missing(clips / "sites.json", clips, "fedst", config_path)
-    timed_cfg = {**cfg, "model": {**cfg["model"], "encoder_weights": None},
+    label = data_label(stand_in(surgical))
+    # a stand-in with a share of the training clips gets the same share of the clip cache: the cache then holds
+    # the same share of the clips the steps draw from, as in the paper grid (its hits are what a step saves)
+    cache_mb = max(1, round(int(cfg["data"]["cache_mb"]) * label["fraction"]))
+    timed_cfg = {**cfg, "model": {**cfg["model"], "encoder_weights": None}, "data": {**cfg["data"], "cache_mb": cache_mb},
                  "indicator": {**cfg["indicator"], "clip_weights": None,
                                "kind": "onehot" if cfg["indicator"]["kind"] == "clip" else cfg["indicator"]["kind"]},
                  "train": {**cfg["train"], "rounds": rounds}, "eval": {**cfg["eval"], "eval_every": rounds}}
     main_steps = FS.train_config(cfg, "main")[1]
     timed = [m for m in (methods or ["fedst"]) if m in cfg["methods"]] or list(cfg["methods"][:1])
     rates: dict[str, tuple[float, float]] = {}
-    label = data_label(stand_in(surgical))
     workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)
     row: dict[str, Any] = {"bench": "grid_cost", "study": "fedst", "device": device, "surgical_dir": str(surgical),
-                           **label, "loader_workers": workers}
+                           **label, "loader_workers": workers, "cache_mb": cache_mb}
     pre_s = 0.0
     if cfg["pretrain"].get("enabled", True):  # first: a few steps, so a failure costs no method's timing
         per_step = pretrain_step_s(timed_cfg, str(clips), device, workdir, workers=workers)  # no weight files, as the jobs

@@ -14,9 +14,11 @@ reproduction.
 ``--fraction`` scales each video's frames; for fedst, ``--test-fraction`` scales the test videos'
 instead (default: ``--fraction``). Timing a full-size ultraflwr round takes many minutes, so a
 fraction of its frames is timed and ``grid_cost.py`` scales the measured work back up
-(``stand_in.json`` records the fractions).
+(``stand_in.json`` records the fractions). A fedst site trains a fixed number of steps: with a
+fraction of its clips, ``grid_cost.py`` scales the clip cache by the same fraction, so that it holds
+the same share of the clips the steps draw from.
 
-    python bench/surgical_stand_in.py --config config/studies/fedst.yaml --out /tmp/stand-in/fedst --test-fraction 0.25
+    python bench/surgical_stand_in.py --config config/studies/fedst.yaml --out /tmp/stand-in/fedst --fraction 0.25 --test-fraction 0.1
     python bench/surgical_stand_in.py --config config/studies/ultraflwr.yaml --out /tmp/stand-in/ultraflwr --fraction 0.05
 """
 

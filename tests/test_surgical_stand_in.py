@@ -167,6 +167,14 @@ def test_fedst_cost_scales_an_evaluation_by_the_test_fraction_only(monkeypatch, 
     assert specs[0].loader_workers == config["engine"]["loader_workers"] == row["loader_workers"] == 4
     row = SC.fedst_cost(config, STUDIES / "fedst.yaml", ["fedst"], 4, "cpu", 1, tmp_path / "w", surgical, workers=8)
     assert specs[1].loader_workers == row["loader_workers"] == 8
+    # every training clip: the paper's clip cache; a quarter of them: a quarter of the cache (the same share of
+    # the clips the steps draw from)
+    assert config["fedst"]["data"]["cache_mb"] == 4096
+    assert specs[0].task_params["cache_mb"] == row["cache_mb"] == 4096
+    (surgical / "stand_in.json").write_text(json.dumps({"fraction": 0.25, "test_fraction": 0.25, "distinct_frames": 8}))
+    row = SC.fedst_cost(config, STUDIES / "fedst.yaml", ["fedst"], 4, "cpu", 1, tmp_path / "w", surgical)
+    assert specs[2].task_params["cache_mb"] == row["cache_mb"] == 1024
+    assert row["train_s_per_round"] == {"fedst": 2.0}  # the same fixed steps: not scaled by the fraction
 
 
 def test_steps_clock_logs_each_local_segmentation_training_and_then_lets_go(monkeypatch):
