@@ -29,6 +29,39 @@ def test_scores_match_medpy_and_hand_computed_values():
     assert s["hd95"] == pytest.approx(3.0)  # a pure 3-pixel shift: every far-side border point is 3 px away
 
 
+def test_hd95_and_assd_are_medpys_to_the_bit_from_one_pair_of_surface_distances(monkeypatch):
+    """Random blobs of several shapes: HD95 and ASSD equal MedPy's hd95 and assd exactly, and each class
+    pair costs 2 surface-distance passes (one each way), not the 4 that calling hd95 and assd makes."""
+    from fedmedbench import segmetrics
+
+    rng = np.random.default_rng(3)
+    compared = 0
+    for shape in ((32, 48), (60, 40), (17, 23)):
+        for _ in range(6):
+            pred = ndimage_blobs(rng, shape)
+            gt = ndimage_blobs(rng, shape)
+            if not pred.any() or not gt.any():
+                continue
+            s = binary_scores(pred, gt)
+            assert s["hd95"] == mb.hd95(pred, gt) and s["assd"] == mb.assd(pred, gt)
+            compared += 1
+    assert compared >= 12
+    calls = []
+    inner = segmetrics._SURFACE_DISTANCES
+    monkeypatch.setattr(segmetrics, "_SURFACE_DISTANCES", lambda *a: calls.append(1) or inner(*a))
+    binary_scores(square((20, 20), 2, 2, 6), square((20, 20), 2, 5, 6))
+    assert len(calls) == 2
+    monkeypatch.setattr(segmetrics, "_SURFACE_DISTANCES", None)  # a MedPy without the helper: its own functions
+    assert binary_scores(square((20, 20), 2, 2, 6), square((20, 20), 2, 5, 6))["hd95"] == pytest.approx(3.0)
+
+
+def ndimage_blobs(rng, shape):
+    """A few smoothed random blobs (irregular borders, sometimes several objects)."""
+    from scipy import ndimage
+
+    return ndimage.gaussian_filter(rng.random(shape), 2.0) > 0.52
+
+
 def test_identical_masks_are_perfect():
     m = square((16, 16), 3, 3, 5)
     assert binary_scores(m, m) == {"dice": 1.0, "iou": 1.0, "hd95": 0.0, "assd": 0.0}
