@@ -3,7 +3,8 @@
 (``engine.loader_workers``) and a cold cache (every clip decoded: the paper grid's 7,056 training
 clips at 480x480 are about 21 GB, the cache 4 GB). ``--compute-ms`` stands for the model's step on a
 GPU: the loop waits that long after taking each batch, so the threads decode while it "trains"; a step
-then costs max(compute, data not hidden).
+then costs max(compute, data not hidden). ``--metrics`` also times the evaluation's scores of one frame
+(Dice, IoU, HD95, ASSD of every part, on the CPU) on the site's test masks against the masks shifted 5 px.
 
     python bench/clip_loading.py --clips /tmp/fedmedbench-stand-in/fedst/clips --site A C --steps 40 \
         --workers 0 2 4 --compute-ms 0 60 [--out bench/results.jsonl]
@@ -18,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -27,6 +29,7 @@ from _report import emit  # noqa: E402
 
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.fl.tasks.segmentation import FrameCache, augment, load_clipset  # noqa: E402
+from fedmedbench.segmetrics import frame_scores  # noqa: E402
 
 
 def time_site(clips: Path, site: str, steps: int, workers: int, compute_ms: float, size: tuple[int, int],
@@ -49,6 +52,18 @@ def time_site(clips: Path, site: str, steps: int, workers: int, compute_ms: floa
             "data_ms_not_hidden": round(max(0.0, per_step * 1000 - compute_ms), 1)}
 
 
+def time_metrics(clips: Path, site: str, size: tuple[int, int], frames: int = 20) -> dict:
+    data = load_clipset(clips, site, "test", 4, size, FrameCache(0))
+    masks = [data.item(i)[1].numpy() for i in range(min(frames, len(data)))]
+    parts = sorted({int(v) for m in masks for v in np.unique(m) if v > 0})
+    t0 = time.perf_counter()
+    for gt in masks:
+        frame_scores(np.roll(gt, 5, axis=1), gt, parts)
+    per_frame = (time.perf_counter() - t0) / len(masks)
+    return {"bench": "seg_metrics", "site": site, "input_size": list(size), "frames": len(masks), "parts": len(parts),
+            "ms_per_frame": round(per_frame * 1000, 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clips", type=Path, required=True, help="a clips folder (sites.json, <site>/clips.parquet)")
@@ -58,11 +73,14 @@ def main() -> None:
     ap.add_argument("--compute-ms", type=float, nargs="+", default=[0.0])
     ap.add_argument("--size", type=int, nargs=2, default=[480, 480])
     ap.add_argument("--threads", type=int, default=2, help="torch threads (the job's)")
+    ap.add_argument("--metrics", action="store_true", help="also time the evaluation's per-frame scores")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     limit_threads(args.threads)
     rows = [time_site(args.clips, site, args.steps, w, c, tuple(args.size))
             for site in args.site for c in args.compute_ms for w in args.workers]
+    if args.metrics:
+        rows += [time_metrics(args.clips, site, tuple(args.size)) for site in args.site]
     emit(rows, args.out)
 
 
