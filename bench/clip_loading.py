@@ -3,8 +3,9 @@
 (``engine.loader_workers``) and a cold cache (every clip decoded: the paper grid's 7,056 training
 clips at 480x480 are about 21 GB, the cache 4 GB). ``--compute-ms`` stands for the model's step on a
 GPU: the loop waits that long after taking each batch, so the threads decode while it "trains"; a step
-then costs max(compute, data not hidden). ``--metrics`` also times the evaluation's scores of one frame
-(Dice, IoU, HD95, ASSD of every part, on the CPU) on the site's test masks against the masks shifted 5 px.
+then costs max(compute, data not hidden). ``--metrics`` also times the evaluation's scores of a frame
+(Dice, IoU, HD95, ASSD of every part, on the CPU) on the site's test masks against the masks shifted 5 px,
+in as many threads.
 
     python bench/clip_loading.py --clips /tmp/fedmedbench-stand-in/fedst/clips --site A C --steps 40 \
         --workers 0 2 4 --compute-ms 0 60 [--out bench/results.jsonl]
@@ -17,6 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +32,7 @@ from _report import emit  # noqa: E402
 
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.fl.tasks.segmentation import FrameCache, augment, load_clipset  # noqa: E402
-from fedmedbench.segmetrics import frame_scores  # noqa: E402
+from fedmedbench.segmetrics import SegmentationMeter  # noqa: E402
 
 
 def time_site(clips: Path, site: str, steps: int, workers: int, compute_ms: float, size: tuple[int, int],
@@ -52,16 +55,21 @@ def time_site(clips: Path, site: str, steps: int, workers: int, compute_ms: floa
             "data_ms_not_hidden": round(max(0.0, per_step * 1000 - compute_ms), 1)}
 
 
-def time_metrics(clips: Path, site: str, size: tuple[int, int], frames: int = 20) -> dict:
+def time_metrics(clips: Path, site: str, size: tuple[int, int], workers: int, frames: int = 20) -> dict:
+    """The evaluation's meter on ``frames`` test masks against them shifted 5 px, 8 frames a batch, scored in
+    ``workers`` threads (``engine.loader_workers``) or in the caller's."""
     data = load_clipset(clips, site, "test", 4, size, FrameCache(0))
-    masks = [data.item(i)[1].numpy() for i in range(min(frames, len(data)))]
-    parts = sorted({int(v) for m in masks for v in np.unique(m) if v > 0})
-    t0 = time.perf_counter()
-    for gt in masks:
-        frame_scores(np.roll(gt, 5, axis=1), gt, parts)
-    per_frame = (time.perf_counter() - t0) / len(masks)
+    masks = np.stack([data.item(i)[1].numpy() for i in range(min(frames, len(data)))])
+    parts = {int(v): str(v) for v in np.unique(masks) if v > 0}
+    with ThreadPoolExecutor(workers) if workers else nullcontext() as pool:
+        meter = SegmentationMeter(parts, submit=pool.submit if pool else None, max_pending=max(8, 4 * workers))
+        t0 = time.perf_counter()
+        for start in range(0, len(masks), 8):
+            meter.add(np.roll(masks[start:start + 8], 5, axis=2), masks[start:start + 8])
+        meter.result()
+        per_frame = (time.perf_counter() - t0) / len(masks)
     return {"bench": "seg_metrics", "site": site, "input_size": list(size), "frames": len(masks), "parts": len(parts),
-            "ms_per_frame": round(per_frame * 1000, 1)}
+            "loader_workers": workers, "ms_per_frame": round(per_frame * 1000, 1)}
 
 
 def main() -> None:
@@ -80,7 +88,7 @@ def main() -> None:
     rows = [time_site(args.clips, site, args.steps, w, c, tuple(args.size))
             for site in args.site for c in args.compute_ms for w in args.workers]
     if args.metrics:
-        rows += [time_metrics(args.clips, site, tuple(args.size)) for site in args.site]
+        rows += [time_metrics(args.clips, site, tuple(args.size), w) for site in args.site for w in args.workers]
     emit(rows, args.out)
 
 

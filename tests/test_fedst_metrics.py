@@ -148,3 +148,29 @@ def test_gt_classes_frame_without_parts_is_perfect_only_if_nothing_is_predicted(
     assert out["mean_dice"] == pytest.approx(0.5) and out["mean_hd95"] == pytest.approx(empty_penalty((12, 12)) / 2)
     with pytest.raises(ValueError, match="class_rule"):
         SegmentationMeter(PARTS, class_rule="present")
+
+
+@pytest.mark.parametrize("rule", ["all_classes", "gt_classes"])
+def test_frames_scored_in_threads_give_the_same_result_taken_in_order_and_bounded(rule):
+    """The evaluation's scores in 3 worker threads: the same rows in the same order, the same averages to
+    the bit, and never more than max_pending frames waiting."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(0)
+    preds, gts = rng.integers(0, 4, (10, 16, 16)), rng.integers(0, 4, (10, 16, 16))
+    gts[3] = 0  # a frame without parts (gt_classes: perfect only if nothing is predicted)
+    inline = SegmentationMeter(PARTS, class_rule=rule)
+    waiting = []
+    with ThreadPoolExecutor(3) as pool:
+        def submit(fn, *args):
+            waiting.append(len(threaded._pending))
+            return pool.submit(fn, *args)
+
+        threaded = SegmentationMeter(PARTS, class_rule=rule, submit=submit, max_pending=2)
+        for start in range(0, 10, 4):
+            inline.add(preds[start:start + 4], gts[start:start + 4])
+            threaded.add(preds[start:start + 4], gts[start:start + 4])
+        assert len(waiting) == 10 and max(waiting) <= 1  # a frame is submitted with at most one other waiting
+        assert json.dumps(threaded.result()) == json.dumps(inline.result())
+    assert threaded._rows == inline._rows and threaded._frames == inline._frames and len(threaded) == 10

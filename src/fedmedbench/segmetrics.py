@@ -27,7 +27,9 @@ ground truth holds that class (NaN if none).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 
 import numpy as np
 from medpy.metric import binary as mb
@@ -81,10 +83,14 @@ class SegmentationMeter:
 
     ``class_names`` maps label value -> name for the foreground classes scored.
     ``binary=True`` collapses every non-zero label of prediction and ground truth into one
-    foreground class (the unseen binary set: all parts = instrument).
+    foreground class (the unseen binary set: all parts = instrument). ``submit`` (an executor's
+    ``submit``) scores frames in worker threads while the caller predicts the next ones (SciPy's
+    distance transforms release the GIL); they are taken in the order added, so the averages are the
+    same bits, and at most ``max_pending`` frames wait.
     """
 
-    def __init__(self, class_names: dict[int, str], binary: bool = False, class_rule: str = "all_classes") -> None:
+    def __init__(self, class_names: dict[int, str], binary: bool = False, class_rule: str = "all_classes",
+                 submit: Callable[..., Future] | None = None, max_pending: int = 64) -> None:
         if class_rule not in CLASS_RULES:
             raise ValueError(f"class_rule must be one of {CLASS_RULES}, got {class_rule!r}")
         self.binary = binary
@@ -92,6 +98,9 @@ class SegmentationMeter:
         self.class_names = {1: "instrument"} if binary else dict(class_names)
         self._rows: list[dict[int, dict[str, float]]] = []
         self._frames: list[dict[str, float]] = []  # gt_classes: each frame's score
+        self._submit = submit
+        self._max_pending = max(1, int(max_pending))
+        self._pending: deque[Future] = deque()
 
     def add(self, pred: np.ndarray, gt: np.ndarray) -> None:
         """One frame (2-D label maps) or a batch (N, H, W)."""
@@ -99,24 +108,42 @@ class SegmentationMeter:
         if pred.ndim == 2:
             pred, gt = pred[None], gt[None]
         for p, g in zip(pred, gt, strict=True):
-            if self.binary:
-                p, g = (p > 0).astype(np.uint8), (g > 0).astype(np.uint8)
-            if self.class_rule == "all_classes":
-                self._rows.append(frame_scores(p, g, self.class_names))
+            if self._submit is None:
+                self._keep(self._score(p, g))
                 continue
-            present = [c for c in self.class_names if (g == c).any()]
-            scores = frame_scores(p, g, present)
-            self._rows.append(scores)
-            if present:
-                self._frames.append({m: float(np.mean([scores[c][m] for c in present])) for m in METRICS})
-            else:  # no part in the ground truth: perfect if no part is predicted either, else worst
-                self._frames.append(binary_scores(np.isin(p, list(self.class_names)), np.zeros(g.shape, dtype=bool)))
+            while len(self._pending) >= self._max_pending:
+                self._keep(self._pending.popleft().result())
+            self._pending.append(self._submit(self._score, p, g))
+
+    def _score(self, p: np.ndarray, g: np.ndarray) -> tuple[dict[int, dict[str, float]], dict[str, float] | None]:
+        """One frame's per-class scores, and under ``gt_classes`` its frame score."""
+        if self.binary:
+            p, g = (p > 0).astype(np.uint8), (g > 0).astype(np.uint8)
+        if self.class_rule == "all_classes":
+            return frame_scores(p, g, self.class_names), None
+        present = [c for c in self.class_names if (g == c).any()]
+        scores = frame_scores(p, g, present)
+        if present:
+            return scores, {m: float(np.mean([scores[c][m] for c in present])) for m in METRICS}
+        # no part in the ground truth: perfect if no part is predicted either, else worst
+        return scores, binary_scores(np.isin(p, list(self.class_names)), np.zeros(g.shape, dtype=bool))
+
+    def _keep(self, scored: tuple[dict[int, dict[str, float]], dict[str, float] | None]) -> None:
+        self._rows.append(scored[0])
+        if scored[1] is not None:
+            self._frames.append(scored[1])
+
+    def _drain(self) -> None:
+        while self._pending:
+            self._keep(self._pending.popleft().result())
 
     def __len__(self) -> int:
+        self._drain()
         return len(self._rows)
 
     def result(self) -> dict[str, float]:
         """``<metric>_<class>`` per class and ``mean_<metric>`` (mean over classes); NaN if no frame."""
+        self._drain()
         out: dict[str, float] = {}
         if self.class_rule == "gt_classes":
             for m in METRICS:

@@ -96,14 +96,23 @@ class FrameCache:
             self.put(key, hit)
         return hit
 
+    @property
+    def submit(self) -> Callable[..., Future] | None:
+        """The worker threads' ``submit`` (None without workers): other work of the same loop may run there too
+        (the evaluation's scores, while the model predicts the next batch)."""
+        if self.workers == 0:
+            return None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="clip-decode")
+        return self._pool.submit
+
     def prefetch(self, key: tuple, read: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Start decoding ``key`` in a worker thread, unless it is in memory or in flight (or there are no workers).
         Callers ask only for clips they will fetch: a decode that is never fetched is held until the cache goes."""
-        if self.workers == 0 or key in self._items or key in self._pending:
+        submit = self.submit
+        if submit is None or key in self._items or key in self._pending:
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="clip-decode")
-        self._pending[key] = self._pool.submit(read)
+        self._pending[key] = submit(read)
 
 
 def resize_clip(frames: torch.Tensor, mask: torch.Tensor, size: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -413,7 +422,8 @@ def evaluate_clips(model: torch.nn.Module, data: ClipSet, classes: dict[int, str
     """Metrics of ``model`` on ``data`` (names: ``dice`` .. and ``dice_<class>`` ..); ``class_rule``:
     :data:`fedmedbench.segmetrics.CLASS_RULES`."""
     model.eval()
-    meter = SegmentationMeter(classes, binary=binary, class_rule=class_rule)
+    meter = SegmentationMeter(classes, binary=binary, class_rule=class_rule, submit=data.cache.submit,
+                              max_pending=max(batch_size, 4 * data.cache.workers))
     for x, y in data.batches(batch_size):
         pred = model(x.to(device)).argmax(dim=1).cpu().numpy()
         meter.add(pred, y.numpy())
