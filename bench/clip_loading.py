@@ -38,12 +38,16 @@ from fedmedbench.segmetrics import SegmentationMeter  # noqa: E402
 def time_site(clips: Path, site: str, steps: int, workers: int, compute_ms: float, size: tuple[int, int],
               batch: int = 2, frames: int = 4) -> dict:
     data = load_clipset(clips, site, "train", frames, size, FrameCache(0, workers))
-    distinct = sum(len(set(p)) for p in data.clip_paths) / max(1, len(data))
+    if len(data) < batch:
+        raise SystemExit(f"{clips}: site {site} has {len(data)} training clips, fewer than a batch of {batch}")
+    distinct = sum(len(set(p)) for p in data.clip_paths) / len(data)
     g = torch.Generator().manual_seed(0)
-    order = torch.randperm(len(data), generator=g).tolist()
+    order: list[int] = []
     ahead = max(batch, workers)
     t0 = time.perf_counter()
     for step in range(steps):
+        if len(order) < batch:  # reshuffled as train_steps does
+            order += torch.randperm(len(data), generator=g).tolist()
         idx, order = order[:batch], order[batch:]
         x, y = data.batch(idx, ahead=order[:min(ahead, batch * (steps - step - 1))])
         augment(x, y, g, 15.0, 0.1)
@@ -59,6 +63,8 @@ def time_metrics(clips: Path, site: str, size: tuple[int, int], workers: int, fr
     """The evaluation's meter on ``frames`` test masks against them shifted 5 px, 8 frames a batch, scored in
     ``workers`` threads (``engine.loader_workers``) or in the caller's."""
     data = load_clipset(clips, site, "test", 4, size, FrameCache(0))
+    if len(data) == 0:
+        raise SystemExit(f"{clips}: site {site} has no test clips to score")
     masks = np.stack([data.item(i)[1].numpy() for i in range(min(frames, len(data)))])
     parts = {int(v): str(v) for v in np.unique(masks) if v > 0}
     with ThreadPoolExecutor(workers) if workers else nullcontext() as pool:

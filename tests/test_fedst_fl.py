@@ -869,3 +869,26 @@ def test_a_fresh_model_is_built_once_and_copied_per_request(clips, tmp_path, mon
     assert len(builds) == 4
     q = "decoder.head.weight"
     assert torch.allclose(first.state_dict()[q], sb[q] + 0.5) and torch.allclose(second.state_dict()[q], sb[q] - 0.5)
+
+
+def test_clip_loading_bench_reshuffles_past_the_clips_and_names_a_site_without_test_clips(clips):
+    """bench/clip_loading.py: more steps than a site's clips reshuffle (as train_steps does); its metrics row
+    scores every test frame; a site without test clips is named, not a traceback."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import clip_loading
+
+    row = clip_loading.time_site(clips, "A", 5, 2, 0.0, (32, 32))  # 4 training clips, 5 steps of 2
+    assert row["clips"] == 4 and row["steps"] == 5 and row["distinct_frames_per_clip"] == 4.0
+    scored = clip_loading.time_metrics(clips, "A", (32, 32), 2)
+    assert scored["frames"] == 2 and scored["parts"] == 3 and scored["ms_per_frame"] > 0
+    (clips / "Z").mkdir(exist_ok=True)
+    pd.DataFrame({"site": ["Z"], "dataset": ["Z"], "split": ["train"], "video_id": ["v"], "frame": [0],
+                  "timestamp_s": [0.0], "clip_paths": [[str(clips / "raw" / "A" / "c0_f0.png")] * 4],
+                  "clip_offsets_s": [[-0.6, -0.4, -0.2, 0.0]], "n_duplicated": [3],
+                  "mask_path": [str(clips / "raw" / "A" / "c0_mask.png")]}).to_parquet(clips / "Z" / "clips.parquet")
+    with pytest.raises(SystemExit, match="site Z has no test clips"):
+        clip_loading.time_metrics(clips, "Z", (32, 32), 0)
+    with pytest.raises(SystemExit, match="site Z has 1 training clips, fewer than a batch of 2"):
+        clip_loading.time_site(clips, "Z", 1, 0, 0.0, (32, 32))
