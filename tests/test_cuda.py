@@ -140,3 +140,98 @@ def test_metrics_on_the_gpu_match_sklearn(n_classes):
     for r, m in zip(rows, got, strict=True):
         for k, v in _sklearn(y[r], probs[r], n_classes).items():
             assert (math.isnan(m[k]) and math.isnan(v)) or abs(m[k] - v) <= 1e-12, (k, m[k], v)
+
+
+def _syncs(fn) -> int:
+    """Calls in ``fn()`` that made the host wait for the GPU (torch.cuda's sync debug mode, as warnings)."""
+    import warnings
+
+    before = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def _on_gpu(data):
+    from dataclasses import fields, replace
+
+    return replace(data, **{f.name: getattr(data, f.name).cuda() for f in fields(data)})
+
+
+@pytest.mark.parametrize("method", EARLYSTOP_METHODS)
+def test_an_earlystop_client_on_gpu_data_does_not_wait_for_the_gpu_per_step(method):
+    """With the client's data on the GPU (engine.cache_on_device) a step queues its kernels without waiting for
+    the last step's: the host waits as often for 2 steps as for 6 (a CPU batch index into GPU data waited per step)."""
+    from dataclasses import replace
+
+    from test_methods import context, tiny_data, tiny_model
+
+    from fedmedbench.fl.registry import get_method
+
+    counts = []
+    for steps in (2, 6):
+        model = tiny_model()
+        broadcast = {"last_update": {n: np.full(p.shape, 0.01, np.float32) for n, p in model.named_parameters()}}
+        ctx = replace(context(model=model, steps=steps, broadcast=broadcast if method == "fedlesam" else None,
+                              data=_on_gpu(tiny_data(n=48))), device=torch.device("cuda"))
+        counts.append(_syncs(lambda c=ctx: get_method(method, {}).client_fit(c)))
+    assert counts[0] == counts[1], f"{method}: the host waited {counts[0]} times for 2 steps, {counts[1]} for 6"
+
+
+@pytest.mark.parametrize("name", ["gpaf", "moon", "feddg", "centralized"])
+def test_a_gpaf_study_client_on_gpu_data_does_not_wait_for_the_gpu_per_step(name):
+    from dataclasses import replace
+
+    from helpers.clients import client_ctx, fresh_global, toy_data, toy_spec, train_config
+
+    from fedmedbench.fl.registry import get_method
+
+    method = get_method(name, {"server_epochs": 1} if name == "gpaf" else {})
+    spec, cfg = toy_spec("moon" if name == "centralized" else name), train_config(grad_clip=1.0)
+    arrays, data = fresh_global(method, spec), _on_gpu(toy_data(48))
+    counts = []
+    for steps in (2, 6):
+        state: dict = {}
+        first = client_ctx(method, spec, arrays, data, steps=1, state=state, cfg=cfg)
+        method.client_fit(replace(first, device=torch.device("cuda")))
+        ctx = replace(client_ctx(method, spec, arrays, data, rnd=2, steps=steps, state=state, cfg=cfg),
+                      device=torch.device("cuda"))  # MOON: l_con on
+        counts.append(_syncs(lambda c=ctx: method.client_fit(c)))
+    assert counts[0] == counts[1], f"{name}: the host waited {counts[0]} times for 2 steps, {counts[1]} for 6"
+
+
+def test_an_evaluation_waits_for_the_gpu_once_not_per_batch():
+    from fedmedbench.fl.training import predict_samples
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3)).cuda()
+    x, y = torch.randint(0, 256, (60, 1, 2, 2), dtype=torch.uint8), torch.randint(0, 3, (60,))
+    counts = [_syncs(lambda b=b: predict_samples(model, x, y, b, torch.device("cuda"))) for b in (30, 10)]
+    assert counts[0] == counts[1], f"the host waited {counts[0]} times for 2 batches, {counts[1]} for 6"
+
+
+def test_a_segmentation_site_does_not_wait_for_the_gpu_per_step(tmp_path):
+    """fedst's local steps copy each batch and the augmentation's grid from pinned memory without waiting."""
+    from test_fedst_data import _frames_on_disk, _LastFrame
+
+    from fedmedbench.fl.registry import TrainConfig
+    from fedmedbench.fl.tasks import segmentation as seg
+
+    clips = []
+    for c in range(4):
+        d = tmp_path / f"c{c}"
+        d.mkdir()
+        clips.append(_frames_on_disk(d, ["a.png", "a.png", "b.png"], h=24, w=32))
+    data = seg.ClipSet([c[0] for c in clips], [c[1] for c in clips], "site", (12, 16), seg.FrameCache(10**8))
+    data.batch(range(4))  # every clip decoded: the steps read the cache
+    train = TrainConfig(rounds=1, local_epochs=1, batch_size=2, lr=0.1, optimizer="adamw")
+    model = _LastFrame().cuda()
+    counts = [_syncs(lambda s=s: seg.train_steps(model, data, s, train, 0.1, torch.device("cuda"),
+                                                 torch.Generator().manual_seed(4), {"augment": True}))
+              for s in (2, 6)]
+    assert counts[0] == counts[1], f"the host waited {counts[0]} times for 2 steps, {counts[1]} for 6"

@@ -22,7 +22,7 @@ from fedmedbench.fl.inline_grid import InlineGrid
 from fedmedbench.fl.job import Job
 from fedmedbench.fl.registry import model_arrays
 from fedmedbench.fl.spec import RunSpec
-from fedmedbench.fl.training import NonFiniteLossError, StepLosses
+from fedmedbench.fl.training import NonFiniteLossError, StepLosses, batch_indices, index_device
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +121,39 @@ def test_step_losses_are_read_once_and_name_the_first_bad_step():
     with pytest.raises(NonFiniteLossError, match="at round 7, step 2"):
         bad.mean(rnd=7)
     assert StepLosses().mean(rnd=1) == 0.0
+
+
+def test_batch_indices_are_the_same_draws_on_any_device_copied_there_once_an_epoch():
+    """Indices into data on a GPU are put there once per epoch (indexing GPU data with CPU indices copies
+    them per batch and waits for the GPU each time); the draws are the CPU's wherever they go."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Copies(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += func.overloadpacket.__name__ in ("_to_copy", "copy_")
+            return func(*args, **(kwargs or {}))
+
+    def draw(device):
+        return list(batch_indices(10, 3, 8, torch.Generator().manual_seed(5), device))  # 4 batches an epoch: 2 epochs
+
+    plain = draw(None)
+    assert [len(i) for i in plain] == [3, 3, 3, 1] * 2
+    assert all(torch.equal(a, b) for a, b in zip(plain, draw("cpu"), strict=True))
+    with Copies() as copies:
+        on_meta = draw("meta")  # a device that is not the CPU, on any machine
+    assert all(i.device.type == "meta" and i.shape == p.shape for i, p in zip(on_meta, plain, strict=True))
+    assert copies.n == 2
+    with Copies() as copies:
+        draw("cpu")
+    assert copies.n == 0
+
+
+def test_batch_indices_go_where_the_data_is_or_stay_on_the_cpu():
+    cpu, meta = torch.zeros(3), torch.zeros(3, device="meta")
+    assert index_device(cpu, cpu.long()) == torch.device("cpu")
+    assert index_device(meta, meta.long()) == torch.device("meta")
+    assert index_device(meta, cpu) == torch.device("cpu")  # a CPU tensor cannot take device indices

@@ -83,16 +83,41 @@ def steps_for_epochs(num_examples: int, epochs: float, batch_size: int) -> int:
     return max(1, int(math.ceil(epochs * math.ceil(num_examples / batch_size))))
 
 
-def batch_indices(n: int, batch_size: int, steps: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
-    """``steps`` mini-batches, reshuffling each pass over the data (epoch)."""
+def batch_indices(n: int, batch_size: int, steps: int, generator: torch.Generator,
+                  device: torch.device | str | None = None) -> Iterator[torch.Tensor]:
+    """``steps`` mini-batches, reshuffling each pass over the data (epoch).
+
+    The permutations are drawn on the CPU (the same numbers on every device). ``device``: where the
+    data to index lies; each epoch's permutation is copied there once, without waiting. Indexing a
+    GPU tensor with CPU indices copies them per batch with a blocking copy, which waits for every
+    queued kernel: the host could not queue the next step while the GPU runs this one."""
+    device = torch.device("cpu") if device is None else torch.device(device)
     done = 0
     while done < steps:
-        perm = torch.randperm(n, generator=generator)
+        perm = on_device(torch.randperm(n, generator=generator), device)
         for start in range(0, n, batch_size):
             if done == steps:
                 return
             yield perm[start : start + batch_size]
             done += 1
+
+
+def on_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t`` on ``device``, copied without the host waiting for the device (a CPU tensor goes through pinned
+    memory on CUDA; a plain ``.to(device)`` of it waits for every kernel queued so far)."""
+    device = torch.device(device)
+    if t.device == device or device.type == "cpu":
+        return t.to(device)
+    if device.type == "cuda" and t.device.type == "cpu":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
+def index_device(*tensors: torch.Tensor) -> torch.device:
+    """Where batch indices into ``tensors`` should be: their device when they share one, else the CPU
+    (a CPU tensor cannot be indexed by device indices)."""
+    devices = {t.device for t in tensors}
+    return devices.pop() if len(devices) == 1 else torch.device("cpu")
 
 
 def make_optimizer(model: nn.Module, cfg, rnd: int, extra_weight_decay: float = 0.0) -> torch.optim.Optimizer:
@@ -199,7 +224,7 @@ def local_sgd(
     opt = make_optimizer(model, cfg, rnd)
     loss_fn = nn.CrossEntropyLoss()
     losses = StepLosses() if losses is None else losses
-    for idx in batch_indices(y.shape[0], cfg.batch_size, steps, generator):
+    for idx in batch_indices(y.shape[0], cfg.batch_size, steps, generator, index_device(x_u8, y)):
         xb, yb = to_float(x_u8[idx], device, cfg.channels_last), y[idx].to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
         with forward_precision(cfg, device):
@@ -214,18 +239,21 @@ def local_sgd(
 @torch.no_grad()
 def predict_samples(model: nn.Module, x_u8: torch.Tensor, y: torch.Tensor, batch_size: int,
                     device: torch.device) -> tuple[np.ndarray, np.ndarray]:
-    """Class probabilities (N x C) and per-sample cross-entropy (N), float64."""
+    """Class probabilities (N x C) and per-sample cross-entropy (N), float64.
+
+    Both stay on the device until the last batch and are read once: a read per batch would make
+    the host wait for each batch before queuing the next."""
     to_device(model, device).eval()
     probs, losses = [], []
     for start in range(0, y.shape[0], batch_size):
         xb = to_float(x_u8[start : start + batch_size], device)
-        yb = y[start : start + batch_size].to(device)
+        yb = y[start : start + batch_size].to(device, non_blocking=True)
         logits = model(xb)
-        losses.append(nn.functional.cross_entropy(logits.float(), yb, reduction="none").double().cpu().numpy())
-        probs.append(torch.softmax(logits.float(), dim=1).cpu().numpy())
+        losses.append(nn.functional.cross_entropy(logits.float(), yb, reduction="none").double())
+        probs.append(torch.softmax(logits.float(), dim=1))
     if not probs:
         return np.zeros((0, 1)), np.zeros(0)
-    return np.concatenate(probs), np.concatenate(losses)
+    return torch.cat(probs).cpu().numpy(), torch.cat(losses).cpu().numpy()
 
 
 def predict(model: nn.Module, x_u8: torch.Tensor, y: torch.Tensor, batch_size: int, device: torch.device) -> tuple[np.ndarray, float]:

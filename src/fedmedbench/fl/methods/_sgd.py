@@ -40,6 +40,7 @@ from fedmedbench.fl.training import (
     batch_indices,
     forward_fn,
     forward_precision,
+    index_device,
     make_optimizer,
     place_model,
     to_float,
@@ -200,7 +201,7 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
     corrected = {n: params[n] for n in correction}
     losses = StepLosses() if losses is None else losses  # read once after the last step: no host sync per step
     x_u8, y = ctx.data.train_x, ctx.data.train_y
-    for idx in batch_indices(y.shape[0], cfg.batch_size, ctx.steps, ctx.generator):
+    for idx in batch_indices(y.shape[0], cfg.batch_size, ctx.steps, ctx.generator, index_device(x_u8, y)):
         xb, yb = to_float(x_u8[idx], device, cfg.channels_last), y[idx].to(device, non_blocking=True)
         with forward_precision(cfg, device):
             e = hooks.perturb(model, xb, yb) if hooks.perturb else None

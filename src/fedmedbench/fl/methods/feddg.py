@@ -62,6 +62,7 @@ from fedmedbench.fl.registry import (
 from fedmedbench.fl.training import (
     StepLosses,
     batch_indices,
+    index_device,
     make_optimizer,
     optimizer_step,
     to_device,
@@ -207,7 +208,8 @@ class FedDG(Method):
         model, cfg, device = to_device(ctx.model, ctx.device).train(), ctx.train, ctx.device
         opt = make_optimizer(model, cfg, ctx.rnd)
         losses = StepLosses(ctx.steps_per_epoch())  # read once after the last step: no host sync per step
-        for idx in batch_indices(ctx.data.num_train, cfg.batch_size, ctx.steps, ctx.generator):
+        for idx in batch_indices(ctx.data.num_train, cfg.batch_size, ctx.steps, ctx.generator,
+                                 index_device(ctx.data.train_x, ctx.data.train_y)):
             xu8, y = ctx.data.train_x[idx], ctx.data.train_y[idx].to(device, non_blocking=True)
             x_t = None
             if bank is not None:

@@ -79,6 +79,7 @@ from fedmedbench.fl.registry import (
 from fedmedbench.fl.training import (
     StepLosses,
     batch_indices,
+    index_device,
     make_optimizer,
     to_device,
     to_float,
@@ -263,7 +264,8 @@ class GPAF(Method):
         ncls = generator_net.num_classes
         total = StepLosses(ctx.steps_per_epoch())  # L_total, read once after the last step: no host sync per step
         parts: list[dict[str, torch.Tensor]] = []  # its terms (and D_s's L_g), read once too
-        for idx in batch_indices(ctx.data.num_train, ctx.train.batch_size, ctx.steps, ctx.generator):
+        for idx in batch_indices(ctx.data.num_train, ctx.train.batch_size, ctx.steps, ctx.generator,
+                                 index_device(ctx.data.train_x, ctx.data.train_y)):
             x, y = to_float(ctx.data.train_x[idx], ctx.device), ctx.data.train_y[idx].to(ctx.device, non_blocking=True)
             y_vec = F.one_hot(y, ncls).float()
             z_star = None

@@ -38,6 +38,7 @@ from fedmedbench.fl.registry import ClientContext, ClientResult, Method, registe
 from fedmedbench.fl.training import (
     StepLosses,
     batch_indices,
+    index_device,
     make_optimizer,
     optimizer_step,
     to_device,
@@ -102,7 +103,8 @@ class MOON(Method):
         mu, tau = self.p["mu"], self.p["temperature"]
         losses = StepLosses(ctx.steps_per_epoch())  # read once after the last step: no host sync per step
         x_all, y_all = ctx.data.train_x, ctx.data.train_y
-        for idx in batch_indices(y_all.shape[0], cfg.batch_size, ctx.steps, ctx.generator):
+        for idx in batch_indices(y_all.shape[0], cfg.batch_size, ctx.steps, ctx.generator,
+                                 index_device(x_all, y_all)):
             xb, yb = to_float(x_all[idx], device), y_all[idx].to(device, non_blocking=True)
             opt.zero_grad(set_to_none=True)
             z, logits = representation_and_logits(model, xb)

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from fedmedbench.fl.registry import TrainConfig
 from fedmedbench.fl.tasks.base import Task, register_task
+from fedmedbench.fl.training import on_device
 from fedmedbench.segmetrics import METRICS, SegmentationMeter
 
 INDICATORS = ("clip", "onehot", "gaussian", "random")
@@ -350,7 +351,7 @@ def augment(x: torch.Tensor, y: torch.Tensor, g: torch.Generator, degrees: float
     sc = 1 + (torch.rand(b, generator=g) * 2 - 1) * scale
     cos, sin = torch.cos(ang) / sc, torch.sin(ang) / sc
     theta = torch.stack([torch.stack([cos, -sin, torch.zeros(b)], 1), torch.stack([sin, cos, torch.zeros(b)], 1)], 1)
-    grid = F.affine_grid(theta.to(x.device), [b, c, h, w], align_corners=False)
+    grid = F.affine_grid(on_device(theta, x.device), [b, c, h, w], align_corners=False)
     xf = x.float().reshape(b, t * c, h, w)
     xa = F.grid_sample(xf, grid, mode="bilinear", align_corners=False).reshape(b, t, c, h, w)
     ya = F.grid_sample(y[:, None].float(), grid, mode="nearest", align_corners=False)[:, 0].long()
@@ -400,7 +401,7 @@ def train_steps(
             order += torch.randperm(len(data), generator=generator).tolist()
         idx, order = order[:bs], order[bs:]
         x, y = data.batch(idx, ahead=order[:min(ahead, bs * (steps - step - 1))])
-        x, y = x.to(device), y.to(device)  # augmented where the model runs
+        x, y = on_device(x, device), on_device(y, device)  # augmented where the model runs; copied without waiting
         if loss_cfg.get("augment", True):
             x, y = augment(x, y, generator, float(loss_cfg.get("rotate_deg", 15)), float(loss_cfg.get("scale", 0.1)))
         logits = model(x) if temporal else model(x, temporal=False)
