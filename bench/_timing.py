@@ -6,7 +6,8 @@ import dataclasses
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -31,3 +32,20 @@ def time_spec(spec: RunSpec, log: Callable[[str], None] = progress) -> list[floa
     engine.run(dataclasses.replace(spec, log_every=1), log=log)  # log_every is not hashed: the same job
     elapsed = pd.read_csv(Path(spec.run_dir) / "metrics.csv")["elapsed_s"].to_numpy()
     return np.diff(np.concatenate([[0.0], elapsed])).tolist()
+
+
+@contextmanager
+def waiting_steps() -> Iterator[None]:
+    """Local steps as they were before their copies stopped waiting for the device, for a before/after on
+    one machine: batch indices kept on the CPU (indexing data cached on a GPU then copies them with a
+    blocking copy every step) and fedst's batches copied with blocking copies. Results are the same bits."""
+    from fedmedbench.fl import training
+    from fedmedbench.fl.tasks import segmentation
+
+    saved = training.on_device, segmentation.on_device
+    training.on_device = lambda t, device: t  # batch_indices' only use
+    segmentation.on_device = lambda t, device: t.to(device)
+    try:
+        yield
+    finally:
+        training.on_device, segmentation.on_device = saved

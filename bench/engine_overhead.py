@@ -27,6 +27,7 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import emit  # noqa: E402
+from _timing import waiting_steps  # noqa: E402
 
 from fedmedbench import io  # noqa: E402
 from fedmedbench import partition as P  # noqa: E402
@@ -301,6 +303,8 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="train.compile on every side (torch.compile'd forward)")
     ap.add_argument("--deterministic", action="store_true",
                     help="deterministic kernels on every side (engine.deterministic): what reproducible GPU runs cost")
+    ap.add_argument("--waiting-steps", action="store_true",
+                    help="every side's local steps wait for the device as before (CPU batch indices into device data)")
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")
     args = ap.parse_args()
     limit_threads(args.threads)
@@ -311,7 +315,7 @@ def main() -> None:
         train, model = study_train(args.study_config, args.study)
     if args.compile:
         train = {**(train or DEFAULT_TRAIN), "compile": True}
-    with tempfile.TemporaryDirectory(prefix="fmb-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="fmb-bench-") as tmp, (waiting_steps() if args.waiting_steps else nullcontext()):
         row = measure(model, args.clients, args.per_round, args.rounds, args.threads, args.backend, Path(tmp),
                       args.local_epochs, args.repeats, args.device, args.resident, args.eval_every, train, args.profile,
                       args.torch_profile)
@@ -319,6 +323,7 @@ def main() -> None:
         row["study_config"] = f"{args.study_config}:{args.study}"
     row["compile"] = args.compile
     row["deterministic"] = args.deterministic
+    row["waiting_steps"] = args.waiting_steps
     emit([row], args.out)
     if args.device == "cpu" and not row["identical_weights"]:
         sys.exit("engine and plain loop ended with different weights: the comparison is not like for like")

@@ -98,6 +98,11 @@ step "cuda tests" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py test
 step "engine vs resident loop" "$PY" bench/engine_overhead.py --device cuda \
   --study-config config/studies/earlystop.yaml --rounds 5 --eval-every 1 --repeats 2 --threads "$THREADS" --resident \
   --torch-profile "$(dirname "$OUT")/engine_torch_profile.txt" --out "$OUT"
+# the same with every side's local steps waiting for the GPU each step, as before (CPU batch indices into the
+# cached data): what queuing the next step while the GPU runs this one saves, on this machine
+step "engine vs resident loop, steps waiting" "$PY" bench/engine_overhead.py --device cuda \
+  --study-config config/studies/earlystop.yaml --rounds 5 --eval-every 1 --repeats 2 --threads "$THREADS" --resident \
+  --waiting-steps --out "$OUT"
 # the seconds per round each side spends outside local training and evaluation, and its kernel launches there
 step "engine host overhead" "$PY" bench/host_overhead.py --device cuda --width 0 --rounds 6 --repeats 2 \
   --threads "$THREADS" --out "$OUT"
@@ -140,6 +145,10 @@ step "fedst grid cost, FedST" "$PY" bench/grid_cost.py --config config/studies/f
 # training images (the center scheme keeps a validation and a test share of them): the longest step
 step "gpaf pathmnist grid cost" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf_pathmnist \
   --rounds 1 --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
+# FedAvg's round again with its 5,900 steps waiting for the GPU each, as before: the small CNN's steps are
+# launch-bound, so what the wait cost shows most here
+step "gpaf pathmnist, FedAvg steps waiting" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml \
+  --study gpaf_pathmnist --rounds 1 --methods fedavg --waiting-steps --threads "$THREADS" --out "$OUT"
 
 if [ -n "${STEPS:-}" ] && [ ${#summary[@]} -eq 0 ]; then
   echo "gpu_session: STEPS='$STEPS' matches no step" >&2

@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _report import emit  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
-from _timing import time_spec  # noqa: E402
+from _timing import time_spec, waiting_steps  # noqa: E402
 
 from fedmedbench import io  # noqa: E402
 from fedmedbench import partition as P  # noqa: E402
@@ -161,21 +163,30 @@ def main() -> None:
                          "evaluation (engine.loader_workers); default: the config's")
     ap.add_argument("--loader-workers", type=int,
                     help="fedst: threads decoding clips ahead of use (engine.loader_workers); default: the config's")
+    ap.add_argument("--waiting-steps", action="store_true",
+                    help="local steps wait for the device as before (CPU batch indices into device data, blocking "
+                         "fedst batch copies): a before/after on one machine")
     ap.add_argument("--out", type=Path, help="append the results as JSON lines")
     args = ap.parse_args()
     import torch
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     limit_threads(args.threads)
-    rows = []
+    with waiting_steps() if args.waiting_steps else nullcontext():
+        for row in cost_rows(args, device):
+            emit([{**row, "waiting_steps": args.waiting_steps}], args.out)
+
+
+def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
+    """One row per study of each config, as each is timed."""
     for path in args.config:
         config = load_config(path)
         for study in config.get("studies", {}):
             if args.study and study not in args.study:
                 continue
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
-                rows.append(study_cost(config, study, args.methods, args.rounds, device, args.threads, Path(tmp)))
-            emit(rows[-1:], args.out)
+                row = study_cost(config, study, args.methods, args.rounds, device, args.threads, Path(tmp))
+            yield row
         surgical = args.surgical_dir or Path("resources") / "surgical" / config["surgical"]["origin"]
         has_runs = {"fedst": config["fedst"].get("enabled", False), "ultraflwr": bool(config["ultraflwr"].get("groups"))}
         for name, cost in (("fedst", fedst_cost), ("ultraflwr", ultraflwr_cost)):
@@ -184,10 +195,8 @@ def main() -> None:
             extra = ({"epochs": args.surgical_epochs, "workers": args.yolo_workers} if name == "ultraflwr"
                      else {"workers": args.loader_workers})
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
-                rows.append(cost(config, path, args.methods, args.rounds, device, args.threads, Path(tmp), surgical,
-                                 **extra))
-            emit(rows[-1:], args.out)
-
+                row = cost(config, path, args.methods, args.rounds, device, args.threads, Path(tmp), surgical, **extra)
+            yield row
 
 if __name__ == "__main__":
     main()

@@ -89,7 +89,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     ran = calls.read_text().splitlines()
     stand_ins = [c for c in ran if "surgical_stand_in.py" in c]  # built in the background from the start
     steps = [c for c in ran if c not in stand_ins]
-    assert len(stand_ins) == 2 and len(steps) == 15 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
+    assert len(stand_ins) == 2 and len(steps) == 17 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
     assert "tests/test_cuda.py tests/test_device_arrays.py" in steps[0]
     src = str(GPU_SESSION.parents[1] / "src")
     assert all(p.split(":")[0] == src for p in (tmp_path / "paths").read_text().splitlines())  # this tree's package
@@ -106,15 +106,18 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
         assert all(f"--surgical-dir {tmp_path / 'si' / study}" in ran[i] for i in timed)
     assert "--fraction 0.02" in next(c for c in stand_ins if "ultraflwr.yaml" in c)
     assert "--test-fraction 0.1" in next(c for c in stand_ins if "fedst.yaml" in c)
-    assert "--study gpaf_pathmnist" in steps[-1]
-    assert "--methods seg_fedavg " in steps[-3] and "--methods fedst " in steps[-2]  # the lower and the upper bound
-    assert "--surgical-epochs 2" in steps[-5] and "--yolo-workers" not in steps[-5]
-    assert "--yolo-workers 8" in steps[-4]
+    assert "--study gpaf_pathmnist" in steps[-2] and "--waiting-steps" not in steps[-2]
+    assert "--study gpaf_pathmnist" in steps[-1] and "--methods fedavg --waiting-steps" in steps[-1]
+    assert "--methods seg_fedavg " in steps[-4] and "--methods fedst " in steps[-3]  # the lower and the upper bound
+    assert "--surgical-epochs 2" in steps[-6] and "--yolo-workers" not in steps[-6]
+    assert "--yolo-workers 8" in steps[-5]
+    waiting = [c for c in ran if "--waiting-steps" in c]  # each before/after right after its after side
+    assert len(waiting) == 2 and ran[ran.index(waiting[0]) - 1].startswith("bench/engine_overhead.py")
     assert "FAILED" not in done.stdout.split("== summary")[1]
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
     assert done.returncode == 1 and "FAILED (rc 3)" in done.stdout
-    assert len(calls.read_text().splitlines()) == 17  # the failure stopped no later step
+    assert len(calls.read_text().splitlines()) == 19  # the failure stopped no later step
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="ultraflwr.yaml --out", steps="ultraflwr")
     ran = calls.read_text().splitlines()  # a failed build fails its step, and the timings that read it run and fail
@@ -128,8 +131,8 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     calls.unlink()
     done = _run_session(tmp_path, str(fake), steps="CUDA tests|pathmnist")  # a part of the session
     ran = calls.read_text().splitlines()
-    assert done.returncode == 0 and len(ran) == 2 and "tests/test_cuda.py" in ran[0]
-    assert "--study gpaf_pathmnist" in ran[1]
+    assert done.returncode == 0 and len(ran) == 3 and "tests/test_cuda.py" in ran[0]
+    assert all("--study gpaf_pathmnist" in c for c in ran[1:])
     assert "cuda tests" in done.stdout.split("== summary")[1] and "jobs per GPU" not in done.stdout
     calls.unlink()
     for steps, needle in (("pathmnsit", "matches no step"), ("gpaf(", "not an extended regular expression")):
@@ -363,3 +366,34 @@ def test_the_gpu_session_checks_for_every_package_the_project_imports_when_loade
     listed = re.search(r"need = \[(.*?)\]", GPU_SESSION.read_text(), re.S)
     assert listed and "medpy" in loaded
     assert loaded <= set(re.findall(r'"([^"]+)"', listed.group(1)))
+
+
+def test_waiting_steps_puts_back_cpu_batch_indices_and_blocking_batch_copies_then_lets_go():
+    """The before side of a before/after: batch indices stay on the CPU and fedst's batches are copied with a
+    blocking copy (non_blocking False); afterwards both go to the device without waiting again."""
+    import torch
+    from _timing import waiting_steps
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fedmedbench.fl import training
+    from fedmedbench.fl.tasks import segmentation
+
+    class Copies(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.non_blocking: list[bool] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ == "_to_copy":
+                self.non_blocking.append(bool((kwargs or {}).get("non_blocking", False)))
+            return func(*args, **(kwargs or {}))
+
+    def indices_and_copy() -> tuple[set[str], list[bool]]:
+        idx = list(training.batch_indices(6, 4, 2, torch.Generator().manual_seed(0), "meta"))
+        with Copies() as copies:
+            segmentation.on_device(torch.zeros(2, 3), "meta")
+        return {i.device.type for i in idx}, copies.non_blocking
+
+    with waiting_steps():
+        assert indices_and_copy() == ({"cpu"}, [False])
+    assert indices_and_copy() == ({"meta"}, [True])
