@@ -487,6 +487,12 @@ def test_fedas_fisher_trace_sums_every_training_batch():
         expect += g ** 2
     assert got == pytest.approx(expect, rel=1e-5)
     assert data.seen == [0, 2]  # all the site's training data, not a fixed number of batches
+    python_sum = 0.0  # the batches' float32 sums added as Python floats: the device's float64 additions give the same bits
+    for batch in ((0, 1), (2,)):
+        x, y = torch.stack([xs[i] for i in batch]), torch.stack([ys[i] for i in batch])
+        grads = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), y), list(model.parameters()))
+        python_sum += float(sum((g ** 2).sum() for g in grads))
+    assert got == python_sum
     assert get_method("fedas", {"fisher_batches": 1})._fisher_trace(ctx, model) == pytest.approx(
         (np.mean([1.0 * (1 / (1 + np.exp(-0.5)) - 1), 2.0 * (1 / (1 + np.exp(-1.0)))])) ** 2, rel=1e-5)
 

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from fedmedbench.fl.methods.fedst_base import SegMethod
 from fedmedbench.fl.registry import load_arrays, register_method, weighted_average
+from fedmedbench.fl.training import on_device
 
 
 def pixel_features(model, x: torch.Tensor, y: torch.Tensor, where: str = "head_input") -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,19 +117,24 @@ class FedAS(SegMethod):
         return copy.deepcopy(model)
 
     def _fisher_trace(self, ctx, model) -> float:
-        """Trace of the Fisher information over the site's training data (sum of squared NLL gradients)."""
+        """Trace of the Fisher information over the site's training data (sum of squared NLL gradients).
+
+        Each batch's float32 sum is added in float64 on the device and read once at the end (the same
+        additions as a Python float sum of the batches, without the host waiting for every batch)."""
         model.eval()
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=ctx.device)
         params = [p for p in model.parameters() if p.requires_grad]
         limit = self.p["fisher_batches"]  # None: every training batch, as the reference
         for i, (x, y) in enumerate(ctx.data.train.batches(ctx.train.batch_size)):
             if limit is not None and i >= int(limit):
                 break
-            logits = model(x.to(ctx.device))
-            nll = F.cross_entropy(logits, y.to(ctx.device))
+            logits = model(on_device(x, ctx.device))
+            nll = F.cross_entropy(logits, on_device(y, ctx.device))
             grads = torch.autograd.grad(nll, params, allow_unused=True)
-            total += float(sum((g.detach() ** 2).sum() for g in grads if g is not None))
-        return total
+            batch = sum((g.detach() ** 2).sum() for g in grads if g is not None)
+            if isinstance(batch, torch.Tensor):
+                total += batch.double()
+        return float(total)
 
     def client_fit(self, ctx):
         model = self.prepare(ctx)
