@@ -211,9 +211,11 @@ def pretrain_step_s(cfg: dict, clips: str, device: str, workdir: Path, steps: in
 
 
 def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, rounds: int, device: str, threads: int,
-                   workdir: Path, surgical: Path, epochs: int = 2, workers: int | None = None) -> dict[str, Any]:
+                   workdir: Path, surgical: Path, epochs: int = 2, workers: int | None = None,
+                   image_cache: str | None = None) -> dict[str, Any]:
     """``workers``: the local trainings' and the evaluation's dataloader workers (default: the config's
-    ``ultraflwr.train.workers`` and ``engine.loader_workers``)."""
+    ``ultraflwr.train.workers`` and ``engine.loader_workers``); ``image_cache``: the decoded-frame folder
+    (``engine.image_cache``; default: the config's)."""
     from fedmedbench.studies.ultraflwr import runs as UFR
 
     uf = config["ultraflwr"]
@@ -221,6 +223,7 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
     epochs = max(2, min(int(epochs), paper_epochs))
     train_workers = int(uf["train"].get("workers", 0) if workers is None else workers)
     loader_workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)
+    image_cache = image_cache or config["engine"].get("image_cache")
     timed_uf = {**uf, "train": {**uf["train"], "rounds": rounds, "epochs": epochs, "workers": train_workers},
                 "eval": {**uf["eval"], "every": rounds}}
     strategies = [m for m in (methods or ["FedAvg"]) if m in uf["strategies"]] or list(uf["strategies"][:1])
@@ -237,7 +240,7 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
             r = {"ugroup": group, "usetting": settings[0], "strategy": strategy, "seedset": uf["seed_sets"][0]}
             d = {**UFR.run_spec(timed_uf, r, str(surgical), None, device, "timing"),
                  "run_dir": str(workdir / f"uf-{group}-{strategy}"), "threads": threads,
-                 "loader_workers": loader_workers}
+                 "loader_workers": loader_workers, "image_cache": image_cache}
             with epoch_clock() as calls:
                 per_round = time_spec(RunSpec.from_dict(d))
             train_s, eval_s, how = split_rounds(per_round)
@@ -255,7 +258,7 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
         seconds += n_rounds * train_s + evaluations(n_rounds, every) * eval_s
     row.update(jobs=len(jobs), job_rounds=len(jobs) * n_rounds, rounds_timed=rounds, imgsz=uf["train"]["imgsz"],
                local_epochs=paper_epochs, local_epochs_timed=epochs, round_parts=parts,
-               train_workers=train_workers, loader_workers=loader_workers,
+               train_workers=train_workers, loader_workers=loader_workers, image_cache=bool(image_cache),
                train_s_per_round={g: {k: round(v[0], 3) for k, v in r.items()} for g, r in rates.items()},
                eval_s={g: {k: round(v[1], 3) for k, v in r.items()} for g, r in rates.items()},
                untimed_strategies_at_mean=sorted(set(UFR.strategies(uf)) - set(strategies)),

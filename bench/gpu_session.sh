@@ -134,6 +134,11 @@ step "ultraflwr grid cost" "$PY" bench/grid_cost.py --config config/studies/ultr
 step "ultraflwr grid cost, 8 loader workers" "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml \
   --rounds 3 --surgical-epochs 2 --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" --methods FedAvg \
   --yolo-workers 8 --threads "$THREADS" --out "$OUT"
+# the same with every training and validation frame decoded once into IMAGE_CACHE (engine.image_cache; the same
+# samples): what reading the frames from .npy saves where loading bounds the round
+step "ultraflwr grid cost, frame cache" "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml \
+  --rounds 3 --surgical-epochs 2 --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" --methods FedAvg \
+  --image-cache "${IMAGE_CACHE:-$STAND_IN/frames}" --threads "$THREADS" --out "$OUT"
 # fedst: 3 rounds from a cold frame cache. FedST (SERQ on the server too) and FedAvg in two steps: each costs
 # the whole grid at its rate, the upper and the lower bound
 if [ -z "${SURGICAL_DIR:-}" ]; then step "fedst stand-in" bash -c "$WAIT_BUILD" "$STAND_IN" fedst; fi

@@ -748,7 +748,7 @@ def test_threads_log_every_and_download_settings_rerun_nothing(tmp_path):
     b["keep_checkpoints"] = True
     b["resume"] = "restart"
     b["engine"] = {"backend": "ray", "cache_on_device": False, "device_arrays": False, "deterministic": True,
-                   "loader_workers": 4}
+                   "loader_workers": 4, "image_cache": "/elsewhere/frames"}
     pa, pb = _workflow_params(tmp_path, a, "a"), _workflow_params(tmp_path, b, "b")
     assert pa == pb
     assert pa["download"] == {} and all("threads" not in s and "log_every" not in s for s in pa["train"] + pa["ultraflwr"])

@@ -208,7 +208,8 @@ def test_ultraflwr_cost_times_real_local_trainings_on_a_stand_in(tmp_path):
     uf["model"]["weights"] = None
     SI.build(config, tmp_path / "si", 0.01, spec_file=_tiny_spec(tmp_path), jobs=1, log=lambda m: None)
     row = SC.ultraflwr_cost(config, STUDIES / "ultraflwr.yaml", ["FedAvg"], 3, "cpu", 1, tmp_path / "w",
-                            tmp_path / "si", epochs=2)
+                            tmp_path / "si", epochs=2, image_cache=str(tmp_path / "frames"))
+    assert row["image_cache"] and list((tmp_path / "frames").rglob("*.npy"))  # the frames read from the cache
     parts = row["round_parts"]["combined"]["FedAvg"]
     assert parts["clients"] == 3 and parts["client_epoch_s"] > 0 and parts["client_setup_s"] >= 0
     assert parts["train_s"] == pytest.approx(parts["overhead_s"] + 20 * 3 * parts["client_epoch_s"] / row["fraction"],

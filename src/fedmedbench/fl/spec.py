@@ -17,14 +17,14 @@ if TYPE_CHECKING:  # the workflow reads this module while it plans: no torch at 
 
 #: fields that do not change the numbers a run produces
 _NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device",
-               "device_arrays", "deterministic", "loader_workers"}
+               "device_arrays", "deterministic", "loader_workers", "image_cache"}
 #: fields a job's script sets from its Snakemake job and the config, never from ``params:``: they change
 #: how a run executes, not its numbers, so changing them reruns no finished job
 RUNTIME_FIELDS = ("threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device", "device_arrays",
-                  "deterministic", "loader_workers")
+                  "deterministic", "loader_workers", "image_cache")
 RESUME_MODES = ("auto", "restart")
 #: the config's ``engine`` entries a spec takes: how a job runs, never what it computes
-ENGINE_OPTIONS = ("backend", "cache_on_device", "device_arrays", "deterministic", "loader_workers")
+ENGINE_OPTIONS = ("backend", "cache_on_device", "device_arrays", "deterministic", "loader_workers", "image_cache")
 
 
 def engine_options(config: dict[str, Any]) -> dict[str, Any]:
@@ -66,6 +66,10 @@ class RunSpec:
     #: (Ultralytics' validator reads the images in order), threads decoding the segmentation clips ahead of
     #: use (fl/tasks/segmentation.py); the same results either way: speed only, not hashed
     loader_workers: int = 0
+    #: a folder where the detection jobs keep each training and validation frame decoded (.npy, shared by
+    #: every job; fl/tasks/detection/frame_cache.py): the same arrays Ultralytics decodes, so the same
+    #: results without the decode; None = decode every read. Not hashed
+    image_cache: str | None = None
     data_origin: str = "synthetic"
     log_every: int = 1
     eval_every: int = 1

@@ -58,6 +58,13 @@ class DetectionTask(Task):
         self.manifest = read_manifest(spec.partition_path)
         self.work = Path(spec.run_dir).resolve() / "work"
         self.stage = stage_export(spec.partition_path, self.work / "stage")
+        if spec.image_cache:  # training and validation frames, read every epoch (the test sets once an evaluation)
+            from fedmedbench.fl.tasks.detection.frame_cache import link_cached_frames
+
+            folders = [self.stage / f"client_{c['client']}" / split / "images" for c in self.manifest["clients"]
+                       for split in ("train", "val")]
+            link_cached_frames(folders + [self.stage / "pooled" / split / "images" for split in ("train", "val")],
+                               spec.image_cache, workers=max(1, int(spec.threads)))
 
     @classmethod
     def resolve_spec(cls, spec):

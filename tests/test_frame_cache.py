@@ -1,0 +1,149 @@
+"""engine.image_cache: decoded frames shared on disk by the detection jobs, read by Ultralytics' loader
+instead of decoding (the same arrays, so the same samples), written once, atomically, and never stale."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import surgical as F
+
+from fedmedbench.fl import federation as fed
+from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.tasks.detection import frame_cache as FC
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    return F.yolo_setting(tmp_path_factory.mktemp("fc"), 2)
+
+
+def _spec(export: Path, run_dir: Path, cache: Path | None) -> RunSpec:
+    spec = RunSpec(run_dir=str(run_dir), study="ultraflwr", dataset="g", setting="a", method="ultraflwr", seed=0,
+                   partition_path=str(export), sources={}, image_size=64, model="yolo11n.yaml",
+                   train={"rounds": 1, "local_epochs": 1, "batch_size": 4, "lr": 0.01},
+                   method_params={"strategy": "FedAvg"}, task="detection", device="cpu",
+                   image_cache=None if cache is None else str(cache))
+    return fed.resolve_data_shapes(spec)
+
+
+def _samples(train_images: Path, n: int = 12) -> tuple[list[torch.Tensor], int]:
+    """Ultralytics' training samples (mosaic and augmentation on, drawn from a fixed seed) and how many
+    images it decoded for them."""
+    import ultralytics.data.base as base
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data import build_yolo_dataset
+    from ultralytics.data.utils import check_det_dataset
+
+    data = check_det_dataset(str(train_images.parents[1] / "data.yaml"))
+    cfg = get_cfg(overrides={"imgsz": 64, "batch": 4, "workers": 0, "seed": 0, "deterministic": True})
+    dataset = build_yolo_dataset(cfg, str(train_images), 4, data, mode="train")
+    decoded = []
+    real = base.imread
+    base.imread = lambda *a, **k: decoded.append(a[0]) or real(*a, **k)
+    try:
+        random.seed(0)
+        np.random.seed(0)
+        samples = [dataset[i % len(dataset)]["img"] for i in range(n)]
+    finally:
+        base.imread = real
+    return samples, len(decoded)
+
+
+def test_cached_frames_give_ultralytics_the_same_samples_without_decoding_them(export, tmp_path):
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+
+    plain = DetectionTask(_spec(export, tmp_path / "plain", None))
+    cached = DetectionTask(_spec(export, tmp_path / "cached", tmp_path / "frames"))
+    images = plain.stage / "client_0" / "train" / "images"
+    assert not list(images.glob("*.npy"))
+    want, decoded_plain = _samples(images)
+    got, decoded_cached = _samples(cached.stage / "client_0" / "train" / "images")
+    assert decoded_plain > 0 and decoded_cached == 0  # every frame read from its .npy
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    for img in FC.images_in(cached.stage / "client_1" / "val" / "images"):  # Ultralytics' own decode, bit for bit
+        assert np.array_equal(np.load(img.with_suffix(".npy")), FC.decode(img))
+    assert not list((cached.stage / "client_0" / "test" / "images").glob("*.npy"))  # test sets: read once an evaluation
+
+
+def test_a_frame_is_decoded_once_for_every_job_and_stage(export, tmp_path):
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+
+    cache = tmp_path / "frames"
+    first = FC.link_cached_frames([DetectionTask(_spec(export, tmp_path / "a", None)).stage / "client_0" / "train"
+                                   / "images"], cache, workers=2, log=lambda m: None)
+    stage_b = DetectionTask(_spec(export, tmp_path / "b", None)).stage / "client_0" / "train" / "images"
+    again = FC.link_cached_frames([stage_b], cache, log=lambda m: None)
+    assert first.decoded == len(FC.images_in(stage_b)) > 0 and first.bytes_written > 0
+    assert again.decoded == 0 and again.reused == first.decoded and again.bytes_written == 0
+    files = sorted(p for p in cache.rglob("*") if p.is_file())
+    assert len(files) == first.decoded and all(p.suffix == ".npy" for p in files)  # no temporary file left
+    assert all(os.path.realpath(img.with_suffix(".npy")) in {str(f) for f in files} for img in FC.images_in(stage_b))
+    assert dataclasses.replace(_spec(export, tmp_path / "c", None), image_cache=str(cache)).run_hash() == \
+        _spec(export, tmp_path / "c", None).run_hash()  # the same results: not in the run hash
+
+
+def test_a_frame_changed_after_its_file_is_decoded_again(tmp_path):
+    import cv2
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    img = folder / "f.png"
+    for value, when in ((10, 1_600_000_000), (200, 1_700_000_000), (90, 1_000_000_000)):  # the last one dated earlier
+        cv2.imwrite(str(img), np.full((6, 8, 3), value, np.uint8))
+        os.utime(img, (when, when))
+        report = FC.link_cached_frames([folder], tmp_path / "c", log=lambda m: None)
+        assert report.decoded == 1 and int(np.load(img.with_suffix(".npy"))[0, 0, 0]) == value
+        assert img.with_suffix(".npy").stat().st_mtime >= img.stat().st_mtime  # what Ultralytics checks to read it
+    assert FC.link_cached_frames([folder], tmp_path / "c", log=lambda m: None).decoded == 0
+
+
+def test_a_damaged_frame_is_named_and_too_little_disk_caches_nothing(tmp_path, monkeypatch):
+    import cv2
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    cv2.imwrite(str(folder / "a.png"), np.zeros((6, 8, 3), np.uint8))
+    F.garbage(folder / "b.png")
+    with pytest.raises(ValueError, match=r"b\.png: not a readable image"):
+        FC.link_cached_frames([folder], tmp_path / "c", log=lambda m: None)
+    (folder / "b.png").unlink()
+    said = []
+    monkeypatch.setattr(FC.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(100, 90, 10))  # 10 bytes free
+    report = FC.link_cached_frames([folder], tmp_path / "d", log=said.append)
+    assert report.decoded == 0 and report.skipped and "free" in said[0]
+    assert not list(folder.glob("*.npy")) and not [p for p in (tmp_path / "d").rglob("*") if p.is_file()]
+
+
+def test_a_write_that_fails_leaves_no_file(tmp_path, monkeypatch):
+    def broken(fh, array, allow_pickle):
+        fh.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(FC.np, "save", broken)
+    with pytest.raises(OSError, match="disk full"):
+        FC.write_npy(tmp_path / "x" / "f.npy", np.zeros(3))
+    assert not [p for p in (tmp_path / "x").iterdir()]
+
+
+def test_the_loading_bench_draws_the_same_samples_both_ways(export, tmp_path, monkeypatch):
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import yolo_loading
+
+    (tmp_path / "sd" / "yolo").mkdir(parents=True)
+    (tmp_path / "sd" / "yolo" / "g").symlink_to(export.parents[1])  # <dir>/yolo/<group>/<setting>/manifest.json
+    monkeypatch.setattr(sys, "argv", ["yolo_loading.py", "--surgical-dir", str(tmp_path / "sd"), "--group", "g",
+                                      "--setting", "a", "--samples", "8", "--imgsz", "64", "--out", str(tmp_path / "r")])
+    yolo_loading.main()
+    row = json.loads((tmp_path / "r").read_text())
+    assert row["same_samples"] and row["frames"] > 0 and row["decode_ms_per_sample"] > 0
+    assert row["cache_bytes_per_frame"] == 48 * 64 * 3 + 128  # one BGR frame and the .npy header
