@@ -79,11 +79,15 @@ def test_a_frame_is_decoded_once_for_every_job_and_stage(export, tmp_path):
     first = FC.link_cached_frames([DetectionTask(_spec(export, tmp_path / "a", None)).stage / "client_0" / "train"
                                    / "images"], cache, workers=2, log=lambda m: None)
     stage_b = DetectionTask(_spec(export, tmp_path / "b", None)).stage / "client_0" / "train" / "images"
-    again = FC.link_cached_frames([stage_b], cache, log=lambda m: None)
+    pooled_b = stage_b.parents[2] / "pooled" / "train" / "images"  # the clients' frames again
+    again = FC.link_cached_frames([stage_b, pooled_b], cache, log=lambda m: None)
+    assert again.decoded == len(FC.images_in(pooled_b)) - len(FC.images_in(stage_b))  # the other clients' only
     assert first.decoded == len(FC.images_in(stage_b)) > 0 and first.bytes_written > 0
-    assert again.decoded == 0 and again.reused == first.decoded and again.bytes_written == 0
+    assert again.reused == first.decoded
     files = sorted(p for p in cache.rglob("*") if p.is_file())
-    assert len(files) == first.decoded and all(p.suffix == ".npy" for p in files)  # no temporary file left
+    assert len(files) == len(FC.images_in(pooled_b)) and all(p.suffix == ".npy" for p in files)  # no temporary file
+    last = FC.link_cached_frames([stage_b, pooled_b], cache, log=lambda m: None)
+    assert last.decoded == 0 and last.bytes_written == 0 and last.reused == len(files)
     assert all(os.path.realpath(img.with_suffix(".npy")) in {str(f) for f in files} for img in FC.images_in(stage_b))
     assert dataclasses.replace(_spec(export, tmp_path / "c", None), image_cache=str(cache)).run_hash() == \
         _spec(export, tmp_path / "c", None).run_hash()  # the same results: not in the run hash

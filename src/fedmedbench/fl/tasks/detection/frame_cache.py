@@ -98,12 +98,15 @@ def link_cached_frames(folders: Iterable[Path], cache: str | Path, workers: int 
     for the frames still to decode, nothing is written and the job decodes as usual (said in the log)."""
     cache = Path(cache).resolve()
     cache.mkdir(parents=True, exist_ok=True)
-    images = [img for folder in folders for img in images_in(Path(folder))]
+    links = {img: cached_path(cache, img) for folder in folders for img in images_in(Path(folder))}
+    frames: dict[Path, Path] = {}  # shared file -> one image of it (a frame staged in several folders: once)
+    for img, npy in links.items():
+        frames.setdefault(npy, img)
     report = CacheReport()
-    todo = [img for img in images if not cached_path(cache, img).exists()]
-    report.reused = len(images) - len(todo)
+    todo = [(npy, img) for npy, img in frames.items() if not npy.exists()]
+    report.reused = len(frames) - len(todo)
     if todo:
-        first = decode(todo[0])
+        first = decode(todo[0][1])
         need = first.nbytes * len(todo) * (1 + DISK_MARGIN)
         free = shutil.disk_usage(cache).free
         if need > free:
@@ -112,16 +115,15 @@ def link_cached_frames(folders: Iterable[Path], cache: str | Path, workers: int 
             log(f"image cache: {report.skipped}")
             todo = []
         else:
-            report.bytes_written += write_npy(cached_path(cache, todo[0]), first)
+            report.bytes_written += write_npy(todo[0][0], first)
 
-            def store(img: Path) -> int:
-                return write_npy(cached_path(cache, img), decode(img))
+            def store(item: tuple[Path, Path]) -> int:
+                return write_npy(item[0], decode(item[1]))
 
             with ThreadPoolExecutor(max(1, int(workers))) as pool:  # OpenCV decodes without the GIL
                 report.bytes_written += sum(pool.map(store, todo[1:]))
             report.decoded = len(todo)
-    for img in images:
-        npy = cached_path(cache, img)
+    for img, npy in links.items():
         if npy.exists():
             _link(img.with_suffix(".npy"), npy)
     if todo:
