@@ -66,7 +66,7 @@ class RunSpec:
     #: (Ultralytics' validator reads the images in order), threads decoding the segmentation clips ahead of
     #: use (fl/tasks/segmentation.py); the same results either way: speed only, not hashed
     loader_workers: int = 0
-    #: a folder where the detection jobs keep each training and validation frame decoded (.npy, shared by
+    #: a folder where the detection jobs keep every frame they read decoded (.npy, shared by
     #: every job; fl/tasks/detection/frame_cache.py): the same arrays Ultralytics decodes, so the same
     #: results without the decode; None = decode every read. Not hashed
     image_cache: str | None = None

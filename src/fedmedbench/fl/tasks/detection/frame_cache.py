@@ -4,7 +4,7 @@ Ultralytics' loader reads ``<image>.npy`` instead of decoding ``<image>`` when t
 not older than the image (the files of its ``cache='disk'``): the same array as decoding, so the same
 training batches and validation scores, without the decode (about half of a training sample's
 loading on the study's frames; docs/benchmarks.md). A job's stage (``staging.py``) holds symlinks to
-the exported frames; here each training and validation frame is decoded once into one folder shared
+the exported frames; here each frame (training, validation, test) is decoded once into one folder shared
 by all jobs, keyed by the frame's resolved path, size and modification time, and the stage gets a
 ``<name>.npy`` symlink to it. A frame read by several settings, clients or jobs is decoded and stored
 once. Each file is written under a temporary name and renamed, so a job never reads a partial one; a

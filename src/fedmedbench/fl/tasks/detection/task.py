@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fedmedbench.fl.tasks.base import Task, register_task
-from fedmedbench.fl.tasks.detection.staging import read_manifest, stage_export
+from fedmedbench.fl.tasks.detection.staging import POOLED_SPLITS, SPLITS, read_manifest, stage_export
 
 EVAL_DEFAULTS = {"eval_batch": 16, "conf": 0.001, "iou": 0.7, "rect": True}
 
@@ -58,12 +58,12 @@ class DetectionTask(Task):
         self.manifest = read_manifest(spec.partition_path)
         self.work = Path(spec.run_dir).resolve() / "work"
         self.stage = stage_export(spec.partition_path, self.work / "stage")
-        if spec.image_cache:  # training and validation frames, read every epoch (the test sets once an evaluation)
+        if spec.image_cache:  # every frame the job reads: each training epoch, validation and evaluation
             from fedmedbench.fl.tasks.detection.frame_cache import link_cached_frames
 
             folders = [self.stage / f"client_{c['client']}" / split / "images" for c in self.manifest["clients"]
-                       for split in ("train", "val")]
-            link_cached_frames(folders + [self.stage / "pooled" / split / "images" for split in ("train", "val")],
+                       for split in SPLITS]
+            link_cached_frames(folders + [self.stage / "pooled" / split / "images" for split in POOLED_SPLITS],
                                spec.image_cache, workers=max(1, int(spec.threads)))
 
     @classmethod
