@@ -109,17 +109,24 @@ def test_a_frame_changed_after_its_file_is_decoded_again(tmp_path):
     assert FC.link_cached_frames([folder], tmp_path / "c", log=lambda m: None).decoded == 0
 
 
-def test_a_damaged_frame_is_named_and_too_little_disk_caches_nothing(tmp_path, monkeypatch):
+def test_a_damaged_frame_is_named_and_left_to_ultralytics_and_too_little_disk_caches_nothing(tmp_path, monkeypatch):
+    """A frame that does not decode is read as without the cache (Ultralytics skips or names it as usual)."""
     import cv2
 
     folder = tmp_path / "images"
     folder.mkdir()
     cv2.imwrite(str(folder / "a.png"), np.zeros((6, 8, 3), np.uint8))
     F.garbage(folder / "b.png")
-    with pytest.raises(ValueError, match=r"b\.png: not a readable image"):
-        FC.link_cached_frames([folder], tmp_path / "c", log=lambda m: None)
+    said: list[str] = []
+    report = FC.link_cached_frames([folder], tmp_path / "c", log=said.append)
+    assert report.decoded == 1 and len(report.unreadable) == 1 and "b.png: not a readable image" in said[-1]
+    assert (folder / "a.npy").exists() and not (folder / "b.npy").exists()
     (folder / "b.png").unlink()
-    said = []
+    (folder / "a.npy").unlink()
+    with pytest.raises(OSError, match=r"engine.image_cache: cannot make the folder .*not_a_folder"):
+        (tmp_path / "not_a_folder").write_text("")
+        FC.link_cached_frames([folder], tmp_path / "not_a_folder", log=said.append)
+    said.clear()
     monkeypatch.setattr(FC.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(100, 90, 10))  # 10 bytes free
     report = FC.link_cached_frames([folder], tmp_path / "d", log=said.append)
     assert report.decoded == 0 and report.skipped and "free" in said[0]
@@ -127,8 +134,8 @@ def test_a_damaged_frame_is_named_and_too_little_disk_caches_nothing(tmp_path, m
 
 
 def test_a_write_that_fails_leaves_no_file(tmp_path, monkeypatch):
-    def broken(fh, array, allow_pickle):
-        fh.write(b"partial")
+    def broken(path, array, allow_pickle):
+        Path(path).write_bytes(b"partial")
         raise OSError("disk full")
 
     monkeypatch.setattr(FC.np, "save", broken)

@@ -19,10 +19,12 @@ import shutil
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from fedmedbench import io
 
 #: image suffixes the exports hold (Ultralytics reads these; it lists no .npy as an image)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
@@ -38,6 +40,7 @@ class CacheReport:
     reused: int = 0
     bytes_written: int = 0
     skipped: str = ""  # why nothing was written (too little free disk), else empty
+    unreadable: list[str] = field(default_factory=list)  # frames that did not decode (not cached), with why
 
 
 def decode(image: Path) -> np.ndarray:
@@ -65,15 +68,9 @@ def cached_path(cache: Path, image: Path) -> Path:
 
 
 def write_npy(path: Path, array: np.ndarray) -> int:
-    """``np.save`` to a temporary name beside ``path``, then rename: readers see no file or all of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            np.save(fh, array, allow_pickle=False)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """``np.save`` through ``io.atomic_path``: readers see no file or all of it; its size in bytes."""
+    with io.atomic_path(path) as tmp:
+        np.save(tmp, array, allow_pickle=False)
     return path.stat().st_size
 
 
@@ -91,13 +88,29 @@ def images_in(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
 
 
+def frame_bytes(image: Path) -> int:
+    """Bytes of ``image`` decoded (3 channels), from its header; 0 where the header does not open."""
+    from PIL import Image
+
+    try:
+        with Image.open(image) as im:
+            width, height = im.size
+    except Exception:  # any decoder's error (Ultralytics' PIL plugins raise their own)
+        return 0
+    return width * height * 3
+
+
 def link_cached_frames(folders: Iterable[Path], cache: str | Path, workers: int = 1,
                        log: Callable[[str], None] = print) -> CacheReport:
     """Give every image of ``folders`` (a stage's ``<split>/images``) a ``<name>.npy`` link to its decoded
     frame in ``cache``, decoding the frames not there yet (``workers`` threads). With too little free disk
-    for the frames still to decode, nothing is written and the job decodes as usual (said in the log)."""
+    for the frames still to decode, nothing is written; a frame that does not decode is not cached. Either
+    way the job reads those frames as it would without the cache (said in the log)."""
     cache = Path(cache).resolve()
-    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OSError(f"engine.image_cache: cannot make the folder {cache} ({err})") from err
     links = {img: cached_path(cache, img) for folder in folders for img in images_in(Path(folder))}
     frames: dict[Path, Path] = {}  # shared file -> one image of it (a frame staged in several folders: once)
     for img, npy in links.items():
@@ -106,8 +119,8 @@ def link_cached_frames(folders: Iterable[Path], cache: str | Path, workers: int 
     todo = [(npy, img) for npy, img in frames.items() if not npy.exists()]
     report.reused = len(frames) - len(todo)
     if todo:
-        first = decode(todo[0][1])
-        need = first.nbytes * len(todo) * (1 + DISK_MARGIN)
+        per_frame = next((b for b in (frame_bytes(img) for _, img in todo) if b), 0)
+        need = per_frame * len(todo) * (1 + DISK_MARGIN)
         free = shutil.disk_usage(cache).free
         if need > free:
             report.skipped = (f"{len(todo)} frames need about {need / 2**30:.1f} GiB, {cache} has "
@@ -115,18 +128,25 @@ def link_cached_frames(folders: Iterable[Path], cache: str | Path, workers: int 
             log(f"image cache: {report.skipped}")
             todo = []
         else:
-            report.bytes_written += write_npy(todo[0][0], first)
-
             def store(item: tuple[Path, Path]) -> int:
-                return write_npy(item[0], decode(item[1]))
+                try:
+                    array = decode(item[1])
+                except ValueError as err:  # Ultralytics skips or names such a frame itself, as without the cache
+                    report.unreadable.append(str(err))
+                    return 0
+                return write_npy(item[0], array)
 
             with ThreadPoolExecutor(max(1, int(workers))) as pool:  # OpenCV decodes without the GIL
-                report.bytes_written += sum(pool.map(store, todo[1:]))
-            report.decoded = len(todo)
+                report.bytes_written = sum(pool.map(store, todo))
+            report.decoded = len(todo) - len(report.unreadable)
+            report.unreadable.sort()
     for img, npy in links.items():
         if npy.exists():
             _link(img.with_suffix(".npy"), npy)
     if todo:
         log(f"image cache: {report.decoded} frames decoded into {cache} ({report.bytes_written / 2**30:.2f} GiB), "
             f"{report.reused} already there")
+    if report.unreadable:
+        log(f"image cache: {len(report.unreadable)} frames not cached (read as without the cache); "
+            f"first: {report.unreadable[0]}")
     return report
