@@ -144,8 +144,9 @@ def _missing(path: Path, target: Path, study: str, config_path: Path) -> SystemE
 
 
 def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, rounds: int, device: str, threads: int,
-               workdir: Path, surgical: Path, workers: int | None = None) -> dict[str, Any]:
-    """``workers``: threads decoding clips ahead of use (default: the config's ``engine.loader_workers``)."""
+               workdir: Path, surgical: Path, workers: int | None = None, image_cache: str | None = None) -> dict[str, Any]:
+    """``workers``: threads decoding clips ahead of use (default: the config's ``engine.loader_workers``);
+    ``image_cache``: the decoded clips kept in this folder (``engine.image_cache``; default: the config's)."""
     from fedmedbench.studies.fedst import runs as FS
 
     cfg = config["fedst"]
@@ -164,18 +165,21 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
     timed = [m for m in (methods or ["fedst"]) if m in cfg["methods"]] or list(cfg["methods"][:1])
     rates: dict[str, tuple[float, float]] = {}
     workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)
+    image_cache = image_cache or config["engine"].get("image_cache")
     row: dict[str, Any] = {"bench": "grid_cost", "study": "fedst", "device": device, "surgical_dir": str(surgical),
-                           **label, "loader_workers": workers, "cache_mb": cache_mb}
+                           **label, "loader_workers": workers, "cache_mb": cache_mb, "image_cache": bool(image_cache)}
     pre_s = 0.0
     if cfg["pretrain"].get("enabled", True):  # first: a few steps, so a failure costs no method's timing
-        per_step = pretrain_step_s(timed_cfg, str(clips), device, workdir, workers=workers)  # no weight files, as the jobs
+        per_step = pretrain_step_s(timed_cfg, str(clips), device, workdir, workers=workers,  # no weight files, as the jobs
+                                   image_cache=image_cache)
         pre_s = per_step * int(cfg["pretrain"]["steps"]) * len(cfg["seeds"])
         row["pretrain_s_per_step"] = round(per_step, 4)
     for method in timed:
         d = FS.run_spec(timed_cfg, "main", method, 0, str(clips), str(workdir / f"fedst-{method}"), None, device, threads,
                         "timing")
         with steps_clock():
-            train_s, eval_s, how = split_rounds(time_spec(RunSpec.from_dict({**d, "loader_workers": workers})))
+            train_s, eval_s, how = split_rounds(time_spec(RunSpec.from_dict({**d, "loader_workers": workers,
+                                                                             "image_cache": image_cache})))
         rates[method] = (train_s, eval_s / label["test_fraction"])  # training is a fixed number of steps
         row["split"] = how
     mean = tuple(float(np.mean([r[i] for r in rates.values()])) for i in (0, 1))
@@ -198,7 +202,8 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
     return row
 
 
-def pretrain_step_s(cfg: dict, clips: str, device: str, workdir: Path, steps: int = 5, workers: int = 0) -> float:
+def pretrain_step_s(cfg: dict, clips: str, device: str, workdir: Path, steps: int = 5, workers: int = 0,
+                    image_cache: str | None = None) -> float:
     """Seconds per synthetic pre-training step (the training time the pre-trained file records)."""
     from fedmedbench.studies.fedst import runs as FS
     from fedmedbench.studies.fedst.pretrain import pretrain
@@ -206,7 +211,7 @@ def pretrain_step_s(cfg: dict, clips: str, device: str, workdir: Path, steps: in
     params = {**FS.pretrain_params(cfg, clips), "steps": steps, "enabled": True}
     params["indicator"] = {**params["indicator"], "kind": "onehot"} if params["indicator"]["kind"] == "clip" else params["indicator"]
     out = workdir / "pretrained.pt"
-    pretrain(params, 0, out, device, log=lambda m: None, loader_workers=workers)
+    pretrain(params, 0, out, device, log=lambda m: None, loader_workers=workers, image_cache=image_cache)
     return float(torch.load(out, weights_only=True)["_pretrain_s"]) / steps
 
 

@@ -5,7 +5,9 @@ clips at 480x480 are about 21 GB, the cache 4 GB). ``--compute-ms`` stands for t
 GPU: the loop waits that long after taking each batch, so the threads decode while it "trains"; a step
 then costs max(compute, data not hidden). ``--metrics`` also times the evaluation's scores of a frame
 (Dice, IoU, HD95, ASSD of every part, on the CPU) on the site's test masks against the masks shifted 5 px,
-in as many threads.
+in as many threads. ``--image-cache DIR`` times each site twice with the decoded clips kept in DIR
+(``engine.image_cache``): once writing them (a cold store), once reading them back (what every later
+step, round and job reads).
 
     python bench/clip_loading.py --clips /tmp/fedmedbench-stand-in/fedst/clips --site A C --steps 40 \
         --workers 0 2 4 --compute-ms 0 60 [--out bench/results.jsonl]
@@ -36,8 +38,8 @@ from fedmedbench.segmetrics import SegmentationMeter  # noqa: E402
 
 
 def time_site(clips: Path, site: str, steps: int, workers: int, compute_ms: float, size: tuple[int, int],
-              batch: int = 2, frames: int = 4) -> dict:
-    data = load_clipset(clips, site, "train", frames, size, FrameCache(0, workers))
+              batch: int = 2, frames: int = 4, disk: Path | None = None) -> dict:
+    data = load_clipset(clips, site, "train", frames, size, FrameCache(0, workers, disk))
     if len(data) < batch:
         raise SystemExit(f"{clips}: site {site} has {len(data)} training clips, fewer than a batch of {batch}")
     distinct = sum(len(set(p)) for p in data.clip_paths) / len(data)
@@ -55,7 +57,7 @@ def time_site(clips: Path, site: str, steps: int, workers: int, compute_ms: floa
     per_step = (time.perf_counter() - t0) / steps
     return {"bench": "clip_loading", "site": site, "clips": len(data), "distinct_frames_per_clip": round(distinct, 2),
             "input_size": list(size), "batch": batch, "steps": steps, "loader_workers": workers,
-            "compute_ms": compute_ms, "ms_per_step": round(per_step * 1000, 1),
+            "compute_ms": compute_ms, "image_cache": disk is not None, "ms_per_step": round(per_step * 1000, 1),
             "data_ms_not_hidden": round(max(0.0, per_step * 1000 - compute_ms), 1)}
 
 
@@ -88,11 +90,20 @@ def main() -> None:
     ap.add_argument("--size", type=int, nargs=2, default=[480, 480])
     ap.add_argument("--threads", type=int, default=2, help="torch threads (the job's)")
     ap.add_argument("--metrics", action="store_true", help="also time the evaluation's per-frame scores")
+    ap.add_argument("--image-cache", type=Path, help="also time the steps writing, then reading, decoded clips here")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     limit_threads(args.threads)
     rows = [time_site(args.clips, site, args.steps, w, c, tuple(args.size))
             for site in args.site for c in args.compute_ms for w in args.workers]
+    if args.image_cache:
+        for site in args.site:
+            for c in args.compute_ms:
+                for w in args.workers:
+                    store = args.image_cache / f"{site}-{w}-{c:g}"  # each timing from a cold store
+                    for phase in ("write", "read"):
+                        rows.append({**time_site(args.clips, site, args.steps, w, c, tuple(args.size), disk=store),
+                                     "image_cache": phase})
     if args.metrics:
         rows += [time_metrics(args.clips, site, tuple(args.size), w) for site in args.site for w in args.workers]
     emit(rows, args.out)

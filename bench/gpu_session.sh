@@ -146,6 +146,11 @@ step "fedst grid cost, FedAvg" "$PY" bench/grid_cost.py --config config/studies/
   --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods seg_fedavg --threads "$THREADS" --out "$OUT"
 step "fedst grid cost, FedST" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
   --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods fedst --threads "$THREADS" --out "$OUT"
+# FedAvg again with each clip decoded once into IMAGE_CACHE (engine.image_cache; the same results): the rounds after
+# the first read every clip from disk
+step "fedst grid cost, FedAvg, clip cache" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
+  --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods seg_fedavg --image-cache "${IMAGE_CACHE:-$STAND_IN/frames}" \
+  --threads "$THREADS" --out "$OUT"
 # one round of 3 local epochs per method, the training centre's client holding most of PathMNIST's 89,996
 # training images (the center scheme keeps a validation and a test share of them): the longest step
 step "gpaf pathmnist grid cost" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf_pathmnist \

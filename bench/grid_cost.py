@@ -162,7 +162,8 @@ def main() -> None:
                     help="ultraflwr: dataloader workers of local training (ultraflwr.train.workers) and of the "
                          "evaluation (engine.loader_workers); default: the config's")
     ap.add_argument("--image-cache", type=Path,
-                    help="ultraflwr: keep the decoded frames in this folder (engine.image_cache); default: the config's")
+                    help="fedst, ultraflwr: keep the decoded clips or frames in this folder (engine.image_cache); "
+                         "default: the config's")
     ap.add_argument("--loader-workers", type=int,
                     help="fedst: threads decoding clips ahead of use (engine.loader_workers); default: the config's")
     ap.add_argument("--waiting-steps", action="store_true",
@@ -194,9 +195,9 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
         for name, cost in (("fedst", fedst_cost), ("ultraflwr", ultraflwr_cost)):
             if not has_runs[name] or (args.study and name not in args.study):
                 continue
-            extra = ({"epochs": args.surgical_epochs, "workers": args.yolo_workers,
-                      "image_cache": str(args.image_cache.resolve()) if args.image_cache else None} if name == "ultraflwr"
-                     else {"workers": args.loader_workers})
+            cache = str(args.image_cache.resolve()) if args.image_cache else None
+            extra = ({"epochs": args.surgical_epochs, "workers": args.yolo_workers, "image_cache": cache} if name == "ultraflwr"
+                     else {"workers": args.loader_workers, "image_cache": cache})
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
                 row = cost(config, path, args.methods, args.rounds, device, args.threads, Path(tmp), surgical, **extra)
             yield row

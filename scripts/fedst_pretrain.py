@@ -10,5 +10,6 @@ with log_to(snakemake.log[0]) as log:
     for name, digest in weights.verify_manifests(snakemake.input.weights).items():
         log(f"weights {name}: sha256 {digest} (verified against its manifest)")
     pretrain(dict(snakemake.params.pre), int(snakemake.wildcards.seed), snakemake.output[0],
-             device=snakemake.params.device, log=log, loader_workers=int(snakemake.config["engine"].get("loader_workers", 0)))
+             device=snakemake.params.device, log=log, loader_workers=int(snakemake.config["engine"].get("loader_workers", 0)),
+             image_cache=snakemake.config["engine"].get("image_cache"))
     log("done")

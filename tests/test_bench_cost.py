@@ -89,7 +89,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     ran = calls.read_text().splitlines()
     stand_ins = [c for c in ran if "surgical_stand_in.py" in c]  # built in the background from the start
     steps = [c for c in ran if c not in stand_ins]
-    assert len(stand_ins) == 2 and len(steps) == 18 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
+    assert len(stand_ins) == 2 and len(steps) == 19 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
     assert "tests/test_cuda.py tests/test_device_arrays.py" in steps[0]
     src = str(GPU_SESSION.parents[1] / "src")
     assert all(p.split(":")[0] == src for p in (tmp_path / "paths").read_text().splitlines())  # this tree's package
@@ -102,23 +102,25 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
         assert f"--out {tmp_path / 'si' / study}" in ran[build]
         assert (tmp_path / "si" / f"{study}.rc").read_text().strip() == "0"
         timed = [i for i, c in enumerate(ran) if f"{study}.yaml" in c and "grid_cost.py" in c]
-        assert len(timed) == {"fedst": 2, "ultraflwr": 3}[study] and min(timed) > build
+        assert len(timed) == 3 and min(timed) > build
         assert all(f"--surgical-dir {tmp_path / 'si' / study}" in ran[i] for i in timed)
     assert "--fraction 0.02" in next(c for c in stand_ins if "ultraflwr.yaml" in c)
     assert "--test-fraction 0.1" in next(c for c in stand_ins if "fedst.yaml" in c)
     assert "--study gpaf_pathmnist" in steps[-2] and "--waiting-steps" not in steps[-2]
     assert "--study gpaf_pathmnist" in steps[-1] and "--methods fedavg --waiting-steps" in steps[-1]
-    assert "--methods seg_fedavg " in steps[-4] and "--methods fedst " in steps[-3]  # the lower and the upper bound
-    assert "--surgical-epochs 2" in steps[-7] and "--yolo-workers" not in steps[-7] and "--image-cache" not in steps[-7]
-    assert "--yolo-workers 8" in steps[-6]
-    assert f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-5] and "--yolo-workers" not in steps[-5]
+    assert "--methods seg_fedavg " in steps[-5] and "--methods fedst " in steps[-4]  # the lower and the upper bound
+    assert "--image-cache" not in steps[-5] + steps[-4]
+    assert "--methods seg_fedavg " in steps[-3] and f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-3]
+    assert "--surgical-epochs 2" in steps[-8] and "--yolo-workers" not in steps[-8] and "--image-cache" not in steps[-8]
+    assert "--yolo-workers 8" in steps[-7]
+    assert f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-6] and "--yolo-workers" not in steps[-6]
     waiting = [c for c in ran if "--waiting-steps" in c]  # each before/after right after its after side
     assert len(waiting) == 2 and ran[ran.index(waiting[0]) - 1].startswith("bench/engine_overhead.py")
     assert "FAILED" not in done.stdout.split("== summary")[1]
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
     assert done.returncode == 1 and "FAILED (rc 3)" in done.stdout
-    assert len(calls.read_text().splitlines()) == 20  # the failure stopped no later step
+    assert len(calls.read_text().splitlines()) == 21  # the failure stopped no later step
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="ultraflwr.yaml --out", steps="ultraflwr")
     ran = calls.read_text().splitlines()  # a failed build fails its step, and the timings that read it run and fail
@@ -128,7 +130,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     done = _run_session(tmp_path, str(fake), steps="grid cost", SURGICAL_DIR=str(tmp_path / "real"))
     ran = calls.read_text().splitlines()  # the real videos' exports: no stand-in, both grids read them
     assert done.returncode == 0 and not [c for c in ran if "surgical_stand_in.py" in c]
-    assert sum(f"--surgical-dir {tmp_path / 'real'}" in c for c in ran) == 5
+    assert sum(f"--surgical-dir {tmp_path / 'real'}" in c for c in ran) == 6
     calls.unlink()
     done = _run_session(tmp_path, str(fake), steps="CUDA tests|pathmnist")  # a part of the session
     ran = calls.read_text().splitlines()

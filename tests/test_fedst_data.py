@@ -217,3 +217,34 @@ def test_local_training_gives_the_same_weights_and_loss_with_decode_workers(tmp_
         runs.append((mean, {k: v.clone() for k, v in model.state_dict().items()}))
     assert runs[0][0] == runs[1][0]
     assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
+
+
+def test_clips_kept_on_disk_give_the_decoded_bits_to_every_later_cache_without_decoding(tmp_path, monkeypatch):
+    """engine.image_cache: a clip's entry holds what decoding made of it; a fresh cache (another job) reads it with
+    no image opened; a damaged entry is decoded and written again; a replaced frame gets its own entry."""
+    clips = []
+    for c, names in enumerate((["a.png", "a.png", "b.png"], ["a.png", "b.png", "c.png"])):  # repeats (2 Hz), none
+        (tmp_path / f"c{c}").mkdir()
+        clips.append(_frames_on_disk(tmp_path / f"c{c}", names, h=24, w=32))
+
+    def clipset(disk=None):
+        return ClipSet([c[0] for c in clips], [c[1] for c in clips], "site", (12, 16), FrameCache(0, disk=disk))
+
+    def same(a, b):
+        return all(torch.equal(x, y) and x.dtype == y.dtype for p, q in zip(a, b, strict=True) for x, y in zip(p, q, strict=True))
+
+    want = [clipset().item(i) for i in range(2)]
+    store = tmp_path / "store"
+    assert same([clipset(store).item(i) for i in range(2)], want)
+    entries = sorted(store.rglob("*.npz"))
+    assert len(entries) == 2 and len([p for p in store.rglob("*") if p.is_file()]) == 2  # no temporary file left
+    opened = []
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
+    assert same([clipset(store).item(i) for i in range(2)], want) and opened == []
+    entries[0].write_bytes(b"not an npz")
+    assert same([clipset(store).item(i) for i in range(2)], want) and opened  # decoded again
+    assert all(np.load(e)["frames"].dtype == np.uint8 for e in entries)  # and written again
+    monkeypatch.undo()
+    Image.fromarray(np.zeros((24, 32, 3), np.uint8)).save(clips[1][0][2])  # c.png replaced
+    assert int(clipset(store).item(1)[0][2].max()) == 0 and len(list(store.rglob("*.npz"))) == 3

@@ -164,27 +164,35 @@ def test_fedst_with_serq_updates_its_server_state_and_broadcasts_shared_only(cli
 
 def test_a_run_with_clips_decoded_ahead_in_threads_is_the_run_without(clips, tmp_path):
     """engine.loader_workers (not hashed): the sites' steps, SERQ's synthetic batches and the evaluation read
-    their clips in 3 threads, ahead of use; weights and metric rows are the same bits as reading on demand."""
+    their clips in 3 threads, ahead of use; engine.image_cache (not hashed) keeps them decoded on disk, written by
+    one run and read by the next: weights and metric rows are the same bits as reading on demand."""
     from dataclasses import replace
 
     from fedmedbench.fl.methods import fedst as fedst_method
 
     runs = []
-    for workers in (0, 3):
-        spec = replace(make_spec(clips, tmp_path / str(workers), "fedst"), loader_workers=workers)
+    store = tmp_path / "store"
+    for workers, cache in ((0, None), (3, None), (0, str(store)), (2, str(store))):  # the store: written, then read
+        spec = replace(make_spec(clips, tmp_path / f"{workers}-{bool(cache)}", "fedst"), loader_workers=workers,
+                       image_cache=cache)
         fedst_method._SERVER_CLIPS.clear()
         state = fed.Federation(spec, log=lambda m: None).run(fed.InProcessTransport(spec))
         runs.append((state, state.rows + state.client_rows))
-    assert fedst_method._SERVER_CLIPS and all(c.cache.workers == 3 for c in fedst_method._SERVER_CLIPS.values())
-    (a, rows_a), (b, rows_b) = runs
-    assert set(a.arrays) == set(b.arrays) and all(np.array_equal(a.arrays[k], b.arrays[k]) for k in a.arrays)
+        if workers == 3:
+            assert fedst_method._SERVER_CLIPS and all(c.cache.workers == 3 for c in fedst_method._SERVER_CLIPS.values())
+    # engine.image_cache: the sites' and SERQ's clips kept decoded on disk for every job
+    assert all(c.cache.store.folder == store for c in fedst_method._SERVER_CLIPS.values())
+    assert len(list(store.rglob("*.npz"))) > sum(len(c) for c in fedst_method._SERVER_CLIPS.values())  # sites' too
+    a, rows_a = runs[0]
 
     def numbers(rows):  # every column but the wall clock (NaN == NaN as text)
         return json.dumps([{k: v for k, v in r.items() if k != "elapsed_s"} for r in rows])
 
-    assert numbers(rows_a) == numbers(rows_b) and any("local_dice" in r for r in rows_a)
+    for b, rows_b in runs[1:]:
+        assert set(a.arrays) == set(b.arrays) and all(np.array_equal(a.arrays[k], b.arrays[k]) for k in a.arrays)
+        assert numbers(rows_a) == numbers(rows_b) and any("local_dice" in r for r in rows_a)
     spec = make_spec(clips, tmp_path, "fedst")
-    assert spec.run_hash() == replace(spec, loader_workers=3).run_hash()
+    assert spec.run_hash() == replace(spec, loader_workers=3, image_cache=str(store)).run_hash()
 
 
 def test_local_train_sends_nothing_and_fedavg_sends_everything(clips, tmp_path):
@@ -698,7 +706,8 @@ def test_serq_moving_average_and_which_model_each_step_trains(clips):
             "indicator": {"kind": "onehot", "dim": 8}, "loss": {"dice_weight": 0.3}, "input_size": [32, 32]}
 
     def run(cfg, state):
-        ctx = SimpleNamespace(seed=0, rnd=2, device=torch.device("cpu"), state=state, new_model=new_model, loader_workers=0)
+        ctx = SimpleNamespace(seed=0, rnd=2, device=torch.device("cpu"), state=state, new_model=new_model, loader_workers=0,
+                              image_cache=None)
         return serq_round(ctx, dict(gamma), cfg), ctx.state
 
     prev = torch.zeros(1)
@@ -736,7 +745,7 @@ def _tiny_server(clips, **over):
     cfg = {**SERQ_DEFAULTS, "clips_root": str(clips), "site": "sim", "num_frames": 4, "steps": 2, "probe": 2,
            "indicator": {"kind": "onehot", "dim": 8}, "loss": {"dice_weight": 0.3}, "input_size": [32, 32], **over}
     return cfg, new_model, lambda state: SimpleNamespace(seed=0, rnd=1, device=torch.device("cpu"), state=state,
-                                                         new_model=new_model, loader_workers=0)
+                                                         new_model=new_model, loader_workers=0, image_cache=None)
 
 
 def test_fig5_server_finetuning_is_plain_segmentation_loss_on_synthetic_batches(clips):

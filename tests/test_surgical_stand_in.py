@@ -175,6 +175,11 @@ def test_fedst_cost_scales_an_evaluation_by_the_test_fraction_only(monkeypatch, 
     row = SC.fedst_cost(config, STUDIES / "fedst.yaml", ["fedst"], 4, "cpu", 1, tmp_path / "w", surgical)
     assert specs[2].task_params["cache_mb"] == row["cache_mb"] == 1024
     assert row["train_s_per_round"] == {"fedst": 2.0}  # the same fixed steps: not scaled by the fraction
+    # the decoded clips on disk (engine.image_cache) when asked for: the config's (none) or the bench's folder
+    assert specs[0].image_cache is None and not row["image_cache"]
+    row = SC.fedst_cost(config, STUDIES / "fedst.yaml", ["fedst"], 4, "cpu", 1, tmp_path / "w", surgical,
+                        image_cache=str(tmp_path / "clips-on-disk"))
+    assert specs[3].image_cache == str(tmp_path / "clips-on-disk") and row["image_cache"]
 
 
 def test_steps_clock_logs_each_local_segmentation_training_and_then_lets_go(monkeypatch):
@@ -212,8 +217,9 @@ def test_ultraflwr_cost_times_real_local_trainings_on_a_stand_in(tmp_path):
     assert row["image_cache"] and list((tmp_path / "frames").rglob("*.npy"))  # the frames read from the cache
     parts = row["round_parts"]["combined"]["FedAvg"]
     assert parts["clients"] == 3 and parts["client_epoch_s"] > 0 and parts["client_setup_s"] >= 0
+    # the parts are rounded to 1 ms: an epoch's rounding is multiplied by 20 epochs x 3 clients / fraction
     assert parts["train_s"] == pytest.approx(parts["overhead_s"] + 20 * 3 * parts["client_epoch_s"] / row["fraction"],
-                                             rel=1e-3)
+                                             abs=1e-3 + 20 * 3 * 5e-4 / row["fraction"])
     assert row["local_epochs"] == 20 and row["local_epochs_timed"] == 2 and row["device_hours"] > 0
     assert row["jobs"] == len(uf["strategies"]) * 3 + 3  # and the per-client centralized baseline per seed set
 
@@ -251,7 +257,7 @@ def test_fedst_cost_times_pretraining_first_and_without_weight_files(monkeypatch
     (surgical / "clips" / "sites.json").write_text("{}")
     order = []
 
-    def fake_pretrain(params, seed, out, device, log, loader_workers=0):
+    def fake_pretrain(params, seed, out, device, log, loader_workers=0, image_cache=None):
         order.append("pretrain")
         assert params["model"]["encoder_weights"] is None and params["indicator"]["kind"] == "onehot"
         torch.save({"_pretrain_s": 5.0}, out)

@@ -259,7 +259,7 @@ class Federation:
             rnd=rnd, global_arrays=state.arrays, results=[results[p] for p in pids], pids=pids,
             state=state.server_state, num_clients=self.num_clients, device=self.device, train=self.train,
             new_model=self.job.new_model, broadcast=self.broadcast(state), seed=self.spec.seed,
-            loader_workers=self.spec.loader_workers,
+            loader_workers=self.spec.loader_workers, image_cache=self.spec.image_cache,
         )
         new_arrays = self.method.aggregate(ctx)
         state.server_state["_broadcast"] = {name: host_tensors(a) for name, a in ctx.broadcast.items()}

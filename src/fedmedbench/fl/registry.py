@@ -190,6 +190,8 @@ class ServerContext:
     seed: int = 0
     #: threads a server step may use to read its own data ahead of use (``engine.loader_workers``): speed only
     loader_workers: int = 0
+    #: the folder of decoded images shared by the jobs (``engine.image_cache``), or None: speed only
+    image_cache: str | None = None
 
 
 @dataclass

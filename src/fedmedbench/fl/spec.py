@@ -66,9 +66,9 @@ class RunSpec:
     #: (Ultralytics' validator reads the images in order), threads decoding the segmentation clips ahead of
     #: use (fl/tasks/segmentation.py); the same results either way: speed only, not hashed
     loader_workers: int = 0
-    #: a folder where the detection jobs keep every frame they read decoded (.npy, shared by
-    #: every job; fl/tasks/detection/frame_cache.py): the same arrays Ultralytics decodes, so the same
-    #: results without the decode; None = decode every read. Not hashed
+    #: a folder where the surgical jobs keep the images they read decoded, shared by every job
+    #: (fl/tasks/detection/frame_cache.py, fl/tasks/clip_store.py): the same arrays as decoding, so the
+    #: same results without the decode; None = decode every read. Not hashed
     image_cache: str | None = None
     data_origin: str = "synthetic"
     log_every: int = 1

@@ -79,7 +79,8 @@ class FedST(SegMethod):
 
         loss = super().local_train(ctx, model)
         if self.p["site_finetune"]:
-            synthetic = _server_clips(self.serq, ctx.data.train.cache.workers)  # the site's decode threads
+            cache = ctx.data.train.cache  # the site's decode threads and disk store
+            synthetic = _server_clips(self.serq, cache.workers, str(cache.store.folder) if cache.store else None)
             train_steps(model, synthetic, int(self.p["site_finetune"]), ctx.train, ctx.train.lr_at(ctx.rnd),
                         ctx.device, ctx.generator, self.loss_cfg(ctx), temporal=False)
         return loss
@@ -110,15 +111,15 @@ def _deep(model, frames: torch.Tensor) -> torch.Tensor:
 _SERVER_CLIPS: dict[tuple, object] = {}
 
 
-def _server_clips(cfg: dict[str, Any], workers: int = 0):
+def _server_clips(cfg: dict[str, Any], workers: int = 0, image_cache: str | None = None):
     """The simulator clips SERQ draws from, with one bounded cache kept across rounds (``workers`` threads decode
-    each batch's clips in parallel)."""
+    each batch's clips in parallel; ``image_cache``: the decoded clips shared on disk)."""
     size = input_size(cfg.get("input_size"))
-    key = (str(cfg["clips_root"]), cfg["site"], int(cfg["num_frames"]), size, int(workers))
+    key = (str(cfg["clips_root"]), cfg["site"], int(cfg["num_frames"]), size, int(workers), image_cache)
     if key not in _SERVER_CLIPS:
         _SERVER_CLIPS.clear()
         _SERVER_CLIPS[key] = load_clipset(cfg["clips_root"], cfg["site"], None, int(cfg["num_frames"]), size,
-                                          FrameCache(int(cfg.get("cache_mb", 2048)) * 2**20, int(workers)))
+                                          FrameCache(int(cfg.get("cache_mb", 2048)) * 2**20, int(workers), image_cache))
     return _SERVER_CLIPS[key]
 
 
@@ -129,7 +130,7 @@ def _global_model(ctx, gamma: dict, cfg: dict[str, Any]):
     sites = load_sites(cfg["clips_root"])["sites"]
     if cfg["site"] not in sites:
         raise KeyError(f"method_params.fedst.serq.site = {cfg['site']!r} is not among the exported sites {sorted(sites)}")
-    data = _server_clips(cfg, ctx.loader_workers)
+    data = _server_clips(cfg, ctx.loader_workers, ctx.image_cache)
     indicator = site_indicators(sites, cfg["indicator"])[cfg["site"]]
     glob = ctx.new_model()
     if "serq_rho" in ctx.state:  # rho_g^t: the server's own personal part, kept from its last update

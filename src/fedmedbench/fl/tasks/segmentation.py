@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from fedmedbench.fl.registry import TrainConfig
 from fedmedbench.fl.tasks.base import Task, register_task
+from fedmedbench.fl.tasks.clip_store import ClipStore
 from fedmedbench.fl.training import on_device
 from fedmedbench.segmetrics import METRICS, SegmentationMeter
 
@@ -52,15 +53,17 @@ class FrameCache:
     entries); ``max_bytes`` 0 disables caching (decode on every access). ``workers`` threads decode
     the clips a loop asks for ahead of use (:meth:`prefetch`; 0: each clip is decoded when it is
     used, in the caller's thread): a GPU need not wait for PNG decoding between its steps. A clip
-    decodes to the same bits in any thread, so the workers change speed only."""
+    decodes to the same bits in any thread, so the workers change speed only. ``disk``: a folder where
+    the decoded clips are also kept for every job (``engine.image_cache``; :mod:`.clip_store`)."""
 
-    def __init__(self, max_bytes: int, workers: int = 0) -> None:
+    def __init__(self, max_bytes: int, workers: int = 0, disk: str | Path | None = None) -> None:
         if max_bytes < 0:
             raise ValueError(f"fedst data.cache_mb must be >= 0, got {max_bytes / 2**20:g}")
         if workers < 0:
             raise ValueError(f"engine.loader_workers must be >= 0, got {workers}")
         self.max_bytes = int(max_bytes)
         self.workers = int(workers)
+        self.store = ClipStore(disk) if disk else None
         self.bytes = 0
         self._items: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
         self._pending: dict[tuple, Future] = {}
@@ -178,6 +181,13 @@ class ClipSet:
 
         paths = self.clip_paths[i]
         distinct = list(dict.fromkeys(paths))
+        order = [distinct.index(p) for p in paths]
+        store = self.cache.store
+        entry = store.path([*distinct, self.mask_paths[i]], self.size) if store is not None else None
+        if entry is not None and (kept := store.load(entry)) is not None:  # what the decode below made of it
+            frames, kept_order, mask = kept
+            x = torch.from_numpy(frames)
+            return (x[kept_order.tolist()] if len(distinct) < len(paths) else x), torch.from_numpy(mask)
         try:
             images = [np.asarray(Image.open(p).convert("RGB")) for p in distinct]
             mask = np.asarray(Image.open(self.mask_paths[i]))
@@ -193,8 +203,10 @@ class ClipSet:
             raise ValueError(f"{self.mask_paths[i]}: label {int(mask.max())} does not fit the uint8 mask cache")
         x = torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous()
         x, m = resize_clip(x, torch.from_numpy(mask.astype(np.uint8)), self.size)
+        if entry is not None:
+            store.save(entry, x.numpy(), np.asarray(order, dtype=np.int64), m.numpy())
         if len(distinct) < len(paths):
-            x = x[[distinct.index(p) for p in paths]]
+            x = x[order]
         return x, m
 
     def batch(self, idx: list[int] | np.ndarray, ahead: Iterable[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
@@ -471,7 +483,7 @@ class SegmentationTask(Task):
         self.num_frames = len(tp["model"].get("pools", [7, 4, 2, 1]))
         self.indicators = site_indicators(self.all_sites, tp.get("indicator", {}))
         self.size = input_size(tp.get("input_size"))
-        self.cache = FrameCache(int(tp.get("cache_mb", 2048)) * 2**20, int(spec.loader_workers))
+        self.cache = FrameCache(int(tp.get("cache_mb", 2048)) * 2**20, int(spec.loader_workers), spec.image_cache)
         self._sites: dict[str, SiteData] = {}
 
     @property

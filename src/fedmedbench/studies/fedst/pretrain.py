@@ -10,12 +10,13 @@ import torch
 
 
 def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "cpu", log=print,
-             loader_workers: int = 0) -> None:
+             loader_workers: int = 0, image_cache: str | None = None) -> None:
     """Synthetic pre-training (Algorithm 1 input v_pre^0): the FedST network on the simulator clips.
 
     The simulator's still frames carry no motion, so the temporal module is bypassed here (as
     in SERQ) and learns only from the sites' videos. ``loader_workers`` threads decode clips ahead
-    of the steps (``engine.loader_workers``; the same model either way)."""
+    of the steps (``engine.loader_workers``), and ``image_cache`` keeps the decoded clips on disk for every
+    job (``engine.image_cache``); the same model either way."""
     from fedmedbench.fl.federation import resolve_device
     from fedmedbench.fl.registry import TrainConfig
     from fedmedbench.fl.tasks.segmentation import (
@@ -35,7 +36,7 @@ def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "
         model = build_fedst_net(params["model"])
     data = load_clipset(params["clips_root"], params["site"], None, len(params["model"]["pools"]),
                         input_size(params.get("input_size")),
-                        FrameCache(int(params.get("cache_mb", 2048)) * 2**20, int(loader_workers)))
+                        FrameCache(int(params.get("cache_mb", 2048)) * 2**20, int(loader_workers), image_cache))
     dev = resolve_device(device)
     model.to(dev).set_indicator(site_indicators(sites, params["indicator"])[params["site"]])
     steps = int(params["steps"]) if params.get("enabled", True) else 0
