@@ -226,6 +226,8 @@ def test_clips_kept_on_disk_give_the_decoded_bits_to_every_later_cache_without_d
     for c, names in enumerate((["a.png", "a.png", "b.png"], ["a.png", "b.png", "c.png"])):  # repeats (2 Hz), none
         (tmp_path / f"c{c}").mkdir()
         clips.append(_frames_on_disk(tmp_path / f"c{c}", names, h=24, w=32))
+    frames0, mask0 = clips[0]
+    clips.append(([frames0[0], frames0[2], frames0[2]], mask0))  # the same files and mask, repeated otherwise
 
     def clipset(disk=None):
         return ClipSet([c[0] for c in clips], [c[1] for c in clips], "site", (12, 16), FrameCache(0, disk=disk))
@@ -233,18 +235,19 @@ def test_clips_kept_on_disk_give_the_decoded_bits_to_every_later_cache_without_d
     def same(a, b):
         return all(torch.equal(x, y) and x.dtype == y.dtype for p, q in zip(a, b, strict=True) for x, y in zip(p, q, strict=True))
 
-    want = [clipset().item(i) for i in range(2)]
+    want = [clipset().item(i) for i in range(3)]
+    assert not torch.equal(want[0][0], want[2][0])
     store = tmp_path / "store"
-    assert same([clipset(store).item(i) for i in range(2)], want)
+    assert same([clipset(store).item(i) for i in range(3)], want)
     entries = sorted(store.rglob("*.npz"))
-    assert len(entries) == 2 and len([p for p in store.rglob("*") if p.is_file()]) == 2  # no temporary file left
+    assert len(entries) == 3 and len([p for p in store.rglob("*") if p.is_file()]) == 3  # no temporary file left
     opened = []
     real_open = Image.open
     monkeypatch.setattr(Image, "open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
-    assert same([clipset(store).item(i) for i in range(2)], want) and opened == []
+    assert same([clipset(store).item(i) for i in range(3)], want) and opened == []
     entries[0].write_bytes(b"not an npz")
-    assert same([clipset(store).item(i) for i in range(2)], want) and opened  # decoded again
+    assert same([clipset(store).item(i) for i in range(3)], want) and opened  # decoded again
     assert all(np.load(e)["frames"].dtype == np.uint8 for e in entries)  # and written again
     monkeypatch.undo()
     Image.fromarray(np.zeros((24, 32, 3), np.uint8)).save(clips[1][0][2])  # c.png replaced
-    assert int(clipset(store).item(1)[0][2].max()) == 0 and len(list(store.rglob("*.npz"))) == 3
+    assert int(clipset(store).item(1)[0][2].max()) == 0 and len(list(store.rglob("*.npz"))) == 4

@@ -36,8 +36,8 @@ class ClipStore:
         self.full = False
 
     def path(self, files: list[str], size: tuple[int, int] | None) -> Path | None:
-        """The entry of a clip read from ``files`` (frames, then mask) at ``size``; None where a file is missing
-        (the decode names it)."""
+        """The entry of a clip read from ``files`` (its frames in clip order, repeats included, then its mask) at
+        ``size``; None where a file is missing (the decode names it)."""
         parts = []
         for f in files:
             try:

@@ -183,7 +183,7 @@ class ClipSet:
         distinct = list(dict.fromkeys(paths))
         order = [distinct.index(p) for p in paths]
         store = self.cache.store
-        entry = store.path([*distinct, self.mask_paths[i]], self.size) if store is not None else None
+        entry = store.path([*paths, self.mask_paths[i]], self.size) if store is not None else None  # repeats in order
         if entry is not None and (kept := store.load(entry)) is not None:  # what the decode below made of it
             frames, kept_order, mask = kept
             x = torch.from_numpy(frames)
