@@ -896,6 +896,7 @@ def test_clip_loading_bench_reshuffles_past_the_clips_and_names_a_site_without_t
 
     row = clip_loading.time_site(clips, "A", 5, 2, 0.0, (32, 32))  # 4 training clips, 5 steps of 2
     assert row["clips"] == 4 and row["steps"] == 5 and row["distinct_frames_per_clip"] == 4.0
+    assert 0 < row["batch_ms_per_step"] + row["augment_ms_per_step"] <= row["ms_per_step"] + 0.1 and not row["image_cache"]
     scored = clip_loading.time_metrics(clips, "A", (32, 32), 2)
     assert scored["frames"] == 2 and scored["parts"] == 3 and scored["ms_per_frame"] > 0
     (clips / "Z").mkdir(exist_ok=True)
