@@ -14,6 +14,7 @@ import pytest
 import torch
 from helpers import surgical as F
 
+from fedmedbench.data.surgical.fsutil import sorted_images
 from fedmedbench.fl import federation as fed
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.tasks.detection import frame_cache as FC
@@ -67,10 +68,10 @@ def test_cached_frames_give_ultralytics_the_same_samples_without_decoding_them(e
     got, decoded_cached = _samples(cached.stage / "client_0" / "train" / "images")
     assert decoded_plain > 0 and decoded_cached == 0  # every frame read from its .npy
     assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
-    for img in FC.images_in(cached.stage / "client_1" / "val" / "images"):  # Ultralytics' own decode, bit for bit
+    for img in sorted_images(cached.stage / "client_1" / "val" / "images"):  # Ultralytics' own decode, bit for bit
         assert np.array_equal(np.load(img.with_suffix(".npy")), FC.decode(img))
     for split in ("test", "test_cd"):  # the evaluations' frames too
-        assert all(img.with_suffix(".npy").exists() for img in FC.images_in(cached.stage / "client_0" / split / "images"))
+        assert all(img.with_suffix(".npy").exists() for img in sorted_images(cached.stage / "client_0" / split / "images"))
 
 
 def test_a_frame_is_decoded_once_for_every_job_and_stage(export, tmp_path):
@@ -82,14 +83,14 @@ def test_a_frame_is_decoded_once_for_every_job_and_stage(export, tmp_path):
     stage_b = DetectionTask(_spec(export, tmp_path / "b", None)).stage / "client_0" / "train" / "images"
     pooled_b = stage_b.parents[2] / "pooled" / "train" / "images"  # the clients' frames again
     again = FC.link_cached_frames([stage_b, pooled_b], cache, log=lambda m: None)
-    assert again.decoded == len(FC.images_in(pooled_b)) - len(FC.images_in(stage_b))  # the other clients' only
-    assert first.decoded == len(FC.images_in(stage_b)) > 0 and first.bytes_written > 0
+    assert again.decoded == len(sorted_images(pooled_b)) - len(sorted_images(stage_b))  # the other clients' only
+    assert first.decoded == len(sorted_images(stage_b)) > 0 and first.bytes_written > 0
     assert again.reused == first.decoded
     files = sorted(p for p in cache.rglob("*") if p.is_file())
-    assert len(files) == len(FC.images_in(pooled_b)) and all(p.suffix == ".npy" for p in files)  # no temporary file
+    assert len(files) == len(sorted_images(pooled_b)) and all(p.suffix == ".npy" for p in files)  # no temporary file
     last = FC.link_cached_frames([stage_b, pooled_b], cache, log=lambda m: None)
     assert last.decoded == 0 and last.bytes_written == 0 and last.reused == len(files)
-    assert all(os.path.realpath(img.with_suffix(".npy")) in {str(f) for f in files} for img in FC.images_in(stage_b))
+    assert all(os.path.realpath(img.with_suffix(".npy")) in {str(f) for f in files} for img in sorted_images(stage_b))
     assert dataclasses.replace(_spec(export, tmp_path / "c", None), image_cache=str(cache)).run_hash() == \
         _spec(export, tmp_path / "c", None).run_hash()  # the same results: not in the run hash
 
@@ -117,6 +118,7 @@ def test_a_damaged_frame_is_named_and_left_to_ultralytics_and_too_little_disk_ca
     folder.mkdir()
     cv2.imwrite(str(folder / "a.png"), np.zeros((6, 8, 3), np.uint8))
     F.garbage(folder / "b.png")
+    (folder / "gone.png").symlink_to(tmp_path / "no-such-frame.png")  # a frame missing behind its stage link
     said: list[str] = []
     report = FC.link_cached_frames([folder], tmp_path / "c", log=said.append)
     assert report.decoded == 1 and len(report.unreadable) == 1 and "b.png: not a readable image" in said[-1]

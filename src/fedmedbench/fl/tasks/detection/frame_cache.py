@@ -25,9 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from fedmedbench import io
+from fedmedbench.data.surgical.fsutil import sorted_images
 
-#: image suffixes the exports hold (Ultralytics reads these; it lists no .npy as an image)
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 #: free disk kept beyond the files a job would add
 DISK_MARGIN = 0.1
 
@@ -84,10 +83,6 @@ def _link(link: Path, target: Path) -> None:
     os.replace(tmp, link)
 
 
-def images_in(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-
-
 def frame_bytes(image: Path) -> int:
     """Bytes of ``image`` decoded (3 channels), from its header; 0 where the header does not open."""
     from PIL import Image
@@ -111,7 +106,8 @@ def link_cached_frames(folders: Iterable[Path], cache: str | Path, workers: int 
         cache.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise OSError(f"engine.image_cache: cannot make the folder {cache} ({err})") from err
-    links = {img: cached_path(cache, img) for folder in folders for img in images_in(Path(folder))}
+    # the frames the exports hold (a link to a missing frame is not a file: left to Ultralytics, which names it)
+    links = {img: cached_path(cache, img) for folder in folders for img in sorted_images(Path(folder))}
     frames: dict[Path, Path] = {}  # shared file -> one image of it (a frame staged in several folders: once)
     for img, npy in links.items():
         frames.setdefault(npy, img)
