@@ -251,3 +251,6 @@ def test_clips_kept_on_disk_give_the_decoded_bits_to_every_later_cache_without_d
     monkeypatch.undo()
     Image.fromarray(np.zeros((24, 32, 3), np.uint8)).save(clips[1][0][2])  # c.png replaced
     assert int(clipset(store).item(1)[0][2].max()) == 0 and len(list(store.rglob("*.npz"))) == 4
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(OSError, match=r"engine.image_cache: cannot make the folder .*a-file"):
+        clipset(tmp_path / "a-file")
