@@ -4,6 +4,7 @@ import pandas as pd
 
 from fedmedbench import io
 from fedmedbench.compat import limit_threads
+from fedmedbench.fl import engine
 from fedmedbench.fl.spec import for_job
 from fedmedbench.runlog import log_to
 from fedmedbench.weights import fetch as weights
@@ -20,10 +21,8 @@ with log_to(snakemake.log[0]) as log:
         run_centralized(spec, log=log, **{k: v for k, v in spec.method_params.items() if k in OPTIONS})
         io.write_csv(snakemake.output.comm, pd.DataFrame(columns=["round", "client", "bytes_sent"]))
     else:
-        from fedmedbench.fl import engine
-
         federation = engine.run(spec, log=log)
         rows = federation.final_state.server_state.get("ultraflwr_clients", [])
         io.write_csv(snakemake.output.comm, pd.DataFrame(rows))
-        engine.complete(spec, log=log)
+    engine.complete(spec, log=log)  # every output written: the stage's links and Ultralytics' folders go
     log("done")

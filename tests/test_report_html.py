@@ -81,6 +81,12 @@ def test_report_has_every_study_rendered_in_chromium(tmp_path):
                                     cwd=work, capture_output=True, text=True, timeout=1500)
     proc = run("--cores", "2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # every finished training job of every study (the UltraFlwr strategies and centralized baseline included)
+    # keeps its results, not its resume state or working files
+    runs = [p.parent for p in (work / "results").rglob("summary.json")]
+    assert {r.relative_to(work / "results").parts[0] for r in runs} >= set(STUDIES)
+    left = [p for r in runs for p in r.iterdir() if p.name in ("work", "checkpoint") or p.name.startswith(".")]
+    assert left == []
     proc = run("--cores", "1", "--report", "report.zip")
     assert proc.returncode == 0, proc.stderr[-3000:]
     with zipfile.ZipFile(work / "report.zip") as z:

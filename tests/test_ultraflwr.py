@@ -5,6 +5,7 @@ weight capture, and one small federated run through the detection task."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -1196,3 +1197,30 @@ def test_a_centralized_run_takes_every_training_option_of_the_method():
     method = set(inspect.signature(type(get_method("ultraflwr", {}))).parameters)
     assert set(OPTIONS) == accepted and accepted <= method
     assert {"warmup", "assigner", "hsv", "auto_optimizer", "workers"} <= set(OPTIONS)
+
+
+def test_a_finished_run_leaves_its_results_not_its_stage(export, tmp_path):
+    """The stage (a link per frame of every split and of the pooled set), Ultralytics' label caches and training
+    folders are the run's working files: gone once the job's outputs are written, kept with keep_checkpoints."""
+    import dataclasses
+    import os
+
+    from fedmedbench.fl import engine
+
+    frames = sorted(p for p in export.parent.rglob("*") if p.is_file() and not p.is_symlink())
+    for keep in (False, True):
+        spec = dataclasses.replace(_spec(export, tmp_path / str(keep), "FedAvg", rounds=1), keep_checkpoints=keep)
+        engine.run(spec, log=lambda m: None)
+        run = Path(spec.run_dir)
+        links = [p for p in (run / "work" / "stage").rglob("*") if p.is_symlink()]
+        assert len(links) > 20 and (run / "checkpoint").is_dir()
+        lines = []
+        engine.complete(spec, log=lines.append)
+        if keep:
+            assert (run / "work" / "stage" / "STAGED.json").is_file() and (run / "checkpoint").is_dir()
+            continue
+        assert sorted(p.name for p in run.iterdir()) == ["client_metrics.csv", "metrics.csv", "model.pt", "summary.json"]
+        left = sum(os.lstat(p).st_blocks * 512 for p in run.rglob("*"))
+        assert left <= 2 * (run / "model.pt").stat().st_size
+        assert any(f"removed its working files {run.resolve() / 'work'} (" in line for line in lines), lines
+    assert sorted(p for p in export.parent.rglob("*") if p.is_file() and not p.is_symlink()) == frames  # frames kept

@@ -27,6 +27,7 @@ import torch
 import yaml
 
 from fedmedbench.deploy.site_data import MANIFEST, Site, list_files
+from fedmedbench.fl.scratch import scratch_dir
 from fedmedbench.fl.tasks.detection.staging import read_manifest
 from fedmedbench.fl.tasks.detection.task import EVAL_DEFAULTS, DetectionClient, cd_from_pairs
 
@@ -89,7 +90,7 @@ def _stage(folder: Path, stage: Path, classes: list[str]) -> Path:
 
 def load(folder: Path, manifest: dict[str, Any], spec) -> Site:
     pid, n = int(manifest["partition_id"]), int(manifest["num_clients"])
-    work = Path(spec.run_dir).resolve() / "work"
+    work = scratch_dir(spec.run_dir)
     stage = _stage(folder, work / "stage" / f"client_{pid}", list(manifest["classes"]))
     data = DetectionClient(pid=pid, data_yaml=str(stage / "data.yaml"), data_cd_yaml=str(stage / "data.yaml"),
                            num_train=int(manifest["counts"]["train"]["frames"]), imgsz=spec.image_size,

@@ -41,7 +41,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import SType
 from flwr.serverapp import Grid, ServerApp
 
-from fedmedbench.fl import checkpoint
+from fedmedbench.fl import checkpoint, scratch
 from fedmedbench.fl import federation as fed
 from fedmedbench.fl.inline_grid import InlineGrid
 from fedmedbench.fl.job import Job, job_for
@@ -316,12 +316,19 @@ def run(spec: RunSpec, log: Callable[[str], None] = print) -> fed.Federation:
 
 
 def complete(spec: RunSpec, log: Callable[[str], None] = print) -> None:
-    """Call once every output of the job is written: removes the run's resume state
-    (server checkpoint, client states) unless ``keep_checkpoints`` is set."""
+    """Call once every output of the job is written: removes the run's resume state (server
+    checkpoint, client states) and its working files (``work/``: staged data views, external
+    trainers' folders) unless ``keep_checkpoints`` is set."""
     freed = checkpoint.release(spec.run_dir, keep=spec.keep_checkpoints)
     if freed:
         log(f"run complete: removed its resume state {checkpoint.checkpoint_dir(spec.run_dir)} ({freed / 2**20:.1f} MiB; "
             "keep_checkpoints: true keeps it)")
+    size, entries, failed = scratch.release(spec.run_dir, keep=spec.keep_checkpoints)
+    if entries:
+        log(f"run complete: removed its working files {scratch.scratch_dir(spec.run_dir)} ({entries} entries, "
+            f"{size / 2**20:.1f} MiB on disk; keep_checkpoints: true keeps them)")
+    for line in failed:
+        log(f"run complete: could not remove {line}")
 
 
 def _job_name(spec: RunSpec) -> str:

@@ -13,8 +13,8 @@ frames into one score would let the largest client decide CD). Metrics: ``map50`
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 
+from fedmedbench.fl.scratch import scratch_dir
 from fedmedbench.fl.tasks.base import Task, register_task
 from fedmedbench.fl.tasks.detection.staging import POOLED_SPLITS, SPLITS, read_manifest, stage_export
 
@@ -56,7 +56,7 @@ class DetectionTask(Task):
             raise ValueError(f"task_params: unknown key(s) {sorted(unknown)} for the detection task")
         self.params = {**EVAL_DEFAULTS, **spec.task_params}
         self.manifest = read_manifest(spec.partition_path)
-        self.work = Path(spec.run_dir).resolve() / "work"
+        self.work = scratch_dir(spec.run_dir)  # removed when the run completes (engine.complete)
         self.stage = stage_export(spec.partition_path, self.work / "stage")
         if spec.image_cache:  # every frame the job reads: each training epoch, validation and evaluation
             from fedmedbench.fl.tasks.detection.frame_cache import link_cached_frames
