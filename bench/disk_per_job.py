@@ -6,6 +6,14 @@ calls ``engine.complete`` as the Snakemake job does and measures what is left, a
 final model's size (target: at most 2x).
 
     python bench/disk_per_job.py --method scaffold --model timm:convnextv2_atto --size 64 --clients 10 --rounds 2
+
+``--surgical-dir`` runs one ultraflwr job instead (the study config's first group and setting, one round of
+one local epoch at ``--size`` px, FedAvg, random init) on that surgical data folder, e.g. a stand-in of
+``surgical_stand_in.py``, and also measures its working files (``work/``: the staged links to every frame,
+Ultralytics' label caches and training folders). Sizes are bytes on disk (links as themselves); the
+working files grow with the frames, so a stand-in's are also scaled to all of the papers' frames.
+
+    python bench/disk_per_job.py --surgical-dir /tmp/si-uf --size 64
 """
 
 from __future__ import annotations
@@ -18,13 +26,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import emit  # noqa: E402
+from _report import emit, git_head  # noqa: E402
 
 from fedmedbench import io  # noqa: E402
 from fedmedbench import partition as P  # noqa: E402
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.data import synthetic  # noqa: E402
-from fedmedbench.fl import engine  # noqa: E402
+from fedmedbench.fl import checkpoint, engine, scratch  # noqa: E402
 from fedmedbench.fl.spec import RunSpec  # noqa: E402
 
 
@@ -41,8 +49,18 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=28, choices=[28, 64, 128, 224])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="append the result row to this JSON-lines file")
+    ap.add_argument("--surgical-dir", type=Path, default=None, help="time an ultraflwr job on this surgical data folder")
+    ap.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[1] / "config/studies/ultraflwr.yaml",
+                    help="the ultraflwr study config (with --surgical-dir)")
+    ap.add_argument("--image-cache", default=None, help="engine.image_cache for the ultraflwr job")
     args = ap.parse_args()
     limit_threads(args.threads)
+    if args.surgical_dir:
+        import grid_cost
+
+        config = grid_cost.load_config(args.config)
+        emit([ultraflwr_job(config, args.surgical_dir, args.size, args.threads, args.image_cache)], args.out)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         n = 20 * args.clients
@@ -64,6 +82,51 @@ def main() -> None:
                "size": args.size, "rounds": args.rounds, "bytes_with_checkpoint": with_checkpoint, "bytes_left": left,
                "model_bytes": model, "left_over_model": round(left / model, 3),
                "files_left": sorted(p.name for p in run.iterdir())}], args.out)
+
+
+def on_disk(path: Path) -> tuple[int, int]:
+    """(bytes on disk, entries) of a run folder: every file, link and folder as itself."""
+    return scratch.usage(path)
+
+
+def ultraflwr_job(config: dict, surgical: Path, size: int, threads: int, image_cache: str | None = None) -> dict:
+    """One FedAvg job of the study config's first group and setting (one round of one local epoch at ``size``
+    px) on the surgical data folder ``surgical``: the run folder at its end, as the code before left it (the
+    resume state removed) and as ``engine.complete`` leaves it now."""
+    from _surgical_cost import data_label, stand_in
+
+    from fedmedbench.studies.ultraflwr import runs as UFR
+
+    uf = config["ultraflwr"]
+    group, settings = next(iter(uf["groups"].items()))
+    small = {**uf, "train": {**uf["train"], "rounds": 1, "epochs": 1, "imgsz": size}, "eval": {**uf["eval"], "every": 1}}
+    r = {"ugroup": group, "usetting": settings[0], "strategy": "FedAvg", "seedset": uf["seed_sets"][0]}
+    label = data_label(stand_in(surgical))
+    with tempfile.TemporaryDirectory() as tmp:
+        d = {**UFR.run_spec(small, r, str(surgical.resolve()), None, "cpu", "timing"),
+             "run_dir": str(Path(tmp) / "run"), "threads": threads, "image_cache": image_cache}
+        spec = RunSpec.from_dict(d)
+        engine.run(spec, log=lambda m: None)
+        run = Path(spec.run_dir)
+        at_end = on_disk(run)
+        work = on_disk(scratch.scratch_dir(run))
+        checkpoint.release(run)  # what the code before left: the resume state removed, the working files kept
+        before = on_disk(run)
+        engine.complete(spec, log=lambda m: None)
+        now = on_disk(run)
+        model = (run / "model.pt").stat().st_size
+        files_left = sorted(p.name for p in run.iterdir())
+    scale = 1.0 / label["fraction"]
+    return {"bench": "disk_per_job", "study": "ultraflwr", "group": group, "setting": settings[0], "size": size,
+            "image_cache": bool(image_cache), **label, "model_bytes": model,
+            "bytes_at_end": at_end[0], "entries_at_end": at_end[1],
+            "work_bytes": work[0], "work_entries": work[1],
+            "bytes_left_before": before[0], "entries_left_before": before[1],
+            "bytes_left": now[0], "entries_left": now[1], "files_left": files_left,
+            "left_over_model_before": round(before[0] / model, 3), "left_over_model": round(now[0] / model, 3),
+            "at_all_frames": {"work_bytes": round(work[0] * scale), "work_entries": round(work[1] * scale),
+                              "left_over_model_before": round((before[0] - work[0] + work[0] * scale) / model, 2)},
+            "code": git_head()}
 
 
 if __name__ == "__main__":

@@ -224,6 +224,25 @@ def test_ultraflwr_cost_times_real_local_trainings_on_a_stand_in(tmp_path):
     assert row["jobs"] == len(uf["strategies"]) * 3 + 3  # and the per-client centralized baseline per seed set
 
 
+def test_disk_per_job_measures_an_ultraflwr_run_before_and_after_its_working_files_go(tmp_path):
+    """bench/disk_per_job.py on a stand-in: the run left its staged links (more entries than frames) before,
+    only its results now, and the working files are scaled to all frames by the stand-in's fraction."""
+    import disk_per_job
+
+    config = grid_cost.load_config(STUDIES / "ultraflwr.yaml")
+    config["ultraflwr"]["groups"] = {"combined": ["a"]}
+    SI.build(config, tmp_path / "si", 0.01, spec_file=_tiny_spec(tmp_path), jobs=1, log=lambda m: None)
+    record = json.loads((tmp_path / "si" / "stand_in.json").read_text())
+    frames = sum(sum(v.values()) for v in record["labelled_frames"].values())
+    row = disk_per_job.ultraflwr_job(config, tmp_path / "si", 64, 1)
+    assert row["work_entries"] > frames and row["entries_left_before"] == row["work_entries"] + 5
+    assert row["files_left"] == ["client_metrics.csv", "metrics.csv", "model.pt", "summary.json"]
+    assert row["entries_left"] == 4 and row["left_over_model"] <= 1.01 < row["left_over_model_before"]
+    freed = row["bytes_left_before"] - row["bytes_left"]
+    assert row["work_bytes"] <= freed <= row["work_bytes"] + 65536  # and the work folder's own block
+    assert row["at_all_frames"]["work_entries"] == round(row["work_entries"] / record["fraction"])
+
+
 def test_a_stand_in_replaces_only_an_earlier_stand_in_and_an_unfinished_one_is_named(tmp_path, monkeypatch):
     config = grid_cost.load_config(STUDIES / "ultraflwr.yaml")
     (tmp_path / "mine").mkdir()
