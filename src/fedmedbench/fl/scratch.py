@@ -3,9 +3,9 @@
 What a task writes there is only for the run while it runs: the detection task's staged views of
 the YOLO export (one symlink per frame of every split, the pooled set's too, and the ``.npy`` links of
 ``engine.image_cache``), Ultralytics' ``labels.cache`` beside them and its per-training folders. At the
-papers' frame counts that is hundreds of thousands of links a job, each an inode and, with a long
-target path, a disk block: far more than the job's results. Nothing reads it after the run, and a rerun
-stages afresh.
+papers' frame counts that is about 100,000 entries a job (twice as many with the frame cache), each link an
+inode and, with a long target path, a disk block: about 40 times the job's results (docs/benchmarks.md §7).
+Nothing reads it after the run, and a rerun stages afresh.
 """
 
 from __future__ import annotations
