@@ -84,11 +84,6 @@ def main() -> None:
                "files_left": sorted(p.name for p in run.iterdir())}], args.out)
 
 
-def on_disk(path: Path) -> tuple[int, int]:
-    """(bytes on disk, entries) of a run folder: every file, link and folder as itself."""
-    return scratch.usage(path)
-
-
 def ultraflwr_job(config: dict, surgical: Path, size: int, threads: int, image_cache: str | None = None) -> dict:
     """One FedAvg job of the study config's first group and setting (one round of one local epoch at ``size``
     px) on the surgical data folder ``surgical``: the run folder at its end, as the code before left it (the
@@ -108,12 +103,12 @@ def ultraflwr_job(config: dict, surgical: Path, size: int, threads: int, image_c
         spec = RunSpec.from_dict(d)
         engine.run(spec, log=lambda m: None)
         run = Path(spec.run_dir)
-        at_end = on_disk(run)
-        work = on_disk(scratch.scratch_dir(run))
+        at_end = scratch.usage(run)
+        work = scratch.usage(scratch.scratch_dir(run))
         checkpoint.release(run)  # what the code before left: the resume state removed, the working files kept
-        before = on_disk(run)
+        before = scratch.usage(run)
         engine.complete(spec, log=lambda m: None)
-        now = on_disk(run)
+        now = scratch.usage(run)
         model = (run / "model.pt").stat().st_size
         files_left = sorted(p.name for p in run.iterdir())
     scale = 1.0 / label["fraction"]
