@@ -243,6 +243,58 @@ def test_disk_per_job_measures_an_ultraflwr_run_before_and_after_its_working_fil
     assert row["at_all_frames"]["work_entries"] == round(row["work_entries"] / record["fraction"])
 
 
+_TWO_TRAININGS = """
+import hashlib, json, pickle, random, sys
+import numpy as np, torch
+from ultralytics.models.yolo.detect import DetectionTrainer
+from fedmedbench.fl.tasks.detection.staging import read_manifest, stage_export
+from fedmedbench.fl.tasks.detection.yolo import build_yolo, train_yolo
+
+stage = stage_export(sys.argv[1], sys.argv[2] + "/stage")
+classes = len(read_manifest(sys.argv[1])["classes"])
+seen, runs, streams = [], [], []
+digest = lambda b: hashlib.sha1(b).hexdigest()
+preprocess, setup = DetectionTrainer.preprocess_batch, DetectionTrainer._setup_train
+DetectionTrainer.preprocess_batch = lambda self, b: seen.append(digest(b["img"].numpy().tobytes())) or preprocess(self, b)
+
+def setup_then_streams(self, *a, **k):  # the streams as the epoch's first batch starts drawing from them
+    setup(self, *a, **k)
+    streams.append([digest(pickle.dumps(random.getstate())), digest(pickle.dumps(np.random.get_state())),
+                    digest(torch.random.get_rng_state().numpy().tobytes())])
+
+DetectionTrainer._setup_train = setup_then_streams
+for i in range(2):
+    seen.clear()
+    out = train_yolo(build_yolo("yolo11n.yaml", classes, seed=3), stage / "client_0" / "data.yaml", epochs=1, batch=8,
+                     imgsz=64, seed=1, device=torch.device("cpu"), workdir=sys.argv[2] + f"/w{i}", extra={"close_mosaic": 0})
+    runs.append({"streams": streams[-1], "batches": list(seen),
+                 "weights": digest(b"".join(v.numpy().tobytes() for v in out.state.values()))})
+print(json.dumps(runs))
+"""
+
+
+def test_the_first_local_training_in_a_process_draws_what_a_later_one_draws(tmp_path):
+    """A trainer seeds the random streams, then imports Ray Tune's callbacks and Albumentations, which reach
+    ``rich.style``: its first import draws from Python's ``random``. So the first training of a process started
+    from other draws than a later one, and a job resumed in a new process trained its first client otherwise than
+    the uninterrupted job. In a fresh interpreter, two identical trainings now start their epoch from the same
+    streams, see the same batches and end with the same weights."""
+    import os
+    import subprocess
+
+    config = grid_cost.load_config(STUDIES / "ultraflwr.yaml")
+    config["ultraflwr"]["groups"] = {"combined": ["a"]}  # a stand-in's frames show it (the tests' own export does not)
+    SI.build(config, tmp_path / "si", 0.01, spec_file=_tiny_spec(tmp_path), jobs=1, log=lambda m: None)
+    export = tmp_path / "si" / "yolo" / "combined" / "a" / "manifest.json"
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    done = subprocess.run([sys.executable, "-c", _TWO_TRAININGS, str(export), str(tmp_path)], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": src})
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, later = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(first["batches"]) > 1
+    assert first["streams"] == later["streams"] and first == later
+
+
 def test_a_stand_in_replaces_only_an_earlier_stand_in_and_an_unfinished_one_is_named(tmp_path, monkeypatch):
     config = grid_cost.load_config(STUDIES / "ultraflwr.yaml")
     (tmp_path / "mine").mkdir()

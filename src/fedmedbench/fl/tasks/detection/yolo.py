@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -98,6 +99,32 @@ def auto_optimizer_83(iterations: float, nc: int) -> tuple[str, float, float]:
     else AdamW at 0.002 * 5 / (4 + nc); the choice UltraFlwr's runs made with ultralytics 8.3.48."""
     lr_fit = round(0.002 * 5 / (4 + nc), 6)
     return ("SGD", 0.01, 0.9) if iterations > 10000 else ("AdamW", lr_fit, 0.9)
+
+
+def import_before_seeding() -> None:
+    """Import, before a trainer seeds the random streams, what Ultralytics imports only after seeding them.
+
+    A trainer seeds Python's ``random``, then loads its integration callbacks (Ray Tune's, which imports Rich;
+    ``rich.style`` draws ``getrandbits(24)`` from that stream when first imported) and builds its training set
+    (Albumentations, whose imports reach Rich too). Imported for the first time there, they shifted the stream
+    of the process's first local training only: it drew other augmentations than any later training with the
+    same inputs, so a job resumed in a new process trained its first client otherwise than the uninterrupted
+    job. Imported here first, every training draws the same. ``NO_ALBUMENTATIONS_UPDATE``, as Ultralytics sets
+    it: no version check over the network.
+    """
+    from importlib import import_module
+
+    from ultralytics.utils import SETTINGS
+
+    os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+    names = ["albumentations", "ultralytics.utils.events", "ultralytics.utils.callbacks.platform"]
+    names += [f"ultralytics.utils.callbacks.{'wb' if key == 'wandb' else key}"  # as add_integration_callbacks
+              for key in ("clearml", "comet", "dvc", "mlflow", "raytune", "tensorboard", "wandb") if SETTINGS[key] is True]
+    for name in names:
+        try:
+            import_module(name)
+        except ImportError:  # Ultralytics then goes without it, in every training alike
+            pass
 
 
 @contextmanager
@@ -407,6 +434,7 @@ def train_yolo(
                 workers=int(workers), project=str(Path(workdir).resolve()), name="train", exist_ok=True, plots=False, save=False,
                 val=select == "best", amp=device.type == "cuda", verbose=False, **extra)
     selector = EpochSelector(select, select_metric)
+    import_before_seeding()
     with ultralytics_offline():
         trainer = trainer_cls(overrides=args)
         trainer.model = model  # used as is by setup_model (no rebuild, our weights)
