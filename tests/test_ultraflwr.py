@@ -652,7 +652,7 @@ def test_final_aggregation_options(monkeypatch, final):
     own = {k: (v + 1.0 if v.is_floating_point() else v.clone()) for k, v in base.state_dict().items()}
     monkeypatch.setattr(Y, "train_yolo", lambda *a, **kw: Y.TrainOutcome(state=own, selected_epoch=0, val_map50=[0.0]))
     train = TrainConfig(rounds=2, local_epochs=1, batch_size=8, lr=0.01)
-    data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=0, workdir="unused", num_train=5)
+    data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=0, workdir="unused", num_train=5, read_ahead=False)
     expected_skip = {"skip_all": {"FedAvg": True, "FedHeadAvg": True},
                      "skip_partial": {"FedAvg": False, "FedHeadAvg": True},
                      "keep": {"FedAvg": False, "FedHeadAvg": False}}[final]
@@ -707,7 +707,7 @@ def test_head_init_restarts_what_the_start_weights_do_not_supply(coco_like, monk
         shared = method.shared_keys(server)
         model = build_yolo("yolo11n.yaml", 3, seed=0, weights=str(coco_like))
         load_arrays(model, {k: server.state_dict()[k].numpy() for k in shared}, shared)
-        data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=seed, workdir="unused", num_train=5)
+        data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=seed, workdir="unused", num_train=5, read_ahead=False)
         return ClientContext(pid=pid, rnd=rnd, model=model, data=data, train=train, device=torch.device("cpu"),
                              generator=torch.Generator(), state={}, steps=0)
 
@@ -1083,7 +1083,7 @@ def test_training_workers_are_a_result_parameter_that_reaches_ultralytics(export
     monkeypatch.setattr(Y, "train_yolo", lambda *a, **kw: asked.append(kw["workers"]) or Y.TrainOutcome(
         state=build_yolo("yolo11n.yaml", 3, seed=0).state_dict(), selected_epoch=0, val_map50=[0.0]))
     method = get_method("ultraflwr", {"strategy": "FedAvg", "workers": 3})
-    data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=0, workdir="unused", num_train=5)
+    data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=0, workdir="unused", num_train=5, read_ahead=False)
     method.client_fit(ClientContext(pid=0, rnd=1, model=build_yolo("yolo11n.yaml", 3, seed=0), data=data,
                                     train=TrainConfig(rounds=2, local_epochs=1, batch_size=8, lr=0.01),
                                     device=torch.device("cpu"), generator=torch.Generator(), state={}, steps=0,
@@ -1224,3 +1224,132 @@ def test_a_finished_run_leaves_its_results_not_its_stage(export, tmp_path):
         assert left <= 2 * (run / "model.pt").stat().st_size
         assert any(f"removed its working files {run.resolve() / 'work'} (" in line for line in lines), lines
     assert sorted(p for p in export.parent.rglob("*") if p.is_file() and not p.is_symlink()) == frames  # frames kept
+
+
+def test_batches_read_ahead_are_the_inline_batches(export, tmp_path, monkeypatch):
+    """engine.loader_workers >= 1: a thread loads the local training's next batches while the model trains. The
+    batches are the inline loader's, bit for bit, over epochs whose transforms change (close_mosaic), and so are
+    the weights; the thread does run ahead (up to its depth), and is done by each epoch's end. The batches do show
+    the streams' draws: one more draw in the training's thread, and the later batches are others."""
+    import hashlib
+    import random
+    import threading
+
+    from ultralytics.models.yolo.detect import DetectionTrainer
+
+    from fedmedbench.fl.tasks.detection import read_ahead as RA
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+
+    spec = _spec(export, tmp_path, "FedAvg")
+    data = DetectionTask(spec).client_data(0)
+    produced, seen, lead, extra_draw = [0], [], [], [False]
+    put = RA._Reader._put
+
+    def counted(self, entry):
+        produced[0] += 1
+        return put(self, entry)
+
+    preprocess = DetectionTrainer.preprocess_batch
+
+    def slow_step(self, batch):  # the model's step takes a while: the reader gets ahead of it
+        lead.append(produced[0] - len(seen))
+        seen.append(hashlib.sha1(batch["img"].numpy().tobytes()).hexdigest())
+        if extra_draw[0] and len(seen) == 1:
+            random.random()
+        threading.Event().wait(0.05)
+        return preprocess(self, batch)
+
+    monkeypatch.setattr(RA._Reader, "_put", counted)
+    monkeypatch.setattr(DetectionTrainer, "preprocess_batch", slow_step)
+    runs = {}
+    for mode in ("inline", "ahead", "inline", "drawn"):
+        seen.clear()
+        produced[0] = 0
+        lead.clear()
+        extra_draw[0] = mode == "drawn"
+        out = train_yolo(build_yolo("yolo11n.yaml", spec.num_classes, seed=3), data.data_yaml, epochs=3, batch=4, imgsz=64,
+                         seed=1, device=torch.device("cpu"), workdir=tmp_path / mode, extra={"close_mosaic": 1},
+                         read_ahead=mode == "ahead")
+        runs.setdefault(mode, []).append((list(seen), out))
+        if mode == "ahead":
+            assert produced[0] == len(seen) and max(lead) > 1  # every batch came from the reader, read ahead
+        else:
+            assert produced[0] == 0
+    (inline, a), (inline_again, _), (ahead, c) = runs["inline"][0], runs["inline"][1], runs["ahead"][0]
+    assert len(inline) > 6 and inline == inline_again == ahead
+    assert all(torch.equal(a.state[k], c.state[k]) for k in a.state) and a.val_map50 == c.val_map50
+    drawn = runs["drawn"][0][0]
+    assert drawn[0] == inline[0] and drawn[1:] != inline[1:]
+    assert not [t for t in threading.enumerate() if t.name == "yolo-read-ahead"]
+
+
+def test_batches_are_read_ahead_only_where_the_draws_stay_in_order_and_an_abandoned_epoch_stops_reading():
+    import threading
+
+    from ultralytics.data.build import InfiniteDataLoader
+
+    from fedmedbench.fl.tasks.detection import read_ahead as RA
+
+    taken = []
+
+    class Items(torch.utils.data.Dataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            taken.append(i)
+            return i
+
+    assert not RA.read_ahead(InfiniteDataLoader(Items(), batch_size=2, num_workers=1))  # a worker process's streams
+    assert not RA.read_ahead(InfiniteDataLoader(Items(), batch_size=2), multi_scale=0.5)  # the step draws its size
+    loader = InfiniteDataLoader(Items(), batch_size=2)
+    assert RA.read_ahead(loader) and isinstance(loader, InfiniteDataLoader) and len(loader) == 6
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]  # one epoch, in order
+    taken.clear()
+    epoch = iter(loader)
+    assert not taken  # nothing is read before a batch is taken
+    assert next(epoch).tolist() == [0, 1]
+    del epoch  # abandoned after one batch (the generator is closed): the reader stops, at most DEPTH + 1 ahead
+    assert len(taken) <= 2 * (RA.DEPTH + 2) and not [t for t in threading.enumerate() if t.name == "yolo-read-ahead"]
+
+
+def test_loader_workers_turn_on_reading_ahead_for_every_training_without_changing_the_run(export, tmp_path, monkeypatch):
+    """engine.loader_workers >= 1 (not hashed: the same samples) reads the training batches ahead in the
+    federated clients' and the centralized baseline's trainings; 0 (the default) loads each batch when used."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.registry import ClientContext
+    from fedmedbench.fl.tasks.detection import yolo as Y
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+
+    spec = _spec(export, tmp_path, "FedAvg")
+    ahead = dataclasses.replace(spec, loader_workers=1)
+    assert spec.run_hash() == ahead.run_hash()
+    assert not DetectionTask(spec).client_data(0).read_ahead and not DetectionTask(spec).pooled_data().read_ahead
+    assert DetectionTask(ahead).client_data(1).read_ahead and DetectionTask(ahead).pooled_data().read_ahead
+
+    asked = []
+    monkeypatch.setattr(Y, "train_yolo", lambda *a, **kw: asked.append(kw["read_ahead"]) or Y.TrainOutcome(
+        state=build_yolo("yolo11n.yaml", 3, seed=0).state_dict(), selected_epoch=0, val_map50=[0.0]))
+    for flag in (True, False):
+        data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=0, workdir="unused", num_train=5, read_ahead=flag)
+        get_method("ultraflwr", {"strategy": "FedAvg"}).client_fit(ClientContext(
+            pid=0, rnd=1, model=build_yolo("yolo11n.yaml", 3, seed=0), data=data,
+            train=TrainConfig(rounds=2, local_epochs=1, batch_size=8, lr=0.01), device=torch.device("cpu"),
+            generator=torch.Generator(), state={}, steps=0, global_arrays={}))
+    assert asked == [True, False]
+
+    from fedmedbench.fl.tasks.detection import centralized as CEN
+
+    class Asked(Exception):
+        pass
+
+    def centralized_training(*a, **kw):
+        asked.append(("centralized", kw["read_ahead"]))
+        raise Asked
+
+    monkeypatch.setattr(CEN, "train_yolo", centralized_training)
+    with pytest.raises(Asked):
+        CEN.run_centralized(ahead, log=lambda m: None)
+    assert asked[-1] == ("centralized", True)

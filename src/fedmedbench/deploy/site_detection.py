@@ -94,7 +94,8 @@ def load(folder: Path, manifest: dict[str, Any], spec) -> Site:
     stage = _stage(folder, work / "stage" / f"client_{pid}", list(manifest["classes"]))
     data = DetectionClient(pid=pid, data_yaml=str(stage / "data.yaml"), data_cd_yaml=str(stage / "data.yaml"),
                            num_train=int(manifest["counts"]["train"]["frames"]), imgsz=spec.image_size,
-                           seed=spec.seed * n + pid, workdir=str(work / f"client_{pid}"))
+                           seed=spec.seed * n + pid, workdir=str(work / f"client_{pid}"),
+                           read_ahead=spec.loader_workers >= 1)
     params = {**EVAL_DEFAULTS, **spec.task_params}
 
     def evaluate(model: torch.nn.Module, data: DetectionClient, device: torch.device) -> dict[str, float]:

@@ -144,7 +144,7 @@ class UltraFlwr(Method):
                              workdir=f"{data.workdir}/r{ctx.rnd:03d}", select=self.select,
                              select_metric=self.select_metric, extra=self.ultralytics,
                              auto_optimizer=self.auto_optimizer, workers=self.workers, warmup=self.warmup,
-                             assigner=self.assigner, hsv=self.hsv)
+                             assigner=self.assigner, hsv=self.hsv, read_ahead=data.read_ahead)
         ctx.state["model"] = outcome.state
         last = ctx.rnd >= ctx.train.rounds
         keys = [] if (last and self.skips_final()) else self.shared_keys(ctx.model)

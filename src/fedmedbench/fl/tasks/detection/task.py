@@ -42,6 +42,9 @@ class DetectionClient:
     imgsz: int
     seed: int  # Ultralytics seed of this client (seed set * clients + pid, as the paper's 012/345/678)
     workdir: str
+    #: the local training's batches loaded in a thread while the model trains (engine.loader_workers >= 1;
+    #: the same samples: read_ahead.py)
+    read_ahead: bool = False
 
 
 @register_task("detection")
@@ -82,13 +85,14 @@ class DetectionTask(Task):
         d = self.stage / f"client_{pid}"
         return DetectionClient(pid=pid, data_yaml=str(d / "data.yaml"), data_cd_yaml=str(d / "data_cd.yaml"),
                                num_train=self.client_sizes()[pid], imgsz=self.spec.image_size,
-                               seed=self.spec.seed * self.num_clients + pid, workdir=str(self.work / f"client_{pid}"))
+                               seed=self.spec.seed * self.num_clients + pid, workdir=str(self.work / f"client_{pid}"),
+                               read_ahead=self.spec.loader_workers >= 1)
 
     def pooled_data(self) -> DetectionClient:
         d = self.stage / "pooled"
         return DetectionClient(pid=0, data_yaml=str(d / "data.yaml"), data_cd_yaml=str(d / "data.yaml"),
                                num_train=int(self.manifest["pooled"]["train"]["frames"]), imgsz=self.spec.image_size,
-                               seed=self.spec.seed, workdir=str(self.work / "pooled"))
+                               seed=self.spec.seed, workdir=str(self.work / "pooled"), read_ahead=self.spec.loader_workers >= 1)
 
     def _val(self, model, data_yaml: str, split: str, device, workdir: str) -> dict[str, float]:
         from fedmedbench.fl.tasks.detection.yolo import validate_yolo

@@ -255,14 +255,16 @@ def _use_83_hsv(dataset) -> None:
 
 def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
                   warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3",
-                  hsv: str = "ultralytics_8_3") -> type:
+                  hsv: str = "ultralytics_8_3", read_ahead: bool = False) -> type:
     """Ultralytics' DetectionTrainer as the study runs it: no checkpoints, no final re-validation, no CPU
     gc, validated epochs marked, ``optimizer=auto`` resolved by ``auto_optimizer``, and the fitness that
     early stopping reads (and ``best_fitness``) by ``fitness``: ``ultralytics_8_3`` = 0.1 mAP50 + 0.9
     mAP50-95 with 8.3.48's stopping rule (:class:`EarlyStopping83`), ``installed`` = the installed one's; the
     learning-rate warm-up's length by ``warmup`` (8.3.48's :func:`warmup_iterations_83` or the installed one's),
     the loss's candidate anchors by ``assigner`` (8.3.48's :func:`anchors_in_boxes_83` or the installed one's) and
-    the training set's hue augmentation by ``hsv`` (8.3.48's :func:`hue_lut_83` or the installed one's)."""
+    the training set's hue augmentation by ``hsv`` (8.3.48's :func:`hue_lut_83` or the installed one's); with
+    ``read_ahead`` the training batches are loaded in a thread while the model trains, the same samples
+    (:mod:`~fedmedbench.fl.tasks.detection.read_ahead`)."""
     from ultralytics.models.yolo.detect import DetectionTrainer
 
     for key, value, choices in (("auto_optimizer", auto_optimizer, AUTO_OPTIMIZERS), ("fitness", fitness, FITNESS_RULES),
@@ -279,6 +281,14 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
         def _clear_memory(self, threshold=None):  # a full gc.collect() frees no accelerator memory on a CPU
             if self.device.type != "cpu":  # and cost 0.5-0.65 s at the end of each client's training there
                 super()._clear_memory(threshold)
+
+        def get_dataloader(self, dataset_path, batch_size=16, rank=0, mode="train"):
+            loader = super().get_dataloader(dataset_path, batch_size, rank, mode)
+            if read_ahead and mode == "train":
+                from fedmedbench.fl.tasks.detection.read_ahead import read_ahead as read_batches_ahead
+
+                read_batches_ahead(loader, self.args.multi_scale)
+            return loader
 
         def build_dataset(self, img_path, mode="train", batch=None):
             dataset = super().build_dataset(img_path, mode, batch)
@@ -419,11 +429,13 @@ def train_yolo(
     device: torch.device, workdir: str | Path, select: str = "best", select_metric: str = "fitness",
     extra: dict[str, Any] | None = None, auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
     workers: int = 0, warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3", hsv: str = "ultralytics_8_3",
+    read_ahead: bool = False,
 ) -> TrainOutcome:
     """Train ``model`` (its current weights) for ``epochs`` with Ultralytics' detection trainer (``workers``
-    dataloader processes; 0 = in this process, as UltraFlwr)."""
+    dataloader processes; 0 = in this process, as UltraFlwr, where ``read_ahead`` loads the next batches in a
+    thread while the model trains: the same samples)."""
     EpochSelector(select, select_metric)  # fail on a bad choice before Ultralytics starts
-    trainer_cls = study_trainer(auto_optimizer, fitness, warmup, assigner, hsv)
+    trainer_cls = study_trainer(auto_optimizer, fitness, warmup, assigner, hsv, read_ahead)
     extra = dict(extra or {})
     fixed = sorted(set(extra) & set(FIXED_ARGS))
     if fixed:
