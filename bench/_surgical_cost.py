@@ -217,17 +217,19 @@ def pretrain_step_s(cfg: dict, clips: str, device: str, workdir: Path, steps: in
 
 def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, rounds: int, device: str, threads: int,
                    workdir: Path, surgical: Path, epochs: int = 2, workers: int | None = None,
-                   image_cache: str | None = None) -> dict[str, Any]:
+                   image_cache: str | None = None, loader_workers: int | None = None) -> dict[str, Any]:
     """``workers``: the local trainings' and the evaluation's dataloader workers (default: the config's
-    ``ultraflwr.train.workers`` and ``engine.loader_workers``); ``image_cache``: the decoded-frame folder
-    (``engine.image_cache``; default: the config's)."""
+    ``ultraflwr.train.workers`` and ``engine.loader_workers``); ``loader_workers``: ``engine.loader_workers``
+    alone (the evaluation's workers, and the training batches read ahead in a thread from 1: the same results);
+    ``image_cache``: the decoded-frame folder (``engine.image_cache``; default: the config's)."""
     from fedmedbench.studies.ultraflwr import runs as UFR
 
     uf = config["ultraflwr"]
     paper_epochs = int(uf["train"]["epochs"])
     epochs = max(2, min(int(epochs), paper_epochs))
     train_workers = int(uf["train"].get("workers", 0) if workers is None else workers)
-    loader_workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)
+    if loader_workers is None:
+        loader_workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)
     image_cache = image_cache or config["engine"].get("image_cache")
     timed_uf = {**uf, "train": {**uf["train"], "rounds": rounds, "epochs": epochs, "workers": train_workers},
                 "eval": {**uf["eval"], "every": rounds}}
@@ -264,6 +266,7 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
     row.update(jobs=len(jobs), job_rounds=len(jobs) * n_rounds, rounds_timed=rounds, imgsz=uf["train"]["imgsz"],
                local_epochs=paper_epochs, local_epochs_timed=epochs, round_parts=parts,
                train_workers=train_workers, loader_workers=loader_workers, image_cache=bool(image_cache),
+               read_ahead=loader_workers >= 1 and train_workers == 0,
                train_s_per_round={g: {k: round(v[0], 3) for k, v in r.items()} for g, r in rates.items()},
                eval_s={g: {k: round(v[1], 3) for k, v in r.items()} for g, r in rates.items()},
                untimed_strategies_at_mean=sorted(set(UFR.strategies(uf)) - set(strategies)),

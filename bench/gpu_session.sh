@@ -139,6 +139,11 @@ step "ultraflwr grid cost, 8 loader workers" "$PY" bench/grid_cost.py --config c
 step "ultraflwr grid cost, frame cache" "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml \
   --rounds 3 --surgical-epochs 2 --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" --methods FedAvg \
   --image-cache "${IMAGE_CACHE:-$STAND_IN/frames}" --threads "$THREADS" --out "$OUT"
+# the same with each local training's batches also read ahead in a thread while the model trains (engine.loader_workers 1;
+# the same samples, and one dataloader worker in each evaluation): what overlapping loading with the step saves
+step "ultraflwr grid cost, frame cache, read ahead" "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml \
+  --rounds 3 --surgical-epochs 2 --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" --methods FedAvg \
+  --image-cache "${IMAGE_CACHE:-$STAND_IN/frames}" --loader-workers 1 --threads "$THREADS" --out "$OUT"
 # fedst: 3 rounds from a cold frame cache. FedST (SERQ on the server too) and FedAvg in two steps: each costs
 # the whole grid at its rate, the upper and the lower bound
 if [ -z "${SURGICAL_DIR:-}" ]; then step "fedst stand-in" bash -c "$WAIT_BUILD" "$STAND_IN" fedst; fi

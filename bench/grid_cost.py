@@ -165,7 +165,9 @@ def main() -> None:
                     help="fedst, ultraflwr: keep the decoded clips or frames in this folder (engine.image_cache); "
                          "default: the config's")
     ap.add_argument("--loader-workers", type=int,
-                    help="fedst: threads decoding clips ahead of use (engine.loader_workers); default: the config's")
+                    help="engine.loader_workers: fedst's threads decoding clips ahead of use; ultraflwr's evaluation "
+                         "workers and, from 1, the training batches read ahead in a thread (after --yolo-workers); "
+                         "default: the config's")
     ap.add_argument("--waiting-steps", action="store_true",
                     help="local steps wait for the device as before (CPU batch indices into device data, blocking "
                          "fedst batch copies): a before/after on one machine")
@@ -196,7 +198,8 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
             if not has_runs[name] or (args.study and name not in args.study):
                 continue
             cache = str(args.image_cache.resolve()) if args.image_cache else None
-            extra = ({"epochs": args.surgical_epochs, "workers": args.yolo_workers, "image_cache": cache} if name == "ultraflwr"
+            extra = ({"epochs": args.surgical_epochs, "workers": args.yolo_workers, "image_cache": cache,
+                      "loader_workers": args.loader_workers} if name == "ultraflwr"
                      else {"workers": args.loader_workers, "image_cache": cache})
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
                 row = cost(config, path, args.methods, args.rounds, device, args.threads, Path(tmp), surgical, **extra)

@@ -89,7 +89,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     ran = calls.read_text().splitlines()
     stand_ins = [c for c in ran if "surgical_stand_in.py" in c]  # built in the background from the start
     steps = [c for c in ran if c not in stand_ins]
-    assert len(stand_ins) == 2 and len(steps) == 19 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
+    assert len(stand_ins) == 2 and len(steps) == 20 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
     assert "tests/test_cuda.py tests/test_device_arrays.py" in steps[0]
     src = str(GPU_SESSION.parents[1] / "src")
     assert all(p.split(":")[0] == src for p in (tmp_path / "paths").read_text().splitlines())  # this tree's package
@@ -102,8 +102,9 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
         assert f"--out {tmp_path / 'si' / study}" in ran[build]
         assert (tmp_path / "si" / f"{study}.rc").read_text().strip() == "0"
         timed = [i for i, c in enumerate(ran) if f"{study}.yaml" in c and "grid_cost.py" in c]
-        assert len(timed) == 3 and min(timed) > build
+        assert len(timed) == {"fedst": 3, "ultraflwr": 4}[study] and min(timed) > build
         assert all(f"--surgical-dir {tmp_path / 'si' / study}" in ran[i] for i in timed)
+    assert any("ultraflwr.yaml" in c and "--image-cache" in c and "--loader-workers 1" in c for c in steps)  # read ahead
     assert "--fraction 0.02" in next(c for c in stand_ins if "ultraflwr.yaml" in c)
     assert "--test-fraction 0.1" in next(c for c in stand_ins if "fedst.yaml" in c)
     assert "--study gpaf_pathmnist" in steps[-2] and "--waiting-steps" not in steps[-2]
@@ -111,26 +112,28 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     assert "--methods seg_fedavg " in steps[-5] and "--methods fedst " in steps[-4]  # the lower and the upper bound
     assert "--image-cache" not in steps[-5] + steps[-4]
     assert "--methods seg_fedavg " in steps[-3] and f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-3]
-    assert "--surgical-epochs 2" in steps[-8] and "--yolo-workers" not in steps[-8] and "--image-cache" not in steps[-8]
-    assert "--yolo-workers 8" in steps[-7]
-    assert f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-6] and "--yolo-workers" not in steps[-6]
+    assert "--surgical-epochs 2" in steps[-9] and "--yolo-workers" not in steps[-9] and "--image-cache" not in steps[-9]
+    assert "--yolo-workers 8" in steps[-8]
+    assert f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-7] and "--yolo-workers" not in steps[-7]
+    assert "--loader-workers" not in steps[-7] and f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-6]
+    assert "--loader-workers 1" in steps[-6] and "--yolo-workers" not in steps[-6]  # the frame cache, read ahead
     waiting = [c for c in ran if "--waiting-steps" in c]  # each before/after right after its after side
     assert len(waiting) == 2 and ran[ran.index(waiting[0]) - 1].startswith("bench/engine_overhead.py")
     assert "FAILED" not in done.stdout.split("== summary")[1]
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
     assert done.returncode == 1 and "FAILED (rc 3)" in done.stdout
-    assert len(calls.read_text().splitlines()) == 21  # the failure stopped no later step
+    assert len(calls.read_text().splitlines()) == 22  # the failure stopped no later step
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="ultraflwr.yaml --out", steps="ultraflwr")
     ran = calls.read_text().splitlines()  # a failed build fails its step, and the timings that read it run and fail
-    assert done.returncode == 1 and len(ran) == 4 and "FAILED (rc 3)" in done.stdout.split("== summary")[1]
+    assert done.returncode == 1 and len(ran) == 5 and "FAILED (rc 3)" in done.stdout.split("== summary")[1]
     assert "ultraflwr stand-in" in done.stdout.split("== summary")[1].split("FAILED")[0].splitlines()[-1]
     calls.unlink()
     done = _run_session(tmp_path, str(fake), steps="grid cost", SURGICAL_DIR=str(tmp_path / "real"))
     ran = calls.read_text().splitlines()  # the real videos' exports: no stand-in, both grids read them
     assert done.returncode == 0 and not [c for c in ran if "surgical_stand_in.py" in c]
-    assert sum(f"--surgical-dir {tmp_path / 'real'}" in c for c in ran) == 6
+    assert sum(f"--surgical-dir {tmp_path / 'real'}" in c for c in ran) == 7
     calls.unlink()
     done = _run_session(tmp_path, str(fake), steps="CUDA tests|pathmnist")  # a part of the session
     ran = calls.read_text().splitlines()

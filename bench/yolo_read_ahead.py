@@ -1,0 +1,80 @@
+"""One UltraFlwr client's local training with its batches loaded as they are used (UltraFlwr's ``workers=0``)
+and read ahead in a thread while the model trains (``engine.loader_workers >= 1``): seconds per epoch of each,
+alternating, the faster of ``--repeats`` counted, and the final weights compared (they must be the same bits).
+
+    python bench/surgical_stand_in.py --config config/studies/ultraflwr.yaml --out /tmp/si-uf --fraction 0.02
+    python bench/yolo_read_ahead.py --surgical-dir /tmp/si-uf --epochs 2 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _report import emit, git_head  # noqa: E402
+from _surgical_cost import data_label, stand_in  # noqa: E402
+
+from fedmedbench.compat import limit_threads  # noqa: E402
+from fedmedbench.fl.tasks.detection.staging import read_manifest, stage_export  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--surgical-dir", type=Path, required=True, help="holds yolo/<group>/<setting>/manifest.json")
+    ap.add_argument("--group", default="combined")
+    ap.add_argument("--setting", default="a")
+    ap.add_argument("--client", type=int, default=0)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--imgsz", type=int, default=640)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of the training")
+    ap.add_argument("--out", type=Path, help="append the result as one JSON line")
+    args = ap.parse_args()
+    limit_threads(args.threads)
+    import torch
+
+    from fedmedbench.fl.tasks.detection.yolo import build_yolo, train_yolo
+
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    manifest = args.surgical_dir / "yolo" / args.group / args.setting / "manifest.json"
+    classes = len(read_manifest(manifest)["classes"])
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    weights: dict[bool, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        stage = stage_export(manifest, Path(tmp) / "stage")
+        data_yaml = stage / f"client_{args.client}" / "data.yaml"
+        # untimed: the label caches written and the process's one-time costs paid before either side is timed
+        train_yolo(build_yolo("yolo11n.yaml", classes, seed=0), data_yaml, epochs=1, batch=args.batch, imgsz=args.imgsz,
+                   seed=0, device=device, workdir=Path(tmp) / "w", select="last")
+        for _ in range(args.repeats):
+            for ahead in (False, True):
+                model = build_yolo("yolo11n.yaml", classes, seed=0)
+                t0 = time.perf_counter()
+                out = train_yolo(model, data_yaml, epochs=args.epochs, batch=args.batch, imgsz=args.imgsz, seed=0,
+                                 device=device, workdir=Path(tmp) / "w", select="last", read_ahead=ahead)
+                seconds[ahead].append((time.perf_counter() - t0) / args.epochs)
+                weights[ahead] = out.state
+    same = all(torch.equal(weights[False][k], weights[True][k]) for k in weights[False])
+    if not same:
+        raise SystemExit("yolo_read_ahead: the batches read ahead trained other weights than the inline ones")
+    inline, ahead = min(seconds[False]), min(seconds[True])
+    emit([{"bench": "yolo_read_ahead", **data_label(stand_in(args.surgical_dir)), "group": args.group,
+           "setting": args.setting, "client": args.client, "imgsz": args.imgsz, "batch": args.batch,
+           "epochs": args.epochs, "device": str(device), "threads": args.threads,
+           "inline_s_per_epoch": round(inline, 3), "read_ahead_s_per_epoch": round(ahead, 3),
+           "speedup": round(inline / ahead, 3), "runs_s_per_epoch": {"inline": [round(s, 3) for s in seconds[False]],
+                                                                     "read_ahead": [round(s, 3) for s in seconds[True]]},
+           "same_weights": same, "code": git_head()}], args.out)
+
+
+if __name__ == "__main__":
+    main()
