@@ -56,6 +56,22 @@ def data_label(record: dict[str, Any] | None) -> dict[str, Any]:
             "test_fraction": float(record["test_fraction"])}
 
 
+def add_client_args(ap) -> None:
+    """The options naming one client of a YOLO export: ``--surgical-dir``, ``--group``, ``--setting``, ``--client``."""
+    ap.add_argument("--surgical-dir", type=Path, required=True, help="holds yolo/<group>/<setting>/manifest.json")
+    ap.add_argument("--group", default="combined")
+    ap.add_argument("--setting", default="a")
+    ap.add_argument("--client", type=int, default=0)
+
+
+def client_manifest(args) -> Path:
+    """The export's manifest that :func:`add_client_args`' options name, or an exit that says how to make one."""
+    manifest = args.surgical_dir / "yolo" / args.group / args.setting / "manifest.json"
+    if not manifest.is_file():
+        raise SystemExit(f"{manifest}: no YOLO export there (build it, or a stand-in: bench/surgical_stand_in.py)")
+    return manifest
+
+
 @contextmanager
 def epoch_clock() -> Iterator[list[dict[str, Any]]]:
     """Time every local YOLO training: ``[{"start": s, "epoch_ends": [s, ...]}, ...]`` (perf_counter seconds).

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _report import emit  # noqa: E402
-from _surgical_cost import data_label, stand_in  # noqa: E402
+from _surgical_cost import add_client_args, client_manifest, data_label, stand_in  # noqa: E402
 
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.fl.tasks.detection import frame_cache as FC  # noqa: E402
@@ -66,19 +66,14 @@ def draw(images: Path, samples: int, imgsz: int) -> tuple[list, float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--surgical-dir", type=Path, required=True, help="holds yolo/<group>/<setting>/manifest.json")
-    ap.add_argument("--group", default="combined")
-    ap.add_argument("--setting", default="a")
-    ap.add_argument("--client", type=int, default=0)
+    add_client_args(ap)
     ap.add_argument("--samples", type=int, default=96)
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--threads", type=int, default=1, help="torch threads, and threads writing the cache")
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")
     args = ap.parse_args()
     limit_threads(args.threads)
-    manifest = args.surgical_dir / "yolo" / args.group / args.setting / "manifest.json"
-    if not manifest.is_file():
-        raise SystemExit(f"{manifest}: no YOLO export there (build it, or a stand-in: bench/surgical_stand_in.py)")
+    manifest = client_manifest(args)
     with tempfile.TemporaryDirectory(prefix="fmb-yolo-") as tmp:
         plain = stage_export(manifest, Path(tmp) / "plain") / f"client_{args.client}" / "train" / "images"
         cached = stage_export(manifest, Path(tmp) / "cached") / f"client_{args.client}" / "train" / "images"

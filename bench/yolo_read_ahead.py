@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _report import emit, git_head  # noqa: E402
-from _surgical_cost import data_label, stand_in  # noqa: E402
+from _surgical_cost import add_client_args, client_manifest, data_label, stand_in  # noqa: E402
 
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.fl.tasks.detection.staging import read_manifest, stage_export  # noqa: E402
@@ -27,10 +27,7 @@ from fedmedbench.fl.tasks.detection.staging import read_manifest, stage_export  
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--surgical-dir", type=Path, required=True, help="holds yolo/<group>/<setting>/manifest.json")
-    ap.add_argument("--group", default="combined")
-    ap.add_argument("--setting", default="a")
-    ap.add_argument("--client", type=int, default=0)
+    add_client_args(ap)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--imgsz", type=int, default=640)
@@ -45,7 +42,7 @@ def main() -> None:
     from fedmedbench.fl.tasks.detection.yolo import build_yolo, train_yolo
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    manifest = args.surgical_dir / "yolo" / args.group / args.setting / "manifest.json"
+    manifest = client_manifest(args)
     classes = len(read_manifest(manifest)["classes"])
     seconds: dict[bool, list[float]] = {False: [], True: []}
     weights: dict[bool, dict] = {}

@@ -295,6 +295,21 @@ def test_the_first_local_training_in_a_process_draws_what_a_later_one_draws(tmp_
     assert first["streams"] == later["streams"] and first == later
 
 
+def test_yolo_read_ahead_bench_times_both_sides_and_finds_the_same_weights(tmp_path, monkeypatch, capsys):
+    import yolo_read_ahead
+
+    config = grid_cost.load_config(STUDIES / "ultraflwr.yaml")
+    config["ultraflwr"]["groups"] = {"combined": ["a"]}
+    SI.build(config, tmp_path / "si", 0.01, spec_file=_tiny_spec(tmp_path), jobs=1, log=lambda m: None)
+    monkeypatch.setattr(sys, "argv", ["yolo_read_ahead.py", "--surgical-dir", str(tmp_path / "si"), "--epochs", "1",
+                                      "--repeats", "1", "--imgsz", "64", "--device", "cpu", "--out", str(tmp_path / "r")])
+    yolo_read_ahead.main()
+    row = json.loads((tmp_path / "r").read_text())
+    assert row["same_weights"] and row["inline_s_per_epoch"] > 0 and row["read_ahead_s_per_epoch"] > 0
+    assert row["speedup"] == pytest.approx(row["inline_s_per_epoch"] / row["read_ahead_s_per_epoch"], rel=1e-2)
+    assert row["fraction"] == json.loads((tmp_path / "si" / "stand_in.json").read_text())["fraction"]
+
+
 def test_a_stand_in_replaces_only_an_earlier_stand_in_and_an_unfinished_one_is_named(tmp_path, monkeypatch):
     config = grid_cost.load_config(STUDIES / "ultraflwr.yaml")
     (tmp_path / "mine").mkdir()
