@@ -64,12 +64,17 @@ def add_client_args(ap) -> None:
     ap.add_argument("--client", type=int, default=0)
 
 
-def client_manifest(args) -> Path:
-    """The export's manifest that :func:`add_client_args`' options name, or an exit that says how to make one."""
-    manifest = args.surgical_dir / "yolo" / args.group / args.setting / "manifest.json"
+def export_manifest(surgical: Path, group: str, setting: str) -> Path:
+    """The YOLO export's manifest of one group and setting, or an exit that says how to make one."""
+    manifest = surgical / "yolo" / group / setting / "manifest.json"
     if not manifest.is_file():
         raise SystemExit(f"{manifest}: no YOLO export there (build it, or a stand-in: bench/surgical_stand_in.py)")
     return manifest
+
+
+def client_manifest(args) -> Path:
+    """The export's manifest that :func:`add_client_args`' options name."""
+    return export_manifest(args.surgical_dir, args.group, args.setting)
 
 
 @contextmanager

@@ -88,7 +88,7 @@ def ultraflwr_job(config: dict, surgical: Path, size: int, threads: int, image_c
     """One FedAvg job of the study config's first group and setting (one round of one local epoch at ``size``
     px) on the surgical data folder ``surgical``: the run folder at its end, as the code before left it (the
     resume state removed) and as ``engine.complete`` leaves it now."""
-    from _surgical_cost import data_label, stand_in
+    from _surgical_cost import data_label, export_manifest, stand_in
 
     from fedmedbench.studies.ultraflwr import runs as UFR
 
@@ -96,6 +96,7 @@ def ultraflwr_job(config: dict, surgical: Path, size: int, threads: int, image_c
     group, settings = next(iter(uf["groups"].items()))
     small = {**uf, "train": {**uf["train"], "rounds": 1, "epochs": 1, "imgsz": size}, "eval": {**uf["eval"], "every": 1}}
     r = {"ugroup": group, "usetting": settings[0], "strategy": "FedAvg", "seedset": uf["seed_sets"][0]}
+    export_manifest(surgical, group, settings[0])
     label = data_label(stand_in(surgical))
     with tempfile.TemporaryDirectory() as tmp:
         d = {**UFR.run_spec(small, r, str(surgical.resolve()), None, "cpu", "timing"),

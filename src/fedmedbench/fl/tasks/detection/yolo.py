@@ -119,7 +119,7 @@ def import_before_seeding() -> None:
     os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
     names = ["albumentations", "ultralytics.utils.events", "ultralytics.utils.callbacks.platform"]
     names += [f"ultralytics.utils.callbacks.{'wb' if key == 'wandb' else key}"  # as add_integration_callbacks
-              for key in ("clearml", "comet", "dvc", "mlflow", "raytune", "tensorboard", "wandb") if SETTINGS[key] is True]
+              for key in ("clearml", "comet", "dvc", "mlflow", "raytune", "tensorboard", "wandb") if SETTINGS.get(key) is True]
     for name in names:
         try:
             import_module(name)
