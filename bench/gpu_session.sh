@@ -90,8 +90,12 @@ if [ -z "${SURGICAL_DIR:-}" ]; then
   # fedst: a quarter of the training frames (the clip cache is scaled with them: the same share of the clips the
   # steps draw from) and a tenth of the test frames (an evaluation is scaled back up); ultraflwr: 2 % of every
   # video's frames (a round is scaled up to all of them)
-  if selected "fedst stand-in"; then start_build fedst --fraction 0.25 --test-fraction 0.1 --jobs 8; fi
-  if selected "ultraflwr stand-in"; then start_build ultraflwr --fraction 0.02 --jobs 8; fi
+  # (FEDST_FRACTION, FEDST_TEST_FRACTION and ULTRAFLWR_FRACTION set other shares: a smaller one builds sooner, where a
+  # session has minutes; fedst's clip cache is scaled with it, so a step still hits the cache as often)
+  if selected "fedst stand-in"; then
+    start_build fedst --fraction "${FEDST_FRACTION:-0.25}" --test-fraction "${FEDST_TEST_FRACTION:-0.1}" --jobs 8
+  fi
+  if selected "ultraflwr stand-in"; then start_build ultraflwr --fraction "${ULTRAFLWR_FRACTION:-0.02}" --jobs 8; fi
 fi
 
 step "cuda tests" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_device_arrays.py

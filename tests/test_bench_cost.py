@@ -50,8 +50,9 @@ GPU_SESSION = Path(__file__).resolve().parents[1] / "bench" / "gpu_session.sh"
 
 def _run_session(tmp_path: Path, python: str, fail: str = "", steps: str = "", **env_extra: str
                  ) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("STEPS", "SURGICAL_DIR", "STAND_IN", "BUDGET",
-                                                                "STEP_LIMIT")}
+    env = {k: v for k, v in os.environ.items() if k not in ("STEPS", "SURGICAL_DIR", "STAND_IN", "BUDGET", "STEP_LIMIT",
+                                                                "FEDST_FRACTION", "FEDST_TEST_FRACTION",
+                                                                "ULTRAFLWR_FRACTION")}
     return subprocess.run(["bash", str(GPU_SESSION), str(tmp_path / "rows.jsonl")], capture_output=True, text=True,
                           env={**env, "PYTHON": python, "FAIL": fail or "no step has this", "STAND_IN": str(tmp_path / "si"),
                                **({"STEPS": steps} if steps else {}), **env_extra}, timeout=120)
@@ -167,6 +168,22 @@ def test_gpu_session_stops_a_step_at_its_limit_and_starts_none_past_its_budget(t
     summary = done.stdout.split("== summary")[1]
     assert done.returncode == 0 and len(calls.read_text().splitlines()) == 1  # 29 s left after the first step
     assert summary.count("skipped (BUDGET spent)") == 2 and "skipped, 2" in done.stdout
+
+
+def test_gpu_session_builds_the_stand_ins_at_the_shares_it_is_given(tmp_path):
+    """A session of minutes builds smaller stand-ins sooner: FEDST_FRACTION, FEDST_TEST_FRACTION and
+    ULTRAFLWR_FRACTION reach the builds (the defaults are asserted in the test above)."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/bash\n[ \"$1\" = -c ] && exit 0\necho \"$*\" >> {calls}\n")
+    fake.chmod(0o755)
+    done = _run_session(tmp_path, str(fake), steps="stand-in", FEDST_FRACTION="0.1", FEDST_TEST_FRACTION="0.05",
+                        ULTRAFLWR_FRACTION="0.05")
+    assert done.returncode == 0, done.stdout + done.stderr
+    builds = {study: c for c in calls.read_text().splitlines() for study in ("fedst", "ultraflwr")
+              if "surgical_stand_in.py" in c and f"{study}.yaml" in c}
+    assert "--fraction 0.1 --test-fraction 0.05 " in builds["fedst"]
+    assert "--fraction 0.05 " in builds["ultraflwr"]
 
 
 STUDIES = Path(__file__).resolve().parents[1] / "config" / "studies"
