@@ -852,6 +852,34 @@ def test_serq_server_batches_are_rotated_and_scaled_as_the_sites(clips):
     assert all(tuple(y[i].flatten().tolist()) in raw for _, y in plain for i in range(2))
 
 
+@pytest.mark.parametrize("workers", [0, 4])
+def test_serq_server_batches_draw_as_one_step_at_a_time_and_decode_the_next_steps_ahead(clips, workers, monkeypatch):
+    """The server's batches are the bits of drawing each step's clips, angles and scales from the generator a step
+    at a time; each batch asks for the clips of the steps after it (as many as the threads, at least a batch)."""
+    from fedmedbench.fl.methods import fedst
+    from fedmedbench.fl.tasks.segmentation import ClipSet, augment
+
+    cfg, _, _ = _tiny_server(clips, steps=5, batch_size=2, loss={"dice_weight": 0.3, "rotate_deg": 30, "scale": 0.2})
+    data = fedst._server_clips(cfg, workers)
+    g = torch.Generator().manual_seed(3)
+    expected, drawn = [], []  # one step at a time: clips, then the augmentation's draws
+    for _ in range(5):
+        drawn.append(torch.randint(len(data), (2,), generator=g).tolist())
+        expected.append(augment(*data.batch(drawn[-1]), g, 30.0, 0.2))
+    after = g.get_state()
+    asked: list[list[int]] = []
+    real = ClipSet.batch
+    monkeypatch.setattr(ClipSet, "batch", lambda self, idx, ahead=(): asked.append(list(ahead)) or real(self, idx, ahead))
+    g = torch.Generator().manual_seed(3)
+    got = list(fedst.synthetic_batches(data, cfg, g, torch.device("cpu")))
+    assert torch.equal(g.get_state(), after)  # the generator is where the step-at-a-time loop left it
+    assert len(got) == 5 and all(torch.equal(x, ex) and torch.equal(y, ey) for (x, y), (ex, ey) in zip(got, expected, strict=True))
+    ahead = max(2, workers)
+    assert asked == [[i for idx in drawn[k + 1:] for i in idx][:ahead] for k in range(5)]
+    assert [len(a) for a in asked] == ([2, 2, 2, 2, 0] if workers == 0 else [4, 4, 4, 2, 0])
+    fedst._SERVER_CLIPS.clear()
+
+
 def test_a_fresh_model_is_built_once_and_copied_per_request(clips, tmp_path, monkeypatch):
     """Every request gets the seeded build's values in tensors of its own; a changed pre-trained file,
     seed or architecture is a new build."""

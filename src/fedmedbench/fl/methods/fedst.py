@@ -41,13 +41,15 @@ from fedmedbench.fl.methods.fedst_base import SegMethod, client_weights, tensors
 from fedmedbench.fl.registry import load_arrays, model_arrays, register_method, weighted_average
 from fedmedbench.fl.tasks.segmentation import (
     FrameCache,
-    augment,
+    draw_rotate_scale,
     input_size,
     load_clipset,
     load_sites,
+    rotate_scale,
     seg_loss,
     site_indicators,
 )
+from fedmedbench.fl.training import on_device
 
 SERQ_DEFAULTS: dict[str, Any] = {
     "enabled": True, "server": "serq", "steps": 100, "lr": 1e-4, "batch_size": 2, "lambda2": 0.3, "lambda3": 0.3, "mu": 0.5,
@@ -150,14 +152,26 @@ def keep_server_rho(ctx, glob, gamma: dict) -> None:
 
 def synthetic_batches(data, cfg: dict[str, Any], g: torch.Generator, dev: torch.device):
     """``steps`` random synthetic batches, rotated and scaled as the sites' (the paper: "in each
-    site or server training, data augmentation (rotation and scale) is performed")."""
+    site or server training, data augmentation (rotation and scale) is performed").
+
+    Each step's clips and augmentation are drawn from ``g`` in the order a step at a time draws them (clips, angles,
+    scales), all before the first batch: the clips of the next steps then decode in the cache's threads while the
+    model trains on this one, as a site's steps do. ``g`` serves nothing else while the batches are taken."""
     loss = cfg["loss"]
+    augmented = loss.get("augment", True)
+    degrees, scale = float(loss.get("rotate_deg", 15)), float(loss.get("scale", 0.1))
     bs = min(int(cfg["batch_size"]), len(data))
+    plan = []
     for _ in range(int(cfg["steps"])):
-        x, y = data.batch(torch.randint(len(data), (bs,), generator=g).tolist())
-        x, y = x.to(dev), y.to(dev)  # augmented where the model runs
-        if loss.get("augment", True):
-            x, y = augment(x, y, g, float(loss.get("rotate_deg", 15)), float(loss.get("scale", 0.1)))
+        idx = torch.randint(len(data), (bs,), generator=g).tolist()
+        plan.append((idx, draw_rotate_scale(bs, g, degrees, scale) if augmented else None))
+    ahead = max(bs, data.cache.workers)  # clips decoding ahead, of the steps still to come
+    for step, (idx, affine) in enumerate(plan):
+        later = [i for next_idx, _ in plan[step + 1:step + 1 + -(-ahead // bs)] for i in next_idx][:ahead]
+        x, y = data.batch(idx, ahead=later)
+        x, y = on_device(x, dev), on_device(y, dev)  # augmented where the model runs; copied without waiting
+        if affine is not None:
+            x, y = rotate_scale(x, y, *affine)
         yield x, y
 
 

@@ -358,9 +358,20 @@ def seg_loss(logits: torch.Tensor, target: torch.Tensor, dice_weight: float) -> 
 
 def augment(x: torch.Tensor, y: torch.Tensor, g: torch.Generator, degrees: float, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Random rotation and scale (the paper's augmentation), the same for every frame of a clip."""
-    b, t, c, h, w = x.shape  # the angles and scales are drawn on the CPU generator wherever x is
+    return rotate_scale(x, y, *draw_rotate_scale(x.shape[0], g, degrees, scale))
+
+
+def draw_rotate_scale(b: int, g: torch.Generator, degrees: float, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`augment`'s draws for a batch of ``b`` clips (angles, then scales; on the CPU generator wherever the
+    clips are): a loop may draw them before it has the batch."""
     ang = (torch.rand(b, generator=g) * 2 - 1) * math.radians(degrees)
     sc = 1 + (torch.rand(b, generator=g) * 2 - 1) * scale
+    return ang, sc
+
+
+def rotate_scale(x: torch.Tensor, y: torch.Tensor, ang: torch.Tensor, sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clips (B, T, C, H, W) and masks (B, H, W) rotated by ``ang`` and scaled by ``sc`` (one each a clip)."""
+    b, t, c, h, w = x.shape
     cos, sin = torch.cos(ang) / sc, torch.sin(ang) / sc
     theta = torch.stack([torch.stack([cos, -sin, torch.zeros(b)], 1), torch.stack([sin, cos, torch.zeros(b)], 1)], 1)
     grid = F.affine_grid(on_device(theta, x.device), [b, c, h, w], align_corners=False)
