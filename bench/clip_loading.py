@@ -5,7 +5,8 @@ clips at 480x480 are about 21 GB, the cache 4 GB). ``--compute-ms`` stands for t
 GPU: the loop waits that long after taking each batch, so the threads decode while it "trains"; a step
 then costs max(compute, data not hidden). ``--metrics`` also times the evaluation's scores of a frame
 (Dice, IoU, HD95, ASSD of every part, on the CPU) on the site's test masks against the masks shifted 5 px,
-in as many threads. ``--image-cache DIR`` times each site twice with the decoded clips kept in DIR
+in as many threads. ``--server SITE`` also times FedST's server steps (SERQ's synthetic batches) on that
+site's clips. ``--image-cache DIR`` times each site twice with the decoded clips kept in DIR
 (``engine.image_cache``): once writing them (a cold store), once reading them back (what every later
 step, round and job reads).
 
@@ -66,6 +67,43 @@ def time_site(clips: Path, site: str, steps: int, workers: int, compute_ms: floa
             "data_ms_not_hidden": round(max(0.0, per_step * 1000 - compute_ms), 1)}
 
 
+def time_server(clips: Path, site: str, steps: int, workers: int, compute_ms: float, size: tuple[int, int],
+                batch: int = 2, frames: int = 4) -> dict:
+    """FedST's server steps (SERQ, Fig. 5's fine-tuning): ``synthetic_batches`` on the server site's clips (random
+    clips a step, augmented), from a cold cache, waiting ``compute_ms`` after each batch as :func:`time_site`."""
+    from fedmedbench.fl.methods.fedst import synthetic_batches
+
+    data = load_clipset(clips, site, None, frames, size, FrameCache(0, workers))
+    if len(data) < batch:
+        raise SystemExit(f"{clips}: site {site} has {len(data)} clips, fewer than a batch of {batch}")
+    cfg = {"batch_size": batch, "steps": steps, "loss": {"augment": True, "rotate_deg": 15, "scale": 0.1}}
+    reading = 0.0
+    take = data.batch
+
+    def timed_batch(idx, ahead=()):  # the batch alone, apart from its augmentation
+        nonlocal reading
+        t = time.perf_counter()
+        out = take(idx, ahead)
+        reading += time.perf_counter() - t
+        return out
+
+    data.batch = timed_batch
+    batches = synthetic_batches(data, cfg, torch.Generator().manual_seed(0), torch.device("cpu"))
+    t0 = time.perf_counter()
+    taking = 0.0
+    for _ in range(steps):
+        t1 = time.perf_counter()
+        next(batches)
+        taking += time.perf_counter() - t1
+        time.sleep(compute_ms / 1000)
+    per_step = (time.perf_counter() - t0) / steps
+    return {"bench": "clip_loading", "server_site": site, "clips": len(data), "input_size": list(size), "batch": batch,
+            "steps": steps, "loader_workers": workers, "compute_ms": compute_ms, "ms_per_step": round(per_step * 1000, 1),
+            "batch_ms_per_step": round(reading / steps * 1000, 1),
+            "augment_ms_per_step": round((taking - reading) / steps * 1000, 1),
+            "data_ms_not_hidden": round(max(0.0, per_step * 1000 - compute_ms), 1)}
+
+
 def time_metrics(clips: Path, site: str, size: tuple[int, int], workers: int, frames: int = 20) -> dict:
     """The evaluation's meter on ``frames`` test masks against them shifted 5 px, 8 frames a batch, scored in
     ``workers`` threads (``engine.loader_workers``) or in the caller's."""
@@ -88,7 +126,7 @@ def time_metrics(clips: Path, site: str, size: tuple[int, int], workers: int, fr
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clips", type=Path, required=True, help="a clips folder (sites.json, <site>/clips.parquet)")
-    ap.add_argument("--site", nargs="+", default=["A", "C"])
+    ap.add_argument("--site", nargs="*", default=["A", "C"], help="sites whose training steps to time (none: --site alone)")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 2, 4])
     ap.add_argument("--compute-ms", type=float, nargs="+", default=[0.0])
@@ -96,6 +134,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads (the job's)")
     ap.add_argument("--metrics", action="store_true", help="also time the evaluation's per-frame scores")
     ap.add_argument("--image-cache", type=Path, help="also time the steps writing, then reading, decoded clips here")
+    ap.add_argument("--server", metavar="SITE", help="also time the server's SERQ batches on this site's clips (sim)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     limit_threads(args.threads)
@@ -109,6 +148,9 @@ def main() -> None:
                     for phase in ("write", "read"):
                         rows.append({**time_site(args.clips, site, args.steps, w, c, tuple(args.size), disk=store),
                                      "image_cache": phase})
+    if args.server:
+        rows += [time_server(args.clips, args.server, args.steps, w, c, tuple(args.size))
+                 for c in args.compute_ms for w in args.workers]
     if args.metrics:
         rows += [time_metrics(args.clips, site, tuple(args.size), w) for site in args.site for w in args.workers]
     emit(rows, args.out)

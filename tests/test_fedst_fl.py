@@ -925,6 +925,10 @@ def test_clip_loading_bench_reshuffles_past_the_clips_and_names_a_site_without_t
     row = clip_loading.time_site(clips, "A", 5, 2, 0.0, (32, 32))  # 4 training clips, 5 steps of 2
     assert row["clips"] == 4 and row["steps"] == 5 and row["distinct_frames_per_clip"] == 4.0
     assert 0 < row["batch_ms_per_step"] + row["augment_ms_per_step"] <= row["ms_per_step"] + 0.1 and not row["image_cache"]
+    server = clip_loading.time_server(clips, "sim", 3, 2, 0.0, (32, 32))  # FedST's server batches, timed apart
+    assert server["server_site"] == "sim" and server["steps"] == 3 and server["loader_workers"] == 2
+    assert 0 < server["batch_ms_per_step"] and 0 <= server["augment_ms_per_step"]
+    assert server["batch_ms_per_step"] + server["augment_ms_per_step"] <= server["ms_per_step"] + 0.1
     scored = clip_loading.time_metrics(clips, "A", (32, 32), 2)
     assert scored["frames"] == 2 and scored["parts"] == 3 and scored["ms_per_frame"] > 0
     (clips / "Z").mkdir(exist_ok=True)
@@ -936,3 +940,5 @@ def test_clip_loading_bench_reshuffles_past_the_clips_and_names_a_site_without_t
         clip_loading.time_metrics(clips, "Z", (32, 32), 0)
     with pytest.raises(SystemExit, match="site Z has 1 training clips, fewer than a batch of 2"):
         clip_loading.time_site(clips, "Z", 1, 0, 0.0, (32, 32))
+    with pytest.raises(SystemExit, match="site Z has 1 clips, fewer than a batch of 2"):
+        clip_loading.time_server(clips, "Z", 1, 0, 0.0, (32, 32))
