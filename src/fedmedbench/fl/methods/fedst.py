@@ -166,8 +166,9 @@ def synthetic_batches(data, cfg: dict[str, Any], g: torch.Generator, dev: torch.
         idx = torch.randint(len(data), (bs,), generator=g).tolist()
         plan.append((idx, draw_rotate_scale(bs, g, degrees, scale) if augmented else None))
     ahead = max(bs, data.cache.workers)  # clips decoding ahead, of the steps still to come
+    steps_ahead = (ahead + bs - 1) // bs  # the steps those clips belong to
     for step, (idx, affine) in enumerate(plan):
-        later = [i for next_idx, _ in plan[step + 1:step + 1 + -(-ahead // bs)] for i in next_idx][:ahead]
+        later = [i for next_idx, _ in plan[step + 1:step + 1 + steps_ahead] for i in next_idx][:ahead]
         x, y = data.batch(idx, ahead=later)
         x, y = on_device(x, dev), on_device(y, dev)  # augmented where the model runs; copied without waiting
         if affine is not None:
