@@ -157,12 +157,12 @@ def _syncs(fn) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def _waits(run, sizes=(2, 6)) -> list[int]:
-    """The host's waits for the GPU in ``run(n)`` for each of ``sizes``, after one uncounted ``run(sizes[0])``:
-    the first client a process counted waited once more than the later ones (on an H200: 10 waits for 2 steps,
-    9 for 6), set-up rather than a wait per step."""
-    run(sizes[0])
-    return [_syncs(lambda n=n: run(n)) for n in sizes]
+def _waits(make, sizes=(2, 6)) -> list[int]:
+    """The host's waits for the GPU in ``make(n)()`` for each of ``sizes`` (``make(n)`` sets up, uncounted, and returns
+    what is counted), after one uncounted ``make(sizes[0])()``: the first client a process counted waited once more
+    than the later ones (on an H200: 10 waits for 2 steps, 9 for 6), set-up rather than a wait per step."""
+    make(sizes[0])()
+    return [_syncs(make(n)) for n in sizes]
 
 
 def _on_gpu(data):
@@ -181,12 +181,12 @@ def test_an_earlystop_client_on_gpu_data_does_not_wait_for_the_gpu_per_step(meth
 
     from fedmedbench.fl.registry import get_method
 
-    def fit(steps: int) -> None:
+    def fit(steps: int):
         model = tiny_model()
         broadcast = {"last_update": {n: np.full(p.shape, 0.01, np.float32) for n, p in model.named_parameters()}}
         ctx = replace(context(model=model, steps=steps, broadcast=broadcast if method == "fedlesam" else None,
                               data=_on_gpu(tiny_data(n=48))), device=torch.device("cuda"))
-        get_method(method, {}).client_fit(ctx)
+        return lambda: get_method(method, {}).client_fit(ctx)
 
     counts = _waits(fit)
     assert counts[0] == counts[1], f"{method}: the host waited {counts[0]} times for 2 steps, {counts[1]} for 6"
@@ -220,7 +220,7 @@ def test_an_evaluation_waits_for_the_gpu_once_not_per_batch():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3)).cuda()
     x, y = torch.randint(0, 256, (60, 1, 2, 2), dtype=torch.uint8), torch.randint(0, 3, (60,))
-    counts = _waits(lambda b: predict_samples(model, x, y, b, torch.device("cuda")), sizes=(30, 10))
+    counts = _waits(lambda b: lambda: predict_samples(model, x, y, b, torch.device("cuda")), sizes=(30, 10))
     assert counts[0] == counts[1], f"the host waited {counts[0]} times for 2 batches, {counts[1]} for 6"
 
 
@@ -240,6 +240,6 @@ def test_a_segmentation_site_does_not_wait_for_the_gpu_per_step(tmp_path):
     data.batch(range(4))  # every clip decoded: the steps read the cache
     train = TrainConfig(rounds=1, local_epochs=1, batch_size=2, lr=0.1, optimizer="adamw")
     model = _LastFrame().cuda()
-    counts = _waits(lambda s: seg.train_steps(model, data, s, train, 0.1, torch.device("cuda"),
-                                              torch.Generator().manual_seed(4), {"augment": True}))
+    counts = _waits(lambda s: lambda: seg.train_steps(model, data, s, train, 0.1, torch.device("cuda"),
+                                                      torch.Generator().manual_seed(4), {"augment": True}))
     assert counts[0] == counts[1], f"the host waited {counts[0]} times for 2 steps, {counts[1]} for 6"
