@@ -55,6 +55,39 @@ def test_hd95_and_assd_are_medpys_to_the_bit_from_one_pair_of_surface_distances(
     assert binary_scores(square((20, 20), 2, 2, 6), square((20, 20), 2, 5, 6))["hd95"] == pytest.approx(3.0)
 
 
+def test_surface_distances_on_the_box_around_both_masks_are_medpys_on_the_image_to_the_bit(monkeypatch):
+    """HD95 and ASSD come from the smallest box both masks lie in: small parts in a large frame, parts touching each edge and corner, single pixels, parts far apart, and blobs; each equals MedPy's
+    hd95 and assd on the whole image exactly, and the distance passes see the box, not the image."""
+    from fedmedbench import segmetrics
+    from fedmedbench.segmetrics import box_around
+
+    shape = (48, 64)
+    cases = [(square(shape, 10, 12, 5), square(shape, 12, 15, 6)),      # small, near each other
+             (square(shape, 0, 0, 4), square(shape, 1, 2, 5)),          # the top-left corner
+             (square(shape, 44, 60, 4), square(shape, 40, 58, 8)),      # the bottom-right corner, flush
+             (square(shape, 0, 20, 3), square(shape, 45, 20, 3)),       # top edge against bottom edge
+             (square(shape, 20, 30, 1), square(shape, 22, 33, 1)),      # single pixels
+             (square(shape, 5, 5, 3), square(shape, 30, 50, 4) | square(shape, 2, 40, 2))]  # far apart, two objects
+    rng = np.random.default_rng(11)
+    cases += [(ndimage_blobs(rng, shape) & square(shape, 8, 10, 20), ndimage_blobs(rng, shape) & square(shape, 12, 14, 20))
+              for _ in range(8)]
+    seen = []
+    inner = segmetrics._SURFACE_DISTANCES
+    monkeypatch.setattr(segmetrics, "_SURFACE_DISTANCES", lambda a, b, *r: seen.append(a.shape) or inner(a, b, *r))
+    compared = 0
+    for pred, gt in cases:
+        if not pred.any() or not gt.any():
+            continue
+        seen.clear()
+        s = binary_scores(pred, gt)
+        assert s["hd95"] == mb.hd95(pred, gt) and s["assd"] == mb.assd(pred, gt)
+        box = box_around(pred | gt)
+        assert seen == [pred[box].shape] * 2
+        compared += 1
+    assert compared >= 12
+    assert box_around(square(shape, 10, 12, 5) | square(shape, 30, 40, 2)) == (slice(10, 32), slice(12, 42))
+
+
 def ndimage_blobs(rng, shape):
     """A few smoothed random blobs (irregular borders, sometimes several objects)."""
     from scipy import ndimage

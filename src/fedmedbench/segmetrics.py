@@ -66,11 +66,26 @@ def binary_scores(pred: np.ndarray, gt: np.ndarray) -> dict[str, float]:
 
 def surface_scores(pred: np.ndarray, gt: np.ndarray) -> dict[str, float]:
     """HD95 and ASSD of two non-empty masks as MedPy 0.5.2 defines them (``binary.py``: ``hd95`` = the 95th
-    percentile of both directions' surface distances stacked, ``assd`` = their mean), from one pair of them."""
+    percentile of both directions' surface distances stacked, ``assd`` = their mean), from one pair of them,
+    computed on the box both masks lie in (:func:`box_around`): the same distances, in the same order."""
     if _SURFACE_DISTANCES is None:  # a MedPy without the helper: its own two functions
         return {"hd95": float(mb.hd95(pred, gt)), "assd": float(mb.assd(pred, gt))}
+    box = box_around(pred | gt)
+    pred, gt = pred[box], gt[box]
     both = np.hstack((_SURFACE_DISTANCES(pred, gt, None, 1), _SURFACE_DISTANCES(gt, pred, None, 1)))
     return {"hd95": float(np.percentile(both, 95)), "assd": float(both.mean())}
+
+
+def box_around(mask: np.ndarray) -> tuple[slice, ...]:
+    """The smallest box holding every set pixel of a non-empty ``mask``. MedPy's surface distances on it are those
+    on the whole image: its erosion takes what lies outside an array as empty, as the pixels around the box are;
+    every border pixel lies in the box, so the nearest one to any pixel of the box is in it; and the border pixels
+    keep their row-major order."""
+    box = []
+    for axis in range(mask.ndim):
+        hit = np.flatnonzero(mask.any(axis=tuple(a for a in range(mask.ndim) if a != axis)))
+        box.append(slice(int(hit[0]), int(hit[-1]) + 1))
+    return tuple(box)
 
 
 def frame_scores(pred: np.ndarray, gt: np.ndarray, classes: Iterable[int]) -> dict[int, dict[str, float]]:
