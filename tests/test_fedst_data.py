@@ -131,13 +131,21 @@ def test_a_clip_decodes_each_distinct_frame_once_and_gives_the_bits_of_decoding_
     opened = []
     real_open = Image.open
     monkeypatch.setattr(Image, "open", lambda p, *a, **k: opened.append(str(p)) or real_open(p, *a, **k))
-    x, y = ClipSet([repeated], [mask], "repeated", size).item(0)
+    cache = FrameCache(10 * 2**20)
+    x, y = ClipSet([repeated], [mask], "repeated", size, cache).item(0)
     assert sorted(opened) == sorted([repeated[0], repeated[2], mask])  # 2 frames and the mask, not 4 frames
     opened.clear()
-    x_all, y_all = ClipSet([copies], [mask], "copies", size).item(0)
+    copies_cache = FrameCache(10 * 2**20)
+    x_all, y_all = ClipSet([copies], [mask], "copies", size, copies_cache).item(0)
     assert len(opened) == 5
     assert x.shape == (4, 3, *size) and torch.equal(x, x_all) and torch.equal(y, y_all)
     assert torch.equal(x[0], x[1]) and not torch.equal(x[1], x[2])
+    # the cache holds each distinct image once (and their order in the clip), and gives the same bits again
+    frame, plane = 3 * size[0] * size[1], size[0] * size[1]
+    assert copies_cache.bytes == 4 * frame + plane and cache.bytes == 2 * frame + plane + 4 * 8
+    opened.clear()
+    x_again, y_again = ClipSet([repeated], [mask], "repeated", size, cache).item(0)
+    assert not opened and torch.equal(x_again, x) and torch.equal(y_again, y)
 
 
 def test_decode_workers_read_the_next_clips_ahead_and_change_no_bit(tmp_path, monkeypatch):

@@ -165,18 +165,20 @@ class ClipSet:
 
     def item(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(T, 3, h, w) uint8 frames and (h, w) int64 mask of clip ``i``."""
-        frames, mask = self.cache.fetch(self._key(i), partial(self._read, i))
-        return frames, mask.long()
+        frames, mask, *order = self.cache.fetch(self._key(i), partial(self._read, i))
+        return (frames[order[0]] if order else frames), mask.long()
 
     def prefetch(self, idx: Iterable[int]) -> None:
         """Decode clips ``idx`` in the cache's worker threads ahead of their use (no-op without workers)."""
         for i in idx:
             self.cache.prefetch(self._key(int(i)), partial(self._read, int(i)))
 
-    def _read(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _read(self, i: int) -> tuple[torch.Tensor, ...]:
         """Decodes each distinct frame file of the clip once: a clip whose frames repeat (no frame at the clip
         interval, e.g. EndoVis at 2 Hz: t-0.5, t-0.5, t, t) decodes and resizes 2 images, not 4; each image is
-        resized on its own, so a repeat is the same bits as decoding its file again."""
+        resized on its own, so a repeat is the same bits as decoding its file again. Returns (frames, mask), or
+        (distinct frames, mask, their order in the clip) where frames repeat: the cache holds each image once
+        and :meth:`item` repeats it."""
         from PIL import Image
 
         paths = self.clip_paths[i]
@@ -186,8 +188,8 @@ class ClipSet:
         entry = store.path([*paths, self.mask_paths[i]], self.size) if store is not None else None  # repeats in order
         if entry is not None and (kept := store.load(entry)) is not None:  # what the decode below made of it
             frames, kept_order, mask = kept
-            x = torch.from_numpy(frames)
-            return (x[kept_order.tolist()] if len(distinct) < len(paths) else x), torch.from_numpy(mask)
+            x, m = torch.from_numpy(frames), torch.from_numpy(mask)
+            return (x, m, torch.from_numpy(kept_order)) if len(distinct) < len(paths) else (x, m)
         try:
             images = [np.asarray(Image.open(p).convert("RGB")) for p in distinct]
             mask = np.asarray(Image.open(self.mask_paths[i]))
@@ -205,9 +207,7 @@ class ClipSet:
         x, m = resize_clip(x, torch.from_numpy(mask.astype(np.uint8)), self.size)
         if entry is not None:
             store.save(entry, x.numpy(), np.asarray(order, dtype=np.int64), m.numpy())
-        if len(distinct) < len(paths):
-            x = x[order]
-        return x, m
+        return (x, m, torch.tensor(order, dtype=torch.int64)) if len(distinct) < len(paths) else (x, m)
 
     def batch(self, idx: list[int] | np.ndarray, ahead: Iterable[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
         """Clips ``idx`` stacked; with workers their decodes run in parallel, then those of ``ahead`` (the clips
