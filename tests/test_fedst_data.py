@@ -256,6 +256,13 @@ def test_clips_kept_on_disk_give_the_decoded_bits_to_every_later_cache_without_d
     entries[0].write_bytes(b"not an npz")
     assert same([clipset(store).item(i) for i in range(3)], want) and opened  # decoded again
     assert all(np.load(e)["frames"].dtype == np.uint8 for e in entries)  # and written again
+    for i, entry in enumerate(entries):  # a readable entry whose order does not fit its images is damaged too
+        with np.load(entry) as z:
+            kept = {k: z[k] for k in z.files}
+        with open(entry, "wb") as fh:
+            np.savez(fh, **{**kept, "order": kept["order"][:2] if i % 2 else kept["order"] + 5})
+    opened.clear()
+    assert same([clipset(store).item(i) for i in range(3)], want) and opened  # decoded again
     monkeypatch.undo()
     Image.fromarray(np.zeros((24, 32, 3), np.uint8)).save(clips[1][0][2])  # c.png replaced
     assert int(clipset(store).item(1)[0][2].max()) == 0 and len(list(store.rglob("*.npz"))) == 4

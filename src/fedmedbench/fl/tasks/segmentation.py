@@ -136,6 +136,13 @@ def resize_clip(frames: torch.Tensor, mask: torch.Tensor, size: tuple[int, int] 
     return x.round().clamp(0, 255).to(torch.uint8), m.to(mask.dtype)
 
 
+def _fits(kept: tuple[np.ndarray, np.ndarray, np.ndarray], frames: int, distinct: int) -> bool:
+    """A stored entry is this clip's decode: its distinct images and their order in the clip match (otherwise it is
+    damaged, and the clip is decoded and written again)."""
+    images, order, _ = kept
+    return len(images) == distinct and order.shape == (frames,) and bool(((order >= 0) & (order < distinct)).all())
+
+
 @dataclass
 class ClipSet:
     """Clips of one site and split, decoded on demand, resized to ``size`` (None = as stored;
@@ -186,7 +193,8 @@ class ClipSet:
         order = [distinct.index(p) for p in paths]
         store = self.cache.store
         entry = store.path([*paths, self.mask_paths[i]], self.size) if store is not None else None  # repeats in order
-        if entry is not None and (kept := store.load(entry)) is not None:  # what the decode below made of it
+        kept = store.load(entry) if entry is not None else None
+        if kept is not None and _fits(kept, len(paths), len(distinct)):  # what the decode below made of it
             frames, kept_order, mask = kept
             x, m = torch.from_numpy(frames), torch.from_numpy(mask)
             return (x, m, torch.from_numpy(kept_order)) if len(distinct) < len(paths) else (x, m)
