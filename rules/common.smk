@@ -4,14 +4,13 @@ import os
 import sys
 from pathlib import Path
 
-from snakemake.utils import validate
-
 import fedmedbench.data.user as USER
 import fedmedbench.studies.earlystop.runs as ES
 import fedmedbench.studies.gpaf.runs as GPAF
 import fedmedbench.studies.grid as GRID
 import fedmedbench.partition as PARTITION
 from fedmedbench.configcheck import coerce_numbers, config_error, ignored_settings
+from fedmedbench.diagnostics import validate_config
 from fedmedbench.report.html import table_caption
 from fedmedbench.fl import method_params
 
@@ -19,7 +18,7 @@ SOFTWARE_ENV = "../envs/environment.yaml"
 
 # YAML 1.1 reads 5e-2 as text: numbers where the schema asks for one
 coerce_numbers(config, Path(workflow.basedir) / "config" / "schema.yaml")
-validate(config, "../config/schema.yaml")
+validate_config(config, Path(workflow.basedir) / "config" / "schema.yaml")
 for _warning in ignored_settings(config):
     print(f"config warning: {_warning}", file=sys.stderr)
 
@@ -44,7 +43,9 @@ wildcard_constraints:
 
 
 def _config_error(key, message):
-    config_error(key, message)
+    """One line naming the config file and key, then exit (also from input functions, after parsing)."""
+    with exit_on_config_error(CONFIG_FILES):
+        config_error(key, message)
 
 
 OFFICIAL_FLAGS = ("pathmnist", "dermamnist", "octmnist", "pneumoniamnist", "retinamnist", "breastmnist", "bloodmnist",
