@@ -29,9 +29,6 @@ if not workflow.overwrite_configfiles:
 
 
 
-report: "report/workflow.rst"
-
-
 with exit_on_config_error(CONFIG_FILES):
 
     include: "rules/common.smk"
@@ -47,6 +44,10 @@ with exit_on_config_error(CONFIG_FILES):
     include: "rules/fedst.smk"
     include: "rules/deploy.smk"
     include: "rules/report_html.smk"
+
+
+# The report's landing text shows its first page (rule report_landing) once that is built.
+report: "report/workflow.rst" if os.path.exists(REPORT_LANDING) else "report/workflow_pending.rst"
 
 
 # Quick steps run on the submitting node, not as cluster jobs.

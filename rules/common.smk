@@ -11,7 +11,8 @@ import fedmedbench.studies.grid as GRID
 import fedmedbench.partition as PARTITION
 from fedmedbench.configcheck import coerce_numbers, config_error, ignored_settings
 from fedmedbench.diagnostics import validate_config
-from fedmedbench.report.html import table_caption
+from fedmedbench.report.html import table_caption, table_rounding
+import fedmedbench.report.landing as LANDING
 from fedmedbench.fl import method_params
 
 SOFTWARE_ENV = "../envs/environment.yaml"
@@ -423,16 +424,60 @@ def gpaf_tsne_specs(wildcards):
 
 
 # --- HTML report (rules/report_html.smk) --------------------------------------------------------
+#: the report's first page (rule report_landing; included by report/workflow.rst once built)
+REPORT_LANDING = "results/report/landing.html"
+
+
 def report_origin(study):
     """Data origin shown in a caption: MedMNIST studies by their datasets, surgical studies by surgical.origin."""
     return study_origin(study) if study in config["studies"] else SORIGIN
 
 
-def report_html_targets():
-    """One HTML page (results/<study>/report/<table>.html) per Markdown table that rule all builds."""
+def study_paper(study):
+    """The paper a study reproduces (a key of fedmedbench.report.landing.PAPERS), None for a study of one's own:
+    a MedMNIST study by its paper outputs, the surgical studies (ultraflwr, fedst) by their name."""
+    if study not in config["studies"]:
+        return study
+    s = config["studies"][study]
+    if s["early_stopping"]["report"]:
+        return "earlystop"
+    if s["report"].get("gpaf") is not None:
+        return "gpaf"
+    return None
+
+
+def report_table_rounding(study, table):
+    return table_rounding(study, table, study_paper(study) is not None)
+
+
+def _report_markdown_tables():
+    """Every Markdown table that rule all builds."""
     out = []
     for t in [*all_targets(), *ultraflwr_targets(), *fedst_targets()]:
         p = Path(t)
         if p.suffix == ".md" and p.parent.name == "tables":
-            out.append(str(p.parent.parent / "report" / f"{p.stem}.html"))
+            out.append(t)
     return out
+
+
+def report_html_targets():
+    """One HTML page (results/<study>/report/<table>.html) per Markdown table that rule all builds, and the landing page."""
+    out = [str(Path(t).parent.parent / "report" / f"{Path(t).stem}.html") for t in _report_markdown_tables()]
+    return [*out, REPORT_LANDING]
+
+
+def report_studies():
+    """Every study of the run as the landing page lists it (fields of fedmedbench.report.landing.StudyEntry)."""
+    tables = _report_markdown_tables()
+    studies = [(s, sorted({r["dataset"] for r in runs(s)})) for s in config["studies"]]
+    if ultraflwr_targets():
+        studies.append(("ultraflwr", sorted({d for g in UF["groups"] for d in SURGICAL["groups"][g]["datasets"]})))
+    if fedst_targets():
+        studies.append(("fedst", sorted({site["dataset"] for site in SURGICAL["sites"].values()})))
+    return [dict(name=s, paper=study_paper(s), datasets=datasets, origin=report_origin(s),
+                 tables=[t for t in tables if t.startswith(f"results/{s}/tables/")]) for s, datasets in studies]
+
+
+def report_main_tables(wildcards):
+    """The Markdown tables the landing page shows: each study's main table."""
+    return [t for s in report_studies() for t in LANDING.main_tables(LANDING.StudyEntry(**s))]
