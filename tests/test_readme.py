@@ -83,6 +83,13 @@ def test_example_config_values_are_the_defaults_or_say_they_are_not(page):
     assert wrong == []
 
 
+def test_the_own_dataset_example_is_a_valid_config():
+    from fedmedbench.diagnostics import validate_config
+
+    block = next(b for b in _yaml_blocks(README) if "datasets:\n  mydata:" in b)
+    validate_config(yaml.safe_load(block), ROOT / "config" / "schema.yaml")
+
+
 def test_the_check_catches_a_changed_default():
     """The example the README had: momentum 0.9 and 50 rounds, shown as if they were the defaults."""
     block = "studies:\n  s:\n    train: {rounds: 50, lr: 0.01, momentum: 0.9}\n"
