@@ -68,6 +68,7 @@ localrules:
     ultraflwr_communication,
     fedst_tables,
     report_table_html,
+    report_landing,
 
 
 if config["cluster"]["local_downloads"]:
