@@ -83,9 +83,6 @@ def as_config_error(exc: BaseException) -> ConfigError | None:
 
     if isinstance(exc, jsonschema.ValidationError):
         return schema_error(exc)
-    for arg in getattr(exc, "args", ()):  # Snakemake's validate wraps the schema error
-        if isinstance(arg, jsonschema.ValidationError):
-            return schema_error(arg)
     if isinstance(exc, ValueError) and (m := _CONFIG_MESSAGE.fullmatch(str(exc))):
         return ConfigError(m["key"], m["detail"])
     return None
