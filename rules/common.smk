@@ -10,6 +10,7 @@ import fedmedbench.data.user as USER
 import fedmedbench.studies.grid as GRID
 import fedmedbench.partition as PARTITION
 from fedmedbench.configcheck import coerce_numbers, config_error, ignored_settings
+from fedmedbench.data.medmnist import SIZES
 from fedmedbench.data.medmnist import SUPPORTED_FLAGS as OFFICIAL_FLAGS
 from fedmedbench.report.html import table_caption
 from fedmedbench.fl import method_params
@@ -35,7 +36,7 @@ wildcard_constraints:
     setting=ID,
     method="[a-z_0-9]+",
     seed=r"\d+",
-    size=r"28|64|128|224",
+    size="|".join(map(str, SIZES)),
     origin="synthetic|real|user",
     domain=ID,
     sdataset=ID,
