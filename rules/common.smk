@@ -1,5 +1,6 @@
-# Config validation (schema with defaults + cross-field checks) and the helpers that
-# turn the config into file names, targets and per-run parameters.
+# Config validation (schema with defaults + cross-field checks) and the helpers every study shares: they
+# turn the config into file names, targets and per-run parameters. A study's own helpers are in
+# rules/<study>_common.smk (earlystop, gpaf, ultraflwr, fedst), the surgical data layer's in surgical_common.smk.
 import os
 import sys
 from pathlib import Path
