@@ -70,7 +70,10 @@ def client_sizes(n: int, num_clients: int) -> np.ndarray:
 
 def replay_partition(scheme: str, labels: np.ndarray, num_clients: int, seed: int, params: dict[str, Any],
                      n_classes: int) -> Replayed:
-    """``dataset.py``'s partition of ``labels`` (official order) for ``seed``: the same calls, in order."""
+    """``dataset.py``'s partition of ``labels`` (official order) for ``seed``: the same calls, in order.
+
+    ``n_classes`` is the dataset's class count (the reference's ``len(INFO[flag]['label'])``, ``dataset.py:62``),
+    which sizes the Dirichlet priors even where a class has no training sample."""
     reason = check_setting(scheme, params)
     if reason:
         raise ReplayError(reason)
