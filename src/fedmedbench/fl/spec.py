@@ -49,6 +49,8 @@ class RunSpec:
     pretrained_path: str | None = None
     train: dict[str, Any] = field(default_factory=dict)
     clients_per_round: int | None = None  # None = all clients every round
+    #: whose draws pick each round's clients: project, reference, reference_cache_build (partition_replay.py)
+    random_draws: str = "project"
     method_params: dict[str, Any] = field(default_factory=dict)
     device: str = "auto"
     threads: int = 1
@@ -125,6 +127,8 @@ class RunSpec:
             del d["client_validation"]
         if not d["weights_sha256"]:
             del d["weights_sha256"]
+        if d["random_draws"] == "project":
+            del d["random_draws"]
         if d["task"] == "classification" and not d["task_params"]:
             del d["task"], d["task_params"]
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
