@@ -3,6 +3,7 @@ docs/architecture.md names every module and rule of the tree."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -18,7 +19,7 @@ DOC = ROOT / "docs" / "architecture.md"
 #: the modules whose import registers a task
 TASK_MODULES = {"fedmedbench.fl.tasks.classification", "fedmedbench.fl.tasks.segmentation", "fedmedbench.fl.tasks.detection.task"}
 #: core modules: importing one loads no method and no task module
-CORE = ("fedmedbench.fl", "fedmedbench.fl.registry", "fedmedbench.fl.spec", "fedmedbench.fl.tasks", "fedmedbench.fl.tasks.base",
+CORE = ("fedmedbench.fl", "fedmedbench.fl.api", "fedmedbench.fl.arrays", "fedmedbench.fl.registry", "fedmedbench.fl.spec", "fedmedbench.fl.tasks", "fedmedbench.fl.tasks.base",
         "fedmedbench.fl.job", "fedmedbench.fl.federation", "fedmedbench.fl.engine", "fedmedbench.fl.checkpoint",
         "fedmedbench.fl.client_state", "fedmedbench.fl.data", "fedmedbench.fl.training", "fedmedbench.fl.stopping",
         "fedmedbench.fl.method_params", "fedmedbench.fl.inline_grid")
@@ -108,6 +109,66 @@ def test_a_task_module_imports_no_other_task(loaded):
 def test_tasks_register_when_looked_up(loaded):
     """The registry loads no task on import (above), yet finds each when looked up."""
     assert loaded["task:classification"] == ["fedmedbench.fl.tasks.classification"]
+
+
+def _module_level_imports(name: str) -> set[str]:
+    """The fl modules ``name`` imports outside its functions (``if TYPE_CHECKING:`` blocks included:
+    a type-only import is a dependency too); ``from pkg import mod`` counts as ``pkg.mod``."""
+    path = SRC.parent / (name.replace(".", "/") + ".py")
+    if not path.exists():
+        path = path.with_suffix("") / "__init__.py"
+    found: set[str] = set()
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                package = name.split(".")[: None if path.name == "__init__.py" else -1]
+                base = ".".join([*package[: len(package) - node.level + 1], node.module or ""]) if node.level else node.module
+                found.update([base, *(f"{base}.{a.name}" for a in node.names)])
+            elif isinstance(node, ast.If | ast.Try):
+                walk(node.body + node.orelse + [s for h in getattr(node, "handlers", []) for s in h.body])
+
+    walk(ast.parse(path.read_text()).body)
+    return {m.rstrip(".") for m in found} & set(FL_MODULES) - {name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of ``graph``: one path that comes back to its start, per circle found by a depth-first walk."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        state[v] = 1
+        path.append(v)
+        for w in sorted(graph[v]):
+            if state.get(w) == 1:
+                out.append([*path[path.index(w):], w])
+            elif w not in state:
+                visit(w)
+        path.pop()
+        state[v] = 2
+
+    for v in sorted(graph):
+        if v not in state:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_among_fl_modules():
+    graph = {m: _module_level_imports(m) for m in FL_MODULES}
+    assert graph["fedmedbench.fl.registry"] >= {"fedmedbench.fl.api"}
+    assert graph["fedmedbench.fl.spec"] == set(), "spec.py is read while the workflow plans: it imports nothing of fl/"
+    assert _cycles(graph) == []
+
+
+def test_the_circle_finder_sees_type_only_imports_and_finds_a_circle():
+    assert "fedmedbench.fl.spec" in _module_level_imports("fedmedbench.fl.api")  # under TYPE_CHECKING
+    assert "fedmedbench.fl.training" not in _module_level_imports("fedmedbench.fl.api")  # inside a method
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
 
 
 def _package_map() -> set[str]:

@@ -10,10 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # the workflow reads this module while it plans: no torch at import
-    from fedmedbench.fl.registry import TrainConfig
+from typing import Any
 
 #: fields that do not change the numbers a run produces
 _NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device",
@@ -108,11 +105,6 @@ class RunSpec:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, default=str)
-
-    def train_config(self) -> TrainConfig:
-        from fedmedbench.fl.registry import TrainConfig
-
-        return TrainConfig(**self.train)
 
     def run_hash(self) -> str:
         d = {k: v for k, v in self.to_dict().items() if k not in _NOT_HASHED}

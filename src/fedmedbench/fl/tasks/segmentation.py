@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedmedbench.fl.registry import TrainConfig
+from fedmedbench.fl.api import TrainConfig
 from fedmedbench.fl.tasks.base import Task, register_task
 from fedmedbench.fl.tasks.clip_store import ClipStore
 from fedmedbench.fl.training import on_device
