@@ -17,7 +17,7 @@ SRC = ROOT / "src" / "fedmedbench"
 DOC = ROOT / "docs" / "architecture.md"
 
 #: the modules whose import registers a task
-TASK_MODULES = {"fedmedbench.fl.tasks.classification", "fedmedbench.fl.tasks.segmentation", "fedmedbench.fl.tasks.detection.task"}
+TASK_MODULES = {"fedmedbench.fl.tasks.classification", "fedmedbench.fl.tasks.segmentation.task", "fedmedbench.fl.tasks.detection.task"}
 #: core modules: importing one loads no method and no task module
 CORE = ("fedmedbench.fl", "fedmedbench.fl.api", "fedmedbench.fl.arrays", "fedmedbench.fl.registry", "fedmedbench.fl.spec", "fedmedbench.fl.tasks", "fedmedbench.fl.tasks.base",
         "fedmedbench.fl.job", "fedmedbench.fl.federation", "fedmedbench.fl.engine", "fedmedbench.fl.checkpoint",
@@ -74,7 +74,7 @@ CORE = (*CORE, "fedmedbench.fl.methods")
 
 @pytest.fixture(scope="module")
 def loaded() -> dict[str, list[str]]:
-    res = subprocess.run([sys.executable, "-c", _PROBE, *FL_MODULES, "task:classification"], capture_output=True, text=True, timeout=600,
+    res = subprocess.run([sys.executable, "-c", _PROBE, *FL_MODULES, "task:classification", "task:segmentation"], capture_output=True, text=True, timeout=600,
                          env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -90,7 +90,8 @@ def test_core_module_imports_no_method_or_task(loaded, name):
     mods = loaded[name]
     assert isinstance(mods, list), mods
     assert not [m for m in mods if m.startswith("fedmedbench.fl.methods.")], f"{name} imports methods"
-    assert not [m for m in mods if m in TASK_MODULES or m.startswith("fedmedbench.fl.tasks.detection")], f"{name} imports tasks"
+    assert not [m for m in mods if m in TASK_MODULES or m.startswith(("fedmedbench.fl.tasks.detection", "fedmedbench.fl.tasks.segmentation"))], \
+        f"{name} imports tasks"
 
 
 def test_no_single_module_imports_the_whole_package(loaded):
@@ -109,6 +110,14 @@ def test_a_task_module_imports_no_other_task(loaded):
 def test_tasks_register_when_looked_up(loaded):
     """The registry loads no task on import (above), yet finds each when looked up."""
     assert loaded["task:classification"] == ["fedmedbench.fl.tasks.classification"]
+    assert loaded["task:segmentation"] == ["fedmedbench.fl.tasks.segmentation.task"]
+
+
+def test_the_segmentation_package_loads_no_task(loaded):
+    """The methods import its training loop; the task registers only when looked up."""
+    assert "fedmedbench.fl.tasks.segmentation.training" in loaded["fedmedbench.fl.tasks.segmentation"]
+    assert not set(loaded["fedmedbench.fl.tasks.segmentation"]) & TASK_MODULES
+    assert not set(loaded["fedmedbench.fl.methods.seg_fedavg"]) & TASK_MODULES
 
 
 def _module_level_imports(name: str) -> set[str]:

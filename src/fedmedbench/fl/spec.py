@@ -62,7 +62,7 @@ class RunSpec:
     #: parallel reading of surgical images: DataLoader worker processes of the detection evaluation
     #: (Ultralytics' validator reads the images in order) and, from 1, the detection training's batches read
     #: ahead in one thread (fl/tasks/detection/read_ahead.py), threads decoding the segmentation clips ahead
-    #: of use (fl/tasks/segmentation.py); the same results either way: speed only, not hashed
+    #: of use (fl/tasks/segmentation/clips.py); the same results either way: speed only, not hashed
     loader_workers: int = 0
     #: a folder where the surgical jobs keep the images they read decoded, shared by every job
     #: (fl/tasks/detection/frame_cache.py, fl/tasks/clip_store.py): the same arrays as decoding, so the
