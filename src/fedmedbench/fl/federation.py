@@ -23,18 +23,11 @@ import torch
 
 from fedmedbench import partition_replay
 from fedmedbench.fl import checkpoint
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, ServerContext
+from fedmedbench.fl.arrays import arrays_to_tensors, host_tensors, model_arrays
 from fedmedbench.fl.client_state import ClientStateStore
 from fedmedbench.fl.job import Job, resolve_device  # noqa: F401  (resolve_device: imported from here elsewhere)
-from fedmedbench.fl.registry import (
-    Arrays,
-    ClientContext,
-    ClientResult,
-    ServerContext,
-    arrays_to_tensors,
-    get_method,
-    host_tensors,
-    model_arrays,
-)
+from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.stopping import DataFreeMonitor
 from fedmedbench.fl.tasks.base import get_task_class, task_for  # noqa: F401  (task_for: imported from here elsewhere)

@@ -10,10 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # the workflow reads this module while it plans: no torch at import
-    from fedmedbench.fl.registry import TrainConfig
+from typing import Any
 
 #: fields that do not change the numbers a run produces
 _NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device",
@@ -67,7 +64,7 @@ class RunSpec:
     #: parallel reading of surgical images: DataLoader worker processes of the detection evaluation
     #: (Ultralytics' validator reads the images in order) and, from 1, the detection training's batches read
     #: ahead in one thread (fl/tasks/detection/read_ahead.py), threads decoding the segmentation clips ahead
-    #: of use (fl/tasks/segmentation.py); the same results either way: speed only, not hashed
+    #: of use (fl/tasks/segmentation/clips.py); the same results either way: speed only, not hashed
     loader_workers: int = 0
     #: a folder where the surgical jobs keep the images they read decoded, shared by every job
     #: (fl/tasks/detection/frame_cache.py, fl/tasks/clip_store.py): the same arrays as decoding, so the
@@ -110,11 +107,6 @@ class RunSpec:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, default=str)
-
-    def train_config(self) -> TrainConfig:
-        from fedmedbench.fl.registry import TrainConfig
-
-        return TrainConfig(**self.train)
 
     def run_hash(self) -> str:
         d = {k: v for k, v in self.to_dict().items() if k not in _NOT_HASHED}
