@@ -17,6 +17,7 @@ rule build_partition:
         scheme=setting_value("scheme"),
         num_clients=setting_value("num_clients"),
         scheme_params=setting_value("params"),
+        random_draws=study_value("random_draws"),
         user_dataset=user_dataset,
     log:
         "logs/build_partition/{study}/{dataset}/{setting}/seed{seed}.log",
