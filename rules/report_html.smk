@@ -14,9 +14,9 @@ rule report_table_html:
             subcategory="tables",
         ),
     params:
-        caption=lambda wc: table_caption(wc.study, wc.table),
-        rounding=lambda wc: report_table_rounding(wc.study, wc.table),
-        origin=lambda wc: report_origin(wc.study),
+        caption=html_caption,
+        rounding=html_rounding,
+        origin=of_study(report_origin),
     wildcard_constraints:
         table="[A-Za-z0-9][A-Za-z0-9_.-]*",
     log:

@@ -106,5 +106,5 @@ def test_readme_links_resolve():
     index = ROOT / "docs" / "README.md"
     for target in re.findall(r"\]\(([^)#]+)\)", index.read_text()):
         assert (index.parent / target).exists(), target
-    listed = set(re.findall(r"\]\(([\w.]+\.md)\)", index.read_text()))
+    listed = set(re.findall(r"\]\(([\w.-]+\.md)\)", index.read_text()))
     assert {p.name for p in (ROOT / "docs").glob("*.md")} - {"README.md"} <= listed, "a docs page missing from docs/README.md"
