@@ -960,3 +960,25 @@ def test_clip_loading_bench_reshuffles_past_the_clips_and_names_a_site_without_t
         clip_loading.time_site(clips, "Z", 1, 0, 0.0, (32, 32))
     with pytest.raises(SystemExit, match="site Z has 1 clips, fewer than a batch of 2"):
         clip_loading.time_server(clips, "Z", 1, 0, 0.0, (32, 32))
+
+
+def test_evaluation_measures_distances_in_native_pixels_on_request(clips):
+    """The 64x64 synthetic frames scored at 32x32: ``distances: native`` doubles every HD95 / ASSD
+    (spacing 2 on both axes), overlaps unchanged; ``assd: medpy_0_4`` changes ASSD only."""
+    from fedmedbench.fl.tasks.segmentation import evaluate_clips, load_clipset
+    from fedmedbench.models.fedst import build_fedst_net
+
+    torch.manual_seed(0)
+    net = build_fedst_net({"temporal": False, "selection": "none", "num_classes": 4})
+    data = load_clipset(clips, "A", "test", 4, (32, 32))
+    classes = {1: "shaft", 2: "wrist", 3: "jaws"}
+    base = evaluate_clips(net, data, classes, torch.device("cpu"), 4)
+    native = evaluate_clips(net, data, classes, torch.device("cpu"), 4, distances="native")
+    old = evaluate_clips(net, data, classes, torch.device("cpu"), 4, assd="medpy_0_4")
+    for k, v in base.items():
+        m = k.split("_")[0]
+        assert native[k] == pytest.approx(2 * v if m in ("hd95", "assd") else v, rel=1e-12), k
+        if m != "assd":
+            assert old[k] == v, k
+    with pytest.raises(ValueError, match="eval.distances"):
+        evaluate_clips(net, data, classes, torch.device("cpu"), 4, distances="mm")

@@ -38,7 +38,7 @@ from fedmedbench.fl.registry import TrainConfig
 from fedmedbench.fl.tasks.base import Task, register_task
 from fedmedbench.fl.tasks.clip_store import ClipStore
 from fedmedbench.fl.training import on_device
-from fedmedbench.segmetrics import METRICS, SegmentationMeter
+from fedmedbench.segmetrics import DISTANCE_UNITS, METRICS, SegmentationMeter, native_spacing
 
 INDICATORS = ("clip", "onehot", "gaussian", "random")
 
@@ -450,15 +450,22 @@ def train_steps(
 
 @torch.no_grad()
 def evaluate_clips(model: torch.nn.Module, data: ClipSet, classes: dict[int, str], device: torch.device,
-                   batch_size: int, binary: bool = False, class_rule: str = "all_classes") -> dict[str, float]:
-    """Metrics of ``model`` on ``data`` (names: ``dice`` .. and ``dice_<class>`` ..); ``class_rule``:
-    :data:`fedmedbench.segmetrics.CLASS_RULES`."""
+                   batch_size: int, binary: bool = False, class_rule: str = "all_classes", assd: str = "medpy_0_5",
+                   distances: str = "input") -> dict[str, float]:
+    """Metrics of ``model`` on ``data`` (names: ``dice`` .. and ``dice_<class>`` ..); ``class_rule``, ``assd``:
+    :mod:`fedmedbench.segmetrics`; ``distances``: HD95/ASSD in pixels of the scored masks (``input``) or of
+    each native frame (``native``)."""
+    if distances not in DISTANCE_UNITS:
+        raise ValueError(f"fedst eval.distances must be one of {DISTANCE_UNITS}, got {distances!r}")
     model.eval()
     meter = SegmentationMeter(classes, binary=binary, class_rule=class_rule, submit=data.cache.submit,
-                              max_pending=max(batch_size, 4 * data.cache.workers))
+                              max_pending=max(batch_size, 4 * data.cache.workers), assd=assd)
+    start = 0
     for x, y in data.batches(batch_size):
         pred = model(x.to(device)).argmax(dim=1).cpu().numpy()
-        meter.add(pred, y.numpy())
+        native = data.mask_paths[start:start + len(y)]
+        meter.add(pred, y.numpy(), native_spacing(native, tuple(y.shape[-2:])) if distances == "native" else None)
+        start += len(y)
     return {k.removeprefix("mean_"): v for k, v in meter.result().items()}
 
 
@@ -564,11 +571,18 @@ class SegmentationTask(Task):
     def class_rule(self) -> str:
         return str(self.spec.task_params.get("class_rule", "all_classes"))
 
+    @property
+    def scoring(self) -> dict[str, str]:
+        """How :func:`evaluate_clips` scores: class rule, ASSD definition, distance unit."""
+        tp = self.spec.task_params
+        return {"class_rule": self.class_rule, "assd": str(tp.get("assd", "medpy_0_5")),
+                "distances": str(tp.get("distances", "input"))}
+
     def evaluate_global(self, model, device):
         per_client = []
         for s in self.spec.task_params["sites"]:
             model.set_indicator(self.site(s).indicator)
-            per_client.append({f"local_{k}": v for k, v in evaluate_clips(model, self.site(s).test, self.classes, device, self._bs(), class_rule=self.class_rule).items()})
+            per_client.append({f"local_{k}": v for k, v in evaluate_clips(model, self.site(s).test, self.classes, device, self._bs(), **self.scoring).items()})
         # pooled test = frame-weighted mean of the sites' per-frame scores
         n = np.array([len(self.site(s).test) for s in self.spec.task_params["sites"]], dtype=float)
         row = {f"global_{k}": float(np.average([c[f"local_{k}"] for c in per_client], weights=n)) for k in self.metric_names}
@@ -576,9 +590,9 @@ class SegmentationTask(Task):
 
     def evaluate_client(self, model, data, device):
         model.set_indicator(data.indicator)
-        out = {f"local_{k}": v for k, v in evaluate_clips(model, data.test, self.classes, device, self._bs(), class_rule=self.class_rule).items()}
+        out = {f"local_{k}": v for k, v in evaluate_clips(model, data.test, self.classes, device, self._bs(), **self.scoring).items()}
         if self.spec.task_params.get("cross_site_eval", True):
-            out.update({f"global_{k}": v for k, v in evaluate_clips(model, self.pooled_test(), self.classes, device, self._bs(), class_rule=self.class_rule).items()})
+            out.update({f"global_{k}": v for k, v in evaluate_clips(model, self.pooled_test(), self.classes, device, self._bs(), **self.scoring).items()})
         else:
             out.update({f"global_{k}": math.nan for k in self.metric_names})
         return out
