@@ -976,6 +976,12 @@ def test_study_config_validates_with_no_medmnist_study():
     assert spec["method_params"]["ap"] == spec["task_params"]["ap"] == "ultralytics_8_3"
     spec = UFR.run_spec({**uf, "train": {**t, "ap": "installed"}}, run, "s", None, "cpu", "real")
     assert spec["method_params"]["ap"] == spec["task_params"]["ap"] == "installed"
+    # start weights: every run (UltraFlwr main, the default) or the centralized baseline only (its later branch)
+    fed_run = {**run, "strategy": "FedAvg"}
+    assert uf["model"]["start"] == "all" and UFR.run_spec(uf, fed_run, "s", "w.pt", "cpu", "real")["pretrained_path"] == "w.pt"
+    later = {**uf, "model": {**uf["model"], "start": "centralized"}}
+    assert UFR.run_spec(later, fed_run, "s", "w.pt", "cpu", "real")["pretrained_path"] is None
+    assert UFR.run_spec(later, run, "s", "w.pt", "cpu", "real")["pretrained_path"] == "w.pt"
     empty = {**cfg, "ultraflwr": {**uf, "groups": {}}}
     with pytest.raises(Exception, match="studies|groups"):
         validate(yaml.safe_load(yaml.safe_dump(empty)), schema)

@@ -43,6 +43,12 @@ def run_dir(r: Mapping[str, Any]) -> str:
     return f"{DIR}/{r['ugroup']}/{r['usetting']}/{r['strategy']}/seed{r['seedset']}"
 
 
+def start_weights(uf: dict[str, Any], strategy: str, pretrained_path: str | None) -> str | None:
+    """The weights a run starts from: ``model.start: all`` every run (UltraFlwr main), ``centralized`` the
+    centralized baseline only (its later branch builds the federated models from the yaml)."""
+    return pretrained_path if uf["model"].get("start", "all") == "all" or strategy == "Centralized" else None
+
+
 def run_spec(uf: dict[str, Any], r: Mapping[str, Any], surgical_dir: str, pretrained_path: str | None, device: str,
              origin: str) -> dict[str, Any]:
     """The resolved RunSpec of one run: every hyper-parameter, so a change reruns exactly its jobs."""
@@ -58,7 +64,7 @@ def run_spec(uf: dict[str, Any], r: Mapping[str, Any], surgical_dir: str, pretra
         "sources": {},
         "image_size": t["imgsz"],
         "model": uf["model"]["cfg"],
-        "pretrained_path": pretrained_path,
+        "pretrained_path": start_weights(uf, r["strategy"], pretrained_path),
         "train": {"rounds": t["rounds"], "local_epochs": t["epochs"], "batch_size": t["batch"], "lr": t["lr0"]},
         "method_params": {
             "strategy": "FedAvg" if r["strategy"] == "Centralized" else r["strategy"],

@@ -209,7 +209,8 @@ def hue_lut_83(factor: float, dtype=np.uint8) -> np.ndarray:
 
 class RandomHSV83:
     """Ultralytics' ``RandomHSV`` step with 8.3.48's hue rule: the same draws (one uniform triple per image) and
-    the same saturation and value tables as the installed one. A module-level class, so that a dataset holding it
+    the same saturation and value tables as the installed one (its ``lut_sat[0] = 0``, added in 8.3.79 and absent
+    from 8.3.48, sets an entry that is 0 under both: 0 x gain). A module-level class, so that a dataset holding it
     pickles for dataloader workers started by spawn or forkserver."""
 
     def __init__(self, hgain: float = 0.5, sgain: float = 0.5, vgain: float = 0.5) -> None:
