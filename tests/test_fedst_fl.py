@@ -962,23 +962,39 @@ def test_clip_loading_bench_reshuffles_past_the_clips_and_names_a_site_without_t
         clip_loading.time_server(clips, "Z", 1, 0, 0.0, (32, 32))
 
 
-def test_evaluation_measures_distances_in_native_pixels_on_request(clips):
-    """The 64x64 synthetic frames scored at 32x32: ``distances: native`` doubles every HD95 / ASSD
-    (spacing 2 on both axes), overlaps unchanged; ``assd: medpy_0_4`` changes ASSD only."""
+def test_evaluation_at_native_units_or_native_resolution_on_request(clips):
+    """The 64x64 synthetic frames scored at 32x32: ``resolution: native_units`` doubles every HD95 / ASSD
+    (spacing 2 on both axes), overlaps unchanged; ``native`` scores each prediction upsampled (bilinear
+    logits) to 64x64 against the mask file; ``assd: medpy_0_4`` changes ASSD only."""
+    from PIL import Image
+
     from fedmedbench.fl.tasks.segmentation import evaluate_clips, load_clipset
     from fedmedbench.models.fedst import build_fedst_net
+    from fedmedbench.segmetrics import SegmentationMeter
 
     torch.manual_seed(0)
-    net = build_fedst_net({"temporal": False, "selection": "none", "num_classes": 4})
+    net = build_fedst_net({"temporal": False, "selection": "none", "num_classes": 4}).eval()
     data = load_clipset(clips, "A", "test", 4, (32, 32))
     classes = {1: "shaft", 2: "wrist", 3: "jaws"}
-    base = evaluate_clips(net, data, classes, torch.device("cpu"), 4)
-    native = evaluate_clips(net, data, classes, torch.device("cpu"), 4, distances="native")
-    old = evaluate_clips(net, data, classes, torch.device("cpu"), 4, assd="medpy_0_4")
+    cpu = torch.device("cpu")
+    base = evaluate_clips(net, data, classes, cpu, 4)
+    units = evaluate_clips(net, data, classes, cpu, 4, resolution="native_units")
+    old = evaluate_clips(net, data, classes, cpu, 4, assd="medpy_0_4")
     for k, v in base.items():
         m = k.split("_")[0]
-        assert native[k] == pytest.approx(2 * v if m in ("hd95", "assd") else v, rel=1e-12), k
+        assert units[k] == pytest.approx(2 * v if m in ("hd95", "assd") else v, rel=1e-12), k
         if m != "assd":
             assert old[k] == v, k
-    with pytest.raises(ValueError, match="eval.distances"):
-        evaluate_clips(net, data, classes, torch.device("cpu"), 4, distances="mm")
+    meter = SegmentationMeter(classes)
+    with torch.no_grad():
+        for i in range(len(data)):
+            gt = np.asarray(Image.open(data.mask_paths[i]))
+            assert gt.shape == (64, 64)
+            logits = net(data.batch([i])[0])
+            up = torch.nn.functional.interpolate(logits, size=(64, 64), mode="bilinear", align_corners=False)
+            meter.add(up.argmax(dim=1)[0].numpy(), gt)
+    want = {k.removeprefix("mean_"): v for k, v in meter.result().items()}
+    with torch.no_grad():
+        assert evaluate_clips(net, data, classes, cpu, 4, resolution="native") == pytest.approx(want, rel=1e-12)
+    with pytest.raises(ValueError, match="eval.resolution"):
+        evaluate_clips(net, data, classes, cpu, 4, resolution="mm")

@@ -47,8 +47,9 @@ METRICS: tuple[str, ...] = ("dice", "iou", "hd95", "assd")
 _SURFACE_DISTANCES = getattr(mb, "__surface_distances", None)
 #: which classes a frame's score covers (module docstring)
 CLASS_RULES: tuple[str, ...] = ("all_classes", "gt_classes")
-#: the unit of HD95 / ASSD: pixels of the scored (resized) masks, or of each native frame (module docstring)
-DISTANCE_UNITS: tuple[str, ...] = ("input", "native")
+#: where a frame is scored: the masks at the input size, the same with distances in native pixels, or the
+#: prediction upsampled to the native mask (``fl.tasks.segmentation.evaluate_clips``)
+RESOLUTIONS: tuple[str, ...] = ("input", "native_units", "native")
 #: how ASSD averages the two directions' surface distances (module docstring)
 ASSD_RULES: tuple[str, ...] = ("medpy_0_5", "medpy_0_4")
 #: larger is better for these (the others are distances)
@@ -119,6 +120,17 @@ def native_spacing(mask_paths: Iterable[str], shape: tuple[int, int]) -> list[tu
         with Image.open(path) as im:
             width, height = im.size
         out.append((height / shape[0], width / shape[1]))
+    return out
+
+
+def native_masks(mask_paths: Iterable[str]) -> list[np.ndarray]:
+    """The label maps of the mask files as stored (native size)."""
+    from PIL import Image
+
+    out = []
+    for path in mask_paths:
+        with Image.open(path) as im:
+            out.append(np.asarray(im))
     return out
 
 

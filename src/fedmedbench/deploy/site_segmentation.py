@@ -97,7 +97,7 @@ def load(folder: Path, manifest: dict[str, Any], spec) -> Site:
         out = {f"local_{k}": v for k, v in evaluate_clips(model, data.test, classes, device, bs,
                                                                  class_rule=tp.get("class_rule", "all_classes"),
                                                                  assd=tp.get("assd", "medpy_0_5"),
-                                                                 distances=tp.get("distances", "input")).items()}
+                                                                 resolution=tp.get("resolution", "input")).items()}
         out.update({f"global_{k}": math.nan for k in names})
         return out
 

@@ -38,7 +38,7 @@ from fedmedbench.fl.registry import TrainConfig
 from fedmedbench.fl.tasks.base import Task, register_task
 from fedmedbench.fl.tasks.clip_store import ClipStore
 from fedmedbench.fl.training import on_device
-from fedmedbench.segmetrics import DISTANCE_UNITS, METRICS, SegmentationMeter, native_spacing
+from fedmedbench.segmetrics import METRICS, RESOLUTIONS, SegmentationMeter, native_masks, native_spacing
 
 INDICATORS = ("clip", "onehot", "gaussian", "random")
 
@@ -451,21 +451,29 @@ def train_steps(
 @torch.no_grad()
 def evaluate_clips(model: torch.nn.Module, data: ClipSet, classes: dict[int, str], device: torch.device,
                    batch_size: int, binary: bool = False, class_rule: str = "all_classes", assd: str = "medpy_0_5",
-                   distances: str = "input") -> dict[str, float]:
+                   resolution: str = "input") -> dict[str, float]:
     """Metrics of ``model`` on ``data`` (names: ``dice`` .. and ``dice_<class>`` ..); ``class_rule``, ``assd``:
-    :mod:`fedmedbench.segmetrics`; ``distances``: HD95/ASSD in pixels of the scored masks (``input``) or of
-    each native frame (``native``)."""
-    if distances not in DISTANCE_UNITS:
-        raise ValueError(f"fedst eval.distances must be one of {DISTANCE_UNITS}, got {distances!r}")
+    :mod:`fedmedbench.segmetrics`; ``resolution`` (:data:`fedmedbench.segmetrics.RESOLUTIONS`): every metric on
+    the masks at the input size (``input``); the same with HD95/ASSD in each native frame's pixels
+    (``native_units``); or each prediction upsampled (bilinear logits) to its mask file's size and scored
+    against that file (``native``)."""
+    if resolution not in RESOLUTIONS:
+        raise ValueError(f"fedst eval.resolution must be one of {list(RESOLUTIONS)}, got {resolution!r}")
     model.eval()
     meter = SegmentationMeter(classes, binary=binary, class_rule=class_rule, submit=data.cache.submit,
                               max_pending=max(batch_size, 4 * data.cache.workers), assd=assd)
     start = 0
     for x, y in data.batches(batch_size):
-        pred = model(x.to(device)).argmax(dim=1).cpu().numpy()
-        native = data.mask_paths[start:start + len(y)]
-        meter.add(pred, y.numpy(), native_spacing(native, tuple(y.shape[-2:])) if distances == "native" else None)
+        logits = model(x.to(device))
+        files = data.mask_paths[start:start + len(y)]
         start += len(y)
+        if resolution == "native":
+            for one, gt in zip(logits, native_masks(files), strict=True):
+                up = F.interpolate(one[None], size=gt.shape, mode="bilinear", align_corners=False)
+                meter.add(up.argmax(dim=1)[0].cpu().numpy(), gt)
+            continue
+        pred = logits.argmax(dim=1).cpu().numpy()
+        meter.add(pred, y.numpy(), native_spacing(files, tuple(y.shape[-2:])) if resolution == "native_units" else None)
     return {k.removeprefix("mean_"): v for k, v in meter.result().items()}
 
 
@@ -576,7 +584,7 @@ class SegmentationTask(Task):
         """How :func:`evaluate_clips` scores: class rule, ASSD definition, distance unit."""
         tp = self.spec.task_params
         return {"class_rule": self.class_rule, "assd": str(tp.get("assd", "medpy_0_5")),
-                "distances": str(tp.get("distances", "input"))}
+                "resolution": str(tp.get("resolution", "input"))}
 
     def evaluate_global(self, model, device):
         per_client = []

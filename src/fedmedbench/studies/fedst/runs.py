@@ -235,7 +235,7 @@ def run_spec(cfg: dict[str, Any], variant: str, method: str, seed: int, clips_ro
             "synthetic_mix": cfg["server_site"] if variant == SYNMIX else None,
             "cross_site_eval": bool(cfg["eval"]["cross_site_eval"]), "eval_batch_size": int(cfg["eval"]["batch_size"]),
             "class_rule": cfg["eval"].get("class_rule", "all_classes"),
-            "assd": cfg["eval"].get("assd", "medpy_0_5"), "distances": cfg["eval"].get("distances", "input"),
+            "assd": cfg["eval"].get("assd", "medpy_0_5"), "resolution": cfg["eval"].get("resolution", "input"),
         },
     }
 
