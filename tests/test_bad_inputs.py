@@ -26,8 +26,9 @@ from fedmedbench.data.medmnist import DataError
 from fedmedbench.data.surgical.badfiles import BadFileError, DatasetNotFoundError
 from fedmedbench.data.surgical.index import build_index
 from fedmedbench.fl import checkpoint
+from fedmedbench.fl.api import ClientContext, ClientData, TrainConfig
+from fedmedbench.fl.arrays import model_arrays
 from fedmedbench.fl.methods._sgd import StepHooks, local_loop
-from fedmedbench.fl.registry import ClientContext, ClientData, TrainConfig, model_arrays
 from fedmedbench.fl.training import NonFiniteLossError
 from fedmedbench.models import build_model
 

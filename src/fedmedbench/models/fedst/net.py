@@ -18,7 +18,7 @@ selection and decoder. ``selection`` picks Eq. 7-8 (``cs``), the prompt-only abl
 
 Module names matter: methods select shared / personalised parameters by them
 (``encoder.`` / ``rsc.`` / ``cs.`` / ``decoder.``, classifier ``decoder.head.``; see
-``fl/methods/fedst_base.py``).
+``fl/methods/_seg_shared.py``).
 """
 
 from __future__ import annotations
