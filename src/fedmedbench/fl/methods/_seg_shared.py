@@ -154,6 +154,10 @@ class SegMethod(Method):
             load_arrays(model, {k: v.numpy() for k, v in ctx.state["personal"].items()}, list(ctx.state["personal"]))
         if hasattr(model, "set_indicator"):
             model.set_indicator(ctx.data.indicator)
+        if hasattr(model, "set_generator"):
+            from fedmedbench.models.fedst import dropout_generator
+
+            model.set_generator(dropout_generator(ctx.generator))
         return model
 
     def local_train(self, ctx: ClientContext, model: torch.nn.Module) -> float:
