@@ -336,6 +336,26 @@ def test_whole_float_labels_are_accepted_as_classes(tmp_path, breast_arrays):
     np.testing.assert_array_equal(out["train_labels"], breast_arrays["train_labels"].reshape(-1))
 
 
+def test_labels_past_255_survive_every_write(tmp_path, breast_arrays):
+    """A 300-class dataset: classes 256..299 must not wrap to 0..43 when a derived file (client domain) is written."""
+    rng = np.random.default_rng(0)
+    data = {}
+    for split in medmnist.SPLITS:
+        n = len(breast_arrays[f"{split}_labels"])
+        data[f"{split}_images"] = breast_arrays[f"{split}_images"]
+        data[f"{split}_labels"] = rng.integers(200, 300, n)
+    path = tmp_path / "wide.npz"
+    io.write_npz(path, medmnist.to_official_arrays(data))
+    back = medmnist.load_npz(path, num_classes=300)
+    for split in medmnist.SPLITS:
+        np.testing.assert_array_equal(back[f"{split}_labels"], data[f"{split}_labels"])
+    assert medmnist.to_official_arrays(back)["train_labels"].dtype == np.uint16
+    # the official flags keep uint8 labels (their derived files stay byte-identical)
+    official = medmnist.to_official_arrays(medmnist.load_npz(_with_labels(tmp_path, breast_arrays, "train",
+                                                                          breast_arrays["train_labels"])))
+    assert official["train_labels"].dtype == breast_arrays["train_labels"].dtype == np.uint8
+
+
 def test_empty_test_split_is_an_error_before_training(tmp_path, breast_arrays):
     arrays = dict(breast_arrays, test_images=breast_arrays["test_images"][:0], test_labels=breast_arrays["test_labels"][:0])
     path = tmp_path / "empty.npz"
