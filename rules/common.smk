@@ -11,7 +11,7 @@ import fedmedbench.studies.earlystop.runs as ES
 import fedmedbench.studies.gpaf.runs as GPAF
 import fedmedbench.studies.grid as GRID
 import fedmedbench.partition as PARTITION
-from fedmedbench.configcheck import coerce_numbers, config_error, ignored_settings
+from fedmedbench.configcheck import coerce_numbers, config_error, ignored_settings, refuse_non_finite
 from fedmedbench.report.html import table_caption
 from fedmedbench.fl import method_params
 
@@ -19,6 +19,8 @@ SOFTWARE_ENV = "../envs/environment.yaml"
 
 # YAML 1.1 reads 5e-2 as text: numbers where the schema asks for one
 coerce_numbers(config, Path(workflow.basedir) / "config" / "schema.yaml")
+# .nan and .inf pass every range check of the schema
+refuse_non_finite(config)
 validate(config, "../config/schema.yaml")
 for _warning in ignored_settings(config):
     print(f"config warning: {_warning}", file=sys.stderr)

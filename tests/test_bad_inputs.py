@@ -449,10 +449,84 @@ def test_exponent_floats_are_numbers_where_the_schema_wants_one(tmp_path):
     assert coerce_numbers(cfg, SCHEMA) == []  # not a number: left for the schema to name
 
 
+def _alias_bomb(path: Path, as_mappings: bool) -> Path:
+    """9 levels of 10 aliases: 10^9 values once expanded, a few hundred bytes of text."""
+    if as_mappings:
+        lines = ["a0: &a0 {" + ", ".join(f"k{j}: lol" for j in range(10)) + "}"]
+        lines += [f"a{i}: &a{i} {{" + ", ".join(f"k{j}: *a{i - 1}" for j in range(10)) + "}" for i in range(1, 10)]
+    else:
+        lines = ["a0: &a0 [" + ", ".join(["lol"] * 10) + "]"]
+        lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 10)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("as_mappings", [False, True], ids=["lists", "mappings"])
+def test_alias_bomb_is_refused_at_once(tmp_path, as_mappings):
+    import time
+
+    from fedmedbench.configcheck import MAX_EXPANDED_NODES, ConfigFileError, check_file
+
+    start = time.monotonic()
+    with pytest.raises(ConfigFileError, match=rf"bomb\.yaml: its anchors and aliases .* more than {MAX_EXPANDED_NODES:,}"):
+        check_file(_alias_bomb(tmp_path / "bomb.yaml", as_mappings))
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.slow
+def test_alias_bomb_stops_planning_with_the_file_named(tmp_path):
+    """Through Snakemake: the schema check's error message used to expand the bomb (no message, memory rising)."""
+    import subprocess
+    import sys
+
+    bomb = _alias_bomb(tmp_path / "bomb.yaml", as_mappings=False)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--quiet", "--configfile", str(bomb)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("planning with an alias bomb did not stop within 60 s")
+    assert proc.returncode != 0
+    assert "bomb.yaml: its anchors and aliases" in proc.stdout + proc.stderr
+
+
+def test_yaml_merge_keys_are_accepted_and_duplicates_still_refused(tmp_path):
+    from fedmedbench.configcheck import ConfigFileError, check_file
+
+    path = tmp_path / "merge.yaml"
+    path.write_text("base: &base {lr: 0.1, batch_size: 32}\ntrain:\n  <<: *base\n  lr: 0.01\n")
+    assert check_file(path)["train"] == {"lr": 0.01, "batch_size": 32}  # the mapping's own key wins
+    path.write_text("base: &base {lr: 0.1}\ntrain:\n  <<: *base\n  lr: 0.01\n  lr: 0.02\n")
+    with pytest.raises(ConfigFileError, match=r"merge\.yaml:5:3: duplicate key 'lr'"):
+        check_file(path)
+
+
+@pytest.mark.parametrize("path,text", [
+    (["studies", "micro", "settings", "dir", "params", "alpha"], ".nan"),
+    (["studies", "micro", "train", "lr"], ".inf"),
+    (["studies", "micro", "train", "local_epochs"], "-.inf"),
+    (["studies", "micro", "train", "lr"], "1e999"),  # YAML 1.1 text, made a number by coerce_numbers
+])
+def test_non_finite_numbers_are_refused_naming_the_key(path, text):
+    import re
+
+    from fedmedbench.configcheck import coerce_numbers, refuse_non_finite
+
+    cfg = _cfg(path, yaml.safe_load(text))  # as Snakemake's YAML 1.1 reader hands it over
+    coerce_numbers(cfg, SCHEMA)
+    with pytest.raises(ValueError, match=rf"config error at '{re.escape('.'.join(path))}': must be a finite number"):
+        refuse_non_finite(cfg)
+
+
+def test_nan_passes_the_schema_alone():
+    """Why the extra check exists: every range check of the schema is false for NaN."""
+    validate(_cfg(["studies", "micro", "settings", "dir", "params"], {"alpha": float("nan")}), SCHEMA)
+
+
 def test_workflow_checks_its_config_files_strictly():
     snakefile = (ROOT / "Snakefile").read_text()
     assert snakefile.index("check_files(") < snakefile.index('configfile: "config/config.yaml"')
-    assert "coerce_numbers(config" in (ROOT / "rules" / "common.smk").read_text()
+    common = (ROOT / "rules" / "common.smk").read_text()
+    assert common.index("coerce_numbers(config") < common.index("refuse_non_finite(config)") < common.index("validate(config")
 
 
 # ---------------------------------------------------------------- surgical: names, JSON structure, fps, collisions
