@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import errno
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -507,8 +508,6 @@ def test_yaml_merge_keys_are_accepted_and_duplicates_still_refused(tmp_path):
     (["studies", "micro", "train", "lr"], "1e999"),  # YAML 1.1 text, made a number by coerce_numbers
 ])
 def test_non_finite_numbers_are_refused_naming_the_key(path, text):
-    import re
-
     from fedmedbench.configcheck import coerce_numbers, refuse_non_finite
 
     cfg = _cfg(path, yaml.safe_load(text))  # as Snakemake's YAML 1.1 reader hands it over
@@ -792,6 +791,56 @@ def test_disk_full_names_the_folder_and_leaves_no_temp_file(tmp_path, monkeypatc
     monkeypatch.undo()
     assert checkpoint.load(tmp_path, "h").round == 1
     assert leftovers(tmp_path / "checkpoint") == ["client_rows.jsonl", "rows.jsonl", "server.pt"]
+
+
+def _no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+FULL_DISK_WRITES = [
+    ("npz", "d.npz", lambda p: io.write_npz(p, {"x": np.zeros(3)})),
+    ("table", "t.csv", lambda p: io.write_csv(p, __import__("pandas").DataFrame({"a": [1]}))),
+    ("markdown", "t.md", lambda p: io.write_text(p, "| a |")),
+    ("json", "s.json", lambda p: io.write_json(p, {"a": 1})),
+]
+
+
+@pytest.mark.parametrize("name,file,write", FULL_DISK_WRITES, ids=[c[0] for c in FULL_DISK_WRITES])
+def test_full_disk_in_any_file_write_names_the_folder(tmp_path, monkeypatch, name, file, write):
+    """The disk fills when the data are flushed (as delayed allocation reports it): every writer of the
+    pipeline goes through io.atomic_path, which names the folder and removes its temp file."""
+    out = tmp_path / "results" / "tables"
+    out.mkdir(parents=True)
+    monkeypatch.setattr(os, "fsync", _no_space)
+    with pytest.raises(OSError, match=rf"No space left on {re.escape(str(out))} while writing the file {re.escape(file)}"):
+        write(out / file)
+    assert leftovers(out) == []
+
+
+def test_full_disk_in_a_figure_names_the_folder(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure()
+    monkeypatch.setattr(type(fig), "savefig", _no_space)
+    with pytest.raises(OSError, match=rf"No space left on {re.escape(str(tmp_path))} while writing the file f\.png"):
+        io.save_figure(tmp_path / "f.png", fig)
+    plt.close(fig)
+    assert leftovers(tmp_path) == []
+
+
+def test_full_disk_in_an_output_folder_names_the_folder_not_its_temp(tmp_path):
+    """Surgical exports write many files inside one atomic folder (OpenCV, YAML, JSON writers)."""
+    from fedmedbench.data.surgical.fsutil import atomic_dir, write_png
+
+    target = tmp_path / "exports" / "yolo"
+    with pytest.raises(OSError, match=rf"No space left on {re.escape(str(target.parent))} while writing the folder yolo:"):
+        with atomic_dir(target) as tmp:
+            write_png(tmp / "a.png", np.zeros((4, 4), np.uint8))
+            _no_space()
+    assert leftovers(target.parent) == []
 
 
 def test_temp_files_of_a_killed_job_are_removed_at_job_start(tmp_path):
