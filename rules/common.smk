@@ -109,6 +109,17 @@ def user_dataset(dataset):
     return USER_DATASETS.get(dataset)
 
 
+def user_source_file(wildcards):
+    return str(USER.existing_source(wildcards.dataset, USER_DATASETS[wildcards.dataset], int(wildcards.size)))
+
+
+def user_source(wildcards):
+    """The source's resolved path and SHA-256: a moved or changed source is imported again, a missing one
+    stops planning naming it (mtime alone misses a file replaced by an older one)."""
+    return USER.source_fingerprint(wildcards.dataset, USER_DATASETS[wildcards.dataset], int(wildcards.size),
+                                   "resources/user")
+
+
 def dataset_origin(dataset, size):
     """Where a dataset's data come from, as tables and captions say it."""
     if dataset in USER_DATASETS:

@@ -22,13 +22,15 @@ rule download_medmnist:
         "../scripts/download_medmnist.py"
 
 
+# The imported copy is tied to its source by `source` (path and content hash).
 rule import_user_dataset:
     input:
-        lambda wc: str(USER.user_file(USER_DATASETS[wc.dataset], int(wc.size))),
+        user_source_file,
     output:
         "resources/user/{dataset}_{size}.npz",
     params:
         entry=lambda wc: USER_DATASETS[wc.dataset],
+        source=user_source,
     log:
         "logs/import_user_dataset/{dataset}_{size}.log",
     benchmark:

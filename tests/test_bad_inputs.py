@@ -413,6 +413,29 @@ def test_medmnist_root_with_synthetic_origin_is_warned_about():
     assert ignored_settings({"data": {"origin": "real", "medmnist_root": "/data/medmnist"}}) == []
 
 
+def test_a_derived_copy_is_tied_to_its_source(tmp_path, breast_arrays):
+    """A user dataset's import is keyed by its source's path and content: an edit that keeps the size and
+    modification time still changes the key; a missing source is named (tests/test_user_dataset.py runs
+    both through Snakemake)."""
+    from fedmedbench.data import user
+
+    source = tmp_path / "mine.npz"
+    io.write_npz(source, breast_arrays)
+    cfg = {"path": str(source), "labels": ["a", "b"], "task": "binary", "channels": 1, "sizes": [28]}
+    first = user.source_fingerprint("mine", cfg, 28, tmp_path / "cache")
+    assert first == user.source_fingerprint("mine", cfg, 28, tmp_path / "cache")  # remembered, same answer
+    stat = source.stat()
+    data = bytearray(source.read_bytes())
+    data[-30] ^= 1  # one bit, same length
+    source.write_bytes(bytes(data))
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    second = user.source_fingerprint("mine", cfg, 28, tmp_path / "cache")
+    assert second["path"] == first["path"] and second["sha256"] != first["sha256"]
+    source.unlink()
+    with pytest.raises(DataError, match=rf"'datasets\.mine\.path': {re.escape(str(source))} does not exist"):
+        user.source_fingerprint("mine", cfg, 28, tmp_path / "cache")
+
+
 # ---------------------------------------------------------------- config files (read strictly, file:line)
 
 
