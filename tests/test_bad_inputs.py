@@ -297,6 +297,86 @@ def test_partition_uses_a_source_the_run_lacks(tmp_path):
         FederatedData(tmp_path / "p.json", {"clean": "x.npz", "base": "x.npz"})
 
 
+# ---------------------------------------------------------------- pickles a third-party library would load
+
+
+class _RunsCode:
+    """Unpickling this creates a folder: the proof that a file's pickle was executed."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def _tiny_yolo_split(root: Path) -> Path:
+    import cv2
+
+    (root / "images" / "train").mkdir(parents=True)
+    (root / "labels" / "train").mkdir(parents=True)
+    for i in range(3):
+        cv2.imwrite(str(root / "images" / "train" / f"f{i}.jpg"), np.full((32, 32, 3), 60 * i, np.uint8))
+        (root / "labels" / "train" / f"f{i}.txt").write_text(f"0 0.5 0.5 0.{i + 1} 0.25\n")
+    return root / "images" / "train"
+
+
+def test_a_crafted_ultralytics_label_cache_is_rebuilt_not_unpickled(tmp_path):
+    """Ultralytics reads ``labels.cache`` with allow_pickle=True; a killed run's work/ folder could hold a crafted
+    one when the run resumes. Read through the workflow's format, the pickle is never loaded: the labels are
+    scanned again and the cache rewritten."""
+    from ultralytics.data.dataset import YOLODataset
+
+    from fedmedbench.fl.tasks.detection import label_cache
+
+    images = _tiny_yolo_split(tmp_path / "stage")
+    cache = tmp_path / "stage" / "labels" / "train.cache"
+    marker = tmp_path / "code-ran"
+    with open(cache, "wb") as fh:
+        np.save(fh, {"version": "1.0.3", "hash": "x", "labels": [_RunsCode(marker)]}, allow_pickle=True)
+    label_cache.install()
+
+    def dataset():
+        return YOLODataset(img_path=str(images), data={"names": {0: "tool"}, "channels": 3}, task="detect",
+                           augment=False, imgsz=32)
+
+    first = dataset()
+    assert not marker.exists()
+    assert len(first.labels) == 3
+    assert label_cache.load(cache)["results"] == (3, 0, 0, 0, 3)  # rewritten in the workflow's format
+    with pytest.raises(label_cache.LabelCacheError, match=r"not a label cache of this workflow"):
+        with open(cache, "wb") as fh:
+            np.save(fh, {"labels": [_RunsCode(marker)]}, allow_pickle=True)
+        label_cache.load(cache)
+    assert not marker.exists()
+    dataset()  # rebuilt again, then read back: the same labels as the first scan
+    again = dataset()
+    for a, b in zip(first.labels, again.labels, strict=True):
+        assert a.keys() == b.keys()
+        for key, value in a.items():
+            if isinstance(value, np.ndarray):
+                assert value.dtype == b[key].dtype and np.array_equal(value, b[key]), key
+            else:
+                assert value == b[key] and type(value) is type(b[key]), key
+
+
+def test_label_cache_format_keeps_every_value(tmp_path):
+    from fedmedbench.fl.tasks.detection import label_cache
+
+    obj = {"labels": [{"shape": (480, 640), "cls": np.array([[1.0], [2.0]], np.float32), "segments": [],
+                       "keypoints": None, "normalized": True, "empty": np.zeros((0, 4), np.float32)}],
+           "results": (1, 0, 0, 0, 1), "msgs": ["a", "b"], "n": np.int64(7), "ratio": 0.5}
+    label_cache.dump(obj, tmp_path / "x.cache")
+    back = label_cache.load(tmp_path / "x.cache")
+    assert back["labels"][0]["shape"] == (480, 640) and back["results"] == (1, 0, 0, 0, 1)
+    assert back["n"] == 7 and type(back["n"]) is np.int64 and back["msgs"] == ["a", "b"] and back["ratio"] == 0.5
+    cls = back["labels"][0]["cls"]
+    assert cls.dtype == np.float32 and cls.shape == (2, 1) and cls.flags.writeable
+    assert back["labels"][0]["empty"].shape == (0, 4) and back["labels"][0]["keypoints"] is None
+    with pytest.raises(TypeError, match="object array"):
+        label_cache.dump({"x": np.array([None], dtype=object)}, tmp_path / "y.cache")
+
+
 # ---------------------------------------------------------------- labels, splits and official files
 
 

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedmedbench.fl.tasks.detection import label_cache
 from fedmedbench.weights.safeload import LoadReport
 
 SELECT = ("best", "last")
@@ -447,6 +448,7 @@ def train_yolo(
                 val=select == "best", amp=device.type == "cuda", verbose=False, **extra)
     selector = EpochSelector(select, select_metric)
     import_before_seeding()
+    label_cache.install()  # its dataset caches are never unpickled
     with ultralytics_offline():
         trainer = trainer_cls(overrides=args)
         trainer.model = model  # used as is by setup_model (no rebuild, our weights)
@@ -519,6 +521,7 @@ def validate_yolo(
     args = dict(data=str(data_yaml), split=split, imgsz=int(imgsz), batch=int(batch), device=device_arg(device),
                 workers=int(workers), plots=False, save_json=False, verbose=False, conf=conf, iou=iou, rect=bool(rect),
                 project=str(Path(workdir).resolve()), name="val", exist_ok=True)
+    label_cache.install()
     with ultralytics_offline():
         validator = DetectionValidator(args=args)
         stats = validator(model=fused_copy(model))
