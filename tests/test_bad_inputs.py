@@ -841,6 +841,23 @@ def test_corrupt_client_state_says_what_to_do(tiny_run, tmp_path):
         store.load(0, before_round=2)
 
 
+def test_a_run_killed_before_its_first_checkpoint_says_there_was_none(tiny_run):
+    from fedmedbench.fl import federation as fed
+
+    spec = fed.resolve_data_shapes(_spec(tiny_run, "early_kill", method="fedavg", rounds=2))
+    folder = checkpoint.checkpoint_dir(spec.run_dir)
+    folder.mkdir(parents=True)
+    (folder / "rows.jsonl").write_text("")  # what a job killed inside round 1 leaves
+    said: list[str] = []
+    assert fed.Federation(spec, log=said.append).initial_state().round == 0
+    assert any("no checkpoint in" in m and "before its first round" in m for m in said), said
+    assert not any("other settings" in m for m in said)
+    checkpoint.save(spec.run_dir, checkpoint.RunState(round=1, arrays={}), "another-hash")
+    said.clear()
+    fed.Federation(spec, log=said.append).initial_state()
+    assert any("written under other settings" in m for m in said), said
+
+
 def test_resume_restart_starts_again_and_matches_an_uninterrupted_run(tiny_run, scaffold_reference):
     spec, state_file = _interrupted(tiny_run, "restart")
     state_file.unlink()

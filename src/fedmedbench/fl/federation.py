@@ -220,7 +220,11 @@ class Federation:
             return resumed
         stale = checkpoint.checkpoint_dir(self.spec.run_dir)
         if stale.exists():
-            self.log(f"ignoring checkpoint in {stale}: written under other settings")
+            if (stale / "server.pt").is_file():
+                self.log(f"ignoring checkpoint in {stale}: written under other settings")
+            else:  # a run stopped before its first round was checkpointed: nothing of it to resume
+                self.log(f"no checkpoint in {stale} (the run stopped before its first round was saved): "
+                         "starting at round 1")
             shutil.rmtree(stale)
         seed_everything(self.spec.seed)
         model = self.job.new_model()
