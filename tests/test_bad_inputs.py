@@ -221,6 +221,26 @@ def test_missing_weights_file_is_named(tmp_path):
         build_model("cnn_small", 1, 2, 28, pretrained_path=str(tmp_path / "missing.pt"))
 
 
+def test_a_crafted_fedst_pretraining_file_is_refused_naming_it(tmp_path):
+    """torch's own refusal suggests weights_only=False (which would run the payload): the message names the
+    file and says what it is not, and nothing runs."""
+    from fedmedbench.fl.methods.fedst_base import load_matching
+    from fedmedbench.weights.safeload import WeightsError
+
+    model = torch.nn.Linear(2, 2)
+    crafted, marker = tmp_path / "pretrain.pt", tmp_path / "code-ran"
+    torch.save({"weight": _RunsCode(marker)}, crafted)
+    with pytest.raises(WeightsError) as info:
+        load_matching(model, crafted)
+    text = str(info.value)
+    assert f"{crafted}: refused (FedST pre-training weights): not a plain weights file" in text
+    assert "weights_only" not in text and info.value.__cause__ is None and not marker.exists()
+    listed = tmp_path / "list.pt"
+    torch.save([torch.zeros(2)], listed)
+    with pytest.raises(ValueError, match=rf"{re.escape(str(listed))}: not a plain weights file"):
+        load_matching(model, listed)
+
+
 def test_nan_loss_stops_with_a_message():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
