@@ -502,3 +502,37 @@ def stats_frame(doc: dict, split_labels: dict[str, np.ndarray]):
             rows.append({"client": c["id"], "source": c["source"], "part": part, "n": int(counts.sum()),
                          **{f"class_{k}": int(v) for k, v in enumerate(counts)}})
     return pd.DataFrame(rows)
+
+
+def check_partition(doc: dict, pool_sizes: dict[str, int], path: str) -> None:
+    """A partition read back (perhaps edited by hand) before training: every index is a whole number inside
+    its source's pool (a negative one would silently count from the end), and no sample a client trains on is
+    also a validation or test sample of the same source. ``pool_sizes``: source name -> pool length."""
+    held: dict[str, dict[int, str]] = {}  # source -> index -> where it is held out
+    parts = [(f"client {c.get('id', i)}", c["source"], part, c[part])
+             for i, c in enumerate(doc["clients"]) for part in ("train", "val", "test")]
+    parts += [("global test set", g["source"], "idx", g["idx"]) for g in doc["global_test"]]
+    arrays = {}
+    for who, source, part, idx in parts:
+        if source not in pool_sizes:
+            continue  # a source the caller does not load is checked where it is loaded
+        arr = np.asarray(idx)
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise PartitionError(f"{path}: {who} {part} list holds non-integer entries (e.g. {idx[0]!r})")
+        arr = arr.astype(np.int64, copy=False)
+        n = pool_sizes[source]
+        bad = arr[(arr < 0) | (arr >= n)]
+        if bad.size:
+            raise PartitionError(f"{path}: {who} {part} index {int(bad[0])} is outside the pool of source '{source}' "
+                                 f"(0..{n - 1}); the partition does not belong to this dataset or was edited")
+        arrays[(who, source, part)] = arr
+        if part != "train":
+            for i in arr.tolist():
+                held.setdefault(source, {}).setdefault(i, f"{who} {part}")
+    for (who, source, part), arr in arrays.items():
+        if part != "train" or source not in held:
+            continue
+        for i in arr.tolist():
+            if i in held[source]:
+                raise PartitionError(f"{path}: {who} trains on sample {i} of source '{source}', which is also in "
+                                     f"{held[source][i]} list: training data must not be held-out data")
