@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -26,6 +27,7 @@ from fedmedbench.data import medmnist, synthetic
 from fedmedbench.data.medmnist import DataError
 from fedmedbench.data.surgical.badfiles import BadFileError, DatasetNotFoundError
 from fedmedbench.data.surgical.index import build_index
+from fedmedbench.data.surgical.schema import read_index
 from fedmedbench.fl import checkpoint
 from fedmedbench.fl.methods._sgd import StepHooks, local_loop
 from fedmedbench.fl.registry import ClientContext, ClientData, TrainConfig, model_arrays
@@ -95,6 +97,48 @@ def test_empty_class_a_client_prior_needs():
     priors = np.array([[0, 0, 1.0], [1.0, 0, 0]])
     with pytest.raises(P.PartitionError, match="class 2 has no training samples"):
         P._fls_fill(train, np.array([5, 5]), priors, np.random.default_rng(0))
+
+
+def _edited_partition(tmp_path, breast_arrays, edit) -> tuple[Path, Path]:
+    from fedmedbench.fl import data as fl_data
+
+    npz = tmp_path / "b.npz"
+    io.write_npz(npz, breast_arrays)
+    doc = P.build_partition(split_labels(breast_arrays), "iid", 3, 0, {}, num_classes=2)
+    edit(doc)
+    path = tmp_path / "edited.json"
+    io.write_json(path, doc)
+    fl_data.load_partition.cache_clear()
+    return path, npz
+
+
+PARTITION_EDITS = [
+    ("index past the pool", lambda d: d["clients"][1]["train"].append(10**6),
+     r"client 1 train index 1000000 is outside the pool of source 'base' \(0\.\.\d+\)"),
+    ("negative index", lambda d: d["clients"][2]["val"].insert(0, -1), r"client 2 val index -1 is outside the pool"),
+    ("test sample in a training list", lambda d: d["clients"][0]["train"].append(d["clients"][2]["test"][0]),
+     r"client 0 trains on sample \d+ of source 'base', which is also in client 2 test list"),
+    ("global test sample in a training list", lambda d: d["clients"][1]["train"].append(d["global_test"][0]["idx"][-1]),
+     r"client 1 trains on sample \d+ of source 'base', which is also in (client \d test|global test set idx) list"),
+    ("non-integer index", lambda d: d["clients"][0]["test"].__setitem__(0, 1.5), r"client 0 test list holds non-integer"),
+]
+
+
+@pytest.mark.parametrize("name,edit,needle", PARTITION_EDITS, ids=[c[0] for c in PARTITION_EDITS])
+def test_hand_edited_partition_is_checked_on_load(tmp_path, breast_arrays, name, edit, needle):
+    from fedmedbench.fl.data import FederatedData
+
+    path, npz = _edited_partition(tmp_path, breast_arrays, edit)
+    with pytest.raises(P.PartitionError, match=rf"{re.escape(str(path))}: {needle}"):
+        FederatedData(path, {"base": str(npz)}).client(0)
+
+
+def test_an_unedited_partition_loads(tmp_path, breast_arrays):
+    from fedmedbench.fl.data import FederatedData
+
+    path, npz = _edited_partition(tmp_path, breast_arrays, lambda d: None)
+    data = FederatedData(path, {"base": str(npz)})
+    assert sum(len(data.client(i).train_y) for i in range(3)) == len(breast_arrays["train_labels"])
 
 
 # ---------------------------------------------------------------- MedMNIST files
@@ -211,6 +255,49 @@ def test_mask_of_wrong_size_and_out_of_map_label(tmp_path):
     with pytest.raises(BadFileError) as err:
         build_index("rarp", cfg, tmp_path / "raw", tmp_path / "i2", log=lambda m: None)
     assert str(masks[0]) in str(err.value) and "77" in str(err.value) and not (tmp_path / "i2").exists()
+
+
+@pytest.mark.parametrize("name", ["rarp", "endovis2018", "endovis2017"])
+def test_a_labelled_frame_whose_image_is_missing_is_a_bad_file(tmp_path, name):
+    """Segmentation layouts list frames by their images: a mask left without its image was dropped silently."""
+    cfg, folder = SF.make(tmp_path / "raw", name)
+    frame_dirs = {"rarp": "frames", "endovis2018": "left_frames", "endovis2017": "left_frames"}
+    mask_dirs = {"rarp": ("masks",), "endovis2018": ("labels",), "endovis2017": ("ground_truth", "PartsSegmentation")}
+    masks = sorted(p for p in folder.rglob("*.png") if set(mask_dirs[name]) & set(p.parent.parts[-2:]))
+    mask = masks[0]
+    video = mask.parent
+    while not (video / frame_dirs[name]).is_dir():
+        video = video.parent
+    image = next(p for p in (video / frame_dirs[name]).iterdir() if p.stem == mask.stem)
+    image.unlink()
+    with pytest.raises(BadFileError, match="label mask without its image") as err:
+        build_index(name, cfg, tmp_path / "raw", tmp_path / "index", log=lambda m: None)
+    assert str(mask) in str(err.value) and not (tmp_path / "index").exists()
+    build_index(name, cfg, tmp_path / "raw", tmp_path / "index", policy="skip-and-report", log=lambda m: None)
+    listed = pd.read_csv(tmp_path / "index" / "bad_files.csv")
+    assert str(mask) in set(listed["path"])
+
+
+@pytest.mark.parametrize("file_name,needle", [
+    ("/etc/hostname", "is an absolute path"),
+    ("../../../../etc/hostname", "climbs out of the dataset folder"),
+    ("sub/../../../../p1_0001.png", "climbs out of the dataset folder"),
+])
+def test_coco_file_names_that_leave_the_dataset_folder_are_bad_files(tmp_path, file_name, needle):
+    import json
+
+    folder = SF.write_coco_folder(tmp_path)
+    path = folder / "annotations" / "instances_train.json"
+    doc = json.loads(path.read_text())
+    doc["images"][0]["file_name"] = file_name
+    path.write_text(json.dumps(doc))
+    cfg = {"layout": "coco", "folder": folder.name}
+    with pytest.raises(BadFileError, match=rf"file_name {re.escape(repr(file_name))} {needle}"):
+        build_index("c", cfg, tmp_path, tmp_path / "idx", log=lambda m: None)
+    build_index("c", cfg, tmp_path, tmp_path / "idx", policy="skip-and-report", log=lambda m: None)
+    listed = pd.read_csv(tmp_path / "idx" / "bad_files.csv")
+    assert list(listed["path"]) == [str(path)]
+    assert len(read_index(tmp_path / "idx")[0]) == 5  # 6 frames, the one outside left out
 
 
 # ---------------------------------------------------------------- models and training
@@ -983,6 +1070,41 @@ def test_full_disk_in_an_output_folder_names_the_folder_not_its_temp(tmp_path):
     assert leftovers(target.parent) == []
 
 
+def test_a_run_another_process_trains_is_refused_naming_it(tmp_path):
+    """After ``snakemake --unlock`` a second snakemake would train a run the first still trains: the run's own lock
+    refuses it, naming the holder; a killed holder never blocks the rerun (the kernel drops its lock)."""
+    import socket
+    import subprocess
+    import sys
+
+    from fedmedbench.runlock import LOCK_NAME, RunLockedError, run_lock
+
+    run_dir = tmp_path / "results" / "s" / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom fedmedbench.runlock import run_lock\n"
+         "with run_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)\n", str(run_dir)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunLockedError, match=rf"{re.escape(str(run_dir))}: this run is being trained by PID "
+                                                 rf"{holder.pid} on host {re.escape(socket.gethostname())}"):
+            with run_lock(run_dir):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (run_dir / LOCK_NAME).exists()  # a SIGKILL leaves the file, not the lock
+    with run_lock(run_dir):
+        assert str(os.getpid()) in (run_dir / LOCK_NAME).read_text()
+    assert not (run_dir / LOCK_NAME).exists()
+
+
+def test_every_training_entry_holds_the_run_lock():
+    for name in ("train_federated", "ultraflwr_train", "fedst_train"):
+        text = (ROOT / "scripts" / f"{name}.py").read_text()
+        assert text.index("with run_lock(spec.run_dir)") < text.index("engine.run("), name
+
+
 def test_temp_files_of_a_killed_job_are_removed_at_job_start(tmp_path):
     (tmp_path / "checkpoint" / "clients" / "00000").mkdir(parents=True)
     orphans = [tmp_path / ".model.pt.k2j3.tmp.pt", tmp_path / "checkpoint" / "clients" / "00000" / ".r000002.pt.x.tmp.pt"]
@@ -991,6 +1113,49 @@ def test_temp_files_of_a_killed_job_are_removed_at_job_start(tmp_path):
     (tmp_path / "metrics.csv").write_text("round\n1\n")
     checkpoint.prepare(tmp_path)
     assert not any(p.exists() for p in orphans) and (tmp_path / "metrics.csv").is_file()
+
+
+# ---------------------------------------------------------------- deployment: insecure settings are refused
+
+SECURE_LINK = ["--ssl-ca-certfile", "ca.crt", "--ssl-certfile", "server.pem", "--ssl-keyfile", "server.key",
+               "--enable-supernode-auth"]
+INSECURE_STARTS = [
+    ("superlink", ["--insecure"], ["--insecure turns TLS off", "no --enable-supernode-auth"]),
+    ("superlink", ["--insecure", "--enable-supernode-auth"], ["--insecure turns TLS off"]),
+    ("superlink", ["--ssl-certfile", "s.pem", "--ssl-keyfile", "s.key"], ["no --enable-supernode-auth"]),
+    ("superlink", ["--enable-supernode-auth"], ["no --ssl-certfile/--ssl-keyfile"]),
+    ("supernode", ["--insecure", "--superlink", "h:9092"], ["--insecure turns TLS off",
+                                                            "no --auth-supernode-private-key"]),
+]
+
+
+@pytest.mark.parametrize("role,args,needles", INSECURE_STARTS)
+def test_insecure_superlink_or_supernode_is_refused_unless_asked_loudly(role, args, needles, capsys):
+    from fedmedbench.deploy import __main__ as deploy_cli
+    from fedmedbench.deploy import launch
+
+    with pytest.raises(SystemExit) as stop:
+        deploy_cli.main([role, *args])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"refusing to start flower-{role} insecurely" in err and "Traceback" not in err
+    for needle in needles:
+        assert needle in err
+    started = []
+    launch.run(role, [*args, launch.FLAG], execute=lambda program, cmd: started.append(cmd))
+    assert started == [[f"flower-{role}", *args]]  # the testing flag is the project's, not Flower's
+    assert f"INSECURE flower-{role} ({launch.FLAG}): for tests only" in capsys.readouterr().err
+
+
+def test_secure_superlink_and_supernode_start_without_a_warning(capsys):
+    from fedmedbench.deploy import launch
+
+    started = []
+    launch.run("superlink", SECURE_LINK, execute=lambda program, cmd: started.append(cmd))
+    launch.run("supernode", ["--root-certificates", "ca.crt", "--auth-supernode-private-key", "site01"],
+               execute=lambda program, cmd: started.append(cmd))
+    assert started[0] == ["flower-superlink", *SECURE_LINK] and started[1][0] == "flower-supernode"
+    assert capsys.readouterr().err == ""
 
 
 # ---------------------------------------------------------------- runtime settings are not result params
