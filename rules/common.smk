@@ -6,6 +6,8 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
+import fedmedbench.data.medmnist as MEDMNIST
+import fedmedbench.data.synthetic as SYNTHETIC
 import fedmedbench.data.user as USER
 import fedmedbench.studies.earlystop.runs as ES
 import fedmedbench.studies.gpaf.runs as GPAF
@@ -100,6 +102,31 @@ def _check_config():
 _check_config()
 
 
+def known_split_counts(dataset):
+    """Samples per split where planning knows them (official and synthetic files); None for a user dataset."""
+    if dataset in USER_DATASETS:
+        return None
+    if ORIGIN == "synthetic":
+        syn = synthetic_params(dataset)
+        return SYNTHETIC.default_counts(dataset, {s: syn[f"max_{s}"] for s in ("train", "val", "test")})
+    return dict(MEDMNIST.dataset_info(dataset).n_samples)
+
+
+def _warn_holdout_shortfall():
+    """More clients than validation or test samples: some clients would have no local score (a warning)."""
+    for sname, study in config["studies"].items():
+        for setname, setting in study["settings"].items():
+            if setting["scheme"] == "center":
+                continue
+            for ds in setting.get("datasets") or study["datasets"]:
+                counts = known_split_counts(ds)
+                short = PARTITION.holdout_shortfall(setting["num_clients"], counts) if counts else []
+                if short:
+                    print(f"config warning: studies.{sname}.settings.{setname}.num_clients = {setting['num_clients']} "
+                          f"but {ds} has {' and '.join(short)}: some clients get no validation/test data, have no "
+                          "local score, and local_mean_* averages the others", file=sys.stderr)
+
+
 def study_size(study):
     return config["studies"][study]["size"]
 
@@ -140,6 +167,9 @@ def synthetic_params(dataset):
     """The generator's settings for one flag: data.synthetic with that flag's per_dataset overrides."""
     syn = {k: v for k, v in config["data"]["synthetic"].items() if k != "per_dataset"}
     return {**syn, **config["data"]["synthetic"]["per_dataset"].get(dataset, {})}
+
+
+_warn_holdout_shortfall()
 
 
 def base_npz(dataset, size):

@@ -6,7 +6,9 @@ One representative case per catalogue entry (the per-module test files hold the 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import errno
+import json
 import os
 import re
 import shutil
@@ -82,6 +84,33 @@ def test_more_clients_than_samples():
     labels = {"train": np.arange(5) % 2, "val": np.array([0, 1]), "test": np.array([0, 1])}
     with pytest.raises(P.PartitionError, match="num_clients=9 is larger than the 5 training samples"):
         P.build_partition(labels, "iid", 9, 0, {})
+
+
+def test_more_clients_than_held_out_samples_names_the_clients_left_without():
+    labels = {"train": np.arange(12) % 2, "val": np.array([0, 1]), "test": np.array([0, 1, 1])}
+    doc = P.build_partition(labels, "iid", 4, 0, {})
+    empty = P.clients_without_holdout(doc)
+    assert len(empty["val"]) == 2 and len(empty["test"]) == 1
+    warning = P.holdout_warning(doc)
+    assert f"client(s) {empty['val']} have no val data" in warning and "clients_without_local_scores" in warning
+    assert P.holdout_shortfall(4, {"train": 12, "val": 2, "test": 3}) == ["val (2 samples)", "test (3 samples)"]
+    assert P.holdout_shortfall(2, {"train": 12, "val": 2, "test": 3}) == []
+
+
+def test_a_client_without_test_data_is_named_in_the_summary(tiny_run, tmp_path):
+    """local_mean_* averages the clients that have a score; summary.json says which had none."""
+    doc = json.loads((tiny_run / "p.json").read_text())
+    doc["clients"][0]["test"] += doc["clients"][2]["test"]
+    doc["clients"][2]["test"] = []
+    io.write_json(tmp_path / "p.json", doc)
+    spec = _spec(tiny_run, "no_test", method="fedavg", rounds=1)
+    spec = dataclasses.replace(spec, partition_path=str(tmp_path / "p.json"), run_dir=str(tmp_path / "run"))
+    _run_until(spec)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["clients_without_local_scores"] == [2]
+    clients = pd.read_csv(tmp_path / "run" / "client_metrics.csv")
+    assert clients.loc[clients["client"] == 2, "local_accuracy"].isna().all()
+    assert summary["final"]["local_mean_accuracy"] == pytest.approx(clients.loc[clients["client"] < 2, "local_accuracy"].mean())
 
 
 def test_min_size_impossible_does_not_loop_forever():

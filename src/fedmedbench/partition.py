@@ -536,3 +536,27 @@ def check_partition(doc: dict, pool_sizes: dict[str, int], path: str) -> None:
             if i in held[source]:
                 raise PartitionError(f"{path}: {who} trains on sample {i} of source '{source}', which is also in "
                                      f"{held[source][i]} list: training data must not be held-out data")
+
+
+HOLDOUT_PARTS = ("val", "test")
+
+
+def holdout_shortfall(num_clients: int, counts: dict[str, int]) -> list[str]:
+    """The held-out splits (val, test) with fewer samples than clients: some clients get none of them, so they
+    have no local score and ``local_mean_*`` averages the others. Empty when every client can get one."""
+    return [f"{part} ({counts[part]} samples)" for part in HOLDOUT_PARTS if counts.get(part, num_clients) < num_clients]
+
+
+def clients_without_holdout(doc: dict) -> dict[str, list[int]]:
+    """Per held-out split, the clients of a partition document that got no sample of it."""
+    return {part: [i for i, c in enumerate(doc["clients"]) if len(c[part]) == 0] for part in HOLDOUT_PARTS}
+
+
+def holdout_warning(doc: dict) -> str | None:
+    """One line naming the clients without validation or test data (None when every client has both)."""
+    empty = {part: ids for part, ids in clients_without_holdout(doc).items() if ids}
+    if not empty:
+        return None
+    said = "; ".join(f"client(s) {ids} have no {part} data" for part, ids in empty.items())
+    return (f"{said}: they get no local score, and local_mean_*/local_std_* average the other clients "
+            "(summary.json lists them under clients_without_local_scores); use fewer clients to give each some")

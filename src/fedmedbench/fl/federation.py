@@ -173,6 +173,18 @@ class InProcessTransport:
         return {p: client_evaluate(self.job, p, rnd, arrays) for p in pids}
 
 
+
+def unscored_clients(client_rows: list[dict], metric: str) -> list[int]:
+    """Clients with no local score in the last evaluated round (no test data of their own): ``local_mean_*``
+    averages the others, and summary.json names them."""
+    if not client_rows:
+        return []
+    last = max(r["round"] for r in client_rows)
+    def scored(value) -> bool:
+        return isinstance(value, int | float) and math.isfinite(value)
+
+    return sorted(int(r["client"]) for r in client_rows if r["round"] == last and not scored(r.get(f"local_{metric}")))
+
 class Federation:
     """Server-side state and logic of one run."""
 
@@ -434,6 +446,7 @@ class Federation:
             "client_models_round": self.keep_round if self.spec.save_client_models else None,
             "final": {k: v for k, v in last.items() if k not in ("round", "clients")},
         }
+        summary["clients_without_local_scores"] = unscored_clients(state.client_rows, self.task.primary_metric)
         primary = f"global_{self.task.primary_metric}"
         if primary in metrics and metrics[primary].notna().any():
             best = metrics.loc[metrics[primary].idxmax()]
