@@ -760,6 +760,25 @@ def test_nan_passes_the_schema_alone():
     validate(_cfg(["studies", "micro", "settings", "dir", "params"], {"alpha": float("nan")}), SCHEMA)
 
 
+def test_a_target_read_as_a_config_file_says_to_put_targets_first(tmp_path, capsys):
+    """``snakemake --configfile c.yaml all`` reads 'all' as a second config file (Snakemake stops on it before the
+    workflow runs); the strict reader and ``python -m fedmedbench.configcheck`` say what happened."""
+    from fedmedbench.configcheck import ConfigFileError, check_file, main
+
+    with pytest.raises(ConfigFileError, match=r"all: cannot read the config file .*; if 'all' is a target, put "
+                                              r"targets before --configfile \(snakemake all --configfile FILE\)"):
+        check_file("all")
+    table = tmp_path / "table1.md"
+    with pytest.raises(ConfigFileError, match="put targets before --configfile"):
+        check_file(table)
+    assert main([str(ROOT / "config" / "config.yaml"), "all"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("put targets before --configfile") == 1 and "Traceback" not in err
+    with pytest.raises(ConfigFileError) as missing:
+        check_file(tmp_path / "mine.yaml")
+    assert "put targets" not in str(missing.value)  # a missing .yaml is a missing config, not a misplaced target
+
+
 def test_workflow_checks_its_config_files_strictly():
     snakefile = (ROOT / "Snakefile").read_text()
     assert snakefile.index("check_files(") < snakefile.index('configfile: "config/config.yaml"')

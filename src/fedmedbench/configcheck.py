@@ -107,13 +107,21 @@ def _load_bounded(text: str, path: Path) -> Any:
         loader.dispose()
 
 
+def target_hint(path: Path) -> str:
+    """Snakemake's ``--configfile`` takes every following word: a target written after it is read as a config."""
+    if path.suffix in (".yaml", ".yml", ".json"):
+        return ""
+    return (f"; if '{path}' is a target, put targets before --configfile "
+            f"(snakemake {path} --configfile FILE), which reads every following word as a config file")
+
+
 def check_file(path: str | Path) -> Any:
     """Parse ``path`` strictly; a problem raises :class:`ConfigFileError` as ``path:line:column: problem``."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigFileError(f"{path}: cannot read the config file ({exc.strerror})") from exc
+        raise ConfigFileError(f"{path}: cannot read the config file ({exc.strerror}){target_hint(path)}") from None
     if path.suffix == ".json":
         return None  # JSON has no duplicate-key or float ambiguity worth a second parser here
     try:
