@@ -108,6 +108,7 @@ def test_a_client_without_test_data_is_named_in_the_summary(tiny_run, tmp_path):
     _run_until(spec)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["clients_without_local_scores"] == [2]
+    assert summary["clients_without_test_data"] == [2] and summary["clients_without_val_data"] == []
     clients = pd.read_csv(tmp_path / "run" / "client_metrics.csv")
     assert clients.loc[clients["client"] == 2, "local_accuracy"].isna().all()
     assert summary["final"]["local_mean_accuracy"] == pytest.approx(clients.loc[clients["client"] < 2, "local_accuracy"].mean())

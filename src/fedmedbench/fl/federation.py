@@ -174,6 +174,19 @@ class InProcessTransport:
 
 
 
+def clients_without_holdout(partition_path: str | None) -> dict[str, list[int]]:
+    """``clients_without_val_data`` / ``clients_without_test_data`` of a MedMNIST partition (none for other tasks)."""
+    if not partition_path or not Path(partition_path).is_file() or Path(partition_path).suffix != ".json":
+        return {}
+    from fedmedbench.fl.data import load_partition
+    from fedmedbench.partition import clients_without_holdout as empty_parts
+
+    doc = load_partition(str(partition_path))
+    if not all(isinstance(c, dict) and "val" in c and "test" in c for c in doc.get("clients", [])):
+        return {}
+    return {f"clients_without_{part}_data": ids for part, ids in empty_parts(doc).items()}
+
+
 def unscored_clients(client_rows: list[dict], metric: str) -> list[int]:
     """Clients with no local score in the last evaluated round (no test data of their own): ``local_mean_*``
     averages the others, and summary.json names them."""
@@ -183,7 +196,10 @@ def unscored_clients(client_rows: list[dict], metric: str) -> list[int]:
     def scored(value) -> bool:
         return isinstance(value, int | float) and math.isfinite(value)
 
-    return sorted(int(r["client"]) for r in client_rows if r["round"] == last and not scored(r.get(f"local_{metric}")))
+    final = [r for r in client_rows if r["round"] == last]
+    if not any(f"local_{metric}" in r for r in final):  # a task that scores no client locally
+        return []
+    return sorted(int(r["client"]) for r in final if not scored(r.get(f"local_{metric}")))
 
 class Federation:
     """Server-side state and logic of one run."""
@@ -447,6 +463,7 @@ class Federation:
             "final": {k: v for k, v in last.items() if k not in ("round", "clients")},
         }
         summary["clients_without_local_scores"] = unscored_clients(state.client_rows, self.task.primary_metric)
+        summary.update(clients_without_holdout(self.spec.partition_path))
         primary = f"global_{self.task.primary_metric}"
         if primary in metrics and metrics[primary].notna().any():
             best = metrics.loc[metrics[primary].idxmax()]
