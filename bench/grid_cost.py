@@ -97,7 +97,8 @@ def make_data(workdir: Path, config: dict, study: str, setting: str, dataset: st
     labels = {k: arrays[f"{k}_labels"].reshape(-1) for k in ("train", "val", "test")}
     n_classes = int(max(v.max() for v in labels.values())) + 1
     part = workdir / f"{setting}.json"
-    io.write_json(part, P.build_partition(labels, s["scheme"], s["num_clients"], 0, s.get("params", {}), n_classes))
+    io.write_json(part, P.build_partition(labels, s["scheme"], s["num_clients"], 0, s.get("params", {}), n_classes,
+                                          draws=st.get("random_draws", "project")))
     sources = {name: str(npz) for name in P.source_names(s["scheme"], s.get("params", {}))}
     return part, sources
 
@@ -116,7 +117,7 @@ def job_spec(workdir: Path, config: dict, study: str, job: dict, part: Path, sou
         method_params=method_params.resolve(method, st["method_params"], st["settings"][setting]),
         device=device, threads=threads,
         eval_every=min(st["eval_every"], rounds), log_every=rounds, save_client_models=st["save_client_models"],
-        client_validation=st.get("client_validation"),
+        client_validation=st.get("client_validation"), random_draws=st.get("random_draws", "project"),
     )
 
 

@@ -13,6 +13,7 @@ import fedmedbench.studies.earlystop.runs as ES
 import fedmedbench.studies.gpaf.runs as GPAF
 import fedmedbench.studies.grid as GRID
 import fedmedbench.partition as PARTITION
+import fedmedbench.partition_replay as REPLAY
 from fedmedbench.configcheck import coerce_numbers, config_error, ignored_settings, refuse_non_finite
 from fedmedbench.report.html import table_caption
 from fedmedbench.fl import method_params
@@ -95,6 +96,8 @@ def _check_config():
             cpr = study["clients_per_round"]
             if cpr is not None and cpr > setting["num_clients"]:
                 _config_error(f"studies.{sname}.clients_per_round", f"{cpr} exceeds num_clients={setting['num_clients']} of setting '{setname}'")
+            if study["random_draws"] != "project" and (why := REPLAY.check_setting(scheme, params)):
+                _config_error(f"{key}.scheme", f"random_draws: {study['random_draws']}: {why}")
         if study["settings"]:
             ES.check_config(sname, study)
 
@@ -265,6 +268,7 @@ def run_spec(wildcards):
         "client_models_round": st["client_models_round"],
         # only when on: other studies' params (and run hashes) stay as they were
         **({"client_validation": st["client_validation"]} if st["client_validation"] else {}),
+        **({"random_draws": st["random_draws"]} if st["random_draws"] != "project" else {}),
     }
 
 

@@ -17,6 +17,7 @@ rule build_partition:
         scheme=lambda wc: config["studies"][wc.study]["settings"][wc.setting]["scheme"],
         num_clients=lambda wc: config["studies"][wc.study]["settings"][wc.setting]["num_clients"],
         scheme_params=lambda wc: config["studies"][wc.study]["settings"][wc.setting]["params"],
+        random_draws=lambda wc: config["studies"][wc.study]["random_draws"],
         user_dataset=lambda wc: user_dataset(wc.dataset),
     log:
         "logs/build_partition/{study}/{dataset}/{setting}/seed{seed}.log",

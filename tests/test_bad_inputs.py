@@ -31,8 +31,9 @@ from fedmedbench.data.surgical.badfiles import BadFileError, DatasetNotFoundErro
 from fedmedbench.data.surgical.index import build_index
 from fedmedbench.data.surgical.schema import read_index
 from fedmedbench.fl import checkpoint
+from fedmedbench.fl.api import ClientContext, ClientData, TrainConfig
+from fedmedbench.fl.arrays import model_arrays
 from fedmedbench.fl.methods._sgd import StepHooks, local_loop
-from fedmedbench.fl.registry import ClientContext, ClientData, TrainConfig, model_arrays
 from fedmedbench.fl.training import NonFiniteLossError
 from fedmedbench.models import build_model
 
@@ -341,7 +342,7 @@ def test_missing_weights_file_is_named(tmp_path):
 def test_a_crafted_fedst_pretraining_file_is_refused_naming_it(tmp_path):
     """torch's own refusal suggests weights_only=False (which would run the payload): the message names the
     file and says what it is not, and nothing runs."""
-    from fedmedbench.fl.methods.fedst_base import load_matching
+    from fedmedbench.fl.methods._seg_shared import load_matching
     from fedmedbench.weights.safeload import WeightsError
 
     model = torch.nn.Linear(2, 2)

@@ -89,7 +89,7 @@ def test_eq3_pools_each_channel_with_one_shared_linear():
 def test_fedst_capacity_matches_the_paper_table_ix():
     """FedST (RSC + channel selection) stays within 1.3x the baseline network's parameters,
     and what it communicates (everything but encoder queries, RSC and CS) is less than FedAvg's."""
-    from fedmedbench.fl.methods.fedst_base import personal_keys
+    from fedmedbench.fl.methods._seg_shared import personal_keys
 
     torch.manual_seed(0)
     full = dict(window=7, pools=[7, 4, 2, 1], fields=[49, 20, 6, 7])

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 from helpers.clients import client_ctx, fresh_global, server_ctx, toy_data, toy_spec
 
+from fedmedbench.fl.arrays import load_arrays, weighted_average
 from fedmedbench.fl.methods.gpaf import GPAF, adversarial_value, server_generator
-from fedmedbench.fl.registry import get_method, load_arrays, weighted_average
+from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.training import to_float
 from fedmedbench.models.vae import LatentClassifier, LatentDiscriminator, reparameterize
 
@@ -289,7 +290,7 @@ def test_paper_grid_trains_every_method_with_the_authors_batch_and_weight_decay(
     import yaml
     from snakemake.utils import validate
 
-    from fedmedbench.fl.registry import TrainConfig
+    from fedmedbench.fl.api import TrainConfig
     from fedmedbench.fl.training import make_optimizer
     from fedmedbench.studies import grid
 

@@ -13,7 +13,8 @@ import torch
 from helpers import surgical as F
 
 from fedmedbench.fl import federation as fed
-from fedmedbench.fl.registry import ClientResult, ServerContext, TrainConfig, get_method
+from fedmedbench.fl.api import ClientResult, ServerContext, TrainConfig
+from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.tasks.detection import components as C
 from fedmedbench.fl.tasks.detection.yolo import build_yolo, train_yolo
@@ -376,8 +377,8 @@ def test_select_keeps_the_last_of_tied_epochs_as_ultralytics_best_pt(metric):
 @pytest.mark.parametrize("weighting,expected", [("frames", 0.25 * 1 + 0.75 * 5), ("uniform", 3.0)])
 def test_fedavg_weighting_frames_vs_uniform(weighting, expected):
     """FedAvg by training frames (McMahan) vs equal weights (UltraFlwr's clients all report 10 examples)."""
+    from fedmedbench.fl.arrays import weighted_average
     from fedmedbench.fl.methods.ultraflwr import fedavg_weights
-    from fedmedbench.fl.registry import weighted_average
 
     arrays = [{"w": np.array([1.0], dtype=np.float32)}, {"w": np.array([5.0], dtype=np.float32)}]
     out = weighted_average(arrays, fedavg_weights([100, 300], weighting))
@@ -645,7 +646,8 @@ def test_final_aggregation_options(monkeypatch, final):
     the aggregated components then come from the server."""
     from types import SimpleNamespace
 
-    from fedmedbench.fl.registry import ClientContext, load_arrays
+    from fedmedbench.fl.api import ClientContext
+    from fedmedbench.fl.arrays import load_arrays
     from fedmedbench.fl.tasks.detection import yolo as Y
 
     base = build_yolo("yolo11n.yaml", 3, seed=0)
@@ -686,7 +688,8 @@ def test_head_init_restarts_what_the_start_weights_do_not_supply(coco_like, monk
     with ``common`` it is the server's one init on both."""
     from types import SimpleNamespace
 
-    from fedmedbench.fl.registry import ClientContext, load_arrays
+    from fedmedbench.fl.api import ClientContext
+    from fedmedbench.fl.arrays import load_arrays
     from fedmedbench.fl.tasks.detection import yolo as Y
     from fedmedbench.weights.models import read_yolo_checkpoint
 
@@ -1059,7 +1062,7 @@ def test_training_workers_are_a_result_parameter_that_reaches_ultralytics(export
 
     import yaml
 
-    from fedmedbench.fl.registry import ClientContext
+    from fedmedbench.fl.api import ClientContext
     from fedmedbench.fl.tasks.detection import yolo as Y
     from fedmedbench.studies.ultraflwr import runs as UFR
 
@@ -1319,7 +1322,7 @@ def test_loader_workers_turn_on_reading_ahead_for_every_training_without_changin
     import dataclasses
     from types import SimpleNamespace
 
-    from fedmedbench.fl.registry import ClientContext
+    from fedmedbench.fl.api import ClientContext
     from fedmedbench.fl.tasks.detection import yolo as Y
     from fedmedbench.fl.tasks.detection.task import DetectionTask
 

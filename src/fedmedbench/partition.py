@@ -24,6 +24,8 @@ Schemes and their sources:
   so samples can repeat across clients under strong skew. ``fls_quantity`` gives each
   client ``min_size`` (1) samples plus a multinomial share of the rest with
   probabilities from Dir(alpha), every sample used once. No library implements these.
+  With ``draws`` other than ``project`` these schemes and ``iid`` replay the reference's
+  own NumPy calls instead, sample for sample (``partition_replay``).
 * ``domain``: one client per imaging domain (``resources/domains``); the training
   split is divided among the domains IID or by Dirichlet label skew; each client's
   val/test come from its own domain's files. ``label_split: authors`` (default) is the GPAF
@@ -421,13 +423,21 @@ def _offsets(split_labels: dict[str, np.ndarray]) -> dict[str, int]:
 
 
 def build_partition(
-    split_labels: dict[str, np.ndarray], scheme: str, num_clients: int, seed: int, params: dict, num_classes: int | None = None
+    split_labels: dict[str, np.ndarray], scheme: str, num_clients: int, seed: int, params: dict, num_classes: int | None = None,
+    draws: str = "project",
 ) -> dict:
     """Partition a dataset whose labels per split are ``split_labels``; return the JSON document.
 
     Document: ``{scheme, params, seed, num_clients, num_classes, pool, clients: [{id, source,
-    train, val, test}], global_test: [{source, idx}]}``; indices are pool indices.
+    train, val, test}], global_test: [{source, idx}]}``; indices are pool indices. ``draws`` other
+    than ``project`` replays the early-stopping authors' draws (``partition_replay``): the document
+    then also holds ``random_draws: reference`` and ``rng_after_partition`` (the legacy generator's
+    state after the partition, where the cache-building run's client draws start).
     """
+    from fedmedbench import partition_replay
+
+    if draws not in partition_replay.DRAWS:
+        raise PartitionError(f"random_draws = {draws!r}; choose from {', '.join(partition_replay.DRAWS)}")
     if scheme not in SCHEME_PARAMS:
         raise PartitionError(f"unknown partition scheme '{scheme}'; choose from {', '.join(ALL_SCHEMES)}")
     unknown = set(params) - SCHEME_PARAMS[scheme]
@@ -440,7 +450,10 @@ def build_partition(
         n_classes = num_classes
     offsets = _offsets(split_labels)
     pool = {s: [offsets[s], offsets[s] + len(split_labels[s])] for s in ("train", "val", "test")}
+    extra: dict = {}
     if scheme == "center":
+        if draws != "project":
+            raise PartitionError(f"random_draws = {draws}: the center scheme has no reference draws")
         if num_clients != 2:
             raise PartitionError(f"center scheme has exactly 2 clients (train center, test center), got num_clients={num_clients}")
         clients = _center(split_labels, seed, params.get("val_fraction_center", 0.1), params.get("test_fraction_center", 0.2),
@@ -448,7 +461,15 @@ def build_partition(
         sources = ["base", "base"]
         global_test = [{"source": "base", "idx": np.concatenate([c["test"] for c in clients])}]
     else:
-        result = SCHEMES[scheme](split_labels["train"], num_clients, seed, **params)
+        if draws == "project":
+            result = SCHEMES[scheme](split_labels["train"], num_clients, seed, **params)
+        else:
+            try:
+                replayed = partition_replay.replay_partition(scheme, split_labels["train"], num_clients, seed, params, n_classes)
+            except partition_replay.ReplayError as exc:
+                raise PartitionError(f"random_draws = {draws}: {exc}") from None
+            result = Split(replayed.train)
+            extra = {"random_draws": "reference", "rng_after_partition": replayed.state_after}
         train = result.train
         if any(len(t) == 0 for t in train):
             empty = [i for i, t in enumerate(train) if len(t) == 0]
@@ -483,6 +504,7 @@ def build_partition(
             for i, c in enumerate(clients)
         ],
         "global_test": [{"source": g["source"], "idx": np.asarray(g["idx"]).tolist()} for g in global_test],
+        **extra,
     }
 
 

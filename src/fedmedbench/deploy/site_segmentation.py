@@ -27,12 +27,12 @@ from fedmedbench.deploy.site_data import Site, SiteDataError, list_files
 from fedmedbench.fl.tasks.segmentation import (
     ClipSet,
     FrameCache,
-    SegmentationTask,
     SiteData,
     evaluate_clips,
     input_size,
     metric_names,
 )
+from fedmedbench.fl.tasks.segmentation.task import SegmentationTask
 
 CLIPS = "clips.json"
 INDICATOR = "indicator.npy"

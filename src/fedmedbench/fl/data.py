@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from fedmedbench.data.medmnist import SPLITS, load_npz
-from fedmedbench.fl.registry import ClientData
+from fedmedbench.fl.api import ClientData
 from fedmedbench.io import read_json
 from fedmedbench.partition import check_partition
 

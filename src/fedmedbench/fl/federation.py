@@ -21,23 +21,18 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from fedmedbench import partition_replay
 from fedmedbench.fl import checkpoint
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, ServerContext
+from fedmedbench.fl.arrays import arrays_to_tensors, host_tensors, model_arrays
 from fedmedbench.fl.client_state import ClientStateStore
 from fedmedbench.fl.job import Job, resolve_device  # noqa: F401  (resolve_device: imported from here elsewhere)
-from fedmedbench.fl.registry import (
-    Arrays,
-    ClientContext,
-    ClientResult,
-    ServerContext,
-    arrays_to_tensors,
-    get_method,
-    host_tensors,
-    model_arrays,
-)
+from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.stopping import DataFreeMonitor
 from fedmedbench.fl.tasks.base import get_task_class, task_for  # noqa: F401  (task_for: imported from here elsewhere)
 from fedmedbench.fl.training import steps_for_epochs
+from fedmedbench.io import read_json
 
 
 def resolve_data_shapes(spec: RunSpec) -> RunSpec:
@@ -221,6 +216,10 @@ class Federation:
         if not 1 <= per_round <= self.num_clients:
             raise ValueError(f"clients_per_round={per_round} must be between 1 and num_clients={self.num_clients}")
         self.per_round = per_round
+        # the early-stopping authors' per-round draws (partition_replay.py); None = the project's sampler
+        self.reference_clients = partition_replay.client_sequence(
+            spec.random_draws, spec.seed, self.num_clients, per_round,
+            read_json(spec.partition_path) if spec.random_draws == "reference_cache_build" else None)
         self.keep_round = spec.client_models_round or self.train.rounds
         if spec.save_client_models and not 1 <= self.keep_round <= self.train.rounds:
             raise ValueError(f"client_models_round={self.keep_round} must be between 1 and train.rounds={self.train.rounds}")
@@ -268,6 +267,8 @@ class Federation:
             return [0]
         if self.per_round == self.num_clients:
             return list(range(self.num_clients))
+        if self.reference_clients is not None:
+            return sorted(self.reference_clients.clients(rnd))
         rng = np.random.default_rng([self.spec.seed, rnd, 1])
         return sorted(rng.choice(self.num_clients, size=self.per_round, replace=False).tolist())
 

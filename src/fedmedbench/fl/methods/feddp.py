@@ -32,8 +32,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedmedbench.fl.methods.fedst_base import SegMethod, client_weights, tensors
-from fedmedbench.fl.registry import ClientResult, load_arrays, model_arrays, register_method, weighted_average
+from fedmedbench.fl.api import ClientResult
+from fedmedbench.fl.arrays import load_arrays, model_arrays, weighted_average
+from fedmedbench.fl.methods._seg_shared import SegMethod, client_weights, tensors
+from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.tasks.segmentation import train_steps
 
 SITES = "feddp_site_queries"

@@ -37,8 +37,9 @@ from typing import Any
 
 import torch
 
-from fedmedbench.fl.methods.fedst_base import SegMethod, client_weights, tensors
-from fedmedbench.fl.registry import load_arrays, model_arrays, register_method, weighted_average
+from fedmedbench.fl.arrays import load_arrays, model_arrays, weighted_average
+from fedmedbench.fl.methods._seg_shared import SegMethod, client_weights, tensors
+from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.tasks.segmentation import (
     FrameCache,
     draw_rotate_scale,

@@ -62,20 +62,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
+from fedmedbench.fl.arrays import is_tensor_arrays, load_arrays, model_arrays, model_tensors, weighted_average
 from fedmedbench.fl.methods._shared import check_params, seeded, tensors_of
-from fedmedbench.fl.registry import (
-    Arrays,
-    ClientContext,
-    ClientResult,
-    Method,
-    ServerContext,
-    is_tensor_arrays,
-    load_arrays,
-    model_arrays,
-    model_tensors,
-    register_method,
-    weighted_average,
-)
+from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import (
     StepLosses,
     batch_indices,

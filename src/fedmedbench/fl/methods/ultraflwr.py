@@ -22,16 +22,9 @@ import math
 
 import numpy as np
 
-from fedmedbench.fl.registry import (
-    Arrays,
-    ClientContext,
-    ClientResult,
-    Method,
-    ServerContext,
-    load_arrays,
-    register_method,
-    weighted_average,
-)
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
+from fedmedbench.fl.arrays import load_arrays, weighted_average
+from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.tasks.detection.components import SPLITS, aggregated_keys, parse_strategy
 from fedmedbench.fl.tasks.detection.yolo import (
     ASSIGNERS,

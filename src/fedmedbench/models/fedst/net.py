@@ -7,7 +7,7 @@ encodes the current frame only; ``selection`` picks Eq. 7-8 (``cs``), the prompt
 ablation (``prompt``) or nothing.
 
 Module names matter: methods select shared / personalised parameters by them
-(``encoder.`` / ``rsc.`` / ``cs.`` / ``decoder.``; see ``fl/methods/fedst_base.py``).
+(``encoder.`` / ``rsc.`` / ``cs.`` / ``decoder.``; see ``fl/methods/_seg_shared.py``).
 """
 
 from __future__ import annotations

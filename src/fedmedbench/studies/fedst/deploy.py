@@ -18,8 +18,8 @@ def deployed_model(spec, method, final_arrays: dict[str, np.ndarray], sizes: lis
     models on the server via weighted averaging"). This is the only point where personal
     parameters are combined; it happens after training, from the sites' final states."""
     from fedmedbench.fl import checkpoint
+    from fedmedbench.fl.arrays import load_arrays, weighted_average
     from fedmedbench.fl.client_state import ClientStateStore
-    from fedmedbench.fl.registry import load_arrays, weighted_average
 
     model = method.build_model(spec)
     shared = [k for k in method.shared_keys(model) if k in final_arrays]

@@ -326,9 +326,10 @@ def latent_features(spec_dict: dict, samples_per_client: int, generator_samples:
     """features (N, d), labels (N,), groups (N,) of clients, the global model and (GPAF) the generator."""
     import torch
 
+    from fedmedbench.fl.arrays import load_arrays
     from fedmedbench.fl.data import FederatedData
     from fedmedbench.fl.federation import resolve_data_shapes
-    from fedmedbench.fl.registry import get_method, load_arrays
+    from fedmedbench.fl.registry import get_method
     from fedmedbench.fl.spec import RunSpec
     from fedmedbench.fl.training import to_float
 

@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from fedmedbench import io
+from fedmedbench.fl.api import TrainConfig
 from fedmedbench.fl.federation import resolve_data_shapes, resolve_device
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.tasks.detection.task import DetectionTask
@@ -49,7 +50,7 @@ def run_centralized(spec: RunSpec, select: str = "best", select_metric: str = "f
     spec = resolve_data_shapes(spec)
     task = DetectionTask(spec)
     device = resolve_device(spec.device)
-    tc = spec.train_config()
+    tc = TrainConfig.from_spec(spec)
     epochs = int(tc.rounds * round(tc.local_epochs))
     t0 = time.monotonic()
     client_rows, curves, models = [], [], {}
