@@ -168,6 +168,34 @@ class InProcessTransport:
         return {p: client_evaluate(self.job, p, rnd, arrays) for p in pids}
 
 
+
+def clients_without_holdout(partition_path: str | None) -> dict[str, list[int]]:
+    """``clients_without_val_data`` / ``clients_without_test_data`` of a MedMNIST partition (none for other tasks)."""
+    if not partition_path or not Path(partition_path).is_file() or Path(partition_path).suffix != ".json":
+        return {}
+    from fedmedbench.fl.data import load_partition
+    from fedmedbench.partition import clients_without_holdout as empty_parts
+
+    doc = load_partition(str(partition_path))
+    if not all(isinstance(c, dict) and "val" in c and "test" in c for c in doc.get("clients", [])):
+        return {}
+    return {f"clients_without_{part}_data": ids for part, ids in empty_parts(doc).items()}
+
+
+def unscored_clients(client_rows: list[dict], metric: str) -> list[int]:
+    """Clients with no local score in the last evaluated round (no test data of their own): ``local_mean_*``
+    averages the others, and summary.json names them."""
+    if not client_rows:
+        return []
+    last = max(r["round"] for r in client_rows)
+    def scored(value) -> bool:
+        return isinstance(value, int | float) and math.isfinite(value)
+
+    final = [r for r in client_rows if r["round"] == last]
+    if not any(f"local_{metric}" in r for r in final):  # a task that scores no client locally
+        return []
+    return sorted(int(r["client"]) for r in final if not scored(r.get(f"local_{metric}")))
+
 class Federation:
     """Server-side state and logic of one run."""
 
@@ -219,7 +247,11 @@ class Federation:
             return resumed
         stale = checkpoint.checkpoint_dir(self.spec.run_dir)
         if stale.exists():
-            self.log(f"ignoring checkpoint in {stale}: written under other settings")
+            if (stale / "server.pt").is_file():
+                self.log(f"ignoring checkpoint in {stale}: written under other settings")
+            else:  # a run stopped before its first round was checkpointed: nothing of it to resume
+                self.log(f"no checkpoint in {stale} (the run stopped before its first round was saved): "
+                         "starting at round 1")
             shutil.rmtree(stale)
         seed_everything(self.spec.seed)
         model = self.job.new_model()
@@ -431,6 +463,8 @@ class Federation:
             "client_models_round": self.keep_round if self.spec.save_client_models else None,
             "final": {k: v for k, v in last.items() if k not in ("round", "clients")},
         }
+        summary["clients_without_local_scores"] = unscored_clients(state.client_rows, self.task.primary_metric)
+        summary.update(clients_without_holdout(self.spec.partition_path))
         primary = f"global_{self.task.primary_metric}"
         if primary in metrics and metrics[primary].notna().any():
             best = metrics.loc[metrics[primary].idxmax()]

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedmedbench.fl.tasks.detection import label_cache
 from fedmedbench.fl.tasks.detection.ap import ap_rule
 from fedmedbench.weights.safeload import LoadReport
 
@@ -452,6 +453,7 @@ def train_yolo(
                 val=select == "best", amp=device.type == "cuda", verbose=False, **extra)
     selector = EpochSelector(select, select_metric)
     import_before_seeding()
+    label_cache.install()  # its dataset caches are never unpickled
     with ultralytics_offline(), ap_rule(ap):
         trainer = trainer_cls(overrides=args)
         trainer.model = model  # used as is by setup_model (no rebuild, our weights)
@@ -525,6 +527,7 @@ def validate_yolo(
     args = dict(data=str(data_yaml), split=split, imgsz=int(imgsz), batch=int(batch), device=device_arg(device),
                 workers=int(workers), plots=False, save_json=False, verbose=False, conf=conf, iou=iou, rect=bool(rect),
                 project=str(Path(workdir).resolve()), name="val", exist_ok=True)
+    label_cache.install()
     with ultralytics_offline(), ap_rule(ap):
         validator = DetectionValidator(args=args)
         stats = validator(model=fused_copy(model))
