@@ -590,8 +590,12 @@ def test_a_file_placed_by_hand_is_verified_against_the_official_md5(tmp_path, np
         medmnist.verify_official(npz, "breastmnist", 28)
     rules = (ROOT / "rules" / "data.smk").read_text()
     assert "rule verify_medmnist" in rules and '{dataset}_{size}.npz.verified' in rules
-    for smk in ("train.smk", "partition.smk"):  # every reader of an official file depends on its marker
-        assert "verified_marker(" in (ROOT / "rules" / smk).read_text()
+    # every reader of an official file depends on its marker, through the named input functions of common.smk
+    common = (ROOT / "rules" / "common.smk").read_text()
+    for smk, fn in (("train.smk", "run_verified"), ("partition.smk", "partition_sources")):
+        assert fn in (ROOT / "rules" / smk).read_text()
+        body = common.split(f"def {fn}(", 1)[1].split("\ndef ", 1)[0]
+        assert "verified_marker(" in body, fn
 
 
 def test_endless_download_stream_is_cut_at_the_file_bound(tmp_path):
