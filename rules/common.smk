@@ -407,6 +407,11 @@ def gpaf_dataset_summaries(wildcards):
     return [f"{run_dir(r)}/summary.json" for r in runs(wildcards.study) if r["dataset"] == wildcards.dataset]
 
 
+def gpaf_dataset_metrics(wildcards):
+    """Per-round metrics of the dataset's runs: Table 1's best-validation round (report.gpaf.table_eval)."""
+    return [f"{run_dir(r)}/metrics.csv" for r in runs(wildcards.study) if r["dataset"] == wildcards.dataset]
+
+
 def _gpaf_tsne_runs(wildcards):
     return GPAF.tsne_runs(wildcards.study, config["studies"][wildcards.study], wildcards.dataset, wildcards.setting)
 

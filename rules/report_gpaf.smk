@@ -7,6 +7,7 @@
 rule gpaf_table1:
     input:
         summaries=gpaf_dataset_summaries,
+        metrics=gpaf_dataset_metrics,
         paper=lambda wc: paper_values_input(wc.study),
     output:
         csv=f"results/{{study}}/tables/table1_{{dataset}}{TAG}.csv",
