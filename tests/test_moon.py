@@ -126,6 +126,23 @@ def test_authors_moon_network_projects_to_256_dims_and_classifies_the_projection
         assert torch.allclose(logits, model(x)) and torch.allclose(logits, model.classifier(z))
 
 
+def test_authors_moon_trains_and_sends_the_projection_head():
+    """MOON on gpaf_cnn_moon: the projection head is part of what the client sends (averaged like the rest), and
+    with the authors' mu = 0.001 the contrast still changes the round-2 update."""
+    spec = toy_spec("moon", model="gpaf_cnn_moon")
+    data = toy_data(80)
+    moon = get_method("moon", {"mu": 0.001})
+    arrays = fresh_global(moon, spec)
+    assert {"projection.0.weight", "projection.2.weight", "classifier.weight"} <= set(arrays)
+    first = client_ctx(moon, spec, arrays, data, steps=3)
+    sent = moon.client_fit(first).arrays
+    assert sent.keys() == arrays.keys() and sent["projection.2.weight"].shape == (256, 64)
+    a = moon.client_fit(client_ctx(moon, spec, arrays, data, rnd=2, steps=3, state=dict(first.state)))
+    b = get_method("moon", {"mu": 0.0}).client_fit(client_ctx(moon, spec, arrays, data, rnd=2, steps=3,
+                                                               state=dict(first.state)))
+    assert any(not np.array_equal(a.arrays[k], b.arrays[k]) for k in a.arrays)
+
+
 def test_gpaf_grid_runs_moon_as_the_authors_configured_it():
     """config/studies/gpaf.yaml (and the demo): mu 0.001, tau 0.5, the 256-d projection head; mu 1 stays an option."""
     from pathlib import Path
