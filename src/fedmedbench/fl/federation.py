@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from fedmedbench.fl import checkpoint
+from fedmedbench.fl import checkpoint, tracking
 from fedmedbench.fl.client_state import ClientStateStore
 from fedmedbench.fl.job import Job, resolve_device  # noqa: F401  (resolve_device: imported from here elsewhere)
 from fedmedbench.fl.registry import (
@@ -208,6 +208,7 @@ class Federation:
         self.stop_mode = es["mode"]
         self.monitor = DataFreeMonitor(float(es["tau"]), int(es["patience"]), es.get("counting", "reference"))
         self._t0 = time.monotonic()
+        self.tracker = tracking.for_run(spec, self.run_hash, self.train, log)  # metrics out; never changes results
 
     # -- state ------------------------------------------------------------------
     def initial_state(self) -> checkpoint.RunState:
@@ -321,6 +322,7 @@ class Federation:
         checkpoint.save(self.spec.run_dir, new_state, self.run_hash, self._writer, then=lambda: self.store.prune(rnd),
                         store=self.store, rows_log=self.rows_log)
         self._progress(row)
+        self.tracker.round(row, client_rows, results)
         return new_state
 
     def _theta0(self, state: checkpoint.RunState) -> Arrays:
@@ -341,6 +343,7 @@ class Federation:
             state = self._rounds(transport)
         except BaseException:
             self.store.stop_reading()
+            self.tracker.close(ok=False)
             try:
                 self._writer.close()
             except Exception:  # noqa: BLE001 - the round's own error is the one to report
@@ -348,6 +351,7 @@ class Federation:
             raise
         self.store.stop_reading()
         self._writer.close()
+        self.tracker.close()
         return state
 
     def _rounds(self, transport: Transport) -> checkpoint.RunState:
