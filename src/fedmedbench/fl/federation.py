@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from fedmedbench.fl import checkpoint, tracking
+from fedmedbench.fl import checkpoint
 from fedmedbench.fl.client_state import ClientStateStore
 from fedmedbench.fl.job import Job, resolve_device  # noqa: F401  (resolve_device: imported from here elsewhere)
 from fedmedbench.fl.registry import (
@@ -37,6 +37,7 @@ from fedmedbench.fl.registry import (
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.stopping import DataFreeMonitor
 from fedmedbench.fl.tasks.base import get_task_class, task_for  # noqa: F401  (task_for: imported from here elsewhere)
+from fedmedbench.fl.tracking import for_run as tracker_for_run
 from fedmedbench.fl.training import steps_for_epochs
 
 
@@ -208,7 +209,7 @@ class Federation:
         self.stop_mode = es["mode"]
         self.monitor = DataFreeMonitor(float(es["tau"]), int(es["patience"]), es.get("counting", "reference"))
         self._t0 = time.monotonic()
-        self.tracker = tracking.for_run(spec, self.run_hash, self.train, log)  # metrics out; never changes results
+        self.tracker = tracker_for_run(spec, self.run_hash, self.train, log)  # metrics out; never changes results
 
     # -- state ------------------------------------------------------------------
     def initial_state(self) -> checkpoint.RunState:
