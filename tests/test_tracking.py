@@ -8,6 +8,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from helpers import split_labels
@@ -137,10 +138,43 @@ def test_options_resolve_the_config_block():
 
 def test_round_values_name_each_client_and_drop_what_was_not_measured():
     row = {"round": 3, "clients": 2, "train_loss": 0.5, "global_accuracy": float("nan"), "datafree_stop": False}
-    clients = [{"round": 3, "client": 1, "local_accuracy": 0.75}]
+    clients = [{"round": 3, "client": 1, "local_accuracy": np.float32(0.75)}]  # evaluation rows may hold NumPy numbers
     trained = {0: {"train_loss": 0.4}, 1: {"train_loss": 0.6}}
     assert tracking.round_values(row, clients, trained, clients=True) == {
         "clients": 2.0, "train_loss": 0.5, "datafree_stop": 0.0, "client0/train_loss": 0.4,
         "client1/train_loss": 0.6, "client1/local_accuracy": 0.75}
     assert tracking.round_values(row, clients, trained, clients=False) == {"clients": 2.0, "train_loss": 0.5,
                                                                            "datafree_stop": 0.0}
+
+
+def test_a_resumed_job_continues_its_mlflow_run_and_a_fresh_one_starts_anew(workdir):
+    """An interrupted job (run FAILED after round 1) resumes into the same MLflow run; a job that starts again at
+    round 1 gets a new run, and its event files replace the earlier run's."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    uri = f"sqlite:///{workdir}/resume/mlflow.db"
+    spec = make_spec(workdir, "resumed")
+    params = tracking.run_params(spec)
+
+    def session(first_round: int, rounds: list[int], ok: bool) -> None:
+        t = tracking.Tracker([tracking.MLflow(uri, spec, "h1", params), tracking.TensorBoard(spec.run_dir)], print)
+        for rnd in rounds:
+            t.round({"round": rnd, "global_accuracy": rnd / 10}, [], {})
+        t.close(ok=ok)
+        assert t.first_round == first_round
+
+    session(1, [1], ok=False)   # killed after round 1
+    session(2, [2, 3], ok=True)  # resumed from the round-1 checkpoint
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("trk").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "global_accuracy")) == \
+        [(1, 0.1), (2, 0.2), (3, 0.3)]
+
+    session(1, [1], ok=True)  # the job again from round 1 (e.g. after resume: restart)
+    runs = client.search_runs([client.get_experiment_by_name("trk").experiment_id])
+    assert len(runs) == 2
+    events = EventAccumulator(str(Path(spec.run_dir) / "tensorboard"))
+    events.Reload()
+    assert [(e.step, round(e.value, 6)) for e in events.Scalars("global_accuracy")] == [(1, 0.1)]

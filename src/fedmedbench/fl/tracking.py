@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -81,7 +82,7 @@ def round_values(row: dict[str, Any], client_rows: list[dict[str, Any]], client_
             values.update({f"client{pid}/{k}": v for k, v in metrics.items()})
         for c in client_rows:
             values.update({f"client{c['client']}/{k}": v for k, v in c.items() if k not in ("round", "client")})
-    return {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+    return {k: float(v) for k, v in values.items() if isinstance(v, numbers.Real) and math.isfinite(float(v))}
 
 
 class Backend(Protocol):
