@@ -131,16 +131,21 @@ def test_the_one_run_is_a_row_of_every_settings_table(tmp_path):
         "Same pooled data, trained once: centralized in dir is the run trained in iid.")
 
 
-def test_dry_run_plans_centralized_once_and_shows_it_in_the_other_setting(tmp_path):
-    """The workflow trains fedavg in both settings and centralized once; the other setting's table reads a copy."""
+def _shared_config(path: Path) -> Path:
+    """The micro config with an IID and a Dirichlet setting of 3 clients, FedAvg and centralized."""
     cfg = yaml.safe_load((ROOT / "tests" / "fixtures" / "micro.yaml").read_text())
     study = cfg["studies"]["micro"]
     study["methods"] = ["fedavg", "centralized"]
     study["settings"] = {"iid": {"scheme": "iid", "num_clients": 3},
                          "dir": {"scheme": "dirichlet", "num_clients": 3, "params": {"alpha": 1.0, "min_size": 5}}}
     study["early_stopping"] = {}
-    f = tmp_path / "cfg.yaml"
-    f.write_text(yaml.safe_dump(cfg, sort_keys=False))  # the settings' order decides where the run trains
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))  # the settings' order decides where the run trains
+    return path
+
+
+def test_dry_run_plans_centralized_once_and_shows_it_in_the_other_setting(tmp_path):
+    """The workflow trains fedavg in both settings and centralized once; the other setting's table reads a copy."""
+    f = _shared_config(tmp_path / "cfg.yaml")
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "results/micro/tables/final_metrics_synthetic.csv",
                            "--configfile", str(f)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
@@ -151,6 +156,24 @@ def test_dry_run_plans_centralized_once_and_shows_it_in_the_other_setting(tmp_pa
     base = "results/micro/breastmnist"
     assert trained == [f"{base}/dir/fedavg/seed0", f"{base}/iid/centralized/seed0", f"{base}/iid/fedavg/seed0"], out[-3000:]
     assert shown == [f"{base}/dir/centralized/seed0"], out[-3000:]
+
+
+def test_the_workflow_writes_the_shown_run_from_the_trained_one(tmp_path):
+    """rule show_shared_run (only it allowed) copies the home run into the other setting's folder."""
+    from helpers import copy_workflow
+
+    work = copy_workflow(tmp_path / "wf")
+    f = _shared_config(work / "cfg.yaml")
+    home = work / "results" / "micro" / "breastmnist" / "iid" / "centralized" / "seed0"
+    _write_run(home, "iid", 0.7)
+    shown = work / "results" / "micro" / "breastmnist" / "dir" / "centralized" / "seed0"
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", str(shown.relative_to(work) / "summary.json"),
+                           "--allowed-rules", "show_shared_run", "--configfile", str(f)], cwd=work, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    summary = json.loads((shown / "summary.json").read_text())
+    assert (summary["setting"], summary["trained_in"], summary["final"]) == ("dir", "iid", {"global_accuracy": 0.7})
+    assert (shown / "model.pt").read_bytes() == (home / "model.pt").read_bytes()
 
 
 def _outputs(out: str, rule: str) -> list[str]:
