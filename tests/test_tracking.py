@@ -178,3 +178,36 @@ def test_a_resumed_job_continues_its_mlflow_run_and_a_fresh_one_starts_anew(work
     events = EventAccumulator(str(Path(spec.run_dir) / "tensorboard"))
     events.Reload()
     assert [(e.step, round(e.value, 6)) for e in events.Scalars("global_accuracy")] == [(1, 0.1)]
+
+
+@pytest.mark.slow
+def test_a_locked_store_is_named_once_and_its_rounds_arrive_when_it_frees(workdir):
+    """Another process holds the SQLite store locked through round 1: the job logs it once, trains on, and
+    sends round 1 with round 2 once the lock is gone (MLflow waits its busy timeout, about 20 s, first)."""
+    import sqlite3
+
+    from mlflow.tracking import MlflowClient
+
+    db = workdir / "locked" / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    db.parent.mkdir()
+    MlflowClient(tracking_uri=uri).create_experiment("trk")  # an existing store, as after a study's first job
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    lines: list[str] = []
+
+    def log(line: str) -> None:
+        lines.append(line)
+        if line.startswith("tracking:"):
+            holder.execute("COMMIT")  # the other process is done
+
+    engine.run(make_spec(workdir, "locked_run", {"mlflow": uri}), log=log)
+    holder.close()
+    named = [line for line in lines if line.startswith("tracking:")]
+    assert len(named) == 1 and "locked" in named[0], named
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("trk").experiment_id])
+    metrics = pd.read_csv(workdir / "locked_run" / "metrics.csv")
+    assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "global_accuracy")) == \
+        list(zip(metrics["round"], metrics["global_accuracy"], strict=True))
+    assert run.info.status == "FINISHED"
