@@ -111,7 +111,8 @@ def check_config(sname: str, study: dict[str, Any]) -> None:
 
 def show_run(home_dir: str | Path, out_dir: str | Path, setting: str) -> None:
     """Write a shown run's files from its home run: the same metrics and model, the summary under the shown
-    setting with ``trained_in`` naming the home setting (tables list it in the shown setting's rows)."""
+    setting with ``trained_in`` naming the home setting (tables list it in the shown setting's rows). Its
+    per-client rows (client_metrics.csv) are those of the home setting's clients."""
     from fedmedbench import io
 
     home_dir, out_dir = Path(home_dir), Path(out_dir)
