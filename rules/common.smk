@@ -72,7 +72,6 @@ def _check_config():
     _check_registry()
     for sname, study in config["studies"].items():
         GPAF.check_config(sname, study)
-        GRID.check_config(sname, study)
         _check_datasets(sname, study)
         for setname, setting in study["settings"].items():
             key = f"studies.{sname}.settings.{setname}"

@@ -3,7 +3,7 @@
 # (fedmedbench.studies.grid.shared_runs): each setting's table keeps its row, the DAG has one training job.
 
 
-include: "shared_runs_common.smk"
+include: "grid_common.smk"
 
 
 ruleorder: show_shared_run > train_federated

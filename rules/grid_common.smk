@@ -1,5 +1,14 @@
-# Which runs are shown from another setting, and where each trains (rules/shared_runs.smk).
+# Glue from the rules to fedmedbench.studies.grid: the checks of a study's grid overrides, and which runs are
+# shown from another setting and where each trains (rules/shared_runs.smk).
 import re
+
+
+def _check_grid_config():
+    for sname, study in config["studies"].items():
+        GRID.check_config(sname, study)
+
+
+_check_grid_config()
 
 
 def _shown_run_dirs():
