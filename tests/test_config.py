@@ -75,6 +75,8 @@ def _dry_run(tmp_path, cfg) -> subprocess.CompletedProcess:
     (lambda c: c["studies"]["micro"]["settings"]["dom"]["params"].__setitem__("domains", ["clean", "martian"]),
      "studies.micro.settings.dom.params.domains"),
     (lambda c: c["studies"]["micro"]["settings"]["dom"].__setitem__("num_clients", 3), "studies.micro.settings.dom.num_clients"),
+    (lambda c: c["studies"]["micro"]["settings"]["dir"].__setitem__("method_train", {"fedprox": {"lr": 0.1}}),
+     "studies.micro.settings.dir.method_train.fedprox"),
     (lambda c: c["studies"]["micro"].__setitem__("clients_per_round", 9), "studies.micro.clients_per_round"),
     (lambda c: c["studies"]["micro"]["settings"]["dir"].__setitem__("datasets", ["pathmnist"]), "studies.micro.settings.dir.datasets"),
     (lambda c: c["studies"]["micro"].__setitem__("datasets", ["chestmnist"]), "'chestmnist' is neither an official MedMNIST flag"),

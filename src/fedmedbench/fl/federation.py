@@ -31,6 +31,7 @@ from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.stopping import DataFreeMonitor
 from fedmedbench.fl.tasks.base import get_task_class, task_for  # noqa: F401  (task_for: imported from here elsewhere)
+from fedmedbench.fl.tracking import for_run as tracker_for_run
 from fedmedbench.fl.training import steps_for_epochs
 from fedmedbench.io import read_json
 
@@ -235,6 +236,7 @@ class Federation:
         self.stop_mode = es["mode"]
         self.monitor = DataFreeMonitor(float(es["tau"]), int(es["patience"]), es.get("counting", "reference"))
         self._t0 = time.monotonic()
+        self.tracker = tracker_for_run(spec, self.run_hash, self.train, log)  # metrics out; never changes results
 
     # -- state ------------------------------------------------------------------
     def initial_state(self) -> checkpoint.RunState:
@@ -354,6 +356,7 @@ class Federation:
         checkpoint.save(self.spec.run_dir, new_state, self.run_hash, self._writer, then=lambda: self.store.prune(rnd),
                         store=self.store, rows_log=self.rows_log)
         self._progress(row)
+        self.tracker.round(row, client_rows, results)
         return new_state
 
     def _theta0(self, state: checkpoint.RunState) -> Arrays:
@@ -374,6 +377,7 @@ class Federation:
             state = self._rounds(transport)
         except BaseException:
             self.store.stop_reading()
+            self.tracker.close(ok=False)
             try:
                 self._writer.close()
             except Exception:  # noqa: BLE001 - the round's own error is the one to report
@@ -381,6 +385,7 @@ class Federation:
             raise
         self.store.stop_reading()
         self._writer.close()
+        self.tracker.close()
         return state
 
     def _rounds(self, transport: Transport) -> checkpoint.RunState:
