@@ -36,6 +36,7 @@ with exit_on_config_error(CONFIG_FILES):
     include: "rules/data.smk"
     include: "rules/partition.smk"
     include: "rules/train.smk"
+    include: "rules/shared_runs.smk"
     include: "rules/report.smk"
     include: "rules/surgical.smk"
     include: "rules/report_earlystop.smk"
@@ -55,6 +56,7 @@ localrules:
     all,
     aggregate_results,
     plot_study,
+    show_shared_run,
     earlystop_stopping_points,
     earlystop_table1,
     earlystop_table2,

@@ -27,6 +27,10 @@ What it does, and why:
   param value before and now in full (a run's spec: 1-2 kB). The Snakefile calls
   :func:`patch_snakemake_params_reason`, after which it names the changed keys, old -> new
   (``fedmedbench.rerun_reason``); which jobs rerun is unchanged.
+
+Two patches live beside what they serve, applied only while a detection job trains or validates:
+Ultralytics' network calls (``fl/tasks/detection/yolo.py``, ``ultralytics_offline``) and its pickled
+dataset caches (``fl/tasks/detection/label_cache.py``: written and read without pickle).
 """
 
 from __future__ import annotations
