@@ -1254,3 +1254,146 @@ def test_threads_log_every_and_download_settings_rerun_nothing(tmp_path):
     pa, pb = _workflow_params(tmp_path, a, "a"), _workflow_params(tmp_path, b, "b")
     assert pa == pb
     assert pa["download"] == {} and all("threads" not in s and "log_every" not in s for s in pa["train"] + pa["ultraflwr"])
+
+
+# ---------------------------------------------------------------- hostile replies: checked before they are averaged
+
+#: (case, round-1 edit of client 1's reply, what the refusal says); the server knows every client's size (30)
+REPLY_CASES = [
+    ("bias of the wrong shape", lambda r: r.arrays.update({"features.0.bias": np.zeros(1, np.float32)}),
+     r"model arrays 'features.0.bias' has shape \(1,\), the server's model \(16,\)"),
+    ("missing key", lambda r: r.arrays.pop("classifier.2.bias"), r"model arrays lack 'classifier.2.bias'"),
+    ("transposed weight", lambda r: r.arrays.update({"classifier.2.weight": r.arrays["classifier.2.weight"].T.copy()}),
+     r"'classifier.2.weight' has shape \(128, 2\), the server's model \(2, 128\)"),
+    ("oversized array", lambda r: r.arrays.update({"features.0.bias": np.zeros(10**6, np.float32)}),
+     r"'features.0.bias' has shape \(1000000,\), the server's model \(16,\)"),
+    ("non-finite value", lambda r: r.arrays["classifier.0.weight"].__setitem__((3, 5), np.inf),
+     r"model arrays 'classifier.0.weight' holds NaN or inf"),
+    ("wrong dtype", lambda r: r.arrays.update({"features.0.weight": r.arrays["features.0.weight"].astype(np.float64)}),
+     r"'features.0.weight' has dtype float64, the server's model float32"),
+    ("num-examples 0", lambda r: setattr(r, "num_examples", 0), r"num-examples = 0, but the client trains on 30"),
+    ("num-examples 10^12", lambda r: setattr(r, "num_examples", 10**12),
+     r"num-examples = 1000000000000, but the client trains on 30"),
+    ("num-examples -60", lambda r: setattr(r, "num_examples", -60), r"num-examples = -60, but the client trains on 30"),
+    ("num-examples not whole", lambda r: setattr(r, "num_examples", 29.5), r"num-examples = 29.5 is not a whole number"),
+]
+
+
+def _hostile(monkeypatch, edit, pid: int = 1, rnd: int = 1) -> None:
+    """Client ``pid`` edits its reply of round ``rnd`` before sending it (through the real ClientApp)."""
+    from fedmedbench.fl import federation as fed
+
+    honest = fed.client_train
+
+    def client_train(job, p, r, *args, **kw):
+        result = honest(job, p, r, *args, **kw)
+        if (p, r) == (pid, rnd):
+            edit(result)
+        return result
+
+    monkeypatch.setattr(fed, "client_train", client_train)
+
+
+@pytest.mark.parametrize("name,edit,needle", REPLY_CASES, ids=[c[0] for c in REPLY_CASES])
+def test_a_bad_reply_is_refused_naming_the_client_and_key(tiny_run, monkeypatch, name, edit, needle):
+    from fedmedbench.fl import engine
+    from fedmedbench.fl.replies import ReplyError
+
+    spec = _spec(tiny_run, f"hostile-{name}", method="fedavg", rounds=2)
+    _hostile(monkeypatch, edit)
+    with pytest.raises(ReplyError, match=r"round 1: client 1 sent a reply the server refuses: .*" + needle):
+        engine.run(spec, log=lambda m: None)
+    assert not (Path(spec.run_dir) / "model.pt").exists()
+    assert not (Path(spec.run_dir) / "checkpoint" / "server.pt").exists()  # nothing of the round was kept
+
+
+def test_a_nan_reply_in_the_last_round_stops_the_run_and_saves_no_model(tiny_run, monkeypatch):
+    """Round 2 of 2: client 2 sends NaN weights; the run stops naming the round and client 2, writes no model.pt,
+    and the honest clients are not blamed."""
+    from fedmedbench.fl import engine
+    from fedmedbench.fl.replies import ReplyError
+
+    spec = _spec(tiny_run, "nan-last", method="fedavg", rounds=2)
+    _hostile(monkeypatch, lambda r: r.arrays["classifier.2.weight"].fill(np.nan), pid=2, rnd=2)
+    with pytest.raises(ReplyError) as info:
+        engine.run(spec, log=lambda m: None)
+    text = str(info.value)
+    assert text.startswith("round 2: client 2 sent") and "'classifier.2.weight' holds NaN or inf" in text
+    assert "client 0" not in text and "client 1" not in text and "lr" not in text
+    assert not (Path(spec.run_dir) / "model.pt").exists() and not (Path(spec.run_dir) / "summary.json").exists()
+
+
+def test_a_non_finite_global_model_names_the_round_and_the_clients_to_blame():
+    """After aggregation: a NaN model stops the run naming the round and the clients whose replies were
+    non-finite (as under on_nonfinite: continue, where replies are not refused), or the server step."""
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.replies import NonFiniteModelError, check_global
+
+    good = SimpleNamespace(arrays={"w": np.ones(3, np.float32)}, extras={})
+    bad = SimpleNamespace(arrays={"w": np.array([1, np.nan, 1], np.float32)}, extras={})
+    nan_model = {"w": torch.tensor([1.0, float("nan"), 1.0]), "n": torch.tensor(3)}
+    with pytest.raises(NonFiniteModelError, match=r"round 7: .*'w' holds NaN or inf.*client\(s\) \[2\]"):
+        check_global(7, nan_model, {0: good, 1: good, 2: bad}, "fedavg")
+    with pytest.raises(NonFiniteModelError, match=r"round 3: .*every client's reply was finite: method 'gpaf'"):
+        check_global(3, nan_model, {0: good, 1: good}, "gpaf")
+    check_global(3, {"w": torch.ones(3), "n": torch.tensor(3)}, {0: good}, "fedavg")
+
+
+def test_a_server_step_that_makes_the_model_non_finite_stops_the_run(tiny_run, monkeypatch):
+    from fedmedbench.fl import engine
+    from fedmedbench.fl.methods.fedavg import FedAvg
+    from fedmedbench.fl.replies import NonFiniteModelError
+
+    honest = FedAvg.aggregate
+
+    def broken(self, ctx):
+        out = honest(self, ctx)
+        if ctx.rnd == 2:
+            out["classifier.2.bias"] = out["classifier.2.bias"] * np.nan
+        return out
+
+    monkeypatch.setattr(FedAvg, "aggregate", broken)
+    spec = _spec(tiny_run, "nan-server", method="fedavg", rounds=2)
+    with pytest.raises(NonFiniteModelError, match=r"round 2: the global model is not finite \('classifier.2.bias'"):
+        engine.run(spec, log=lambda m: None)
+    assert not (Path(spec.run_dir) / "model.pt").exists()
+
+
+def test_where_the_server_does_not_know_a_size_num_examples_is_bounded():
+    """Deployment where the server has no size for a site: a whole number in 1..MAX_EXAMPLES."""
+    from fedmedbench.fl.replies import MAX_EXAMPLES, ReplyCheck, ReplyError
+
+    check = ReplyCheck(4, {"arrays": ["w"]}, {"w": ((2,), "float32")}, sizes=None)
+    arrays = {"w": torch.zeros(2)}
+    for n in (1, 240, MAX_EXAMPLES):
+        check.check(3, arrays, n)
+    for n, needle in [(0, "outside"), (-60, "outside"), (10**12, "outside"), (float("nan"), "not a whole number"),
+                      (float("inf"), "not a whole number"), ("30", "not a number")]:
+        with pytest.raises(ReplyError, match=rf"round 4: client 3 .*num-examples = .*{needle}"):
+            check.check(3, arrays, n)
+
+
+def test_tensor_and_numpy_replies_are_read_alike():
+    """The same checks on torch tensors (a job whose arrays stay tensors) as on NumPy arrays."""
+    from fedmedbench.fl.replies import ReplyCheck, ReplyError
+
+    check = ReplyCheck(1, {"arrays": ["w", "n"], "delta_c": ["w"]}, {"w": ((2, 3), "float32"), "n": ((), "int64")},
+                       sizes={0: 5})
+    for kind in (np.asarray, torch.as_tensor):
+        ok = {"w": kind(np.zeros((2, 3), np.float32)), "n": kind(np.array(4, np.int64))}
+        check.check(0, ok, 5, {"delta_c": {"w": kind(np.zeros((2, 3), np.float32))}})
+        check.check(0, ok, 5, {})  # an extra record may be absent
+        for arrays, extras, needle in [
+            ({**ok, "w": kind(np.zeros((3, 2), np.float32))}, {}, r"'w' has shape \(3, 2\)"),
+            ({**ok, "n": kind(np.array(4, np.int32))}, {}, "'n' has dtype int32"),
+            ({**ok, "x": kind(np.zeros(1, np.float32))}, {}, "'x', which this method does not send"),
+            (ok, {"delta_c": {"w": kind(np.full((2, 3), np.nan, np.float32))}}, "record 'delta_c' 'w' holds NaN"),
+            (ok, {"delta_c": {}}, None),
+            (ok, {"queries": {"w": kind(np.zeros((2, 3), np.float32))}}, "undeclared record 'queries'"),
+        ]:
+            if needle is None:
+                check.check(0, arrays, 5, extras)
+                continue
+            with pytest.raises(ReplyError, match=needle):
+                check.check(0, arrays, 5, extras)
