@@ -1397,3 +1397,25 @@ def test_tensor_and_numpy_replies_are_read_alike():
                 continue
             with pytest.raises(ReplyError, match=needle):
                 check.check(0, arrays, 5, extras)
+
+
+def test_a_deployed_sites_bad_reply_is_refused_naming_the_site(tiny_run, tmp_path, monkeypatch):
+    """The deployed ServerApp (every message serialised as over the network) refuses a site's reply of the
+    wrong shape and a made-up size alike, naming the site, before averaging anything."""
+    from helpers.deploy_inline import run_inline
+
+    from fedmedbench.deploy.export import server_spec
+    from fedmedbench.deploy.site_data import export_sites
+    from fedmedbench.fl.replies import ReplyError
+    from fedmedbench.fl.spec import RunSpec
+
+    spec = _spec(tiny_run, "deploy-src", method="fedavg", rounds=1)
+    export_sites(spec, tmp_path / "sites", {"dataset": "breastmnist"})
+    for case in (0, 7):  # the bias of the wrong shape, num-examples 10^12
+        _, edit, needle = REPLY_CASES[case]
+        deployed = RunSpec.from_dict({**server_spec(spec), "run_dir": str(tmp_path / f"deployed-{case}")})
+        _hostile(monkeypatch, edit, pid=2)
+        with pytest.raises(ReplyError, match=r"round 1: client 2 sent a reply the server refuses: .*" + needle):
+            run_inline(deployed, tmp_path / "sites", tmp_path / "states", 3)
+        assert not (Path(deployed.run_dir) / "model.pt").exists()
+        monkeypatch.undo()
