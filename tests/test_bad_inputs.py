@@ -1419,3 +1419,35 @@ def test_a_deployed_sites_bad_reply_is_refused_naming_the_site(tiny_run, tmp_pat
             run_inline(deployed, tmp_path / "sites", tmp_path / "states", 3)
         assert not (Path(deployed.run_dir) / "model.pt").exists()
         monkeypatch.undo()
+
+
+def test_a_reply_without_its_arrays_or_size_is_refused_naming_the_client():
+    from flwr.app import ArrayRecord, MetricRecord, RecordDict
+
+    from fedmedbench.fl import engine
+
+    allowed = engine.AllowedContent(["w"], ())
+    allowed.check(RecordDict({"arrays": ArrayRecord(), "metrics": MetricRecord({"num-examples": 3.0})}), 4)
+    for content in (RecordDict({"metrics": MetricRecord({"num-examples": 3.0})}),
+                    RecordDict({"arrays": ArrayRecord(), "metrics": MetricRecord({"train_loss": 1.0})})):
+        with pytest.raises(engine.ClientFailure, match=r"client 4 sent a reply without its 'arrays' record or its "
+                                                       r"'num-examples' metric"):
+            allowed.check(content, 4)
+
+
+def test_under_on_nonfinite_continue_a_nan_reply_is_averaged_as_the_reference_does(tiny_run, monkeypatch):
+    """The early-stopping reference trains on through NaN: there the finiteness checks are off (the key, shape,
+    dtype and size checks stay), and the run completes with the NaN model the reference would have."""
+    from fedmedbench.fl import engine
+    from fedmedbench.fl.replies import ReplyError
+
+    spec = _spec(tiny_run, "nan-continue", method="fedavg", rounds=1)
+    spec = dataclasses.replace(spec, train={**spec.train, "on_nonfinite": "continue"})
+    _hostile(monkeypatch, lambda r: r.arrays["classifier.2.bias"].fill(np.nan))
+    engine.run(spec, log=lambda m: None)
+    assert torch.load(Path(spec.run_dir) / "model.pt", weights_only=True)["classifier.2.bias"].isnan().all()
+    monkeypatch.undo()
+    spec = dataclasses.replace(spec, run_dir=str(tiny_run / "shape-continue"))
+    _hostile(monkeypatch, REPLY_CASES[0][1])
+    with pytest.raises(ReplyError, match="'features.0.bias' has shape"):
+        engine.run(spec, log=lambda m: None)
