@@ -1451,3 +1451,15 @@ def test_under_on_nonfinite_continue_a_nan_reply_is_averaged_as_the_reference_do
     _hostile(monkeypatch, REPLY_CASES[0][1])
     with pytest.raises(ReplyError, match="'features.0.bias' has shape"):
         engine.run(spec, log=lambda m: None)
+
+
+def test_checking_replies_leaves_the_runs_random_draws_alone(tiny_run):
+    """The model replies are checked against is built mid-run: torch's global generator is left as it was."""
+    from fedmedbench.fl import federation as fed
+
+    spec = fed.resolve_data_shapes(_spec(tiny_run, "rng", method="fedavg", rounds=1))
+    f = fed.Federation(spec, log=lambda m: None)
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    f.check_replies(1, {})
+    assert torch.equal(before, torch.get_rng_state())

@@ -414,7 +414,8 @@ class Federation:
         """Every client's reply against the server's model and what the method says it sends, before any is
         averaged (:mod:`~fedmedbench.fl.replies`)."""
         if self._reference is None:
-            self._reference = self.job.new_model()
+            with torch.random.fork_rng(devices=[]):  # a model built mid-run must not move the run's random draws
+                self._reference = self.job.new_model()
         check = replies.ReplyCheck(rnd, self.method.reply_keys(self._reference, rnd, self.train),
                                    replies.model_layout(self._reference), self.client_sizes,
                                    finite=self.train.on_nonfinite == "error")
