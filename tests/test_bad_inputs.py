@@ -1254,3 +1254,212 @@ def test_threads_log_every_and_download_settings_rerun_nothing(tmp_path):
     pa, pb = _workflow_params(tmp_path, a, "a"), _workflow_params(tmp_path, b, "b")
     assert pa == pb
     assert pa["download"] == {} and all("threads" not in s and "log_every" not in s for s in pa["train"] + pa["ultraflwr"])
+
+
+# ---------------------------------------------------------------- hostile replies: checked before they are averaged
+
+#: (case, round-1 edit of client 1's reply, what the refusal says); the server knows every client's size (30)
+REPLY_CASES = [
+    ("bias of the wrong shape", lambda r: r.arrays.update({"features.0.bias": np.zeros(1, np.float32)}),
+     r"model arrays 'features.0.bias' has shape \(1,\), the server's model \(16,\)"),
+    ("missing key", lambda r: r.arrays.pop("classifier.2.bias"), r"model arrays lack 'classifier.2.bias'"),
+    ("transposed weight", lambda r: r.arrays.update({"classifier.2.weight": r.arrays["classifier.2.weight"].T.copy()}),
+     r"'classifier.2.weight' has shape \(128, 2\), the server's model \(2, 128\)"),
+    ("oversized array", lambda r: r.arrays.update({"features.0.bias": np.zeros(10**6, np.float32)}),
+     r"'features.0.bias' has shape \(1000000,\), the server's model \(16,\)"),
+    ("non-finite value", lambda r: r.arrays["classifier.0.weight"].__setitem__((3, 5), np.inf),
+     r"model arrays 'classifier.0.weight' holds NaN or inf"),
+    ("wrong dtype", lambda r: r.arrays.update({"features.0.weight": r.arrays["features.0.weight"].astype(np.float64)}),
+     r"'features.0.weight' has dtype float64, the server's model float32"),
+    ("num-examples 0", lambda r: setattr(r, "num_examples", 0), r"num-examples = 0, but the client trains on 30"),
+    ("num-examples 10^12", lambda r: setattr(r, "num_examples", 10**12),
+     r"num-examples = 1000000000000, but the client trains on 30"),
+    ("num-examples -60", lambda r: setattr(r, "num_examples", -60), r"num-examples = -60, but the client trains on 30"),
+    ("num-examples not whole", lambda r: setattr(r, "num_examples", 29.5), r"num-examples = 29.5 is not a whole number"),
+]
+
+
+def _hostile(monkeypatch, edit, pid: int = 1, rnd: int = 1) -> None:
+    """Client ``pid`` edits its reply of round ``rnd`` before sending it (through the real ClientApp)."""
+    from fedmedbench.fl import federation as fed
+
+    honest = fed.client_train
+
+    def client_train(job, p, r, *args, **kw):
+        result = honest(job, p, r, *args, **kw)
+        if (p, r) == (pid, rnd):
+            edit(result)
+        return result
+
+    monkeypatch.setattr(fed, "client_train", client_train)
+
+
+@pytest.mark.parametrize("name,edit,needle", REPLY_CASES, ids=[c[0] for c in REPLY_CASES])
+def test_a_bad_reply_is_refused_naming_the_client_and_key(tiny_run, monkeypatch, name, edit, needle):
+    from fedmedbench.fl import engine
+    from fedmedbench.fl.replies import ReplyError
+
+    spec = _spec(tiny_run, f"hostile-{name}", method="fedavg", rounds=2)
+    _hostile(monkeypatch, edit)
+    with pytest.raises(ReplyError, match=r"round 1: client 1 sent a reply the server refuses: .*" + needle):
+        engine.run(spec, log=lambda m: None)
+    assert not (Path(spec.run_dir) / "model.pt").exists()
+    assert not (Path(spec.run_dir) / "checkpoint" / "server.pt").exists()  # nothing of the round was kept
+
+
+def test_a_nan_reply_in_the_last_round_stops_the_run_and_saves_no_model(tiny_run, monkeypatch):
+    """Round 2 of 2: client 2 sends NaN weights; the run stops naming the round and client 2, writes no model.pt,
+    and the honest clients are not blamed."""
+    from fedmedbench.fl import engine
+    from fedmedbench.fl.replies import ReplyError
+
+    spec = _spec(tiny_run, "nan-last", method="fedavg", rounds=2)
+    _hostile(monkeypatch, lambda r: r.arrays["classifier.2.weight"].fill(np.nan), pid=2, rnd=2)
+    with pytest.raises(ReplyError) as info:
+        engine.run(spec, log=lambda m: None)
+    text = str(info.value)
+    assert text.startswith("round 2: client 2 sent") and "'classifier.2.weight' holds NaN or inf" in text
+    assert "client 0" not in text and "client 1" not in text and "lr" not in text
+    assert not (Path(spec.run_dir) / "model.pt").exists() and not (Path(spec.run_dir) / "summary.json").exists()
+
+
+def test_a_non_finite_global_model_names_the_round_and_the_clients_to_blame():
+    """After aggregation: a NaN model stops the run naming the round and the clients whose replies were
+    non-finite (as under on_nonfinite: continue, where replies are not refused), or the server step."""
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.replies import NonFiniteModelError, check_global
+
+    good = SimpleNamespace(arrays={"w": np.ones(3, np.float32)}, extras={})
+    bad = SimpleNamespace(arrays={"w": np.array([1, np.nan, 1], np.float32)}, extras={})
+    nan_model = {"w": torch.tensor([1.0, float("nan"), 1.0]), "n": torch.tensor(3)}
+    with pytest.raises(NonFiniteModelError, match=r"round 7: .*'w' holds NaN or inf.*client\(s\) \[2\]"):
+        check_global(7, nan_model, {0: good, 1: good, 2: bad}, "fedavg")
+    with pytest.raises(NonFiniteModelError, match=r"round 3: .*every client's reply was finite: method 'gpaf'"):
+        check_global(3, nan_model, {0: good, 1: good}, "gpaf")
+    check_global(3, {"w": torch.ones(3), "n": torch.tensor(3)}, {0: good}, "fedavg")
+
+
+def test_a_server_step_that_makes_the_model_non_finite_stops_the_run(tiny_run, monkeypatch):
+    from fedmedbench.fl import engine
+    from fedmedbench.fl.methods.fedavg import FedAvg
+    from fedmedbench.fl.replies import NonFiniteModelError
+
+    honest = FedAvg.aggregate
+
+    def broken(self, ctx):
+        out = honest(self, ctx)
+        if ctx.rnd == 2:
+            out["classifier.2.bias"] = out["classifier.2.bias"] * np.nan
+        return out
+
+    monkeypatch.setattr(FedAvg, "aggregate", broken)
+    spec = _spec(tiny_run, "nan-server", method="fedavg", rounds=2)
+    with pytest.raises(NonFiniteModelError, match=r"round 2: the global model is not finite \('classifier.2.bias'"):
+        engine.run(spec, log=lambda m: None)
+    assert not (Path(spec.run_dir) / "model.pt").exists()
+
+
+def test_where_the_server_does_not_know_a_size_num_examples_is_bounded():
+    """Deployment where the server has no size for a site: a whole number in 1..MAX_EXAMPLES."""
+    from fedmedbench.fl.replies import MAX_EXAMPLES, ReplyCheck, ReplyError
+
+    check = ReplyCheck(4, {"arrays": ["w"]}, {"w": ((2,), "float32")}, sizes=None)
+    arrays = {"w": torch.zeros(2)}
+    for n in (1, 240, MAX_EXAMPLES):
+        check.check(3, arrays, n)
+    for n, needle in [(0, "outside"), (-60, "outside"), (10**12, "outside"), (float("nan"), "not a whole number"),
+                      (float("inf"), "not a whole number"), ("30", "not a number")]:
+        with pytest.raises(ReplyError, match=rf"round 4: client 3 .*num-examples = .*{needle}"):
+            check.check(3, arrays, n)
+
+
+def test_tensor_and_numpy_replies_are_read_alike():
+    """The same checks on torch tensors (a job whose arrays stay tensors) as on NumPy arrays."""
+    from fedmedbench.fl.replies import ReplyCheck, ReplyError
+
+    check = ReplyCheck(1, {"arrays": ["w", "n"], "delta_c": ["w"]}, {"w": ((2, 3), "float32"), "n": ((), "int64")},
+                       sizes={0: 5})
+    for kind in (np.asarray, torch.as_tensor):
+        ok = {"w": kind(np.zeros((2, 3), np.float32)), "n": kind(np.array(4, np.int64))}
+        check.check(0, ok, 5, {"delta_c": {"w": kind(np.zeros((2, 3), np.float32))}})
+        check.check(0, ok, 5, {})  # an extra record may be absent
+        for arrays, extras, needle in [
+            ({**ok, "w": kind(np.zeros((3, 2), np.float32))}, {}, r"'w' has shape \(3, 2\)"),
+            ({**ok, "n": kind(np.array(4, np.int32))}, {}, "'n' has dtype int32"),
+            ({**ok, "x": kind(np.zeros(1, np.float32))}, {}, "'x', which this method does not send"),
+            (ok, {"delta_c": {"w": kind(np.full((2, 3), np.nan, np.float32))}}, "record 'delta_c' 'w' holds NaN"),
+            (ok, {"delta_c": {}}, None),
+            (ok, {"queries": {"w": kind(np.zeros((2, 3), np.float32))}}, "undeclared record 'queries'"),
+        ]:
+            if needle is None:
+                check.check(0, arrays, 5, extras)
+                continue
+            with pytest.raises(ReplyError, match=needle):
+                check.check(0, arrays, 5, extras)
+
+
+def test_a_deployed_sites_bad_reply_is_refused_naming_the_site(tiny_run, tmp_path, monkeypatch):
+    """The deployed ServerApp (every message serialised as over the network) refuses a site's reply of the
+    wrong shape and a made-up size alike, naming the site, before averaging anything."""
+    from helpers.deploy_inline import run_inline
+
+    from fedmedbench.deploy.export import server_spec
+    from fedmedbench.deploy.site_data import export_sites
+    from fedmedbench.fl.replies import ReplyError
+    from fedmedbench.fl.spec import RunSpec
+
+    spec = _spec(tiny_run, "deploy-src", method="fedavg", rounds=1)
+    export_sites(spec, tmp_path / "sites", {"dataset": "breastmnist"})
+    for case in (0, 7):  # the bias of the wrong shape, num-examples 10^12
+        _, edit, needle = REPLY_CASES[case]
+        deployed = RunSpec.from_dict({**server_spec(spec), "run_dir": str(tmp_path / f"deployed-{case}")})
+        _hostile(monkeypatch, edit, pid=2)
+        with pytest.raises(ReplyError, match=r"round 1: client 2 sent a reply the server refuses: .*" + needle):
+            run_inline(deployed, tmp_path / "sites", tmp_path / "states", 3)
+        assert not (Path(deployed.run_dir) / "model.pt").exists()
+        monkeypatch.undo()
+
+
+def test_a_reply_without_its_arrays_or_size_is_refused_naming_the_client():
+    from flwr.app import ArrayRecord, MetricRecord, RecordDict
+
+    from fedmedbench.fl import engine
+
+    allowed = engine.AllowedContent(["w"], ())
+    allowed.check(RecordDict({"arrays": ArrayRecord(), "metrics": MetricRecord({"num-examples": 3.0})}), 4)
+    for content in (RecordDict({"metrics": MetricRecord({"num-examples": 3.0})}),
+                    RecordDict({"arrays": ArrayRecord(), "metrics": MetricRecord({"train_loss": 1.0})})):
+        with pytest.raises(engine.ClientFailure, match=r"client 4 sent a reply without its 'arrays' record or its "
+                                                       r"'num-examples' metric"):
+            allowed.check(content, 4)
+
+
+def test_under_on_nonfinite_continue_a_nan_reply_is_averaged_as_the_reference_does(tiny_run, monkeypatch):
+    """The early-stopping reference trains on through NaN: there the finiteness checks are off (the key, shape,
+    dtype and size checks stay), and the run completes with the NaN model the reference would have."""
+    from fedmedbench.fl import engine
+    from fedmedbench.fl.replies import ReplyError
+
+    spec = _spec(tiny_run, "nan-continue", method="fedavg", rounds=1)
+    spec = dataclasses.replace(spec, train={**spec.train, "on_nonfinite": "continue"})
+    _hostile(monkeypatch, lambda r: r.arrays["classifier.2.bias"].fill(np.nan))
+    engine.run(spec, log=lambda m: None)
+    assert torch.load(Path(spec.run_dir) / "model.pt", weights_only=True)["classifier.2.bias"].isnan().all()
+    monkeypatch.undo()
+    spec = dataclasses.replace(spec, run_dir=str(tiny_run / "shape-continue"))
+    _hostile(monkeypatch, REPLY_CASES[0][1])
+    with pytest.raises(ReplyError, match="'features.0.bias' has shape"):
+        engine.run(spec, log=lambda m: None)
+
+
+def test_checking_replies_leaves_the_runs_random_draws_alone(tiny_run):
+    """The model replies are checked against is built mid-run: torch's global generator is left as it was."""
+    from fedmedbench.fl import federation as fed
+
+    spec = fed.resolve_data_shapes(_spec(tiny_run, "rng", method="fedavg", rounds=1))
+    f = fed.Federation(spec, log=lambda m: None)
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    f.check_replies(1, {})
+    assert torch.equal(before, torch.get_rng_state())

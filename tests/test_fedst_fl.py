@@ -998,3 +998,22 @@ def test_evaluation_at_native_units_or_native_resolution_on_request(clips):
         assert evaluate_clips(net, data, classes, cpu, 4, resolution="native") == pytest.approx(want, rel=1e-12)
     with pytest.raises(ValueError, match="eval.resolution"):
         evaluate_clips(net, data, classes, cpu, 4, resolution="mm")
+
+
+@pytest.mark.parametrize("method", FS.METHODS)
+def test_every_segmentation_methods_honest_replies_pass_the_servers_checks(clips, tmp_path, method, monkeypatch):
+    """Two rounds per method (FedDP: its queries round, then calibration): every site's reply is checked against
+    what the method declares (``Method.reply_keys``) and accepted."""
+    from test_methods import checked_replies
+
+    seen = checked_replies(monkeypatch)
+    spec = make_spec(clips, tmp_path, method)
+    f = fed.Federation(spec, log=lambda m: None)
+    f.run(fed.InProcessTransport(spec))
+    assert [(r, p) for r, p, _, _ in seen] == [(r, p) for r in (1, 2) for p in f.sample(r)]
+    model = f.job.new_model()
+    for rnd, _, keys, extras in seen:
+        declared = f.method.reply_keys(model, rnd, f.train)
+        assert keys == sorted(declared["arrays"]) and set(extras) <= set(declared) - {"arrays"}
+    if method == "feddp":
+        assert seen[0][3] == ["queries"] and seen[-1][2] == []  # the queries round, then calibration sends nothing

@@ -702,3 +702,51 @@ def test_broadcast_vectors_are_copied_by_one_op_bit_for_bit():
     assert torch.equal(got["t1"].view(torch.int32), a["t1"].view(torch.int32))
     host = _sgd.arrays_to_vector({"w": np.array([1.5, -0.0], dtype=np.float64), "b": np.array([2], dtype=np.int64)})
     assert host["w"].dtype == torch.float32 and host["w"].tolist() == [1.5, -0.0] and host["b"].dtype == torch.float32
+
+
+# ---------------------------------------------------------------- every method's honest replies pass the server's checks
+
+#: the classification methods; the segmentation methods: tests/test_fedst_fl.py, UltraFlwr: tests/test_ultraflwr.py
+CLASSIFICATION_METHODS = [*ALL, "local", "centralized", "moon", "feddg", "gpaf"]
+
+
+def checked_replies(monkeypatch) -> list[tuple[int, int, list[str], list[str]]]:
+    """(round, client, model keys, extra records) of every reply the server checked (and accepted)."""
+    from fedmedbench.fl import replies
+
+    seen = []
+    original = replies.ReplyCheck.check
+
+    def spy(self, pid, arrays, num_examples, extras=None):
+        original(self, pid, arrays, num_examples, extras)
+        seen.append((self.rnd, pid, sorted(arrays), sorted(extras or {})))
+
+    monkeypatch.setattr(replies.ReplyCheck, "check", spy)
+    return seen
+
+
+@pytest.mark.parametrize("method", CLASSIFICATION_METHODS)
+def test_every_methods_honest_replies_pass_the_servers_checks(fed_setup, method, monkeypatch):
+    """Two rounds per method: each sampled client's reply is checked against what the method declares
+    (``Method.reply_keys``) and accepted; the model arrays sent are exactly the declared keys."""
+    seen = checked_replies(monkeypatch)
+    spec = RunSpec(run_dir=str(fed_setup / f"replies-{method}"), study="t", dataset="bloodmnist", setting="fls",
+                   method=method, seed=0, partition_path=str(fed_setup / "p.json"),
+                   sources={"base": str(fed_setup / "b.npz")}, image_size=28, clients_per_round=3, device="cpu",
+                   model="gpaf_cnn" if method == "gpaf" else "cnn_small",
+                   train={"rounds": 2, "local_epochs": 1, "batch_size": 16, "lr": 0.05, "grad_clip": 10.0})
+    spec = fed.resolve_data_shapes(spec)
+    f = fed.Federation(spec, log=lambda m: None)
+    f.run(fed.InProcessTransport(spec))
+    assert [(r, p) for r, p, _, _ in seen] == [(r, p) for r in (1, 2) for p in f.sample(r)]
+    model = f.job.new_model()
+    for rnd, _, keys, extras in seen:
+        declared = f.method.reply_keys(model, rnd, f.train)
+        assert keys == sorted(declared["arrays"]) and set(extras) <= set(declared) - {"arrays"}
+
+
+def test_every_built_in_method_has_an_honest_reply_test():
+    from fedmedbench.fl.registry import available_methods
+    from fedmedbench.studies.fedst.runs import METHODS as SEGMENTATION_METHODS
+
+    assert set(available_methods()) == {*CLASSIFICATION_METHODS, *SEGMENTATION_METHODS, "ultraflwr"}

@@ -195,6 +195,14 @@ class Method:
         """
         return list(model.state_dict())
 
+    def reply_keys(self, model: torch.nn.Module, rnd: int, train: TrainConfig) -> dict[str, list[str] | None]:
+        """What a client's reply holds in round ``rnd``, by record: ``arrays`` and each extra record, as the
+        model state keys its entries mirror (the server refuses other keys, shapes or dtypes:
+        :mod:`fedmedbench.fl.replies`), or None where the entries are not the model's (checked for finite
+        values only). Default: the shared keys, and extra records not of the model. An extra record may be
+        absent from a reply; ``arrays`` always holds exactly its keys."""
+        return {"arrays": self.shared_keys(model), **{name: None for name in self.extra_records}}
+
     # --- client side -------------------------------------------------------------
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         from fedmedbench.fl.training import StepLosses, local_sgd

@@ -46,6 +46,7 @@ from fedmedbench.fl import federation as fed
 from fedmedbench.fl.api import Arrays, ClientResult
 from fedmedbench.fl.inline_grid import InlineGrid
 from fedmedbench.fl.job import Job, job_for
+from fedmedbench.fl.replies import examples_value
 from fedmedbench.fl.spec import RunSpec
 
 NODE_WAIT_S = 180.0
@@ -224,6 +225,8 @@ class AllowedContent:
         unexpected = names - self.records
         if unexpected:
             raise ClientFailure(f"client {pid} sent undeclared record(s) {sorted(unexpected)}")
+        if "arrays" not in content.array_records or "num-examples" not in content.metric_records.get("metrics", {}):
+            raise ClientFailure(f"client {pid} sent a reply without its 'arrays' record or its 'num-examples' metric")
         if "arrays" in content.array_records:
             extra_keys = set(content["arrays"].keys()) - self.shared_keys
             if extra_keys:
@@ -265,7 +268,7 @@ class FlowerTransport:
             for r in replies:
                 self.inspect(r)
                 metrics = dict(r.content["metrics"])
-                n = int(metrics.pop("num-examples"))
+                n = examples_value(metrics.pop("num-examples"))  # checked with the arrays (Federation)
                 extras = {k[len("extra."):]: _from_record(v) for k, v in r.content.array_records.items()
                           if k.startswith("extra.")}
                 results[self.pid_of[r.metadata.src_node_id]] = ClientResult(_from_record(r.content["arrays"]), n, metrics,

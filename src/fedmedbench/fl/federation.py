@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fedmedbench import partition_replay
-from fedmedbench.fl import checkpoint
+from fedmedbench.fl import checkpoint, replies
 from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, ServerContext
 from fedmedbench.fl.arrays import arrays_to_tensors, host_tensors, model_arrays
 from fedmedbench.fl.client_state import ClientStateStore
@@ -212,6 +212,9 @@ class Federation:
         self.num_clients = self.task.num_clients
         self.num_nodes = 1 if self.method.centralized else self.num_clients
         sizes = self.task.client_sizes()
+        #: training examples by partition id, as the replies must report them (the pooled client's: unknown)
+        self.client_sizes = None if self.method.centralized else dict(enumerate(sizes))
+        self._reference: torch.nn.Module | None = None  # the model replies are checked against, built once
         self.client_steps = [steps_for_epochs(n, self.train.local_epochs, self.train.batch_size) for n in sizes]
         per_round = spec.clients_per_round or self.num_clients
         if not 1 <= per_round <= self.num_clients:
@@ -402,7 +405,10 @@ class Federation:
             results = transport.train(rnd, {p: self.steps(p) for p in sampled}, state.arrays, self.broadcast(state))
             if sorted(results) != sampled:
                 raise RuntimeError(f"round {rnd}: results for clients {sorted(results)}, expected {sampled}")
+            self.check_replies(rnd, results)
             new_arrays = self.aggregate(state, rnd, results)
+            if self.train.on_nonfinite == "error":
+                replies.check_global(rnd, new_arrays, results, self.spec.method)
             if not (self.spec.save_client_models and rnd == self.keep_round):  # aggregated: drop the clients' arrays
                 results = {p: ClientResult({}, r.num_examples, r.metrics) for p, r in results.items()}
             client_eval = transport.evaluate(rnd, list(range(self.num_nodes)), new_arrays) if self.needs_client_eval(rnd) else None
@@ -411,6 +417,19 @@ class Federation:
                 self.log(f"data-free early stop at round {rnd}/{rounds} ({rounds - rnd} rounds saved)")
                 break
         return state
+
+    def check_replies(self, rnd: int, results: dict[int, ClientResult]) -> None:
+        """Every client's reply against the server's model and what the method says it sends, before any is
+        averaged (:mod:`~fedmedbench.fl.replies`)."""
+        if self._reference is None:
+            with torch.random.fork_rng(devices=[]):  # a model built mid-run must not move the run's random draws
+                self._reference = self.job.new_model()
+        check = replies.ReplyCheck(rnd, self.method.reply_keys(self._reference, rnd, self.train),
+                                   replies.model_layout(self._reference), self.client_sizes,
+                                   finite=self.train.on_nonfinite == "error")
+        for pid in sorted(results):
+            r = results[pid]
+            check.check(pid, r.arrays, r.num_examples, r.extras)
 
     def should_stop(self, state: checkpoint.RunState) -> bool:
         """True when the data-free rule fired and the run is configured to stop on it."""

@@ -358,6 +358,11 @@ class ServerOptMethod(Method):
         """The registry's model, with the study's input normalisation (``train.input_norm``)."""
         return with_input_norm(super().build_model(spec), spec.train.get("input_norm", "single"))
 
+    def reply_keys(self, model: nn.Module, rnd: int, train) -> dict[str, list[str] | None]:
+        """The extra records of this family (SCAFFOLD's and FedWMSAM's ``delta_c``, FedSMOO's ``mu``) are
+        vectors over the trainable parameters."""
+        return {**super().reply_keys(model, rnd, train), **{name: list(trainable(model)) for name in self.extra_records}}
+
     # -- helpers --------------------------------------------------------------------
     def param_keys(self, ctx: ServerContext) -> list[str]:
         if self._param_keys is None:

@@ -73,12 +73,22 @@ class FedDP(SegMethod):
         return own + [k for k in model.state_dict() if k not in params and k not in own]
 
     def _first_calib_round(self, ctx) -> int | None:
+        return self._calibration_from(ctx.train.rounds)
+
+    def _calibration_from(self, rounds: int) -> int | None:
+        """The first calibration round (None: no calibration stage)."""
         n = int(self.p["calib_rounds"])
         if self.p["igc"] != "finetune" or n <= 0:
             return None
-        if n >= ctx.train.rounds:
-            raise ValueError(f"method_params.feddp.calib_rounds = {n} leaves no federated round of {ctx.train.rounds}")
-        return ctx.train.rounds - n + 1
+        if n >= rounds:
+            raise ValueError(f"method_params.feddp.calib_rounds = {n} leaves no federated round of {rounds}")
+        return rounds - n + 1
+
+    def reply_keys(self, model, rnd, train):
+        """Calibration rounds send nothing; the round before them adds the site's queries (its personal keys)."""
+        first = self._calibration_from(train.rounds)
+        arrays = [] if first is not None and rnd >= first else self.shared_keys(model)
+        return {"arrays": arrays, "queries": self.personal(model)}
 
     # --- client --------------------------------------------------------------------------
     def client_fit(self, ctx):

@@ -199,6 +199,9 @@ class GPAF(Method):
         """theta_E and theta_C: the only arrays a client sends (Eq. 8)."""
         return [k for k in model.state_dict() if k.startswith(SHARED_PREFIXES)]
 
+    def reply_keys(self, model: nn.Module, rnd: int, train) -> dict[str, list[str] | None]:
+        return {"arrays": self.client_keys(model)}
+
     # --- client side -------------------------------------------------------------
     def local_parts(self, ctx: ClientContext, model: GPAFNet) -> tuple[ConvDecoder, LatentDiscriminator]:
         """U_s and D_s: from the client state, or freshly initialised (seeded) in the client's first round."""

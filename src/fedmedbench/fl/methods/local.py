@@ -31,6 +31,9 @@ class Local(Method):
         ctx.state["model"] = arrays_to_tensors(model_arrays(model))
         return ClientResult(arrays={}, num_examples=ctx.data.num_train, metrics={"train_loss": loss})
 
+    def reply_keys(self, model, rnd, train):
+        return {"arrays": []}  # the model never leaves the client
+
     def personal_model(self, ctx: ClientContext):
         return self._own_model(ctx)
 

@@ -17,6 +17,9 @@ class SegLocal(SegMethod):
     def shared_keys(self, model):  # the common initial model is broadcast once; never updated
         return [k for k in model.state_dict() if not ALWAYS_PERSONAL.match(k)]
 
+    def reply_keys(self, model, rnd, train):
+        return {"arrays": []}  # nothing leaves a site
+
     def client_fit(self, ctx):
         model = self.prepare(ctx)
         loss = self.local_train(ctx, model)

@@ -108,6 +108,10 @@ class UltraFlwr(Method):
     def shared_keys(self, model) -> list[str]:
         return aggregated_keys(model, self.components, self.split)
 
+    def reply_keys(self, model, rnd, train):
+        """The aggregated components' arrays; nothing after the last round when its aggregation is omitted."""
+        return {"arrays": [] if (rnd >= train.rounds and self.skips_final()) else self.shared_keys(model)}
+
     # --- client ------------------------------------------------------------------
     def _restore_own(self, ctx: ClientContext, everything: bool) -> None:
         """Load the client's own weights: the non-aggregated components (or all of them)."""
@@ -141,8 +145,7 @@ class UltraFlwr(Method):
                              auto_optimizer=self.auto_optimizer, workers=self.workers, warmup=self.warmup,
                              assigner=self.assigner, hsv=self.hsv, read_ahead=data.read_ahead, ap=self.ap)
         ctx.state["model"] = outcome.state
-        last = ctx.rnd >= ctx.train.rounds
-        keys = [] if (last and self.skips_final()) else self.shared_keys(ctx.model)
+        keys = self.reply_keys(ctx.model, ctx.rnd, ctx.train)["arrays"]
         arrays = {k: outcome.state[k].numpy().copy() for k in keys}
         metrics = {"train_loss": outcome.train_loss, "bytes_sent": float(bytes_of(arrays)),
                    "elements_sent": float(sum(a.size for a in arrays.values())),
