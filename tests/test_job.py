@@ -157,3 +157,14 @@ def test_batch_indices_go_where_the_data_is_or_stay_on_the_cpu():
     assert index_device(cpu, cpu.long()) == torch.device("cpu")
     assert index_device(meta, meta.long()) == torch.device("meta")
     assert index_device(meta, cpu) == torch.device("cpu")  # a CPU tensor cannot take device indices
+
+
+def test_a_spec_with_an_unknown_field_is_refused_naming_it():
+    """A spec file from another version (a field since removed, e.g. a retired engine option) fails clearly."""
+    from fedmedbench.fl.spec import RunSpec
+
+    good = RunSpec(run_dir="r", study="s", dataset="d", setting="x", method="fedavg", seed=0, partition_path="p",
+                   sources={}, image_size=28)
+    assert RunSpec.from_json(good.to_json()) == good
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['keep_on_gpu'\]"):
+        RunSpec.from_dict({**good.to_dict(), "keep_on_gpu": True})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 #: fields that do not change the numbers a run produces
@@ -93,6 +93,9 @@ class RunSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:  # e.g. a spec file written by another version of the package
+            raise ValueError(f"run spec: unknown field(s) {unknown}; write the spec again with this version")
         return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
