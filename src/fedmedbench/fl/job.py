@@ -171,9 +171,9 @@ class Job:
 
 
 def copy_into(model: torch.nn.Module, arrays: Arrays, keys: list[str], targets: list[torch.Tensor] | None = None) -> None:
-    """Copy ``arrays[k]`` (NumPy or tensors, any device) into the model's own tensors for ``keys``
+    """Copy ``arrays[k]`` (tensors on any device) into the model's own tensors for ``keys``
     (the resident model's whole state): the values ``load_state_dict`` would set, by one grouped
-    copy when the arrays are tensors of the model's devices and dtypes. ``targets``: the model's
+    copy when the arrays are of the model's devices and dtypes. ``targets``: the model's
     tensors for ``keys`` when already at hand (its ``StateSlots``), else read from its state_dict."""
     missing = set(keys) - set(arrays)
     if missing:

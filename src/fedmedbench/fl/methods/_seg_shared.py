@@ -166,8 +166,8 @@ class SegMethod(Method):
         return ctx.data.loss
 
     def finish(self, ctx: ClientContext, model: torch.nn.Module, loss: float, metrics: dict[str, float] | None = None) -> ClientResult:
-        """Personal entries kept on the site; the shared ones sent as CPU tensors (the study's server steps
-        run on the host)."""
+        """Personal entries kept on the site; the shared ones sent as CPU tensors (the study's servers
+        average on the host)."""
         ctx.state["personal"] = tensors(model, self.personal(model))
         return ClientResult(arrays=model_arrays(model, self.shared_keys(model)), num_examples=ctx.data.num_train,
                             metrics={"train_loss": loss, **(metrics or {})})

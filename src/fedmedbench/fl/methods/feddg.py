@@ -106,7 +106,7 @@ def to_model_scale(x_pixels: torch.Tensor) -> torch.Tensor:
 @dataclass
 class SpectrumBank:
     """The amplitude spectra a client draws its targets from, stacked in one tensor (where the broadcast
-    is: on the device with device arrays), ``sizes[c]`` rows for the c-th client, in client order."""
+    is: where the job keeps its arrays), ``sizes[c]`` rows for the c-th client, in client order."""
 
     spectra: torch.Tensor
     sizes: list[int]
