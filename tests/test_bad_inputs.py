@@ -1249,7 +1249,7 @@ def test_threads_log_every_and_download_settings_rerun_nothing(tmp_path):
     b["data"]["medmnist_root"] = "/elsewhere"
     b["keep_checkpoints"] = True
     b["resume"] = "restart"
-    b["engine"] = {"backend": "ray", "cache_on_device": False, "device_arrays": False, "deterministic": True,
+    b["engine"] = {"backend": "ray", "cache_on_device": False, "deterministic": True,
                    "loader_workers": 4, "image_cache": "/elsewhere/frames"}
     pa, pb = _workflow_params(tmp_path, a, "a"), _workflow_params(tmp_path, b, "b")
     assert pa == pb

@@ -172,7 +172,7 @@ def test_a_checkpoint_is_the_state_when_it_was_taken_not_when_it_is_written(tmp_
     store = ClientStateStore(checkpoint.checkpoint_dir(tmp_path) / "clients", deferred=True)
     momentum = torch.zeros(2)
     rows = [{"round": 1, "loss": 0.5}]
-    state = checkpoint.RunState(round=1, arrays={"w": torch.ones(2).numpy()}, server_state={"m": momentum}, rows=rows)
+    state = checkpoint.RunState(round=1, arrays={"w": torch.ones(2)}, server_state={"m": momentum}, rows=rows)
     store.save(0, 1, {"c": torch.ones(2)})
     writer = _LaterWriter()
     checkpoint.save(tmp_path, state, "hash", writer, store=store)

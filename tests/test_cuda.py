@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import torch
 from helpers import Killed, kill_after_round
-from test_device_arrays import make_spec
+from test_device_arrays import make_spec, numpy_average
 from test_gpaf_device_path import GPAF_STUDY_RUNS, breast_spec
 from test_metrics import _sklearn
 
 from fedmedbench.fl import engine
+from fedmedbench.fl import job as job_module
 from fedmedbench.fl.arrays import weighted_average
 from fedmedbench.fl.determinism import CUBLAS_WORKSPACE_CONFIG
 from fedmedbench.fl.job import Job
@@ -49,14 +50,15 @@ EARLYSTOP_METHODS = ["fedavg", "fedprox", "scaffold", "feddyn", "fedsam", "fedsp
 
 
 @pytest.mark.parametrize("method", EARLYSTOP_METHODS)
-def test_engine_keeps_arrays_on_the_gpu_with_the_host_paths_numbers(blood_dir, method):
+def test_engine_keeps_arrays_on_the_gpu_with_the_host_paths_numbers(blood_dir, monkeypatch, method):
     # gpaf_cnn (convolutions, batch norm, linear layers) has a deterministic CUDA kernel for every step; cnn_small's
     # adaptive average pooling backward has none (it adds with atomics), so its runs differ even so
     logs: list[str] = []
     engine.run(make_spec(blood_dir, method, "gpu-dev", device="cuda", deterministic=True, model="gpaf_cnn"),
                log=logs.append)
-    engine.run(make_spec(blood_dir, method, "gpu-host", device="cuda", device_arrays=False, deterministic=True,
-                         model="gpaf_cnn"), log=lambda m: None)
+    monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ())  # the arrays on the host (as with Ray actors)
+    engine.run(make_spec(blood_dir, method, "gpu-host", device="cuda", deterministic=True, model="gpaf_cnn"),
+               log=lambda m: None)
     assert any("model arrays stay on cuda" in line for line in logs)
     dev, host = _load(blood_dir / f"run-{method}-gpu-dev"), _load(blood_dir / f"run-{method}-gpu-host")
     # the same kernels for training; the server's float64 arithmetic runs on the GPU on one path and on the CPU on
@@ -66,11 +68,13 @@ def test_engine_keeps_arrays_on_the_gpu_with_the_host_paths_numbers(blood_dir, m
 
 
 @pytest.mark.parametrize("method,params", GPAF_STUDY_RUNS)
-def test_gpaf_study_methods_keep_arrays_and_data_on_the_gpu_with_the_host_paths_numbers(breast_domains_dir, method, params):
+def test_gpaf_study_methods_keep_arrays_and_data_on_the_gpu_with_the_host_paths_numbers(breast_domains_dir, monkeypatch,
+                                                                                         method, params):
     d, logs = breast_domains_dir, []
     engine.run(breast_spec(d, method, params, "gpu-dev", device="cuda", deterministic=True), log=logs.append)
-    engine.run(breast_spec(d, method, params, "gpu-host", device="cuda", device_arrays=False, cache_on_device=False,
-                           deterministic=True), log=lambda m: None)
+    monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ())  # the arrays on the host (as with Ray actors)
+    engine.run(breast_spec(d, method, params, "gpu-host", device="cuda", cache_on_device=False, deterministic=True),
+               log=lambda m: None)
     assert any("model arrays stay on cuda" in line for line in logs)
     assert Job(breast_spec(d, method, params, "gpu-cache", device="cuda")).client_data(0).train_x.is_cuda
     dev, host = _load(d / f"{method}-gpu-dev"), _load(d / f"{method}-gpu-host")
@@ -109,9 +113,11 @@ def test_the_gpu_average_is_the_numpy_average_bit_for_bit():
     clients = [{"w": rng.standard_normal((64, 33)).astype(np.float32), "n": rng.integers(0, 9, (3,)).astype(np.int64)}
                for _ in range(10)]
     weights = list(rng.random(10) + 0.1)
-    want = weighted_average(clients, weights)
+    want = numpy_average(clients, weights)
     got = weighted_average([{k: torch.from_numpy(v).cuda() for k, v in c.items()} for c in clients], weights)
     assert all(got[k].is_cuda and got[k].cpu().numpy().tobytes() == want[k].tobytes() for k in want)
+    host = weighted_average([{k: torch.from_numpy(v) for k, v in c.items()} for c in clients], weights)
+    assert all(host[k].numpy().tobytes() == want[k].tobytes() for k in want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -1,5 +1,6 @@
-"""Arrays kept as tensors where the model is (the inline backend's device arrays): the same numbers
-as the host NumPy path, bit for bit, and only where server and clients share one process."""
+"""Model arrays are tensors from the client's model to the server's average and back, kept on the job's
+device only where server and clients share one process: the same numbers as NumPy's arithmetic and as
+arrays kept on the host, bit for bit."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from helpers import Killed, kill_after_round
 from fedmedbench.fl import checkpoint, engine
 from fedmedbench.fl import federation as fed
 from fedmedbench.fl import job as job_module
-from fedmedbench.fl.arrays import arrays_to_tensors, model_arrays, model_tensors, weighted_average
+from fedmedbench.fl.arrays import host_copies, model_arrays, model_tensors, snapshot, weighted_average
 from fedmedbench.fl.job import Job, copy_into
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.state_file import read_state
@@ -30,19 +31,30 @@ def make_spec(d: Path, method: str, tag: str, device: str = "cpu", **extra) -> R
         clients_per_round=3, device=device, eval_every=1, **extra))
 
 
+def numpy_average(clients: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
+    """The average in NumPy: float64 terms w_i a_i summed from 0 in client order, integers rounded by np.rint."""
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    out = {}
+    for key, first in clients[0].items():
+        acc = sum(wi * a[key].astype(np.float64) for wi, a in zip(w, clients, strict=True))
+        out[key] = np.asarray(np.rint(acc) if np.issubdtype(first.dtype, np.integer) else acc).astype(first.dtype)
+    return out
+
+
 def test_tensor_average_is_the_numpy_average_bit_for_bit():
     rng = np.random.default_rng(0)
     clients = [{"w": rng.standard_normal((5, 7)).astype(np.float32), "z": np.array([-0.0, 1.5], dtype=np.float32),
                 "n": rng.integers(0, 9, (3,)).astype(np.int64), "h": rng.standard_normal(4).astype(np.float16)}
                for _ in range(5)]
     weights = [3.0, 1.0, 7.0, 2.0, 0.5]
-    want = weighted_average(clients, weights)
+    want = numpy_average(clients, weights)
     got = weighted_average([{k: torch.from_numpy(v) for k, v in c.items()} for c in clients], weights)
     for k, v in want.items():
         assert got[k].dtype == torch.from_numpy(v).dtype and tuple(got[k].shape) == v.shape
         assert np.array_equal(got[k].numpy(), v), k
         assert got[k].numpy().tobytes() == v.tobytes(), k  # the same bits, signed zeros included
-    assert want["n"].dtype == np.int64  # integer buffers rounded back, as np.rint
+    assert got["n"].dtype == torch.int64  # integer buffers rounded back, as np.rint
 
 
 def test_model_tensors_are_independent_copies_in_one_buffer_per_dtype():
@@ -63,7 +75,7 @@ def test_copy_into_checks_keys_and_shapes():
     with pytest.raises(KeyError, match="bias"):
         copy_into(model, {"weight": arrays["weight"]}, ["weight", "bias"])
     with pytest.raises(ValueError, match=r"'weight' has shape \(2, 4\)"):
-        copy_into(model, {**arrays, "weight": np.zeros((2, 4), np.float32)}, ["weight", "bias"])
+        copy_into(model, {**arrays, "weight": torch.zeros(2, 4)}, ["weight", "bias"])
     other = {"weight": torch.ones(2, 3), "bias": torch.full((2,), 2.0, dtype=torch.float64)}
     copy_into(model, other, ["weight", "bias"])
     assert torch.equal(model.weight, torch.ones(2, 3)) and torch.equal(model.bias, torch.full((2,), 2.0))
@@ -96,39 +108,41 @@ def test_a_device_arrays_run_ends_as_the_host_arrays_run(blood_dir, monkeypatch,
     pd.testing.assert_frame_equal(host_rows, dev_rows)  # every metric, task norms included
 
 
-def test_device_arrays_only_where_they_apply(blood_dir, monkeypatch):
+def test_arrays_stay_on_the_device_only_where_server_and_clients_share_the_process(blood_dir, monkeypatch):
     monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ("cuda", "cpu"))
-    assert Job(make_spec(blood_dir, "fedavg", "a")).keep_arrays_on_device(in_process=True)
-    assert not Job(make_spec(blood_dir, "fedavg", "b")).keep_arrays_on_device(in_process=False)  # Ray actors, deployed sites
-    local = Job(make_spec(blood_dir, "local", "c"))  # a method that does not declare device arrays
-    assert not local.method.device_arrays and not local.keep_arrays_on_device(in_process=True)
-    assert not Job(make_spec(blood_dir, "fedavg", "d", device_arrays=False)).keep_arrays_on_device(in_process=True)
+    job = Job(make_spec(blood_dir, "fedavg", "a"))
+    assert job.array_device == torch.device("cpu")  # until the engine places them
+    assert job.place_arrays(in_process=True) and job.array_device == job.device
+    assert not Job(make_spec(blood_dir, "fedavg", "b")).place_arrays(in_process=False)  # Ray actors, deployed sites
+    assert Job(make_spec(blood_dir, "local", "c")).place_arrays(in_process=True)  # every method: no method opts in
     monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ("cuda",))
-    assert not Job(make_spec(blood_dir, "fedavg", "e")).keep_arrays_on_device(in_process=True)  # the default on a CPU
+    job = Job(make_spec(blood_dir, "fedavg", "e"))
+    assert not job.place_arrays(in_process=True) and job.array_device == torch.device("cpu")  # the default on a CPU
 
 
 def test_held_tensors_are_handed_over_and_serialise_as_numpy():
     t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     held = engine.HeldArray(t)
     assert held.value() is t and held.dtype == "float32" and held.shape == (2, 3)
-    assert np.array_equal(held.numpy(), t.numpy())
+    copy = held.numpy()
+    assert np.array_equal(copy, t.numpy()) and not np.shares_memory(copy, t.numpy())  # a copy, as np.load gives
     assert held.data == engine.Array.from_numpy_ndarray(t.numpy()).data  # what a serialising path sends
     back = engine._from_record(engine._to_record({"w": t}, held=True))
     assert back["w"] is t
-    wire = engine._from_record(engine._to_record({"w": t}, held=False))  # no tensor ever reaches the wire
-    assert isinstance(wire["w"], np.ndarray) and np.array_equal(wire["w"], t.numpy())
+    record = engine._to_record({"w": t}, held=False)  # no tensor ever reaches the wire
+    assert type(record["w"]) is engine.Array and record["w"].data == engine.Array.from_numpy_ndarray(t.numpy()).data
+    wire = engine._from_record(record)
+    assert wire["w"] is not t and torch.equal(wire["w"], t) and wire["w"].dtype == torch.float32
 
 
-def test_task_norm_of_tensors_equals_numpy():
+def test_task_norm_is_the_float64_norm_of_the_difference():
     rng = np.random.default_rng(1)
     theta0 = {k: rng.standard_normal(50).astype(np.float32) for k in "abc"}
     theta = {k: v + rng.standard_normal(50).astype(np.float32) for k, v in theta0.items()}
-    want = DataFreeMonitor.task_norm(theta, theta0)
     oracle = np.sqrt(sum(((theta[k].astype(np.float64) - theta0[k]) ** 2).sum() for k in theta))
-    assert abs(want - oracle) <= 1e-12 * want
     tensors = {k: torch.from_numpy(v.copy()) for k, v in theta.items()}
     got = DataFreeMonitor.task_norm(tensors, {k: torch.from_numpy(v) for k, v in theta0.items()})
-    assert got == want
+    assert abs(got - oracle) <= 1e-12 * got
     assert all(np.array_equal(tensors[k].numpy(), theta[k]) for k in theta)  # the differences go to a copy
     wide = {k: t.double() for k, t in tensors.items()}  # float64 arrays: converted "in place" would alias them
     assert DataFreeMonitor.task_norm(wide, {k: torch.from_numpy(v) for k, v in theta0.items()}) == got
@@ -136,17 +150,16 @@ def test_task_norm_of_tensors_equals_numpy():
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_task_norm_is_the_same_bits_for_numpy_and_tensors(seed):
-    """Many entries of many sizes (a model's): NumPy's pairwise sums would differ from torch's in the last
-    bit for some of these, so host and device-array runs would log different task norms."""
+def test_task_norm_is_the_same_bits_for_every_layout_of_the_arrays(seed):
+    """Many entries of many sizes (a model's): separate tensors, views of one buffer (what a client sends and
+    a state file reads back) and a float64 or float32 theta_0 give the same bits."""
     rng = np.random.default_rng(seed)
     theta0 = {f"w{i}": rng.standard_normal(int(rng.integers(1, 5000))).astype(np.float32) for i in range(20)}
-    theta = {k: v + rng.standard_normal(v.shape).astype(np.float32) for k, v in theta0.items()}
-    read_only = {k: np.frombuffer(v.tobytes(), np.float32) for k, v in theta.items()}
-    host = DataFreeMonitor.task_norm(read_only, theta0)
-    device = DataFreeMonitor.task_norm({k: torch.from_numpy(v.copy()) for k, v in theta.items()},
-                                       {k: torch.from_numpy(v).double() for k, v in theta0.items()})
-    assert host == device
+    theta = {k: torch.from_numpy(v + rng.standard_normal(v.shape).astype(np.float32)) for k, v in theta0.items()}
+    separate = DataFreeMonitor.task_norm(theta, {k: torch.from_numpy(v) for k, v in theta0.items()})
+    views = snapshot(theta)
+    assert len({t.untyped_storage().data_ptr() for t in views.values()}) == 1
+    assert DataFreeMonitor.task_norm(views, {k: torch.from_numpy(v).double() for k, v in theta0.items()}) == separate
     assert DataFreeMonitor.task_norm({}, {}) == 0.0
 
 
@@ -175,7 +188,7 @@ def test_theta0_is_written_once_and_checked_on_resume(blood_dir, tmp_path):
 
 def test_checkpoint_arrays_from_tensors_own_their_memory():
     flat = torch.arange(10, dtype=torch.float32)
-    out = arrays_to_tensors({"a": flat[:4].view(2, 2), "b": flat[4:]})
+    out = host_copies({"a": flat[:4].view(2, 2), "b": flat[4:]})
     assert out["a"].untyped_storage().nbytes() == 16 and torch.equal(out["b"], flat[4:])
 
 
@@ -184,7 +197,7 @@ def test_checkpoint_arrays_from_tensors_own_their_memory():
 def test_a_client_sends_its_model_and_vectors_as_device_tensors(blood_dir, monkeypatch, method, sent, kept):
     monkeypatch.setattr(job_module, "ARRAY_DEVICE_TYPES", ("cuda", "cpu"))
     job = Job(make_spec(blood_dir, method, "client"))
-    assert job.keep_arrays_on_device(in_process=True)
+    assert job.place_arrays(in_process=True)
     model = job.new_model()
     arrays = job.arrays(model_arrays(model, job.shared_keys()))
     result = fed.client_train(job, 0, 1, arrays, steps=2)

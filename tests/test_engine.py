@@ -62,11 +62,11 @@ def checkpoint_round(run_dir: Path) -> int:
 
 
 def test_weighted_average_is_example_weighted():
-    a = {"w": np.array([0.0, 2.0], np.float32), "n": np.array(10, np.int64)}
-    b = {"w": np.array([4.0, 6.0], np.float32), "n": np.array(20, np.int64)}
+    a = {"w": torch.tensor([0.0, 2.0]), "n": torch.tensor(10)}
+    b = {"w": torch.tensor([4.0, 6.0]), "n": torch.tensor(20)}
     out = weighted_average([a, b], [1, 3])
     np.testing.assert_allclose(out["w"], [3.0, 5.0])
-    assert out["w"].dtype == np.float32 and out["n"].dtype == np.int64 and int(out["n"]) == 18
+    assert out["w"].dtype == torch.float32 and out["n"].dtype == torch.int64 and int(out["n"]) == 18
     with pytest.raises(ValueError):
         weighted_average([], [])
 

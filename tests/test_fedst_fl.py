@@ -281,8 +281,8 @@ def test_fedld_round_one_is_the_plain_mean():
     from fedmedbench.fl.api import ClientResult, ServerContext, TrainConfig
 
     method = get_method("fedld", {})
-    glob = {"w": np.zeros(2, np.float32), "n": np.array(3)}
-    res = [ClientResult(arrays={"w": np.array(v, np.float32), "n": np.array(3)}, num_examples=n)
+    glob = {"w": torch.zeros(2), "n": torch.tensor(3)}
+    res = [ClientResult(arrays={"w": torch.tensor(v), "n": torch.tensor(3)}, num_examples=n)
            for v, n in (([1.0, 0.0], 1), ([3.0, 3.0], 3), ([-1.0, 0.0], 1))]
     tc = TrainConfig(rounds=2, local_epochs=1, batch_size=1, lr=0.1, aggregation="uniform")
     ctx = ServerContext(rnd=1, global_arrays=glob, results=res, pids=[0, 1, 2], state={}, num_clients=3,
@@ -744,10 +744,10 @@ def test_serq_moving_average_and_which_model_each_step_trains(clips):
     for k in st_a["serq_pre"]:
         assert torch.equal(st_a["serq_pre"][k], st_b["serq_pre"][k]), k
     # ... while the global model Eq. 12 trains does
-    assert any(not np.allclose(out_a[k], out_b[k]) for k in out_a if np.issubdtype(out_a[k].dtype, np.floating))
+    assert any(not np.allclose(out_a[k], out_b[k]) for k in out_a if out_a[k].is_floating_point())
     # Eq. 11 trained v_pre away from the initial model
     init = model_arrays(new_model())
-    assert any(not np.allclose(st_a["serq_pre"][k].numpy(), init[k]) for k in init if np.issubdtype(init[k].dtype, np.floating))
+    assert any(not np.allclose(st_a["serq_pre"][k].numpy(), init[k]) for k in init if init[k].is_floating_point())
 
 
 def _tiny_server(clips, **over):
@@ -779,7 +779,7 @@ def test_fig5_server_finetuning_is_plain_segmentation_loss_on_synthetic_batches(
     assert set(state) == {"serq_rho"} and state["serq_rho"] == {}  # no v_pre, D_sy, F_hat; nothing personal in this gamma
     out_l = finetune_round(ctx({}), dict(gamma), {**cfg, "lambda2": 9.0, "lambda3": 9.0})
     assert all(np.array_equal(out[k], out_l[k]) for k in out)
-    weights = [k for k in gamma if k.endswith("weight") and np.issubdtype(gamma[k].dtype, np.floating)]
+    weights = [k for k in gamma if k.endswith("weight") and gamma[k].is_floating_point()]
     assert any(not np.allclose(out[k], gamma[k]) for k in weights)  # the global model was trained
     stats = [k for k in gamma if k.endswith(("running_mean", "running_var"))]
     assert stats and all(np.array_equal(out[k], gamma[k]) for k in stats)

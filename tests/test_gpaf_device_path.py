@@ -8,6 +8,7 @@ the same weights and metrics, bit for bit, as the host run.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -71,9 +72,9 @@ def _poisoned(arrays: dict) -> dict:
     """Every floating-point array NaN in its first entry: the first step's loss is NaN."""
     out = {}
     for k, v in arrays.items():
-        v = np.array(v, copy=True)
-        if v.dtype.kind == "f" and v.size:
-            v.flat[0] = np.nan
+        v = v.clone()
+        if v.is_floating_point() and v.numel():
+            v.view(-1)[0] = math.nan
         out[k] = v
     return out
 

@@ -4,12 +4,11 @@ and the state copies built on them (client states, checkpoint arrays, server-sid
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fedmedbench.fl.arrays import arrays_to_tensors, host_tensors, snapshot
+from fedmedbench.fl.arrays import host_copies, host_tensors, snapshot
 from fedmedbench.fl.client_state import copy_state
 from fedmedbench.fl.methods import _sgd
 from fedmedbench.fl.state_file import read_state, write_state
@@ -152,11 +151,11 @@ def test_server_float64_vectors_and_host_copies():
     _same_bits(wide, {k: src[k].to(torch.float64) for k in ("a", "d")})
     host = _sgd.vectors64({"a": src["a"].numpy()}, ["a"])
     _same_bits(host, {"a": src["a"].to(torch.float64)})
-    mixed = {"w": src["a"], "alpha": np.asarray(0.25, dtype=np.float64)}
+    mixed = {"w": src["a"], "alpha": torch.tensor(0.25, dtype=torch.float64)}
     got = host_tensors(mixed)
-    _same_bits(got, arrays_to_tensors(mixed))
+    _same_bits(got, host_copies(mixed))
     _no_shared_memory({"w": got["w"]}, {"w": src["a"]})
-    narrowed = _sgd.in_form_of({k: v.double() for k, v in src.items()}, src, torch.float32)
+    narrowed = _sgd.cast_like({k: v.double() for k, v in src.items()}, src, torch.float32)
     _same_bits(narrowed, src)
 
 

@@ -92,21 +92,21 @@ def test_cpu_never_caches(spec):
 
 
 def test_held_arrays_give_fresh_copies_and_serialise_like_flower():
-    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    a = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     held = engine.HeldArray(a)
     got = held.numpy()
-    assert np.array_equal(got, a) and got is not a and got.flags.writeable
+    assert np.array_equal(got, a.numpy()) and got.flags.writeable
     got[0, 0] = 99.0
-    assert a[0, 0] == 0.0  # the sender's array is untouched
-    assert held.data == Array.from_numpy_ndarray(a).data  # the same bytes if something serialises it
-    rec = engine._to_record({"w": a, "b": np.float64(2.5)}, held=True)
+    assert a[0, 0] == 0.0  # the sender's tensor is untouched
+    assert held.data == Array.from_numpy_ndarray(a.numpy()).data  # the same bytes if something serialises it
+    rec = engine._to_record({"w": a, "b": torch.tensor(2.5, dtype=torch.float64)}, held=True)
     InlineGrid(ClientApp(), 1)  # stamps messages with a ServerApp's identity, as Flower's runtime does
     msg = Message(RecordDict({"arrays": rec, "config": ConfigRecord({"round": 1})}), dst_node_id=5,
                   message_type=MessageType.TRAIN, group_id="1")
     msg.metadata.__dict__["_message_id"] = "m"
     back = message_from_proto(message_to_proto(msg))
     assert isinstance(back.content["arrays"], ArrayRecord)
-    assert np.array_equal(back.content["arrays"]["w"].numpy(), a) and back.content["arrays"]["b"].numpy() == 2.5
+    assert np.array_equal(back.content["arrays"]["w"].numpy(), a.numpy()) and back.content["arrays"]["b"].numpy() == 2.5
 
 
 def test_step_losses_are_read_once_and_name_the_first_bad_step():
@@ -157,3 +157,14 @@ def test_batch_indices_go_where_the_data_is_or_stay_on_the_cpu():
     assert index_device(cpu, cpu.long()) == torch.device("cpu")
     assert index_device(meta, meta.long()) == torch.device("meta")
     assert index_device(meta, cpu) == torch.device("cpu")  # a CPU tensor cannot take device indices
+
+
+def test_a_spec_with_an_unknown_field_is_refused_naming_it():
+    """A spec file from another version (a field since removed, e.g. a retired engine option) fails clearly."""
+    from fedmedbench.fl.spec import RunSpec
+
+    good = RunSpec(run_dir="r", study="s", dataset="d", setting="x", method="fedavg", seed=0, partition_path="p",
+                   sources={}, image_size=28)
+    assert RunSpec.from_json(good.to_json()) == good
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['keep_on_gpu'\]"):
+        RunSpec.from_dict({**good.to_dict(), "keep_on_gpu": True})

@@ -222,3 +222,34 @@ def test_workflow_plans_without_torch():
                          env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip().splitlines()[-1] == "[]", res.stdout
+
+
+#: a place asking whether a value is a tensor or a NumPy array (``torch.is_tensor``, ``isinstance(..., torch.Tensor)``,
+#: ``isinstance(..., np.ndarray)``)
+ARRAY_KIND_CHECK = re.compile(r"\bis_tensor\w*\(|\bisinstance\(.*?\b(?:torch\.Tensor|np\.ndarray|numpy\.ndarray)\b")
+#: where ``fl/`` may ask it: at the message boundary and where checkpoint files walk a state's nested values
+ARRAY_KIND_BOUNDARY = {"fl/engine.py", "fl/inline_grid.py", "fl/checkpoint.py", "fl/state_file.py", "fl/client_state.py"}
+MAX_ARRAY_KIND_CHECKS = 6
+
+
+def _lines_matching(paths, found) -> list[str]:
+    return [f"{p.relative_to(SRC)}:{i}" for p in paths for i, line in enumerate(p.read_text().splitlines(), 1) if found(line)]
+
+
+def test_fl_asks_whether_an_array_is_a_tensor_only_at_its_boundary():
+    """Model arrays are tensors everywhere inside fl/: no method or helper keeps a NumPy branch."""
+    found = _lines_matching(sorted((SRC / "fl").rglob("*.py")), ARRAY_KIND_CHECK.search)
+    assert len(found) <= MAX_ARRAY_KIND_CHECKS, found
+    assert all(f.split(":")[0] in ARRAY_KIND_BOUNDARY for f in found), found
+
+
+def test_the_array_kind_finder_sees_each_form():
+    lines = ["if torch.is_tensor(v):", "isinstance(obj, torch.Tensor)", "isinstance(a, (np.ndarray, list))",
+             "isinstance(next(iter(arrays.values())), torch.Tensor)", "if is_tensor_arrays(new):",
+             "if isinstance(x, dict):", "isinstance(arr, HeldArray)"]
+    assert [bool(ARRAY_KIND_CHECK.search(line)) for line in lines] == [True] * 5 + [False] * 2
+
+
+def test_no_method_opts_into_device_arrays():
+    """One array path for every method: no ``device_arrays`` flag, field or option anywhere in the package."""
+    assert _lines_matching(sorted(SRC.rglob("*.py")), lambda line: "device_arrays" in line) == []

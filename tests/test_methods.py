@@ -92,20 +92,20 @@ def test_fedprox_gradient_is_ce_plus_mu_times_distance():
     ref = copy.deepcopy(model)
     nn.functional.cross_entropy(ref(to_float(data.train_x[idx], torch.device("cpu"))), data.train_y[idx]).backward()
     for (name, p), (_, q) in zip(ref.named_parameters(), ctx.model.named_parameters(), strict=True):
-        expected = p - lr * (p.grad + mu * (p - torch.from_numpy(anchor[name])))
+        expected = p - lr * (p.grad + mu * (p - anchor[name]))
         torch.testing.assert_close(q, expected.detach(), rtol=1e-5, atol=1e-6)
 
 
 def test_scaffold_control_variate_update():
-    c = {n: np.full(p.shape, 0.01, np.float32) for n, p in tiny_model().named_parameters()}
+    c = {n: torch.full(p.shape, 0.01) for n, p in tiny_model().named_parameters()}
     c_i_old = {n: torch.full(p.shape, -0.02) for n, p in tiny_model().named_parameters()}
     result, ctx = fit("scaffold", broadcast={"c": c}, state={"c_i": {k: v.clone() for k, v in c_i_old.items()}},
                       steps=3, lr=0.1)
     k_lr = 3 * 0.1
     for n, p in ctx.model.named_parameters():
-        expected = c_i_old[n] - torch.from_numpy(c[n]) + (torch.from_numpy(ctx.global_arrays[n]) - p.detach()) / k_lr
+        expected = c_i_old[n] - c[n] + (ctx.global_arrays[n] - p.detach()) / k_lr
         torch.testing.assert_close(ctx.state["c_i"][n], expected, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(torch.from_numpy(result.extras["delta_c"][n]), expected - c_i_old[n], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(result.extras["delta_c"][n], expected - c_i_old[n], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("method", ["scaffold", "fedgamma", "fedwmsam"])
@@ -138,7 +138,7 @@ def test_scaffold_with_equal_controls_is_fedavg_and_server_updates_c():
     b, _ = fit("scaffold")  # c = c_i = 0: no correction
     assert same(a.arrays, b.arrays)
     g = model_arrays(tiny_model())
-    dcs = [{k: np.full_like(v, float(i + 1)) for k, v in g.items() if "weight" in k or "bias" in k} for i in range(2)]
+    dcs = [{k: torch.full_like(v, float(i + 1)) for k, v in g.items() if "weight" in k or "bias" in k} for i in range(2)]
     results = [ClientResult(arrays=g, num_examples=10, extras={"delta_c": d}) for d in dcs]
     ctx = server_ctx(g, results, num_clients=4, broadcast={})
     get_method("scaffold").aggregate(ctx)
@@ -188,7 +188,7 @@ def test_rho0_reduces_sam_family_to_their_base():
 
 def test_feddyn_client_accumulates_h_and_uses_it():
     r1, ctx1 = fit("feddyn", {"lamb": 0.1})
-    d1 = {n: p.detach() - torch.from_numpy(ctx1.global_arrays[n]) for n, p in ctx1.model.named_parameters()}
+    d1 = {n: p.detach() - ctx1.global_arrays[n] for n, p in ctx1.model.named_parameters()}
     for n in d1:
         torch.testing.assert_close(ctx1.state["h_i"][n], d1[n])
     r2, _ = fit("feddyn", {"lamb": 0.1}, state={"h_i": {k: v.clone() for k, v in ctx1.state["h_i"].items()}})
@@ -202,15 +202,15 @@ def test_feddyn_server_state_h_and_update():
     ctx = server_ctx(g, results, num_clients=5, aggregation="uniform")
     new = get_method("feddyn").aggregate(ctx)
     for k in g:
-        h = sum(a[k].astype(np.float64) - g[k] for a in locals_) / 5
+        h = sum(a[k].double() - g[k] for a in locals_) / 5
         np.testing.assert_allclose(ctx.state["h"][k].numpy(), h, rtol=1e-6)
         np.testing.assert_allclose(new[k], (locals_[0][k] + locals_[1][k]) / 2 + h, rtol=1e-5, atol=1e-6)
     # the state accumulates over rounds
     ctx2 = server_ctx(new, results, num_clients=5, state=ctx.state, aggregation="uniform")
     get_method("feddyn").aggregate(ctx2)
     k = next(iter(g))
-    h1 = sum(a[k].astype(np.float64) - g[k] for a in locals_) / 5
-    h2 = h1 + sum(a[k].astype(np.float64) - new[k] for a in locals_) / 5
+    h1 = sum(a[k].double() - g[k] for a in locals_) / 5
+    h2 = h1 + sum(a[k].double() - new[k] for a in locals_) / 5
     np.testing.assert_allclose(ctx2.state["h"][k].numpy(), h2, rtol=1e-5, atol=1e-6)
 
 
@@ -225,7 +225,7 @@ def test_fedsmoo_dual_and_global_correction():
     sctx = server_ctx(g, results)
     get_method("fedsmoo", {"rho": 0.1}).aggregate(sctx)
     s = sctx.broadcast["s"]
-    assert math.isclose(float(np.sqrt(sum((v.astype(np.float64) ** 2).sum() for v in s.values()))), 0.1, rel_tol=1e-4)
+    assert math.isclose(float(np.sqrt(sum((v.double() ** 2).sum() for v in s.values()))), 0.1, rel_tol=1e-4)
     cos = sum(float((s[k] * result.extras["mu"][k]).sum()) for k in s) / (0.1 * float(flat_norm(mu)))
     assert cos > 0.999  # s points along the mean dual
 
@@ -251,12 +251,12 @@ def test_fedlesam_reference_estimate_is_the_negated_last_global_update():
     assert get_method("fedlesam").estimate == "last_update"
     first, _ = fit("fedlesam", {"rho": 0.1})
     assert same(first.arrays, fit("fedavg")[0].arrays)  # round 1: no update broadcast yet, no perturbation
-    u = {n: np.full(p.shape, 0.02, np.float32) for n, p in tiny_model().named_parameters()}
+    u = {n: torch.full(p.shape, 0.02) for n, p in tiny_model().named_parameters()}
     m = get_method("fedlesam", {"rho": 0.1})
     ctx = context(broadcast={"last_update": u})
     d = m.direction(ctx)
     for n in u:
-        torch.testing.assert_close(d[n], -torch.from_numpy(u[n]))
+        torch.testing.assert_close(d[n], -u[n])
     # the server broadcasts new - old as the next round's update
     g = model_arrays(tiny_model(0))
     loc = model_arrays(tiny_model(1))
@@ -305,7 +305,7 @@ def test_fedlesam_perturbation_forms(form):
     flat = torch.linspace(-0.3, 0.5, sum(p.numel() for p in model.parameters()))
     u, i = {}, 0
     for n, p in model.named_parameters():
-        u[n] = flat[i:i + p.numel()].reshape(p.shape).numpy().copy()
+        u[n] = flat[i:i + p.numel()].reshape(p.shape).clone()
         i += p.numel()
     params = {"rho": 0.5, **({} if form == "reference" else {"perturbation_form": form})}
     result, _ = fit("fedlesam", params, model=copy.deepcopy(model), broadcast={"last_update": u}, steps=1,
@@ -317,10 +317,10 @@ def test_fedlesam_perturbation_forms(form):
     if form == "reference":
         shifted = _reference_indexed_shift(theta, flat, 0.5)
     else:
-        shifted = [p - 0.5 * torch.from_numpy(u[n]) / flat.norm() for (n, _), p in zip(model.named_parameters(), theta, strict=True)]
+        shifted = [p - 0.5 * u[n] / flat.norm() for (n, _), p in zip(model.named_parameters(), theta, strict=True)]
     expected = _step_from(model, shifted, xb, yb, lr=0.1)
     for (n, _), q in zip(model.named_parameters(), expected, strict=True):
-        torch.testing.assert_close(torch.from_numpy(result.arrays[n]), q, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(result.arrays[n], q, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="perturbation_form"):
         get_method("fedlesam", {"perturbation_form": "elementwise"})
 
@@ -335,7 +335,7 @@ def test_fedwmsam_perturbation_forms_follow_the_moving_target(form, sign):
     params = {"rho": 0.5, **({} if form == "reference" else {"perturbation_form": form}),
               **({} if sign == -1 else {"perturbation_sign": sign})}
     result, _ = fit("fedwmsam", params, model=copy.deepcopy(model), steps=2, batch_size=24, weight_decay=0.0,
-                    grad_clip=None, broadcast={"alpha": {"alpha": np.asarray(1 - 1e-12)}})
+                    grad_clip=None, broadcast={"alpha": {"alpha": torch.tensor(1 - 1e-12, dtype=torch.float64)}})
     data = tiny_data()
     xb, yb = to_float(data.train_x, torch.device("cpu")), data.train_y  # one full batch per step
     theta0 = [p.detach() for p in model.parameters()]
@@ -352,18 +352,18 @@ def test_fedwmsam_perturbation_forms_follow_the_moving_target(form, sign):
         shifted = [p + sign * 0.5 * t / flat.norm() for p, t in zip(theta1, d, strict=True)]
     expected = _step_from(m1, shifted, xb, yb, lr=0.1)
     for (n, _), q in zip(model.named_parameters(), expected, strict=True):
-        torch.testing.assert_close(torch.from_numpy(result.arrays[n]), q, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(result.arrays[n], q, rtol=1e-4, atol=1e-6)
 
 
 def test_fedwmsam_server_momentum_alpha_and_client_weighting():
     g = model_arrays(tiny_model(0))
     loc = [model_arrays(tiny_model(s)) for s in (1, 2)]
-    dcs = {k: np.zeros_like(v) for k, v in g.items()}
+    dcs = {k: torch.zeros_like(v) for k, v in g.items()}
     results = [ClientResult(arrays=a, num_examples=10, metrics={"k_lr": 0.3}, extras={"delta_c": dcs}) for a in loc]
     ctx = server_ctx(g, results, aggregation="uniform", lr_decay=0.998)
     new = get_method("fedwmsam", {"alpha": 0.1}).aggregate(ctx)
     for k in g:
-        mean_delta = (loc[0][k].astype(np.float64) + loc[1][k] - 2 * g[k]) / 2
+        mean_delta = (loc[0][k].double() + loc[1][k] - 2 * g[k]) / 2
         np.testing.assert_allclose(ctx.broadcast["momentum"][k], -mean_delta / 0.3 * 0.998, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(new[k], g[k] + mean_delta, rtol=1e-5, atol=1e-6)
     # first round: the momentum is zero, so the reference's cosine_similarity returns 0 (no +1);
@@ -382,10 +382,10 @@ def test_fedwmsam_server_momentum_alpha_and_client_weighting():
     assert similarity(m, None) == 0.0 and similarity(np.zeros(3), m) == 0.0
     assert similarity(np.array([2.0, -1.0, 0.0]), m) == pytest.approx(1.0)  # orthogonal
     # client: with zero momentum and alpha in the broadcast the CE gradient is scaled by alpha
-    a1, _ = fit("fedwmsam", {"rho": 0.0}, broadcast={"alpha": {"alpha": np.asarray(1 - 1e-9)}}, momentum=0.0)
-    a2, _ = fit("fedwmsam", {"rho": 0.0}, broadcast={"alpha": {"alpha": np.asarray(0.5)}})
+    a1, _ = fit("fedwmsam", {"rho": 0.0}, broadcast={"alpha": {"alpha": torch.tensor(1 - 1e-9, dtype=torch.float64)}}, momentum=0.0)
+    a2, _ = fit("fedwmsam", {"rho": 0.0}, broadcast={"alpha": {"alpha": torch.tensor(0.5, dtype=torch.float64)}})
     plain, _ = fit("fedavg")
-    diff = lambda r: sum(float(np.abs(r.arrays[k] - plain.arrays[k]).sum()) for k in plain.arrays)  # noqa: E731
+    diff = lambda r: sum(float((r.arrays[k] - plain.arrays[k]).abs().sum()) for k in plain.arrays)  # noqa: E731
     assert diff(a1) < 1e-5 < diff(a2)
 
 
@@ -400,11 +400,11 @@ def test_fedwmsam_alpha_after_a_nan_update_clips_to_the_floor_as_the_reference()
     assert clipped(float("inf")) == 0.9 and clipped(-float("inf")) == 0.1
     g = model_arrays(tiny_model(0))
     good = model_arrays(tiny_model(1))
-    bad = {k: np.full_like(v, np.nan) for k, v in g.items()}
-    dcs = {k: np.zeros_like(v) for k, v in g.items()}
+    bad = {k: torch.full_like(v, math.nan) for k, v in g.items()}
+    dcs = {k: torch.zeros_like(v) for k, v in g.items()}
     results = [ClientResult(arrays=a, num_examples=10, metrics={"k_lr": 0.3}, extras={"delta_c": dcs}) for a in (good, bad)]
-    momentum = {k: np.full_like(v, 0.01) for k, v in g.items()}  # non-zero: v_i = 1 + cos, NaN for the NaN update
-    ctx = server_ctx(g, results, aggregation="uniform", broadcast={"momentum": momentum, "alpha": {"alpha": np.asarray(0.3)}})
+    momentum = {k: torch.full_like(v, 0.01) for k, v in g.items()}  # non-zero: v_i = 1 + cos, NaN for the NaN update
+    ctx = server_ctx(g, results, aggregation="uniform", broadcast={"momentum": momentum, "alpha": {"alpha": torch.tensor(0.3, dtype=torch.float64)}})
     get_method("fedwmsam").aggregate(ctx)
     assert math.isclose(float(ctx.broadcast["alpha"]["alpha"]), 0.99 * 0.3 + 0.01 * 0.1)
 
@@ -615,7 +615,7 @@ def _client_ops(method: str, params: dict, layers: int) -> int:
             return func(*args, **(kwargs or {}))
 
     model = _deep_model(layers)
-    broadcast = {"last_update": {n: np.full(p.shape, 0.01, np.float32) for n, p in model.named_parameters()}}
+    broadcast = {"last_update": {n: torch.full(p.shape, 0.01) for n, p in model.named_parameters()}}
     ctx = context(model=model, steps=2, broadcast=broadcast if method == "fedlesam" else None)
     with Count():
         get_method(method, params).client_fit(ctx)

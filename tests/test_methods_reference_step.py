@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 import torch
 from test_methods import context, tiny_data, tiny_model
@@ -85,16 +84,16 @@ def batches() -> list[torch.Tensor]:
 
 
 def incoming(model: nn.Module, seed: int = 3) -> tuple[dict, dict]:
-    """Non-zero client state (torch, as ctx.state keeps it) and server broadcast (float32 NumPy)."""
+    """Non-zero client state and server broadcast (float32 tensors, as ctx.state keeps and the server sends them)."""
     g = torch.Generator().manual_seed(seed)
 
     def vec(scale):
         return {n: torch.randn(p.shape, generator=g) * scale for n, p in model.named_parameters()}
 
     state = {"h_i": vec(0.05), "c_i": vec(0.05), "mu_i": vec(0.01)}
-    broadcast = {k: {n: v.numpy() for n, v in vec(s).items()}
+    broadcast = {k: vec(s)
                  for k, s in (("c", 0.05), ("momentum", 0.02), ("s", 0.01), ("last_update", 0.02))}
-    broadcast["alpha"] = {"alpha": np.asarray(ALPHA)}
+    broadcast["alpha"] = {"alpha": torch.tensor(ALPHA, dtype=torch.float64)}
     return state, broadcast
 
 
@@ -232,7 +231,7 @@ def ours_and_reference(method: str, rounds: int):
 
 def assert_matches(method, result, ctx, ref_model, ref_state):
     for n, p in ref_model.named_parameters():
-        torch.testing.assert_close(torch.from_numpy(result.arrays[n]), p.detach(), **TOL, msg=lambda s, n=n: f"{n}: {s}")
+        torch.testing.assert_close(result.arrays[n], p.detach(), **TOL, msg=lambda s, n=n: f"{n}: {s}")
     for key in STATE_KEYS.get(method, []):
         for n, t in ref_state[key].items():
             torch.testing.assert_close(ctx.state[key][n], t, **TOL, msg=lambda s, k=key, n=n: f"{k}[{n}]: {s}")
@@ -244,7 +243,7 @@ def test_one_round_matches_the_reference_client(method):
     assert len(norms) == STEPS and min(norms) > 2 * CLIP  # clipping acts at every step
     assert_matches(method, result, ctx, ref_model, ref_state)
     start = model_arrays(tiny_model())
-    assert any(not np.allclose(result.arrays[k], start[k], atol=1e-4) for k in start)  # the round moved the weights
+    assert any(not torch.allclose(result.arrays[k], start[k], atol=1e-4) for k in start)  # the round moved the weights
 
 
 @pytest.mark.parametrize("method", ALL)

@@ -42,7 +42,7 @@ def test_moon_with_mu_zero_is_a_fedavg_client_step():
     moon, fedavg = get_method("moon", {"mu": 0.0}), get_method("fedavg")
     arrays = fresh_global(fedavg, SPEC)
     prev = fedavg.client_fit(client_ctx(fedavg, SPEC, arrays, data, steps=3, seed=7)).arrays
-    prev_state = {k: torch.from_numpy(v) for k, v in prev.items()}
+    prev_state = {k: v.clone() for k, v in prev.items()}
     a = moon.client_fit(client_ctx(moon, SPEC, arrays, data, rnd=2, steps=5, state={"prev": dict(prev_state)}))
     b = fedavg.client_fit(client_ctx(fedavg, SPEC, arrays, data, rnd=2, steps=5))
     assert a.arrays.keys() == b.arrays.keys()
@@ -96,7 +96,7 @@ def test_previous_local_model_is_kept_in_client_state_and_used():
     # round 2 from the same global model: a different previous model changes the update
     r_with = moon.client_fit(client_ctx(moon, SPEC, arrays, data, rnd=2, steps=4, state={"prev": prev}))
     r_other = moon.client_fit(client_ctx(moon, SPEC, arrays, data, rnd=2, steps=4,
-                                         state={"prev": {k: torch.from_numpy(v) for k, v in arrays.items()}}))
+                                         state={"prev": {k: v.clone() for k, v in arrays.items()}}))
     assert any(not np.array_equal(r_with.arrays[k], r_other.arrays[k]) for k in r_with.arrays)
 
 

@@ -109,7 +109,7 @@ def test_a_damaged_rows_file_is_named(tmp_path, damage, message):
 def test_a_checkpoint_that_kept_its_rows_inside_still_resumes(tmp_path):
     """Checkpoints written before the rows log held the rows in server.pt; the log then starts afresh."""
     rows, client_rows = _rows(2)
-    payload = {"run_hash": "h", "round": 2, "arrays": {k: torch.from_numpy(v) for k, v in ARRAYS.items()},
+    payload = {"run_hash": "h", "round": 2, "arrays": {k: v.clone() for k, v in ARRAYS.items()},
                "server_state": {}, "rows": rows, "client_rows": client_rows, "elapsed": 1.5, "client_states": {}}
     write_bytes(checkpoint.checkpoint_dir(tmp_path) / "server.pt", torch_bytes(payload))
     log = checkpoint.RowsLog(tmp_path)

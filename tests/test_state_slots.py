@@ -109,8 +109,8 @@ def test_result_arrays_read_the_slots_only_for_their_own_model(spec):  # noqa: F
     slots = Counting(model, job.slots._entries, job.slots._placed)
     ctx = ClientContext(pid=0, rnd=1, model=model, data=None, train=job.train, device=job.device,
                         generator=torch.Generator(), state={}, steps=1, slots=slots)
-    for device_arrays in (False, True):
-        ctx.device_arrays = device_arrays
+    for where in (torch.device("cpu"), job.device):  # where the job keeps its arrays
+        ctx.array_device = where
         out = ctx.result_arrays()
         reference = model.state_dict()
         assert list(out) == list(reference)

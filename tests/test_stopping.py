@@ -2,8 +2,8 @@
 
 import math
 
-import numpy as np
 import pytest
+import torch
 
 from fedmedbench.fl.stopping import (
     DataFreeMonitor,
@@ -57,12 +57,12 @@ def test_round_numbering():
 
 
 def test_monitor_matches_the_pure_rule():
-    theta0 = {"w": np.zeros(3)}
+    theta0 = {"w": torch.zeros(3, dtype=torch.float64)}
     for counting in ("reference", "paper"):
         mon = DataFreeMonitor(tau=0.01, patience=2, counting=counting)
         rows = []
         for n in NORMS:
-            rows.append(mon.update(rows, DataFreeMonitor.task_norm({"w": np.array([n, 0, 0])}, theta0)))
+            rows.append(mon.update(rows, DataFreeMonitor.task_norm({"w": torch.tensor([n, 0.0, 0.0], dtype=torch.float64)}, theta0)))
         assert [r["saturation"] for r in rows] == saturation(growth_rates(NORMS, counting), 0.01, counting)
         first = next(i + 1 for i, r in enumerate(rows) if r["datafree_stop"])
         assert first == datafree_stop(NORMS, 0.01, 2, counting)

@@ -71,7 +71,7 @@ def _results(method, model, n=3):
     state = {k: v.numpy() for k, v in model.state_dict().items()}
     out = []
     for i in range(n):
-        arrays = {k: (state[k] + rng.normal(size=state[k].shape).astype(state[k].dtype)) for k in keys}
+        arrays = {k: torch.from_numpy(state[k] + rng.normal(size=state[k].shape).astype(state[k].dtype)) for k in keys}
         out.append(ClientResult(arrays=arrays, num_examples=[1, 2, 7][i]))
     return keys, out
 
@@ -82,14 +82,14 @@ def test_aggregation_only_touches_selected_components(strategy):
     method = get_method("ultraflwr", {"strategy": strategy, "weighting": "frames"})
     model = build_yolo("yolo11n.yaml", 3, seed=0)
     keys, results = _results(method, model)
-    old = {k: v.numpy() for k, v in model.state_dict().items() if k in keys}
+    old = {k: v.clone() for k, v in model.state_dict().items() if k in keys}
     ctx = ServerContext(rnd=1, global_arrays=old, results=results, pids=[0, 1, 2], state={}, num_clients=3,
                         device=torch.device("cpu"), train=TrainConfig(rounds=3, local_epochs=1, batch_size=8, lr=0.01),
                         new_model=lambda: model)
     new = method.aggregate(ctx)
     assert set(new) == set(keys)
     k = keys[0]
-    stack = np.stack([r.arrays[k] for r in results])
+    stack = np.stack([r.arrays[k].numpy() for r in results])
     expected = np.median(stack, 0) if "Median" in strategy else np.tensordot(np.array([1, 2, 7]) / 10, stack, 1)
     np.testing.assert_allclose(new[k], expected, rtol=1e-5, atol=1e-6)
     components, _ = C.parse_strategy(strategy)
@@ -380,7 +380,7 @@ def test_fedavg_weighting_frames_vs_uniform(weighting, expected):
     from fedmedbench.fl.arrays import weighted_average
     from fedmedbench.fl.methods.ultraflwr import fedavg_weights
 
-    arrays = [{"w": np.array([1.0], dtype=np.float32)}, {"w": np.array([5.0], dtype=np.float32)}]
+    arrays = [{"w": torch.tensor([1.0])}, {"w": torch.tensor([5.0])}]
     out = weighted_average(arrays, fedavg_weights([100, 300], weighting))
     assert float(out["w"][0]) == pytest.approx(expected)
     with pytest.raises(ValueError, match="weighting"):
@@ -663,7 +663,7 @@ def test_final_aggregation_options(monkeypatch, final):
         method = get_method("ultraflwr", {"strategy": strategy, "final_aggregation": final})
         assert method.skips_final() is skip
         shared = method.shared_keys(base)
-        glob = {k: base.state_dict()[k].numpy() for k in shared}
+        glob = {k: base.state_dict()[k].clone() for k in shared}
 
         def ctx(rnd, state, glob=glob, shared=shared):
             model = build_yolo("yolo11n.yaml", 3, seed=0)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedmedbench.fl.arrays import Arrays, model_arrays, model_tensors, weighted_average
+from fedmedbench.fl.arrays import Arrays, model_tensors, weighted_average
 
 if TYPE_CHECKING:
     from fedmedbench.fl.spec import RunSpec
@@ -102,18 +102,19 @@ class ClientContext:
     #: steps of one local epoch for per-epoch losses; None = one pass over the training data
     #: (the centralized client's epoch is a local epoch's share of its round budget instead)
     epoch_steps: int | None = None
-    #: send results as tensors on the device (the job's arrays live there; see Method.device_arrays)
-    device_arrays: bool = False
+    #: where the job keeps its arrays (the global model, what clients send, a client's vectors): the job's
+    #: device on the inline backend with an accelerator, else the CPU (``Job.place_arrays``)
+    array_device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     #: where the job's reused model keeps its state entries (``result_arrays`` reads them without a
     #: ``state_dict()`` walk); None when ``model`` is built for this call
     slots: StateSlots | None = None
 
     def result_arrays(self, model: torch.nn.Module | None = None, keys: list[str] | None = None) -> Arrays:
-        """What the client sends: the model's state (``ctx.model`` by default) as NumPy arrays, or
-        as device tensors when the job keeps its arrays on the device."""
+        """What the client sends: copies of the model's state (``ctx.model`` by default) where the job
+        keeps its arrays (``array_device``)."""
         model = self.model if model is None else model
         state = self.slots.state(keys) if self.slots is not None and self.slots.model is model else None
-        return model_tensors(model, keys, state) if self.device_arrays else model_arrays(model, keys, state)
+        return model_tensors(model, keys, state, self.array_device)
 
     def steps_per_epoch(self) -> int:
         """Steps of one local epoch: ``epoch_steps``, else ceil(n_train / B) (where batch_indices reshuffles)."""
@@ -171,10 +172,6 @@ class Method:
     extra_records: tuple[str, ...] = ()
     #: the client step works on data already on the device (the engine may then cache it there)
     device_data = False
-    #: client and server steps take Arrays whose values are torch tensors on the job's device
-    #: (every array operation goes through the tensor-aware helpers: ``ClientContext.result_arrays``,
-    #: ``weighted_average``, ``as_tensors``); the inline backend then keeps the model on the device
-    device_arrays = False
 
     def __init__(self, **params: Any) -> None:
         if params:

@@ -1,8 +1,9 @@
 """Model arrays: taking them from a model, loading them back, copying them and averaging them.
 
-``Arrays`` maps a model's state_dict keys to NumPy arrays on the host, or, on the inline backend
-for a method with ``device_arrays``, to torch tensors on the job's device; every helper here takes
-either and keeps the results the same bits.
+``Arrays`` maps a model's state_dict keys to torch tensors, from the client's model to the server's
+average and back: on the job's device where the inline backend keeps them there (an accelerator, server
+and clients in one process), else on the CPU. NumPy arrays appear only where arrays leave the process
+(Flower messages: ``fl/engine.py``) and in files.
 """
 
 from __future__ import annotations
@@ -10,25 +11,23 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-#: a model's state by key: NumPy arrays on the host; on the inline backend, for a method with
-#: ``device_arrays``, torch tensors on the job's device (no host round trip per client)
-Arrays = dict[str, np.ndarray]
+#: a model's state by key, as torch tensors (see the module docstring for where they live)
+Arrays = dict[str, torch.Tensor]
 
 
 def model_arrays(model: torch.nn.Module, keys: list[str] | None = None,
                  state: dict[str, torch.Tensor] | None = None) -> Arrays:
-    """state_dict entries (parameters and buffers) as numpy arrays on the CPU, in order (``state``: the
-    model's state_dict entries already at hand, e.g. from its ``StateSlots``)."""
-    state = model.state_dict() if state is None else state
-    return {k: state[k].detach().cpu().numpy().copy() for k in (keys if keys is not None else state)}
+    """state_dict entries (parameters and buffers) copied to the CPU, in order (``state``: the model's
+    state_dict entries already at hand, e.g. from its ``StateSlots``)."""
+    return model_tensors(model, keys, state, "cpu")
 
 
 def model_tensors(model: torch.nn.Module, keys: list[str] | None = None,
-                  state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """state_dict entries copied where they are (the device): one copy kernel per dtype, each
-    entry a view of its dtype's flat buffer (``state`` as in :func:`model_arrays`)."""
+                  state: dict[str, torch.Tensor] | None = None, device: torch.device | str | None = None) -> Arrays:
+    """state_dict entries copied where they are (or to ``device``): one copy per (device, dtype), each
+    entry a view of its group's flat buffer (``state`` as in :func:`model_arrays`)."""
     state = model.state_dict() if state is None else state
-    return snapshot({k: state[k] for k in (keys if keys is not None else state)})
+    return snapshot({k: state[k] for k in (keys if keys is not None else state)}, device)
 
 
 def snapshot(tensors: dict[str, torch.Tensor], device: torch.device | str | None = None,
@@ -67,31 +66,22 @@ def _tiled(parts: list[torch.Tensor]) -> torch.Tensor | None:
     return first.as_strided((end - start,), (1,), start)
 
 
-def is_tensor_arrays(arrays: Arrays) -> bool:
-    """True when the values are torch tensors (a job that keeps its arrays on the device)."""
-    return bool(arrays) and isinstance(next(iter(arrays.values())), torch.Tensor)
+def moved(arrays: Arrays, device: torch.device | str) -> Arrays:
+    """``arrays`` on ``device`` (tensors already there pass through, not copied)."""
+    return {k: v.to(device) for k, v in arrays.items()}
 
 
-def as_tensors(arrays: Arrays, device: torch.device | str) -> dict[str, torch.Tensor]:
-    """``arrays`` as tensors on ``device`` (NumPy arrays are copied; tensors already there pass through)."""
-    return {k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v, order="C", copy=True))).to(device)
-            for k, v in arrays.items()}
+def host_copies(arrays: Arrays) -> Arrays:
+    """Each entry copied to the CPU into memory of its own (``torch.save`` then writes the entry's own
+    bytes, not a buffer it shares), 0-d entries staying 0-d."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in arrays.items()}
 
 
-def arrays_to_tensors(arrays: Arrays) -> dict[str, torch.Tensor]:
-    """Arrays -> CPU tensors of the same shape (0-d stays 0-d, unlike ascontiguousarray), owning their memory."""
-    return {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor)
-            else torch.from_numpy(np.array(v, order="C", copy=True)) for k, v in arrays.items()}
-
-
-def host_tensors(arrays: Arrays) -> dict[str, torch.Tensor]:
-    """:func:`arrays_to_tensors` with the tensor values copied to the host by one transfer per (device,
-    dtype) (:func:`snapshot`: views of one buffer each). For what a state file writes (each tensor's own
-    bytes); ``torch.save`` would store the shared buffer instead (``model.pt`` keeps
-    :func:`arrays_to_tensors`)."""
-    copied = snapshot({k: v for k, v in arrays.items() if isinstance(v, torch.Tensor)}, "cpu")
-    rest = arrays_to_tensors({k: v for k, v in arrays.items() if k not in copied})
-    return {k: copied[k] if k in copied else rest[k] for k in arrays}
+def host_tensors(arrays: Arrays) -> Arrays:
+    """The arrays copied to the host by one transfer per (device, dtype) (:func:`snapshot`: views of one
+    buffer each). For what a state file writes (each tensor's own bytes); ``torch.save`` would store the
+    shared buffer instead (``model.pt`` keeps :func:`host_copies`)."""
+    return snapshot(arrays, "cpu") if arrays else {}
 
 
 def load_arrays(model: torch.nn.Module, arrays: Arrays, keys: list[str] | None = None) -> None:
@@ -102,47 +92,35 @@ def load_arrays(model: torch.nn.Module, arrays: Arrays, keys: list[str] | None =
     if missing:
         raise KeyError(f"arrays lack model keys: {sorted(missing)[:5]}")
     state = {k: full[k] for k in keys}
-    wrong = [k for k in state if tuple(np.shape(arrays[k])) != tuple(state[k].shape)]
+    wrong = [k for k in state if tuple(arrays[k].shape) != tuple(state[k].shape)]
     if wrong:
         k = wrong[0]
-        raise ValueError(f"array '{k}' has shape {np.shape(arrays[k])}, the model expects {tuple(state[k].shape)}")
+        raise ValueError(f"array '{k}' has shape {tuple(arrays[k].shape)}, the model expects {tuple(state[k].shape)}")
     model.load_state_dict({k: torch.as_tensor(arrays[k]).to(state[k].dtype) for k in state}, strict=len(state) == len(full))
 
 
 def weighted_average(arrays: list[Arrays], weights: list[float]) -> Arrays:
-    """Weighted mean per key (float64 accumulation); integer buffers are rounded back. Tensor
-    arrays are averaged where they are (the device), with the same operations in the same order."""
+    """Weighted mean per key, where the arrays are: per dtype group one flat float64 accumulator,
+    ``0 + w_0 a_0 + w_1 a_1 + ...`` term by term in client order, then cast back (integer buffers
+    rounded half to even, as ``np.rint``): NumPy's float64 sum of the same terms, bit for bit, on any
+    device (``tests/test_cuda.py`` on a GPU)."""
     if not arrays:
         raise ValueError("nothing to aggregate: no client results")
     w = np.asarray(weights, dtype=np.float64)
     if w.sum() <= 0:
         raise ValueError(f"aggregation weights must sum to > 0, got {weights}")
     w = w / w.sum()
-    if is_tensor_arrays(arrays[0]):
-        return _weighted_average_tensors(arrays, w)
-    out: Arrays = {}
-    for key in arrays[0]:
-        acc = sum(wi * a[key].astype(np.float64) for wi, a in zip(w, arrays, strict=True))
-        dtype = arrays[0][key].dtype
-        out[key] = np.asarray(np.rint(acc) if np.issubdtype(dtype, np.integer) else acc).astype(dtype)
-    return out
-
-
-def _weighted_average_tensors(arrays: list[dict[str, torch.Tensor]], w: np.ndarray) -> dict[str, torch.Tensor]:
-    """:func:`weighted_average` on tensors: per dtype group one flat float64 accumulator,
-    ``0 + w_0 a_0 + w_1 a_1 + ...`` term by term as the NumPy path sums, then cast back (integers rounded
-    half to even, as ``np.rint``)."""
-    first = arrays[0]
+    first = {k: torch.as_tensor(v) for k, v in arrays[0].items()}
     groups: dict[tuple, list[str]] = {}
     for k, t in first.items():
         groups.setdefault((t.device, t.dtype), []).append(k)
-    out: dict[str, torch.Tensor] = {}
+    out: Arrays = {}
     with torch.no_grad():
         for (device, dtype), keys in groups.items():
             sizes = [first[k].numel() for k in keys]
             acc = torch.zeros(sum(sizes), dtype=torch.float64, device=device)
             for wi, a in zip(w, arrays, strict=True):
-                flat = torch.cat([a[k].detach().reshape(-1) for k in keys]).to(torch.float64)
+                flat = torch.cat([torch.as_tensor(a[k]).detach().reshape(-1) for k in keys]).to(device, torch.float64)
                 acc.add_(flat.mul_(float(wi)))
             if not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool):
                 acc = torch.round(acc)

@@ -43,7 +43,7 @@ from fedmedbench.io import disk_full_error, remove_temp_files, write_bytes, writ
 @dataclass
 class RunState:
     round: int
-    arrays: dict[str, np.ndarray]
+    arrays: dict[str, torch.Tensor]
     server_state: dict[str, Any] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
     client_rows: list[dict[str, Any]] = field(default_factory=list)
@@ -302,7 +302,7 @@ def load(run_dir: str | Path, run_hash: str, rows_log: RowsLog | None = None) ->
         rows = {kind: payload[kind] for kind in ROW_KINDS}
     return RunState(
         round=int(payload["round"]),
-        arrays={k: v.numpy() for k, v in payload["arrays"].items()},
+        arrays=dict(payload["arrays"]),
         server_state=server_state,
         rows=rows["rows"],
         client_rows=rows["client_rows"],

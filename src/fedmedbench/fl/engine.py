@@ -57,20 +57,19 @@ class ClientFailure(RuntimeError):
 
 
 class HeldArray(Array):
-    """A Flower ``Array`` that keeps its array for a receiver in the same process.
+    """A Flower ``Array`` that keeps its tensor for a receiver in the same process.
 
     The inline backend hands Message objects to the ClientApp directly, so serialising every
     array (``np.save``) only for the receiver to parse it back (``np.load``) is pure cost. A held
-    NumPy array gives the receiver a fresh copy, as ``np.load`` would; a held device tensor (a job
-    with device arrays) is handed over as it is: receivers only read it (loading it into a model
-    copies it), and the sender never changes it after sending. Its bytes are made only if something
-    serialises the message (``InlineGrid(wire=True)``, Flower's protobuf).
+    tensor is handed over as it is (on the job's device where the job keeps its arrays there):
+    receivers only read it (loading it into a model copies it), and the sender never changes it
+    after sending. Its bytes are made only if something serialises the message
+    (``InlineGrid(wire=True)``, Flower's protobuf).
     """
 
-    def __init__(self, value: np.ndarray | torch.Tensor) -> None:  # noqa: D107 - Array's fields set from the value
+    def __init__(self, value: torch.Tensor) -> None:  # noqa: D107 - Array's fields set from the value
         self.__dict__["_held"] = value
-        dtype = str(value.dtype) if isinstance(value, np.ndarray) else _numpy_dtype_name(value.dtype)
-        self.dtype, self.shape, self.stype = dtype, tuple(value.shape), SType.NUMPY
+        self.dtype, self.shape, self.stype = _numpy_dtype_name(value.dtype), tuple(value.shape), SType.NUMPY
 
     @property
     def data(self) -> bytes:
@@ -86,15 +85,14 @@ class HeldArray(Array):
         self.__dict__.pop("_held", None)
 
     def numpy(self) -> np.ndarray:
+        """A NumPy copy of the array (as ``np.load`` of its bytes would give)."""
         held = self.__dict__.get("_held")
-        if held is None:
-            return super().numpy()
-        return held.copy() if isinstance(held, np.ndarray) else _host(held)
+        return super().numpy() if held is None else held.detach().to("cpu", copy=True).numpy()
 
-    def value(self) -> np.ndarray | torch.Tensor:
-        """What the receiver gets: the held tensor itself, or (NumPy, or after serialisation) ``numpy()``."""
+    def value(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """What the receiver gets: the held tensor itself, or (after serialisation) the array on ``device``."""
         held = self.__dict__.get("_held")
-        return held if isinstance(held, torch.Tensor) else self.numpy()
+        return held if held is not None else _tensor(super().numpy(), device)
 
 
 @functools.cache
@@ -103,23 +101,28 @@ def _numpy_dtype_name(dtype: torch.dtype) -> str:
     return str(torch.empty(0, dtype=dtype).numpy().dtype)
 
 
-def _host(value: np.ndarray | torch.Tensor) -> np.ndarray:
-    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+def _host(value: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a NumPy array on the host (a view of a CPU tensor's memory: for serialising)."""
+    return value.detach().cpu().numpy()
+
+
+def _tensor(value: np.ndarray, device: torch.device | str) -> torch.Tensor:
+    """A received NumPy array as a tensor on ``device`` (the receiver's job keeps its arrays there)."""
+    return torch.from_numpy(value).to(device)
 
 
 def _to_record(arrays: Arrays, held: bool = False) -> ArrayRecord:
     """Arrays as a Flower record: serialised (``np.save``), or held in memory for an in-process receiver."""
     rec = ArrayRecord()
     for key, value in arrays.items():
-        if held:
-            rec[key] = HeldArray(value if isinstance(value, torch.Tensor) else np.asarray(value))
-        else:
-            rec[key] = Array.from_numpy_ndarray(_host(value))
+        rec[key] = HeldArray(value) if held else Array.from_numpy_ndarray(_host(value))
     return rec
 
 
-def _from_record(rec: ArrayRecord) -> Arrays:
-    return {key: arr.value() if isinstance(arr, HeldArray) else arr.numpy() for key, arr in rec.items()}
+def _from_record(rec: ArrayRecord, device: torch.device | str = "cpu") -> Arrays:
+    """A record's arrays as tensors: held ones as they are, serialised ones on ``device``."""
+    return {key: arr.value(device) if isinstance(arr, HeldArray) else _tensor(arr.numpy(), device)
+            for key, arr in rec.items()}
 
 
 def _metrics_record(metrics: dict[str, float]) -> MetricRecord:
@@ -159,10 +162,11 @@ def make_client_app(spec: RunSpec, job: Job | None = None) -> ClientApp:
     @_guard
     def train(msg: Message, context: Context) -> Message:
         pid = int(context.node_config["partition-id"])
-        cfg = msg.content["config"]
-        broadcast = {k[len("bcast."):]: _from_record(v) for k, v in msg.content.array_records.items() if k.startswith("bcast.")}
-        result = fed.client_train(_job(), pid, int(cfg["round"]), _from_record(msg.content["arrays"]), int(cfg["steps"]),
-                                  broadcast)
+        cfg, where = msg.content["config"], _job().array_device
+        broadcast = {k[len("bcast."):]: _from_record(v, where) for k, v in msg.content.array_records.items()
+                     if k.startswith("bcast.")}
+        result = fed.client_train(_job(), pid, int(cfg["round"]), _from_record(msg.content["arrays"], where),
+                                  int(cfg["steps"]), broadcast)
         content = RecordDict({
             "arrays": _to_record(result.arrays, held),
             "metrics": _metrics_record({**result.metrics, "num-examples": result.num_examples}),
@@ -176,7 +180,7 @@ def make_client_app(spec: RunSpec, job: Job | None = None) -> ClientApp:
     def evaluate(msg: Message, context: Context) -> Message:
         pid = int(context.node_config["partition-id"])
         cfg = msg.content["config"]
-        metrics = fed.client_evaluate(_job(), pid, int(cfg["round"]), _from_record(msg.content["arrays"]))
+        metrics = fed.client_evaluate(_job(), pid, int(cfg["round"]), _from_record(msg.content["arrays"], _job().array_device))
         return Message(RecordDict({"metrics": _metrics_record(metrics)}), reply_to=msg)
 
     return app
@@ -237,12 +241,15 @@ class FlowerTransport:
     """Federation <-> clients over Flower messages (one QUERY to map partition ids to nodes).
 
     ``timeout``: seconds to wait for a batch of replies (None: forever, as in simulation); a
-    reply missing after it fails the round, it never makes a smaller average.
+    reply missing after it fails the round, it never makes a smaller average. ``device``: where
+    the server keeps its arrays (received serialised arrays go there).
     """
 
     def __init__(self, grid: Grid, num_nodes: int, allowed: AllowedContent | None = None,
-                 hello: RecordDict | None = None, timeout: float | None = None) -> None:
+                 hello: RecordDict | None = None, timeout: float | None = None,
+                 device: torch.device | str = "cpu") -> None:
         self.grid = grid
+        self.device = device
         self.allowed = allowed
         self.timeout = timeout
         self.node_of = _partition_map(grid, _wait_for_nodes(grid, num_nodes), hello)
@@ -269,10 +276,10 @@ class FlowerTransport:
                 self.inspect(r)
                 metrics = dict(r.content["metrics"])
                 n = examples_value(metrics.pop("num-examples"))  # checked with the arrays (Federation)
-                extras = {k[len("extra."):]: _from_record(v) for k, v in r.content.array_records.items()
+                extras = {k[len("extra."):]: _from_record(v, self.device) for k, v in r.content.array_records.items()
                           if k.startswith("extra.")}
-                results[self.pid_of[r.metadata.src_node_id]] = ClientResult(_from_record(r.content["arrays"]), n, metrics,
-                                                                            extras)
+                results[self.pid_of[r.metadata.src_node_id]] = ClientResult(_from_record(r.content["arrays"], self.device),
+                                                                            n, metrics, extras)
         return results
 
     def inspect(self, reply: Message) -> None:
@@ -306,7 +313,8 @@ def run(spec: RunSpec, log: Callable[[str], None] = print) -> fed.Federation:
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         allowed = AllowedContent(federation.job.shared_keys(), federation.method.extra_records)
-        federation.final_state = federation.run(FlowerTransport(grid, federation.num_nodes, allowed))
+        federation.final_state = federation.run(FlowerTransport(grid, federation.num_nodes, allowed,
+                                                                device=federation.job.array_device))
 
     if spec.backend == "inline":
         _run_inline(spec, federation, server_app, log)
@@ -344,7 +352,7 @@ def _run_inline(spec: RunSpec, federation: fed.Federation, server_app: ServerApp
         f"{threads} thread(s), device {federation.device}")
     fed.client_threads = threads
     federation.job.state_store.deferred = True  # the round's checkpoint writes what its clients saved
-    if federation.job.keep_arrays_on_device(in_process=True):
+    if federation.job.place_arrays(in_process=True):
         log(f"{_job_name(spec)}: model arrays stay on {federation.device} between server and clients")
     grid = InlineGrid(make_client_app(spec, federation.job), federation.num_nodes, seed=spec.seed)
     grid.serve(server_app)

@@ -24,7 +24,7 @@ import torch
 from fedmedbench import partition_replay
 from fedmedbench.fl import checkpoint, replies
 from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, ServerContext
-from fedmedbench.fl.arrays import arrays_to_tensors, host_tensors, model_arrays
+from fedmedbench.fl.arrays import host_copies, host_tensors, model_arrays
 from fedmedbench.fl.client_state import ClientStateStore
 from fedmedbench.fl.job import Job, resolve_device  # noqa: F401  (resolve_device: imported from here elsewhere)
 from fedmedbench.fl.registry import get_method
@@ -107,7 +107,7 @@ def _client_context(
         # a deployed site knows no other site's size (methods that need them say so)
         client_sizes=None if pid in site_data else (lambda: job.task.client_sizes()),
         epoch_steps=max(1, math.ceil(steps / epochs)) if job.method.centralized else None,
-        device_arrays=job.device_arrays, slots=job.slots,
+        array_device=job.array_device, slots=job.slots,
     )
     return ctx, store
 
@@ -232,7 +232,7 @@ class Federation:
         self.store = self.job.state_store
         self.rows_log = checkpoint.RowsLog(spec.run_dir)  # each checkpoint appends its round's rows
         self._writer: checkpoint.BackgroundWriter | None = None  # set while run() goes
-        self._theta0_device: Arrays | None = None  # theta_0 as float64 device tensors (device arrays), made once
+        self._theta0_at: dict[torch.device, Arrays] = {}  # theta_0 as float64 tensors, made once per device
         es = {"mode": "none", "tau": 0.01, "patience": 10, **spec.early_stopping}
         if es["mode"] not in ("none", "datafree"):
             raise ValueError(f"early_stopping.mode must be none or datafree, got {es['mode']}")
@@ -265,7 +265,7 @@ class Federation:
         params = [n for n, _ in model.named_parameters() if n in arrays]
         # theta_0 for the task vector of the data-free stopping rule (parameters only, not buffers)
         return checkpoint.RunState(round=0, arrays=self.job.arrays(arrays),
-                                   server_state={"_theta0": arrays_to_tensors({k: arrays[k] for k in params})})
+                                   server_state={"_theta0": host_copies({k: arrays[k] for k in params})})
 
     def sample(self, rnd: int) -> list[int]:
         """Partition ids trained in round ``rnd``: seeded by (seed, round), not by node ids."""
@@ -285,12 +285,9 @@ class Federation:
 
     # -- one round ----------------------------------------------------------------
     def broadcast(self, state: checkpoint.RunState) -> dict[str, Arrays]:
-        """The named array sets sent to clients with the global model (stored in server state), in the
-        form of the run's arrays (device tensors with device arrays)."""
-        stored = state.server_state.get("_broadcast", {})
-        if self.job.device_arrays:
-            return {name: self.job.arrays(arrays) for name, arrays in stored.items()}
-        return {name: {k: v.numpy() for k, v in arrays.items()} for name, arrays in stored.items()}
+        """The named array sets sent to clients with the global model (stored in server state), where the
+        job keeps its arrays."""
+        return {name: self.job.arrays(arrays) for name, arrays in state.server_state.get("_broadcast", {}).items()}
 
     def aggregate(self, state: checkpoint.RunState, rnd: int, results: dict[int, ClientResult]) -> Arrays:
         pids = sorted(results)
@@ -345,7 +342,7 @@ class Federation:
                 vals = np.array([c.get(f"local_{k}", math.nan) for c in per_client], dtype=float)
                 row[f"local_mean_{k}"] = float(np.nanmean(vals)) if np.isfinite(vals).any() else math.nan
                 row[f"local_std_{k}"] = float(np.nanstd(vals)) if np.isfinite(vals).any() else math.nan
-        row.update(self.monitor.update(state.rows, DataFreeMonitor.task_norm(new_arrays, self._theta0(state))))
+        row.update(self.monitor.update(state.rows, DataFreeMonitor.task_norm(new_arrays, self._theta0(state, new_arrays))))
         elapsed = time.monotonic() - self._t0
         row["elapsed_s"] = round(elapsed, 3)
         client_rows = [{"round": rnd, "client": i, **{k: v for k, v in c.items() if not k.startswith(("global_", "val_"))}}
@@ -364,15 +361,14 @@ class Federation:
         self.tracker.round(row, client_rows, results)
         return new_state
 
-    def _theta0(self, state: checkpoint.RunState) -> Arrays:
-        """theta_0 of the data-free rule in the form of the run's arrays (with device arrays: on the device,
-        in the rule's float64 once, so a round converts only the new model)."""
+    def _theta0(self, state: checkpoint.RunState, like: Arrays) -> Arrays:
+        """theta_0 of the data-free rule where ``like`` (the new global arrays) is, in the rule's float64,
+        made once per device, so a round converts only the new model."""
         stored = state.server_state["_theta0"]
-        if not self.job.device_arrays:
-            return {k: v.numpy() for k, v in stored.items()}
-        if self._theta0_device is None:
-            self._theta0_device = {k: v.double() for k, v in self.job.arrays(stored).items()}
-        return self._theta0_device
+        device = next(iter(like.values())).device if like else torch.device("cpu")
+        if device not in self._theta0_at:
+            self._theta0_at[device] = {k: v.to(device, torch.float64) for k, v in stored.items()}
+        return self._theta0_at[device]
 
     def run(self, transport: Transport) -> checkpoint.RunState:
         """The round loop: sample, train (via the transport), aggregate, evaluate, checkpoint, stop.
@@ -445,9 +441,9 @@ class Federation:
         checkpoint, so a resumed run still has it."""
         from fedmedbench.io import write_torch
 
-        payload = {str(pid): arrays_to_tensors(r.arrays) for pid, r in sorted(results.items()) if r.arrays}
+        payload = {str(pid): host_copies(r.arrays) for pid, r in sorted(results.items()) if r.arrays}
         if global_arrays is not None:
-            payload["global"] = arrays_to_tensors(global_arrays)
+            payload["global"] = host_copies(global_arrays)
         write_torch(self._final_client_models_path(), payload, what="client models")
 
     def _progress(self, row: dict[str, Any]) -> None:
@@ -471,7 +467,7 @@ class Federation:
         metrics = pd.DataFrame(state.rows)
         io.write_csv(run_dir / "metrics.csv", metrics)
         io.write_csv(run_dir / "client_metrics.csv", pd.DataFrame(state.client_rows))
-        io.write_torch(run_dir / "model.pt", arrays_to_tensors(state.arrays), what="final model")  # reproducible bytes
+        io.write_torch(run_dir / "model.pt", host_copies(state.arrays), what="final model")  # reproducible bytes
         if self.spec.save_client_models:
             src = self._final_client_models_path()
             if not src.is_file():

@@ -12,10 +12,10 @@ owns what a job reuses across client calls:
 * client data on the device (``cache_on_device``, accelerators only): each client's tensors are
   copied to the device once per job while they fit in half of the device memory free at the
   first copy; the rest stays on the host and is moved per batch.
-* the model's arrays on the device (``device_arrays``): on the inline backend (server and clients
-  in one process) with an accelerator, for a method that declares ``device_arrays``, the global
-  model, the client results and the average stay device tensors; nothing goes through the host
-  per client.
+* where the model's arrays live (``array_device``): on the inline backend (server and clients in
+  one process) with an accelerator, the global model, the client results and the average stay
+  tensors on the device; nothing goes through the host per client. Elsewhere (CPU, Ray actors, a
+  deployed site) they are CPU tensors.
 * the client-state store (``state_store``): deferred on the inline backend, where the server's
   checkpoint writes the states the round's clients saved (see ``client_state``).
 """
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from fedmedbench.fl.api import Arrays, ClientData, Method, TrainConfig
-from fedmedbench.fl.arrays import as_tensors, load_arrays
+from fedmedbench.fl.arrays import load_arrays, moved
 from fedmedbench.fl.checkpoint import client_store
 from fedmedbench.fl.determinism import use_deterministic_kernels
 from fedmedbench.fl.registry import get_method
@@ -42,7 +42,7 @@ from fedmedbench.fl.training import to_device
 DEVICE_DATA_SHARE = 0.5
 #: devices whose client data is worth caching (on the CPU the data already is where it is used)
 CACHED_DEVICE_TYPES = ("cuda",)
-#: devices on which a job keeps its arrays as tensors (on the CPU NumPy arrays cost no copy to reach)
+#: devices on which an in-process job keeps its arrays (elsewhere they are CPU tensors)
 ARRAY_DEVICE_TYPES = ("cuda",)
 
 
@@ -74,8 +74,8 @@ class Job:
         self._data: dict[int, Any] = {}
         self._data_bytes = 0
         self._data_budget: int | None = None
-        #: arrays between server and clients are device tensors (set by the engine: see :meth:`keep_arrays_on_device`)
-        self.device_arrays = False
+        #: where arrays between server and clients live (set by the engine: see :meth:`place_arrays`)
+        self.array_device = torch.device("cpu")
         #: the clients' persistent states (``checkpoint/clients``); the engine defers its writes in-process
         self.state_store = client_store(spec.run_dir)
 
@@ -107,16 +107,16 @@ class Job:
         self.shared_keys()
         return self._slots
 
-    def keep_arrays_on_device(self, in_process: bool) -> bool:
-        """Turn on device arrays where they apply: server and clients share this process (``in_process``),
-        the spec allows it, the device is an accelerator and the method declares ``device_arrays``."""
-        self.device_arrays = bool(in_process and self.spec.device_arrays and self.device.type in ARRAY_DEVICE_TYPES
-                                  and self.method.device_arrays)
-        return self.device_arrays
+    def place_arrays(self, in_process: bool) -> bool:
+        """Keep the arrays on the job's device where server and clients share this process (``in_process``)
+        and the device is one of :data:`ARRAY_DEVICE_TYPES`, else on the CPU; True in the first case."""
+        on_device = bool(in_process and self.device.type in ARRAY_DEVICE_TYPES)
+        self.array_device = self.device if on_device else torch.device("cpu")
+        return on_device
 
     def arrays(self, arrays: Arrays) -> Arrays:
-        """``arrays`` in this job's form: device tensors with device arrays on, else as they are."""
-        return as_tensors(arrays, self.device) if self.device_arrays else arrays
+        """``arrays`` where this job keeps them (``array_device``; those already there are not copied)."""
+        return moved(arrays, self.array_device)
 
     def model_with(self, arrays: Arrays) -> torch.nn.Module:
         """A model holding the broadcast ``arrays``, on the job's device."""
@@ -171,9 +171,9 @@ class Job:
 
 
 def copy_into(model: torch.nn.Module, arrays: Arrays, keys: list[str], targets: list[torch.Tensor] | None = None) -> None:
-    """Copy ``arrays[k]`` (NumPy or tensors, any device) into the model's own tensors for ``keys``
+    """Copy ``arrays[k]`` (tensors on any device) into the model's own tensors for ``keys``
     (the resident model's whole state): the values ``load_state_dict`` would set, by one grouped
-    copy when the arrays are tensors of the model's devices and dtypes. ``targets``: the model's
+    copy when the arrays are of the model's devices and dtypes. ``targets``: the model's
     tensors for ``keys`` when already at hand (its ``StateSlots``), else read from its state_dict."""
     missing = set(keys) - set(arrays)
     if missing:

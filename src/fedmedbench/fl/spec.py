@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 #: fields that do not change the numbers a run produces
 _NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device",
-               "device_arrays", "deterministic", "loader_workers", "image_cache", "tracking"}
+               "deterministic", "loader_workers", "image_cache", "tracking"}
 #: fields a job's script sets from its Snakemake job and the config, never from ``params:``: they change
 #: how a run executes, not its numbers, so changing them reruns no finished job
-RUNTIME_FIELDS = ("threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device", "device_arrays",
+RUNTIME_FIELDS = ("threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device",
                   "deterministic", "loader_workers", "image_cache", "tracking")
 RESUME_MODES = ("auto", "restart")
 #: the config's ``engine`` entries a spec takes: how a job runs, never what it computes
-ENGINE_OPTIONS = ("backend", "cache_on_device", "device_arrays", "deterministic", "loader_workers", "image_cache")
+ENGINE_OPTIONS = ("backend", "cache_on_device", "deterministic", "loader_workers", "image_cache")
 
 
 def engine_options(config: dict[str, Any]) -> dict[str, Any]:
@@ -55,9 +55,6 @@ class RunSpec:
     backend: str = "inline"
     #: copy client data to an accelerator once per job while it fits (fl/job.py); never changes results
     cache_on_device: bool = True
-    #: on the inline backend with an accelerator, keep the model's arrays on the device between server
-    #: and clients for methods that support it (fl/job.py); never changes results
-    device_arrays: bool = True
     #: deterministic GPU kernels (fl/determinism.py): a rerun or a resumed run gives the same bits; the same
     #: arithmetic, so not hashed; no effect on the CPU
     deterministic: bool = False
@@ -98,6 +95,9 @@ class RunSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:  # e.g. a spec file written by another version of the package
+            raise ValueError(f"run spec: unknown field(s) {unknown}; write the spec again with this version")
         return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:

@@ -31,8 +31,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 COUNTINGS = ("reference", "paper")
 MIN_DELTAS = ("absolute", "relative")
@@ -134,10 +138,9 @@ class DataFreeMonitor:
         self.tau, self.patience, self.counting = tau, patience, counting
 
     @staticmethod
-    def task_norm(params: dict[str, np.ndarray], theta0: dict[str, np.ndarray]) -> float:
-        """||theta_r - theta_0|| over theta_0's keys, in float64. NumPy arrays and tensors (device arrays)
-        go through the same torch reductions, so both give the same bits on one device (NumPy's pairwise
-        sums would differ from torch's in the last bit); tensors are read from their device once."""
+    def task_norm(params: dict[str, torch.Tensor], theta0: dict[str, torch.Tensor]) -> float:
+        """||theta_r - theta_0|| over theta_0's keys, in float64, where the first of ``params`` is (the
+        arrays are read from their device once): per-tensor sums of squares in torch, added in key order."""
         import torch
 
         from fedmedbench.fl.arrays import snapshot
@@ -145,17 +148,12 @@ class DataFreeMonitor:
         if not theta0:
             return 0.0
         keys = list(theta0)
-        first = params[keys[0]]
+        device = params[keys[0]].device
         with torch.no_grad():
-            if isinstance(first, torch.Tensor):  # theta_r in float64 by one conversion, an exact one
-                d = list(snapshot({k: params[k] for k in keys}, dtype=torch.float64).values())
-                device = first.device
-            else:
-                d = [_float64(params[k]) for k in keys]
-                device = torch.device("cpu")
-            # multi-tensor ops: one launch each on a GPU, not one per tensor; x * x is x ** 2 bit for bit;
-            # the differences in place in the float64 copy
-            torch._foreach_sub_(d, [_float64(theta0[k]).to(device) for k in keys])
+            # theta_r in float64 by one conversion, an exact one; the differences in place in that copy
+            d = list(snapshot({k: params[k] for k in keys}, device, torch.float64).values())
+            # multi-tensor ops: one launch each on a GPU, not one per tensor; x * x is x ** 2 bit for bit
+            torch._foreach_sub_(d, [theta0[k].to(device, torch.float64) for k in keys])
             sq = torch.stack([s.sum() for s in torch._foreach_mul(d, d)])
             return float(math.sqrt(float(sq.sum())))
 
@@ -169,13 +167,6 @@ class DataFreeMonitor:
         kappa = _next_kappa(int(prev["saturation"]), g, r, self.tau, self.counting)
         return {"task_norm": norm, "growth_rate": g, "saturation": kappa,
                 "datafree_stop": int(r >= 2 and kappa >= self.patience)}
-
-
-def _float64(a):
-    """A float64 torch tensor of ``a`` (a tensor converted where it is; NumPy copied, so read-only arrays do too)."""
-    import torch
-
-    return a.to(torch.float64) if isinstance(a, torch.Tensor) else torch.from_numpy(np.array(a, dtype=np.float64))
 
 
 def _next_kappa(prev: int, g: float, r: int, tau: float, counting: str) -> int:

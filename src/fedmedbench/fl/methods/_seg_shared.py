@@ -22,7 +22,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
@@ -154,7 +153,7 @@ class SegMethod(Method):
         if getattr(ctx.data, "local_steps", None):  # the paper's fixed 100 iterations, whatever the site's size
             ctx.steps = int(ctx.data.local_steps)
         if "personal" in ctx.state:
-            load_arrays(model, {k: v.numpy() for k, v in ctx.state["personal"].items()}, list(ctx.state["personal"]))
+            load_arrays(model, ctx.state["personal"], list(ctx.state["personal"]))
         if hasattr(model, "set_indicator"):
             model.set_indicator(ctx.data.indicator)
         if hasattr(model, "set_generator"):
@@ -174,6 +173,8 @@ class SegMethod(Method):
         return ctx.data.loss
 
     def finish(self, ctx: ClientContext, model: torch.nn.Module, loss: float, metrics: dict[str, float] | None = None) -> ClientResult:
+        """Personal entries kept on the site; the shared ones sent as CPU tensors (the study's servers
+        average on the host)."""
         ctx.state["personal"] = tensors(model, self.personal(model))
         return ClientResult(arrays=model_arrays(model, self.shared_keys(model)), num_examples=ctx.data.num_train,
                             metrics={"train_loss": loss, **(metrics or {})})
@@ -190,16 +191,3 @@ class SegMethod(Method):
         """The shared arrays averaged with :func:`client_weights`: by the method's ``aggregation``
         parameter where it has one (:data:`AGGREGATION_CHOICES`), else by ``train.aggregation``."""
         return weighted_average([r.arrays for r in ctx.results], client_weights(ctx, self.p.get("aggregation")))
-
-
-def flat(arrays: Arrays, keys: list[str]) -> np.ndarray:
-    return np.concatenate([np.asarray(arrays[k], dtype=np.float64).ravel() for k in keys])
-
-
-def unflat(vec: np.ndarray, like: Arrays, keys: list[str]) -> Arrays:
-    out, i = {}, 0
-    for k in keys:
-        n = int(np.prod(like[k].shape))
-        out[k] = vec[i:i + n].reshape(like[k].shape).astype(like[k].dtype)
-        i += n
-    return out

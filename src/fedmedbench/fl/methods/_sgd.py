@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
-from fedmedbench.fl.arrays import is_tensor_arrays, snapshot, weighted_average
+from fedmedbench.fl.arrays import snapshot, weighted_average
 from fedmedbench.fl.training import (
     StepLosses,
     batch_indices,
@@ -79,9 +79,9 @@ def div(a: Tensors, b: Operand) -> Tensors:
     """a / b for every tensor of ``a``, rounded as a true division on every device.
 
     CUDA's multi-tensor (and plain) division by a number multiplies by its reciprocal, one bit less exact than
-    the CPU's and NumPy's quotient: the device-arrays path would then drift away from the host path (SCAFFOLD's
-    (theta_g - theta_i) / (K lr), the servers' sums / N). A divisor held as a 0-dim tensor on the device is divided
-    by, as on the CPU. On the CPU nothing changes.
+    the CPU's and NumPy's quotient: arrays kept on a GPU would then drift away from arrays kept on the host
+    (SCAFFOLD's (theta_g - theta_i) / (K lr), the servers' sums / N). A divisor held as a 0-dim tensor on the
+    device is divided by, as on the CPU. On the CPU nothing changes.
     """
     if not a or isinstance(b, dict):
         return _each(torch._foreach_div, a, b)
@@ -96,9 +96,7 @@ def div(a: Tensors, b: Operand) -> Tensors:
 def _divisor(b: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``b`` as a 0-dim tensor of ``like``'s dtype on its device (its value rounded to that dtype, as a number
     divisor is on the CPU)."""
-    if isinstance(b, torch.Tensor):
-        return b.detach().to(device=like.device, dtype=like.dtype).reshape(())
-    return torch.full((), b, dtype=like.dtype, device=like.device)
+    return torch.as_tensor(b, dtype=like.dtype, device=like.device).detach().reshape(())
 
 
 def neg(a: Tensors) -> Tensors:
@@ -271,10 +269,9 @@ def with_input_norm(model: nn.Module, input_norm: str) -> nn.Module:
 
 
 def to_tensors(arrays: Arrays, keys, device: torch.device | None = None) -> Tensors:
-    """float32 tensors of ``arrays[k]`` for ``keys``: on the host from NumPy arrays, where they are
-    from tensor arrays (a job that keeps its arrays on the device); then on ``device`` if given."""
-    out = {k: arrays[k].detach().to(torch.float32) if isinstance(arrays[k], torch.Tensor)
-           else torch.from_numpy(np.array(arrays[k], dtype=np.float32)) for k in keys}
+    """float32 tensors of ``arrays[k]`` for ``keys``, where the arrays are (not copied when already float32:
+    read only), then on ``device`` if given."""
+    out = {k: torch.as_tensor(arrays[k]).detach().to(torch.float32) for k in keys}
     return {k: v.to(device) for k, v in out.items()} if device is not None else out
 
 
@@ -290,60 +287,39 @@ def state_tensors(state: dict[str, Any], name: str, like: Tensors) -> Tensors:
 
 
 def delta(model: nn.Module, global_arrays: Arrays) -> Tensors:
-    """theta_local - theta_global over trainable parameters, float32: on the CPU from NumPy arrays,
-    on the model's device from tensor arrays (a job that keeps its arrays on the device)."""
+    """theta_local - theta_global over trainable parameters, float32, where the global arrays are."""
     params = trainable(model)
-    if all(isinstance(global_arrays[n], torch.Tensor) for n in params):
-        return sub({n: p.detach().float() for n, p in params.items()},
-                   {n: global_arrays[n].to(p.device, torch.float32) for n, p in params.items()})
-    return {n: p.detach().cpu().float() - torch.from_numpy(np.asarray(global_arrays[n], dtype=np.float32))
-            for n, p in params.items()}
+    theta_g = to_tensors(global_arrays, params)
+    return sub({n: p.detach().to(theta_g[n].device, torch.float32) for n, p in params.items()}, theta_g)
 
 
 def client_tensors(ctx: ClientContext) -> Tensors:
-    """The model's trainable parameters (detached) where a client's vectors live: on the CPU, or on the
-    device when the job keeps its arrays there."""
+    """The model's trainable parameters (detached) where a client's vectors live (``kept_vectors``)."""
     return kept_vectors(ctx, trainable(ctx.model))
 
 
 def kept_vectors(ctx: ClientContext, t: Tensors) -> Tensors:
-    """A client's vectors as its state keeps them: detached, on the CPU, or where they are with device arrays."""
-    return {n: v.detach() if ctx.device_arrays else v.detach().cpu() for n, v in t.items()}
-
-
-def as_float32(x: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
-    return x.to(torch.float32) if isinstance(x, torch.Tensor) else x.astype(np.float32)
+    """A client's vectors as its state keeps them: detached, where the job keeps its arrays (``ctx.array_device``)."""
+    return {n: v.detach().to(ctx.array_device) for n, v in t.items()}
 
 
 def vectors64(arrays: Arrays, keys) -> Tensors:
-    """float64 copies of ``arrays[k]`` as tensors where the arrays are (NumPy arrays: on the CPU), so a
-    server step's arithmetic is written once, in torch, for host and device arrays alike."""
-    keys = list(keys)
-    if keys and all(isinstance(arrays[k], torch.Tensor) for k in keys):  # one conversion per device and dtype
-        return snapshot({k: arrays[k] for k in keys}, dtype=torch.float64)
-    return {k: arrays[k].to(torch.float64, copy=True) if isinstance(arrays[k], torch.Tensor)
-            else torch.from_numpy(np.array(arrays[k], dtype=np.float64)) for k in keys}
+    """float64 copies of ``arrays[k]`` where the arrays are (one conversion per device and dtype): a server
+    step's arithmetic in float64."""
+    return snapshot({k: torch.as_tensor(arrays[k]) for k in keys}, dtype=torch.float64)
 
 
-def in_form_of(t: Tensors, like: Arrays, dtype: torch.dtype | None = None) -> Arrays:
-    """``t`` cast to ``dtype`` (default: each entry's dtype in ``like``) and in ``like``'s form: NumPy
-    arrays on the host path, tensors where they are with device arrays."""
-    tensor_form = is_tensor_arrays(like)
-    if tensor_form and dtype is not None and t:  # one conversion per device and source dtype
+def cast_like(t: Tensors, like: Arrays, dtype: torch.dtype | None = None) -> Arrays:
+    """``t`` cast to ``dtype`` (one conversion per device and source dtype), by default to each entry's
+    dtype in ``like``."""
+    if dtype is not None:
         return snapshot(t, dtype=dtype)
-    out: Arrays = {}
-    for k, v in t.items():
-        target = dtype or (like[k].dtype if tensor_form else torch.from_numpy(np.empty(0, like[k].dtype)).dtype)
-        v = v.to(target)
-        out[k] = v if tensor_form else v.numpy()
-    return out
+    return {k: v.to(like[k].dtype) for k, v in t.items()}
 
 
 class ServerOptMethod(Method):
-    """FedAvg-style server: average the client states, global lr on the parameters' update.
-    A subclass whose client and server steps use only the tensor-aware helpers (``ctx.result_arrays``,
-    ``to_tensors``, ``average``, ``apply_global_lr``; ``vectors64`` then ``in_form_of`` for its own server
-    arithmetic) sets ``device_arrays``."""
+    """FedAvg-style server: average the client states, global lr on the parameters' update. A subclass's own
+    server arithmetic takes ``vectors64`` of the arrays and gives its result back by ``cast_like``."""
 
     device_data = True  # local_loop indexes batches wherever the data is
 
@@ -387,12 +363,8 @@ class ServerOptMethod(Method):
             return averaged
         out = dict(averaged)
         for k in self.param_keys(ctx):
-            if isinstance(averaged[k], torch.Tensor):
-                g = torch.as_tensor(ctx.global_arrays[k], device=averaged[k].device).to(torch.float64)
-                out[k] = (g + self.global_lr * (averaged[k].to(torch.float64) - g)).to(averaged[k].dtype)
-            else:
-                g = ctx.global_arrays[k].astype(np.float64)
-                out[k] = (g + self.global_lr * (averaged[k].astype(np.float64) - g)).astype(averaged[k].dtype)
+            g = torch.as_tensor(ctx.global_arrays[k]).to(averaged[k].device, torch.float64)
+            out[k] = (g + self.global_lr * (averaged[k].to(torch.float64) - g)).to(averaged[k].dtype)
         return out
 
     def aggregate(self, ctx: ServerContext) -> Arrays:
@@ -407,19 +379,12 @@ class ServerOptMethod(Method):
         return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train, metrics=metrics)
 
 
-def tensors_to_arrays(t: Tensors) -> Arrays:
-    return {k: v.detach().cpu().numpy().astype(np.float32) for k, v in t.items()}
-
-
-def sent_vectors(ctx: ClientContext, t: Tensors) -> Arrays:
-    """A client's vectors as it sends them: float32 NumPy, or the tensors themselves with device arrays."""
-    return {k: v.detach() for k, v in t.items()} if ctx.device_arrays else tensors_to_arrays(t)
+def sent_vectors(t: Tensors) -> Arrays:
+    """A client's vectors as it sends them: the tensors themselves, detached (where they are kept)."""
+    return {k: v.detach() for k, v in t.items()}
 
 
 def arrays_to_vector(a: Arrays) -> Tensors:
-    """float32 tensors of a broadcast array set (copies: the broadcast is shared by every client). Float32
-    tensors (device arrays) are copied by one concatenation per device, not one copy per tensor."""
-    if a and all(isinstance(v, torch.Tensor) and v.dtype == torch.float32 for v in a.values()):
-        return snapshot(a)
-    return {k: v.detach().to(torch.float32, copy=True) if isinstance(v, torch.Tensor)
-            else torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in a.items()}
+    """float32 copies of a broadcast array set (the broadcast is shared by every client), by one
+    concatenation per device and dtype, not one copy per tensor."""
+    return snapshot({k: torch.as_tensor(v) for k, v in a.items()}, dtype=torch.float32)

@@ -15,5 +15,3 @@ class Centralized(Method):
     centralized = True
     #: batches are indexed wherever the pooled data is (the engine may keep it on the device)
     device_data = True
-    #: one client, averaged as FedAvg averages: the model's arrays may stay on the device
-    device_arrays = True

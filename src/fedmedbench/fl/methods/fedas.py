@@ -94,7 +94,7 @@ class FedAS(SegMethod):
         (in the first round: the site's initial model, which the broadcast one equals)."""
         previous = self.build_model_like(model)
         if "previous" in ctx.state:
-            load_arrays(previous, {k: v.numpy() for k, v in ctx.state["previous"].items()})
+            load_arrays(previous, ctx.state["previous"])
         previous.to(ctx.device).set_indicator(ctx.data.indicator)
         protos = self._prototypes(ctx, previous)
         shared = set(self.shared_keys(model))
@@ -132,9 +132,9 @@ class FedAS(SegMethod):
             logits = model(on_device(x, ctx.device))
             nll = F.cross_entropy(logits, on_device(y, ctx.device))
             grads = torch.autograd.grad(nll, params, allow_unused=True)
-            batch = sum((g.detach() ** 2).sum() for g in grads if g is not None)
-            if isinstance(batch, torch.Tensor):
-                total += batch.double()
+            squares = [(g.detach() ** 2).sum() for g in grads if g is not None]
+            if squares:
+                total += sum(squares).double()
         return float(total)
 
     def client_fit(self, ctx):
@@ -150,7 +150,7 @@ class FedAS(SegMethod):
         ``evaluate: aggregate`` the broadcast shared part + the site's classifier."""
         model = self.prepare(ctx)
         if self.p["evaluate"] == "trained" and "previous" in ctx.state:
-            load_arrays(model, {k: v.numpy() for k, v in ctx.state["previous"].items()})
+            load_arrays(model, ctx.state["previous"])
         return model
 
     def aggregate(self, ctx):

@@ -14,4 +14,3 @@ from fedmedbench.fl.registry import register_method
 class FedAvg(ServerOptMethod):
     """Plain local SGD + (weighted) averaging; see ServerOptMethod."""
 
-    device_arrays = True

@@ -106,7 +106,7 @@ def to_model_scale(x_pixels: torch.Tensor) -> torch.Tensor:
 @dataclass
 class SpectrumBank:
     """The amplitude spectra a client draws its targets from, stacked in one tensor (where the broadcast
-    is: on the device with device arrays), ``sizes[c]`` rows for the c-th client, in client order."""
+    is: where the job keeps its arrays), ``sizes[c]`` rows for the c-th client, in client order."""
 
     spectra: torch.Tensor
     sizes: list[int]
@@ -131,9 +131,6 @@ class FedDG(Method):
     extra_records = ("amplitudes",)
     #: batches are indexed wherever the client's data is (the engine may keep it on the device)
     device_data = True
-    #: the model's arrays may stay on the device (the server is FedAvg's tensor-aware average; the
-    #: bank travels as the broadcast, on the device too)
-    device_arrays = True
 
     def __init__(self, **params: Any) -> None:
         self.p = check_params("feddg", DEFAULTS, CHOICES, params)
@@ -155,21 +152,21 @@ class FedDG(Method):
         consuming ``ctx.generator``: mini-batches are drawn exactly as FedAvg draws them."""
         return torch.Generator().manual_seed((ctx.generator.initial_seed() ^ 0xFEDD6) % 2**63)
 
-    def shared_spectra(self, ctx: ClientContext, generator: torch.Generator) -> np.ndarray:
-        """Amplitude spectra of a random subset of the client's training images (what it shares), computed
-        on the CPU wherever the client's data is kept, so the bank has the same bits either way."""
+    def shared_spectra(self, ctx: ClientContext, generator: torch.Generator) -> torch.Tensor:
+        """Amplitude spectra (float32) of a random subset of the client's training images (what it shares),
+        computed on the CPU wherever the client's data is kept, so the bank has the same bits either way."""
         n = ctx.data.num_train
         k = max(1, min(int(self.p["bank_max"]), int(round(n * self.p["bank_fraction"]))))
         idx = torch.randperm(n, generator=generator)[:k]
-        return amplitude_spectrum(ctx.data.train_x[idx].cpu()).numpy().astype(np.float32)
+        return amplitude_spectrum(ctx.data.train_x[idx].cpu()).to(torch.float32)
 
-    def target_bank(self, ctx: ClientContext, own: np.ndarray) -> SpectrumBank | None:
+    def target_bank(self, ctx: ClientContext, own: torch.Tensor) -> SpectrumBank | None:
         """Other clients' spectra, the own ones in round 1, or None (plain ERM)."""
         bank = ctx.broadcast.get(BANK, {})
-        others = [torch.as_tensor(v) for k, v in sorted(bank.items()) if k != self.key(ctx.pid)]
+        others = [v for k, v in sorted(bank.items()) if k != self.key(ctx.pid)]
         if others:
             return SpectrumBank.of(others)
-        return SpectrumBank.of([torch.from_numpy(own)]) if self.p["first_round"] == "own" else None
+        return SpectrumBank.of([own]) if self.p["first_round"] == "own" else None
 
     def sample_targets(self, bank: SpectrumBank, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(amplitude targets, lambdas) for n images: a random client, then a random spectrum of it (drawn

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -157,6 +156,6 @@ class FedDP(SegMethod):
             return ctx.global_arrays  # calibration: no aggregation
         out = weighted_average([r.arrays for r in ctx.results], client_weights(ctx))
         if first is not None and ctx.rnd == first - 1:
-            ctx.broadcast[SITES] = {f"{pid}/{k}": np.asarray(v) for pid, r in zip(ctx.pids, ctx.results, strict=True)
+            ctx.broadcast[SITES] = {f"{pid}/{k}": v for pid, r in zip(ctx.pids, ctx.results, strict=True)
                                     for k, v in r.extras["queries"].items()}
         return out

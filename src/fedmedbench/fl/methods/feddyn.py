@@ -20,10 +20,10 @@ from fedmedbench.fl.methods._sgd import (
     StepHooks,
     add,
     add_,
+    cast_like,
     client_tensors,
     delta,
     div,
-    in_form_of,
     local_loop_metrics,
     mul,
     state_tensors,
@@ -59,13 +59,12 @@ def dyn_server_update(method: ServerOptMethod, ctx: ServerContext) -> Arrays:
     ctx.state["h"] = h
     out = dict(method.average(ctx))
     mean = vectors64(out, keys)
-    out.update(in_form_of(add(mean, h), out))
+    out.update(cast_like(add(mean, h), out))
     return out
 
 
 @register_method("feddyn")
 class FedDyn(ServerOptMethod):
-    device_arrays = True
 
     def __init__(self, lamb: float = 0.1, **params) -> None:
         super().__init__(**params)

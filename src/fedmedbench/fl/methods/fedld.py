@@ -76,14 +76,17 @@ class FedLD(SegMethod):
                            ctx.generator, self.loss_cfg(ctx), extra_loss=lambda m, x, y, logits: margin_loss(logits, w))
 
     def aggregate(self, ctx):
+        """Per floating-point layer the principal-gradient update, in NumPy on the host (its SVD and norms as
+        the study computed them); integer buffers averaged as FedAvg."""
         out = weighted_average([r.arrays for r in ctx.results], client_weights(ctx))  # integer buffers
         first = "fedld_started" not in ctx.state
         for key, glob in ctx.global_arrays.items():
-            glob = np.asarray(glob)
-            if not np.issubdtype(glob.dtype, np.floating):
+            if not glob.dtype.is_floating_point:
                 continue
-            g = np.stack([np.asarray(r.arrays[key], dtype=np.float64).ravel() - glob.ravel() for r in ctx.results])
+            base = glob.detach().cpu().numpy()
+            g = np.stack([r.arrays[key].detach().cpu().numpy().astype(np.float64).ravel() - base.ravel()
+                          for r in ctx.results])
             upd = g.mean(0) if first else principal_layer_update(g, float(self.p["k_proportion"]))
-            out[key] = (glob.ravel() + upd).reshape(glob.shape).astype(glob.dtype)
+            out[key] = torch.from_numpy((base.ravel() + upd).reshape(base.shape).astype(base.dtype))
         ctx.state["fedld_started"] = 1
         return out

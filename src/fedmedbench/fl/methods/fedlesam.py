@@ -28,9 +28,9 @@ from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
     StepHooks,
     arrays_to_vector,
+    cast_like,
     client_tensors,
     flat_norm,
-    in_form_of,
     indexed_perturbation,
     local_loop_metrics,
     neg,
@@ -47,7 +47,6 @@ ESTIMATES = ("previous_global", "last_update")
 
 @register_method("fedlesam")
 class FedLESAM(ServerOptMethod):
-    device_arrays = True
 
     def __init__(self, rho: float = 0.1, estimate: str = "last_update", perturbation_form: str = "reference",
                  **params) -> None:
@@ -91,5 +90,5 @@ class FedLESAM(ServerOptMethod):
         if self.estimate == "last_update":
             keys = self.param_keys(ctx)
             new64, old64 = vectors64(new, keys), vectors64(ctx.global_arrays, keys)
-            ctx.broadcast["last_update"] = in_form_of(sub(new64, old64), new, torch.float32)
+            ctx.broadcast["last_update"] = cast_like(sub(new64, old64), new, torch.float32)
         return new

@@ -13,7 +13,6 @@ from fedmedbench.fl.registry import register_method
 
 @register_method("fedprox")
 class FedProx(ServerOptMethod):
-    device_arrays = True
 
     def __init__(self, mu: float = 0.1, **params) -> None:
         super().__init__(**params)

@@ -19,7 +19,6 @@ class SAMMixin:
 
 @register_method("fedsam")
 class FedSAM(SAMMixin, ServerOptMethod):
-    device_arrays = True
 
     def __init__(self, rho: float = 0.1, **params) -> None:
         super().__init__(**params)

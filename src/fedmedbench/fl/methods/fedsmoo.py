@@ -19,10 +19,10 @@ from fedmedbench.fl.methods._sgd import (
     add,
     add_,
     arrays_to_vector,
+    cast_like,
     client_tensors,
     div,
     gradient_at,
-    in_form_of,
     kept_vectors,
     local_loop_metrics,
     mul,
@@ -39,7 +39,6 @@ from fedmedbench.fl.registry import register_method
 @register_method("fedsmoo")
 class FedSMOO(ServerOptMethod):
     extra_records = ("mu",)
-    device_arrays = True
 
     def __init__(self, rho: float = 0.1, lamb: float = 0.1, **params) -> None:
         super().__init__(**params)
@@ -66,7 +65,7 @@ class FedSMOO(ServerOptMethod):
         dyn_client_update(ctx, h_i)
         ctx.state["mu_i"] = kept_vectors(ctx, mu)
         return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train,
-                            metrics=metrics, extras={"mu": sent_vectors(ctx, ctx.state["mu_i"])})
+                            metrics=metrics, extras={"mu": sent_vectors(ctx.state["mu_i"])})
 
     def aggregate(self, ctx: ServerContext):
         """s = rho * mean(mu_i) / ||mean(mu_i)|| over the sampled clients, then FedDyn's step."""
@@ -77,5 +76,5 @@ class FedSMOO(ServerOptMethod):
             add_(total, m)
         mean = div(total, len(mus))
         norm = float(torch.sqrt(sum(sq.sum() for sq in torch._foreach_mul(list(mean.values()), list(mean.values()))))) + 1e-7
-        ctx.broadcast["s"] = in_form_of(mul(div(mean, norm), self.rho), first, torch.float32)
+        ctx.broadcast["s"] = cast_like(mul(div(mean, norm), self.rho), first, torch.float32)
         return dyn_server_update(self, ctx)

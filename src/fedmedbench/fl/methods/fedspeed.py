@@ -14,7 +14,6 @@ from fedmedbench.fl.registry import register_method
 
 @register_method("fedspeed")
 class FedSpeed(SAMMixin, ServerOptMethod):
-    device_arrays = True
 
     def __init__(self, rho: float = 0.1, lamb: float = 0.1, **params) -> None:
         super().__init__(**params)

@@ -138,7 +138,7 @@ def _global_model(ctx, gamma: dict, cfg: dict[str, Any]):
     indicator = site_indicators(sites, cfg["indicator"])[cfg["site"]]
     glob = ctx.new_model()
     if "serq_rho" in ctx.state:  # rho_g^t: the server's own personal part, kept from its last update
-        load_arrays(glob, {k: v.numpy() for k, v in ctx.state["serq_rho"].items()}, list(ctx.state["serq_rho"]))
+        load_arrays(glob, ctx.state["serq_rho"], list(ctx.state["serq_rho"]))
     load_arrays(glob, gamma, list(gamma))
     glob.to(ctx.device).set_indicator(indicator)
     glob.set_generator(dropout_generator(g))
@@ -202,7 +202,7 @@ def serq_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
     dev = ctx.device
     pre = ctx.new_model()
     if "serq_pre" in ctx.state:
-        load_arrays(pre, {k: v.numpy() for k, v in ctx.state["serq_pre"].items()})
+        load_arrays(pre, ctx.state["serq_pre"])
     pre.to(dev).set_indicator(indicator)
     pre.set_generator(dropout_generator(torch.Generator().manual_seed(g.initial_seed() + 1)))
 

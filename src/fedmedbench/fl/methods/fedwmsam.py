@@ -37,8 +37,8 @@ from fedmedbench.fl.methods._sgd import (
     add,
     add_,
     arrays_to_vector,
+    cast_like,
     div,
-    in_form_of,
     indexed_perturbation,
     local_iterations,
     local_loop_metrics,
@@ -58,7 +58,6 @@ from fedmedbench.fl.registry import register_method
 @register_method("fedwmsam")
 class FedWMSAM(ServerOptMethod):
     extra_records = ("delta_c",)
-    device_arrays = True
 
     def __init__(self, rho: float = 0.1, alpha: float = 0.1, perturbation_sign: int = -1,
                  local_iterations: str = "reference", perturbation_form: str = "reference", **params) -> None:
@@ -99,7 +98,7 @@ class FedWMSAM(ServerOptMethod):
         ctx.state["c_i"], dc = updated_control(ctx, c, c_i, k)
         return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train,
                             metrics={**metrics, "k_lr": k * ctx.train.lr_at(ctx.rnd)},
-                            extras={"delta_c": sent_vectors(ctx, dc)})
+                            extras={"delta_c": sent_vectors(dc)})
 
     def aggregate(self, ctx: ServerContext):
         keys = self.param_keys(ctx)
@@ -123,8 +122,8 @@ class FedWMSAM(ServerOptMethod):
             else:
                 total = add(term, 0)
         momentum = mul(neg(total), decay)
-        ctx.broadcast["momentum"] = in_form_of(momentum, ctx.global_arrays, torch.float32)
-        ctx.broadcast["alpha"] = {"alpha": np.asarray(alpha, dtype=np.float64)}
+        ctx.broadcast["momentum"] = cast_like(momentum, ctx.global_arrays, torch.float32)
+        ctx.broadcast["alpha"] = {"alpha": torch.tensor(alpha, dtype=torch.float64)}
         return super().aggregate(ctx)
 
 
@@ -135,7 +134,7 @@ def clipped(value: float) -> float:
     return max(0.1, min([value, 0.9]))
 
 
-def similarity(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor | None) -> float:
+def similarity(a: torch.Tensor, b: torch.Tensor | None) -> float:
     """v = 1 + cos(a, b); 0 when either vector is zero (or absent), as the reference computes it."""
     if b is None:
         return 0.0

@@ -65,7 +65,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
-from fedmedbench.fl.arrays import is_tensor_arrays, load_arrays, model_arrays, model_tensors, weighted_average
+from fedmedbench.fl.arrays import load_arrays, model_tensors, weighted_average
 from fedmedbench.fl.methods._shared import check_params, seeded, tensors_of
 from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import (
@@ -143,17 +143,16 @@ def server_generator(seed: int, rnd: int) -> torch.Generator:
 
 
 def optimizer_state_cpu(opt: torch.optim.Optimizer) -> dict:
-    """An optimizer's state dict with its tensors on the CPU (what the server state may hold)."""
+    """An optimizer's state dict with its tensors on the CPU (what the server state may hold). Adam's
+    per-parameter state holds tensors only (its step count too)."""
     sd = opt.state_dict()
-    return {"state": {k: {n: (v.detach().cpu().clone() if torch.is_tensor(v) else v) for n, v in st.items()}
-                      for k, st in sd["state"].items()},
+    return {"state": {k: {n: v.detach().cpu().clone() for n, v in st.items()} for k, st in sd["state"].items()},
             "param_groups": [dict(g) for g in sd["param_groups"]]}
 
 
 def load_prefixed(module: nn.Module, arrays: Arrays, prefix: str) -> None:
-    """Load the entries under ``prefix`` (NumPy arrays or tensors on any device) into ``module``."""
-    module.load_state_dict({k[len(prefix):]: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))
-                            for k, v in arrays.items() if k.startswith(prefix)})
+    """Load the entries under ``prefix`` (tensors on any device) into ``module``."""
+    module.load_state_dict({k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
 
 
 def read_once(steps: list[dict[str, torch.Tensor]]) -> list[dict[str, float]]:
@@ -169,8 +168,6 @@ def read_once(steps: list[dict[str, torch.Tensor]]) -> list[dict[str, float]]:
 class GPAF(Method):
     #: batches are indexed wherever the client's data is (the engine may keep it on the device)
     device_data = True
-    #: the model's arrays may stay on the device: the server averages and trains G_w where they are
-    device_arrays = True
 
     def __init__(self, **params: Any) -> None:
         self.p = check_params("gpaf", DEFAULTS, CHOICES, params)
@@ -408,5 +405,5 @@ class GPAF(Method):
         ctx.state.setdefault("gpaf_generator_losses", []).append(history[-1] if history else {})
         out = dict(new)
         generator_keys = [k for k in model.state_dict() if k.startswith(GENERATOR_PREFIX)]
-        out.update((model_tensors if is_tensor_arrays(new) else model_arrays)(model, generator_keys))  # G_w where the arrays are
+        out.update(model_tensors(model, generator_keys, device=next(iter(new.values())).device))  # G_w where the arrays are
         return out

@@ -11,7 +11,7 @@ numbers are the mean over clients).
 from __future__ import annotations
 
 from fedmedbench.fl.api import ClientContext, ClientResult, Method
-from fedmedbench.fl.arrays import arrays_to_tensors, load_arrays, model_arrays
+from fedmedbench.fl.arrays import host_copies, load_arrays, model_arrays
 from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import local_sgd
 
@@ -22,13 +22,13 @@ class Local(Method):
 
     def _own_model(self, ctx: ClientContext):
         if "model" in ctx.state:
-            load_arrays(ctx.model, {k: v.numpy() for k, v in ctx.state["model"].items()})
+            load_arrays(ctx.model, ctx.state["model"])
         return ctx.model
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         model = self._own_model(ctx)
         loss = local_sgd(model, ctx.data.train_x, ctx.data.train_y, ctx.steps, ctx.train, ctx.rnd, ctx.device, ctx.generator)
-        ctx.state["model"] = arrays_to_tensors(model_arrays(model))
+        ctx.state["model"] = host_copies(model_arrays(model))
         return ClientResult(arrays={}, num_examples=ctx.data.num_train, metrics={"train_loss": loss})
 
     def reply_keys(self, model, rnd, train):

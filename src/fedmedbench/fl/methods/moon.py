@@ -84,8 +84,6 @@ def frozen(model: nn.Module) -> nn.Module:
 class MOON(Method):
     #: batches are indexed wherever the client's data is (the engine may keep it on the device)
     device_data = True
-    #: the server is FedAvg's tensor-aware average: the model's arrays may stay on the device
-    device_arrays = True
 
     def __init__(self, **params: Any) -> None:
         self.p = check_params("moon", DEFAULTS, {}, params)

@@ -22,7 +22,6 @@ from fedmedbench.fl.methods._sgd import (
     add,
     add_,
     arrays_to_vector,
-    as_float32,
     client_tensors,
     delta,
     div,
@@ -55,19 +54,15 @@ def server_control_update(ctx: ServerContext, name: str = "c") -> None:
     """c <- c + sum_i delta_c_i / N, kept in the broadcast."""
     deltas = [r.extras["delta_c"] for r in ctx.results]
     old = ctx.broadcast.get(name) or {k: v * 0 for k, v in deltas[0].items()}
-    if not all(isinstance(v, torch.Tensor) for d in (old, *deltas) for v in d.values()):  # NumPy arrays (host path)
-        ctx.broadcast[name] = {k: as_float32(old[k] + sum(d[k] for d in deltas) / ctx.num_clients) for k in old}
-        return
     total = add(deltas[0], 0)  # as sum(): 0 + the first, then the others in order
     for d in deltas[1:]:
         add_(total, d)
-    ctx.broadcast[name] = {k: as_float32(v) for k, v in add(old, div(total, ctx.num_clients)).items()}
+    ctx.broadcast[name] = {k: v.to(torch.float32) for k, v in add(old, div(total, ctx.num_clients)).items()}
 
 
 @register_method("scaffold")
 class Scaffold(ServerOptMethod):
     extra_records = ("delta_c",)
-    device_arrays = True
 
     def __init__(self, local_iterations: str = "reference", **params) -> None:
         super().__init__(**params)
@@ -84,7 +79,7 @@ class Scaffold(ServerOptMethod):
         metrics = local_loop_metrics(ctx, StepHooks(perturb=self.perturbation(), correction=corr))
         ctx.state["c_i"], dc = updated_control(ctx, c, c_i, local_iterations(ctx, self.k_form))
         return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train,
-                            metrics=metrics, extras={"delta_c": sent_vectors(ctx, dc)})
+                            metrics=metrics, extras={"delta_c": sent_vectors(dc)})
 
     def aggregate(self, ctx: ServerContext):
         server_control_update(ctx)

@@ -21,9 +21,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
-from fedmedbench.fl.arrays import load_arrays, weighted_average
+from fedmedbench.fl.arrays import load_arrays, moved, weighted_average
 from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.tasks.detection.ap import AP_RULES
 from fedmedbench.fl.tasks.detection.components import SPLITS, aggregated_keys, parse_strategy
@@ -52,14 +53,19 @@ def fedavg_weights(num_examples: list[int], weighting: str) -> list[float]:
 
 
 def median_arrays(arrays: list[Arrays]) -> Arrays:
-    """Coordinate-wise median per key (Flower's FedMedian), cast back to each key's dtype."""
+    """Coordinate-wise median per key (Flower's FedMedian: NumPy's median, on the host), cast back to each
+    key's dtype."""
     if not arrays:
         raise ValueError("nothing to aggregate: no client results")
-    return {k: np.median(np.stack([a[k] for a in arrays]), axis=0).astype(arrays[0][k].dtype) for k in arrays[0]}
+    out = {}
+    for k in arrays[0]:
+        stacked = np.stack([a[k].detach().cpu().numpy() for a in arrays])
+        out[k] = torch.from_numpy(np.asarray(np.median(stacked, axis=0)).astype(stacked.dtype))
+    return out
 
 
 def bytes_of(arrays: Arrays) -> int:
-    return int(sum(np.asarray(a).nbytes for a in arrays.values()))
+    return int(sum(a.numel() * a.element_size() for a in arrays.values()))
 
 
 @register_method("ultraflwr")
@@ -120,7 +126,7 @@ class UltraFlwr(Method):
             return  # first training: the server's model
         shared = set(self.shared_keys(ctx.model))
         keys = list(own) if everything else [k for k in own if k not in shared]
-        load_arrays(ctx.model, {k: own[k].numpy() for k in keys}, keys)
+        load_arrays(ctx.model, {k: own[k] for k in keys}, keys)
 
     def _own_head_init(self, ctx: ClientContext) -> list[str]:
         """A client's first training with ``head_init: client``: the tensors the start weights did not supply
@@ -146,9 +152,9 @@ class UltraFlwr(Method):
                              assigner=self.assigner, hsv=self.hsv, read_ahead=data.read_ahead, ap=self.ap)
         ctx.state["model"] = outcome.state
         keys = self.reply_keys(ctx.model, ctx.rnd, ctx.train)["arrays"]
-        arrays = {k: outcome.state[k].numpy().copy() for k in keys}
+        arrays = {k: outcome.state[k].detach().to("cpu", copy=True) for k in keys}
         metrics = {"train_loss": outcome.train_loss, "bytes_sent": float(bytes_of(arrays)),
-                   "elements_sent": float(sum(a.size for a in arrays.values())),
+                   "elements_sent": float(sum(a.numel() for a in arrays.values())),
                    "selected_epoch": float(outcome.selected_epoch), "selected_val_map50": outcome.selected_val_map50}
         return ClientResult(arrays=arrays, num_examples=data.num_train, metrics=metrics)
 
@@ -171,4 +177,4 @@ class UltraFlwr(Method):
             new = median_arrays(sent)
         else:
             new = weighted_average(sent, fedavg_weights([r.num_examples for r in ctx.results], self.weighting))
-        return {**ctx.global_arrays, **new}
+        return {**moved(ctx.global_arrays, "cpu"), **new}  # the clients' arrays are CPU tensors: all on the host

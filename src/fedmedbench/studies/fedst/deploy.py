@@ -8,11 +8,10 @@ import math
 import time
 from typing import Any
 
-import numpy as np
 import torch
 
 
-def deployed_model(spec, method, final_arrays: dict[str, np.ndarray], sizes: list[int]) -> torch.nn.Module:
+def deployed_model(spec, method, final_arrays: dict[str, torch.Tensor], sizes: list[int]) -> torch.nn.Module:
     """The model used on unseen sites: shared arrays + the size-weighted average of the sites'
     personal parameters (FedST Sec. IV-B2: "we aggregate the parameters of personalized
     models on the server via weighted averaging"). This is the only point where personal
@@ -30,7 +29,7 @@ def deployed_model(spec, method, final_arrays: dict[str, np.ndarray], sizes: lis
         if any(s is None for s in states):
             missing = [i for i, s in enumerate(states) if s is None]
             raise RuntimeError(f"{spec.run_dir}: no final personal state for client(s) {missing}")
-        arrays = [{k: v.numpy() for k, v in s.items() if k != "cs.indicator"} for s in states]
+        arrays = [{k: v for k, v in s.items() if k != "cs.indicator"} for s in states]
         if arrays[0]:
             load_arrays(model, weighted_average(arrays, [float(n) for n in sizes]), list(arrays[0]))
     return model

@@ -442,7 +442,7 @@ def latent_features(spec_dict: dict, samples_per_client: int, generator_samples:
     stored_global = clients.pop("global", None)
     if stored_global is None:
         stored_global = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
-    global_arrays = {k: v.numpy() for k, v in stored_global.items()}
+    global_arrays = dict(stored_global)
     method = get_method(spec.method, spec.method_params)
     data = FederatedData(spec.partition_path, spec.sources)
     cpu = torch.device("cpu")
@@ -460,7 +460,7 @@ def latent_features(spec_dict: dict, samples_per_client: int, generator_samples:
             c = data.client(int(pid))
             idx = torch.as_tensor(heldout_indices(len(c.test_y), samples_per_client, seed, int(pid)))
             x, y = c.test_x[idx], c.test_y[idx]
-            local = model_with({**global_arrays, **{k: v.numpy() for k, v in clients[pid].items()}})
+            local = model_with({**global_arrays, **clients[pid]})
             feats.append(local.embed(to_float(x, cpu)).numpy())
             labels.append(y.numpy())
             groups += [f"client {pid}"] * len(y)
