@@ -227,8 +227,10 @@ def test_workflow_plans_without_torch():
 #: a place asking whether a value is a tensor or a NumPy array (``torch.is_tensor``, ``isinstance(..., torch.Tensor)``,
 #: ``isinstance(..., np.ndarray)``)
 ARRAY_KIND_CHECK = re.compile(r"\bis_tensor\w*\(|\bisinstance\(.*?\b(?:torch\.Tensor|np\.ndarray|numpy\.ndarray)\b")
-#: where ``fl/`` may ask it: at the message boundary and where checkpoint files walk a state's nested values
-ARRAY_KIND_BOUNDARY = {"fl/engine.py", "fl/inline_grid.py", "fl/checkpoint.py", "fl/state_file.py", "fl/client_state.py"}
+#: where ``fl/`` may ask it: at the message boundary, where checkpoint files walk a state's nested values, and
+#: where Ultralytics' label caches are written as files without pickle (their values are NumPy, not model arrays)
+ARRAY_KIND_BOUNDARY = {"fl/engine.py", "fl/inline_grid.py", "fl/checkpoint.py", "fl/state_file.py", "fl/client_state.py",
+                       "fl/tasks/detection/label_cache.py"}
 MAX_ARRAY_KIND_CHECKS = 6
 
 

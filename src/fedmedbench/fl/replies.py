@@ -19,7 +19,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
 #: the most training examples a client may report where the server does not know its size
@@ -34,27 +33,18 @@ class NonFiniteModelError(RuntimeError):
     """The aggregated global model holds NaN or inf (names the round and the clients to blame)."""
 
 
-def layout(value: Any) -> tuple[tuple[int, ...], str]:
-    """(shape, dtype name) of a NumPy array or torch tensor; dtype names as NumPy spells them."""
-    if isinstance(value, torch.Tensor):
-        return tuple(value.shape), str(value.dtype).removeprefix("torch.")
-    value = np.asarray(value)
-    return tuple(value.shape), str(value.dtype)
+def layout(value: torch.Tensor) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype name) of a tensor; dtype names as NumPy spells them (``float32``, ``int64``)."""
+    return tuple(value.shape), str(value.dtype).removeprefix("torch.")
 
 
-def all_finite(values: Mapping[str, Any]) -> str | None:
-    """The first key whose value holds NaN or inf (None when all are finite): tensors are reduced on their
-    device, one host read for the lot; integer and boolean entries are finite by type."""
-    tensors = {k: v for k, v in values.items() if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())}
+def all_finite(values: Mapping[str, torch.Tensor]) -> str | None:
+    """The first key whose tensor holds NaN or inf (None when all are finite): reduced on their device, one
+    host read for the lot; integer and boolean entries are finite by type."""
+    tensors = {k: v for k, v in values.items() if v.is_floating_point() or v.is_complex()}
     if tensors and not bool(torch.stack([v.detach().isfinite().all().to(next(iter(tensors.values())).device)
                                          for v in tensors.values()]).all()):
         return next(k for k, v in tensors.items() if not bool(v.detach().isfinite().all()))
-    for k, v in values.items():
-        if isinstance(v, torch.Tensor):
-            continue
-        a = np.asarray(v)
-        if a.dtype.kind in "fc" and not np.isfinite(a).all():
-            return k
     return None
 
 
@@ -98,7 +88,7 @@ class ReplyCheck:
             self.check_record(pid, name, values, required=False)
 
     def check_examples(self, pid: int, n: Any) -> None:
-        if isinstance(n, bool) or not isinstance(n, int | float | np.integer | np.floating):
+        if isinstance(n, bool) or not isinstance(n, int | float):
             raise self.refuse(pid, f"num-examples = {n!r} is not a number")
         if not math.isfinite(float(n)) or not float(n).is_integer():
             raise self.refuse(pid, f"num-examples = {n} is not a whole number")

@@ -62,6 +62,15 @@ def read_tensors(path: str | Path, what: str = "weights") -> Any:
         raise WeightsError(f"{path}: not a readable PyTorch weights file ({what}): {str(exc).splitlines()[0]}") from exc
 
 
+
+def read_state_dict(path: str | Path, what: str = "weights") -> dict[str, torch.Tensor]:
+    """A state_dict read as :func:`read_tensors` reads it; anything but a mapping of names to tensors is
+    refused naming the file (a list, a nested checkpoint or a bare tensor is no plain weights file)."""
+    state = read_tensors(path, what)
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise WeightsError(f"{path}: not a plain weights file ({what}: a state_dict of tensors)")
+    return state
+
 def _refusal_detail(exc: Exception) -> str:
     """What torch found in the pickle (its "unsupported GLOBAL" line), without torch's advice to load the
     file with ``weights_only=False``, which would run that code."""

@@ -27,7 +27,7 @@ import torch
 from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
 from fedmedbench.fl.arrays import load_arrays, model_arrays, weighted_average
 from fedmedbench.fl.methods._shared import check_params
-from fedmedbench.weights.safeload import read_tensors
+from fedmedbench.weights.safeload import read_state_dict
 
 #: parameter groups a method can keep on its sites (regular expressions on state_dict keys)
 PERSONAL_GROUPS: dict[str, str] = {
@@ -93,9 +93,8 @@ def load_matching(model: torch.nn.Module, path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: pre-trained model not found (fedst pretrain)")
-    state = read_tensors(path, "FedST pre-training weights")  # a crafted pickle is refused naming the file
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{path}: not a plain weights file (a state_dict of tensors from fedst pretrain)")
+    # a crafted pickle, or anything but a state_dict of tensors, is refused naming the file
+    state = read_state_dict(path, "FedST pre-training weights")
     own = model.state_dict()
     take = {k: v for k, v in state.items() if k in own and tuple(v.shape) == tuple(own[k].shape) and k != "cs.indicator"}
     if not take:
