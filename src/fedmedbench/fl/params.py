@@ -99,8 +99,10 @@ def resolve(method: str, declared: Mapping[str, Param], given: Mapping[str, Any]
 
 def json_schema(declared: Mapping[str, Param]) -> dict[str, Any]:
     """The schema block of one method's ``method_params`` (no defaults: those are the declarations')."""
-    return {"type": "object", "additionalProperties": False,
-            "properties": {name: _param_schema(p) for name, p in declared.items()}}
+    out: dict[str, Any] = {"type": "object", "additionalProperties": False}
+    if declared:
+        out["properties"] = {name: _param_schema(p) for name, p in declared.items()}
+    return out
 
 
 def _param_schema(p: Param) -> dict[str, Any]:
