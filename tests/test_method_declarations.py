@@ -22,10 +22,11 @@ import pytest
 import yaml
 
 from fedmedbench.fl import method_params as MP
-from fedmedbench.fl.method_source import builtin_sources
+from fedmedbench.fl.method_source import METHODS_PACKAGE, builtin_sources
 from fedmedbench.fl.params import Param
 from fedmedbench.fl.registry import (
     METHODS,
+    USER_MODULE_PREFIX,
     DuplicateMethodError,
     available_methods,
     get_method,
@@ -36,6 +37,17 @@ from fedmedbench.fl.spec import RunSpec
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())
 FEDNOVA = ROOT / "examples" / "methods" / "fednova.py"
+
+
+@pytest.fixture(autouse=True)
+def restore_registry():
+    """Methods these tests register (user files, an entry point) leave the registry as it was."""
+    saved = set(METHODS)
+    yield
+    for name in [n for n, cls in METHODS.items() if n not in saved and not cls.__module__.startswith(METHODS_PACKAGE)]:
+        del METHODS[name]  # built-in modules stay imported, so they stay registered
+    for module in [m for m in sys.modules if m.startswith(USER_MODULE_PREFIX)]:
+        del sys.modules[module]
 
 
 def by_task(task: str) -> list[str]:
@@ -133,6 +145,21 @@ def test_a_user_methods_parameters_come_from_its_file(tmp_path):
     schema = yaml.safe_load(Path(MP.schema_for(cfg, ROOT / "config" / "schema.yaml", MP.sources(cfg), tmp_path)).read_text())
     assert "mine_k" in schema["definitions"]["method_name"]["enum"]
     assert schema["definitions"]["study"]["properties"]["method_params"]["properties"]["mine_k"]["properties"]["k"]["minimum"] == 1
+
+
+def test_an_installed_package_registers_methods_through_its_entry_point(tmp_path, monkeypatch):
+    """A real distribution on sys.path (its dist-info with entry_points.txt), found by importlib.metadata."""
+    from fedmedbench.fl.method_source import entry_point_sources
+
+    user_file(tmp_path, "ep_method")
+    dist = tmp_path / "ep_pkg-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-pkg\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[fedmedbench.methods]\nep_method = ep_method\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert entry_point_sources()["ep_method"].params()["k"].default == 2
+    assert "ep_method" in MP.sources({})
+    assert get_method("ep_method", {"k": 5}).p == {"k": 5}
 
 
 def test_built_in_run_hashes_are_unchanged_and_a_user_files_content_is_hashed(tmp_path):
