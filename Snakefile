@@ -26,6 +26,7 @@ include: "rules/weights.smk"
 include: "rules/data.smk"
 include: "rules/partition.smk"
 include: "rules/train.smk"
+include: "rules/shared_runs.smk"
 include: "rules/report.smk"
 include: "rules/surgical.smk"
 include: "rules/report_earlystop.smk"
@@ -41,6 +42,7 @@ localrules:
     all,
     aggregate_results,
     plot_study,
+    show_shared_run,
     earlystop_stopping_points,
     earlystop_table1,
     earlystop_table2,

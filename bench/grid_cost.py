@@ -81,9 +81,9 @@ def _validate_with_defaults(config: dict, schema: dict) -> None:
 
 
 def grid_jobs(config: dict, study: str) -> list[dict]:
-    """Every training job of the study (as rules/common.smk's ``runs``), with its round budget."""
+    """Every training job of the study (a run shown in several settings trains once), with its round budget."""
     st = config["studies"][study]
-    return [{**r, "rounds": int(grid.run_train(st, r["setting"], r["method"])["rounds"])} for r in grid.runs(st)]
+    return [{**r, "rounds": int(grid.run_train(st, r["setting"], r["method"])["rounds"])} for r in grid.trained_runs(st)]
 
 
 def make_data(workdir: Path, config: dict, study: str, setting: str, dataset: str) -> tuple[Path, dict[str, str]]:

@@ -7,11 +7,13 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
+import fedmedbench.data.medmnist as MEDMNIST
+import fedmedbench.data.synthetic as SYNTHETIC
 import fedmedbench.data.user as USER
 import fedmedbench.studies.grid as GRID
 import fedmedbench.partition as PARTITION
 import fedmedbench.partition_replay as REPLAY
-from fedmedbench.configcheck import coerce_numbers, config_error, ignored_settings
+from fedmedbench.configcheck import coerce_numbers, config_error, ignored_settings, refuse_non_finite
 from fedmedbench.data.medmnist import SIZES
 from fedmedbench.data.medmnist import SUPPORTED_FLAGS as OFFICIAL_FLAGS
 from fedmedbench.report.html import table_caption
@@ -26,6 +28,8 @@ SCHEMA = method_params.schema_for(config, Path(workflow.basedir) / "config" / "s
                                   Path(".snakemake") / "fedmedbench")
 # YAML 1.1 reads 5e-2 as text: numbers where the schema asks for one
 coerce_numbers(config, SCHEMA)
+# .nan and .inf pass every range check of the schema
+refuse_non_finite(config)
 method_params.check(config, METHOD_SOURCES)  # names and parameters against the methods' declarations, by key
 validate(config, SCHEMA)
 for _warning in ignored_settings(config):
@@ -101,6 +105,31 @@ def _check_config():
 _check_config()
 
 
+def known_split_counts(dataset):
+    """Samples per split where planning knows them (official and synthetic files); None for a user dataset."""
+    if dataset in USER_DATASETS:
+        return None
+    if ORIGIN == "synthetic":
+        syn = synthetic_settings(dataset)
+        return SYNTHETIC.default_counts(dataset, {s: syn[f"max_{s}"] for s in ("train", "val", "test")})
+    return dict(MEDMNIST.dataset_info(dataset).n_samples)
+
+
+def _warn_holdout_shortfall():
+    """More clients than validation or test samples: some clients would have no local score (a warning)."""
+    for sname, study in config["studies"].items():
+        for setname, setting in study["settings"].items():
+            if setting["scheme"] == "center":
+                continue
+            for ds in setting.get("datasets") or study["datasets"]:
+                counts = known_split_counts(ds)
+                short = PARTITION.holdout_shortfall(setting["num_clients"], counts) if counts else []
+                if short:
+                    print(f"config warning: studies.{sname}.settings.{setname}.num_clients = {setting['num_clients']} "
+                          f"but {ds} has {' and '.join(short)}: some clients get no validation/test data, have no "
+                          "local score, and local_mean_* averages the others", file=sys.stderr)
+
+
 def study_size(study):
     return config["studies"][study]["size"]
 
@@ -110,9 +139,15 @@ def user_dataset(wildcards):
     return USER_DATASETS.get(wildcards.dataset)
 
 
-def user_dataset_file(wildcards):
-    """The user's npz file that the job imports (its registry entry's path at the job's size)."""
-    return str(USER.user_file(USER_DATASETS[wildcards.dataset], int(wildcards.size)))
+def user_source_file(wildcards):
+    return str(USER.existing_source(wildcards.dataset, USER_DATASETS[wildcards.dataset], int(wildcards.size)))
+
+
+def user_source(wildcards):
+    """The source's resolved path and SHA-256: a moved or changed source is imported again, a missing one
+    stops planning naming it (mtime alone misses a file replaced by an older one)."""
+    return USER.source_fingerprint(wildcards.dataset, USER_DATASETS[wildcards.dataset], int(wildcards.size),
+                                   "resources/user")
 
 
 def dataset_origin(dataset, size):
@@ -131,10 +166,18 @@ def study_origin(study):
     return "; ".join(parts)
 
 
-def synthetic_params(wildcards):
-    """The generator's settings for the job's flag: data.synthetic with that flag's per_dataset overrides."""
+def synthetic_settings(dataset):
+    """The generator's settings for one flag: data.synthetic with that flag's per_dataset overrides."""
     syn = {k: v for k, v in config["data"]["synthetic"].items() if k != "per_dataset"}
-    return {**syn, **config["data"]["synthetic"]["per_dataset"].get(wildcards.dataset, {})}
+    return {**syn, **config["data"]["synthetic"]["per_dataset"].get(dataset, {})}
+
+
+def synthetic_params(wildcards):
+    """The generator's settings for the job's flag."""
+    return synthetic_settings(wildcards.dataset)
+
+
+_warn_holdout_shortfall()
 
 
 def base_npz(dataset, size):

@@ -22,13 +22,15 @@ rule download_medmnist:
         "../scripts/download_medmnist.py"
 
 
+# The imported copy is tied to its source by `source` (path and content hash).
 rule import_user_dataset:
     input:
-        user_dataset_file,
+        user_source_file,
     output:
         "resources/user/{dataset}_{size}.npz",
     params:
         entry=user_dataset,
+        source=user_source,
     log:
         "logs/import_user_dataset/{dataset}_{size}.log",
     benchmark:

@@ -20,6 +20,11 @@ def gpaf_dataset_summaries(wildcards):
     return [f"{run_dir(r)}/summary.json" for r in runs(wildcards.study) if r["dataset"] == wildcards.dataset]
 
 
+def gpaf_dataset_metrics(wildcards):
+    """Per-round metrics of the dataset's runs: Table 1's best-validation round (report.gpaf.table_eval)."""
+    return [f"{run_dir(r)}/metrics.csv" for r in runs(wildcards.study) if r["dataset"] == wildcards.dataset]
+
+
 def gpaf_domain_files(wildcards):
     """The npz file of each domain of the job's setting (Fig. 2 reads their images)."""
     return list(domain_sources(wildcards.study, wildcards.dataset, wildcards.setting).values())

@@ -8,6 +8,7 @@ include: "gpaf_common.smk"
 rule gpaf_table1:
     input:
         summaries=gpaf_dataset_summaries,
+        metrics=gpaf_dataset_metrics,
         paper=of_study(paper_values_input),
     output:
         csv=f"results/{{study}}/tables/table1_{{dataset}}{TAG}.csv",

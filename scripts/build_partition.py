@@ -18,3 +18,5 @@ with log_to(snakemake.log[0]) as log:
     io.write_csv(snakemake.output.stats, stats)
     io.save_figure(snakemake.output.heatmap, figures.partition_heatmap(stats, f"{w.dataset} {w.setting} seed {w.seed}"))
     log(f"{p.scheme} partition: train sizes {[len(c['train']) for c in doc['clients']]}")
+    if (warning := partition.holdout_warning(doc)) is not None:
+        log.console(f"warning: {w.dataset} {w.setting} seed {w.seed}: {warning}")

@@ -64,7 +64,7 @@ def study_cfg(**over):
         "sites": ["A", "B"], "outfed_site": "E", "unseen_site": "E", "server_site": "sim", "seeds": [0],
         "methods": list(FS.METHODS), "variants": [],
         "model": {"encoder": "pvt_v2_b0", "window": 2, "pools": [2, 1, 1, 1], "fields": [4, 3, 2, 2], "heads": 1,
-                  "indicator_dim": 8, "decoder_dim": 16, "decoder_heads": 1},
+                  "indicator_dim": 8, "decoder": "light", "temporal_at": "encoder", "decoder_dim": 16, "decoder_heads": 1},
         "indicator": {"kind": "onehot", "clip_weights": None, "clip_model": "ViT-B-32", "sigma": 0.1},
         "train": {"rounds": 2, "local_epochs": 0.5, "batch_size": 2, "lr": 1e-3, "optimizer": "adamw", "aggregation": "uniform"},
         "loss": {"dice_weight": 0.3, "augment": True, "rotate_deg": 15, "scale": 0.1},
@@ -108,6 +108,24 @@ def test_clips_carry_exactly_their_configured_frames(clips):
         assert torch.equal(x[0, t], torch.from_numpy(np.asarray(Image.open(p).convert("RGB"))).permute(2, 0, 1))
     with pytest.raises(ValueError, match="configured for 3"):
         load_clipset(clips, "A", "train", 3)
+
+
+def test_fedst_on_feddps_network_shares_all_but_queries_rsc_and_selection_and_repeats_bit_for_bit(clips, tmp_path):
+    """The default network (FPN decoder, RSC on its 1/8 map): what FedST sends, and two runs of
+    the same spec give the same bits (the decoder's dropout draws from the site's generator)."""
+    cfg = study_cfg(model={**study_cfg()["model"], "decoder": "fpn", "temporal_at": "decoder", "heads": 2})
+    spec = make_spec(clips, tmp_path, "fedst", "abl_ts_cs", cfg)
+    method = get_method(spec.method, spec.method_params)
+    model = fed.new_model(spec)
+    params = {n for n, _ in model.named_parameters()}
+    kept = {n for n in params if n.startswith(("rsc.", "cs.")) or (n.startswith("encoder.") and ".attn.q." in n)}
+    assert model.rsc.dim == 128 and {"decoder.p5.weight", "decoder.head.weight"} <= params
+    assert set(method.shared_keys(model)) == params - kept  # GroupNorm / LayerNorm: no buffers
+    runs = []
+    for i in range(2):
+        spec_i = make_spec(clips, tmp_path / f"run{i}", "fedst", "abl_ts_cs", cfg)
+        runs.append(fed.Federation(spec_i, log=lambda m: None).run(Recorder(spec_i)).arrays)
+    assert all(np.array_equal(runs[0][k], runs[1][k]) for k in runs[0])
 
 
 def test_fedst_keeps_query_embeddings_and_selection_on_site_and_averages_the_rest(clips, tmp_path):
@@ -613,7 +631,7 @@ def test_fedas_aligns_every_shared_layer_through_the_classifiers_input_from_roun
 
     def changed(params: dict) -> set[str]:
         torch.manual_seed(0)
-        net = build_fedst_net({"temporal": False, "selection": "none", "num_classes": 3, "decoder_dim": 8})
+        net = build_fedst_net({"temporal": False, "selection": "none", "num_classes": 3, "decoder": "light", "decoder_dim": 8})
         before = {n: p.detach().clone() for n, p in net.named_parameters()}
         data = _Batches(xs, ys)
         ctx = SimpleNamespace(data=SimpleNamespace(train=data, indicator=torch.zeros(512)), state={},
@@ -695,7 +713,7 @@ def test_serq_moving_average_and_which_model_each_step_trains(clips):
     from fedmedbench.fl.tasks.segmentation import load_clipset
     from fedmedbench.models.fedst import build_fedst_net
 
-    tiny = {"window": 2, "pools": [2, 1, 1, 1], "fields": [4, 3, 2, 2], "indicator_dim": 8, "decoder_dim": 16}
+    tiny = {"window": 2, "pools": [2, 1, 1, 1], "fields": [4, 3, 2, 2], "indicator_dim": 8, "decoder": "light", "temporal_at": "encoder", "decoder_dim": 16}
 
     def new_model():
         torch.manual_seed(0)
@@ -740,7 +758,7 @@ def _tiny_server(clips, **over):
 
     def new_model():
         torch.manual_seed(0)
-        return build_fedst_net({"window": 2, "pools": [2, 1, 1, 1], "fields": [4, 3, 2, 2], "indicator_dim": 8, "decoder_dim": 16})
+        return build_fedst_net({"window": 2, "pools": [2, 1, 1, 1], "fields": [4, 3, 2, 2], "indicator_dim": 8, "decoder": "light", "temporal_at": "encoder", "decoder_dim": 16})
 
     cfg = {**SERQ_DEFAULTS, "clips_root": str(clips), "site": "sim", "num_frames": 4, "steps": 2, "probe": 2,
            "indicator": {"kind": "onehot", "dim": 8}, "loss": {"dice_weight": 0.3}, "input_size": [32, 32], **over}
@@ -942,3 +960,41 @@ def test_clip_loading_bench_reshuffles_past_the_clips_and_names_a_site_without_t
         clip_loading.time_site(clips, "Z", 1, 0, 0.0, (32, 32))
     with pytest.raises(SystemExit, match="site Z has 1 clips, fewer than a batch of 2"):
         clip_loading.time_server(clips, "Z", 1, 0, 0.0, (32, 32))
+
+
+def test_evaluation_at_native_units_or_native_resolution_on_request(clips):
+    """The 64x64 synthetic frames scored at 32x32: ``resolution: native_units`` doubles every HD95 / ASSD
+    (spacing 2 on both axes), overlaps unchanged; ``native`` scores each prediction upsampled (bilinear
+    logits) to 64x64 against the mask file; ``assd: medpy_0_4`` changes ASSD only."""
+    from PIL import Image
+
+    from fedmedbench.fl.tasks.segmentation import evaluate_clips, load_clipset
+    from fedmedbench.models.fedst import build_fedst_net
+    from fedmedbench.segmetrics import SegmentationMeter
+
+    torch.manual_seed(0)
+    net = build_fedst_net({"temporal": False, "selection": "none", "num_classes": 4}).eval()
+    data = load_clipset(clips, "A", "test", 4, (32, 32))
+    classes = {1: "shaft", 2: "wrist", 3: "jaws"}
+    cpu = torch.device("cpu")
+    base = evaluate_clips(net, data, classes, cpu, 4)
+    units = evaluate_clips(net, data, classes, cpu, 4, resolution="native_units")
+    old = evaluate_clips(net, data, classes, cpu, 4, assd="medpy_0_4")
+    for k, v in base.items():
+        m = k.split("_")[0]
+        assert units[k] == pytest.approx(2 * v if m in ("hd95", "assd") else v, rel=1e-12), k
+        if m != "assd":
+            assert old[k] == v, k
+    meter = SegmentationMeter(classes)
+    with torch.no_grad():
+        for i in range(len(data)):
+            gt = np.asarray(Image.open(data.mask_paths[i]))
+            assert gt.shape == (64, 64)
+            logits = net(data.batch([i])[0])
+            up = torch.nn.functional.interpolate(logits, size=(64, 64), mode="bilinear", align_corners=False)
+            meter.add(up.argmax(dim=1)[0].numpy(), gt)
+    want = {k.removeprefix("mean_"): v for k, v in meter.result().items()}
+    with torch.no_grad():
+        assert evaluate_clips(net, data, classes, cpu, 4, resolution="native") == pytest.approx(want, rel=1e-12)
+    with pytest.raises(ValueError, match="eval.resolution"):
+        evaluate_clips(net, data, classes, cpu, 4, resolution="mm")

@@ -113,6 +113,7 @@ def test_runtime_settings_rerun_nothing_and_a_deleted_run_is_redone(pipeline):
     cfg["threads"] = {"train": 2}
     cfg["studies"]["micro"]["log_every"] = 5
     cfg["keep_checkpoints"] = True
+    cfg["tracking"] = {"tensorboard": True, "mlflow": True}  # reads metrics only
     (pipeline / "runtime.yaml").write_text(yaml.safe_dump(cfg))
     proc = snakemake(pipeline, "-n", "--configfile", "runtime.yaml")
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]

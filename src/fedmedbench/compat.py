@@ -23,6 +23,10 @@ What it does, and why:
 * medmnistc's motion blur calls ``np.fromstring`` on binary data, which NumPy >= 2.3
   rejects. We give that one module a NumPy whose ``fromstring`` is ``frombuffer``.
   (medmnistc also needs ImageMagick's MagickWand shared library: see README.)
+
+Two patches live beside what they serve, applied only while a detection job trains or validates:
+Ultralytics' network calls (``fl/tasks/detection/yolo.py``, ``ultralytics_offline``) and its pickled
+dataset caches (``fl/tasks/detection/label_cache.py``: written and read without pickle).
 """
 
 from __future__ import annotations

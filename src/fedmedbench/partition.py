@@ -524,3 +524,61 @@ def stats_frame(doc: dict, split_labels: dict[str, np.ndarray]):
             rows.append({"client": c["id"], "source": c["source"], "part": part, "n": int(counts.sum()),
                          **{f"class_{k}": int(v) for k, v in enumerate(counts)}})
     return pd.DataFrame(rows)
+
+
+def check_partition(doc: dict, pool_sizes: dict[str, int], path: str) -> None:
+    """A partition read back (perhaps edited by hand) before training: every index is a whole number inside
+    its source's pool (a negative one would silently count from the end), and no sample a client trains on is
+    also a validation or test sample of the same source. ``pool_sizes``: source name -> pool length."""
+    held: dict[str, dict[int, str]] = {}  # source -> index -> where it is held out
+    parts = [(f"client {c.get('id', i)}", c["source"], part, c[part])
+             for i, c in enumerate(doc["clients"]) for part in ("train", "val", "test")]
+    parts += [("global test set", g["source"], "idx", g["idx"]) for g in doc["global_test"]]
+    arrays = {}
+    for who, source, part, idx in parts:
+        if source not in pool_sizes:
+            continue  # a source the caller does not load is checked where it is loaded
+        arr = np.asarray(idx)
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise PartitionError(f"{path}: {who} {part} list holds non-integer entries (e.g. {idx[0]!r})")
+        arr = arr.astype(np.int64, copy=False)
+        n = pool_sizes[source]
+        bad = arr[(arr < 0) | (arr >= n)]
+        if bad.size:
+            raise PartitionError(f"{path}: {who} {part} index {int(bad[0])} is outside the pool of source '{source}' "
+                                 f"(0..{n - 1}); the partition does not belong to this dataset or was edited")
+        arrays[(who, source, part)] = arr
+        if part != "train":
+            for i in arr.tolist():
+                held.setdefault(source, {}).setdefault(i, f"{who} {part}")
+    for (who, source, part), arr in arrays.items():
+        if part != "train" or source not in held:
+            continue
+        for i in arr.tolist():
+            if i in held[source]:
+                raise PartitionError(f"{path}: {who} trains on sample {i} of source '{source}', which is also in "
+                                     f"{held[source][i]} list: training data must not be held-out data")
+
+
+HOLDOUT_PARTS = ("val", "test")
+
+
+def holdout_shortfall(num_clients: int, counts: dict[str, int]) -> list[str]:
+    """The held-out splits (val, test) with fewer samples than clients: some clients get none of them, so they
+    have no local score and ``local_mean_*`` averages the others. Empty when every client can get one."""
+    return [f"{part} ({counts[part]} samples)" for part in HOLDOUT_PARTS if counts.get(part, num_clients) < num_clients]
+
+
+def clients_without_holdout(doc: dict) -> dict[str, list[int]]:
+    """Per held-out split, the clients of a partition document that got no sample of it."""
+    return {part: [i for i, c in enumerate(doc["clients"]) if len(c[part]) == 0] for part in HOLDOUT_PARTS}
+
+
+def holdout_warning(doc: dict) -> str | None:
+    """One line naming the clients without validation or test data (None when every client has both)."""
+    empty = {part: ids for part, ids in clients_without_holdout(doc).items() if ids}
+    if not empty:
+        return None
+    said = "; ".join(f"client(s) {ids} have no {part} data" for part, ids in empty.items())
+    return (f"{said}: they get no local score, and local_mean_*/local_std_* average the other clients "
+            "(summary.json lists them under clients_without_local_scores); use fewer clients to give each some")

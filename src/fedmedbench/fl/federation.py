@@ -31,6 +31,7 @@ from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.stopping import DataFreeMonitor
 from fedmedbench.fl.tasks.base import get_task_class, task_for  # noqa: F401  (task_for: imported from here elsewhere)
+from fedmedbench.fl.tracking import for_run as tracker_for_run
 from fedmedbench.fl.training import steps_for_epochs
 from fedmedbench.io import read_json
 
@@ -168,6 +169,34 @@ class InProcessTransport:
         return {p: client_evaluate(self.job, p, rnd, arrays) for p in pids}
 
 
+
+def clients_without_holdout(partition_path: str | None) -> dict[str, list[int]]:
+    """``clients_without_val_data`` / ``clients_without_test_data`` of a MedMNIST partition (none for other tasks)."""
+    if not partition_path or not Path(partition_path).is_file() or Path(partition_path).suffix != ".json":
+        return {}
+    from fedmedbench.fl.data import load_partition
+    from fedmedbench.partition import clients_without_holdout as empty_parts
+
+    doc = load_partition(str(partition_path))
+    if not all(isinstance(c, dict) and "val" in c and "test" in c for c in doc.get("clients", [])):
+        return {}
+    return {f"clients_without_{part}_data": ids for part, ids in empty_parts(doc).items()}
+
+
+def unscored_clients(client_rows: list[dict], metric: str) -> list[int]:
+    """Clients with no local score in the last evaluated round (no test data of their own): ``local_mean_*``
+    averages the others, and summary.json names them."""
+    if not client_rows:
+        return []
+    last = max(r["round"] for r in client_rows)
+    def scored(value) -> bool:
+        return isinstance(value, int | float) and math.isfinite(value)
+
+    final = [r for r in client_rows if r["round"] == last]
+    if not any(f"local_{metric}" in r for r in final):  # a task that scores no client locally
+        return []
+    return sorted(int(r["client"]) for r in final if not scored(r.get(f"local_{metric}")))
+
 class Federation:
     """Server-side state and logic of one run."""
 
@@ -207,6 +236,7 @@ class Federation:
         self.stop_mode = es["mode"]
         self.monitor = DataFreeMonitor(float(es["tau"]), int(es["patience"]), es.get("counting", "reference"))
         self._t0 = time.monotonic()
+        self.tracker = tracker_for_run(spec, self.run_hash, self.train, log)  # metrics out; never changes results
 
     # -- state ------------------------------------------------------------------
     def initial_state(self) -> checkpoint.RunState:
@@ -219,7 +249,11 @@ class Federation:
             return resumed
         stale = checkpoint.checkpoint_dir(self.spec.run_dir)
         if stale.exists():
-            self.log(f"ignoring checkpoint in {stale}: written under other settings")
+            if (stale / "server.pt").is_file():
+                self.log(f"ignoring checkpoint in {stale}: written under other settings")
+            else:  # a run stopped before its first round was checkpointed: nothing of it to resume
+                self.log(f"no checkpoint in {stale} (the run stopped before its first round was saved): "
+                         "starting at round 1")
             shutil.rmtree(stale)
         seed_everything(self.spec.seed)
         model = self.job.new_model()
@@ -322,6 +356,7 @@ class Federation:
         checkpoint.save(self.spec.run_dir, new_state, self.run_hash, self._writer, then=lambda: self.store.prune(rnd),
                         store=self.store, rows_log=self.rows_log)
         self._progress(row)
+        self.tracker.round(row, client_rows, results)
         return new_state
 
     def _theta0(self, state: checkpoint.RunState) -> Arrays:
@@ -342,6 +377,7 @@ class Federation:
             state = self._rounds(transport)
         except BaseException:
             self.store.stop_reading()
+            self.tracker.close(ok=False)
             try:
                 self._writer.close()
             except Exception:  # noqa: BLE001 - the round's own error is the one to report
@@ -349,6 +385,7 @@ class Federation:
             raise
         self.store.stop_reading()
         self._writer.close()
+        self.tracker.close()
         return state
 
     def _rounds(self, transport: Transport) -> checkpoint.RunState:
@@ -431,6 +468,8 @@ class Federation:
             "client_models_round": self.keep_round if self.spec.save_client_models else None,
             "final": {k: v for k, v in last.items() if k not in ("round", "clients")},
         }
+        summary["clients_without_local_scores"] = unscored_clients(state.client_rows, self.task.primary_metric)
+        summary.update(clients_without_holdout(self.spec.partition_path))
         primary = f"global_{self.task.primary_metric}"
         if primary in metrics and metrics[primary].notna().any():
             best = metrics.loc[metrics[primary].idxmax()]

@@ -14,11 +14,11 @@ from typing import Any
 
 #: fields that do not change the numbers a run produces
 _NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device",
-               "device_arrays", "deterministic", "loader_workers", "image_cache", "method_file"}
+               "device_arrays", "deterministic", "loader_workers", "image_cache", "tracking", "method_file"}
 #: fields a job's script sets from its Snakemake job and the config, never from ``params:``: they change
 #: how a run executes, not its numbers, so changing them reruns no finished job
 RUNTIME_FIELDS = ("threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device", "device_arrays",
-                  "deterministic", "loader_workers", "image_cache")
+                  "deterministic", "loader_workers", "image_cache", "tracking")
 RESUME_MODES = ("auto", "restart")
 #: the config's ``engine`` entries a spec takes: how a job runs, never what it computes
 ENGINE_OPTIONS = ("backend", "cache_on_device", "device_arrays", "deterministic", "loader_workers", "image_cache")
@@ -97,6 +97,8 @@ class RunSpec:
     keep_checkpoints: bool = False
     #: auto = resume from a matching checkpoint; restart = discard it and start at round 0
     resume: str = "auto"
+    #: the config's ``tracking`` block (fl/tracking.py: TensorBoard, MLflow, W&B); reads metrics only, not hashed
+    tracking: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:
@@ -141,7 +143,7 @@ def for_job(params_spec: dict[str, Any], threads: int, config: dict[str, Any], l
     """The RunSpec of a Snakemake job: result fields from ``params``, runtime fields from the job and config."""
     d = result_params(params_spec)
     d.update(threads=int(threads), keep_checkpoints=bool(config.get("keep_checkpoints", False)),
-             resume=config.get("resume", "auto"), **engine_options(config))
+             resume=config.get("resume", "auto"), tracking=dict(config.get("tracking") or {}), **engine_options(config))
     if log_every is not None:
         d["log_every"] = int(log_every)
     return RunSpec.from_dict(d)

@@ -27,6 +27,7 @@ import torch
 
 from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
 from fedmedbench.fl.arrays import load_arrays, model_arrays, weighted_average
+from fedmedbench.weights.safeload import read_tensors
 
 #: parameter groups a method can keep on its sites (regular expressions on state_dict keys)
 PERSONAL_GROUPS: dict[str, str] = {
@@ -92,7 +93,9 @@ def load_matching(model: torch.nn.Module, path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: pre-trained model not found (fedst pretrain)")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = read_tensors(path, "FedST pre-training weights")  # a crafted pickle is refused naming the file
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path}: not a plain weights file (a state_dict of tensors from fedst pretrain)")
     own = model.state_dict()
     take = {k: v for k, v in state.items() if k in own and tuple(v.shape) == tuple(own[k].shape) and k != "cs.indicator"}
     if not take:
@@ -150,6 +153,10 @@ class SegMethod(Method):
             load_arrays(model, {k: v.numpy() for k, v in ctx.state["personal"].items()}, list(ctx.state["personal"]))
         if hasattr(model, "set_indicator"):
             model.set_indicator(ctx.data.indicator)
+        if hasattr(model, "set_generator"):
+            from fedmedbench.models.fedst import dropout_generator
+
+            model.set_generator(dropout_generator(ctx.generator))
         return model
 
     def local_train(self, ctx: ClientContext, model: torch.nn.Module) -> float:

@@ -68,6 +68,13 @@ class FedDP(SegMethod):
               Param("igc_weight", float, 1.0, "weight of the guidance loss", low=0))
     extra_records = ("queries",)
 
+    def personal(self, model):
+        """The queries and every buffer: the reference averages ``named_parameters`` only
+        (``scripts/trainer_utils.py:149-166``), so normalisation statistics never leave a site."""
+        own = super().personal(model)
+        params = set(dict(model.named_parameters()))
+        return own + [k for k in model.state_dict() if k not in params and k not in own]
+
     def _first_calib_round(self, ctx) -> int | None:
         n = int(self.p["calib_rounds"])
         if self.p["igc"] != "finetune" or n <= 0:

@@ -52,6 +52,7 @@ from fedmedbench.fl.tasks.segmentation import (
     site_indicators,
 )
 from fedmedbench.fl.training import on_device
+from fedmedbench.models.fedst import dropout_generator
 
 SERQ_DEFAULTS: dict[str, Any] = {
     "enabled": True, "server": "serq", "steps": 100, "lr": 1e-4, "batch_size": 2, "lambda2": 0.3, "lambda3": 0.3, "mu": 0.5,
@@ -143,6 +144,7 @@ def _global_model(ctx, gamma: dict, cfg: dict[str, Any]):
         load_arrays(glob, {k: v.numpy() for k, v in ctx.state["serq_rho"].items()}, list(ctx.state["serq_rho"]))
     load_arrays(glob, gamma, list(gamma))
     glob.to(ctx.device).set_indicator(indicator)
+    glob.set_generator(dropout_generator(g))
     return data, glob, indicator, g
 
 
@@ -205,6 +207,7 @@ def serq_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
     if "serq_pre" in ctx.state:
         load_arrays(pre, {k: v.numpy() for k, v in ctx.state["serq_pre"].items()})
     pre.to(dev).set_indicator(indicator)
+    pre.set_generator(dropout_generator(torch.Generator().manual_seed(g.initial_seed() + 1)))
 
     probe_x, _ = data.batch(list(range(min(len(data), int(cfg["probe"])))))
     with torch.no_grad():

@@ -15,8 +15,10 @@ Server in round t (Alg. 1, lines 1-14):
 
 1. theta_E, theta_C = FedAvg of the clients' encoders and classifiers (Eq. 8); the global
    classifier F is initialised with the averaged theta_C.
-2. ``server_epochs`` (15) epochs of ``server_steps_per_epoch`` (5, FedGen's n_teacher_iters) steps,
-   Adam lr 1e-3 (moments kept across rounds, as FedGen's): labels y ~ Dir(alpha) with the
+2. ``server_epochs`` (15) epochs of ``server_steps_per_epoch`` (1) steps on batches of
+   ``server_batch_size`` ("client": the study's train.batch_size) generated samples, Adam lr 1e-3
+   created anew each round (the authors' loop; FedGen's 5 steps per epoch with moments kept across
+   rounds is ``server_steps_per_epoch: 5, server_optimizer: persist``): labels y ~ Dir(alpha) with the
    setting's alpha, z = mu(y) + sigma(y) * eps;
    D_n step on L_diver (Eq. 6); generator step on
    J = lambda_1 * L_s + lambda_2 * L_diver + lambda_kl * KL(G_w(z|y) || N(0, I))    (Eq. 7)
@@ -169,9 +171,10 @@ class GPAF(Method):
         Param("adv_start_round", int, 1, "first round of the adversarial term", low=1),
         # server (Eq. 3-8)
         Param("server_epochs", int, 15, "generator epochs per round", low=0),
-        Param("server_steps_per_epoch", int, 5, "generated batches per server epoch", low=1),
-        Param("server_batch_size", int, 32, "generated samples per server batch", low=1),
-        Param("server_optimizer", str, "persist", "G_w's optimizer kept across rounds or fresh", choices=("persist", "fresh")),
+        Param("server_steps_per_epoch", int, 1, "generated batches per server epoch", low=1),
+        Param("server_batch_size", int, "client", "generated samples per server batch; client = the study's train.batch_size",
+              low=1, also=("client",)),
+        Param("server_optimizer", str, "fresh", "G_w's optimizer kept across rounds or fresh", choices=("persist", "fresh")),
         Param("generator_lr", float, 1e-3, "Adam lr of G_w", low=0, low_open=True),
         Param("generator_lr_decay", float, 1.0, "per-round factor on generator_lr", low=0, low_open=True),
         Param("dn_lr", float, 1e-3, "Adam lr of D_n", low=0, low_open=True),
@@ -335,14 +338,19 @@ class GPAF(Method):
     def train_generator(self, gen: nn.Module, ensemble: list[nn.Module], global_clf: nn.Module, dn: nn.Module,
                         generator: torch.Generator, device: torch.device,
                         optimizers: tuple[torch.optim.Optimizer, torch.optim.Optimizer] | None = None,
-                        rnd: int = 1) -> list[dict[str, float]]:
+                        rnd: int = 1, batch_size: int | None = None) -> list[dict[str, float]]:
         """``server_epochs`` epochs of ``server_steps_per_epoch`` D_n and G_w updates each (Alg. 1 lines 4-12).
 
-        There is no server data, so an epoch is a number of generated batches: 5 by default, FedGen's
-        ``n_teacher_iters`` (its round trains ensemble_epochs // n_teacher_iters "epochs" of
+        There is no server data, so an epoch is a number of generated batches of ``batch_size`` (the
+        resolved ``server_batch_size``): 1 by default, as the authors' loop draws one batch per epoch;
+        FedGen's ``n_teacher_iters`` is 5 (its round trains ensemble_epochs // n_teacher_iters "epochs" of
         n_teacher_iters steps, serverpFedGen.py:97-99, 129, 171-173). One loss record per epoch.
         """
         p = self.p
+        if batch_size is None:
+            if p["server_batch_size"] == "client":
+                raise ValueError("method_params.gpaf.server_batch_size 'client' needs the clients' batch size")
+            batch_size = p["server_batch_size"]
         for m in [*ensemble, global_clf]:
             m.to(device).eval().requires_grad_(False)
         gen.to(device).train().requires_grad_(True)
@@ -353,7 +361,7 @@ class GPAF(Method):
         last_steps: list[dict[str, torch.Tensor]] = []  # each epoch's last step's losses
         for _ in range(p["server_epochs"]):
             for _ in range(p["server_steps_per_epoch"]):
-                y_vec = self.sample_labels(p["server_batch_size"], gen.num_classes, generator).to(device, non_blocking=True)
+                y_vec = self.sample_labels(batch_size, gen.num_classes, generator).to(device, non_blocking=True)
                 z, mu, logvar = gen(y_vec, generator)
                 rec: dict[str, torch.Tensor] = {}
                 div = torch.zeros((), device=device)
@@ -401,7 +409,9 @@ class GPAF(Method):
         model.generator.to(ctx.device)
         dn.to(ctx.device)
         optimizers = self.server_optimizers(model.generator, dn, ctx.state, ctx.rnd)
-        history = self.train_generator(model.generator, ensemble, model.classifier, dn, g, ctx.device, optimizers, ctx.rnd)
+        batch = ctx.train.batch_size if self.p["server_batch_size"] == "client" else self.p["server_batch_size"]
+        history = self.train_generator(model.generator, ensemble, model.classifier, dn, g, ctx.device, optimizers, ctx.rnd,
+                                       batch)
         ctx.state["gpaf_dn"] = tensors_of(dn)
         if self.p["server_optimizer"] == "persist":
             ctx.state["gpaf_opt_g"], ctx.state["gpaf_opt_dn"] = (optimizer_state_cpu(o) for o in optimizers)

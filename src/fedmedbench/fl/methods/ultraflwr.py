@@ -25,6 +25,7 @@ import numpy as np
 from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
 from fedmedbench.fl.arrays import load_arrays, weighted_average
 from fedmedbench.fl.registry import register_method
+from fedmedbench.fl.tasks.detection.ap import AP_RULES
 from fedmedbench.fl.tasks.detection.components import SPLITS, aggregated_keys, parse_strategy
 from fedmedbench.fl.tasks.detection.yolo import (
     ASSIGNERS,
@@ -79,6 +80,7 @@ class UltraFlwr(Method):
         Param("warmup", str, "ultralytics_8_3", "warm-up schedule", choices=WARMUPS),
         Param("assigner", str, "ultralytics_8_3", "target assigner", choices=ASSIGNERS),
         Param("hsv", str, "ultralytics_8_3", "HSV augmentation rule", choices=HSV_RULES),
+        Param("ap", str, "ultralytics_8_3", "how Ultralytics' AP is computed", choices=AP_RULES),
     )
 
     def __init__(self, **params) -> None:
@@ -90,6 +92,7 @@ class UltraFlwr(Method):
         self.weighting, self.final_aggregation = p["weighting"], p["final_aggregation"]
         # where Ultralytics 8.4 (installed) trains differently from UltraFlwr's 8.3.48 (yolo.py's module docstring)
         self.auto_optimizer, self.warmup, self.assigner, self.hsv = p["auto_optimizer"], p["warmup"], p["assigner"], p["hsv"]
+        self.ap = p["ap"]
         self.head_init = p["head_init"]
         self.ultralytics = dict(p["ultralytics"] or {})
         self.workers = int(p["workers"])
@@ -141,7 +144,7 @@ class UltraFlwr(Method):
                              workdir=f"{data.workdir}/r{ctx.rnd:03d}", select=self.select,
                              select_metric=self.select_metric, extra=self.ultralytics,
                              auto_optimizer=self.auto_optimizer, workers=self.workers, warmup=self.warmup,
-                             assigner=self.assigner, hsv=self.hsv, read_ahead=data.read_ahead)
+                             assigner=self.assigner, hsv=self.hsv, read_ahead=data.read_ahead, ap=self.ap)
         ctx.state["model"] = outcome.state
         last = ctx.rnd >= ctx.train.rounds
         keys = [] if (last and self.skips_final()) else self.shared_keys(ctx.model)

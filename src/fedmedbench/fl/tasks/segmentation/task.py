@@ -129,11 +129,18 @@ class SegmentationTask(Task):
     def class_rule(self) -> str:
         return str(self.spec.task_params.get("class_rule", "all_classes"))
 
+    @property
+    def scoring(self) -> dict[str, str]:
+        """How :func:`evaluate_clips` scores: class rule, ASSD definition, resolution."""
+        tp = self.spec.task_params
+        return {"class_rule": self.class_rule, "assd": str(tp.get("assd", "medpy_0_5")),
+                "resolution": str(tp.get("resolution", "input"))}
+
     def evaluate_global(self, model, device):
         per_client = []
         for s in self.spec.task_params["sites"]:
             model.set_indicator(self.site(s).indicator)
-            per_client.append({f"local_{k}": v for k, v in evaluate_clips(model, self.site(s).test, self.classes, device, self._bs(), class_rule=self.class_rule).items()})
+            per_client.append({f"local_{k}": v for k, v in evaluate_clips(model, self.site(s).test, self.classes, device, self._bs(), **self.scoring).items()})
         # pooled test = frame-weighted mean of the sites' per-frame scores
         n = np.array([len(self.site(s).test) for s in self.spec.task_params["sites"]], dtype=float)
         row = {f"global_{k}": float(np.average([c[f"local_{k}"] for c in per_client], weights=n)) for k in self.metric_names}
@@ -141,9 +148,9 @@ class SegmentationTask(Task):
 
     def evaluate_client(self, model, data, device):
         model.set_indicator(data.indicator)
-        out = {f"local_{k}": v for k, v in evaluate_clips(model, data.test, self.classes, device, self._bs(), class_rule=self.class_rule).items()}
+        out = {f"local_{k}": v for k, v in evaluate_clips(model, data.test, self.classes, device, self._bs(), **self.scoring).items()}
         if self.spec.task_params.get("cross_site_eval", True):
-            out.update({f"global_{k}": v for k, v in evaluate_clips(model, self.pooled_test(), self.classes, device, self._bs(), class_rule=self.class_rule).items()})
+            out.update({f"global_{k}": v for k, v in evaluate_clips(model, self.pooled_test(), self.classes, device, self._bs(), **self.scoring).items()})
         else:
             out.update({f"global_{k}": math.nan for k in self.metric_names})
         return out
