@@ -1209,7 +1209,7 @@ def test_a_centralized_run_takes_every_training_option_of_the_method():
     from fedmedbench.fl.tasks.detection.centralized import OPTIONS, run_centralized
 
     accepted = set(inspect.signature(run_centralized).parameters) - {"spec", "log"}
-    method = set(inspect.signature(type(get_method("ultraflwr", {}))).parameters)
+    method = set(type(get_method("ultraflwr", {})).declared_params())
     assert set(OPTIONS) == accepted and accepted <= method
     assert {"warmup", "assigner", "hsv", "auto_optimizer", "workers"} <= set(OPTIONS)
 
