@@ -178,6 +178,19 @@ def test_built_in_run_hashes_are_unchanged_and_a_user_files_content_is_hashed(tm
     assert len(hashes) == 2
 
 
+def test_a_job_refuses_a_method_file_edited_after_planning(tmp_path):
+    from fedmedbench.fl.job import check_method_file
+
+    path = user_file(tmp_path, "mine_j")
+    cfg = {"methods": {"mine_j": str(path)}}
+    spec = RunSpec(run_dir="r", study="s", dataset="d", setting="x", method="mine_j", seed=0, partition_path="p",
+                   sources={}, image_size=28, **MP.run_fields("mine_j", MP.sources(cfg), cfg))
+    check_method_file(spec)  # as planned
+    path.write_text(path.read_text() + "# edited\n")
+    with pytest.raises(RuntimeError, match=r"mine_j\.py changed after this run was planned"):
+        check_method_file(spec)
+
+
 def test_fednova_normalises_each_clients_update_by_its_steps():
     from fedmedbench.fl.api import ClientResult
 
