@@ -5,8 +5,6 @@ import os
 import sys
 from pathlib import Path
 
-from snakemake.utils import validate
-
 import fedmedbench.data.medmnist as MEDMNIST
 import fedmedbench.data.synthetic as SYNTHETIC
 import fedmedbench.data.user as USER
@@ -16,7 +14,9 @@ import fedmedbench.partition_replay as REPLAY
 from fedmedbench.configcheck import coerce_numbers, config_error, ignored_settings, refuse_non_finite
 from fedmedbench.data.medmnist import SIZES
 from fedmedbench.data.medmnist import SUPPORTED_FLAGS as OFFICIAL_FLAGS
-from fedmedbench.report.html import table_caption
+from fedmedbench.diagnostics import validate_config
+from fedmedbench.report.html import table_caption, table_rounding
+import fedmedbench.report.landing as LANDING
 from fedmedbench.fl import method_params
 
 SOFTWARE_ENV = "../envs/environment.yaml"
@@ -31,7 +31,7 @@ coerce_numbers(config, SCHEMA)
 # .nan and .inf pass every range check of the schema
 refuse_non_finite(config)
 method_params.check(config, METHOD_SOURCES)  # names and parameters against the methods' declarations, by key
-validate(config, SCHEMA)
+validate_config(config, SCHEMA)
 for _warning in ignored_settings(config):
     print(f"config warning: {_warning}", file=sys.stderr)
 
@@ -56,7 +56,9 @@ wildcard_constraints:
 
 
 def _config_error(key, message):
-    config_error(key, message)
+    """One line naming the config file and key, then exit (also from input functions, after parsing)."""
+    with exit_on_config_error(CONFIG_FILES):
+        config_error(key, message)
 
 
 def _check_registry():
@@ -391,20 +393,65 @@ def paper_values_input(study):
 
 
 # --- HTML report (rules/report_html.smk) --------------------------------------------------------
+#: the report's first page (rule report_landing; included by report/workflow.rst once built)
+REPORT_LANDING = "results/report/landing.html"
+
+
 def report_origin(study):
     """Data origin shown in a caption: MedMNIST studies by their datasets, surgical studies by surgical.origin."""
     return study_origin(study) if study in config["studies"] else SORIGIN
+
+
+def study_paper(study):
+    """The paper a study reproduces (a key of fedmedbench.report.landing.PAPERS), None for a study of one's own:
+    a MedMNIST study by its paper outputs, the surgical studies (ultraflwr, fedst) by their name."""
+    if study not in config["studies"]:
+        return study
+    s = config["studies"][study]
+    if s["early_stopping"]["report"]:
+        return "earlystop"
+    if s["report"].get("gpaf") is not None:
+        return "gpaf"
+    return None
 
 
 def html_caption(wildcards):
     return table_caption(wildcards.study, wildcards.table)
 
 
-def report_html_targets():
-    """One HTML page (results/<study>/report/<table>.html) per Markdown table that rule all builds."""
+def html_rounding(wildcards):
+    """How the job's table is rounded: as its paper prints it only where the study has a paper."""
+    return table_rounding(wildcards.study, wildcards.table, study_paper(wildcards.study) is not None)
+
+
+def _report_markdown_tables():
+    """Every Markdown table that rule all builds."""
     out = []
     for t in [*all_targets(), *ultraflwr_targets(), *fedst_targets()]:
         p = Path(t)
         if p.suffix == ".md" and p.parent.name == "tables":
-            out.append(str(p.parent.parent / "report" / f"{p.stem}.html"))
+            out.append(t)
     return out
+
+
+def report_html_targets():
+    """One HTML page (results/<study>/report/<table>.html) per Markdown table that rule all builds, and the landing page."""
+    out = [str(Path(t).parent.parent / "report" / f"{Path(t).stem}.html") for t in _report_markdown_tables()]
+    return [*out, REPORT_LANDING]
+
+
+def report_studies():
+    """Every study of the run as the landing page lists it (fields of fedmedbench.report.landing.StudyEntry)."""
+    tables = _report_markdown_tables()
+    studies = [(s, sorted({r["dataset"] for r in runs(s)})) for s in config["studies"]]
+    if ultraflwr_targets():
+        studies.append(("ultraflwr", sorted({d for g in UF["groups"] for d in SURGICAL["groups"][g]["datasets"]})))
+    if fedst_targets():
+        studies.append(("fedst", sorted({site["dataset"] for site in SURGICAL["sites"].values()})))
+    return [dict(name=s, paper=study_paper(s), datasets=datasets, origin=report_origin(s),
+                 tables=[t for t in tables if t.startswith(f"results/{s}/tables/")]) for s, datasets in studies]
+
+
+def report_main_tables(wildcards):
+    """The Markdown tables the landing page shows: each study's main table."""
+    return [t for s in report_studies() for t in LANDING.main_tables(LANDING.StudyEntry(**s))]

@@ -789,7 +789,7 @@ def test_workflow_checks_its_config_files_strictly():
     snakefile = (ROOT / "Snakefile").read_text()
     assert snakefile.index("check_files(") < snakefile.index('configfile: "config/config.yaml"')
     common = (ROOT / "rules" / "common.smk").read_text()
-    assert common.index("coerce_numbers(config") < common.index("refuse_non_finite(config)") < common.index("validate(config")
+    assert common.index("coerce_numbers(config") < common.index("refuse_non_finite(config)") < common.index("validate_config(config")
 
 
 # ---------------------------------------------------------------- surgical: names, JSON structure, fps, collisions

@@ -36,9 +36,17 @@ class ConfigFileError(ValueError):
     """A config file that does not parse, or has a duplicate key (the message names file and line)."""
 
 
+class ConfigError(ValueError):
+    """A bad config value; ``key`` is its dotted path (the workflow prints it with the file that sets it)."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(f"config error at '{key}': {detail}")
+        self.key, self.detail = key, detail
+
+
 def config_error(key: str, message: str) -> None:
     """Raise the workflow's one error for a bad config value: it names the key."""
-    raise ValueError(f"config error at '{key}': {message}")
+    raise ConfigError(key, message)
 
 
 class StrictLoader(yaml.SafeLoader):

@@ -237,6 +237,7 @@ class Federation:
         self.monitor = DataFreeMonitor(float(es["tau"]), int(es["patience"]), es.get("counting", "reference"))
         self._t0 = time.monotonic()
         self.tracker = tracker_for_run(spec, self.run_hash, self.train, log)  # metrics out; never changes results
+        self.clock = RoundClock()  # the rounds' own durations, for s/round and the ETA
 
     # -- state ------------------------------------------------------------------
     def initial_state(self) -> checkpoint.RunState:
@@ -355,6 +356,7 @@ class Federation:
         # written while the next round trains; client states older than this checkpoint's go once it is on disk
         checkpoint.save(self.spec.run_dir, new_state, self.run_hash, self._writer, then=lambda: self.store.prune(rnd),
                         store=self.store, rows_log=self.rows_log)
+        self.clock.stop()
         self._progress(row)
         self.tracker.round(row, client_rows, results)
         return new_state
@@ -394,6 +396,7 @@ class Federation:
         for rnd in range(state.round + 1, rounds + 1):
             if self.should_stop(state):  # resumed after the data-free rule had fired
                 break
+            self.clock.start()
             sampled = self.sample(rnd)
             self.store.prefetch(sampled, rnd)  # in-process: each client's state read while the one before trains
             results = transport.train(rnd, {p: self.steps(p) for p in sampled}, state.arrays, self.broadcast(state))
@@ -433,10 +436,11 @@ class Federation:
         rnd, total = row["round"], self.train.rounds
         if rnd % max(1, self.spec.log_every) and rnd != total:
             return
-        self.log(progress_line(row, total, self.task.primary_metric))
+        per_round = self.clock.per_round()
+        self.log(progress_line(row, total, self.task.primary_metric, per_round))
         console = getattr(self.log, "console", None)
         if console is not None:
-            console(console_line(self.spec, row, total, self.task.primary_metric))
+            console(console_line(self.spec, row, total, self.task.primary_metric, per_round))
 
     def stage_outputs(self, state: checkpoint.RunState) -> dict[str, Path]:
         """Write metrics CSV, per-client CSV, summary JSON and final model (atomically)."""
@@ -507,10 +511,34 @@ def client_validation_row(results: list[ClientResult], metric_names, average: st
     return row
 
 
-def progress_line(row: dict[str, Any], total: int, primary: str) -> str:
-    """The log file's round line: train loss, the evaluated metrics, elapsed time and ETA."""
+class RoundClock:
+    """How long each round took in this process, from its client sampling to its checkpoint: the
+    progress lines' s/round and ETA come from these, so the start-up before round 1 (imports, data,
+    model, Flower) and a resumed run's earlier rounds do not inflate them."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._start: float | None = None
+        self.durations: list[float] = []
+
+    def start(self) -> None:
+        self._start = self._clock()
+
+    def stop(self) -> None:
+        if self._start is not None:
+            self.durations.append(self._clock() - self._start)
+            self._start = None
+
+    def per_round(self) -> float | None:
+        """Mean seconds per round so far; None before a round has ended."""
+        return sum(self.durations) / len(self.durations) if self.durations else None
+
+
+def progress_line(row: dict[str, Any], total: int, primary: str, per_round: float | None = None) -> str:
+    """The log file's round line: train loss, the evaluated metrics, elapsed time and ETA (from
+    ``per_round``, the rounds' own mean duration; without it, elapsed time over rounds)."""
     rnd, elapsed = row["round"], row["elapsed_s"]
-    eta = elapsed / rnd * (total - rnd)
+    eta = (elapsed / rnd if per_round is None else per_round) * (total - rnd)
     parts = [f"round {rnd}/{total}", f"train_loss {row['train_loss']:.4f}"]
     for key in (f"global_{primary}", "global_balanced_accuracy", "global_loss", f"local_mean_{primary}", "growth_rate"):
         if key in row and row[key] == row[key]:
@@ -519,10 +547,12 @@ def progress_line(row: dict[str, Any], total: int, primary: str) -> str:
     return " | ".join(parts)
 
 
-def console_line(spec: RunSpec, row: dict[str, Any], total: int, primary: str) -> str:
-    """The console's round line: which job, round r/R, its main metric, seconds per round, ETA."""
+def console_line(spec: RunSpec, row: dict[str, Any], total: int, primary: str, per_round: float | None = None) -> str:
+    """The console's round line: which job, round r/R, its main metric, seconds per round (``per_round``:
+    the rounds' own mean duration; without it, elapsed time over rounds), ETA."""
     rnd, elapsed = row["round"], row["elapsed_s"]
-    per_round = elapsed / rnd
+    if per_round is None:
+        per_round = elapsed / rnd
     metric = next((k for k in (f"global_{primary}", f"local_mean_{primary}") if k in row and row[k] == row[k]), None)
     shown = f"{metric} {row[metric]:.4f}" if metric else f"train_loss {row['train_loss']:.4f}"
     job = f"{spec.study}/{spec.dataset}/{spec.setting}/{spec.method}/seed{spec.seed}"

@@ -70,9 +70,9 @@ def check(config: dict[str, Any], known: dict[str, MethodSource]) -> None:
         if not isinstance(study, dict):
             continue
         key = f"studies.{sname}"
-        for i, name in enumerate(study.get("methods") or []):
+        for name in study.get("methods") or []:
             if name not in known:
-                config_error(f"{key}.methods[{i}]", f"unknown method '{name}'; registered: {', '.join(sorted(known))} "
+                config_error(f"{key}.methods", f"unknown method '{name}'; registered: {', '.join(sorted(known))} "
                              "(your own: the config's methods mapping)")
         _check_blocks(f"{key}.method_params", study.get("method_params"), known)
         for setname, setting in (study.get("settings") or {}).items():
