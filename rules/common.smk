@@ -21,11 +21,17 @@ from fedmedbench.fl import method_params
 
 SOFTWARE_ENV = "../envs/environment.yaml"
 
+#: every method a config may name (built-in, installed, the config's own ``methods``) with its declared parameters
+METHOD_SOURCES = method_params.sources(config)
+#: config/schema.yaml, or a copy that also holds the config's own methods
+SCHEMA = method_params.schema_for(config, Path(workflow.basedir) / "config" / "schema.yaml", METHOD_SOURCES,
+                                  Path(".snakemake") / "fedmedbench")
 # YAML 1.1 reads 5e-2 as text: numbers where the schema asks for one
-coerce_numbers(config, Path(workflow.basedir) / "config" / "schema.yaml")
+coerce_numbers(config, SCHEMA)
 # .nan and .inf pass every range check of the schema
 refuse_non_finite(config)
-validate_config(config, Path(workflow.basedir) / "config" / "schema.yaml")
+method_params.check(config, METHOD_SOURCES)  # names and parameters against the methods' declarations, by key
+validate_config(config, SCHEMA)
 for _warning in ignored_settings(config):
     print(f"config warning: {_warning}", file=sys.stderr)
 
@@ -277,6 +283,7 @@ def run_spec(wildcards):
         "train": GRID.run_train(st, w["setting"], w["method"]),
         "clients_per_round": st["clients_per_round"],
         "method_params": method_params.resolve(w["method"], st["method_params"], st["settings"][w["setting"]]),
+        **method_params.run_fields(w["method"], METHOD_SOURCES, config),
         "device": config["device"],
         "data_origin": dataset_origin(w["dataset"], st["size"]),
         "eval_every": st["eval_every"],

@@ -412,10 +412,14 @@ def test_fedwmsam_alpha_after_a_nan_update_clips_to_the_floor_as_the_reference()
 def test_unknown_parameter_and_bad_values_are_named():
     with pytest.raises(TypeError, match=r"fedavg.*unknown parameter"):
         get_method("fedavg", {"mu": 1})
-    with pytest.raises(ValueError, match="fedprox: mu"):
+    with pytest.raises(ValueError, match=r"method_params\.fedprox\.mu: must be >= 0, got -1"):
         get_method("fedprox", {"mu": -1})
-    with pytest.raises(ValueError, match="fedlesam: estimate"):
+    with pytest.raises(ValueError, match=r"method_params\.fedlesam\.estimate: 'psychic': choose one of"):
         get_method("fedlesam", {"estimate": "psychic"})
+    with pytest.raises(ValueError, match=r"method_params\.feddyn\.lamb: must be > 0"):  # an open bound
+        get_method("feddyn", {"lamb": 0.0})
+    with pytest.raises(ValueError, match=r"method_params\.moon\.mu: must be of type number"):
+        get_method("moon", {"mu": True})
 
 
 # ---------------------------------------------------------------- through the federation

@@ -155,4 +155,4 @@ def test_gpaf_grid_runs_moon_as_the_authors_configured_it():
     for study in (grid["gpaf"], grid["gpaf_pathmnist"], demo):
         assert study["method_params"]["moon"] == {"mu": 0.001, "temperature": 0.5}
         assert study["method_model"]["moon"]["name"] == "gpaf_cnn_moon"
-    assert moon_module.DEFAULTS["mu"] == 1.0  # MOON's own default, the option
+    assert moon_module.MOON.declared_params()["mu"].default == 1.0  # MOON's own default, the option

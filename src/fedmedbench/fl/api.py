@@ -13,8 +13,9 @@ A method reads like its paper's algorithm box:
 * ``centralized`` methods are run by the engine on the pooled training data as one
   client, with the same number of optimisation steps per round as the federation.
 
-A method registers its name with :func:`fedmedbench.fl.registry.register_method`; the array
-helpers it uses live in :mod:`fedmedbench.fl.arrays`.
+A method registers its name with :func:`fedmedbench.fl.registry.register_method` and declares its
+hyper-parameters in ``params`` (:class:`~fedmedbench.fl.params.Param`; a subclass adds to its bases');
+the array helpers it uses live in :mod:`fedmedbench.fl.arrays`.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fedmedbench.fl.arrays import Arrays, model_tensors, weighted_average
+from fedmedbench.fl.params import Param, merged, resolve
 
 if TYPE_CHECKING:
     from fedmedbench.fl.spec import RunSpec
     from fedmedbench.fl.state_slots import StateSlots
 
-__all__ = ["Arrays", "ClientContext", "ClientData", "ClientResult", "Method", "ServerContext", "TrainConfig"]
+__all__ = ["Arrays", "ClientContext", "ClientData", "ClientResult", "Method", "Param", "ServerContext", "TrainConfig"]
 
 
 @dataclass
@@ -166,6 +168,10 @@ class Method:
     """Base method = FedAvg-style client step (plain local SGD) + weighted averaging."""
 
     name = "base"
+    #: the task whose runs it trains (RunSpec.task): classification, segmentation or detection
+    task = "classification"
+    #: this class's hyper-parameters (a config's ``method_params.<name>``), added to its bases'
+    params: tuple[Param, ...] = ()
     personalized = False
     centralized = False
     #: names of extra records this method may send from a client (checked by the engine)
@@ -174,8 +180,13 @@ class Method:
     device_data = False
 
     def __init__(self, **params: Any) -> None:
-        if params:
-            raise TypeError(f"method '{self.name}' got unknown parameter(s) {sorted(params)} (method_params.{self.name})")
+        #: every declared parameter's value: its default, or the given one (checked against its declaration)
+        self.p: dict[str, Any] = resolve(self.name, self.declared_params(), params)
+
+    @classmethod
+    def declared_params(cls) -> dict[str, Param]:
+        """Name -> declaration, the bases' first (a subclass may redeclare one, e.g. with another default)."""
+        return merged(vars(k).get("params", ()) for k in reversed(cls.__mro__))
 
     # --- model -------------------------------------------------------------------
     def build_model(self, spec: RunSpec) -> torch.nn.Module:

@@ -59,7 +59,7 @@ def init_note(spec: RunSpec) -> str:
 
 
 def new_model(spec: RunSpec) -> torch.nn.Module:
-    return get_method(spec.method, spec.method_params).build_model(spec)
+    return get_method(spec.method, spec.method_params, spec.method_file).build_model(spec)
 
 
 def client_generator(seed: int, rnd: int, pid: int) -> torch.Generator:

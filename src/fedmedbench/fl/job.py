@@ -54,12 +54,23 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def check_method_file(spec: RunSpec) -> None:
+    """A user's method file must be the one the run was planned with (its hash is in the run hash)."""
+    if spec.method_file is not None and spec.method_sha256 is not None:
+        from fedmedbench.io import file_digest
+
+        if file_digest(spec.method_file) != spec.method_sha256:
+            raise RuntimeError(f"method '{spec.method}': {spec.method_file} changed after this run was planned; "
+                               "run the workflow again so the run is planned (and hashed) with the new file")
+
+
 class Job:
     """A run's spec with its method, task, device and train config resolved once."""
 
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
-        self.method: Method = get_method(spec.method, spec.method_params)
+        check_method_file(spec)
+        self.method: Method = get_method(spec.method, spec.method_params, spec.method_file)
         self._task: Task | None = None
         self.device = resolve_device(spec.device)
         if spec.deterministic:

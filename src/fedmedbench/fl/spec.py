@@ -14,7 +14,7 @@ from typing import Any
 
 #: fields that do not change the numbers a run produces
 _NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device",
-               "deterministic", "loader_workers", "image_cache", "tracking"}
+               "deterministic", "loader_workers", "image_cache", "tracking", "method_file"}
 #: fields a job's script sets from its Snakemake job and the config, never from ``params:``: they change
 #: how a run executes, not its numbers, so changing them reruns no finished job
 RUNTIME_FIELDS = ("threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device",
@@ -49,6 +49,10 @@ class RunSpec:
     #: whose draws pick each round's clients: project, reference, reference_cache_build (partition_replay.py)
     random_draws: str = "project"
     method_params: dict[str, Any] = field(default_factory=dict)
+    #: a user's method (config ``methods``): the file that registers it, loaded by the job (not hashed: where
+    #: it is), and the SHA-256 of its content (hashed: an edit reruns its jobs); None for built-in methods
+    method_file: str | None = None
+    method_sha256: str | None = None
     device: str = "auto"
     threads: int = 1
     #: Flower backend: inline (in-process grid, default) or ray (run_simulation); see fl/engine.py
@@ -123,6 +127,8 @@ class RunSpec:
             del d["weights_sha256"]
         if d["random_draws"] == "project":
             del d["random_draws"]
+        if d["method_sha256"] is None:
+            del d["method_sha256"]
         if d["task"] == "classification" and not d["task_params"]:
             del d["task"], d["task_params"]
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]

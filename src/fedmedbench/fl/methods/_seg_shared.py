@@ -24,9 +24,8 @@ from typing import Any
 
 import torch
 
-from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
 from fedmedbench.fl.arrays import load_arrays, model_arrays, weighted_average
-from fedmedbench.fl.methods._shared import check_params
 from fedmedbench.weights.safeload import read_state_dict
 
 #: parameter groups a method can keep on its sites (regular expressions on state_dict keys)
@@ -126,11 +125,8 @@ class SegMethod(Method):
     personalized = True
     #: False for methods whose clients send nothing (Local Train) or that have one node
     communicates = True
-    defaults: dict[str, Any] = {"personal": []}
-    choices: dict[str, tuple] = {}
-
-    def __init__(self, **params: Any) -> None:
-        self.p = check_params(self.name, self.defaults, self.choices, params)
+    task = "segmentation"
+    params = (Param("personal", list, [], "parameter groups kept on the site"),)
 
     # --- model ---------------------------------------------------------------------------
     def build_model(self, spec) -> torch.nn.Module:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
 from fedmedbench.fl.arrays import snapshot, weighted_average
 from fedmedbench.fl.training import (
     StepLosses,
@@ -131,6 +131,8 @@ def sam_perturbation(grads: Tensors, rho: float) -> Tensors:
 
 
 PERTURBATION_FORMS = ("reference", "vector")
+#: K of a SCAFFOLD-style control-variate update (see ``local_iterations``)
+LOCAL_ITERATIONS = ("reference", "per_client")
 
 
 def indexed_perturbation(direction: Iterable[torch.Tensor], order: Sequence[str], rho: float) -> Tensors:
@@ -322,12 +324,11 @@ class ServerOptMethod(Method):
     server arithmetic takes ``vectors64`` of the arrays and gives its result back by ``cast_like``."""
 
     device_data = True  # local_loop indexes batches wherever the data is
+    params = (Param("global_lr", float, 1.0, "server step on the averaged update (1 = plain averaging)", low=0, low_open=True),)
 
-    def __init__(self, global_lr: float = 1.0, **params: Any) -> None:
+    def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        if global_lr <= 0:
-            raise ValueError(f"{self.name}: global_lr must be > 0, got {global_lr}")
-        self.global_lr = float(global_lr)
+        self.global_lr = float(self.p["global_lr"])
         self._param_keys: list[str] | None = None
 
     def build_model(self, spec) -> nn.Module:

@@ -2,23 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
-
-
-def check_params(name: str, defaults: dict[str, Any], choices: dict[str, tuple], params: dict[str, Any]) -> dict[str, Any]:
-    """Defaults + given values; unknown keys and invalid choices fail naming the config key."""
-    unknown = set(params) - set(defaults)
-    if unknown:
-        raise TypeError(f"method '{name}' has no parameter(s) {sorted(unknown)} (method_params.{name}); "
-                        f"known: {sorted(defaults)}")
-    out = {**defaults, **params}
-    for key, allowed in choices.items():
-        if out[key] not in allowed:
-            raise ValueError(f"method_params.{name}.{key} = {out[key]!r}: choose one of {list(allowed)}")
-    return out
 
 
 def tensors_of(module: nn.Module) -> dict[str, torch.Tensor]:

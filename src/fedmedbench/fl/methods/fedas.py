@@ -49,6 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedmedbench.fl.api import Param
 from fedmedbench.fl.arrays import load_arrays, weighted_average
 from fedmedbench.fl.methods._seg_shared import SegMethod
 from fedmedbench.fl.registry import register_method
@@ -65,17 +66,17 @@ def pixel_features(model, x: torch.Tensor, y: torch.Tensor, where: str = "head_i
 
 @register_method("fedas")
 class FedAS(SegMethod):
-    defaults = {"personal": ["head"], "align_epochs": 1, "align_lr": 0.01, "align_batch_size": 16,
-                "representation": "head_input", "align_mode": "eval", "fisher_batches": None,
-                "evaluate": "trained"}
-    choices = {"representation": ("head_input", "deep"), "align_mode": ("eval", "train"),
-               "evaluate": ("trained", "aggregate")}
-
-    def __init__(self, **params) -> None:
-        super().__init__(**params)
-        size = self.p["align_batch_size"]  # checked here, not at the first alignment deep into a run
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"method_params.fedas.align_batch_size must be a positive integer, got {size!r}")
+    params = (Param("personal", list, ["head"], "parameter groups kept on the site"),
+              Param("align_epochs", int, 1, "epochs of the parameter alignment", low=1),
+              Param("align_lr", float, 0.01, "SGD step size of the alignment", low=0, low_open=True),
+              Param("align_batch_size", int, 16, "batch of the prototype and alignment passes", low=1),
+              Param("representation", str, "head_input", "aligned map: the classifier's input or the encoder's deepest",
+                    choices=("head_input", "deep")),
+              Param("align_mode", str, "eval", "network mode of the alignment pass", choices=("eval", "train")),
+              Param("fisher_batches", int, None, "cap on the training batches of the Fisher trace (null: all)", low=1,
+                    nullable=True),
+              Param("evaluate", str, "trained", "a site's own trained model, or the Fisher-averaged one",
+                    choices=("trained", "aggregate")))
 
     def _prototypes(self, ctx, model) -> dict[int, torch.Tensor]:
         sums: dict[int, torch.Tensor] = {}

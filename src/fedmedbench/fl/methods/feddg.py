@@ -49,9 +49,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
 from fedmedbench.fl.arrays import weighted_average
-from fedmedbench.fl.methods._shared import check_params
 from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import (
     StepLosses,
@@ -64,13 +63,6 @@ from fedmedbench.fl.training import (
 )
 
 BANK = "amp_bank"
-DEFAULTS: dict[str, Any] = {
-    "bank_fraction": 0.125, "bank_max": 256, "window": 0.0, "ratio_range": [1.0, 1.0], "meta_step": 1e-3,
-    "grad_clip_inner": 100.0, "second_order": False, "first_round": "own",
-}
-CHOICES = {"first_round": ("own", "erm")}
-
-
 # ----------------------------------------------------------------------------- frequency space
 
 
@@ -132,15 +124,23 @@ class FedDG(Method):
     #: batches are indexed wherever the client's data is (the engine may keep it on the device)
     device_data = True
 
+    params = (
+        Param("bank_fraction", float, 0.125, "share of a client's training images whose spectra it shares",
+              low=0, high=1, low_open=True),
+        Param("bank_max", int, 256, "most spectra a client shares", low=1),
+        Param("window", float, 0.0, "half-size of the low-frequency window, as a fraction of the side", low=0, high=0.5),
+        Param("ratio_range", list, [1.0, 1.0], "[lo, hi] of the interpolation ratio lambda, 0 <= lo <= hi <= 1"),
+        Param("meta_step", float, 1e-3, "inner (meta-train) step size", low=0, low_open=True),
+        Param("grad_clip_inner", float, 100.0, "clip of the inner gradient", low=0, low_open=True),
+        Param("second_order", bool, False, "differentiate through the inner step"),
+        Param("first_round", str, "own", "round 1 with the client's own spectra, or plain ERM", choices=("own", "erm")),
+    )
+
     def __init__(self, **params: Any) -> None:
-        self.p = check_params("feddg", DEFAULTS, CHOICES, params)
-        lo, hi = self.p["ratio_range"]
-        if not 0 <= lo <= hi <= 1:
-            raise ValueError(f"method_params.feddg.ratio_range must satisfy 0 <= lo <= hi <= 1, got {self.p['ratio_range']}")
-        if not 0 <= self.p["window"] <= 0.5:
-            raise ValueError(f"method_params.feddg.window must be in [0, 0.5], got {self.p['window']}")
-        if not 0 < self.p["bank_fraction"] <= 1:
-            raise ValueError(f"method_params.feddg.bank_fraction must be in (0, 1], got {self.p['bank_fraction']}")
+        super().__init__(**params)
+        ratio = self.p["ratio_range"]
+        if len(ratio) != 2 or not 0 <= ratio[0] <= ratio[1] <= 1:
+            raise ValueError(f"method_params.feddg.ratio_range must be [lo, hi] with 0 <= lo <= hi <= 1, got {ratio}")
 
     @staticmethod
     def key(pid: int) -> str:

@@ -31,7 +31,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from fedmedbench.fl.api import ClientResult
+from fedmedbench.fl.api import ClientResult, Param
 from fedmedbench.fl.arrays import load_arrays, model_arrays, weighted_average
 from fedmedbench.fl.methods._seg_shared import SegMethod, client_weights, tensors
 from fedmedbench.fl.registry import register_method
@@ -60,8 +60,11 @@ def weighted_bce(probs: torch.Tensor, target: torch.Tensor, weight: torch.Tensor
 
 @register_method("feddp")
 class FedDP(SegMethod):
-    defaults = {"personal": ["enc_q"], "igc": "finetune", "calib_rounds": 1, "calib_weight": 1.0, "igc_weight": 1.0}
-    choices = {"igc": ("finetune", "per_round")}
+    params = (Param("personal", list, ["enc_q"], "parameter groups kept on the site"),
+              Param("igc", str, "finetune", "inter-site guidance as a final fine-tune or every round", choices=("finetune", "per_round")),
+              Param("calib_rounds", int, 1, "last rounds given to calibration", low=0),
+              Param("calib_weight", float, 1.0, "weight of the calibration loss", low=0),
+              Param("igc_weight", float, 1.0, "weight of the guidance loss", low=0))
     extra_records = ("queries",)
 
     def personal(self, model):

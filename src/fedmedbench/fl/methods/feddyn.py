@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, ServerContext
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Param, ServerContext
 from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
     StepHooks,
@@ -65,12 +65,11 @@ def dyn_server_update(method: ServerOptMethod, ctx: ServerContext) -> Arrays:
 
 @register_method("feddyn")
 class FedDyn(ServerOptMethod):
+    params = (Param("lamb", float, 0.1, "dynamic-regulariser weight lambda", low=0, low_open=True),)
 
-    def __init__(self, lamb: float = 0.1, **params) -> None:
+    def __init__(self, **params) -> None:
         super().__init__(**params)
-        if lamb <= 0:
-            raise ValueError(f"feddyn: lamb must be > 0, got {lamb}")
-        self.lamb = float(lamb)
+        self.lamb = float(self.p["lamb"])
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         hooks, h_i = dyn_hooks(ctx, self.lamb)

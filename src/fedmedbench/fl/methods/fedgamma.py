@@ -6,6 +6,7 @@ Server: SCAFFOLD's (global lr on the averaged update; c += sum delta_c_i / N).
 So FedGAMMA is SCAFFOLD whose local steps take the gradient at the SAM point.
 """
 
+from fedmedbench.fl.api import Param
 from fedmedbench.fl.methods.fedsam import SAMMixin
 from fedmedbench.fl.methods.scaffold import Scaffold
 from fedmedbench.fl.registry import register_method
@@ -13,11 +14,11 @@ from fedmedbench.fl.registry import register_method
 
 @register_method("fedgamma")
 class FedGamma(SAMMixin, Scaffold):
-    def __init__(self, rho: float = 0.1, **params) -> None:
+    params = (Param("rho", float, 0.1, "SAM ascent radius", low=0),)
+
+    def __init__(self, **params) -> None:
         super().__init__(**params)
-        if rho < 0:
-            raise ValueError(f"fedgamma: rho must be >= 0, got {rho}")
-        self.rho = float(rho)
+        self.rho = float(self.p["rho"])
 
     def perturbation(self):
         return self.sam_perturb

@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedmedbench.fl.api import Param
 from fedmedbench.fl.arrays import weighted_average
 from fedmedbench.fl.methods._seg_shared import SegMethod, client_weights
 from fedmedbench.fl.registry import register_method
@@ -68,7 +69,8 @@ def principal_layer_update(g: np.ndarray, k_proportion: float) -> np.ndarray:
 @register_method("fedld")
 class FedLD(SegMethod):
     personalized = False
-    defaults = {"personal": [], "margin_weight": 0.03, "k_proportion": 0.8}
+    params = (Param("margin_weight", float, 0.03, "weight of the margin loss", low=0),
+              Param("k_proportion", float, 0.8, "share of principal directions kept per layer", low=0, high=1, low_open=True))
 
     def local_train(self, ctx, model):
         w = float(self.p["margin_weight"])

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from fedmedbench.fl.api import ClientContext, ClientResult, ServerContext
+from fedmedbench.fl.api import ClientContext, ClientResult, Param, ServerContext
 from fedmedbench.fl.methods._sgd import (
     PERTURBATION_FORMS,
     ServerOptMethod,
@@ -47,17 +47,13 @@ ESTIMATES = ("previous_global", "last_update")
 
 @register_method("fedlesam")
 class FedLESAM(ServerOptMethod):
+    params = (Param("rho", float, 0.1, "SAM ascent radius", low=0),
+              Param("estimate", str, "last_update", "the global update's estimate", choices=ESTIMATES),
+              Param("perturbation_form", str, "reference", "per-tensor (reference) or whole-vector norm", choices=PERTURBATION_FORMS))
 
-    def __init__(self, rho: float = 0.1, estimate: str = "last_update", perturbation_form: str = "reference",
-                 **params) -> None:
+    def __init__(self, **params) -> None:
         super().__init__(**params)
-        if rho < 0:
-            raise ValueError(f"fedlesam: rho must be >= 0, got {rho}")
-        if estimate not in ESTIMATES:
-            raise ValueError(f"fedlesam: estimate must be one of {ESTIMATES}, got '{estimate}'")
-        if perturbation_form not in PERTURBATION_FORMS:
-            raise ValueError(f"fedlesam: perturbation_form must be one of {PERTURBATION_FORMS}, got '{perturbation_form}'")
-        self.rho, self.estimate, self.form = float(rho), estimate, perturbation_form
+        self.rho, self.estimate, self.form = float(self.p["rho"]), self.p["estimate"], self.p["perturbation_form"]
 
     def direction(self, ctx: ClientContext) -> dict | None:
         like = client_tensors(ctx)

@@ -6,19 +6,18 @@ decay mu*theta and a constant correction -mu*theta_g. With mu = 0 this is FedAvg
 Server: FedAvg.
 """
 
-from fedmedbench.fl.api import ClientContext
+from fedmedbench.fl.api import ClientContext, Param
 from fedmedbench.fl.methods._sgd import ServerOptMethod, StepHooks, mul, to_tensors, trainable
 from fedmedbench.fl.registry import register_method
 
 
 @register_method("fedprox")
 class FedProx(ServerOptMethod):
+    params = (Param("mu", float, 0.1, "proximal weight mu", low=0),)
 
-    def __init__(self, mu: float = 0.1, **params) -> None:
+    def __init__(self, **params) -> None:
         super().__init__(**params)
-        if mu < 0:
-            raise ValueError(f"fedprox: mu must be >= 0, got {mu}")
-        self.mu = float(mu)
+        self.mu = float(self.p["mu"])
 
     def hooks(self, ctx: ClientContext) -> StepHooks:
         anchor = to_tensors(ctx.global_arrays, trainable(ctx.model))

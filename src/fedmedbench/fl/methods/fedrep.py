@@ -17,6 +17,7 @@ says; ``uniform`` averages 1/K, ``null`` follows ``train.aggregation``.
 
 from __future__ import annotations
 
+from fedmedbench.fl.api import Param
 from fedmedbench.fl.methods._seg_shared import AGGREGATION_CHOICES, SegMethod
 from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.tasks.segmentation import train_steps
@@ -24,8 +25,9 @@ from fedmedbench.fl.tasks.segmentation import train_steps
 
 @register_method("fedrep")
 class FedRep(SegMethod):
-    defaults = {"personal": ["decoder"], "head_fraction": 0.8, "aggregation": "examples"}
-    choices = {"aggregation": AGGREGATION_CHOICES}  # SegMethod.aggregate reads it
+    params = (Param("personal", list, ["decoder"], "parameter groups kept on the site (the head)"),
+              Param("head_fraction", float, 0.8, "share of a round's iterations that train the head", low=0, high=1),
+              Param("aggregation", str, "examples", "site weights: training clips, uniform 1/K, or null = train.aggregation", choices=AGGREGATION_CHOICES))
 
     def local_train(self, ctx, model):
         head = set(self.personal(model))

@@ -5,7 +5,7 @@ then the gradient at theta + e is used for the SGD step at theta.
 Server: FedAvg.
 """
 
-from fedmedbench.fl.api import ClientContext
+from fedmedbench.fl.api import ClientContext, Param
 from fedmedbench.fl.methods._sgd import ServerOptMethod, StepHooks, gradient_at, sam_perturbation
 from fedmedbench.fl.registry import register_method
 
@@ -19,12 +19,11 @@ class SAMMixin:
 
 @register_method("fedsam")
 class FedSAM(SAMMixin, ServerOptMethod):
+    params = (Param("rho", float, 0.1, "SAM ascent radius", low=0),)
 
-    def __init__(self, rho: float = 0.1, **params) -> None:
+    def __init__(self, **params) -> None:
         super().__init__(**params)
-        if rho < 0:
-            raise ValueError(f"fedsam: rho must be >= 0, got {rho}")
-        self.rho = float(rho)
+        self.rho = float(self.p["rho"])
 
     def hooks(self, ctx: ClientContext) -> StepHooks:
         return StepHooks(perturb=self.sam_perturb)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from fedmedbench.fl.api import ClientContext, ClientResult, ServerContext
+from fedmedbench.fl.api import ClientContext, ClientResult, Param, ServerContext
 from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
     add,
@@ -40,11 +40,11 @@ from fedmedbench.fl.registry import register_method
 class FedSMOO(ServerOptMethod):
     extra_records = ("mu",)
 
-    def __init__(self, rho: float = 0.1, lamb: float = 0.1, **params) -> None:
+    params = (Param("rho", float, 0.1, "SAM ascent radius", low=0), Param("lamb", float, 0.1, "dynamic-regulariser weight lambda", low=0, low_open=True))
+
+    def __init__(self, **params) -> None:
         super().__init__(**params)
-        if rho < 0 or lamb <= 0:
-            raise ValueError(f"fedsmoo: need rho >= 0 and lamb > 0, got rho={rho}, lamb={lamb}")
-        self.rho, self.lamb = float(rho), float(lamb)
+        self.rho, self.lamb = float(self.p["rho"]), float(self.p["lamb"])
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         like = client_tensors(ctx)

@@ -5,7 +5,7 @@ dual variable h_i (as FedDyn: lambda*(h_i - theta_g) and decay lambda); h_i += u
 Server: FedDyn's: h += sum of updates / N, theta = mean(theta_i) + h.
 """
 
-from fedmedbench.fl.api import ClientContext, ClientResult, ServerContext
+from fedmedbench.fl.api import ClientContext, ClientResult, Param, ServerContext
 from fedmedbench.fl.methods._sgd import ServerOptMethod, local_loop_metrics
 from fedmedbench.fl.methods.feddyn import dyn_client_update, dyn_hooks, dyn_server_update
 from fedmedbench.fl.methods.fedsam import SAMMixin
@@ -14,12 +14,11 @@ from fedmedbench.fl.registry import register_method
 
 @register_method("fedspeed")
 class FedSpeed(SAMMixin, ServerOptMethod):
+    params = (Param("rho", float, 0.1, "SAM ascent radius", low=0), Param("lamb", float, 0.1, "dynamic-regulariser weight lambda", low=0, low_open=True))
 
-    def __init__(self, rho: float = 0.1, lamb: float = 0.1, **params) -> None:
+    def __init__(self, **params) -> None:
         super().__init__(**params)
-        if rho < 0 or lamb <= 0:
-            raise ValueError(f"fedspeed: need rho >= 0 and lamb > 0, got rho={rho}, lamb={lamb}")
-        self.rho, self.lamb = float(rho), float(lamb)
+        self.rho, self.lamb = float(self.p["rho"]), float(self.p["lamb"])
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         hooks, h_i = dyn_hooks(ctx, self.lamb)

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from fedmedbench.fl.api import Param
 from fedmedbench.fl.arrays import load_arrays, model_arrays, weighted_average
 from fedmedbench.fl.methods._seg_shared import SegMethod, client_weights, tensors
 from fedmedbench.fl.registry import register_method
@@ -63,7 +64,9 @@ SERQ_DEFAULTS: dict[str, Any] = {
 
 @register_method("fedst")
 class FedST(SegMethod):
-    defaults = {"personal": ["enc_q", "cs"], "serq": {}, "site_finetune": 0}
+    params = (Param("personal", list, ["enc_q", "cs"], "parameter groups kept on the site"),
+              Param("serq", dict, {}, "SERQ's settings over SERQ_DEFAULTS (clips_root and site set by the rules)"),
+              Param("site_finetune", int, 0, "synthetic batches each site fine-tunes on after its round (Fig. 5)", low=0))
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)

@@ -28,9 +28,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedmedbench.fl.api import ClientContext, ClientResult, ServerContext
+from fedmedbench.fl.api import ClientContext, ClientResult, Param, ServerContext
 from fedmedbench.fl.arrays import snapshot
 from fedmedbench.fl.methods._sgd import (
+    LOCAL_ITERATIONS,
     PERTURBATION_FORMS,
     ServerOptMethod,
     StepHooks,
@@ -59,17 +60,16 @@ from fedmedbench.fl.registry import register_method
 class FedWMSAM(ServerOptMethod):
     extra_records = ("delta_c",)
 
-    def __init__(self, rho: float = 0.1, alpha: float = 0.1, perturbation_sign: int = -1,
-                 local_iterations: str = "reference", perturbation_form: str = "reference", **params) -> None:
+    params = (Param("rho", float, 0.1, "SAM ascent radius", low=0),
+              Param("alpha", float, 0.1, "initial momentum weight", low=0, high=1, low_open=True, high_open=True),
+              Param("perturbation_sign", int, -1, "sign of the momentum-guided perturbation", choices=(-1, 1)),
+              Param("local_iterations", str, "reference", "K of the control-variate update: reference (E n_0 / B) or per_client", choices=LOCAL_ITERATIONS),
+              Param("perturbation_form", str, "reference", "per-tensor (reference) or whole-vector norm", choices=PERTURBATION_FORMS))
+
+    def __init__(self, **params) -> None:
         super().__init__(**params)
-        if rho < 0 or not 0 < alpha < 1 or perturbation_sign not in (-1, 1):
-            raise ValueError(f"fedwmsam: need rho >= 0, 0 < alpha < 1, sign in (-1, 1); got {rho}, {alpha}, {perturbation_sign}")
-        if local_iterations not in ("reference", "per_client"):
-            raise ValueError(f"fedwmsam: local_iterations must be reference or per_client, got '{local_iterations}'")
-        if perturbation_form not in PERTURBATION_FORMS:
-            raise ValueError(f"fedwmsam: perturbation_form must be one of {PERTURBATION_FORMS}, got '{perturbation_form}'")
-        self.rho, self.alpha0, self.sign = float(rho), float(alpha), int(perturbation_sign)
-        self.k_form, self.form = local_iterations, perturbation_form
+        self.rho, self.alpha0, self.sign = float(self.p["rho"]), float(self.p["alpha"]), int(self.p["perturbation_sign"])
+        self.k_form, self.form = self.p["local_iterations"], self.p["perturbation_form"]
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         like = trainable(ctx.model)

@@ -64,9 +64,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
 from fedmedbench.fl.arrays import load_arrays, model_tensors, weighted_average
-from fedmedbench.fl.methods._shared import check_params, seeded, tensors_of
+from fedmedbench.fl.methods._shared import seeded, tensors_of
 from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import (
     StepLosses,
@@ -87,25 +87,6 @@ from fedmedbench.models.vae import (
 
 SHARED_PREFIXES = ("encoder.", "classifier.")
 GENERATOR_PREFIX = "generator."
-
-DEFAULTS: dict[str, Any] = {
-    # networks
-    "latent_dim": 64, "classifier_hidden": 128, "generator_hidden": 256, "noise_dim": 0,
-    # client (Eq. 9-15); encoder/classifier/decoder use the study's train.optimizer and train.lr
-    "lambda_vae": 1.0, "lambda_adv": 0.3, "lambda_cl": 1.0, "kl_weight": 1.0,
-    "disc_lr": 2e-4, "disc_beta1": 0.5, "gan_loss": "nonsaturating", "conditional_disc": False,
-    "classify_on": "sample", "adv_start_round": 1,
-    # server (Eq. 3-8)
-    "server_epochs": 15, "server_steps_per_epoch": 1, "server_batch_size": "client", "server_optimizer": "fresh",
-    "generator_lr": 1e-3, "generator_lr_decay": 1.0, "dn_lr": 1e-3, "kd_balance": 0.5, "lambda_s": 1.0,
-    "lambda_diver": 0.3, "generator_kl": 0.4, "gm_form": "literal", "diversity_prior": "gaussian",
-    "label_sampling": "dirichlet", "label_alpha": 1.0, "aggregation": "weighted", "vae_reduction": "mean",
-}
-CHOICES = {
-    "gan_loss": ("nonsaturating", "minimax"), "classify_on": ("sample", "mean"), "gm_form": ("literal", "global_ce"),
-    "diversity_prior": ("gaussian", "none"), "label_sampling": ("dirichlet", "dirichlet_soft", "uniform"),
-    "aggregation": ("weighted", "uniform"), "server_optimizer": ("persist", "fresh"), "vae_reduction": ("mean", "sum"),
-}
 
 
 def adversarial_value(real_logits: torch.Tensor, fake_logits: torch.Tensor) -> torch.Tensor:
@@ -168,19 +149,51 @@ def read_once(steps: list[dict[str, torch.Tensor]]) -> list[dict[str, float]]:
 class GPAF(Method):
     #: batches are indexed wherever the client's data is (the engine may keep it on the device)
     device_data = True
+    params = (
+        # networks
+        Param("latent_dim", int, 64, "d, the latent size of E and G_w", low=1),
+        Param("classifier_hidden", int, 128, "hidden units of C", low=1),
+        Param("generator_hidden", int, 256, "hidden units of G_w", low=1),
+        Param("noise_dim", int, 0, "extra noise inputs of G_w (0 = none)", low=0),
+        # client (Eq. 9-15); encoder/classifier/decoder use the study's train.optimizer and train.lr
+        Param("lambda_vae", float, 1.0, "weight of L_v (Eq. 9)", low=0),
+        Param("lambda_adv", float, 0.3, "weight of the client's adversarial alignment (Eq. 13)", low=0),
+        Param("lambda_cl", float, 1.0, "weight of the classification loss", low=0),
+        Param("kl_weight", float, 1.0, "KL weight inside L_v", low=0),
+        Param("disc_lr", float, 2e-4, "Adam lr of D_s", low=0, low_open=True),
+        Param("disc_beta1", float, 0.5, "Adam beta1 of D_s", low=0, high=1, high_open=True),
+        Param("gan_loss", str, "nonsaturating", "encoder/G_w side of the GAN losses", choices=("nonsaturating", "minimax")),
+        Param("conditional_disc", bool, False, "D_s(z, y) instead of D_s(z)"),
+        Param("classify_on", str, "sample", "C_s trained on the sampled z or on mu", choices=("sample", "mean")),
+        Param("adv_start_round", int, 1, "first round of the adversarial term", low=1),
+        # server (Eq. 3-8)
+        Param("server_epochs", int, 15, "generator epochs per round", low=0),
+        Param("server_steps_per_epoch", int, 1, "generated batches per server epoch", low=1),
+        Param("server_batch_size", int, "client", "generated samples per server batch; client = the study's train.batch_size",
+              low=1, also=("client",)),
+        Param("server_optimizer", str, "fresh", "G_w's optimizer kept across rounds or fresh", choices=("persist", "fresh")),
+        Param("generator_lr", float, 1e-3, "Adam lr of G_w", low=0, low_open=True),
+        Param("generator_lr_decay", float, 1.0, "per-round factor on generator_lr", low=0, low_open=True),
+        Param("dn_lr", float, 1e-3, "Adam lr of D_n", low=0, low_open=True),
+        Param("kd_balance", float, 0.5, "lambda in L_s = lambda L_KD + (1 - lambda) L_GM (Eq. 5)", low=0, high=1),
+        Param("lambda_s", float, 1.0, "weight of L_s in J (Eq. 7)", low=0),
+        Param("lambda_diver", float, 0.3, "weight of L_diver in J (Eq. 7)", low=0),
+        Param("generator_kl", float, 0.4, "weight of the KL term on G_w's Gaussian (0 removes it)", low=0),
+        Param("gm_form", str, "literal", "L_GM as Eq. 4 prints it or CE(F(z), y)", choices=("literal", "global_ce")),
+        Param("diversity_prior", str, "gaussian", "D_n's prior samples, or none (no L_diver)", choices=("gaussian", "none")),
+        Param("label_sampling", str, "dirichlet", "how the server draws labels",
+              choices=("dirichlet", "dirichlet_soft", "uniform")),
+        Param("label_alpha", float, 1.0, "Dirichlet alpha of the server's labels; partition = the setting's alpha",
+              low=0, low_open=True, also=("partition",)),
+        Param("aggregation", str, "weighted", "FedAvg weights or Eq. 8's 1/K", choices=("weighted", "uniform")),
+        Param("vae_reduction", str, "mean", "L_v averaged or summed over pixels", choices=("mean", "sum")),
+    )
 
     def __init__(self, **params: Any) -> None:
-        self.p = check_params("gpaf", DEFAULTS, CHOICES, params)
-        alpha = self.p["label_alpha"]
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
-            raise ValueError(f"method_params.gpaf.label_alpha must be a number > 0 (or 'partition' in a study config, "
-                             f"resolved to the setting's Dirichlet alpha), got {alpha!r}")
-        for key in ("server_epochs", "server_steps_per_epoch", "server_batch_size"):
-            if key == "server_batch_size" and self.p[key] == "client":
-                continue
-            if not isinstance(self.p[key], int) or self.p[key] < (0 if key == "server_epochs" else 1):
-                raise ValueError(f"method_params.gpaf.{key} must be an integer >= {0 if key == 'server_epochs' else 1}"
-                                 f"{' or client' if key == 'server_batch_size' else ''}, got {self.p[key]!r}")
+        super().__init__(**params)
+        if self.p["label_alpha"] == "partition":
+            raise ValueError("method_params.gpaf.label_alpha: 'partition' is resolved to the setting's Dirichlet alpha "
+                             "by the workflow; a run needs a number > 0")
 
     # --- model -------------------------------------------------------------------
     def build_model(self, spec) -> GPAFNet:

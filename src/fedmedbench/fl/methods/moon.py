@@ -27,14 +27,13 @@ FedAvg client step.
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedmedbench.fl.api import ClientContext, ClientResult, Method
-from fedmedbench.fl.methods._shared import check_params, tensors_of
+from fedmedbench.fl.api import ClientContext, ClientResult, Method, Param
+from fedmedbench.fl.methods._shared import tensors_of
 from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import (
     StepLosses,
@@ -45,8 +44,6 @@ from fedmedbench.fl.training import (
     to_device,
     to_float,
 )
-
-DEFAULTS: dict[str, Any] = {"mu": 1.0, "temperature": 0.5}
 
 
 def representation(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -85,10 +82,8 @@ class MOON(Method):
     #: batches are indexed wherever the client's data is (the engine may keep it on the device)
     device_data = True
 
-    def __init__(self, **params: Any) -> None:
-        self.p = check_params("moon", DEFAULTS, {}, params)
-        if self.p["temperature"] <= 0:
-            raise ValueError(f"method_params.moon.temperature must be > 0, got {self.p['temperature']}")
+    params = (Param("mu", float, 1.0, "weight of the model-contrastive loss", low=0),
+              Param("temperature", float, 0.5, "tau of the contrastive loss", low=0, low_open=True))
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         model, cfg, device = to_device(ctx.model, ctx.device), ctx.train, ctx.device

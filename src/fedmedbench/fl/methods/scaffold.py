@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from fedmedbench.fl.api import ClientContext, ClientResult, ServerContext
+from fedmedbench.fl.api import ClientContext, ClientResult, Param, ServerContext
 from fedmedbench.fl.methods._sgd import (
+    LOCAL_ITERATIONS,
     ServerOptMethod,
     StepHooks,
     add,
@@ -63,12 +64,11 @@ def server_control_update(ctx: ServerContext, name: str = "c") -> None:
 @register_method("scaffold")
 class Scaffold(ServerOptMethod):
     extra_records = ("delta_c",)
+    params = (Param("local_iterations", str, "reference", "K of the control-variate update: reference (E n_0 / B) or per_client", choices=LOCAL_ITERATIONS),)
 
-    def __init__(self, local_iterations: str = "reference", **params) -> None:
+    def __init__(self, **params) -> None:
         super().__init__(**params)
-        if local_iterations not in ("reference", "per_client"):
-            raise ValueError(f"{self.name}: local_iterations must be reference or per_client, got '{local_iterations}'")
-        self.k_form = local_iterations
+        self.k_form = self.p["local_iterations"]
 
     def perturbation(self):
         """Per-step weight perturbation (none here; FedGAMMA adds SAM's)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fedmedbench.fl.api import ClientContext
+from fedmedbench.fl.api import ClientContext, Param
 from fedmedbench.fl.methods._seg_shared import SegMethod
 from fedmedbench.fl.registry import register_method
 
@@ -20,8 +20,8 @@ class SegCentralized(SegMethod):
     personalized = False
     centralized = True
     communicates = False
-    defaults = {"personal": [], "steps": "per_site"}
-    choices = {"steps": ("per_site", "sum_of_sites")}
+    params = (Param("steps", str, "per_site", "iterations per round: local_steps (per_site) or local_steps x the sites",
+                    choices=("per_site", "sum_of_sites")),)
 
     def prepare(self, ctx: ClientContext) -> torch.nn.Module:
         model = super().prepare(ctx)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fedmedbench.fl.api import Param
 from fedmedbench.fl.methods._seg_shared import AGGREGATION_CHOICES, SegMethod
 from fedmedbench.fl.registry import register_method
 
@@ -13,5 +14,4 @@ class SegFedAvg(SegMethod):
     ``train.aggregation``. One global model is evaluated."""
 
     personalized = False
-    defaults = {"personal": [], "aggregation": "examples"}
-    choices = {"aggregation": AGGREGATION_CHOICES}
+    params = (Param("aggregation", str, "examples", "site weights: training clips, uniform 1/K, or null = train.aggregation", choices=AGGREGATION_CHOICES),)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedmedbench.fl.api import ClientResult
+from fedmedbench.fl.api import ClientResult, Param
 from fedmedbench.fl.methods._seg_shared import ALWAYS_PERSONAL, SegMethod, tensors
 from fedmedbench.fl.registry import register_method
 
@@ -12,7 +12,7 @@ class SegLocal(SegMethod):
     """Local Train: each site trains the whole model alone; nothing leaves a site."""
 
     communicates = False
-    defaults = {"personal": ["all"]}
+    params = (Param("personal", list, ["all"], "parameter groups kept on the site"),)
 
     def shared_keys(self, model):  # the common initial model is broadcast once; never updated
         return [k for k in model.state_dict() if not ALWAYS_PERSONAL.match(k)]

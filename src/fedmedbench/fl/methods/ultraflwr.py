@@ -23,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
 from fedmedbench.fl.arrays import load_arrays, moved, weighted_average
 from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.tasks.detection.ap import AP_RULES
@@ -36,7 +36,6 @@ from fedmedbench.fl.tasks.detection.yolo import (
     SELECT,
     SELECT_METRICS,
     WARMUPS,
-    one_of,
 )
 
 FINAL_AGGREGATION = ("skip_all", "skip_partial", "keep")
@@ -72,31 +71,37 @@ def bytes_of(arrays: Arrays) -> int:
 class UltraFlwr(Method):
     personalized = True  # partial strategies leave each client its own model; all are evaluated per client
 
-    def __init__(self, strategy: str = "FedAvg", split: str = "ultraflwr", select: str = "best",
-                 select_metric: str = "fitness", weighting: str = "uniform", final_aggregation: str = "skip_all",
-                 ultralytics: dict | None = None, auto_optimizer: str = "ultralytics_8_3",
-                 head_init: str = "client", workers: int = 0, warmup: str = "ultralytics_8_3",
-                 assigner: str = "ultralytics_8_3", hsv: str = "ultralytics_8_3", ap: str = "ultralytics_8_3") -> None:
-        self.components, self.aggregator = parse_strategy(strategy)
-        self.strategy = strategy
+    task = "detection"
+    params = (
+        Param("strategy", str, "FedAvg", "FedAvg, or a partial strategy such as FedBackbone / FedNeckHead"),
+        Param("split", str, "ultraflwr", "backbone/neck/head key map", choices=SPLITS),
+        Param("select", str, "best", "the client checkpoint sent: best or last epoch", choices=SELECT),
+        Param("select_metric", str, "fitness", "what 'best' maximises", choices=SELECT_METRICS),
+        Param("weighting", str, "uniform", "FedAvg weights: training frames or 1 each", choices=WEIGHTING),
+        Param("final_aggregation", str, "skip_all", "whether the last round is aggregated", choices=FINAL_AGGREGATION),
+        Param("ultralytics", dict, None, "extra Ultralytics training arguments", nullable=True),
+        Param("auto_optimizer", str, "ultralytics_8_3", "optimizer choice of 'auto'", choices=AUTO_OPTIMIZERS),
+        Param("head_init", str, "client", "detection head of the clients' first round", choices=HEAD_INITS),
+        Param("workers", int, 0, "data-loader workers (speed only)", low=0),
+        Param("warmup", str, "ultralytics_8_3", "warm-up schedule", choices=WARMUPS),
+        Param("assigner", str, "ultralytics_8_3", "target assigner", choices=ASSIGNERS),
+        Param("hsv", str, "ultralytics_8_3", "HSV augmentation rule", choices=HSV_RULES),
+        Param("ap", str, "ultralytics_8_3", "how Ultralytics' AP is computed", choices=AP_RULES),
+    )
 
-        def checked(key: str, value: str, choices: tuple) -> str:
-            return one_of(f"method_params.ultraflwr.{key}", value, choices)
-
-        self.split, self.select = checked("split", split, SPLITS), checked("select", select, SELECT)
-        self.select_metric = checked("select_metric", select_metric, SELECT_METRICS)
-        self.weighting = checked("weighting", weighting, WEIGHTING)
-        self.final_aggregation = checked("final_aggregation", final_aggregation, FINAL_AGGREGATION)
+    def __init__(self, **params) -> None:
+        super().__init__(**params)
+        p = self.p
+        self.components, self.aggregator = parse_strategy(p["strategy"])
+        self.strategy = p["strategy"]
+        self.split, self.select, self.select_metric = p["split"], p["select"], p["select_metric"]
+        self.weighting, self.final_aggregation = p["weighting"], p["final_aggregation"]
         # where Ultralytics 8.4 (installed) trains differently from UltraFlwr's 8.3.48 (yolo.py's module docstring)
-        self.auto_optimizer = checked("auto_optimizer", auto_optimizer, AUTO_OPTIMIZERS)
-        self.warmup, self.assigner = checked("warmup", warmup, WARMUPS), checked("assigner", assigner, ASSIGNERS)
-        self.hsv = checked("hsv", hsv, HSV_RULES)
-        self.ap = checked("ap", ap, AP_RULES)
-        self.head_init = checked("head_init", head_init, HEAD_INITS)
-        self.ultralytics = dict(ultralytics or {})
-        if int(workers) < 0:
-            raise ValueError(f"method_params.ultraflwr.workers must be >= 0, got {workers}")
-        self.workers = int(workers)
+        self.auto_optimizer, self.warmup, self.assigner, self.hsv = p["auto_optimizer"], p["warmup"], p["assigner"], p["hsv"]
+        self.ap = p["ap"]
+        self.head_init = p["head_init"]
+        self.ultralytics = dict(p["ultralytics"] or {})
+        self.workers = int(p["workers"])
 
     @property
     def partial(self) -> bool:

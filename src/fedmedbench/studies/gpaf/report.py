@@ -443,7 +443,7 @@ def latent_features(spec_dict: dict, samples_per_client: int, generator_samples:
     if stored_global is None:
         stored_global = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
     global_arrays = dict(stored_global)
-    method = get_method(spec.method, spec.method_params)
+    method = get_method(spec.method, spec.method_params, spec.method_file)
     data = FederatedData(spec.partition_path, spec.sources)
     cpu = torch.device("cpu")
 
