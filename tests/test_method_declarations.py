@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 from fedmedbench.fl import method_params as MP
@@ -196,12 +196,12 @@ def test_fednova_normalises_each_clients_update_by_its_steps():
 
     method = get_method("fednova", {}, str(FEDNOVA))
     # n = (1, 3), tau = (1, 3): p = (1/4, 3/4), tau_eff = 5/2, each update weighted 5/2 * p_i / tau_i = 5/8
-    g = {"w": np.zeros(2, np.float32), "count": np.array(4, np.int64)}
-    results = [ClientResult({"w": np.full(2, v, np.float32), "count": np.array(5, np.int64)}, n, {"local_steps": t})
+    g = {"w": torch.zeros(2), "count": torch.tensor(4)}
+    results = [ClientResult({"w": torch.full((2,), v), "count": torch.tensor(5)}, n, {"local_steps": t})
                for v, n, t in ((1.0, 1, 1.0), (2.0, 3, 3.0))]
     out = method.aggregate(SimpleNamespace(global_arrays=g, results=results))
-    np.testing.assert_allclose(out["w"], 5 / 8 * 1.0 + 5 / 8 * 2.0)  # FedAvg: 1/4 + 3/2 = 1.75
-    assert out["w"].dtype == np.float32 and int(out["count"]) == 5
+    torch.testing.assert_close(out["w"], torch.full((2,), 5 / 8 * 1.0 + 5 / 8 * 2.0))  # FedAvg: 1/4 + 3/2 = 1.75
+    assert out["w"].dtype == torch.float32 and int(out["count"]) == 5
 
 
 @pytest.mark.slow
