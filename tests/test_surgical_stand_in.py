@@ -175,8 +175,8 @@ def test_fedst_cost_scales_an_evaluation_by_the_test_fraction_only(monkeypatch, 
     row = SC.fedst_cost(config, STUDIES / "fedst.yaml", ["fedst"], 4, "cpu", 1, tmp_path / "w", surgical)
     assert specs[2].task_params["cache_mb"] == row["cache_mb"] == 1024
     assert row["train_s_per_round"] == {"fedst": 2.0}  # the same fixed steps: not scaled by the fraction
-    # the decoded clips on disk (engine.image_cache) when asked for: the config's (none) or the bench's folder
-    assert specs[0].image_cache is None and not row["image_cache"]
+    # the decoded clips on disk (engine.image_cache): the config's folder (the grid's default) or the bench's
+    assert specs[0].image_cache == config["engine"]["image_cache"] == "resources/cache/clips" and row["image_cache"]
     row = SC.fedst_cost(config, STUDIES / "fedst.yaml", ["fedst"], 4, "cpu", 1, tmp_path / "w", surgical,
                         image_cache=str(tmp_path / "clips-on-disk"))
     assert specs[3].image_cache == str(tmp_path / "clips-on-disk") and row["image_cache"]

@@ -35,6 +35,7 @@ Measured pitfalls this wrapper avoids (Ultralytics 8.4):
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 from collections.abc import Iterable, Iterator
@@ -46,7 +47,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedmedbench.fl.tasks.detection.sized_frames import read_sized_frames
 from fedmedbench.weights.safeload import LoadReport
+
+
+def _log(message: str) -> None:
+    """Said through Ultralytics' logger, as its own messages about the data."""
+    from ultralytics.utils import LOGGER
+
+    LOGGER.info(message)
 
 SELECT = ("best", "last")
 SELECT_METRICS = ("map50", "fitness")
@@ -292,6 +301,7 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
 
         def build_dataset(self, img_path, mode="train", batch=None):
             dataset = super().build_dataset(img_path, mode, batch)
+            read_sized_frames(dataset, log=_log)  # frames stored at training size, where the stage links them
             if hsv == "ultralytics_8_3" and mode == "train":
                 _use_83_hsv(dataset)
             return dataset
@@ -504,6 +514,21 @@ def fused_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy_.fuse(verbose=False) if hasattr(copy_, "fuse") else copy_
 
 
+@functools.cache
+def study_validator() -> type:
+    """Ultralytics' DetectionValidator reading the frames stored at training size where the stage links them
+    (:mod:`~fedmedbench.fl.tasks.detection.sized_frames`: the same arrays, so the same scores)."""
+    from ultralytics.models.yolo.detect import DetectionValidator
+
+    class _Validator(DetectionValidator):
+        def build_dataset(self, img_path, mode="val", batch=None):
+            dataset = super().build_dataset(img_path, mode, batch)
+            read_sized_frames(dataset, log=_log)
+            return dataset
+
+    return _Validator
+
+
 def validate_yolo(
     model: torch.nn.Module, data_yaml: str | Path, split: str, *, imgsz: int, batch: int, device: torch.device,
     workdir: str | Path, conf: float = 0.001, iou: float = 0.7, rect: bool = True, workers: int = 0,
@@ -514,12 +539,10 @@ def validate_yolo(
     Ultralytics' ``model.val()`` sets by default and UltraFlwr's test scripts therefore use; a bare
     validator would letterbox every image to ``imgsz`` x ``imgsz``.
     """
-    from ultralytics.models.yolo.detect import DetectionValidator
-
     args = dict(data=str(data_yaml), split=split, imgsz=int(imgsz), batch=int(batch), device=device_arg(device),
                 workers=int(workers), plots=False, save_json=False, verbose=False, conf=conf, iou=iou, rect=bool(rect),
                 project=str(Path(workdir).resolve()), name="val", exist_ok=True)
     with ultralytics_offline():
-        validator = DetectionValidator(args=args)
+        validator = study_validator()(args=args)
         stats = validator(model=fused_copy(model))
     return {"map50": float(stats["metrics/mAP50(B)"]), "map50_95": float(stats["metrics/mAP50-95(B)"])}
