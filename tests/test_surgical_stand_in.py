@@ -221,6 +221,11 @@ def test_ultraflwr_cost_times_real_local_trainings_on_a_stand_in(tmp_path):
     assert parts["train_s"] == pytest.approx(parts["overhead_s"] + 20 * 3 * parts["client_epoch_s"] / row["fraction"],
                                              abs=1e-3 + 20 * 3 * 5e-4 / row["fraction"])
     assert row["local_epochs"] == 20 and row["local_epochs_timed"] == 2 and row["device_hours"] > 0
+    # the floor's work: 20 epochs over the clients' training frames at the papers' counts, 3 forward passes each
+    manifest = json.loads((tmp_path / "si" / "yolo" / "combined" / "a" / "manifest.json").read_text())
+    frames = sum(c["counts"]["train"]["frames"] for c in manifest["clients"])
+    assert row["train_samples_per_round"] == pytest.approx(20 * frames / row["fraction"], abs=0.1)
+    assert row["flops_per_round"] == pytest.approx(3 * row["forward_flops_per_sample"] * row["train_samples_per_round"])
     assert row["jobs"] == len(uf["strategies"]) * 3 + 3  # and the per-client centralized baseline per seed set
 
 
