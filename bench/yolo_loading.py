@@ -2,9 +2,12 @@
 frame cache (``engine.image_cache``) saves: Ultralytics' training samples (mosaic and augmentation, seeded, the
 study's HSV step) of one client, drawn three ways: every frame decoded and resized as it is read (no cache),
 the frames read from full-size ``.npy`` files (Ultralytics' own ``cache='disk'`` files) and the frames read
-stored at the training size (what ``engine.image_cache`` stores: :mod:`fedmedbench.fl.tasks.detection.sized_frames`).
-Every draw must give the same samples (checked); the row gives ms per sample and images per second of each,
-the part spent reading frames, the caches' bytes per frame and the seconds each took to write.
+stored at the training size (what ``engine.image_cache`` stores: :mod:`fedmedbench.fl.tasks.detection.sized_frames`),
+and those with the last pixel steps in a second thread (:mod:`fedmedbench.fl.tasks.detection.pixel_thread`: the
+training's default with the cache). Samples are taken as the loader takes them, 8 a batch, each batch put
+together by the dataset's ``collate_fn``. Every draw must give the same batches (checked); the row gives ms per
+sample and images per second of each, the part spent reading frames, the caches' bytes per frame and the
+seconds each took to write.
 
     python bench/surgical_stand_in.py --config config/studies/ultraflwr.yaml --out /tmp/si-uf --fraction 0.02
     python bench/yolo_loading.py --surgical-dir /tmp/si-uf --group combined --setting a --samples 96 --repeats 2
@@ -30,16 +33,20 @@ from _surgical_cost import add_client_args, client_manifest, data_label, stand_i
 
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.fl.tasks.detection import frame_cache as FC  # noqa: E402
+from fedmedbench.fl.tasks.detection.pixel_thread import use_pixel_thread  # noqa: E402
 from fedmedbench.fl.tasks.detection.sized_frames import read_sized_frames  # noqa: E402
 from fedmedbench.fl.tasks.detection.staging import stage_export  # noqa: E402
 from fedmedbench.fl.tasks.detection.yolo import _use_83_hsv  # noqa: E402
 
-SIDES = ("decoded", "npy", "sized")
+SIDES = ("decoded", "npy", "sized", "sized_thread")
+#: samples a batch (UltraFlwr's)
+BATCH = 8
 
 
-def draw(images: Path, samples: int, imgsz: int) -> tuple[list, float, float]:
-    """(samples, seconds, seconds reading frames) of the study's training dataset on ``images`` (Ultralytics'
-    with 8.3.48's HSV step, reading the frames stored at ``imgsz`` where the stage links them)."""
+def draw(images: Path, samples: int, imgsz: int, pixel_thread: bool = False) -> tuple[list, float, float]:
+    """(batches' images, seconds, seconds reading frames) of the study's training dataset on ``images``
+    (Ultralytics' with 8.3.48's HSV step, reading the frames stored at ``imgsz`` where the stage links them, the
+    last pixel steps in a second thread with ``pixel_thread``)."""
     import ultralytics.data.base as base
     from ultralytics.cfg import get_cfg
     from ultralytics.data import build_yolo_dataset
@@ -47,9 +54,11 @@ def draw(images: Path, samples: int, imgsz: int) -> tuple[list, float, float]:
 
     data = check_det_dataset(str(images.parents[1] / "data.yaml"))
     cfg = get_cfg(overrides={"imgsz": imgsz, "batch": 8, "workers": 0, "seed": 0, "deterministic": True})
-    dataset = build_yolo_dataset(cfg, str(images), 8, data, mode="train")
+    dataset = build_yolo_dataset(cfg, str(images), BATCH, data, mode="train")
     read_sized_frames(dataset)
     _use_83_hsv(dataset)
+    if pixel_thread and not use_pixel_thread(dataset):
+        raise SystemExit("the training set's transforms do not end as pixel_thread expects")
     reading = [0.0]
 
     def timed(fn):
@@ -70,7 +79,8 @@ def draw(images: Path, samples: int, imgsz: int) -> tuple[list, float, float]:
         random.seed(0)
         np.random.seed(0)
         t0 = time.perf_counter()
-        out = [dataset[i % len(dataset)]["img"] for i in range(samples)]
+        out = [dataset.collate_fn([dataset[i % len(dataset)] for i in range(b, min(samples, b + BATCH))])["img"]
+               for b in range(0, samples, BATCH)]
         return out, time.perf_counter() - t0, reading[0]
     finally:
         base.imread, base.np.load = real_imread, real_load
@@ -93,7 +103,8 @@ def main() -> None:
     drawn: dict[str, list] = {}
     with tempfile.TemporaryDirectory(prefix="fmb-yolo-") as tmp:
         images = {side: stage_export(manifest, Path(tmp) / side) / f"client_{args.client}" / "train" / "images"
-                  for side in SIDES}
+                  for side in SIDES[:3]}
+        images["sized_thread"] = images["sized"]
         reports, write_s = {}, {}
         for side, imgsz in (("npy", None), ("sized", args.imgsz)):
             t0 = time.perf_counter()
@@ -102,12 +113,12 @@ def main() -> None:
             write_s[side] = time.perf_counter() - t0
         for _ in range(args.repeats):
             for side in SIDES:
-                drawn[side], s, r = draw(images[side], args.samples, args.imgsz)
+                drawn[side], s, r = draw(images[side], args.samples, args.imgsz, side == "sized_thread")
                 seconds[side].append(s)
                 reads[side].append(r)
     same = all(all(bool((x == y).all()) for x, y in zip(drawn["decoded"], drawn[side], strict=True))
                for side in SIDES[1:])
-    n = len(drawn["decoded"])
+    n = sum(len(b) for b in drawn["decoded"])
     best = {side: min(seconds[side]) for side in SIDES}
     read = {side: reads[side][seconds[side].index(best[side])] for side in SIDES}
     row = {"bench": "yolo_loading", **data_label(stand_in(args.surgical_dir)), "group": args.group,
@@ -119,12 +130,15 @@ def main() -> None:
            "npy_read_ms_per_sample": round(1000 * read["npy"] / n, 2),
            "sized_ms_per_sample": round(1000 * best["sized"] / n, 2),
            "sized_read_ms_per_sample": round(1000 * read["sized"] / n, 2),
+           "sized_thread_ms_per_sample": round(1000 * best["sized_thread"] / n, 2),
            "images_per_s": {side: round(n / best[side], 1) for side in SIDES},
            "speedup": round(best["decoded"] / best["npy"], 2), "sized_speedup": round(best["decoded"] / best["sized"], 2),
+           "sized_thread_speedup": round(best["decoded"] / best["sized_thread"], 2),
            "cache_bytes_per_frame": round(reports["npy"].bytes_written / max(1, reports["npy"].decoded)),
            "sized_bytes_per_frame": round(reports["sized"].bytes_written / max(1, reports["sized"].decoded)),
            "cache_write_s": round(write_s["npy"], 2), "sized_write_s": round(write_s["sized"], 2),
-           "threads": args.threads, "same_samples": same, "code": git_head()}
+           "threads": args.threads, "runs_s": {side: [round(t, 3) for t in seconds[side]] for side in SIDES},
+           "same_samples": same, "code": git_head()}
     emit([row], args.out)
     if not same:
         sys.exit("the cached frames gave other samples than decoding: the comparison is not like for like")

@@ -218,3 +218,6 @@ def test_the_loading_bench_draws_the_same_samples_both_ways(export, tmp_path, mo
     row = json.loads((tmp_path / "r").read_text())
     assert row["same_samples"] and row["frames"] > 0 and row["decode_ms_per_sample"] > 0
     assert row["cache_bytes_per_frame"] == 48 * 64 * 3 + 128  # one BGR frame and the .npy header
+    assert row["sized_bytes_per_frame"] == 48 * 64 * 3 + 128  # 64 px: the frame's own size
+    assert set(row["images_per_s"]) == {"decoded", "npy", "sized", "sized_thread"} and row["samples"] == 8
+    assert row["sized_read_ms_per_sample"] > 0 and row["sized_thread_speedup"] > 0

@@ -69,6 +69,8 @@ def read_sized_frames(dataset: Any, log=None) -> int:
     """Make ``dataset`` (an Ultralytics YOLO dataset) read the frames stored at its ``imgsz`` where its stage
     links them; how many it reads so (0: none stored, an integer ``imgsz`` missing, or a stored frame that is
     not Ultralytics' own load, in which case ``log`` is told)."""
+    if not all(hasattr(dataset, key) for key in ("imgsz", "im_files", "load_image", "channels", "cache")):
+        return 0  # not an Ultralytics image dataset
     imgsz = dataset.imgsz
     if isinstance(dataset.load_image, SizedFrameLoader):
         return sum(e is not None for e in dataset.load_image.entries)

@@ -221,19 +221,28 @@ class RandomHSV83:
         self.hgain, self.sgain, self.vgain = hgain, sgain, vgain
 
     def __call__(self, labels: dict) -> dict:
+        gains = self.draw(labels["img"])
+        if gains is not None:
+            self.apply(labels["img"], gains)
+        return labels
+
+    def draw(self, img: np.ndarray) -> np.ndarray | None:
+        """The step's random gains for ``img`` (one draw from NumPy's stream), or None where it leaves it as it is."""
+        if img.shape[-1] != 3 or not (self.hgain or self.sgain or self.vgain):
+            return None
+        return np.random.uniform(-1, 1, 3) * [self.hgain, self.sgain, self.vgain] + 1
+
+    @staticmethod
+    def apply(img: np.ndarray, gains: np.ndarray) -> None:
+        """``img`` (BGR) with its hue, saturation and value moved by ``gains``, in place."""
         import cv2
 
-        img = labels["img"]
-        if img.shape[-1] != 3 or not (self.hgain or self.sgain or self.vgain):
-            return labels
-        gains = np.random.uniform(-1, 1, 3) * [self.hgain, self.sgain, self.vgain] + 1
         x = np.arange(0, 256, dtype=gains.dtype)
         luts = (hue_lut_83(gains[0], img.dtype), np.clip(x * gains[1], 0, 255).astype(img.dtype),
                 np.clip(x * gains[2], 0, 255).astype(img.dtype))
         hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)
         mapped = cv2.merge([cv2.LUT(channel, lut) for channel, lut in zip(cv2.split(hsv), luts, strict=True)])
         cv2.cvtColor(mapped, cv2.COLOR_HSV2BGR, dst=img)
-        return labels
 
 
 def with_83_hue(compose):
@@ -304,6 +313,10 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
             read_sized_frames(dataset, log=_log)  # frames stored at training size, where the stage links them
             if hsv == "ultralytics_8_3" and mode == "train":
                 _use_83_hsv(dataset)
+            if mode == "train" and int(getattr(getattr(self, "args", None), "workers", 0)) == 0:
+                from fedmedbench.fl.tasks.detection import pixel_thread
+
+                pixel_thread.use_pixel_thread(dataset)  # the last pixel steps in a second thread (the same bits)
             return dataset
 
         def _get_warmup_iterations(self, num_batches):
