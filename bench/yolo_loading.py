@@ -43,8 +43,8 @@ SIDES = ("decoded", "npy", "sized", "sized_thread")
 BATCH = 8
 
 
-def draw(images: Path, samples: int, imgsz: int, pixel_thread: bool = False) -> tuple[list, float, float]:
-    """(batches' images, seconds, seconds reading frames) of the study's training dataset on ``images``
+def draw(images: Path, samples: int, imgsz: int, pixel_thread: bool = False) -> tuple[list, float, float, float]:
+    """(batches' images, seconds, seconds reading frames, CPU seconds of the process's threads) of the study's training dataset on ``images``
     (Ultralytics' with 8.3.48's HSV step, reading the frames stored at ``imgsz`` where the stage links them, the
     last pixel steps in a second thread with ``pixel_thread``)."""
     import ultralytics.data.base as base
@@ -78,10 +78,10 @@ def draw(images: Path, samples: int, imgsz: int, pixel_thread: bool = False) -> 
     try:
         random.seed(0)
         np.random.seed(0)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = [dataset.collate_fn([dataset[i % len(dataset)] for i in range(b, min(samples, b + BATCH))])["img"]
                for b in range(0, samples, BATCH)]
-        return out, time.perf_counter() - t0, reading[0]
+        return out, time.perf_counter() - t0, reading[0], time.process_time() - c0
     finally:
         base.imread, base.np.load = real_imread, real_load
         sized.np.load = real_load
@@ -100,6 +100,7 @@ def main() -> None:
     manifest = client_manifest(args)
     seconds: dict[str, list[float]] = {side: [] for side in SIDES}
     reads: dict[str, list[float]] = {side: [] for side in SIDES}
+    cpu: dict[str, list[float]] = {side: [] for side in SIDES}  # on a shared machine: the work, apart from waiting
     drawn: dict[str, list] = {}
     with tempfile.TemporaryDirectory(prefix="fmb-yolo-") as tmp:
         images = {side: stage_export(manifest, Path(tmp) / side) / f"client_{args.client}" / "train" / "images"
@@ -113,8 +114,9 @@ def main() -> None:
             write_s[side] = time.perf_counter() - t0
         for _ in range(args.repeats):
             for side in SIDES:
-                drawn[side], s, r = draw(images[side], args.samples, args.imgsz, side == "sized_thread")
+                drawn[side], s, r, c = draw(images[side], args.samples, args.imgsz, side == "sized_thread")
                 seconds[side].append(s)
+                cpu[side].append(c)
                 reads[side].append(r)
     same = all(all(bool((x == y).all()) for x, y in zip(drawn["decoded"], drawn[side], strict=True))
                for side in SIDES[1:])
@@ -137,6 +139,7 @@ def main() -> None:
            "cache_bytes_per_frame": round(reports["npy"].bytes_written / max(1, reports["npy"].decoded)),
            "sized_bytes_per_frame": round(reports["sized"].bytes_written / max(1, reports["sized"].decoded)),
            "cache_write_s": round(write_s["npy"], 2), "sized_write_s": round(write_s["sized"], 2),
+           "cpu_ms_per_sample": {side: round(1000 * min(cpu[side]) / n, 2) for side in SIDES},
            "threads": args.threads, "runs_s": {side: [round(t, 3) for t in seconds[side]] for side in SIDES},
            "same_samples": same, "code": git_head()}
     emit([row], args.out)

@@ -35,7 +35,6 @@ Measured pitfalls this wrapper avoids (Ultralytics 8.4):
 from __future__ import annotations
 
 import copy
-import functools
 import math
 import os
 from collections.abc import Iterable, Iterator
@@ -527,10 +526,10 @@ def fused_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy_.fuse(verbose=False) if hasattr(copy_, "fuse") else copy_
 
 
-@functools.cache
 def study_validator() -> type:
-    """Ultralytics' DetectionValidator reading the frames stored at training size where the stage links them
-    (:mod:`~fedmedbench.fl.tasks.detection.sized_frames`: the same arrays, so the same scores)."""
+    """Ultralytics' DetectionValidator (as the module holds it when called) reading the frames stored at training
+    size where the stage links them (:mod:`~fedmedbench.fl.tasks.detection.sized_frames`: the same arrays, so the
+    same scores)."""
     from ultralytics.models.yolo.detect import DetectionValidator
 
     class _Validator(DetectionValidator):
