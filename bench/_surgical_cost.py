@@ -169,7 +169,7 @@ def _missing(path: Path, target: Path, study: str, config_path: Path) -> SystemE
 def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, rounds: int, device: str, threads: int,
                workdir: Path, surgical: Path, workers: int | None = None, image_cache: str | None = None) -> dict[str, Any]:
     """``workers``: threads decoding clips ahead of use (default: the config's ``engine.loader_workers``);
-    ``image_cache``: the decoded clips kept in this folder (``engine.image_cache``; default: the config's)."""
+    ``image_cache``: the decoded clips kept in this folder (``engine.image_cache``; default: the config's; "": none)."""
     from fedmedbench.studies.fedst import runs as FS
 
     cfg = config["fedst"]
@@ -188,7 +188,7 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
     timed = [m for m in (methods or ["fedst"]) if m in cfg["methods"]] or list(cfg["methods"][:1])
     rates: dict[str, tuple[float, float]] = {}
     workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)
-    image_cache = image_cache or config["engine"].get("image_cache")
+    image_cache = (config["engine"].get("image_cache") if image_cache is None else image_cache) or None  # "": none
     row: dict[str, Any] = {"bench": "grid_cost", "study": "fedst", "device": device, "surgical_dir": str(surgical),
                            **label, "loader_workers": workers, "cache_mb": cache_mb, "image_cache": bool(image_cache)}
     pre_s = 0.0
@@ -252,7 +252,7 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
     """``workers``: the local trainings' and the evaluation's dataloader workers (default: the config's
     ``ultraflwr.train.workers`` and ``engine.loader_workers``); ``loader_workers``: ``engine.loader_workers``
     alone (the evaluation's workers, and the training batches read ahead in a thread from 1: the same results);
-    ``image_cache``: the decoded-frame folder (``engine.image_cache``; default: the config's)."""
+    ``image_cache``: the decoded-frame folder (``engine.image_cache``; default: the config's; "": none)."""
     from fedmedbench.studies.ultraflwr import runs as UFR
 
     uf = config["ultraflwr"]
@@ -261,7 +261,7 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
     train_workers = int(uf["train"].get("workers", 0) if workers is None else workers)
     if loader_workers is None:
         loader_workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)
-    image_cache = image_cache or config["engine"].get("image_cache")
+    image_cache = (config["engine"].get("image_cache") if image_cache is None else image_cache) or None  # "": none
     timed_uf = {**uf, "train": {**uf["train"], "rounds": rounds, "epochs": epochs, "workers": train_workers},
                 "eval": {**uf["eval"], "every": rounds}}
     strategies = [m for m in (methods or ["FedAvg"]) if m in uf["strategies"]] or list(uf["strategies"][:1])

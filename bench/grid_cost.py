@@ -227,6 +227,8 @@ def main() -> None:
     ap.add_argument("--image-cache", type=Path,
                     help="fedst, ultraflwr: keep the decoded clips or frames in this folder (engine.image_cache); "
                          "default: the config's")
+    ap.add_argument("--no-image-cache", action="store_true",
+                    help="fedst, ultraflwr: decode every read, whatever the config's engine.image_cache says")
     ap.add_argument("--loader-workers", type=int,
                     help="engine.loader_workers: fedst's threads decoding clips ahead of use; ultraflwr's evaluation "
                          "workers and, from 1, the training batches read ahead in a thread (after --yolo-workers); "
@@ -305,7 +307,7 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
         for name, cost in (("fedst", fedst_cost), ("ultraflwr", ultraflwr_cost)):
             if not has_runs[name] or (args.study and name not in args.study):
                 continue
-            cache = str(args.image_cache.resolve()) if args.image_cache else None
+            cache = "" if args.no_image_cache else str(args.image_cache.resolve()) if args.image_cache else None
             extra = ({"epochs": args.surgical_epochs, "workers": args.yolo_workers, "image_cache": cache,
                       "loader_workers": args.loader_workers} if name == "ultraflwr"
                      else {"workers": args.loader_workers, "image_cache": cache})

@@ -180,6 +180,9 @@ def test_fedst_cost_scales_an_evaluation_by_the_test_fraction_only(monkeypatch, 
     row = SC.fedst_cost(config, STUDIES / "fedst.yaml", ["fedst"], 4, "cpu", 1, tmp_path / "w", surgical,
                         image_cache=str(tmp_path / "clips-on-disk"))
     assert specs[3].image_cache == str(tmp_path / "clips-on-disk") and row["image_cache"]
+    row = SC.fedst_cost(config, STUDIES / "fedst.yaml", ["fedst"], 4, "cpu", 1, tmp_path / "w", surgical,
+                        image_cache="")  # grid_cost --no-image-cache: every read decoded
+    assert specs[4].image_cache is None and not row["image_cache"]
 
 
 def test_steps_clock_logs_each_local_segmentation_training_and_then_lets_go(monkeypatch):
