@@ -1369,7 +1369,7 @@ def test_the_last_pixel_steps_in_a_second_thread_give_the_same_batches_and_weigh
     spec = _spec(export, tmp_path, "FedAvg")
     data = DetectionTask(spec).client_data(0)
     seen, handed = [], [0]
-    preprocess, submit, use = DetectionTrainer.preprocess_batch, PT._Pixels.submit, PT.use_pixel_thread
+    preprocess, submit = DetectionTrainer.preprocess_batch, PT._Pixels.submit
 
     def noted(self, batch):
         seen.append(hashlib.sha1(batch["img"].numpy().tobytes()).hexdigest())
@@ -1386,10 +1386,9 @@ def test_the_last_pixel_steps_in_a_second_thread_give_the_same_batches_and_weigh
     for mode in ("in place", "thread", "thread, read ahead"):
         seen.clear()
         handed[0] = 0
-        monkeypatch.setattr(PT, "use_pixel_thread", use if mode != "in place" else lambda dataset: False)
         out = train_yolo(build_yolo("yolo11n.yaml", spec.num_classes, seed=3), data.data_yaml, epochs=3, batch=4,
                          imgsz=64, seed=1, device=torch.device("cpu"), workdir=tmp_path / mode, extra={"close_mosaic": 1},
-                         read_ahead="read ahead" in mode)
+                         read_ahead="read ahead" in mode, pixel_thread=mode != "in place")
         runs[mode] = (list(seen), out, handed[0])
     (base, a, none), (thread, b, n_b), (ahead, c, n_c) = runs.values()
     assert len(base) > 6 and base == thread == ahead and none == 0

@@ -272,7 +272,7 @@ def _use_83_hsv(dataset) -> None:
 
 def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
                   warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3",
-                  hsv: str = "ultralytics_8_3", read_ahead: bool = False) -> type:
+                  hsv: str = "ultralytics_8_3", read_ahead: bool = False, pixel_thread: bool = False) -> type:
     """Ultralytics' DetectionTrainer as the study runs it: no checkpoints, no final re-validation, no CPU
     gc, validated epochs marked, ``optimizer=auto`` resolved by ``auto_optimizer``, and the fitness that
     early stopping reads (and ``best_fitness``) by ``fitness``: ``ultralytics_8_3`` = 0.1 mAP50 + 0.9
@@ -281,7 +281,9 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
     the loss's candidate anchors by ``assigner`` (8.3.48's :func:`anchors_in_boxes_83` or the installed one's) and
     the training set's hue augmentation by ``hsv`` (8.3.48's :func:`hue_lut_83` or the installed one's); with
     ``read_ahead`` the training batches are loaded in a thread while the model trains, the same samples
-    (:mod:`~fedmedbench.fl.tasks.detection.read_ahead`)."""
+    (:mod:`~fedmedbench.fl.tasks.detection.read_ahead`); with ``pixel_thread`` (loading in this process) each training
+    sample's last pixel steps run in a second thread, the same samples (:mod:`~fedmedbench.fl.tasks.detection.pixel_thread`;
+    off by default: on a busy 2-core machine it was not faster, it needs a free core)."""
     from ultralytics.models.yolo.detect import DetectionTrainer
 
     for key, value, choices in (("auto_optimizer", auto_optimizer, AUTO_OPTIMIZERS), ("fitness", fitness, FITNESS_RULES),
@@ -312,10 +314,10 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
             read_sized_frames(dataset, log=_log)  # frames stored at training size, where the stage links them
             if hsv == "ultralytics_8_3" and mode == "train":
                 _use_83_hsv(dataset)
-            if mode == "train" and int(getattr(getattr(self, "args", None), "workers", 0)) == 0:
-                from fedmedbench.fl.tasks.detection import pixel_thread
+            if pixel_thread and mode == "train" and int(getattr(getattr(self, "args", None), "workers", 0)) == 0:
+                from fedmedbench.fl.tasks.detection.pixel_thread import use_pixel_thread
 
-                pixel_thread.use_pixel_thread(dataset)  # the last pixel steps in a second thread (the same bits)
+                use_pixel_thread(dataset)  # the last pixel steps in a second thread (the same bits)
             return dataset
 
         def _get_warmup_iterations(self, num_batches):
@@ -451,13 +453,14 @@ def train_yolo(
     device: torch.device, workdir: str | Path, select: str = "best", select_metric: str = "fitness",
     extra: dict[str, Any] | None = None, auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
     workers: int = 0, warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3", hsv: str = "ultralytics_8_3",
-    read_ahead: bool = False,
+    read_ahead: bool = False, pixel_thread: bool = False,
 ) -> TrainOutcome:
     """Train ``model`` (its current weights) for ``epochs`` with Ultralytics' detection trainer (``workers``
     dataloader processes; 0 = in this process, as UltraFlwr, where ``read_ahead`` loads the next batches in a
-    thread while the model trains: the same samples)."""
+    thread while the model trains, and ``pixel_thread`` runs each sample's last pixel steps in another: the same
+    samples)."""
     EpochSelector(select, select_metric)  # fail on a bad choice before Ultralytics starts
-    trainer_cls = study_trainer(auto_optimizer, fitness, warmup, assigner, hsv, read_ahead)
+    trainer_cls = study_trainer(auto_optimizer, fitness, warmup, assigner, hsv, read_ahead, pixel_thread)
     extra = dict(extra or {})
     fixed = sorted(set(extra) & set(FIXED_ARGS))
     if fixed:
