@@ -476,3 +476,25 @@ def test_grid_cost_appends_each_studys_summary_with_its_floor_and_levers(tmp_pat
         assert row["measured_over_floor_30"] == pytest.approx(row["measured_s_per_round"] / row["floor_s_per_round_30"], rel=0.02)
         assert row["grid_gpu_hours"] == pytest.approx(row["device_hours"] / row["packing_throughput"], abs=0.1)
     assert one["levers"] == [] and packed["levers"] == ["packing=4"] and packed["packing_throughput"] == 4
+
+
+def test_ops_per_round_counts_a_steady_round_whatever_the_width_and_image_side(tmp_path, monkeypatch):
+    """bench/ops_per_round.py scales the model's widths and the image side down because the op count of a round
+    does not depend on them: on a small earlystop-like workload (8 clients, 2 a round, 1 epoch of batch 16) the
+    count is the same at two widths and two image sides, every op falls in a phase, and training dominates."""
+    import engine_overhead as eo
+    import ops_per_round
+    import yaml
+
+    monkeypatch.setattr(eo, "DERMA_COUNTS", {"train": 96, "val": 20, "test": 30})
+    study = yaml.safe_load((STUDIES / "earlystop.yaml").read_text())["studies"]["earlystop"]
+    study["settings"]["dir0.1"]["num_clients"] = 8
+    study.update(clients_per_round=2, train={**study["train"], "local_epochs": 1, "batch_size": 16,
+                                             "eval_batch_size": 16})
+    config = tmp_path / "earlystop.yaml"
+    config.write_text(yaml.safe_dump({"studies": {"earlystop": study}}))
+    rows = [ops_per_round.count_round("earlystop", "fedavg", config, width, size, 1, tmp_path / f"w{width}-{size}")
+            for width, size in ((2, 32), (4, 32), (2, 48))]
+    counts = {row["ops_per_round"] for row in rows}
+    assert len(counts) == 1 and rows[0]["ops_per_round"] == sum(rows[0]["ops"].values())
+    assert rows[0]["ops"]["train"] > rows[0]["ops"]["eval"] > 0 and rows[0]["clients_per_round"] == 2
