@@ -167,6 +167,22 @@ def test_a_frame_changed_after_its_file_is_decoded_again(tmp_path):
     assert FC.link_cached_frames([folder], tmp_path / "c", log=lambda m: None).decoded == 0
 
 
+def test_a_frame_changed_after_it_was_stored_at_training_size_is_stored_again(tmp_path):
+    import cv2
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    img = folder / "f.png"
+    for value, when, shape in ((10, 1_600_000_000, (48, 64)), (200, 1_000_000_000, (64, 32))):  # dated earlier too
+        cv2.imwrite(str(img), np.full((*shape, 3), value, np.uint8))
+        os.utime(img, (when, when))
+        report = FC.link_cached_frames([folder], tmp_path / "c", log=lambda m: None, imgsz=32)
+        stored = FC.sized_link(img, 32).resolve()
+        assert report.decoded == 1 and FC.original_shape(stored) == shape
+        assert np.load(stored).shape == (*FC.resized_shape(*shape, 32), 3) and int(np.load(stored)[0, 0, 0]) == value
+    assert FC.link_cached_frames([folder], tmp_path / "c", log=lambda m: None, imgsz=32).reused == 1
+
+
 def test_a_damaged_frame_is_named_and_left_to_ultralytics_and_too_little_disk_caches_nothing(tmp_path, monkeypatch):
     """A frame that does not decode is read as without the cache (Ultralytics skips or names it as usual)."""
     import cv2
