@@ -6,9 +6,20 @@ min_version("9.0")
 
 
 # Config files are re-read strictly first (duplicate keys rejected, errors with file and line).
-from fedmedbench.configcheck import check_files
+# A config error is one line naming the file and key (FEDMEDBENCH_DEBUG=1: with its traceback);
+# jobs learn the config files from the environment, to name them in their errors.
+import os
 
-check_files(workflow.overwrite_configfiles or ["config/config.yaml"])
+from fedmedbench.compat import patch_snakemake_params_reason
+from fedmedbench.configcheck import check_files
+from fedmedbench.diagnostics import CONFIGFILES_ENV, exit_on_config_error
+
+CONFIG_FILES = [str(f) for f in workflow.overwrite_configfiles or ["config/config.yaml"]]
+os.environ[CONFIGFILES_ENV] = os.pathsep.join(CONFIG_FILES)
+with exit_on_config_error(CONFIG_FILES):
+    check_files(CONFIG_FILES)
+# a job rerun because its params changed names the changed keys, old -> new
+patch_snakemake_params_reason()
 
 
 # The embedded demo is the default; `--configfile X` runs X alone (not merged with the demo).
@@ -18,22 +29,26 @@ if not workflow.overwrite_configfiles:
 
 
 
-report: "report/workflow.rst"
+with exit_on_config_error(CONFIG_FILES):
+
+    include: "rules/common.smk"
+    include: "rules/weights.smk"
+    include: "rules/data.smk"
+    include: "rules/partition.smk"
+    include: "rules/train.smk"
+    include: "rules/shared_runs.smk"
+    include: "rules/report.smk"
+    include: "rules/surgical.smk"
+    include: "rules/report_earlystop.smk"
+    include: "rules/report_gpaf.smk"
+    include: "rules/ultraflwr.smk"
+    include: "rules/fedst.smk"
+    include: "rules/deploy.smk"
+    include: "rules/report_html.smk"
 
 
-include: "rules/common.smk"
-include: "rules/weights.smk"
-include: "rules/data.smk"
-include: "rules/partition.smk"
-include: "rules/train.smk"
-include: "rules/report.smk"
-include: "rules/surgical.smk"
-include: "rules/report_earlystop.smk"
-include: "rules/report_gpaf.smk"
-include: "rules/ultraflwr.smk"
-include: "rules/fedst.smk"
-include: "rules/deploy.smk"
-include: "rules/report_html.smk"
+# The report's landing text shows its first page (rule report_landing) once that is built.
+report: "report/workflow.rst" if os.path.exists(REPORT_LANDING) else "report/workflow_pending.rst"
 
 
 # Quick steps run on the submitting node, not as cluster jobs.
@@ -41,6 +56,7 @@ localrules:
     all,
     aggregate_results,
     plot_study,
+    show_shared_run,
     earlystop_stopping_points,
     earlystop_table1,
     earlystop_table2,
@@ -54,6 +70,7 @@ localrules:
     ultraflwr_communication,
     fedst_tables,
     report_table_html,
+    report_landing,
 
 
 if config["cluster"]["local_downloads"]:

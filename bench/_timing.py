@@ -40,7 +40,7 @@ def waiting_steps() -> Iterator[None]:
     one machine: batch indices kept on the CPU (indexing data cached on a GPU then copies them with a
     blocking copy every step) and fedst's batches copied with blocking copies. Results are the same bits."""
     from fedmedbench.fl import training
-    from fedmedbench.fl.tasks import segmentation
+    from fedmedbench.fl.tasks.segmentation import training as segmentation
 
     saved = training.on_device, segmentation.on_device
     training.on_device = lambda t, device: t  # batch_indices' only use

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import emit  # noqa: E402
 
 from fedmedbench.compat import limit_threads  # noqa: E402
-from fedmedbench.fl.registry import TrainConfig  # noqa: E402
+from fedmedbench.fl.api import TrainConfig  # noqa: E402
 from fedmedbench.fl.training import forward_fn  # noqa: E402
 from fedmedbench.models import build_model  # noqa: E402
 

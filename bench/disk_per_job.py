@@ -32,6 +32,7 @@ from fedmedbench import io  # noqa: E402
 from fedmedbench import partition as P  # noqa: E402
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.data import synthetic  # noqa: E402
+from fedmedbench.data.medmnist import SIZES  # noqa: E402
 from fedmedbench.fl import checkpoint, engine, scratch  # noqa: E402
 from fedmedbench.fl.spec import RunSpec  # noqa: E402
 
@@ -46,7 +47,7 @@ def main() -> None:
     ap.add_argument("--model", default="cnn_small")
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--size", type=int, default=28, choices=[28, 64, 128, 224])
+    ap.add_argument("--size", type=int, default=28, choices=SIZES)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="append the result row to this JSON-lines file")
     ap.add_argument("--surgical-dir", type=Path, default=None, help="time an ultraflwr job on this surgical data folder")

@@ -46,8 +46,9 @@ from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.data import synthetic  # noqa: E402
 from fedmedbench.fl import engine  # noqa: E402
 from fedmedbench.fl import federation as fed  # noqa: E402
+from fedmedbench.fl.api import TrainConfig  # noqa: E402
+from fedmedbench.fl.arrays import load_arrays, model_arrays, weighted_average  # noqa: E402
 from fedmedbench.fl.determinism import use_deterministic_kernels  # noqa: E402
-from fedmedbench.fl.registry import load_arrays, model_arrays, weighted_average  # noqa: E402
 from fedmedbench.fl.spec import RunSpec  # noqa: E402
 from fedmedbench.fl.tasks.base import _task_cached, task_for  # noqa: E402
 from fedmedbench.fl.training import local_sgd  # noqa: E402
@@ -109,7 +110,7 @@ def _loop_setup(spec: RunSpec):
     task = task_for(spec)
     federation = fed.Federation(spec, log=lambda m: None)
     fed.seed_everything(spec.seed)
-    return spec, task, spec.train_config(), federation
+    return spec, task, TrainConfig.from_spec(spec), federation
 
 
 def plain_loop(spec: RunSpec) -> tuple[dict[str, np.ndarray], float]:

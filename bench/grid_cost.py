@@ -90,9 +90,9 @@ def _validate_with_defaults(config: dict, schema: dict) -> None:
 
 
 def grid_jobs(config: dict, study: str) -> list[dict]:
-    """Every training job of the study (as rules/common.smk's ``runs``), with its round budget."""
+    """Every training job of the study (a run shown in several settings trains once), with its round budget."""
     st = config["studies"][study]
-    return [{**r, "rounds": int(grid.run_train(st, r["setting"], r["method"])["rounds"])} for r in grid.runs(st)]
+    return [{**r, "rounds": int(grid.run_train(st, r["setting"], r["method"])["rounds"])} for r in grid.trained_runs(st)]
 
 
 def make_data(workdir: Path, config: dict, study: str, setting: str, dataset: str) -> tuple[Path, dict[str, str]]:
@@ -106,7 +106,8 @@ def make_data(workdir: Path, config: dict, study: str, setting: str, dataset: st
     labels = {k: arrays[f"{k}_labels"].reshape(-1) for k in ("train", "val", "test")}
     n_classes = int(max(v.max() for v in labels.values())) + 1
     part = workdir / f"{setting}.json"
-    io.write_json(part, P.build_partition(labels, s["scheme"], s["num_clients"], 0, s.get("params", {}), n_classes))
+    io.write_json(part, P.build_partition(labels, s["scheme"], s["num_clients"], 0, s.get("params", {}), n_classes,
+                                          draws=st.get("random_draws", "project")))
     sources = {name: str(npz) for name in P.source_names(s["scheme"], s.get("params", {}))}
     return part, sources
 
@@ -125,7 +126,7 @@ def job_spec(workdir: Path, config: dict, study: str, job: dict, part: Path, sou
         method_params=method_params.resolve(method, st["method_params"], st["settings"][setting]),
         device=device, threads=threads,
         eval_every=min(st["eval_every"], rounds), log_every=rounds, save_client_models=st["save_client_models"],
-        client_validation=st.get("client_validation"),
+        client_validation=st.get("client_validation"), random_draws=st.get("random_draws", "project"),
     )
 
 

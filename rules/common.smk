@@ -1,25 +1,31 @@
-# Config validation (schema with defaults + cross-field checks) and the helpers that
-# turn the config into file names, targets and per-run parameters.
+# Config validation (schema with defaults + cross-field checks) and the helpers every study shares: they
+# turn the config into file names, targets and per-run parameters. A study's own helpers are in
+# rules/<study>_common.smk (earlystop, gpaf, ultraflwr, fedst), the surgical data layer's in surgical_common.smk.
 import os
 import sys
 from pathlib import Path
 
-from snakemake.utils import validate
-
+import fedmedbench.data.medmnist as MEDMNIST
+import fedmedbench.data.synthetic as SYNTHETIC
 import fedmedbench.data.user as USER
-import fedmedbench.studies.earlystop.runs as ES
-import fedmedbench.studies.gpaf.runs as GPAF
 import fedmedbench.studies.grid as GRID
 import fedmedbench.partition as PARTITION
-from fedmedbench.configcheck import coerce_numbers, config_error, ignored_settings
-from fedmedbench.report.html import table_caption
+import fedmedbench.partition_replay as REPLAY
+from fedmedbench.configcheck import coerce_numbers, config_error, ignored_settings, refuse_non_finite
+from fedmedbench.data.medmnist import SIZES
+from fedmedbench.data.medmnist import SUPPORTED_FLAGS as OFFICIAL_FLAGS
+from fedmedbench.diagnostics import validate_config
+from fedmedbench.report.html import table_caption, table_rounding
+import fedmedbench.report.landing as LANDING
 from fedmedbench.fl import method_params
 
 SOFTWARE_ENV = "../envs/environment.yaml"
 
 # YAML 1.1 reads 5e-2 as text: numbers where the schema asks for one
 coerce_numbers(config, Path(workflow.basedir) / "config" / "schema.yaml")
-validate(config, "../config/schema.yaml")
+# .nan and .inf pass every range check of the schema
+refuse_non_finite(config)
+validate_config(config, Path(workflow.basedir) / "config" / "schema.yaml")
 for _warning in ignored_settings(config):
     print(f"config warning: {_warning}", file=sys.stderr)
 
@@ -36,7 +42,7 @@ wildcard_constraints:
     setting=ID,
     method="[a-z_0-9]+",
     seed=r"\d+",
-    size=r"28|64|128|224",
+    size="|".join(map(str, SIZES)),
     origin="synthetic|real|user",
     domain=ID,
     sdataset=ID,
@@ -44,11 +50,9 @@ wildcard_constraints:
 
 
 def _config_error(key, message):
-    config_error(key, message)
-
-
-OFFICIAL_FLAGS = ("pathmnist", "dermamnist", "octmnist", "pneumoniamnist", "retinamnist", "breastmnist", "bloodmnist",
-                  "tissuemnist", "organamnist", "organcmnist", "organsmnist")
+    """One line naming the config file and key, then exit (also from input functions, after parsing)."""
+    with exit_on_config_error(CONFIG_FILES):
+        config_error(key, message)
 
 
 def _check_registry():
@@ -71,7 +75,6 @@ def _check_datasets(sname, study):
 def _check_config():
     _check_registry()
     for sname, study in config["studies"].items():
-        GPAF.check_config(sname, study)
         _check_datasets(sname, study)
         for setname, setting in study["settings"].items():
             key = f"studies.{sname}.settings.{setname}"
@@ -91,20 +94,56 @@ def _check_config():
             cpr = study["clients_per_round"]
             if cpr is not None and cpr > setting["num_clients"]:
                 _config_error(f"studies.{sname}.clients_per_round", f"{cpr} exceeds num_clients={setting['num_clients']} of setting '{setname}'")
-        if study["settings"]:
-            ES.check_config(sname, study)
+            if study["random_draws"] != "project" and (why := REPLAY.check_setting(scheme, params)):
+                _config_error(f"{key}.scheme", f"random_draws: {study['random_draws']}: {why}")
 
 
 _check_config()
+
+
+def known_split_counts(dataset):
+    """Samples per split where planning knows them (official and synthetic files); None for a user dataset."""
+    if dataset in USER_DATASETS:
+        return None
+    if ORIGIN == "synthetic":
+        syn = synthetic_settings(dataset)
+        return SYNTHETIC.default_counts(dataset, {s: syn[f"max_{s}"] for s in ("train", "val", "test")})
+    return dict(MEDMNIST.dataset_info(dataset).n_samples)
+
+
+def _warn_holdout_shortfall():
+    """More clients than validation or test samples: some clients would have no local score (a warning)."""
+    for sname, study in config["studies"].items():
+        for setname, setting in study["settings"].items():
+            if setting["scheme"] == "center":
+                continue
+            for ds in setting.get("datasets") or study["datasets"]:
+                counts = known_split_counts(ds)
+                short = PARTITION.holdout_shortfall(setting["num_clients"], counts) if counts else []
+                if short:
+                    print(f"config warning: studies.{sname}.settings.{setname}.num_clients = {setting['num_clients']} "
+                          f"but {ds} has {' and '.join(short)}: some clients get no validation/test data, have no "
+                          "local score, and local_mean_* averages the others", file=sys.stderr)
 
 
 def study_size(study):
     return config["studies"][study]["size"]
 
 
-def user_dataset(dataset):
-    """The registry entry of a user dataset; None for an official flag."""
-    return USER_DATASETS.get(dataset)
+def user_dataset(wildcards):
+    """The registry entry of the job's user dataset; None for an official flag."""
+    return USER_DATASETS.get(wildcards.dataset)
+
+
+def user_source_file(wildcards):
+    return str(USER.existing_source(wildcards.dataset, USER_DATASETS[wildcards.dataset], int(wildcards.size)))
+
+
+def user_source(wildcards):
+    """The source's resolved path and SHA-256: a moved or changed source is imported again, a missing one
+    stops planning naming it (mtime alone misses a file replaced by an older one)."""
+    return USER.source_fingerprint(wildcards.dataset, USER_DATASETS[wildcards.dataset], int(wildcards.size),
+                                   "resources/user")
 
 
 def dataset_origin(dataset, size):
@@ -123,10 +162,18 @@ def study_origin(study):
     return "; ".join(parts)
 
 
-def synthetic_params(dataset):
+def synthetic_settings(dataset):
     """The generator's settings for one flag: data.synthetic with that flag's per_dataset overrides."""
     syn = {k: v for k, v in config["data"]["synthetic"].items() if k != "per_dataset"}
     return {**syn, **config["data"]["synthetic"]["per_dataset"].get(dataset, {})}
+
+
+def synthetic_params(wildcards):
+    """The generator's settings for the job's flag."""
+    return synthetic_settings(wildcards.dataset)
+
+
+_warn_holdout_shortfall()
 
 
 def base_npz(dataset, size):
@@ -153,6 +200,11 @@ def domain_npz(dataset, size, domain):
     return f"resources/domains/{origin}/{dataset}_{size}/{domain}.npz"
 
 
+def domain_steps(wildcards):
+    """The corruption steps of the job's domain (``domains.<name>``)."""
+    return config["domains"][wildcards.domain]
+
+
 def domain_sources(study, dataset, setting):
     """Domain name -> npz path for a ``domain`` setting (its clients' data)."""
     s = config["studies"][study]["settings"][setting]
@@ -168,6 +220,17 @@ def setting_sources(study, dataset, setting):
     size = study_size(study)
     return {name: base_npz(dataset, size) if name == "base" else domain_npz(dataset, size, name)
             for name in PARTITION.source_names(s["scheme"], s.get("params") or {})}
+
+
+def run_sources(wildcards):
+    """The npz files a run reads, each once (its setting's data sources)."""
+    return sorted(set(setting_sources(wildcards.study, wildcards.dataset, wildcards.setting).values()))
+
+
+def partition_sources(wildcards):
+    """What a partition is drawn from: the base file at the study's size, and its MD5 marker for real data."""
+    size = study_size(wildcards.study)
+    return [base_npz(wildcards.dataset, size), *verified_marker(wildcards.dataset, size)]
 
 
 def setting_datasets(study, setting):
@@ -222,6 +285,7 @@ def run_spec(wildcards):
         "client_models_round": st["client_models_round"],
         # only when on: other studies' params (and run hashes) stay as they were
         **({"client_validation": st["client_validation"]} if st["client_validation"] else {}),
+        **({"random_draws": st["random_draws"]} if st["random_draws"] != "project" else {}),
     }
 
 
@@ -236,12 +300,59 @@ def run_weights(study, method):
     return model_weights(run_model(study, method), key)
 
 
+def run_weight_manifests(wildcards):
+    """The weight-set manifests a run depends on (none without a named set)."""
+    return run_weights(wildcards.study, wildcards.method)[1]
+
+
+def run_verified(wildcards):
+    """The MD5 marker of a run's real MedMNIST file (none for synthetic and user data)."""
+    return verified_marker(wildcards.dataset, study_size(wildcards.study))
+
+
 def study_summaries(wildcards):
     return [f"{run_dir(r)}/summary.json" for r in runs(wildcards.study)]
 
 
 def study_metrics(wildcards):
     return [f"{run_dir(r)}/metrics.csv" for r in runs(wildcards.study)]
+
+
+# --- input and params functions by the job's study (named, so rule bodies hold no lambdas) -----
+def study_value(*keys):
+    """Params function: the job's study block at ``keys`` (``study_value("early_stopping", "tau")``)."""
+    def value(wildcards):
+        node = config["studies"][wildcards.study]
+        for key in keys:
+            node = node[key]
+        return node
+    value.__name__ = "_".join(("study", *keys))
+    return value
+
+
+def setting_value(key):
+    """Params function: one key of the job's setting block (``studies.<study>.settings.<setting>``)."""
+    def value(wildcards):
+        return config["studies"][wildcards.study]["settings"][wildcards.setting][key]
+    value.__name__ = f"setting_{key}"
+    return value
+
+
+def of_study(fn):
+    """Input or params function: ``fn`` of the job's study name (``of_study(study_origin)``)."""
+    def value(wildcards):
+        return fn(wildcards.study)
+    value.__name__ = f"{fn.__name__}_of_study"
+    return value
+
+
+def study_name(wildcards):
+    return wildcards.study
+
+
+def study_setting_names(wildcards):
+    """The study's setting names, in config order (the order tables list them)."""
+    return list(config["studies"][wildcards.study]["settings"])
 
 
 def all_targets():
@@ -263,9 +374,9 @@ def corrupt_input(wildcards):
     return f"resources/medmnist/{wildcards.dataset}_{wildcards.size}.npz"
 
 
-def es_taus(study):
-    """Every tau the early-stopping report evaluates (sweep, study tau, Table 2 tau)."""
-    return ES.taus(config["studies"][study])
+def corrupt_verified(wildcards):
+    """The MD5 marker of the base file a domain is corrupted from (real data only)."""
+    return verified_marker(wildcards.dataset, wildcards.size) if wildcards.origin == "real" else []
 
 
 def paper_values_input(study):
@@ -274,164 +385,66 @@ def paper_values_input(study):
     return [path] if os.path.isfile(os.path.join(workflow.basedir, path)) else []
 
 
-def es_figure_setting(study):
-    return ES.figure_setting(config["studies"][study])
-
-
-def earlystop_targets(study):
-    return ES.targets(study, config["studies"][study], TAG)
-
-
-# --- surgical video data layer (rules/surgical.smk; docs/surgical_data.md) ---------------------
-SURGICAL = config["surgical"]
-SORIGIN = SURGICAL["origin"]
-#: file-name tag of surgical figures built from synthetic data
-STAG = "_synthetic" if SORIGIN == "synthetic" else ""
-SURG = f"resources/surgical/{SORIGIN}"
-SYNTH_RAW = "resources/surgical/synthetic/raw"
-
-
-def surgical_used_datasets():
-    """Datasets the groups and sites need (only these are indexed)."""
-    used = []
-    for g in SURGICAL["groups"].values():
-        used += g["datasets"]
-    used += [s["dataset"] for s in SURGICAL["sites"].values()]
-    return sorted(set(used))
-
-
-def _check_surgical_config():
-    datasets, groups = SURGICAL["datasets"], SURGICAL["groups"]
-    for name in surgical_used_datasets():
-        if name not in datasets:
-            _config_error("surgical.datasets", f"'{name}' is used by a group or site but not defined (defined: {sorted(datasets)})")
-        if SORIGIN == "synthetic" and name not in SURGICAL["synthetic"]["datasets"]:
-            _config_error("surgical.synthetic.datasets", f"no synthetic spec for '{name}' (surgical.origin is synthetic)")
-    if SORIGIN == "real" and surgical_used_datasets() and not SURGICAL["root"]:
-        _config_error("surgical.root", "surgical.origin is real: set the folder holding the licensed datasets (docs/surgical_data.md)")
-    for gname, g in groups.items():
-        key = f"surgical.groups.{gname}"
-        n = g["num_clients"]
-        for field in ("exclude_videos", "frame_step", "video_splits"):
-            for d in g[field]:
-                if d not in g["datasets"]:
-                    _config_error(f"{key}.{field}", f"'{d}' is not one of the group's datasets {g['datasets']}")
-        if g["eval_sources"] is not None:
-            if len(g["eval_sources"]) != n:
-                _config_error(f"{key}.eval_sources", f"needs one entry per client ({n})")
-            for src in g["eval_sources"]:
-                for d in src:
-                    if d not in g["datasets"]:
-                        _config_error(f"{key}.eval_sources", f"'{d}' is not one of the group's datasets {g['datasets']}")
-        if g["pool_from"] is not None and g["settings"].get(g["pool_from"], {}).get("scheme") != "curation":
-            _config_error(f"{key}.pool_from", f"'{g['pool_from']}' is not a curation setting of the group")
-        for sname, s in g["settings"].items():
-            skey = f"{key}.settings.{sname}"
-            if s["scheme"] == "curation" and len(s.get("sources") or g["eval_sources"] or []) != n:
-                _config_error(f"{skey}.sources", f"curation needs one list of datasets per client ({n}) in sources or eval_sources")
-            if s["scheme"] == "lmo":
-                base = g["settings"].get(s["base"])
-                if base is None or base["scheme"] == "lmo":
-                    _config_error(f"{skey}.base", f"'{s['base']}' must be a non-lmo setting of the group")
-                if len(s["client_classes"]) != n:
-                    _config_error(f"{skey}.client_classes", f"needs one entry per client ({n})")
-                for item in s["client_classes"]:
-                    if isinstance(item, str) and item != "all" and item not in SURGICAL["tool_groups"]:
-                        _config_error(f"{skey}.client_classes", f"'{item}' is neither 'all' nor a surgical.tool_groups name {sorted(SURGICAL['tool_groups'])}")
-
-
-_check_surgical_config()
-
-
-def surgical_dataset_cfg(name):
-    """A dataset's config with its bad-file policy resolved (per-dataset override, else surgical.bad_files)."""
-    cfg = dict(SURGICAL["datasets"][name])
-    cfg["bad_files"] = cfg.get("bad_files") or SURGICAL["bad_files"]
-    return cfg
-
-
-def surgical_root():
-    return SYNTH_RAW if SORIGIN == "synthetic" else SURGICAL["root"]
-
-
-def surgical_raw_input(wildcards):
-    """Synthetic: the generated folder. Real: none (the index script names a missing folder)."""
-    if SORIGIN == "synthetic":
-        return f"{SYNTH_RAW}/{SURGICAL['datasets'][wildcards.sdataset]['folder']}"
-    return []
-
-
-def surgical_synthetic_outputs():
-    """The folders synthesize_surgical writes: one per synthetic dataset, in its release layout."""
-    names = sorted(SURGICAL["synthetic"]["datasets"])
-    return [directory(f"{SYNTH_RAW}/{SURGICAL['datasets'][n]['folder']}") for n in names if n in SURGICAL["datasets"]]
-
-
-def surgical_synthetic_params():
-    names = sorted(SURGICAL["synthetic"]["datasets"])
-    return {"synthetic": SURGICAL["synthetic"], "datasets": {n: SURGICAL["datasets"][n] for n in names if n in SURGICAL["datasets"]}}
-
-
-def surgical_index(name):
-    return f"{SURG}/index/{name}"
-
-
-def surgical_group_indices(wildcards):
-    return {d: surgical_index(d) for d in SURGICAL["groups"][wildcards.sgroup]["datasets"]}
-
-
-def surgical_site_indices():
-    return {d: surgical_index(d) for d in sorted({s["dataset"] for s in SURGICAL["sites"].values()})}
-
-
-def surgical_targets():
-    """Every surgical output the config asks for (added to rule all)."""
-    out = []
-    for g in SURGICAL["groups"]:
-        out += [f"{SURG}/groups/{g}", f"{SURG}/yolo/{g}"]
-    if SURGICAL["sites"]:
-        out.append(f"{SURG}/clips")
-    return out
-# --- GPAF study report (rules/report_gpaf.smk; targets and checks: fedmedbench.studies.gpaf.runs) --
-
-
-def gpaf_targets(study):
-    return GPAF.targets(study, config["studies"][study], list(runs(study)), lambda setting: setting_datasets(study, setting), TAG)
-
-
-def gpaf_dataset_summaries(wildcards):
-    return [f"{run_dir(r)}/summary.json" for r in runs(wildcards.study) if r["dataset"] == wildcards.dataset]
-
-
-def _gpaf_tsne_runs(wildcards):
-    return GPAF.tsne_runs(wildcards.study, config["studies"][wildcards.study], wildcards.dataset, wildcards.setting)
-
-
-def gpaf_tsne_inputs(wildcards):
-    """Each shown method's first-seed run (its summary names client_models.pt), partition and data."""
-    files = []
-    for r in _gpaf_tsne_runs(wildcards):
-        files += [f"{run_dir(r)}/summary.json", f"{run_dir(r)}/model.pt"]
-    files.append(partition_json(_gpaf_tsne_runs(wildcards)[0]))
-    files += sorted(set(setting_sources(wildcards.study, wildcards.dataset, wildcards.setting).values()))
-    return files
-
-
-def gpaf_tsne_specs(wildcards):
-    return {r["method"]: run_spec(r) for r in _gpaf_tsne_runs(wildcards)}
-
-
 # --- HTML report (rules/report_html.smk) --------------------------------------------------------
+#: the report's first page (rule report_landing; included by report/workflow.rst once built)
+REPORT_LANDING = "results/report/landing.html"
+
+
 def report_origin(study):
     """Data origin shown in a caption: MedMNIST studies by their datasets, surgical studies by surgical.origin."""
     return study_origin(study) if study in config["studies"] else SORIGIN
 
 
-def report_html_targets():
-    """One HTML page (results/<study>/report/<table>.html) per Markdown table that rule all builds."""
+def study_paper(study):
+    """The paper a study reproduces (a key of fedmedbench.report.landing.PAPERS), None for a study of one's own:
+    a MedMNIST study by its paper outputs, the surgical studies (ultraflwr, fedst) by their name."""
+    if study not in config["studies"]:
+        return study
+    s = config["studies"][study]
+    if s["early_stopping"]["report"]:
+        return "earlystop"
+    if s["report"].get("gpaf") is not None:
+        return "gpaf"
+    return None
+
+
+def html_caption(wildcards):
+    return table_caption(wildcards.study, wildcards.table)
+
+
+def html_rounding(wildcards):
+    """How the job's table is rounded: as its paper prints it only where the study has a paper."""
+    return table_rounding(wildcards.study, wildcards.table, study_paper(wildcards.study) is not None)
+
+
+def _report_markdown_tables():
+    """Every Markdown table that rule all builds."""
     out = []
     for t in [*all_targets(), *ultraflwr_targets(), *fedst_targets()]:
         p = Path(t)
         if p.suffix == ".md" and p.parent.name == "tables":
-            out.append(str(p.parent.parent / "report" / f"{p.stem}.html"))
+            out.append(t)
     return out
+
+
+def report_html_targets():
+    """One HTML page (results/<study>/report/<table>.html) per Markdown table that rule all builds, and the landing page."""
+    out = [str(Path(t).parent.parent / "report" / f"{Path(t).stem}.html") for t in _report_markdown_tables()]
+    return [*out, REPORT_LANDING]
+
+
+def report_studies():
+    """Every study of the run as the landing page lists it (fields of fedmedbench.report.landing.StudyEntry)."""
+    tables = _report_markdown_tables()
+    studies = [(s, sorted({r["dataset"] for r in runs(s)})) for s in config["studies"]]
+    if ultraflwr_targets():
+        studies.append(("ultraflwr", sorted({d for g in UF["groups"] for d in SURGICAL["groups"][g]["datasets"]})))
+    if fedst_targets():
+        studies.append(("fedst", sorted({site["dataset"] for site in SURGICAL["sites"].values()})))
+    return [dict(name=s, paper=study_paper(s), datasets=datasets, origin=report_origin(s),
+                 tables=[t for t in tables if t.startswith(f"results/{s}/tables/")]) for s, datasets in studies]
+
+
+def report_main_tables(wildcards):
+    """The Markdown tables the landing page shows: each study's main table."""
+    return [t for s in report_studies() for t in LANDING.main_tables(LANDING.StudyEntry(**s))]

@@ -22,13 +22,15 @@ rule download_medmnist:
         "../scripts/download_medmnist.py"
 
 
+# The imported copy is tied to its source by `source` (path and content hash).
 rule import_user_dataset:
     input:
-        lambda wc: str(USER.user_file(USER_DATASETS[wc.dataset], int(wc.size))),
+        user_source_file,
     output:
         "resources/user/{dataset}_{size}.npz",
     params:
-        entry=lambda wc: USER_DATASETS[wc.dataset],
+        entry=user_dataset,
+        source=user_source,
     log:
         "logs/import_user_dataset/{dataset}_{size}.log",
     benchmark:
@@ -47,7 +49,7 @@ rule synthesize_medmnist:
     output:
         "resources/synthetic/{dataset}_{size}.npz",
     params:
-        synthetic=lambda wc: synthetic_params(wc.dataset),
+        synthetic=synthetic_params,
     log:
         "logs/synthesize_medmnist/{dataset}_{size}.log",
     benchmark:
@@ -84,11 +86,11 @@ rule verify_medmnist:
 rule corrupt_medmnist:
     input:
         corrupt_input,
-        verified=lambda wc: verified_marker(wc.dataset, wc.size) if wc.origin == "real" else [],
+        verified=corrupt_verified,
     output:
         "resources/domains/{origin}/{dataset}_{size}/{domain}.npz",
     params:
-        steps=lambda wc: config["domains"][wc.domain],
+        steps=domain_steps,
         seed=config["domain_seed"],
     log:
         "logs/corrupt_medmnist/{origin}/{dataset}_{size}/{domain}.log",

@@ -6,8 +6,8 @@
 rule export_site_data:
     input:
         partition=partition_json,
-        sources=lambda wc: sorted(set(setting_sources(wc.study, wc.dataset, wc.setting).values())),
-        weights=lambda wc: run_weights(wc.study, wc.method)[1],
+        sources=run_sources,
+        weights=run_weight_manifests,
     output:
         directory("deploy/{study}/{dataset}/{setting}/{method}/seed{seed}"),
     wildcard_constraints:
@@ -59,7 +59,7 @@ rule export_site_data_fedst:
     input:
         clips=FEDST_CLIPS,
         pretrained=fedst_pretrained,
-        weights=lambda w: fedst_weights(w.variant),
+        weights=fedst_job_weights,
     output:
         directory("deploy/fedst/{sites}/{variant}/{method}/seed{seed}"),
     wildcard_constraints:

@@ -34,7 +34,7 @@ rule fedst_train:
     input:
         clips=FEDST_CLIPS,
         pretrained=fedst_pretrained,
-        weights=lambda w: fedst_weights(w.variant),
+        weights=fedst_job_weights,
     output:
         metrics="results/fedst/{sites}/{variant}/{method}/seed{seed}/metrics.csv",
         clients="results/fedst/{sites}/{variant}/{method}/seed{seed}/client_metrics.csv",

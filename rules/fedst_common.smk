@@ -28,6 +28,11 @@ def fedst_weights(variant="main"):
     return out
 
 
+def fedst_job_weights(wildcards):
+    """The manifests a job of the job's variant loads (``fedst_weights``)."""
+    return fedst_weights(wildcards.variant)
+
+
 def fedst_run_dir(w):
     return f"results/fedst/{w.sites}/{w.variant}/{w.method}/seed{w.seed}"
 

@@ -3,7 +3,7 @@
 
 rule build_partition:
     input:
-        lambda wc: [base_npz(wc.dataset, study_size(wc.study)), *verified_marker(wc.dataset, study_size(wc.study))],
+        partition_sources,
     output:
         json="resources/partitions/{study}/{dataset}/{setting}/seed{seed}.json",
         stats="resources/partitions/{study}/{dataset}/{setting}/seed{seed}.csv",
@@ -14,10 +14,11 @@ rule build_partition:
             subcategory="partitions",
         ),
     params:
-        scheme=lambda wc: config["studies"][wc.study]["settings"][wc.setting]["scheme"],
-        num_clients=lambda wc: config["studies"][wc.study]["settings"][wc.setting]["num_clients"],
-        scheme_params=lambda wc: config["studies"][wc.study]["settings"][wc.setting]["params"],
-        user_dataset=lambda wc: user_dataset(wc.dataset),
+        scheme=setting_value("scheme"),
+        num_clients=setting_value("num_clients"),
+        scheme_params=setting_value("params"),
+        random_draws=study_value("random_draws"),
+        user_dataset=user_dataset,
     log:
         "logs/build_partition/{study}/{dataset}/{setting}/seed{seed}.log",
     benchmark:

@@ -9,8 +9,8 @@ rule aggregate_results:
         md=f"results/{{study}}/tables/final_metrics{TAG}.md",
         tex=f"results/{{study}}/tables/final_metrics{TAG}.tex",
     params:
-        metrics=lambda wc: config["studies"][wc.study]["report"]["metrics"],
-        origin=lambda wc: study_origin(wc.study),
+        metrics=study_value("report", "metrics"),
+        origin=of_study(study_origin),
     log:
         "logs/aggregate_results/{study}.log",
     threads: 1
@@ -34,8 +34,8 @@ rule plot_study:
             subcategory="figures",
         ),
     params:
-        metric=lambda wc: config["studies"][wc.study]["report"]["curve_metric"],
-        origin=lambda wc: study_origin(wc.study),
+        metric=study_value("report", "curve_metric"),
+        origin=of_study(study_origin),
     log:
         "logs/plot_study/{study}.log",
     threads: 1

@@ -1,5 +1,6 @@
 # Early-stopping study (Beyond Fixed Rounds): stopping points per run x tau, Tables 1-2, Figures 3-4.
 # Everything is computed from the runs' per-round logs, so tau sweeps need no extra training.
+include: "earlystop_common.smk"
 
 
 rule earlystop_stopping_points:
@@ -8,12 +9,12 @@ rule earlystop_stopping_points:
     output:
         f"results/{{study}}/tables/stopping_points{TAG}.csv",
     params:
-        taus=lambda wc: es_taus(wc.study),
-        patience=lambda wc: config["studies"][wc.study]["early_stopping"]["patience"],
-        metric=lambda wc: config["studies"][wc.study]["early_stopping"]["metric"],
-        min_delta=lambda wc: config["studies"][wc.study]["early_stopping"]["val_min_delta"],
-        counting=lambda wc: config["studies"][wc.study]["early_stopping"]["counting"],
-        never_fired=lambda wc: config["studies"][wc.study]["early_stopping"]["never_fired"],
+        taus=of_study(es_taus),
+        patience=study_value("early_stopping", "patience"),
+        metric=study_value("early_stopping", "metric"),
+        min_delta=study_value("early_stopping", "val_min_delta"),
+        counting=study_value("early_stopping", "counting"),
+        never_fired=study_value("early_stopping", "never_fired"),
     log:
         "logs/earlystop_stopping_points/{study}.log",
     threads: 1
@@ -29,19 +30,19 @@ rule earlystop_stopping_points:
 rule earlystop_table1:
     input:
         f"results/{{study}}/tables/stopping_points{TAG}.csv",
-        paper=lambda wc: paper_values_input(wc.study),
+        paper=of_study(paper_values_input),
     output:
         csv=f"results/{{study}}/tables/table1{TAG}.csv",
         md=f"results/{{study}}/tables/table1{TAG}.md",
         tex=f"results/{{study}}/tables/table1{TAG}.tex",
     params:
-        es=lambda wc: config["studies"][wc.study]["early_stopping"],
-        settings=lambda wc: list(config["studies"][wc.study]["settings"]),
-        methods=lambda wc: config["studies"][wc.study]["methods"],
-        seeds=lambda wc: config["studies"][wc.study]["seeds"],
-        study=lambda wc: wc.study,
-        origin=lambda wc: study_origin(wc.study),
-        init=lambda wc: study_init(wc.study),
+        es=study_value("early_stopping"),
+        settings=study_setting_names,
+        methods=study_value("methods"),
+        seeds=study_value("seeds"),
+        study=study_name,
+        origin=of_study(study_origin),
+        init=of_study(study_init),
     log:
         "logs/earlystop_table1/{study}.log",
     threads: 1
@@ -57,19 +58,19 @@ rule earlystop_table1:
 rule earlystop_table2:
     input:
         f"results/{{study}}/tables/stopping_points{TAG}.csv",
-        paper=lambda wc: paper_values_input(wc.study),
+        paper=of_study(paper_values_input),
     output:
         csv=f"results/{{study}}/tables/table2{TAG}.csv",
         md=f"results/{{study}}/tables/table2{TAG}.md",
         tex=f"results/{{study}}/tables/table2{TAG}.tex",
     params:
-        es=lambda wc: config["studies"][wc.study]["early_stopping"],
-        settings=lambda wc: list(config["studies"][wc.study]["settings"]),
-        methods=lambda wc: config["studies"][wc.study]["methods"],
-        seeds=lambda wc: config["studies"][wc.study]["seeds"],
-        study=lambda wc: wc.study,
-        origin=lambda wc: study_origin(wc.study),
-        init=lambda wc: study_init(wc.study),
+        es=study_value("early_stopping"),
+        settings=study_setting_names,
+        methods=study_value("methods"),
+        seeds=study_value("seeds"),
+        study=study_name,
+        origin=of_study(study_origin),
+        init=of_study(study_init),
     log:
         "logs/earlystop_table2/{study}.log",
     threads: 1
@@ -92,10 +93,10 @@ rule earlystop_figures:
         fig4=report(f"results/{{study}}/figures/fig4_tau{TAG}.png", caption="../report/earlystop_fig4.rst",
                     category="{study}", subcategory="figures"),
     params:
-        es=lambda wc: config["studies"][wc.study]["early_stopping"],
-        setting=lambda wc: es_figure_setting(wc.study),
-        methods=lambda wc: config["studies"][wc.study]["methods"],
-        origin=lambda wc: study_origin(wc.study),
+        es=study_value("early_stopping"),
+        setting=of_study(es_figure_setting),
+        methods=study_value("methods"),
+        origin=of_study(study_origin),
     log:
         "logs/earlystop_figures/{study}.log",
     threads: 1

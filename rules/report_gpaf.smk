@@ -2,22 +2,24 @@
 # precision per setting, beside the paper's), rounds to reach a target accuracy with a convergence
 # figure, t-SNE of client and global latent features (first seed, last round) and the clients'
 # imaging domains (Fig. 2: intensity profiles per client and class).
+include: "gpaf_common.smk"
 
 
 rule gpaf_table1:
     input:
         summaries=gpaf_dataset_summaries,
-        paper=lambda wc: paper_values_input(wc.study),
+        metrics=gpaf_dataset_metrics,
+        paper=of_study(paper_values_input),
     output:
         csv=f"results/{{study}}/tables/table1_{{dataset}}{TAG}.csv",
         md=f"results/{{study}}/tables/table1_{{dataset}}{TAG}.md",
         tex=f"results/{{study}}/tables/table1_{{dataset}}{TAG}.tex",
     params:
-        report=lambda wc: config["studies"][wc.study]["report"]["gpaf"],
-        settings=lambda wc: config["studies"][wc.study]["settings"],
-        setting_order=lambda wc: list(config["studies"][wc.study]["settings"]),
-        origin=lambda wc: study_origin(wc.study),
-        init=lambda wc: study_init(wc.study),
+        report=study_value("report", "gpaf"),
+        settings=study_value("settings"),
+        setting_order=study_setting_names,
+        origin=of_study(study_origin),
+        init=of_study(study_init),
     log:
         "logs/gpaf_table1/{study}/{dataset}.log",
     threads: 1
@@ -43,9 +45,9 @@ rule gpaf_convergence:
             subcategory="figures",
         ),
     params:
-        report=lambda wc: config["studies"][wc.study]["report"]["gpaf"],
-        setting_order=lambda wc: list(config["studies"][wc.study]["settings"]),
-        origin=lambda wc: study_origin(wc.study),
+        report=study_value("report", "gpaf"),
+        setting_order=study_setting_names,
+        origin=of_study(study_origin),
     log:
         "logs/gpaf_convergence/{study}.log",
     threads: 1
@@ -70,8 +72,8 @@ rule gpaf_tsne:
         ),
     params:
         specs=gpaf_tsne_specs,
-        tsne=lambda wc: config["studies"][wc.study]["report"]["gpaf"]["tsne"],
-        origin=lambda wc: study_origin(wc.study),
+        tsne=study_value("report", "gpaf", "tsne"),
+        origin=of_study(study_origin),
     log:
         "logs/gpaf_tsne/{study}/{dataset}_{setting}.log",
     benchmark:
@@ -88,7 +90,7 @@ rule gpaf_tsne:
 
 rule gpaf_domains:
     input:
-        lambda wc: list(domain_sources(wc.study, wc.dataset, wc.setting).values()),
+        gpaf_domain_files,
     output:
         figure=report(
             f"results/{{study}}/figures/domains_{{dataset}}_{{setting}}{TAG}.png",
@@ -98,7 +100,7 @@ rule gpaf_domains:
         ),
         csv=f"results/{{study}}/tables/domains_{{dataset}}_{{setting}}{TAG}.csv",
     params:
-        domains=lambda wc: list(domain_sources(wc.study, wc.dataset, wc.setting)),
+        domains=gpaf_domain_names,
         bins=32,
         origin=ORIGIN,
     log:

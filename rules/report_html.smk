@@ -1,6 +1,6 @@
-# The HTML report (`snakemake --report`): every study's tables as formatted pages (rounded as the
-# papers print them; the CSVs keep full precision), its figures, partition heatmaps and data
-# statistics, grouped by study (report category) with a short caption each.
+# The HTML report (`snakemake --report`): a first page with every study's data origin and main table,
+# then every study's tables as formatted pages (rounded as printed; the CSVs keep full precision),
+# its figures, partition heatmaps and data statistics, grouped by study (report category).
 
 
 rule report_table_html:
@@ -14,8 +14,9 @@ rule report_table_html:
             subcategory="tables",
         ),
     params:
-        caption=lambda wc: table_caption(wc.study, wc.table),
-        origin=lambda wc: report_origin(wc.study),
+        caption=html_caption,
+        rounding=html_rounding,
+        origin=of_study(report_origin),
     wildcard_constraints:
         table="[A-Za-z0-9][A-Za-z0-9_.-]*",
     log:
@@ -28,3 +29,23 @@ rule report_table_html:
         SOFTWARE_ENV
     script:
         "../scripts/report_table_html.py"
+
+
+rule report_landing:
+    input:
+        report_main_tables,
+    output:
+        report(REPORT_LANDING, caption="../report/landing.rst", category="Main tables"),
+    params:
+        studies=report_studies(),
+        data_category=bool(SURGICAL["groups"]),
+    log:
+        "logs/report_landing/landing.log",
+    threads: 1
+    resources:
+        mem_mb=500,
+        runtime=5,
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../scripts/report_landing.py"

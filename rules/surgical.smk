@@ -2,6 +2,7 @@
 # index per dataset, video-level re-curation into the UltraFlwr client settings, and the
 # exports the ultraflwr (YOLO per client) and fedst (clips per site) studies read.
 # Details and the expected layouts of the licensed datasets: docs/surgical_data.md.
+include: "surgical_common.smk"
 
 
 rule synthesize_surgical:
@@ -30,7 +31,7 @@ rule index_surgical:
     output:
         directory(f"{SURG}/index/{{sdataset}}"),
     params:
-        dataset=lambda wc: surgical_dataset_cfg(wc.sdataset),
+        dataset=surgical_dataset_cfg,
         root=surgical_root(),
         origin=SORIGIN,
     log:
@@ -59,7 +60,7 @@ rule recurate_videos:
             subcategory="{sgroup}",
         ),
     params:
-        group=lambda wc: SURGICAL["groups"][wc.sgroup],
+        group=surgical_group,
         tool_groups=SURGICAL["tool_groups"],
         origin=SORIGIN,
     log:

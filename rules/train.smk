@@ -6,9 +6,9 @@
 rule train_federated:
     input:
         partition=partition_json,
-        sources=lambda wc: sorted(set(setting_sources(wc.study, wc.dataset, wc.setting).values())),
-        verified=lambda wc: verified_marker(wc.dataset, study_size(wc.study)),
-        weights=lambda wc: run_weights(wc.study, wc.method)[1],
+        sources=run_sources,
+        verified=run_verified,
+        weights=run_weight_manifests,
     output:
         metrics="results/{study}/{dataset}/{setting}/{method}/seed{seed}/metrics.csv",
         clients="results/{study}/{dataset}/{setting}/{method}/seed{seed}/client_metrics.csv",

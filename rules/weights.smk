@@ -10,8 +10,7 @@ rule fetch_weights:
     wildcard_constraints:
         wname=ID,
     params:
-        # what the set is, not where it is fetched from (base_url, path are read from config)
-        entry=lambda wc: {k: v for k, v in WEIGHTS[wc.wname].items() if k not in ("base_url", "path", "description", "licence")},
+        entry=weight_set_entry,
         catalogue=WL.CATALOGUE,
     log:
         "logs/fetch_weights/{wname}.log",

@@ -17,6 +17,11 @@ def weight_set_name(name, key):
     return name
 
 
+def weight_set_entry(wildcards):
+    """What the job's set is, not where it is fetched from (base_url and path are read from the config)."""
+    return {k: v for k, v in WEIGHTS[wildcards.wname].items() if k not in ("base_url", "path", "description", "licence")}
+
+
 def weights_file(name):
     """Path of a set's weight file (what the training job loads)."""
     return WL.weight_path(name, WEIGHTS[name])

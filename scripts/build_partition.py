@@ -12,9 +12,11 @@ with log_to(snakemake.log[0]) as log:
     medmnist.require_nonempty(snakemake.input[0], data)  # before any training, not a table of n/a after it
     labels = {s: data[f"{s}_labels"] for s in medmnist.SPLITS}
     doc = partition.build_partition(labels, p.scheme, p.num_clients, int(w.seed), dict(p.scheme_params),
-                                    num_classes=n_classes)
+                                    num_classes=n_classes, draws=p.random_draws)
     stats = partition.stats_frame(doc, labels)
     io.write_json(snakemake.output.json, doc)
     io.write_csv(snakemake.output.stats, stats)
     io.save_figure(snakemake.output.heatmap, figures.partition_heatmap(stats, f"{w.dataset} {w.setting} seed {w.seed}"))
     log(f"{p.scheme} partition: train sizes {[len(c['train']) for c in doc['clients']]}")
+    if (warning := partition.holdout_warning(doc)) is not None:
+        log.console(f"warning: {w.dataset} {w.setting} seed {w.seed}: {warning}")

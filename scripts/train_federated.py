@@ -3,6 +3,7 @@ import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.compat import limit_threads
 from fedmedbench.fl import engine
 from fedmedbench.fl.spec import for_job
+from fedmedbench.runlock import run_lock
 from fedmedbench.runlog import log_to
 from fedmedbench.weights import fetch as weights
 
@@ -13,6 +14,7 @@ with log_to(snakemake.log[0]) as log:
     spec = for_job(snakemake.params.spec, snakemake.threads, snakemake.config,
                    log_every=snakemake.config["studies"][snakemake.wildcards.study]["log_every"])
     spec = weights.pin(spec, snakemake.input.weights)  # the loaded file is the fetched one (hash in the run hash)
-    engine.run(spec, log=log)
-    engine.complete(spec, log=log)
-    log("done")
+    with run_lock(spec.run_dir):  # a second process (e.g. after --unlock) refuses this run
+        engine.run(spec, log=log)
+        engine.complete(spec, log=log)
+        log("done")

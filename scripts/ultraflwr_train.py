@@ -6,6 +6,7 @@ from fedmedbench import io
 from fedmedbench.compat import limit_threads
 from fedmedbench.fl import engine
 from fedmedbench.fl.spec import for_job
+from fedmedbench.runlock import run_lock
 from fedmedbench.runlog import log_to
 from fedmedbench.weights import fetch as weights
 
@@ -15,14 +16,15 @@ with log_to(snakemake.log[0]) as log:
     # so changing them reruns no finished job; inline = no Ray
     spec = for_job(snakemake.params.spec, snakemake.threads, snakemake.config)
     spec = weights.pin(spec, snakemake.input.weights)  # the loaded file is the fetched one (hash in the run hash)
-    if snakemake.wildcards.strategy == "Centralized":
-        from fedmedbench.fl.tasks.detection.centralized import OPTIONS, run_centralized
+    with run_lock(spec.run_dir):  # a second process (e.g. after --unlock) refuses this run
+        if snakemake.wildcards.strategy == "Centralized":
+            from fedmedbench.fl.tasks.detection.centralized import OPTIONS, run_centralized
 
-        run_centralized(spec, log=log, **{k: v for k, v in spec.method_params.items() if k in OPTIONS})
-        io.write_csv(snakemake.output.comm, pd.DataFrame(columns=["round", "client", "bytes_sent"]))
-    else:
-        federation = engine.run(spec, log=log)
-        rows = federation.final_state.server_state.get("ultraflwr_clients", [])
-        io.write_csv(snakemake.output.comm, pd.DataFrame(rows))
-    engine.complete(spec, log=log)  # every output written: the stage's links and Ultralytics' folders go
-    log("done")
+            run_centralized(spec, log=log, **{k: v for k, v in spec.method_params.items() if k in OPTIONS})
+            io.write_csv(snakemake.output.comm, pd.DataFrame(columns=["round", "client", "bytes_sent"]))
+        else:
+            federation = engine.run(spec, log=log)
+            rows = federation.final_state.server_state.get("ultraflwr_clients", [])
+            io.write_csv(snakemake.output.comm, pd.DataFrame(rows))
+        engine.complete(spec, log=log)  # every output written: the stage's links and Ultralytics' folders go
+        log("done")

@@ -6,12 +6,16 @@ One representative case per catalogue entry (the per-module test files hold the 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import errno
+import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -25,9 +29,11 @@ from fedmedbench.data import medmnist, synthetic
 from fedmedbench.data.medmnist import DataError
 from fedmedbench.data.surgical.badfiles import BadFileError, DatasetNotFoundError
 from fedmedbench.data.surgical.index import build_index
+from fedmedbench.data.surgical.schema import read_index
 from fedmedbench.fl import checkpoint
+from fedmedbench.fl.api import ClientContext, ClientData, TrainConfig
+from fedmedbench.fl.arrays import model_arrays
 from fedmedbench.fl.methods._sgd import StepHooks, local_loop
-from fedmedbench.fl.registry import ClientContext, ClientData, TrainConfig, model_arrays
 from fedmedbench.fl.training import NonFiniteLossError
 from fedmedbench.models import build_model
 
@@ -81,6 +87,34 @@ def test_more_clients_than_samples():
         P.build_partition(labels, "iid", 9, 0, {})
 
 
+def test_more_clients_than_held_out_samples_names_the_clients_left_without():
+    labels = {"train": np.arange(12) % 2, "val": np.array([0, 1]), "test": np.array([0, 1, 1])}
+    doc = P.build_partition(labels, "iid", 4, 0, {})
+    empty = P.clients_without_holdout(doc)
+    assert len(empty["val"]) == 2 and len(empty["test"]) == 1
+    warning = P.holdout_warning(doc)
+    assert f"client(s) {empty['val']} have no val data" in warning and "clients_without_local_scores" in warning
+    assert P.holdout_shortfall(4, {"train": 12, "val": 2, "test": 3}) == ["val (2 samples)", "test (3 samples)"]
+    assert P.holdout_shortfall(2, {"train": 12, "val": 2, "test": 3}) == []
+
+
+def test_a_client_without_test_data_is_named_in_the_summary(tiny_run, tmp_path):
+    """local_mean_* averages the clients that have a score; summary.json says which had none."""
+    doc = json.loads((tiny_run / "p.json").read_text())
+    doc["clients"][0]["test"] += doc["clients"][2]["test"]
+    doc["clients"][2]["test"] = []
+    io.write_json(tmp_path / "p.json", doc)
+    spec = _spec(tiny_run, "no_test", method="fedavg", rounds=1)
+    spec = dataclasses.replace(spec, partition_path=str(tmp_path / "p.json"), run_dir=str(tmp_path / "run"))
+    _run_until(spec)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["clients_without_local_scores"] == [2]
+    assert summary["clients_without_test_data"] == [2] and summary["clients_without_val_data"] == []
+    clients = pd.read_csv(tmp_path / "run" / "client_metrics.csv")
+    assert clients.loc[clients["client"] == 2, "local_accuracy"].isna().all()
+    assert summary["final"]["local_mean_accuracy"] == pytest.approx(clients.loc[clients["client"] < 2, "local_accuracy"].mean())
+
+
 def test_min_size_impossible_does_not_loop_forever():
     rng = np.random.default_rng(0)
     labels = {"train": rng.integers(0, 7, 700), "val": rng.integers(0, 7, 50), "test": rng.integers(0, 7, 50)}
@@ -94,6 +128,48 @@ def test_empty_class_a_client_prior_needs():
     priors = np.array([[0, 0, 1.0], [1.0, 0, 0]])
     with pytest.raises(P.PartitionError, match="class 2 has no training samples"):
         P._fls_fill(train, np.array([5, 5]), priors, np.random.default_rng(0))
+
+
+def _edited_partition(tmp_path, breast_arrays, edit) -> tuple[Path, Path]:
+    from fedmedbench.fl import data as fl_data
+
+    npz = tmp_path / "b.npz"
+    io.write_npz(npz, breast_arrays)
+    doc = P.build_partition(split_labels(breast_arrays), "iid", 3, 0, {}, num_classes=2)
+    edit(doc)
+    path = tmp_path / "edited.json"
+    io.write_json(path, doc)
+    fl_data.load_partition.cache_clear()
+    return path, npz
+
+
+PARTITION_EDITS = [
+    ("index past the pool", lambda d: d["clients"][1]["train"].append(10**6),
+     r"client 1 train index 1000000 is outside the pool of source 'base' \(0\.\.\d+\)"),
+    ("negative index", lambda d: d["clients"][2]["val"].insert(0, -1), r"client 2 val index -1 is outside the pool"),
+    ("test sample in a training list", lambda d: d["clients"][0]["train"].append(d["clients"][2]["test"][0]),
+     r"client 0 trains on sample \d+ of source 'base', which is also in client 2 test list"),
+    ("global test sample in a training list", lambda d: d["clients"][1]["train"].append(d["global_test"][0]["idx"][-1]),
+     r"client 1 trains on sample \d+ of source 'base', which is also in (client \d test|global test set idx) list"),
+    ("non-integer index", lambda d: d["clients"][0]["test"].__setitem__(0, 1.5), r"client 0 test list holds non-integer"),
+]
+
+
+@pytest.mark.parametrize("name,edit,needle", PARTITION_EDITS, ids=[c[0] for c in PARTITION_EDITS])
+def test_hand_edited_partition_is_checked_on_load(tmp_path, breast_arrays, name, edit, needle):
+    from fedmedbench.fl.data import FederatedData
+
+    path, npz = _edited_partition(tmp_path, breast_arrays, edit)
+    with pytest.raises(P.PartitionError, match=rf"{re.escape(str(path))}: {needle}"):
+        FederatedData(path, {"base": str(npz)}).client(0)
+
+
+def test_an_unedited_partition_loads(tmp_path, breast_arrays):
+    from fedmedbench.fl.data import FederatedData
+
+    path, npz = _edited_partition(tmp_path, breast_arrays, lambda d: None)
+    data = FederatedData(path, {"base": str(npz)})
+    assert sum(len(data.client(i).train_y) for i in range(3)) == len(breast_arrays["train_labels"])
 
 
 # ---------------------------------------------------------------- MedMNIST files
@@ -212,12 +288,75 @@ def test_mask_of_wrong_size_and_out_of_map_label(tmp_path):
     assert str(masks[0]) in str(err.value) and "77" in str(err.value) and not (tmp_path / "i2").exists()
 
 
+@pytest.mark.parametrize("name", ["rarp", "endovis2018", "endovis2017"])
+def test_a_labelled_frame_whose_image_is_missing_is_a_bad_file(tmp_path, name):
+    """Segmentation layouts list frames by their images: a mask left without its image was dropped silently."""
+    cfg, folder = SF.make(tmp_path / "raw", name)
+    frame_dirs = {"rarp": "frames", "endovis2018": "left_frames", "endovis2017": "left_frames"}
+    mask_dirs = {"rarp": ("masks",), "endovis2018": ("labels",), "endovis2017": ("ground_truth", "PartsSegmentation")}
+    masks = sorted(p for p in folder.rglob("*.png") if set(mask_dirs[name]) & set(p.parent.parts[-2:]))
+    mask = masks[0]
+    video = mask.parent
+    while not (video / frame_dirs[name]).is_dir():
+        video = video.parent
+    image = next(p for p in (video / frame_dirs[name]).iterdir() if p.stem == mask.stem)
+    image.unlink()
+    with pytest.raises(BadFileError, match="label mask without its image") as err:
+        build_index(name, cfg, tmp_path / "raw", tmp_path / "index", log=lambda m: None)
+    assert str(mask) in str(err.value) and not (tmp_path / "index").exists()
+    build_index(name, cfg, tmp_path / "raw", tmp_path / "index", policy="skip-and-report", log=lambda m: None)
+    listed = pd.read_csv(tmp_path / "index" / "bad_files.csv")
+    assert str(mask) in set(listed["path"])
+
+
+@pytest.mark.parametrize("file_name,needle", [
+    ("/etc/hostname", "is an absolute path"),
+    ("../../../../etc/hostname", "climbs out of the dataset folder"),
+    ("sub/../../../../p1_0001.png", "climbs out of the dataset folder"),
+])
+def test_coco_file_names_that_leave_the_dataset_folder_are_bad_files(tmp_path, file_name, needle):
+    import json
+
+    folder = SF.write_coco_folder(tmp_path)
+    path = folder / "annotations" / "instances_train.json"
+    doc = json.loads(path.read_text())
+    doc["images"][0]["file_name"] = file_name
+    path.write_text(json.dumps(doc))
+    cfg = {"layout": "coco", "folder": folder.name}
+    with pytest.raises(BadFileError, match=rf"file_name {re.escape(repr(file_name))} {needle}"):
+        build_index("c", cfg, tmp_path, tmp_path / "idx", log=lambda m: None)
+    build_index("c", cfg, tmp_path, tmp_path / "idx", policy="skip-and-report", log=lambda m: None)
+    listed = pd.read_csv(tmp_path / "idx" / "bad_files.csv")
+    assert list(listed["path"]) == [str(path)]
+    assert len(read_index(tmp_path / "idx")[0]) == 5  # 6 frames, the one outside left out
+
+
 # ---------------------------------------------------------------- models and training
 
 
 def test_missing_weights_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"missing\.pt: pretrained weights file not found"):
         build_model("cnn_small", 1, 2, 28, pretrained_path=str(tmp_path / "missing.pt"))
+
+
+def test_a_crafted_fedst_pretraining_file_is_refused_naming_it(tmp_path):
+    """torch's own refusal suggests weights_only=False (which would run the payload): the message names the
+    file and says what it is not, and nothing runs."""
+    from fedmedbench.fl.methods._seg_shared import load_matching
+    from fedmedbench.weights.safeload import WeightsError
+
+    model = torch.nn.Linear(2, 2)
+    crafted, marker = tmp_path / "pretrain.pt", tmp_path / "code-ran"
+    torch.save({"weight": _RunsCode(marker)}, crafted)
+    with pytest.raises(WeightsError) as info:
+        load_matching(model, crafted)
+    text = str(info.value)
+    assert f"{crafted}: refused (FedST pre-training weights): not a plain weights file" in text
+    assert "weights_only" not in text and info.value.__cause__ is None and not marker.exists()
+    listed = tmp_path / "list.pt"
+    torch.save([torch.zeros(2)], listed)
+    with pytest.raises(ValueError, match=rf"{re.escape(str(listed))}: not a plain weights file"):
+        load_matching(model, listed)
 
 
 def test_nan_loss_stops_with_a_message():
@@ -296,6 +435,86 @@ def test_partition_uses_a_source_the_run_lacks(tmp_path):
         FederatedData(tmp_path / "p.json", {"clean": "x.npz", "base": "x.npz"})
 
 
+# ---------------------------------------------------------------- pickles a third-party library would load
+
+
+class _RunsCode:
+    """Unpickling this creates a folder: the proof that a file's pickle was executed."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def _tiny_yolo_split(root: Path) -> Path:
+    import cv2
+
+    (root / "images" / "train").mkdir(parents=True)
+    (root / "labels" / "train").mkdir(parents=True)
+    for i in range(3):
+        cv2.imwrite(str(root / "images" / "train" / f"f{i}.jpg"), np.full((32, 32, 3), 60 * i, np.uint8))
+        (root / "labels" / "train" / f"f{i}.txt").write_text(f"0 0.5 0.5 0.{i + 1} 0.25\n")
+    return root / "images" / "train"
+
+
+def test_a_crafted_ultralytics_label_cache_is_rebuilt_not_unpickled(tmp_path):
+    """Ultralytics reads ``labels.cache`` with allow_pickle=True; a killed run's work/ folder could hold a crafted
+    one when the run resumes. Read through the workflow's format, the pickle is never loaded: the labels are
+    scanned again and the cache rewritten."""
+    from ultralytics.data.dataset import YOLODataset
+
+    from fedmedbench.fl.tasks.detection import label_cache
+
+    images = _tiny_yolo_split(tmp_path / "stage")
+    cache = tmp_path / "stage" / "labels" / "train.cache"
+    marker = tmp_path / "code-ran"
+    with open(cache, "wb") as fh:
+        np.save(fh, {"version": "1.0.3", "hash": "x", "labels": [_RunsCode(marker)]}, allow_pickle=True)
+    label_cache.install()
+
+    def dataset():
+        return YOLODataset(img_path=str(images), data={"names": {0: "tool"}, "channels": 3}, task="detect",
+                           augment=False, imgsz=32)
+
+    first = dataset()
+    assert not marker.exists()
+    assert len(first.labels) == 3
+    assert label_cache.load(cache)["results"] == (3, 0, 0, 0, 3)  # rewritten in the workflow's format
+    with pytest.raises(label_cache.LabelCacheError, match=r"not a label cache of this workflow"):
+        with open(cache, "wb") as fh:
+            np.save(fh, {"labels": [_RunsCode(marker)]}, allow_pickle=True)
+        label_cache.load(cache)
+    assert not marker.exists()
+    dataset()  # rebuilt again, then read back: the same labels as the first scan
+    again = dataset()
+    for a, b in zip(first.labels, again.labels, strict=True):
+        assert a.keys() == b.keys()
+        for key, value in a.items():
+            if isinstance(value, np.ndarray):
+                assert value.dtype == b[key].dtype and np.array_equal(value, b[key]), key
+            else:
+                assert value == b[key] and type(value) is type(b[key]), key
+
+
+def test_label_cache_format_keeps_every_value(tmp_path):
+    from fedmedbench.fl.tasks.detection import label_cache
+
+    obj = {"labels": [{"shape": (480, 640), "cls": np.array([[1.0], [2.0]], np.float32), "segments": [],
+                       "keypoints": None, "normalized": True, "empty": np.zeros((0, 4), np.float32)}],
+           "results": (1, 0, 0, 0, 1), "msgs": ["a", "b"], "n": np.int64(7), "ratio": 0.5}
+    label_cache.dump(obj, tmp_path / "x.cache")
+    back = label_cache.load(tmp_path / "x.cache")
+    assert back["labels"][0]["shape"] == (480, 640) and back["results"] == (1, 0, 0, 0, 1)
+    assert back["n"] == 7 and type(back["n"]) is np.int64 and back["msgs"] == ["a", "b"] and back["ratio"] == 0.5
+    cls = back["labels"][0]["cls"]
+    assert cls.dtype == np.float32 and cls.shape == (2, 1) and cls.flags.writeable
+    assert back["labels"][0]["empty"].shape == (0, 4) and back["labels"][0]["keypoints"] is None
+    with pytest.raises(TypeError, match="object array"):
+        label_cache.dump({"x": np.array([None], dtype=object)}, tmp_path / "y.cache")
+
+
 # ---------------------------------------------------------------- labels, splits and official files
 
 
@@ -336,6 +555,26 @@ def test_whole_float_labels_are_accepted_as_classes(tmp_path, breast_arrays):
     np.testing.assert_array_equal(out["train_labels"], breast_arrays["train_labels"].reshape(-1))
 
 
+def test_labels_past_255_survive_every_write(tmp_path, breast_arrays):
+    """A 300-class dataset: classes 256..299 must not wrap to 0..43 when a derived file (client domain) is written."""
+    rng = np.random.default_rng(0)
+    data = {}
+    for split in medmnist.SPLITS:
+        n = len(breast_arrays[f"{split}_labels"])
+        data[f"{split}_images"] = breast_arrays[f"{split}_images"]
+        data[f"{split}_labels"] = rng.integers(200, 300, n)
+    path = tmp_path / "wide.npz"
+    io.write_npz(path, medmnist.to_official_arrays(data))
+    back = medmnist.load_npz(path, num_classes=300)
+    for split in medmnist.SPLITS:
+        np.testing.assert_array_equal(back[f"{split}_labels"], data[f"{split}_labels"])
+    assert medmnist.to_official_arrays(back)["train_labels"].dtype == np.uint16
+    # the official flags keep uint8 labels (their derived files stay byte-identical)
+    official = medmnist.to_official_arrays(medmnist.load_npz(_with_labels(tmp_path, breast_arrays, "train",
+                                                                          breast_arrays["train_labels"])))
+    assert official["train_labels"].dtype == breast_arrays["train_labels"].dtype == np.uint8
+
+
 def test_empty_test_split_is_an_error_before_training(tmp_path, breast_arrays):
     arrays = dict(breast_arrays, test_images=breast_arrays["test_images"][:0], test_labels=breast_arrays["test_labels"][:0])
     path = tmp_path / "empty.npz"
@@ -351,8 +590,12 @@ def test_a_file_placed_by_hand_is_verified_against_the_official_md5(tmp_path, np
         medmnist.verify_official(npz, "breastmnist", 28)
     rules = (ROOT / "rules" / "data.smk").read_text()
     assert "rule verify_medmnist" in rules and '{dataset}_{size}.npz.verified' in rules
-    for smk in ("train.smk", "partition.smk"):  # every reader of an official file depends on its marker
-        assert "verified_marker(" in (ROOT / "rules" / smk).read_text()
+    # every reader of an official file depends on its marker, through the named input functions of common.smk
+    common = (ROOT / "rules" / "common.smk").read_text()
+    for smk, fn in (("train.smk", "run_verified"), ("partition.smk", "partition_sources")):
+        assert fn in (ROOT / "rules" / smk).read_text()
+        body = common.split(f"def {fn}(", 1)[1].split("\ndef ", 1)[0]
+        assert "verified_marker(" in body, fn
 
 
 def test_endless_download_stream_is_cut_at_the_file_bound(tmp_path):
@@ -392,6 +635,29 @@ def test_medmnist_root_with_synthetic_origin_is_warned_about():
     assert ignored_settings({"data": {"origin": "real", "medmnist_root": "/data/medmnist"}}) == []
 
 
+def test_a_derived_copy_is_tied_to_its_source(tmp_path, breast_arrays):
+    """A user dataset's import is keyed by its source's path and content: an edit that keeps the size and
+    modification time still changes the key; a missing source is named (tests/test_user_dataset.py runs
+    both through Snakemake)."""
+    from fedmedbench.data import user
+
+    source = tmp_path / "mine.npz"
+    io.write_npz(source, breast_arrays)
+    cfg = {"path": str(source), "labels": ["a", "b"], "task": "binary", "channels": 1, "sizes": [28]}
+    first = user.source_fingerprint("mine", cfg, 28, tmp_path / "cache")
+    assert first == user.source_fingerprint("mine", cfg, 28, tmp_path / "cache")  # remembered, same answer
+    stat = source.stat()
+    data = bytearray(source.read_bytes())
+    data[-30] ^= 1  # one bit, same length
+    source.write_bytes(bytes(data))
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    second = user.source_fingerprint("mine", cfg, 28, tmp_path / "cache")
+    assert second["path"] == first["path"] and second["sha256"] != first["sha256"]
+    source.unlink()
+    with pytest.raises(DataError, match=rf"'datasets\.mine\.path': {re.escape(str(source))} does not exist"):
+        user.source_fingerprint("mine", cfg, 28, tmp_path / "cache")
+
+
 # ---------------------------------------------------------------- config files (read strictly, file:line)
 
 
@@ -429,10 +695,101 @@ def test_exponent_floats_are_numbers_where_the_schema_wants_one(tmp_path):
     assert coerce_numbers(cfg, SCHEMA) == []  # not a number: left for the schema to name
 
 
+def _alias_bomb(path: Path, as_mappings: bool) -> Path:
+    """9 levels of 10 aliases: 10^9 values once expanded, a few hundred bytes of text."""
+    if as_mappings:
+        lines = ["a0: &a0 {" + ", ".join(f"k{j}: lol" for j in range(10)) + "}"]
+        lines += [f"a{i}: &a{i} {{" + ", ".join(f"k{j}: *a{i - 1}" for j in range(10)) + "}" for i in range(1, 10)]
+    else:
+        lines = ["a0: &a0 [" + ", ".join(["lol"] * 10) + "]"]
+        lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 10)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("as_mappings", [False, True], ids=["lists", "mappings"])
+def test_alias_bomb_is_refused_at_once(tmp_path, as_mappings):
+    import time
+
+    from fedmedbench.configcheck import MAX_EXPANDED_NODES, ConfigFileError, check_file
+
+    start = time.monotonic()
+    with pytest.raises(ConfigFileError, match=rf"bomb\.yaml: its anchors and aliases .* more than {MAX_EXPANDED_NODES:,}"):
+        check_file(_alias_bomb(tmp_path / "bomb.yaml", as_mappings))
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.slow
+def test_alias_bomb_stops_planning_with_the_file_named(tmp_path):
+    """Through Snakemake: the schema check's error message used to expand the bomb (no message, memory rising)."""
+    import subprocess
+    import sys
+
+    bomb = _alias_bomb(tmp_path / "bomb.yaml", as_mappings=False)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--quiet", "--configfile", str(bomb)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("planning with an alias bomb did not stop within 60 s")
+    assert proc.returncode != 0
+    assert "bomb.yaml: its anchors and aliases" in proc.stdout + proc.stderr
+
+
+def test_yaml_merge_keys_are_accepted_and_duplicates_still_refused(tmp_path):
+    from fedmedbench.configcheck import ConfigFileError, check_file
+
+    path = tmp_path / "merge.yaml"
+    path.write_text("base: &base {lr: 0.1, batch_size: 32}\ntrain:\n  <<: *base\n  lr: 0.01\n")
+    assert check_file(path)["train"] == {"lr": 0.01, "batch_size": 32}  # the mapping's own key wins
+    path.write_text("base: &base {lr: 0.1}\ntrain:\n  <<: *base\n  lr: 0.01\n  lr: 0.02\n")
+    with pytest.raises(ConfigFileError, match=r"merge\.yaml:5:3: duplicate key 'lr'"):
+        check_file(path)
+
+
+@pytest.mark.parametrize("path,text", [
+    (["studies", "micro", "settings", "dir", "params", "alpha"], ".nan"),
+    (["studies", "micro", "train", "lr"], ".inf"),
+    (["studies", "micro", "train", "local_epochs"], "-.inf"),
+    (["studies", "micro", "train", "lr"], "1e999"),  # YAML 1.1 text, made a number by coerce_numbers
+])
+def test_non_finite_numbers_are_refused_naming_the_key(path, text):
+    from fedmedbench.configcheck import coerce_numbers, refuse_non_finite
+
+    cfg = _cfg(path, yaml.safe_load(text))  # as Snakemake's YAML 1.1 reader hands it over
+    coerce_numbers(cfg, SCHEMA)
+    with pytest.raises(ValueError, match=rf"config error at '{re.escape('.'.join(path))}': must be a finite number"):
+        refuse_non_finite(cfg)
+
+
+def test_nan_passes_the_schema_alone():
+    """Why the extra check exists: every range check of the schema is false for NaN."""
+    validate(_cfg(["studies", "micro", "settings", "dir", "params"], {"alpha": float("nan")}), SCHEMA)
+
+
+def test_a_target_read_as_a_config_file_says_to_put_targets_first(tmp_path, capsys):
+    """``snakemake --configfile c.yaml all`` reads 'all' as a second config file (Snakemake stops on it before the
+    workflow runs); the strict reader and ``python -m fedmedbench.configcheck`` say what happened."""
+    from fedmedbench.configcheck import ConfigFileError, check_file, main
+
+    with pytest.raises(ConfigFileError, match=r"all: cannot read the config file .*; if 'all' is a target, put "
+                                              r"targets before --configfile \(snakemake all --configfile FILE\)"):
+        check_file("all")
+    table = tmp_path / "table1.md"
+    with pytest.raises(ConfigFileError, match="put targets before --configfile"):
+        check_file(table)
+    assert main([str(ROOT / "config" / "config.yaml"), "all"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("put targets before --configfile") == 1 and "Traceback" not in err
+    with pytest.raises(ConfigFileError) as missing:
+        check_file(tmp_path / "mine.yaml")
+    assert "put targets" not in str(missing.value)  # a missing .yaml is a missing config, not a misplaced target
+
+
 def test_workflow_checks_its_config_files_strictly():
     snakefile = (ROOT / "Snakefile").read_text()
     assert snakefile.index("check_files(") < snakefile.index('configfile: "config/config.yaml"')
-    assert "coerce_numbers(config" in (ROOT / "rules" / "common.smk").read_text()
+    common = (ROOT / "rules" / "common.smk").read_text()
+    assert common.index("coerce_numbers(config") < common.index("refuse_non_finite(config)") < common.index("validate_config(config")
 
 
 # ---------------------------------------------------------------- surgical: names, JSON structure, fps, collisions
@@ -645,6 +1002,23 @@ def test_corrupt_client_state_says_what_to_do(tiny_run, tmp_path):
         store.load(0, before_round=2)
 
 
+def test_a_run_killed_before_its_first_checkpoint_says_there_was_none(tiny_run):
+    from fedmedbench.fl import federation as fed
+
+    spec = fed.resolve_data_shapes(_spec(tiny_run, "early_kill", method="fedavg", rounds=2))
+    folder = checkpoint.checkpoint_dir(spec.run_dir)
+    folder.mkdir(parents=True)
+    (folder / "rows.jsonl").write_text("")  # what a job killed inside round 1 leaves
+    said: list[str] = []
+    assert fed.Federation(spec, log=said.append).initial_state().round == 0
+    assert any("no checkpoint in" in m and "before its first round" in m for m in said), said
+    assert not any("other settings" in m for m in said)
+    checkpoint.save(spec.run_dir, checkpoint.RunState(round=1, arrays={}), "another-hash")
+    said.clear()
+    fed.Federation(spec, log=said.append).initial_state()
+    assert any("written under other settings" in m for m in said), said
+
+
 def test_resume_restart_starts_again_and_matches_an_uninterrupted_run(tiny_run, scaffold_reference):
     spec, state_file = _interrupted(tiny_run, "restart")
     state_file.unlink()
@@ -700,6 +1074,91 @@ def test_disk_full_names_the_folder_and_leaves_no_temp_file(tmp_path, monkeypatc
     assert leftovers(tmp_path / "checkpoint") == ["client_rows.jsonl", "rows.jsonl", "server.pt"]
 
 
+def _no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+FULL_DISK_WRITES = [
+    ("npz", "d.npz", lambda p: io.write_npz(p, {"x": np.zeros(3)})),
+    ("table", "t.csv", lambda p: io.write_csv(p, __import__("pandas").DataFrame({"a": [1]}))),
+    ("markdown", "t.md", lambda p: io.write_text(p, "| a |")),
+    ("json", "s.json", lambda p: io.write_json(p, {"a": 1})),
+]
+
+
+@pytest.mark.parametrize("name,file,write", FULL_DISK_WRITES, ids=[c[0] for c in FULL_DISK_WRITES])
+def test_full_disk_in_any_file_write_names_the_folder(tmp_path, monkeypatch, name, file, write):
+    """The disk fills when the data are flushed (as delayed allocation reports it): every writer of the
+    pipeline goes through io.atomic_path, which names the folder and removes its temp file."""
+    out = tmp_path / "results" / "tables"
+    out.mkdir(parents=True)
+    monkeypatch.setattr(os, "fsync", _no_space)
+    with pytest.raises(OSError, match=rf"No space left on {re.escape(str(out))} while writing the file {re.escape(file)}"):
+        write(out / file)
+    assert leftovers(out) == []
+
+
+def test_full_disk_in_a_figure_names_the_folder(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure()
+    monkeypatch.setattr(type(fig), "savefig", _no_space)
+    with pytest.raises(OSError, match=rf"No space left on {re.escape(str(tmp_path))} while writing the file f\.png"):
+        io.save_figure(tmp_path / "f.png", fig)
+    plt.close(fig)
+    assert leftovers(tmp_path) == []
+
+
+def test_full_disk_in_an_output_folder_names_the_folder_not_its_temp(tmp_path):
+    """Surgical exports write many files inside one atomic folder (OpenCV, YAML, JSON writers)."""
+    from fedmedbench.data.surgical.fsutil import atomic_dir, write_png
+
+    target = tmp_path / "exports" / "yolo"
+    with pytest.raises(OSError, match=rf"No space left on {re.escape(str(target.parent))} while writing the folder yolo:"):
+        with atomic_dir(target) as tmp:
+            write_png(tmp / "a.png", np.zeros((4, 4), np.uint8))
+            _no_space()
+    assert leftovers(target.parent) == []
+
+
+def test_a_run_another_process_trains_is_refused_naming_it(tmp_path):
+    """After ``snakemake --unlock`` a second snakemake would train a run the first still trains: the run's own lock
+    refuses it, naming the holder; a killed holder never blocks the rerun (the kernel drops its lock)."""
+    import socket
+    import subprocess
+    import sys
+
+    from fedmedbench.runlock import LOCK_NAME, RunLockedError, run_lock
+
+    run_dir = tmp_path / "results" / "s" / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom fedmedbench.runlock import run_lock\n"
+         "with run_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)\n", str(run_dir)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunLockedError, match=rf"{re.escape(str(run_dir))}: this run is being trained by PID "
+                                                 rf"{holder.pid} on host {re.escape(socket.gethostname())}"):
+            with run_lock(run_dir):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (run_dir / LOCK_NAME).exists()  # a SIGKILL leaves the file, not the lock
+    with run_lock(run_dir):
+        assert str(os.getpid()) in (run_dir / LOCK_NAME).read_text()
+    assert not (run_dir / LOCK_NAME).exists()
+
+
+def test_every_training_entry_holds_the_run_lock():
+    for name in ("train_federated", "ultraflwr_train", "fedst_train"):
+        text = (ROOT / "scripts" / f"{name}.py").read_text()
+        assert text.index("with run_lock(spec.run_dir)") < text.index("engine.run("), name
+
+
 def test_temp_files_of_a_killed_job_are_removed_at_job_start(tmp_path):
     (tmp_path / "checkpoint" / "clients" / "00000").mkdir(parents=True)
     orphans = [tmp_path / ".model.pt.k2j3.tmp.pt", tmp_path / "checkpoint" / "clients" / "00000" / ".r000002.pt.x.tmp.pt"]
@@ -708,6 +1167,49 @@ def test_temp_files_of_a_killed_job_are_removed_at_job_start(tmp_path):
     (tmp_path / "metrics.csv").write_text("round\n1\n")
     checkpoint.prepare(tmp_path)
     assert not any(p.exists() for p in orphans) and (tmp_path / "metrics.csv").is_file()
+
+
+# ---------------------------------------------------------------- deployment: insecure settings are refused
+
+SECURE_LINK = ["--ssl-ca-certfile", "ca.crt", "--ssl-certfile", "server.pem", "--ssl-keyfile", "server.key",
+               "--enable-supernode-auth"]
+INSECURE_STARTS = [
+    ("superlink", ["--insecure"], ["--insecure turns TLS off", "no --enable-supernode-auth"]),
+    ("superlink", ["--insecure", "--enable-supernode-auth"], ["--insecure turns TLS off"]),
+    ("superlink", ["--ssl-certfile", "s.pem", "--ssl-keyfile", "s.key"], ["no --enable-supernode-auth"]),
+    ("superlink", ["--enable-supernode-auth"], ["no --ssl-certfile/--ssl-keyfile"]),
+    ("supernode", ["--insecure", "--superlink", "h:9092"], ["--insecure turns TLS off",
+                                                            "no --auth-supernode-private-key"]),
+]
+
+
+@pytest.mark.parametrize("role,args,needles", INSECURE_STARTS)
+def test_insecure_superlink_or_supernode_is_refused_unless_asked_loudly(role, args, needles, capsys):
+    from fedmedbench.deploy import __main__ as deploy_cli
+    from fedmedbench.deploy import launch
+
+    with pytest.raises(SystemExit) as stop:
+        deploy_cli.main([role, *args])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"refusing to start flower-{role} insecurely" in err and "Traceback" not in err
+    for needle in needles:
+        assert needle in err
+    started = []
+    launch.run(role, [*args, launch.FLAG], execute=lambda program, cmd: started.append(cmd))
+    assert started == [[f"flower-{role}", *args]]  # the testing flag is the project's, not Flower's
+    assert f"INSECURE flower-{role} ({launch.FLAG}): for tests only" in capsys.readouterr().err
+
+
+def test_secure_superlink_and_supernode_start_without_a_warning(capsys):
+    from fedmedbench.deploy import launch
+
+    started = []
+    launch.run("superlink", SECURE_LINK, execute=lambda program, cmd: started.append(cmd))
+    launch.run("supernode", ["--root-certificates", "ca.crt", "--auth-supernode-private-key", "site01"],
+               execute=lambda program, cmd: started.append(cmd))
+    assert started[0] == ["flower-superlink", *SECURE_LINK] and started[1][0] == "flower-supernode"
+    assert capsys.readouterr().err == ""
 
 
 # ---------------------------------------------------------------- runtime settings are not result params

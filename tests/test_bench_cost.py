@@ -399,7 +399,7 @@ def test_waiting_steps_puts_back_cpu_batch_indices_and_blocking_batch_copies_the
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from fedmedbench.fl import training
-    from fedmedbench.fl.tasks import segmentation
+    from fedmedbench.fl.tasks.segmentation import training as segmentation
 
     class Copies(TorchDispatchMode):
         def __init__(self) -> None:

@@ -75,9 +75,12 @@ def _dry_run(tmp_path, cfg) -> subprocess.CompletedProcess:
     (lambda c: c["studies"]["micro"]["settings"]["dom"]["params"].__setitem__("domains", ["clean", "martian"]),
      "studies.micro.settings.dom.params.domains"),
     (lambda c: c["studies"]["micro"]["settings"]["dom"].__setitem__("num_clients", 3), "studies.micro.settings.dom.num_clients"),
+    (lambda c: c["studies"]["micro"]["settings"]["dir"].__setitem__("method_train", {"fedprox": {"lr": 0.1}}),
+     "studies.micro.settings.dir.method_train.fedprox"),
     (lambda c: c["studies"]["micro"].__setitem__("clients_per_round", 9), "studies.micro.clients_per_round"),
     (lambda c: c["studies"]["micro"]["settings"]["dir"].__setitem__("datasets", ["pathmnist"]), "studies.micro.settings.dir.datasets"),
     (lambda c: c["studies"]["micro"].__setitem__("datasets", ["chestmnist"]), "'chestmnist' is neither an official MedMNIST flag"),
+    (lambda c: c["studies"]["micro"].__setitem__("random_draws", "reference"), "studies.micro.settings.dir.scheme"),
     (lambda c: c.__setitem__("datasets", {"mine": {"path": "x.npz", "labels": ["a", "b", "c"], "task": "binary", "channels": 1}}),
      "datasets.mine.labels"),
 ])
@@ -92,3 +95,13 @@ def test_cross_field_errors_name_the_key(tmp_path, mutate, needle):
 def test_micro_config_plans(tmp_path):
     proc = _dry_run(tmp_path, copy.deepcopy(MICRO))
     assert proc.returncode == 0, proc.stderr
+
+
+def test_more_clients_than_validation_samples_warns_at_planning(tmp_path):
+    cfg = copy.deepcopy(MICRO)  # synthetic: 30 validation and 60 test samples
+    cfg["studies"]["micro"]["settings"]["dir"]["num_clients"] = 40
+    proc = _dry_run(tmp_path, cfg)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ("config warning: studies.micro.settings.dir.num_clients = 40 but breastmnist has val (30 samples)"
+            in proc.stderr)
+    assert "settings.dom" not in proc.stderr  # 2 clients: each gets some

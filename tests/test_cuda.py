@@ -21,10 +21,10 @@ from test_gpaf_device_path import GPAF_STUDY_RUNS, breast_spec
 from test_metrics import _sklearn
 
 from fedmedbench.fl import engine
+from fedmedbench.fl.arrays import weighted_average
 from fedmedbench.fl.determinism import CUBLAS_WORKSPACE_CONFIG
 from fedmedbench.fl.job import Job
 from fedmedbench.fl.methods._sgd import div
-from fedmedbench.fl.registry import weighted_average
 from fedmedbench.metrics import grouped_classification_metrics
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -228,7 +228,7 @@ def test_a_segmentation_site_does_not_wait_for_the_gpu_per_step(tmp_path):
     """fedst's local steps copy each batch and the augmentation's grid from pinned memory without waiting."""
     from test_fedst_data import _frames_on_disk, _LastFrame
 
-    from fedmedbench.fl.registry import TrainConfig
+    from fedmedbench.fl.api import TrainConfig
     from fedmedbench.fl.tasks import segmentation as seg
 
     clips = []

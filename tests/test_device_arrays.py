@@ -15,8 +15,8 @@ from helpers import Killed, kill_after_round
 from fedmedbench.fl import checkpoint, engine
 from fedmedbench.fl import federation as fed
 from fedmedbench.fl import job as job_module
+from fedmedbench.fl.arrays import arrays_to_tensors, model_arrays, model_tensors, weighted_average
 from fedmedbench.fl.job import Job, copy_into
-from fedmedbench.fl.registry import arrays_to_tensors, model_arrays, model_tensors, weighted_average
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.state_file import read_state
 from fedmedbench.fl.stopping import DataFreeMonitor

@@ -20,7 +20,8 @@ from fedmedbench import io
 from fedmedbench import partition as P
 from fedmedbench.data import synthetic
 from fedmedbench.fl import federation as fed
-from fedmedbench.fl.registry import get_method, weighted_average
+from fedmedbench.fl.arrays import weighted_average
+from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.state_file import read_state
 

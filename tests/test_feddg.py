@@ -7,6 +7,7 @@ import pytest
 import torch
 from helpers.clients import client_ctx, fresh_global, server_ctx, toy_data, toy_spec
 
+from fedmedbench.fl.arrays import weighted_average
 from fedmedbench.fl.methods.feddg import (
     BANK,
     FedDG,
@@ -15,7 +16,7 @@ from fedmedbench.fl.methods.feddg import (
     interpolate_amplitude,
     low_freq_mask,
 )
-from fedmedbench.fl.registry import get_method, weighted_average
+from fedmedbench.fl.registry import get_method
 
 SPEC = toy_spec("feddg")
 

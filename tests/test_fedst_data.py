@@ -198,8 +198,8 @@ class _LastFrame(torch.nn.Module):
 def test_local_training_gives_the_same_weights_and_loss_with_decode_workers(tmp_path, monkeypatch):
     """train_steps with clips decoded ahead in 3 threads = decoded on demand, bit for bit; every clip read
     ahead is used; the mean loss is the float64 sum of the step losses, as a Python float sum gives."""
-    from fedmedbench.fl.registry import TrainConfig
-    from fedmedbench.fl.tasks import segmentation as seg
+    from fedmedbench.fl.api import TrainConfig
+    from fedmedbench.fl.tasks.segmentation import training as seg
 
     clips = []
     for c in range(7):

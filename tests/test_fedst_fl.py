@@ -64,7 +64,7 @@ def study_cfg(**over):
         "sites": ["A", "B"], "outfed_site": "E", "unseen_site": "E", "server_site": "sim", "seeds": [0],
         "methods": list(FS.METHODS), "variants": [],
         "model": {"encoder": "pvt_v2_b0", "window": 2, "pools": [2, 1, 1, 1], "fields": [4, 3, 2, 2], "heads": 1,
-                  "indicator_dim": 8, "decoder_dim": 16, "decoder_heads": 1},
+                  "indicator_dim": 8, "decoder": "light", "temporal_at": "encoder", "decoder_dim": 16, "decoder_heads": 1},
         "indicator": {"kind": "onehot", "clip_weights": None, "clip_model": "ViT-B-32", "sigma": 0.1},
         "train": {"rounds": 2, "local_epochs": 0.5, "batch_size": 2, "lr": 1e-3, "optimizer": "adamw", "aggregation": "uniform"},
         "loss": {"dice_weight": 0.3, "augment": True, "rotate_deg": 15, "scale": 0.1},
@@ -108,6 +108,24 @@ def test_clips_carry_exactly_their_configured_frames(clips):
         assert torch.equal(x[0, t], torch.from_numpy(np.asarray(Image.open(p).convert("RGB"))).permute(2, 0, 1))
     with pytest.raises(ValueError, match="configured for 3"):
         load_clipset(clips, "A", "train", 3)
+
+
+def test_fedst_on_feddps_network_shares_all_but_queries_rsc_and_selection_and_repeats_bit_for_bit(clips, tmp_path):
+    """The default network (FPN decoder, RSC on its 1/8 map): what FedST sends, and two runs of
+    the same spec give the same bits (the decoder's dropout draws from the site's generator)."""
+    cfg = study_cfg(model={**study_cfg()["model"], "decoder": "fpn", "temporal_at": "decoder", "heads": 2})
+    spec = make_spec(clips, tmp_path, "fedst", "abl_ts_cs", cfg)
+    method = get_method(spec.method, spec.method_params)
+    model = fed.new_model(spec)
+    params = {n for n, _ in model.named_parameters()}
+    kept = {n for n in params if n.startswith(("rsc.", "cs.")) or (n.startswith("encoder.") and ".attn.q." in n)}
+    assert model.rsc.dim == 128 and {"decoder.p5.weight", "decoder.head.weight"} <= params
+    assert set(method.shared_keys(model)) == params - kept  # GroupNorm / LayerNorm: no buffers
+    runs = []
+    for i in range(2):
+        spec_i = make_spec(clips, tmp_path / f"run{i}", "fedst", "abl_ts_cs", cfg)
+        runs.append(fed.Federation(spec_i, log=lambda m: None).run(Recorder(spec_i)).arrays)
+    assert all(np.array_equal(runs[0][k], runs[1][k]) for k in runs[0])
 
 
 def test_fedst_keeps_query_embeddings_and_selection_on_site_and_averages_the_rest(clips, tmp_path):
@@ -260,7 +278,7 @@ def test_fedld_principal_aggregation_on_hand_made_updates():
 
 
 def test_fedld_round_one_is_the_plain_mean():
-    from fedmedbench.fl.registry import ClientResult, ServerContext, TrainConfig
+    from fedmedbench.fl.api import ClientResult, ServerContext, TrainConfig
 
     method = get_method("fedld", {})
     glob = {"w": np.zeros(2, np.float32), "n": np.array(3)}
@@ -281,7 +299,7 @@ def test_fedld_round_one_is_the_plain_mean():
 
 
 def test_fedas_weights_clients_by_fisher_trace():
-    from fedmedbench.fl.registry import ClientResult, ServerContext, TrainConfig
+    from fedmedbench.fl.api import ClientResult, ServerContext, TrainConfig
 
     a = {"w": np.zeros(3, dtype=np.float32), "bn.running_mean": np.zeros(2, dtype=np.float32)}
     b = {"w": np.ones(3, dtype=np.float32), "bn.running_mean": np.ones(2, dtype=np.float32)}
@@ -373,7 +391,7 @@ def test_feddp_inconsistency_weights_disagreeing_pixels():
 
 def test_every_site_and_the_upperbound_take_exactly_local_steps(clips, tmp_path, monkeypatch):
     """The paper's 100 iterations per round, whatever a site's size (here 3 vs the engine's 1)."""
-    from fedmedbench.fl.registry import model_arrays
+    from fedmedbench.fl.arrays import model_arrays
     from fedmedbench.fl.tasks import segmentation
 
     seen = []
@@ -397,7 +415,7 @@ def test_every_site_and_the_upperbound_take_exactly_local_steps(clips, tmp_path,
 def test_upperbound_takes_the_sum_of_the_sites_steps_as_option(clips, tmp_path, monkeypatch):
     """``seg_centralized.steps: sum_of_sites``: local_steps x the number of sites per round (the
     federation's total); the default takes local_steps, each site model's schedule."""
-    from fedmedbench.fl.registry import model_arrays
+    from fedmedbench.fl.arrays import model_arrays
     from fedmedbench.fl.tasks import segmentation
 
     seen = []
@@ -416,8 +434,8 @@ def test_upperbound_takes_the_sum_of_the_sites_steps_as_option(clips, tmp_path, 
 
 def test_fedrep_trains_the_head_first_then_the_body(clips, tmp_path, monkeypatch):
     """FedRep's reference split: 4/5 of the round on the decoder (head) alone, then 1/5 on the rest."""
+    from fedmedbench.fl.arrays import model_arrays
     from fedmedbench.fl.methods import fedrep
-    from fedmedbench.fl.registry import model_arrays
     from fedmedbench.fl.tasks import segmentation
 
     calls = []
@@ -478,7 +496,7 @@ class _Batches:
 def test_fedas_fisher_trace_sums_every_training_batch():
     from types import SimpleNamespace
 
-    from fedmedbench.fl.registry import TrainConfig
+    from fedmedbench.fl.api import TrainConfig
 
     xs = [torch.full((1, 3, 1, 1), float(v)) for v in (1.0, 2.0, 3.0)]
     ys = [torch.tensor([[1]]), torch.tensor([[0]]), torch.tensor([[1]])]
@@ -509,8 +527,8 @@ def test_fedas_alignment_pulls_shared_features_to_the_previous_models_prototypes
     """One SGD epoch (lr 0.01) over every training batch on sum_c MSE(feature of class c, prototype_c)."""
     from types import SimpleNamespace
 
+    from fedmedbench.fl.api import TrainConfig
     from fedmedbench.fl.methods import fedas
-    from fedmedbench.fl.registry import TrainConfig
 
     class Feat(torch.nn.Module):  # feature of a pixel = a * x; personal head unused here
         def __init__(self, a):
@@ -545,8 +563,8 @@ def test_fedas_alignment_runs_in_eval_mode_batch_norm_keeps_its_running_statisti
     leaves them unchanged; ``align_mode: train``: batch statistics, running statistics updated."""
     from types import SimpleNamespace
 
+    from fedmedbench.fl.api import TrainConfig
     from fedmedbench.fl.methods import fedas
-    from fedmedbench.fl.registry import TrainConfig
 
     class BNFeat(torch.nn.Module):  # feature of a pixel = BN(a * x), one channel, no affine parameters
         def __init__(self, a: float) -> None:
@@ -604,7 +622,7 @@ def test_fedas_aligns_every_shared_layer_through_the_classifiers_input_from_roun
     first round (previous model = the initial one); ``representation: deep`` stops at the encoder."""
     from types import SimpleNamespace
 
-    from fedmedbench.fl.registry import TrainConfig
+    from fedmedbench.fl.api import TrainConfig
     from fedmedbench.models.fedst import build_fedst_net
 
     g = torch.Generator().manual_seed(0)
@@ -613,7 +631,7 @@ def test_fedas_aligns_every_shared_layer_through_the_classifiers_input_from_roun
 
     def changed(params: dict) -> set[str]:
         torch.manual_seed(0)
-        net = build_fedst_net({"temporal": False, "selection": "none", "num_classes": 3, "decoder_dim": 8})
+        net = build_fedst_net({"temporal": False, "selection": "none", "num_classes": 3, "decoder": "light", "decoder_dim": 8})
         before = {n: p.detach().clone() for n, p in net.named_parameters()}
         data = _Batches(xs, ys)
         ctx = SimpleNamespace(data=SimpleNamespace(train=data, indicator=torch.zeros(512)), state={},
@@ -631,7 +649,7 @@ def test_fedas_aligns_every_shared_layer_through_the_classifiers_input_from_roun
 
 
 def test_fedavg_weights_by_training_clips_uniform_as_option():
-    from fedmedbench.fl.registry import ClientResult, ServerContext, TrainConfig
+    from fedmedbench.fl.api import ClientResult, ServerContext, TrainConfig
 
     a, b = {"w": np.zeros(2, np.float32)}, {"w": np.ones(2, np.float32)}
 
@@ -648,7 +666,7 @@ def test_fedavg_weights_by_training_clips_uniform_as_option():
 def test_fedrep_weights_the_representation_by_training_clips_uniform_as_option():
     """FedRep's reference weighs each site's model by its training samples, even where the
     study's ``train.aggregation`` is uniform (FedST's own rule)."""
-    from fedmedbench.fl.registry import ClientResult, ServerContext, TrainConfig
+    from fedmedbench.fl.api import ClientResult, ServerContext, TrainConfig
 
     a, b = {"w": np.zeros(2, np.float32)}, {"w": np.ones(2, np.float32)}
 
@@ -690,12 +708,12 @@ def test_serq_moving_average_and_which_model_each_step_trains(clips):
     """Eq. 10: F_hat = (1 - mu) F_hat_prev + mu F_g; Eq. 12 trains the global model only (v_pre fixed)."""
     from types import SimpleNamespace
 
+    from fedmedbench.fl.arrays import load_arrays, model_arrays
     from fedmedbench.fl.methods.fedst import SERQ_DEFAULTS, serq_round
-    from fedmedbench.fl.registry import load_arrays, model_arrays
     from fedmedbench.fl.tasks.segmentation import load_clipset
     from fedmedbench.models.fedst import build_fedst_net
 
-    tiny = {"window": 2, "pools": [2, 1, 1, 1], "fields": [4, 3, 2, 2], "indicator_dim": 8, "decoder_dim": 16}
+    tiny = {"window": 2, "pools": [2, 1, 1, 1], "fields": [4, 3, 2, 2], "indicator_dim": 8, "decoder": "light", "temporal_at": "encoder", "decoder_dim": 16}
 
     def new_model():
         torch.manual_seed(0)
@@ -740,7 +758,7 @@ def _tiny_server(clips, **over):
 
     def new_model():
         torch.manual_seed(0)
-        return build_fedst_net({"window": 2, "pools": [2, 1, 1, 1], "fields": [4, 3, 2, 2], "indicator_dim": 8, "decoder_dim": 16})
+        return build_fedst_net({"window": 2, "pools": [2, 1, 1, 1], "fields": [4, 3, 2, 2], "indicator_dim": 8, "decoder": "light", "temporal_at": "encoder", "decoder_dim": 16})
 
     cfg = {**SERQ_DEFAULTS, "clips_root": str(clips), "site": "sim", "num_frames": 4, "steps": 2, "probe": 2,
            "indicator": {"kind": "onehot", "dim": 8}, "loss": {"dice_weight": 0.3}, "input_size": [32, 32], **over}
@@ -751,8 +769,8 @@ def _tiny_server(clips, **over):
 def test_fig5_server_finetuning_is_plain_segmentation_loss_on_synthetic_batches(clips):
     """Fig. 5 (blue): the averaged model takes serq.steps L_seg steps on synthetic clips; no
     descriptor, no v_pre, no feature term (lambda2/lambda3 change nothing); BN statistics kept."""
+    from fedmedbench.fl.arrays import model_arrays
     from fedmedbench.fl.methods.fedst import finetune_round
-    from fedmedbench.fl.registry import model_arrays
 
     cfg, new_model, ctx = _tiny_server(clips)
     gamma = model_arrays(new_model())
@@ -809,9 +827,9 @@ def test_synmix_puts_every_synthetic_clip_into_each_site_and_once_into_the_pool(
 def test_serq_server_keeps_its_own_rho_across_rounds(clips):
     """Algorithm 1 line 9: v_g^{t+1} = gamma_g^{t+1} with rho_g^t; lines 11-12: the server trains
     all of v_g, sends gamma_g only and keeps the updated rho_g for the next round."""
+    from fedmedbench.fl.arrays import load_arrays, model_arrays
+    from fedmedbench.fl.methods._seg_shared import personal_keys
     from fedmedbench.fl.methods.fedst import serq_round
-    from fedmedbench.fl.methods.fedst_base import personal_keys
-    from fedmedbench.fl.registry import load_arrays, model_arrays
     from fedmedbench.fl.tasks.segmentation import load_clipset
 
     cfg, new_model, ctx = _tiny_server(clips, steps=1, loss={"dice_weight": 0.3, "augment": False})
@@ -885,30 +903,30 @@ def test_a_fresh_model_is_built_once_and_copied_per_request(clips, tmp_path, mon
     seed or architecture is a new build."""
     from dataclasses import replace
 
-    from fedmedbench.fl.methods import fedst_base
+    from fedmedbench.fl.methods import _seg_shared
 
     spec = make_spec(clips, tmp_path, "fedst")
     builds = []
-    real = fedst_base._build_seeded
-    monkeypatch.setattr(fedst_base, "_build_seeded", lambda s: builds.append(s.seed) or real(s))
-    fedst_base._BUILT.clear()
-    a, b = fedst_base.build_seeded(spec), fedst_base.build_seeded(spec)
+    real = _seg_shared._build_seeded
+    monkeypatch.setattr(_seg_shared, "_build_seeded", lambda s: builds.append(s.seed) or real(s))
+    _seg_shared._BUILT.clear()
+    a, b = _seg_shared.build_seeded(spec), _seg_shared.build_seeded(spec)
     assert len(builds) == 1
     sa, sb = a.state_dict(), b.state_dict()
     assert all(torch.equal(sa[k], sb[k]) and sa[k].data_ptr() != sb[k].data_ptr() for k in sa)
     next(a.parameters()).data.add_(1.0)  # what training does to one copy never reaches the next
-    c = fedst_base.build_seeded(spec)
+    c = _seg_shared.build_seeded(spec)
     assert all(torch.equal(sb[k], v) for k, v in c.state_dict().items())
     assert len(builds) == 1
 
-    fedst_base.build_seeded(replace(spec, seed=1))
+    _seg_shared.build_seeded(replace(spec, seed=1))
     assert builds == [0, 1]
     pre = tmp_path / "pre.pt"
     torch.save({k: v + 0.5 for k, v in sb.items() if k.endswith("weight")}, pre)
-    first = fedst_base.build_seeded(replace(spec, pretrained_path=str(pre)))
+    first = _seg_shared.build_seeded(replace(spec, pretrained_path=str(pre)))
     torch.save({k: v - 0.5 for k, v in sb.items() if k.endswith("weight")}, pre)
     os.utime(pre, ns=(1, 10**18))  # a rewritten file, whatever the clock's resolution
-    second = fedst_base.build_seeded(replace(spec, pretrained_path=str(pre)))
+    second = _seg_shared.build_seeded(replace(spec, pretrained_path=str(pre)))
     assert len(builds) == 4
     q = "decoder.head.weight"
     assert torch.allclose(first.state_dict()[q], sb[q] + 0.5) and torch.allclose(second.state_dict()[q], sb[q] - 0.5)
@@ -942,3 +960,41 @@ def test_clip_loading_bench_reshuffles_past_the_clips_and_names_a_site_without_t
         clip_loading.time_site(clips, "Z", 1, 0, 0.0, (32, 32))
     with pytest.raises(SystemExit, match="site Z has 1 clips, fewer than a batch of 2"):
         clip_loading.time_server(clips, "Z", 1, 0, 0.0, (32, 32))
+
+
+def test_evaluation_at_native_units_or_native_resolution_on_request(clips):
+    """The 64x64 synthetic frames scored at 32x32: ``resolution: native_units`` doubles every HD95 / ASSD
+    (spacing 2 on both axes), overlaps unchanged; ``native`` scores each prediction upsampled (bilinear
+    logits) to 64x64 against the mask file; ``assd: medpy_0_4`` changes ASSD only."""
+    from PIL import Image
+
+    from fedmedbench.fl.tasks.segmentation import evaluate_clips, load_clipset
+    from fedmedbench.models.fedst import build_fedst_net
+    from fedmedbench.segmetrics import SegmentationMeter
+
+    torch.manual_seed(0)
+    net = build_fedst_net({"temporal": False, "selection": "none", "num_classes": 4}).eval()
+    data = load_clipset(clips, "A", "test", 4, (32, 32))
+    classes = {1: "shaft", 2: "wrist", 3: "jaws"}
+    cpu = torch.device("cpu")
+    base = evaluate_clips(net, data, classes, cpu, 4)
+    units = evaluate_clips(net, data, classes, cpu, 4, resolution="native_units")
+    old = evaluate_clips(net, data, classes, cpu, 4, assd="medpy_0_4")
+    for k, v in base.items():
+        m = k.split("_")[0]
+        assert units[k] == pytest.approx(2 * v if m in ("hd95", "assd") else v, rel=1e-12), k
+        if m != "assd":
+            assert old[k] == v, k
+    meter = SegmentationMeter(classes)
+    with torch.no_grad():
+        for i in range(len(data)):
+            gt = np.asarray(Image.open(data.mask_paths[i]))
+            assert gt.shape == (64, 64)
+            logits = net(data.batch([i])[0])
+            up = torch.nn.functional.interpolate(logits, size=(64, 64), mode="bilinear", align_corners=False)
+            meter.add(up.argmax(dim=1)[0].numpy(), gt)
+    want = {k.removeprefix("mean_"): v for k, v in meter.result().items()}
+    with torch.no_grad():
+        assert evaluate_clips(net, data, classes, cpu, 4, resolution="native") == pytest.approx(want, rel=1e-12)
+    with pytest.raises(ValueError, match="eval.resolution"):
+        evaluate_clips(net, data, classes, cpu, 4, resolution="mm")

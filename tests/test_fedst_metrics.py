@@ -207,3 +207,53 @@ def test_frames_scored_in_threads_give_the_same_result_taken_in_order_and_bounde
         assert len(waiting) == 10 and max(waiting) <= 1  # a frame is submitted with at most one other waiting
         assert json.dumps(threaded.result()) == json.dumps(inline.result())
     assert threaded._rows == inline._rows and threaded._frames == inline._frames and len(threaded) == 10
+
+
+def _centre_and_square() -> tuple[np.ndarray, np.ndarray]:
+    """Prediction: one pixel; ground truth: the 3x3 square around it (8 border pixels, 4 at 1, 4 at sqrt 2)."""
+    pred, gt = np.zeros((7, 7), bool), np.zeros((7, 7), bool)
+    pred[3, 3] = True
+    gt[2:5, 2:5] = True
+    return pred, gt
+
+
+def test_assd_medpy_0_5_pools_both_directions_medpy_0_4_averages_their_means():
+    """pred -> gt: [1]; gt -> pred: [1, 1, 1, 1, r2, r2, r2, r2]. MedPy 0.5 (default): (5 + 4 r2) / 9;
+    MedPy 0.4: (1 + (4 + 4 r2) / 8) / 2. HD95 (both pooled, 95th percentile) is r2 under either."""
+    r2 = math.sqrt(2)
+    pred, gt = _centre_and_square()
+    new = binary_scores(pred, gt)
+    old = binary_scores(pred, gt, assd="medpy_0_4")
+    assert new["assd"] == pytest.approx((5 + 4 * r2) / 9, abs=1e-12) == float(mb.assd(pred, gt))
+    assert old["assd"] == pytest.approx((1 + (4 + 4 * r2) / 8) / 2, abs=1e-12)
+    assert new["hd95"] == old["hd95"] == pytest.approx(r2, abs=1e-12)
+    meter = SegmentationMeter({1: "part"}, assd="medpy_0_4")
+    meter.add(pred.astype(np.uint8), gt.astype(np.uint8))
+    assert meter.result()["assd_part"] == pytest.approx(old["assd"], abs=1e-12)
+    with pytest.raises(ValueError, match="assd must be one of"):
+        SegmentationMeter({1: "part"}, assd="medpy_0_6")
+
+
+def test_distances_in_native_pixels_scale_each_axis():
+    """Spacing (2, 3) (a frame twice as tall, three times as wide natively): pred -> gt [2]; gt -> pred
+    [2, 2, 3, 3, r13 x 4]; the empty-mask distance is the native diagonal sqrt(14^2 + 21^2)."""
+    r13 = math.sqrt(13)
+    pred, gt = _centre_and_square()
+    s = binary_scores(pred, gt, spacing=(2.0, 3.0))
+    assert s["assd"] == pytest.approx((2 + 2 + 2 + 3 + 3 + 4 * r13) / 9, abs=1e-12)
+    assert s["dice"] == binary_scores(pred, gt)["dice"]  # overlaps do not change
+    assert binary_scores(pred, np.zeros_like(gt), spacing=(2.0, 3.0))["hd95"] == pytest.approx(math.sqrt(14**2 + 21**2))
+    meter = SegmentationMeter({1: "part"})
+    meter.add(np.stack([pred, pred]).astype(np.uint8), np.stack([gt, gt]).astype(np.uint8), [(2.0, 3.0), None])
+    assert meter.result()["assd_part"] == pytest.approx((s["assd"] + binary_scores(pred, gt)["assd"]) / 2, abs=1e-12)
+
+
+def test_native_spacing_reads_each_mask_files_size(tmp_path):
+    from PIL import Image
+
+    from fedmedbench.segmetrics import native_spacing
+
+    Image.new("L", (1920, 1080)).save(tmp_path / "a.png")  # EndoVis2017 frames: 1920 wide, 1080 tall
+    Image.new("L", (1280, 1024)).save(tmp_path / "b.png")  # EndoVis2018
+    got = native_spacing([str(tmp_path / "a.png"), str(tmp_path / "b.png")], (480, 480))
+    assert got == [(1080 / 480, 1920 / 480), (1024 / 480, 1280 / 480)]

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers.clients import client_ctx, fresh_global, server_ctx, toy_data, toy_spec
 
+from fedmedbench.fl.arrays import load_arrays, weighted_average
 from fedmedbench.fl.methods.gpaf import GPAF, adversarial_value, server_generator
-from fedmedbench.fl.registry import get_method, load_arrays, weighted_average
+from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.training import to_float
 from fedmedbench.models.vae import LatentClassifier, LatentDiscriminator, reparameterize
 
@@ -144,7 +147,7 @@ def kd_on_fixed_batch(method, gen, ensemble, seed=7):
 
 
 def test_kd_loss_decreases_on_a_fixed_ensemble_after_server_training():
-    method = GPAF(server_epochs=15, label_sampling="uniform")
+    method = GPAF(server_epochs=15, server_steps_per_epoch=5, server_batch_size=32, label_sampling="uniform")
     model = method.build_model(SPEC)
     ensemble = fixed_ensemble()
     global_clf = fixed_ensemble(1, seed=1)[0]
@@ -216,8 +219,8 @@ def test_parameter_errors_name_the_key():
 
 
 def test_server_epoch_is_fedgen_steps_and_adam_moments_persist(data, monkeypatch):
-    """15 epochs x 5 generated batches per round (FedGen's n_teacher_iters); Adam state carried to the next round."""
-    method = GPAF(server_epochs=15)
+    """The FedGen option: 15 epochs x 5 generated batches per round (n_teacher_iters); Adam state carried over."""
+    method = GPAF(server_epochs=15, server_steps_per_epoch=5, server_optimizer="persist")
     arrays = fresh_global(method, SPEC)
     results = [method.client_fit(client_ctx(method, SPEC, arrays, toy_data(64, seed=i), pid=i, steps=2)) for i in range(2)]
     calls = []
@@ -232,11 +235,36 @@ def test_server_epoch_is_fedgen_steps_and_adam_moments_persist(data, monkeypatch
     fresh_state: dict = {}
     GPAF(server_epochs=2, server_optimizer="fresh").aggregate(server_ctx(method, SPEC, arrays, results, state=fresh_state))
     assert "gpaf_opt_g" not in fresh_state
-    one = GPAF(server_epochs=2, server_steps_per_epoch=1)
+    one = GPAF(server_epochs=2, server_steps_per_epoch=1, server_optimizer="persist")
     calls.clear()
     monkeypatch.setattr(one, "sample_labels", lambda *a: calls.append(1) or real(*a))
     one.aggregate(server_ctx(one, SPEC, arrays, results, state={}))
     assert len(calls) == 2
+
+
+def test_default_server_step_is_the_authors_loop(data, monkeypatch):
+    """One batch of the clients' batch size per server epoch, 15 epochs, a new Adam each round (GPAFflower
+    server.py:569-621 at c2505a7 creates the optimizer in _train_generator, batch 13 as config.yaml:5)."""
+    method = GPAF()
+    assert (method.p["server_epochs"], method.p["server_steps_per_epoch"]) == (15, 1)
+    arrays = fresh_global(method, SPEC)
+    results = [method.client_fit(client_ctx(method, SPEC, arrays, toy_data(64, seed=i), pid=i, steps=1)) for i in range(2)]
+    sizes = []
+    real = method.sample_labels
+    monkeypatch.setattr(method, "sample_labels", lambda n, *a: sizes.append(n) or real(n, *a))
+    state: dict = {}
+    ctx = server_ctx(method, SPEC, arrays, results, state=state)
+    ctx.train = dataclasses.replace(ctx.train, batch_size=13)
+    method.aggregate(ctx)
+    assert sizes == [13] * 15  # 15 generator steps of 13 generated samples
+    assert "gpaf_opt_g" not in state and "gpaf_opt_dn" not in state  # nothing carried to the next round
+    fixed = GPAF(server_batch_size=7, server_epochs=2)
+    monkeypatch.setattr(fixed, "sample_labels", lambda n, *a: sizes.append(n) or real(n, *a))
+    sizes.clear()
+    fixed.aggregate(server_ctx(fixed, SPEC, arrays, results, state={}))
+    assert sizes == [7, 7]
+    with pytest.raises(ValueError, match="server_batch_size"):
+        GPAF(server_batch_size="clients")
 
 
 def test_label_alpha_follows_the_settings_alpha():
@@ -274,7 +302,7 @@ def test_generator_objective_is_eq7_plus_the_optional_kl_term(kl_weight):
     method = GPAF(server_epochs=2, server_steps_per_epoch=1, generator_kl=kl_weight)
     model = method.build_model(SPEC)
     history = method.train_generator(model.generator, fixed_ensemble(), fixed_ensemble(1, seed=1)[0], LatentDiscriminator(64),
-                                     server_generator(0, 1), torch.device("cpu"))
+                                     server_generator(0, 1), torch.device("cpu"), batch_size=32)
     for h in history:
         s = 0.5 * h["kd"] + 0.5 * h["gm"]
         assert h["J"] == pytest.approx(1.0 * s + 0.3 * h["diver"] + kl_weight * h["kl"], rel=1e-5)
@@ -289,7 +317,7 @@ def test_paper_grid_trains_every_method_with_the_authors_batch_and_weight_decay(
     import yaml
     from snakemake.utils import validate
 
-    from fedmedbench.fl.registry import TrainConfig
+    from fedmedbench.fl.api import TrainConfig
     from fedmedbench.fl.training import make_optimizer
     from fedmedbench.studies import grid
 
@@ -315,6 +343,6 @@ def test_generators_diversity_loss_follows_gan_loss(gan_loss):
     model = method.build_model(SPEC)
     dn = LatentDiscriminator(64)
     (rec,) = method.train_generator(model.generator, fixed_ensemble(), fixed_ensemble(1, seed=1)[0], dn,
-                                    server_generator(0, 1), torch.device("cpu"))
+                                    server_generator(0, 1), torch.device("cpu"), batch_size=32)
     assert rec["J"] == pytest.approx(rec["diver"])
     assert (rec["diver"] < 0) == (gan_loss == "minimax"), rec

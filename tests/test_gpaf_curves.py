@@ -17,7 +17,9 @@ from torch import nn
 from fedmedbench import io
 from fedmedbench.data import synthetic
 from fedmedbench.fl import federation as fed
-from fedmedbench.fl.registry import METHODS, ClientResult, Method, get_method, model_arrays
+from fedmedbench.fl.api import ClientResult, Method
+from fedmedbench.fl.arrays import model_arrays
+from fedmedbench.fl.registry import METHODS, get_method
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.training import batch_indices, epoch_means, to_float
 

@@ -100,7 +100,7 @@ def test_client_models_of_an_earlier_round_come_with_that_rounds_global_model(wo
 
     import numpy as np
 
-    from fedmedbench.fl.registry import weighted_average
+    from fedmedbench.fl.arrays import weighted_average
 
     spec = dataclasses.replace(spec_for(workdir, "fedavg", "kept_round1"), client_models_round=1)
     assert spec.run_hash() != spec_for(workdir, "fedavg", "kept_round1").run_hash()

@@ -72,16 +72,23 @@ def test_typed_in_table1_f1_is_the_harmonic_mean_of_its_precision_and_recall():
         assert 2 * r["precision"] * r["recall"] / (r["precision"] + r["recall"]) == pytest.approx(r["f1"], abs=0.1)
 
 
-def test_typed_in_table1_is_not_support_weighted_averages():
-    """Support-weighted recall is accuracy itself (checked on hand-made labels), but the printed recall
-    differs from the printed accuracy in every row: the table's metrics are not weighted averages."""
+def test_support_weighted_averages_are_not_ruled_out_under_best_so_far_logging():
+    """Support-weighted recall is accuracy itself (hand-made labels), yet the authors' logging can print a
+    recall above the accuracy: each client keeps the metrics of its own best round, the server the best
+    mean accuracy, and a mean of per-client maxima is >= the maximum of the means. The printed recall is
+    above the printed accuracy in 8 of the 9 distinct rows, so weighted averages are not ruled out."""
     from sklearn.metrics import accuracy_score, recall_score
 
     y_true, y_pred = [0, 0, 0, 1, 1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1, 1, 1, 0, 0]
     assert recall_score(y_true, y_pred, average="weighted") == pytest.approx(accuracy_score(y_true, y_pred))
-    assert recall_score(y_true, y_pred) != pytest.approx(accuracy_score(y_true, y_pred))  # binary recall differs
+    per_round = np.array([[0.70, 0.80, 0.60],   # clients' validation accuracy (= weighted recall), round 1
+                          [0.80, 0.60, 0.70]])  # round 2
+    best_mean_accuracy = per_round.mean(1).max()
+    mean_of_clients_best_recall = per_round.max(0).mean()
+    assert mean_of_clients_best_recall > best_mean_accuracy  # 0.767 > 0.700
     paper = paper_values.load("gpaf", "table1", ROOT / "config" / "paper_values")
-    assert all(abs(r["recall"] - r["accuracy"]) >= 0.2 for r in paper.rows)
+    rows = {(r["method"], r["accuracy"], r["recall"]) for r in paper.rows}  # the centralized row is typed twice
+    assert len(rows) == 9 and sum(recall > acc for _, acc, recall in rows) == 8
 
 
 def test_table1_caption_names_the_metric_definition(tmp_path):
@@ -114,11 +121,15 @@ def _breast_test_fits(precision_recall) -> np.ndarray:
 
 
 def test_table1_default_is_macro_averaged():
-    """Table 1's F1/recall/precision default to macro averages, pinned on a hand-made confusion matrix;
-    the printed rows fit macro averages on the 156 test images within 2 pp, binary class-1 ones never within 3."""
+    """Table 1's recall/precision default to macro averages and F1 to 2PR/(P+R) of them, pinned on a hand-made
+    confusion matrix; the printed rows fit macro averages on the 156 test images within 2 pp, binary class-1
+    ones never within 3."""
     from fedmedbench.metrics import classification_metrics
 
-    default = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())["definitions"]["gpaf_report"]["properties"]["table_metrics"]["default"]
+    schema = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())["definitions"]["gpaf_report"]["properties"]
+    assert schema["table_eval"]["default"] == "best_validation"
+    default = gpaf.table_columns(schema["table_metrics"]["default"], "final_test")
+    assert default == ["global_accuracy", "global_f1_pr_macro", "global_recall_macro", "global_precision_macro"]
     tn, fp, fn, tp = 30, 12, 20, 94
     y = np.array([0] * 42 + [1] * 114)
     pred = np.array([0] * tn + [1] * fp + [0] * fn + [1] * tp)
@@ -129,12 +140,54 @@ def test_table1_default_is_macro_averaged():
     shown = {gpaf.paper_metric(k): long[f"{k}_mean"].iloc[0] for k in default}
     recall = (tn / 42 + tp / 114) / 2
     precision = (tn / (tn + fn) + tp / (tp + fp)) / 2
-    f1 = (2 * tn / (42 + tn + fn) + 2 * tp / (114 + tp + fp)) / 2
+    f1 = 2 * precision * recall / (precision + recall)
     assert shown == pytest.approx({"accuracy": 124 / 156, "recall": recall, "precision": precision, "f1": f1}, abs=1e-12)
+    mean_of_class_f1 = (2 * tn / (42 + tn + fn) + 2 * tp / (114 + tp + fp)) / 2  # the f1_macro option
+    assert m["f1_macro"] == pytest.approx(mean_of_class_f1) and abs(mean_of_class_f1 - f1) > 1e-4
     assert shown["recall"] != pytest.approx(tp / 114)  # not the binary class-1 recall
     macro = _breast_test_fits(lambda tn, fp, fn, tp: ((tn / (tn + fn) + tp / (tp + fp)) / 2, (tn / 42 + tp / 114) / 2))
     binary = _breast_test_fits(lambda tn, fp, fn, tp: (tp / (tp + fp), tp / 114))
     assert macro.max() < 2.0 and binary.min() > 3.0, (macro, binary)
+
+
+def test_table1_f1_is_2pr_over_p_plus_r_as_the_printed_rows():
+    """2PR/(P+R) on hand-made numbers; on the typed-in table it gives the printed F1 within 0.02 pp (both to two
+    decimals) in 8 of the 9 distinct rows (the centralized row is off by 0.09)."""
+    assert gpaf.f1_from_precision_recall(0.8, 0.6) == pytest.approx(0.96 / 1.4)
+    assert gpaf.f1_from_precision_recall(0.0, 0.0) == 0.0
+    runs = pd.DataFrame([{"dataset": "breastmnist", "setting": "alpha0.5", "method": "gpaf", "seed": 0, "rounds": 1,
+                          "val_precision_macro": 0.8, "val_recall_macro": 0.6}])
+    long, display = gpaf.table1(runs, ["val_f1_pr_macro"], ["gpaf"], SETTINGS)
+    assert long["val_f1_pr_macro_mean"].iloc[0] == pytest.approx(0.96 / 1.4)
+    assert display.columns[1] == "F1-Score (alpha=0.5)" and gpaf.paper_metric("val_f1_pr_macro") == "f1"
+    paper = paper_values.load("gpaf", "table1", ROOT / "config" / "paper_values")
+    rows = {(r["method"], r["f1"], r["recall"], r["precision"]) for r in paper.rows}
+    off = sorted(abs(round(float(gpaf.f1_from_precision_recall(p, r)), 2) - f1) for _, f1, r, p in rows)
+    assert len(off) == 9 and off[7] <= 0.02 + 1e-9 and off[8] > 0.05, off
+
+
+def test_table1_default_reads_the_best_validation_round():
+    """best_validation: per run the first round with the highest val_accuracy, its val_ metrics; final_test: the
+    summaries' final round on the global test set."""
+    rows = []
+    for rnd, val_acc, val_p, glob in ((1, 0.60, 0.50, 0.90), (2, 0.80, 0.70, 0.10), (3, 0.80, 0.90, 0.20), (4, 0.70, 0.40, 0.30)):
+        rows.append({"round": rnd, "dataset": "breastmnist", "setting": "alpha0.5", "method": "gpaf", "seed": 0,
+                     "val_accuracy": val_acc, "val_precision_macro": val_p, "val_recall_macro": 0.5,
+                     "global_accuracy": glob})
+    rows.append({**rows[0], "seed": 1, "val_accuracy": 0.9})  # a second seed whose best is round 1
+    best = gpaf.best_validation_rows(pd.DataFrame(rows)).set_index("seed")
+    assert best.loc[0, "table_round"] == 2 and best.loc[0, "val_precision_macro"] == 0.70  # the tie at round 3 keeps round 2
+    assert best.loc[1, "table_round"] == 1 and best.loc[0, "rounds"] == 4
+    columns = gpaf.table_columns(["accuracy", "f1_pr_macro", "global_accuracy"], "best_validation")
+    assert columns == ["val_accuracy", "val_f1_pr_macro", "global_accuracy"]
+    long, _ = gpaf.table1(best.reset_index(), columns, ["gpaf"], SETTINGS)
+    assert long["val_accuracy_mean"].iloc[0] == pytest.approx(0.85)
+    assert long["val_f1_pr_macro_mean"].iloc[0] == pytest.approx((2 * 0.7 * 0.5 / 1.2 + 2 * 0.5 * 0.5 / 1.0) / 2)
+    assert gpaf.table_columns(["accuracy"], "final_test") == ["global_accuracy"]
+    with pytest.raises(ValueError, match="table_eval"):
+        gpaf.table_columns(["accuracy"], "best")
+    with pytest.raises(KeyError, match="val_accuracy"):
+        gpaf.best_validation_rows(pd.DataFrame(rows).drop(columns="val_accuracy"))
 
 
 def curves_frame() -> pd.DataFrame:

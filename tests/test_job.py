@@ -18,9 +18,9 @@ from fedmedbench.data import synthetic
 from fedmedbench.fl import engine
 from fedmedbench.fl import federation as fed
 from fedmedbench.fl import job as job_module
+from fedmedbench.fl.arrays import model_arrays
 from fedmedbench.fl.inline_grid import InlineGrid
 from fedmedbench.fl.job import Job
-from fedmedbench.fl.registry import model_arrays
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.training import NonFiniteLossError, StepLosses, batch_indices, index_device
 

@@ -3,6 +3,7 @@ docs/architecture.md names every module and rule of the tree."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -16,9 +17,9 @@ SRC = ROOT / "src" / "fedmedbench"
 DOC = ROOT / "docs" / "architecture.md"
 
 #: the modules whose import registers a task
-TASK_MODULES = {"fedmedbench.fl.tasks.classification", "fedmedbench.fl.tasks.segmentation", "fedmedbench.fl.tasks.detection.task"}
+TASK_MODULES = {"fedmedbench.fl.tasks.classification", "fedmedbench.fl.tasks.segmentation.task", "fedmedbench.fl.tasks.detection.task"}
 #: core modules: importing one loads no method and no task module
-CORE = ("fedmedbench.fl", "fedmedbench.fl.registry", "fedmedbench.fl.spec", "fedmedbench.fl.tasks", "fedmedbench.fl.tasks.base",
+CORE = ("fedmedbench.fl", "fedmedbench.fl.api", "fedmedbench.fl.arrays", "fedmedbench.fl.registry", "fedmedbench.fl.spec", "fedmedbench.fl.tasks", "fedmedbench.fl.tasks.base",
         "fedmedbench.fl.job", "fedmedbench.fl.federation", "fedmedbench.fl.engine", "fedmedbench.fl.checkpoint",
         "fedmedbench.fl.client_state", "fedmedbench.fl.data", "fedmedbench.fl.training", "fedmedbench.fl.stopping",
         "fedmedbench.fl.method_params", "fedmedbench.fl.inline_grid")
@@ -73,7 +74,7 @@ CORE = (*CORE, "fedmedbench.fl.methods")
 
 @pytest.fixture(scope="module")
 def loaded() -> dict[str, list[str]]:
-    res = subprocess.run([sys.executable, "-c", _PROBE, *FL_MODULES, "task:classification"], capture_output=True, text=True, timeout=600,
+    res = subprocess.run([sys.executable, "-c", _PROBE, *FL_MODULES, "task:classification", "task:segmentation"], capture_output=True, text=True, timeout=600,
                          env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -89,7 +90,8 @@ def test_core_module_imports_no_method_or_task(loaded, name):
     mods = loaded[name]
     assert isinstance(mods, list), mods
     assert not [m for m in mods if m.startswith("fedmedbench.fl.methods.")], f"{name} imports methods"
-    assert not [m for m in mods if m in TASK_MODULES or m.startswith("fedmedbench.fl.tasks.detection")], f"{name} imports tasks"
+    assert not [m for m in mods if m in TASK_MODULES or m.startswith(("fedmedbench.fl.tasks.detection", "fedmedbench.fl.tasks.segmentation"))], \
+        f"{name} imports tasks"
 
 
 def test_no_single_module_imports_the_whole_package(loaded):
@@ -108,6 +110,74 @@ def test_a_task_module_imports_no_other_task(loaded):
 def test_tasks_register_when_looked_up(loaded):
     """The registry loads no task on import (above), yet finds each when looked up."""
     assert loaded["task:classification"] == ["fedmedbench.fl.tasks.classification"]
+    assert loaded["task:segmentation"] == ["fedmedbench.fl.tasks.segmentation.task"]
+
+
+def test_the_segmentation_package_loads_no_task(loaded):
+    """The methods import its training loop; the task registers only when looked up."""
+    assert "fedmedbench.fl.tasks.segmentation.training" in loaded["fedmedbench.fl.tasks.segmentation"]
+    assert not set(loaded["fedmedbench.fl.tasks.segmentation"]) & TASK_MODULES
+    assert not set(loaded["fedmedbench.fl.methods.seg_fedavg"]) & TASK_MODULES
+
+
+def _module_level_imports(name: str) -> set[str]:
+    """The fl modules ``name`` imports outside its functions (``if TYPE_CHECKING:`` blocks included:
+    a type-only import is a dependency too); ``from pkg import mod`` counts as ``pkg.mod``."""
+    path = SRC.parent / (name.replace(".", "/") + ".py")
+    if not path.exists():
+        path = path.with_suffix("") / "__init__.py"
+    found: set[str] = set()
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                package = name.split(".")[: None if path.name == "__init__.py" else -1]
+                base = ".".join([*package[: len(package) - node.level + 1], node.module or ""]) if node.level else node.module
+                found.update([base, *(f"{base}.{a.name}" for a in node.names)])
+            elif isinstance(node, ast.If | ast.Try):
+                walk(node.body + node.orelse + [s for h in getattr(node, "handlers", []) for s in h.body])
+
+    walk(ast.parse(path.read_text()).body)
+    return {m.rstrip(".") for m in found} & set(FL_MODULES) - {name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of ``graph``: one path that comes back to its start, per circle found by a depth-first walk."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        state[v] = 1
+        path.append(v)
+        for w in sorted(graph[v]):
+            if state.get(w) == 1:
+                out.append([*path[path.index(w):], w])
+            elif w not in state:
+                visit(w)
+        path.pop()
+        state[v] = 2
+
+    for v in sorted(graph):
+        if v not in state:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_among_fl_modules():
+    graph = {m: _module_level_imports(m) for m in FL_MODULES}
+    assert graph["fedmedbench.fl.registry"] >= {"fedmedbench.fl.api"}
+    assert graph["fedmedbench.fl.spec"] == set(), "spec.py is read while the workflow plans: it imports nothing of fl/"
+    assert _cycles(graph) == []
+
+
+def test_the_circle_finder_sees_type_only_imports_and_finds_a_circle():
+    assert "fedmedbench.fl.spec" in _module_level_imports("fedmedbench.fl.api")  # under TYPE_CHECKING
+    assert "fedmedbench.fl.training" not in _module_level_imports("fedmedbench.fl.api")  # inside a method
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
 
 
 def _package_map() -> set[str]:

@@ -14,16 +14,10 @@ from torch import nn
 
 from fedmedbench.fl import checkpoint
 from fedmedbench.fl import federation as fed
+from fedmedbench.fl.api import ClientContext, ClientData, ClientResult, ServerContext, TrainConfig
+from fedmedbench.fl.arrays import model_arrays
 from fedmedbench.fl.methods._sgd import flat_norm, sam_perturbation
-from fedmedbench.fl.registry import (
-    ClientContext,
-    ClientData,
-    ClientResult,
-    ServerContext,
-    TrainConfig,
-    get_method,
-    model_arrays,
-)
+from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.training import to_float
 
@@ -497,7 +491,7 @@ def test_convnextv2_builds_offline_at_64px(name):
 def test_bf16_autocast_and_channels_last_train_and_differ_from_fp32():
     """train.autocast=bf16 really computes forwards in bfloat16 (different weights than fp32, still finite);
     channels_last keeps the same maths (close to fp32) with NHWC conv weights."""
-    from fedmedbench.fl.registry import TrainConfig
+    from fedmedbench.fl.api import TrainConfig
     from fedmedbench.fl.training import local_sgd
     from fedmedbench.models import build_model
 
@@ -534,7 +528,7 @@ def test_compile_trains_the_same_maths_and_traces_once():
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from fedmedbench.fl.registry import TrainConfig
+    from fedmedbench.fl.api import TrainConfig
     from fedmedbench.fl.training import local_sgd
 
     g = torch.Generator().manual_seed(0)

@@ -105,3 +105,54 @@ def test_moon_parameter_errors():
         get_method("moon", {"tau": 0.5})
     with pytest.raises(ValueError, match="temperature"):
         get_method("moon", {"temperature": 0})
+
+
+def test_authors_moon_network_projects_to_256_dims_and_classifies_the_projection():
+    """gpaf_cnn_moon: MOON's projection MLP (l1: d -> d, ReLU, l2: d -> 256) on GPAF's encoder; the contrast and
+    the classifier read the 256-d projection, as the GPAF authors' MOON config (output_dim 256)."""
+    from fedmedbench.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("gpaf_cnn_moon", 1, 2, 28).eval()
+    l1, l2 = model.projection[0], model.projection[2]
+    assert (l1.in_features, l1.out_features, l2.out_features, model.classifier.in_features) == (64, 64, 256, 256)
+    x = torch.rand(5, 1, 28, 28)
+    with torch.no_grad():
+        h = model.features(x)
+        z = moon_module.representation(model, x)
+        assert z.shape == (5, 256)
+        assert torch.allclose(z, l2(torch.relu(l1(h))))
+        rep, logits = moon_module.representation_and_logits(model, x)
+        assert torch.allclose(logits, model(x)) and torch.allclose(logits, model.classifier(z))
+
+
+def test_authors_moon_trains_and_sends_the_projection_head():
+    """MOON on gpaf_cnn_moon: the projection head is part of what the client sends (averaged like the rest), and
+    with the authors' mu = 0.001 the contrast still changes the round-2 update."""
+    spec = toy_spec("moon", model="gpaf_cnn_moon")
+    data = toy_data(80)
+    moon = get_method("moon", {"mu": 0.001})
+    arrays = fresh_global(moon, spec)
+    assert {"projection.0.weight", "projection.2.weight", "classifier.weight"} <= set(arrays)
+    first = client_ctx(moon, spec, arrays, data, steps=3)
+    sent = moon.client_fit(first).arrays
+    assert sent.keys() == arrays.keys() and sent["projection.2.weight"].shape == (256, 64)
+    a = moon.client_fit(client_ctx(moon, spec, arrays, data, rnd=2, steps=3, state=dict(first.state)))
+    b = get_method("moon", {"mu": 0.0}).client_fit(client_ctx(moon, spec, arrays, data, rnd=2, steps=3,
+                                                               state=dict(first.state)))
+    assert any(not np.array_equal(a.arrays[k], b.arrays[k]) for k in a.arrays)
+
+
+def test_gpaf_grid_runs_moon_as_the_authors_configured_it():
+    """config/studies/gpaf.yaml (and the demo): mu 0.001, tau 0.5, the 256-d projection head; mu 1 stays an option."""
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    grid = yaml.safe_load((root / "config" / "studies" / "gpaf.yaml").read_text())["studies"]
+    demo = yaml.safe_load((root / "config" / "config.yaml").read_text())["studies"]["gpaf"]
+    for study in (grid["gpaf"], grid["gpaf_pathmnist"], demo):
+        assert study["method_params"]["moon"] == {"mu": 0.001, "temperature": 0.5}
+        assert study["method_model"]["moon"]["name"] == "gpaf_cnn_moon"
+    assert moon_module.DEFAULTS["mu"] == 1.0  # MOON's own default, the option

@@ -113,6 +113,7 @@ def test_runtime_settings_rerun_nothing_and_a_deleted_run_is_redone(pipeline):
     cfg["threads"] = {"train": 2}
     cfg["studies"]["micro"]["log_every"] = 5
     cfg["keep_checkpoints"] = True
+    cfg["tracking"] = {"tensorboard": True, "mlflow": True}  # reads metrics only
     (pipeline / "runtime.yaml").write_text(yaml.safe_dump(cfg))
     proc = snakemake(pipeline, "-n", "--configfile", "runtime.yaml")
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
@@ -122,7 +123,7 @@ def test_runtime_settings_rerun_nothing_and_a_deleted_run_is_redone(pipeline):
     backup = pipeline / "scaffold-backup"
     shutil.copytree(run, backup)
     shutil.rmtree(run)
-    # Snakemake does not regenerate a missing intermediate file while the tables are up to date: the README's
+    # Snakemake does not regenerate a missing intermediate file while the tables are up to date: docs/running.md's
     # recipe targets the run's files, which redoes exactly that run
     target = f"{run.relative_to(pipeline)}/metrics.csv"
     proc = snakemake(pipeline, "-n", target, "--configfile", "micro.yaml")  # the target first: --configfile takes a list

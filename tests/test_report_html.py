@@ -17,7 +17,8 @@ import pytest
 import yaml
 from helpers import ROOT, copy_workflow
 
-from fedmedbench.report.html import markdown_to_html, table_caption
+from fedmedbench.report.html import markdown_to_html, table_caption, table_rounding
+from fedmedbench.report.landing import StudyEntry, landing_html, main_tables, origin_kinds
 
 DEMO = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 STUDIES = ("quickstart", "earlystop", "gpaf", "ultraflwr", "fedst")
@@ -54,6 +55,8 @@ def test_markdown_table_becomes_a_formatted_html_table():
     assert "<p>Caption with 5 &lt; 6.</p>" in page
     assert "<thead><tr><th>method</th><th>acc</th></tr></thead>" in page
     assert "<td>fedavg</td><td>81.25 ± 1.02</td>" in page
+    # a wide table scrolls sideways inside its box instead of being cut at the window's edge
+    assert '<div class="fmb-scroll"><table>' in page and ".fmb-scroll{overflow-x:auto" in page
 
 
 def test_every_table_kind_has_its_own_caption():
@@ -63,6 +66,45 @@ def test_every_table_kind_has_its_own_caption():
     assert "breastmnist" in table_caption("gpaf", "table1_breastmnist_synthetic")
     assert "group combined" in table_caption("ultraflwr", "top_strategies_combined_synthetic")
     assert table_caption("fedst", "table7_synthetic") == "FedST paper Table 7 (Dice / IoU in %, or cost)."
+
+
+def test_paper_rounding_is_claimed_only_for_a_papers_table():
+    assert table_rounding("earlystop", "table1_synthetic", has_paper=True) == "Values rounded as the paper prints them"
+    assert table_rounding("earlystop", "final_metrics_synthetic", has_paper=True) == "Values rounded to two decimals"
+    assert table_rounding("mine", "final_metrics", has_paper=False) == "Values rounded to two decimals"
+    assert table_rounding("mine", "table1", has_paper=False) == "Values rounded to two decimals"
+
+
+USER_STUDY = StudyEntry(name="mine", paper=None, datasets=["digits"], origin="user data: /data/digits.npz",
+                        tables=["results/mine/tables/final_metrics.md"])
+FINAL_MD = "Study 'mine': final-round metrics.\n\n| method | global_accuracy |\n|:--|--:|\n| fedavg | 91.25 ± 0.50 |\n"
+
+
+def test_landing_text_of_a_user_data_study_says_user_data_and_shows_its_table():
+    page = landing_html([USER_STUDY], {"results/mine/tables/final_metrics.md": FINAL_MD}, data_category=False)
+    assert "<b>mine</b>: a study of your own (no paper); data: digits, user data (/data/digits.npz)." in page
+    assert "synthetic" not in page.lower() and "MedMNIST" not in page and "official" not in page
+    assert "<b>data</b>" not in page  # no surgical data statistics in this report: no such category named
+    assert "<h3>mine: final_metrics</h3>" in page and "<td>fedavg</td><td>91.25 ± 0.50</td>" in page
+
+
+def test_landing_text_names_each_studys_paper_origin_and_main_table():
+    es = StudyEntry(name="earlystop", paper="earlystop", datasets=["dermamnist"], origin="synthetic",
+                    tables=[f"results/earlystop/tables/{t}_synthetic.md" for t in ("final_metrics", "table1", "table2")])
+    gp = StudyEntry(name="g", paper="gpaf", datasets=["breastmnist", "mine"], origin="real; user data: m.npz",
+                    tables=[f"results/g/tables/{t}.md" for t in ("final_metrics", "table1_breastmnist", "table1_mine",
+                                                                  "convergence_rounds")])
+    uf = StudyEntry(name="ultraflwr", paper="ultraflwr", datasets=["m2cai16"], origin="synthetic",
+                    tables=[f"results/ultraflwr/tables/{t}.md" for t in ("table1_params", "top_strategies_combined_synthetic",
+                                                                          "pair_matrix_combined_synthetic")])
+    assert main_tables(es) == ["results/earlystop/tables/table1_synthetic.md"]
+    assert main_tables(gp) == ["results/g/tables/table1_breastmnist.md", "results/g/tables/table1_mine.md"]
+    assert main_tables(uf) == ["results/ultraflwr/tables/top_strategies_combined_synthetic.md"]
+    assert origin_kinds("real; user data: m.npz") == ["official", "user"] and origin_kinds("synthetic") == ["synthetic"]
+    page = landing_html([es, gp], {}, data_category=True)
+    assert "<b>earlystop</b>: reproduces <i>Beyond Fixed Rounds" in page
+    assert "<b>g</b>: reproduces <i>GPAF" in page and "official (" in page and "user data (m.npz)" in page
+    assert "NOT a reproduction of any paper" in page and "The category <b>data</b>" in page
 
 
 def _chromium() -> str:
@@ -107,5 +149,41 @@ def test_report_has_every_study_rendered_in_chromium(tmp_path):
     index = tmp_path / "report" / "report" / "report.html"
     dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000",
                           "--dump-dom", index.as_uri()], capture_output=True, text=True, timeout=180).stdout
-    for section in (*STUDIES, "data"):  # the rendered menu: one entry per study (report category)
+    for section in ("Main tables", *STUDIES, "data"):  # the rendered menu: the first page, one entry per study, data
         assert f"<span>{section}</span></a>" in dom, f"section '{section}' missing from the rendered report"
+    # the landing text: every study with its data origin and main table
+    for study in STUDIES:
+        assert f"<b>{study}</b>: " in dom, study
+    assert "<b>quickstart</b>: a study of your own (no paper)" in dom and "The category <b>data</b>" in dom
+    for table in ("quickstart: final_metrics_synthetic", "earlystop: table1_synthetic", "gpaf: table1_breastmnist_synthetic",
+                  "ultraflwr: top_strategies_combined_synthetic", "fedst: table2_synthetic"):
+        assert f"<h3>{table}</h3>" in dom, table
+
+
+@pytest.mark.slow
+def test_report_landing_text_of_a_user_data_config(tmp_path):
+    """A study on the user's own data: the first page says user data (its file), no paper, no synthetic or
+    official data and no surgical 'data' category, and shows the study's final metrics."""
+    from test_user_dataset import DIGITS, pack_digits
+
+    work = copy_workflow(tmp_path / "wf")
+    pack_digits(work / "digits.npz")
+    cfg = {"device": "cpu", "data": {"origin": "real"}, "threads": {"train": 1},
+           "datasets": {"digits": {"path": "digits.npz", "labels": DIGITS, "task": "multi-class", "channels": 1}},
+           "studies": {"mine": {"datasets": ["digits"], "seeds": [0], "methods": ["fedavg"],
+                                "settings": {"iid": {"scheme": "iid", "num_clients": 2}}, "train": {"rounds": 1}}}}
+    (work / "mine.yaml").write_text(yaml.safe_dump(cfg))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "snakemake", *a, "--configfile", "mine.yaml"],  # noqa: E731
+                                    cwd=work, capture_output=True, text=True, timeout=900)
+    proc = run("--cores", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run("--cores", "1", "--report", "report.html")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = (work / "report.html").read_text()
+    desc = page.split("var workflow_desc = ", 1)[1].split("\n    var ", 1)[0]  # the landing text (a JSON string)
+    assert "<b>mine</b>: a study of your own (no paper); data: digits, user data (digits.npz)." in desc
+    assert "<h3>mine: final_metrics</h3>" in desc and "<td>digits</td><td>iid</td><td>fedavg</td>" in desc
+    for wrong in ("synthetic", "MedMNIST data origin", "official", "<b>data</b>"):
+        assert wrong not in desc, wrong
+    # the table's caption claims no paper rounding for a study without a paper
+    assert "Values rounded to two decimals" in page and "as the paper prints them" not in page

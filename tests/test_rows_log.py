@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fedmedbench.fl import checkpoint
-from fedmedbench.fl.registry import model_arrays
+from fedmedbench.fl.arrays import model_arrays
 from fedmedbench.fl.state_file import read_state, write_state
 from fedmedbench.io import torch_bytes, write_bytes
 

@@ -9,8 +9,9 @@ import torch
 from test_job import spec  # noqa: F401 - the job tests' run spec, a fixture here too
 from torch import nn
 
+from fedmedbench.fl.api import ClientContext
+from fedmedbench.fl.arrays import model_arrays
 from fedmedbench.fl.job import Job
-from fedmedbench.fl.registry import ClientContext, model_arrays
 from fedmedbench.fl.state_slots import StateSlots
 
 

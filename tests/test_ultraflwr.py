@@ -13,7 +13,8 @@ import torch
 from helpers import surgical as F
 
 from fedmedbench.fl import federation as fed
-from fedmedbench.fl.registry import ClientResult, ServerContext, TrainConfig, get_method
+from fedmedbench.fl.api import ClientResult, ServerContext, TrainConfig
+from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.tasks.detection import components as C
 from fedmedbench.fl.tasks.detection.yolo import build_yolo, train_yolo
@@ -376,8 +377,8 @@ def test_select_keeps_the_last_of_tied_epochs_as_ultralytics_best_pt(metric):
 @pytest.mark.parametrize("weighting,expected", [("frames", 0.25 * 1 + 0.75 * 5), ("uniform", 3.0)])
 def test_fedavg_weighting_frames_vs_uniform(weighting, expected):
     """FedAvg by training frames (McMahan) vs equal weights (UltraFlwr's clients all report 10 examples)."""
+    from fedmedbench.fl.arrays import weighted_average
     from fedmedbench.fl.methods.ultraflwr import fedavg_weights
-    from fedmedbench.fl.registry import weighted_average
 
     arrays = [{"w": np.array([1.0], dtype=np.float32)}, {"w": np.array([5.0], dtype=np.float32)}]
     out = weighted_average(arrays, fedavg_weights([100, 300], weighting))
@@ -406,6 +407,7 @@ def test_defaults_follow_ultraflwrs_code():
     assert train["warmup"]["default"] == method.warmup == "ultralytics_8_3"  # UltraFlwr pins Ultralytics 8.3.48
     assert train["assigner"]["default"] == method.assigner == "ultralytics_8_3"
     assert train["hsv"]["default"] == method.hsv == "ultralytics_8_3"
+    assert train["ap"]["default"] == method.ap == "ultralytics_8_3"
     sel = EpochSelector()  # the hand-made results above: best mAP50 at epoch 1, best fitness at epoch 2
     for e, (m50, m5095) in enumerate([(0.30, 0.10), (0.60, 0.20), (0.55, 0.30), (0.20, 0.05)]):
         sel(_FakeTrainer(e, 4, m50, m5095))
@@ -645,7 +647,8 @@ def test_final_aggregation_options(monkeypatch, final):
     the aggregated components then come from the server."""
     from types import SimpleNamespace
 
-    from fedmedbench.fl.registry import ClientContext, load_arrays
+    from fedmedbench.fl.api import ClientContext
+    from fedmedbench.fl.arrays import load_arrays
     from fedmedbench.fl.tasks.detection import yolo as Y
 
     base = build_yolo("yolo11n.yaml", 3, seed=0)
@@ -686,7 +689,8 @@ def test_head_init_restarts_what_the_start_weights_do_not_supply(coco_like, monk
     with ``common`` it is the server's one init on both."""
     from types import SimpleNamespace
 
-    from fedmedbench.fl.registry import ClientContext, load_arrays
+    from fedmedbench.fl.api import ClientContext
+    from fedmedbench.fl.arrays import load_arrays
     from fedmedbench.fl.tasks.detection import yolo as Y
     from fedmedbench.weights.models import read_yolo_checkpoint
 
@@ -970,6 +974,17 @@ def test_study_config_validates_with_no_medmnist_study():
     assert uf["model"]["head_init"] == "client"
     run = {"ugroup": "combined", "usetting": "a", "strategy": "Centralized", "seedset": 0}
     assert UFR.run_spec(uf, run, "s", None, "cpu", "real")["method_params"]["head_init"] == "client"
+    # AP as Ultralytics 8.3 for training's epoch choice and for every reported mAP; 8.4's on request
+    spec = UFR.run_spec(uf, run, "s", None, "cpu", "real")
+    assert spec["method_params"]["ap"] == spec["task_params"]["ap"] == "ultralytics_8_3"
+    spec = UFR.run_spec({**uf, "train": {**t, "ap": "installed"}}, run, "s", None, "cpu", "real")
+    assert spec["method_params"]["ap"] == spec["task_params"]["ap"] == "installed"
+    # start weights: every run (UltraFlwr main, the default) or the centralized baseline only (its later branch)
+    fed_run = {**run, "strategy": "FedAvg"}
+    assert uf["model"]["start"] == "all" and UFR.run_spec(uf, fed_run, "s", "w.pt", "cpu", "real")["pretrained_path"] == "w.pt"
+    later = {**uf, "model": {**uf["model"], "start": "centralized"}}
+    assert UFR.run_spec(later, fed_run, "s", "w.pt", "cpu", "real")["pretrained_path"] is None
+    assert UFR.run_spec(later, run, "s", "w.pt", "cpu", "real")["pretrained_path"] == "w.pt"
     empty = {**cfg, "ultraflwr": {**uf, "groups": {}}}
     with pytest.raises(Exception, match="studies|groups"):
         validate(yaml.safe_load(yaml.safe_dump(empty)), schema)
@@ -1059,7 +1074,7 @@ def test_training_workers_are_a_result_parameter_that_reaches_ultralytics(export
 
     import yaml
 
-    from fedmedbench.fl.registry import ClientContext
+    from fedmedbench.fl.api import ClientContext
     from fedmedbench.fl.tasks.detection import yolo as Y
     from fedmedbench.studies.ultraflwr import runs as UFR
 
@@ -1068,7 +1083,7 @@ def test_training_workers_are_a_result_parameter_that_reaches_ultralytics(export
     train = {"rounds": 2, "epochs": 1, "batch": 8, "imgsz": 64, "lr0": 0.01, "patience": 100, "split": "ultraflwr",
              "select": "best", "select_metric": "fitness", "weighting": "uniform", "final_aggregation": "skip_all",
              "auto_optimizer": "ultralytics_8_3", "warmup": "ultralytics_8_3", "assigner": "ultralytics_8_3",
-             "hsv": "ultralytics_8_3", "ultralytics": {}}
+             "hsv": "ultralytics_8_3", "ap": "ultralytics_8_3", "ultralytics": {}}
     conf = {"train": train, "model": {"cfg": "yolo11n.yaml", "head_init": "client"},
             "eval": {"every": 1, "batch": 16, "conf": 0.001, "iou": 0.7, "rect": True}}
     r = {"ugroup": "g", "usetting": "a", "strategy": "FedAvg", "seedset": 0}
@@ -1319,7 +1334,7 @@ def test_loader_workers_turn_on_reading_ahead_for_every_training_without_changin
     import dataclasses
     from types import SimpleNamespace
 
-    from fedmedbench.fl.registry import ClientContext
+    from fedmedbench.fl.api import ClientContext
     from fedmedbench.fl.tasks.detection import yolo as Y
     from fedmedbench.fl.tasks.detection.task import DetectionTask
 
@@ -1394,3 +1409,62 @@ def test_the_last_pixel_steps_in_a_second_thread_give_the_same_batches_and_weigh
     assert len(base) > 6 and base == thread == ahead and none == 0
     assert n_b == n_c == 3 * data.num_train  # every training sample of the 3 epochs, the close_mosaic one too
     assert all(torch.equal(a.state[k], b.state[k]) and torch.equal(a.state[k], c.state[k]) for k in a.state)
+
+
+def test_ap_extends_the_precision_envelope_to_recall_one_as_ultralytics_8_3():
+    """One class, 3 ground-truth boxes, AP at 101 recall points (trapezoids of 0.01).
+    [TP, FP, FP] (recall 1/3, precision 1, 1/2, 1/3): 8.4 ends the envelope at recall 1/3:
+    0.33 + (1 + 0)/2 x 0.01 = 0.335; 8.3 runs it from 1/3 at recall 1/3 to 0 at recall 1, p(x) = (1 - x)/2:
+    0.33 + (1 + 0.33)/2 x 0.01 + 0.66^2/4 = 0.44555. [TP]: 8.3 p(x) = 1.5 (1 - x) past 1/3:
+    0.33 + (1 + 0.99)/2 x 0.01 + 1.5 x 0.66^2/2 = 0.66665; 8.4 0.335. Recall reaching 1 ([TP, TP] of 2):
+    both 1 - 0.005 = 0.995."""
+    from ultralytics.utils import metrics
+
+    from fedmedbench.fl.tasks.detection.ap import ap_rule
+
+    def ap(tp, n_labels, rule):
+        tp = np.array(tp, bool)[:, None]
+        conf = np.linspace(0.9, 0.5, len(tp))
+        with ap_rule(rule):
+            return float(metrics.ap_per_class(tp, conf, np.zeros(len(tp)), np.zeros(n_labels))[5][0, 0])
+
+    installed = metrics.compute_ap
+    assert ap([1, 0, 0], 3, "ultralytics_8_3") == pytest.approx(0.44555, abs=1e-12)
+    assert ap([1, 0, 0], 3, "installed") == pytest.approx(0.335, abs=1e-12)
+    assert ap([1], 3, "ultralytics_8_3") == pytest.approx(0.66665, abs=1e-12)
+    assert ap([1], 3, "installed") == pytest.approx(0.335, abs=1e-12)
+    assert ap([1, 1], 2, "ultralytics_8_3") == pytest.approx(0.995, abs=1e-12) == ap([1, 1], 2, "installed")
+    assert metrics.compute_ap is installed  # restored after each block
+    with pytest.raises(ValueError, match="ap must be one of"):
+        with ap_rule("ultralytics_8_4"):
+            pass
+
+
+def test_every_validation_integrates_ap_by_the_chosen_rule(export, tmp_path, monkeypatch):
+    """validate_yolo (each reported mAP) and the trainer's own validations (the epoch a client sends)
+    run Ultralytics' ap_per_class with 8.3's compute_ap by default, the installed one on request."""
+    from ultralytics.utils import metrics
+
+    from fedmedbench.fl.tasks.detection.ap import compute_ap_83
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+    from fedmedbench.fl.tasks.detection.yolo import validate_yolo
+
+    installed, seen, inner = metrics.compute_ap, [], metrics.ap_per_class
+
+    def spy(*args, **kwargs):
+        seen.append(metrics.compute_ap)
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(metrics, "ap_per_class", spy)
+    spec = _spec(export, tmp_path, "FedAvg")
+    data = DetectionTask(spec).client_data(0)
+    model = build_yolo("yolo11n.yaml", spec.num_classes, seed=3)
+    train_yolo(model, data.data_yaml, epochs=1, batch=8, imgsz=64, seed=0, device=torch.device("cpu"),
+               workdir=tmp_path / "t", select="best")
+    assert seen and all(f is compute_ap_83 for f in seen)
+    seen.clear()
+    for rule, want in (("ultralytics_8_3", compute_ap_83), ("installed", installed)):
+        validate_yolo(model, data.data_yaml, "test", imgsz=64, batch=8, device=torch.device("cpu"),
+                      workdir=tmp_path / rule, ap=rule)
+        assert seen.pop() is want and not seen
+    assert metrics.compute_ap is installed

@@ -91,11 +91,71 @@ def test_md5_checked_only_when_given(tmp_path):
     ("digits", {"task": "multi-label"}, "datasets.digits.task"),
     ("digits", {"labels": ["a", "a"]}, "must be distinct"),
     ("digits", {"sizes": [28, 64]}, "'{size}' in the path"),
+    ("digits", {"path": "/data/{size.__class__}.npz"}, "datasets.digits.path': '/data/{size.__class__}.npz' holds braces"),
+    ("digits", {"path": "/data/{0}_{size}.npz"}, "holds braces other than '{size}'"),
+    ("digits", {"path": "/data/x}.npz"}, "holds braces other than '{size}'"),
 ])
 def test_registry_errors_name_the_key(name, cfg, needle):
+    cfg = {"path": "d.npz", **cfg}
     with pytest.raises(ValueError, match=None) as info:
-        user.check_registry_entry(name, entry(Path("d.npz"), **cfg))
+        user.check_registry_entry(name, entry(Path(cfg.pop("path")), **cfg))
     assert needle in str(info.value)
+
+
+def test_size_is_the_only_field_a_path_expands():
+    """Replaced as text: str.format would read attributes (``{size.real}``) or fail with a raw error."""
+    assert user.user_file({"path": "/d/x_{size}_{size}.npz"}, 64) == Path("/d/x_64_64.npz")
+    assert user.user_file({"path": "/d/{size.real}.npz"}, 64) == Path("/d/{size.real}.npz")
+
+
+def _import_config(work: Path, source: Path) -> str:
+    cfg = {"device": "cpu", "data": {"origin": "real"},
+           "datasets": {"digits": {"path": str(source), "labels": DIGITS, "task": "multi-class", "channels": 1,
+                                   "sizes": [28]}},
+           "studies": {"mine": {"datasets": ["digits"], "seeds": [0], "methods": ["fedavg"],
+                                "settings": {"iid": {"scheme": "iid", "num_clients": 3}}}}}
+    (work / "mine.yaml").write_text(yaml.safe_dump(cfg))
+    return "mine.yaml"
+
+
+def _snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "snakemake", "resources/user/digits_28.npz", "--cores", "1", *args],
+                          cwd=work, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_imported_copy_follows_its_source(tmp_path):
+    """A source edited in place (its modification time set back), moved, or missing: the copy is never stale."""
+    import os
+
+    work = copy_workflow(tmp_path / "wf")
+    source = tmp_path / "digits.npz"
+    first = pack_digits(source)
+    assert _snakemake(work, "--configfile", _import_config(work, source)).returncode == 0
+    copy = work / "resources" / "user" / "digits_28.npz"
+    np.testing.assert_array_equal(np.load(copy)["train_labels"], first["train_labels"])
+
+    # the same path, other contents, an older modification time (as `cp -p` or an archive restores it)
+    stamp = source.stat().st_mtime_ns
+    second = pack_digits(source, n_val=300)
+    os.utime(source, ns=(stamp - 10**9, stamp - 10**9))
+    proc = _snakemake(work, "--configfile", "mine.yaml")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    np.testing.assert_array_equal(np.load(copy)["train_labels"], second["train_labels"])
+
+    # a new path: imported from there
+    moved = tmp_path / "moved" / "digits.npz"
+    moved.parent.mkdir()
+    third = pack_digits(moved, n_val=100)
+    proc = _snakemake(work, "--configfile", _import_config(work, moved))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    np.testing.assert_array_equal(np.load(copy)["train_labels"], third["train_labels"])
+
+    # a missing source: an error naming it, even though an imported copy exists
+    moved.unlink()
+    proc = _snakemake(work, "-n", "--configfile", "mine.yaml")
+    assert proc.returncode != 0
+    assert f"config error at 'datasets.digits.path': {moved} does not exist" in proc.stdout + proc.stderr
 
 
 @pytest.mark.slow

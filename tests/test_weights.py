@@ -234,7 +234,7 @@ def test_yolo_gets_the_served_coco_weights_except_the_class_layers(server, files
 def test_open_clip_text_encoder_from_a_fetched_set(server, files, tmp_path):
     import open_clip
 
-    from fedmedbench.fl.tasks.segmentation import _clip_indicators
+    from fedmedbench.fl.tasks.segmentation.indicators import _clip_indicators
 
     path, _ = _fetched(server, tmp_path, "clip", hub_entry(server, repo="laion/tiny-clip", filename="open_clip_pytorch_model.bin"))
     served = torch.load(files["dir"] / "open_clip_pytorch_model.bin", weights_only=True)
@@ -288,7 +288,7 @@ def test_training_job_starts_round_0_from_the_fetched_weights(server, files, tmp
 
 def _bomb_places():
     from fedmedbench.fl.tasks.detection.yolo import build_yolo
-    from fedmedbench.fl.tasks.segmentation import _clip_indicators
+    from fedmedbench.fl.tasks.segmentation.indicators import _clip_indicators
     from fedmedbench.models import build_model
     from fedmedbench.models.fedst.encoder import PVTEncoder
 

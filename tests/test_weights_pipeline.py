@@ -28,23 +28,15 @@ def _dag(cfg_file: Path, cwd: Path = ROOT) -> tuple[dict[str, str], set[tuple[st
     return nodes, edges
 
 
-def _gpaf_swin(tmp_path: Path) -> Path:
-    cfg = yaml.safe_load((STUDIES / "gpaf.yaml").read_text())
-    cfg["studies"]["gpaf"]["method_model"] = {"centralized": {"name": "timm:swin_tiny_patch4_window7_224", "weights": "swin_tiny_in1k"}}
-    out = tmp_path / "gpaf_swin.yaml"
-    out.write_text(yaml.safe_dump(cfg))
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("study,sets", [
     ("earlystop", {"convnextv2_nano_fcmae_in22k_in1k"}),
     ("ultraflwr", {"yolo11n_coco"}),
     ("fedst", {"pvt_v2_b0_in1k", "clip_vit_b32_laion2b"}),
-    ("gpaf_swin", {"swin_tiny_in1k"}),
+    ("gpaf", {"swin_tiny_in1k"}),
 ])
 def test_fetch_weights_feeds_every_training_job_of_the_paper_grids(tmp_path, study, sets):
-    cfg = _gpaf_swin(tmp_path) if study == "gpaf_swin" else STUDIES / f"{study}.yaml"
+    cfg = STUDIES / f"{study}.yaml"
     nodes, edges = _dag(cfg)
     fetches = {n: label.split("wname: ")[1] for n, label in nodes.items() if label.startswith("fetch_weights")}
     assert set(fetches.values()) == sets
@@ -55,7 +47,7 @@ def test_fetch_weights_feeds_every_training_job_of_the_paper_grids(tmp_path, stu
     trains = {n: label for n, label in nodes.items() if label.split("\\n")[0] in TRAIN_RULES}
     assert trains
     for n, label in trains.items():
-        if study == "gpaf_swin":  # checked below (labels do not name the study)
+        if study == "gpaf":  # checked below (labels do not name the study)
             assert feeding.get(n, set()) <= sets and (not feeding.get(n) or "method: centralized" in label), label
             continue
         if study == "fedst":  # the encoder everywhere, CLIP where the job's indicator is CLIP
@@ -64,7 +56,7 @@ def test_fetch_weights_feeds_every_training_job_of_the_paper_grids(tmp_path, stu
         else:
             expected = sets
         assert feeding.get(n, set()) == expected, label
-    if study == "gpaf_swin":  # only study gpaf's centralized row (2 settings x 3 seeds) uses Swin
+    if study == "gpaf":  # only study gpaf's centralized row (2 settings x 3 seeds) uses Swin, by default
         assert sum(1 for n in trains if feeding.get(n)) == 6
 
 

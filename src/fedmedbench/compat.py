@@ -22,7 +22,15 @@ What it does, and why:
   fedmedbench itself does not import torch (light jobs stay light).
 * medmnistc's motion blur calls ``np.fromstring`` on binary data, which NumPy >= 2.3
   rejects. We give that one module a NumPy whose ``fromstring`` is ``frombuffer``.
-  (medmnistc also needs ImageMagick's MagickWand shared library: see README.)
+  (medmnistc also needs ImageMagick's MagickWand shared library: see docs/install.md.)
+* Snakemake's rerun reason "Params have changed since last execution" prints every changed
+  param value before and now in full (a run's spec: 1-2 kB). The Snakefile calls
+  :func:`patch_snakemake_params_reason`, after which it names the changed keys, old -> new
+  (``fedmedbench.rerun_reason``); which jobs rerun is unchanged.
+
+Two patches live beside what they serve, applied only while a detection job trains or validates:
+Ultralytics' network calls (``fl/tasks/detection/yolo.py``, ``ultralytics_offline``) and its pickled
+dataset caches (``fl/tasks/detection/label_cache.py``: written and read without pickle).
 """
 
 from __future__ import annotations
@@ -248,7 +256,7 @@ def patch_medmnistc() -> None:
     except ImportError as exc:  # MagickWand missing: make the cause obvious
         raise ImportError(
             "medmnistc could not be imported. It needs ImageMagick's MagickWand library "
-            "(Debian/Ubuntu: `apt-get install libmagickwand-6.q16-6`; see README 'System packages'). "
+            "(Debian/Ubuntu: `apt-get install libmagickwand-6.q16-6`; see docs/install.md). "
             f"Original error: {exc}"
         ) from exc
     if not isinstance(filt.np, _NumpyFromBuffer):
@@ -287,3 +295,15 @@ def limit_threads(n: int) -> None:
 
 apply_offline_env()
 install_import_hook()
+
+
+def patch_snakemake_params_reason() -> None:
+    """Snakemake's params-changed reason as the changed keys, old -> new (called by the Snakefile)."""
+    from snakemake.persistence import ParamsChange
+
+    from fedmedbench.rerun_reason import params_diff
+
+    def __str__(self: ParamsChange) -> str:  # noqa: N807 - the method replaced
+        return params_diff(self.only_old, self.only_new) if self else "No params change"
+
+    ParamsChange.__str__ = __str__

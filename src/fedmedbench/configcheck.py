@@ -4,12 +4,17 @@ Snakemake reads config files with YAML 1.1 rules and a permissive loader: a
 duplicate key silently keeps the last value, ``lr: 5e-2`` becomes the string
 "5e-2", and a syntax error is reported without file or line. The workflow re-reads
 every config file it was given with :func:`check_file` (duplicates rejected,
-errors as ``file:line:column``), and :func:`coerce_numbers` turns numeric strings
-such as "5e-2" into numbers where the schema asks for a number.
+errors as ``file:line:column``, merge keys ``<<: *anchor`` accepted), refuses a file whose
+aliases expand past :data:`MAX_EXPANDED_NODES` ("billion laughs": every later walk of the
+config, such as the schema check's error message, would take the expanded size in time and
+memory), and :func:`coerce_numbers` turns numeric strings such as "5e-2" into numbers where the
+schema asks for a number. :func:`refuse_non_finite` refuses ``.nan`` and ``.inf``, which pass
+every range check of the schema (a comparison with NaN is false).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,21 +26,41 @@ import yaml
 FLOAT_RE = re.compile(r"^[-+]?(?:\d[\d_]*)?(?:\.\d*)?[eE][-+]?\d+$")
 
 
+#: the most nodes (mappings, lists, scalars) a config file may hold once its aliases are expanded (the
+#: largest config of the project, config/config.yaml, holds about 1,000)
+MAX_EXPANDED_NODES = 200_000
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class ConfigFileError(ValueError):
     """A config file that does not parse, or has a duplicate key (the message names file and line)."""
 
 
+class ConfigError(ValueError):
+    """A bad config value; ``key`` is its dotted path (the workflow prints it with the file that sets it)."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(f"config error at '{key}': {detail}")
+        self.key, self.detail = key, detail
+
+
 def config_error(key: str, message: str) -> None:
     """Raise the workflow's one error for a bad config value: it names the key."""
-    raise ValueError(f"config error at '{key}': {message}")
+    raise ConfigError(key, message)
 
 
 class StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate mapping keys and reads YAML 1.2 exponent floats."""
+    """SafeLoader that rejects duplicate mapping keys and reads YAML 1.2 exponent floats.
+
+    A key written twice in one mapping is an error; a key a merge (``<<: *anchor``) brings in may be
+    overridden by the mapping's own, as YAML's merge keys define.
+    """
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, yaml.Mark] = {}
         for key_node, _ in node.value:
+            if key_node.tag == MERGE_TAG:
+                continue
             key = self.construct_object(key_node, deep=True)
             if key in seen:
                 first = seen[key]
@@ -48,17 +73,67 @@ class StrictLoader(yaml.SafeLoader):
 StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", FLOAT_RE, list("-+0123456789."))
 
 
+def expanded_size(node: yaml.Node, limit: int) -> int:
+    """Nodes in ``node`` with every alias expanded, counted up to just past ``limit`` (each distinct node
+    is visited once: the count of an aliased node is reused, so a nested alias bomb costs its text size)."""
+    sizes: dict[int, int] = {}
+
+    def size(n: yaml.Node) -> int:
+        if id(n) in sizes:
+            return sizes[id(n)]
+        sizes[id(n)] = 1  # a node that (through an alias) contains itself counts once
+        total = 1
+        if isinstance(n, yaml.SequenceNode):
+            children = n.value
+        elif isinstance(n, yaml.MappingNode):
+            children = [c for pair in n.value for c in pair]
+        else:
+            children = []
+        for child in children:
+            total += size(child)
+            if total > limit:
+                break
+        sizes[id(n)] = min(total, limit + 1)
+        return sizes[id(n)]
+
+    return size(node)
+
+
+def _load_bounded(text: str, path: Path) -> Any:
+    """Compose the document, refuse it when its aliases expand past :data:`MAX_EXPANDED_NODES`, then build it."""
+    loader = StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if expanded_size(node, MAX_EXPANDED_NODES) > MAX_EXPANDED_NODES:
+            raise ConfigFileError(f"{path}: its anchors and aliases (&name, *name) expand to more than "
+                                  f"{MAX_EXPANDED_NODES:,} values; a config of this workflow holds a few thousand at "
+                                  "most (refused: expanding it would take the memory and time of its expanded size)")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def target_hint(path: Path) -> str:
+    """Snakemake's ``--configfile`` takes every following word: a target written after it is read as a config."""
+    if path.suffix in (".yaml", ".yml", ".json"):
+        return ""
+    return (f"; if '{path}' is a target, put targets before --configfile "
+            f"(snakemake {path} --configfile FILE), which reads every following word as a config file")
+
+
 def check_file(path: str | Path) -> Any:
     """Parse ``path`` strictly; a problem raises :class:`ConfigFileError` as ``path:line:column: problem``."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigFileError(f"{path}: cannot read the config file ({exc.strerror})") from exc
+        raise ConfigFileError(f"{path}: cannot read the config file ({exc.strerror}){target_hint(path)}") from None
     if path.suffix == ".json":
         return None  # JSON has no duplicate-key or float ambiguity worth a second parser here
     try:
-        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
+        return _load_bounded(text, path)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -100,6 +175,24 @@ def coerce_numbers(config: dict, schema_path: str | Path) -> list[str]:
 
     visit(validator.iter_errors(config))
     return done
+
+
+def non_finite_keys(node: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose value is a NaN or infinite number (YAML's ``.nan``, ``.inf``, or ``1e999``)."""
+    if isinstance(node, float):
+        return [] if math.isfinite(node) else [prefix]
+    if isinstance(node, dict):
+        return [k for key, value in node.items() for k in non_finite_keys(value, f"{prefix}.{key}" if prefix else str(key))]
+    if isinstance(node, list):
+        return [k for i, value in enumerate(node) for k in non_finite_keys(value, f"{prefix}[{i}]")]
+    return []
+
+
+def refuse_non_finite(config: dict) -> None:
+    """No setting of the workflow takes NaN or infinity, and both pass the schema's range checks: refuse them."""
+    bad = non_finite_keys(config)
+    if bad:
+        config_error(bad[0], "must be a finite number (.nan and .inf are not allowed)")
 
 
 def ignored_settings(config: dict) -> list[str]:

@@ -3,7 +3,8 @@
 Every writer goes through :func:`atomic_path`: write to a temporary file in the
 destination folder, flush it to disk, then ``os.replace`` it over the target. A
 killed job (or a full disk) leaves the previous version or nothing, never half a
-file; the temp file is removed on error.
+file; the temp file is removed on error. A full disk (or quota) is reported naming the folder
+and the file (:func:`naming_full_disk`), whatever library was writing.
 """
 
 from __future__ import annotations
@@ -29,19 +30,34 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     from it (matplotlib, numpy) write the right thing.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp" + target.suffix, dir=target.parent)
-    os.close(fd)
+    with naming_full_disk(target, "file"):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp" + target.suffix, dir=target.parent)
+        os.close(fd)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
-        _fsync_file(tmp_path)
+        with naming_full_disk(target, "file"):
+            yield tmp_path
+            _fsync_file(tmp_path)
         _fault_injection(target)
         os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; outputs get normal permissions
         os.replace(tmp_path, target)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+@contextlib.contextmanager
+def naming_full_disk(target: str | os.PathLike, what: str) -> Iterator[None]:
+    """Report a full disk or quota met inside the block as ``No space left on <folder> while writing the
+    <what> <name>`` (the library that was writing says only "No space left on device")."""
+    try:
+        yield
+    except OSError as exc:
+        full = disk_full_error(exc, Path(target), what)
+        if full is not None:
+            raise full from exc
+        raise
 
 
 #: Fault injection for the kill-anywhere tests: a glob; a process writing a matching target
@@ -126,11 +142,12 @@ def write_bytes(target: str | os.PathLike, data: bytes, what: str = "file") -> N
         raise
 
 
-def disk_full_error(exc: OSError, target: Path, what: str, nbytes: int) -> OSError | None:
+def disk_full_error(exc: OSError, target: Path, what: str, nbytes: int | None = None) -> OSError | None:
     """A full disk or quota (``exc``) reported naming the folder and the file being written; None otherwise."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return OSError(exc.errno, f"No space left on {target.parent} while writing the {what} {target.name} "
-                                  f"({nbytes} bytes): free space there and rerun")
+        size = f" ({nbytes} bytes)" if nbytes is not None else ""
+        return OSError(exc.errno, f"No space left on {target.parent} while writing the {what} {target.name}{size}: "
+                                  "free space there and rerun")
     return None
 
 

@@ -24,6 +24,8 @@ Schemes and their sources:
   so samples can repeat across clients under strong skew. ``fls_quantity`` gives each
   client ``min_size`` (1) samples plus a multinomial share of the rest with
   probabilities from Dir(alpha), every sample used once. No library implements these.
+  With ``draws`` other than ``project`` these schemes and ``iid`` replay the reference's
+  own NumPy calls instead, sample for sample (``partition_replay``).
 * ``domain``: one client per imaging domain (``resources/domains``); the training
   split is divided among the domains IID or by Dirichlet label skew; each client's
   val/test come from its own domain's files. ``label_split: authors`` (default) is the GPAF
@@ -421,13 +423,21 @@ def _offsets(split_labels: dict[str, np.ndarray]) -> dict[str, int]:
 
 
 def build_partition(
-    split_labels: dict[str, np.ndarray], scheme: str, num_clients: int, seed: int, params: dict, num_classes: int | None = None
+    split_labels: dict[str, np.ndarray], scheme: str, num_clients: int, seed: int, params: dict, num_classes: int | None = None,
+    draws: str = "project",
 ) -> dict:
     """Partition a dataset whose labels per split are ``split_labels``; return the JSON document.
 
     Document: ``{scheme, params, seed, num_clients, num_classes, pool, clients: [{id, source,
-    train, val, test}], global_test: [{source, idx}]}``; indices are pool indices.
+    train, val, test}], global_test: [{source, idx}]}``; indices are pool indices. ``draws`` other
+    than ``project`` replays the early-stopping authors' draws (``partition_replay``): the document
+    then also holds ``random_draws: reference`` and ``rng_after_partition`` (the legacy generator's
+    state after the partition, where the cache-building run's client draws start).
     """
+    from fedmedbench import partition_replay
+
+    if draws not in partition_replay.DRAWS:
+        raise PartitionError(f"random_draws = {draws!r}; choose from {', '.join(partition_replay.DRAWS)}")
     if scheme not in SCHEME_PARAMS:
         raise PartitionError(f"unknown partition scheme '{scheme}'; choose from {', '.join(ALL_SCHEMES)}")
     unknown = set(params) - SCHEME_PARAMS[scheme]
@@ -440,7 +450,10 @@ def build_partition(
         n_classes = num_classes
     offsets = _offsets(split_labels)
     pool = {s: [offsets[s], offsets[s] + len(split_labels[s])] for s in ("train", "val", "test")}
+    extra: dict = {}
     if scheme == "center":
+        if draws != "project":
+            raise PartitionError(f"random_draws = {draws}: the center scheme has no reference draws")
         if num_clients != 2:
             raise PartitionError(f"center scheme has exactly 2 clients (train center, test center), got num_clients={num_clients}")
         clients = _center(split_labels, seed, params.get("val_fraction_center", 0.1), params.get("test_fraction_center", 0.2),
@@ -448,7 +461,15 @@ def build_partition(
         sources = ["base", "base"]
         global_test = [{"source": "base", "idx": np.concatenate([c["test"] for c in clients])}]
     else:
-        result = SCHEMES[scheme](split_labels["train"], num_clients, seed, **params)
+        if draws == "project":
+            result = SCHEMES[scheme](split_labels["train"], num_clients, seed, **params)
+        else:
+            try:
+                replayed = partition_replay.replay_partition(scheme, split_labels["train"], num_clients, seed, params, n_classes)
+            except partition_replay.ReplayError as exc:
+                raise PartitionError(f"random_draws = {draws}: {exc}") from None
+            result = Split(replayed.train)
+            extra = {"random_draws": "reference", "rng_after_partition": replayed.state_after}
         train = result.train
         if any(len(t) == 0 for t in train):
             empty = [i for i, t in enumerate(train) if len(t) == 0]
@@ -483,6 +504,7 @@ def build_partition(
             for i, c in enumerate(clients)
         ],
         "global_test": [{"source": g["source"], "idx": np.asarray(g["idx"]).tolist()} for g in global_test],
+        **extra,
     }
 
 
@@ -502,3 +524,61 @@ def stats_frame(doc: dict, split_labels: dict[str, np.ndarray]):
             rows.append({"client": c["id"], "source": c["source"], "part": part, "n": int(counts.sum()),
                          **{f"class_{k}": int(v) for k, v in enumerate(counts)}})
     return pd.DataFrame(rows)
+
+
+def check_partition(doc: dict, pool_sizes: dict[str, int], path: str) -> None:
+    """A partition read back (perhaps edited by hand) before training: every index is a whole number inside
+    its source's pool (a negative one would silently count from the end), and no sample a client trains on is
+    also a validation or test sample of the same source. ``pool_sizes``: source name -> pool length."""
+    held: dict[str, dict[int, str]] = {}  # source -> index -> where it is held out
+    parts = [(f"client {c.get('id', i)}", c["source"], part, c[part])
+             for i, c in enumerate(doc["clients"]) for part in ("train", "val", "test")]
+    parts += [("global test set", g["source"], "idx", g["idx"]) for g in doc["global_test"]]
+    arrays = {}
+    for who, source, part, idx in parts:
+        if source not in pool_sizes:
+            continue  # a source the caller does not load is checked where it is loaded
+        arr = np.asarray(idx)
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise PartitionError(f"{path}: {who} {part} list holds non-integer entries (e.g. {idx[0]!r})")
+        arr = arr.astype(np.int64, copy=False)
+        n = pool_sizes[source]
+        bad = arr[(arr < 0) | (arr >= n)]
+        if bad.size:
+            raise PartitionError(f"{path}: {who} {part} index {int(bad[0])} is outside the pool of source '{source}' "
+                                 f"(0..{n - 1}); the partition does not belong to this dataset or was edited")
+        arrays[(who, source, part)] = arr
+        if part != "train":
+            for i in arr.tolist():
+                held.setdefault(source, {}).setdefault(i, f"{who} {part}")
+    for (who, source, part), arr in arrays.items():
+        if part != "train" or source not in held:
+            continue
+        for i in arr.tolist():
+            if i in held[source]:
+                raise PartitionError(f"{path}: {who} trains on sample {i} of source '{source}', which is also in "
+                                     f"{held[source][i]} list: training data must not be held-out data")
+
+
+HOLDOUT_PARTS = ("val", "test")
+
+
+def holdout_shortfall(num_clients: int, counts: dict[str, int]) -> list[str]:
+    """The held-out splits (val, test) with fewer samples than clients: some clients get none of them, so they
+    have no local score and ``local_mean_*`` averages the others. Empty when every client can get one."""
+    return [f"{part} ({counts[part]} samples)" for part in HOLDOUT_PARTS if counts.get(part, num_clients) < num_clients]
+
+
+def clients_without_holdout(doc: dict) -> dict[str, list[int]]:
+    """Per held-out split, the clients of a partition document that got no sample of it."""
+    return {part: [i for i, c in enumerate(doc["clients"]) if len(c[part]) == 0] for part in HOLDOUT_PARTS}
+
+
+def holdout_warning(doc: dict) -> str | None:
+    """One line naming the clients without validation or test data (None when every client has both)."""
+    empty = {part: ids for part, ids in clients_without_holdout(doc).items() if ids}
+    if not empty:
+        return None
+    said = "; ".join(f"client(s) {ids} have no {part} data" for part, ids in empty.items())
+    return (f"{said}: they get no local score, and local_mean_*/local_std_* average the other clients "
+            "(summary.json lists them under clients_without_local_scores); use fewer clients to give each some")

@@ -36,18 +36,23 @@ class JobLog:
 
 
 @contextlib.contextmanager
-def log_to(path: str | os.PathLike) -> Iterator[JobLog]:
+def log_to(path: str | os.PathLike, config_key: str | None = None) -> Iterator[JobLog]:
     """Redirect stdout/stderr (file descriptors too, so Ray/Flower output lands there).
 
     Yields a :class:`JobLog`: ``log(msg)`` writes one time-stamped line, ``log.console(msg)``
-    writes it to the console (the stderr Snakemake gave the job) as well. An exception is
-    written to the log with its traceback, then re-raised (Snakemake reports the log).
+    writes it to the console (the stderr Snakemake gave the job) as well. An exception is written
+    to the log with its traceback; the console gets one line (the error, ``config_key`` and the
+    config file that sets it, the log's path) and the script exits with status 1.
+    ``FEDMEDBENCH_DEBUG=1`` re-raises instead, so the traceback reaches the console too.
     """
+    from fedmedbench import diagnostics
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
+    failed: BaseException | None = None
     with open(path, "a", buffering=1) as fh:
         os.dup2(fh.fileno(), 1)
         os.dup2(fh.fileno(), 2)
@@ -56,11 +61,13 @@ def log_to(path: str | os.PathLike) -> Iterator[JobLog]:
         logging.basicConfig(stream=fh, level=logging.WARNING, force=True)
         try:
             yield JobLog(fh, saved[1])
-        except BaseException:
+        except BaseException as exc:
             import traceback
 
             fh.write(traceback.format_exc())
-            raise
+            if not isinstance(exc, Exception) or diagnostics.debug():
+                raise
+            failed = exc
         finally:
             fh.flush()
             sys.stdout, sys.stderr = old_streams
@@ -68,3 +75,6 @@ def log_to(path: str | os.PathLike) -> Iterator[JobLog]:
             os.dup2(saved[1], 2)
             os.close(saved[0])
             os.close(saved[1])
+    if failed is not None:
+        print(diagnostics.job_error_line(failed, path, config_key), file=sys.stderr, flush=True)
+        raise SystemExit(1)

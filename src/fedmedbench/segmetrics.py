@@ -12,8 +12,15 @@ is what happens when a structure is absent from the prediction or the ground tru
 
 Scores are computed per frame and per foreground class (classes 1..C-1; background is left
 out of the averages as in the EndoVis part-segmentation protocol) and then averaged over
-frames; ``mean_<metric>`` averages the per-class values. Distances are in pixels (spacing 1),
-as the FedST paper reports them.
+frames; ``mean_<metric>`` averages the per-class values. Distances are in pixels of the masks
+compared (spacing 1), as the FedST paper reports them, or, given a frame's ``spacing`` (the native
+frame's pixels per mask pixel, rows then columns), in pixels of the native frame (MedPy's
+``voxelspacing``; the empty-mask distance is then the native diagonal).
+
+``assd`` (how ASSD averages the two directions' surface distances): ``medpy_0_5`` (default, the
+pinned ``medpy==0.5.2``, ``binary.py:470``: the mean of both directions' distances pooled, so the
+contour with more border pixels weighs more) or ``medpy_0_4`` (MedPy 0.4.0, ``binary.py:453``: the
+mean of the two directional means). HD95 is the same in both (the 95th percentile of both pooled).
 
 ``class_rule`` (which classes a frame's score covers): ``all_classes`` (default) scores every
 foreground class in every frame with the rule above; ``gt_classes`` is the EndoVis 2017
@@ -40,16 +47,25 @@ METRICS: tuple[str, ...] = ("dice", "iou", "hd95", "assd")
 _SURFACE_DISTANCES = getattr(mb, "__surface_distances", None)
 #: which classes a frame's score covers (module docstring)
 CLASS_RULES: tuple[str, ...] = ("all_classes", "gt_classes")
+#: where a frame is scored: the masks at the input size, the same with distances in native pixels, or the
+#: prediction upsampled to the native mask (``fl.tasks.segmentation.evaluate_clips``)
+RESOLUTIONS: tuple[str, ...] = ("input", "native_units", "native")
+#: how ASSD averages the two directions' surface distances (module docstring)
+ASSD_RULES: tuple[str, ...] = ("medpy_0_5", "medpy_0_4")
 #: larger is better for these (the others are distances)
 HIGHER_IS_BETTER = {"dice": True, "iou": True, "hd95": False, "assd": False}
 
 
-def empty_penalty(shape: tuple[int, ...]) -> float:
-    """The distance assigned when exactly one of prediction / ground truth is empty."""
-    return float(math.sqrt(sum(s * s for s in shape)))
+Spacing = tuple[float, ...] | None
 
 
-def binary_scores(pred: np.ndarray, gt: np.ndarray) -> dict[str, float]:
+def empty_penalty(shape: tuple[int, ...], spacing: Spacing = None) -> float:
+    """The distance assigned when exactly one of prediction / ground truth is empty: the image diagonal."""
+    spacing = spacing or (1.0,) * len(shape)
+    return float(math.sqrt(sum((s * d) ** 2 for s, d in zip(shape, spacing, strict=True))))
+
+
+def binary_scores(pred: np.ndarray, gt: np.ndarray, assd: str = "medpy_0_5", spacing: Spacing = None) -> dict[str, float]:
     """Dice, IoU, HD95, ASSD of one binary mask pair, with the documented empty-mask rule."""
     pred = np.asarray(pred, dtype=bool)
     gt = np.asarray(gt, dtype=bool)
@@ -59,21 +75,27 @@ def binary_scores(pred: np.ndarray, gt: np.ndarray) -> dict[str, float]:
     if not p_any and not g_any:
         return {"dice": 1.0, "iou": 1.0, "hd95": 0.0, "assd": 0.0}
     if p_any != g_any:
-        worst = empty_penalty(pred.shape)
+        worst = empty_penalty(pred.shape, spacing)
         return {"dice": 0.0, "iou": 0.0, "hd95": worst, "assd": worst}
-    return {"dice": float(mb.dc(pred, gt)), "iou": float(mb.jc(pred, gt)), **surface_scores(pred, gt)}
+    return {"dice": float(mb.dc(pred, gt)), "iou": float(mb.jc(pred, gt)), **surface_scores(pred, gt, assd, spacing)}
 
 
-def surface_scores(pred: np.ndarray, gt: np.ndarray) -> dict[str, float]:
-    """HD95 and ASSD of two non-empty masks as MedPy 0.5.2 defines them (``binary.py``: ``hd95`` = the 95th
-    percentile of both directions' surface distances stacked, ``assd`` = their mean), from one pair of them,
-    computed on the box both masks lie in (:func:`box_around`): the same distances, in the same order."""
-    if _SURFACE_DISTANCES is None:  # a MedPy without the helper: its own two functions
-        return {"hd95": float(mb.hd95(pred, gt)), "assd": float(mb.assd(pred, gt))}
+def surface_scores(pred: np.ndarray, gt: np.ndarray, assd: str = "medpy_0_5", spacing: Spacing = None) -> dict[str, float]:
+    """HD95 and ASSD of two non-empty masks as MedPy defines them (``binary.py``: ``hd95`` = the 95th
+    percentile of both directions' surface distances stacked; ``assd`` by :data:`ASSD_RULES`), from one pair
+    of them, computed on the box both masks lie in (:func:`box_around`): the same distances, in the same order."""
+    if assd not in ASSD_RULES:
+        raise ValueError(f"assd must be one of {ASSD_RULES}, got {assd!r}")
+    if _SURFACE_DISTANCES is None:  # a MedPy without the helper: its own functions
+        one, other = mb.asd(pred, gt, spacing), mb.asd(gt, pred, spacing)
+        mean = float(mb.assd(pred, gt, spacing)) if assd == "medpy_0_5" else float(np.mean((one, other)))
+        return {"hd95": float(mb.hd95(pred, gt, spacing)), "assd": mean}
     box = box_around(pred | gt)
     pred, gt = pred[box], gt[box]
-    both = np.hstack((_SURFACE_DISTANCES(pred, gt, None, 1), _SURFACE_DISTANCES(gt, pred, None, 1)))
-    return {"hd95": float(np.percentile(both, 95)), "assd": float(both.mean())}
+    there, back = _SURFACE_DISTANCES(pred, gt, spacing, 1), _SURFACE_DISTANCES(gt, pred, spacing, 1)
+    both = np.hstack((there, back))
+    mean = both.mean() if assd == "medpy_0_5" else np.mean((there.mean(), back.mean()))
+    return {"hd95": float(np.percentile(both, 95)), "assd": float(mean)}
 
 
 def box_around(mask: np.ndarray) -> tuple[slice, ...]:
@@ -88,9 +110,34 @@ def box_around(mask: np.ndarray) -> tuple[slice, ...]:
     return tuple(box)
 
 
-def frame_scores(pred: np.ndarray, gt: np.ndarray, classes: Iterable[int]) -> dict[int, dict[str, float]]:
+def native_spacing(mask_paths: Iterable[str], shape: tuple[int, int]) -> list[tuple[float, float]]:
+    """Each mask file's native pixels per pixel of the ``shape`` (rows, columns) its frame is scored at
+    (the file's header only: sizes from PIL, nothing decoded)."""
+    from PIL import Image
+
+    out = []
+    for path in mask_paths:
+        with Image.open(path) as im:
+            width, height = im.size
+        out.append((height / shape[0], width / shape[1]))
+    return out
+
+
+def native_masks(mask_paths: Iterable[str]) -> list[np.ndarray]:
+    """The label maps of the mask files as stored (native size)."""
+    from PIL import Image
+
+    out = []
+    for path in mask_paths:
+        with Image.open(path) as im:
+            out.append(np.asarray(im))
+    return out
+
+
+def frame_scores(pred: np.ndarray, gt: np.ndarray, classes: Iterable[int], assd: str = "medpy_0_5",
+                 spacing: Spacing = None) -> dict[int, dict[str, float]]:
     """Per-class scores of one label map pair (``classes``: the label values to score)."""
-    return {c: binary_scores(pred == c, gt == c) for c in classes}
+    return {c: binary_scores(pred == c, gt == c, assd, spacing) for c in classes}
 
 
 class SegmentationMeter:
@@ -105,9 +152,12 @@ class SegmentationMeter:
     """
 
     def __init__(self, class_names: dict[int, str], binary: bool = False, class_rule: str = "all_classes",
-                 submit: Callable[..., Future] | None = None, max_pending: int = 64) -> None:
+                 submit: Callable[..., Future] | None = None, max_pending: int = 64, assd: str = "medpy_0_5") -> None:
         if class_rule not in CLASS_RULES:
             raise ValueError(f"class_rule must be one of {CLASS_RULES}, got {class_rule!r}")
+        if assd not in ASSD_RULES:
+            raise ValueError(f"assd must be one of {ASSD_RULES}, got {assd!r}")
+        self.assd = assd
         self.binary = binary
         self.class_rule = class_rule
         self.class_names = {1: "instrument"} if binary else dict(class_names)
@@ -117,31 +167,32 @@ class SegmentationMeter:
         self._max_pending = max(1, int(max_pending))
         self._pending: deque[Future] = deque()
 
-    def add(self, pred: np.ndarray, gt: np.ndarray) -> None:
-        """One frame (2-D label maps) or a batch (N, H, W)."""
+    def add(self, pred: np.ndarray, gt: np.ndarray, spacing: list[Spacing] | None = None) -> None:
+        """One frame (2-D label maps) or a batch (N, H, W); ``spacing``: each frame's (None: pixels of the maps)."""
         pred, gt = np.asarray(pred), np.asarray(gt)
         if pred.ndim == 2:
             pred, gt = pred[None], gt[None]
-        for p, g in zip(pred, gt, strict=True):
+        spacing = list(spacing) if spacing is not None else [None] * len(pred)
+        for p, g, sp in zip(pred, gt, spacing, strict=True):
             if self._submit is None:
-                self._keep(self._score(p, g))
+                self._keep(self._score(p, g, sp))
                 continue
             while len(self._pending) >= self._max_pending:
                 self._keep(self._pending.popleft().result())
-            self._pending.append(self._submit(self._score, p, g))
+            self._pending.append(self._submit(self._score, p, g, sp))
 
-    def _score(self, p: np.ndarray, g: np.ndarray) -> tuple[dict[int, dict[str, float]], dict[str, float] | None]:
+    def _score(self, p: np.ndarray, g: np.ndarray, sp: Spacing = None) -> tuple[dict[int, dict[str, float]], dict[str, float] | None]:
         """One frame's per-class scores, and under ``gt_classes`` its frame score."""
         if self.binary:
             p, g = (p > 0).astype(np.uint8), (g > 0).astype(np.uint8)
         if self.class_rule == "all_classes":
-            return frame_scores(p, g, self.class_names), None
+            return frame_scores(p, g, self.class_names, self.assd, sp), None
         present = [c for c in self.class_names if (g == c).any()]
-        scores = frame_scores(p, g, present)
+        scores = frame_scores(p, g, present, self.assd, sp)
         if present:
             return scores, {m: float(np.mean([scores[c][m] for c in present])) for m in METRICS}
         # no part in the ground truth: perfect if no part is predicted either, else worst
-        return scores, binary_scores(np.isin(p, list(self.class_names)), np.zeros(g.shape, dtype=bool))
+        return scores, binary_scores(np.isin(p, list(self.class_names)), np.zeros(g.shape, dtype=bool), self.assd, sp)
 
     def _keep(self, scored: tuple[dict[int, dict[str, float]], dict[str, float] | None]) -> None:
         self._rows.append(scored[0])

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from fedmedbench.fl.api import ClientContext, ClientData, Method, ServerContext, TrainConfig
+from fedmedbench.fl.arrays import load_arrays, model_arrays
 from fedmedbench.fl.federation import client_generator
-from fedmedbench.fl.registry import (
-    ClientContext,
-    ClientData,
-    Method,
-    ServerContext,
-    TrainConfig,
-    load_arrays,
-    model_arrays,
-)
 from fedmedbench.fl.spec import RunSpec
 
 

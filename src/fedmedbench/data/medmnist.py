@@ -295,10 +295,23 @@ def require_nonempty(path: str | Path, data: dict[str, np.ndarray], splits: tupl
                             "(check the file, or data.synthetic.max_" + split + " for synthetic data)")
 
 
+def label_dtype(labels: np.ndarray) -> np.dtype:
+    """The smallest unsigned dtype that holds every label: uint8 as the official files have it, wider when a
+    dataset has more than 256 classes (a cast to uint8 would wrap class 256 to 0 without an error)."""
+    top = int(labels.max()) if labels.size else 0
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if top <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    return np.dtype(np.int64)
+
+
 def to_official_arrays(data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Inverse of :func:`load_npz`'s label flattening: labels back to uint8 (N, 1)."""
+    """Inverse of :func:`load_npz`'s label flattening: labels back to (N, 1), in a dtype that holds them
+    (:func:`label_dtype`: uint8 for every official flag)."""
     out = {}
+    every = np.concatenate([np.asarray(data[f"{split}_labels"]).reshape(-1) for split in SPLITS])
+    dtype = label_dtype(every)
     for split in SPLITS:
         out[f"{split}_images"] = data[f"{split}_images"]
-        out[f"{split}_labels"] = data[f"{split}_labels"].astype(np.uint8).reshape(-1, 1)
+        out[f"{split}_labels"] = data[f"{split}_labels"].astype(dtype).reshape(-1, 1)
     return out

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedmedbench.data.medmnist import SPLITS, dataset_info
+from fedmedbench.data.medmnist import SPLITS, dataset_info, label_dtype
 
 
 def _prototypes(rng: np.random.Generator, n_classes: int, size: int, channels: int) -> np.ndarray:
@@ -94,5 +94,5 @@ def generate(
         if info.n_channels == 1:
             images = images[..., 0]
         out[f"{split}_images"] = images
-        out[f"{split}_labels"] = labels.astype(np.uint8).reshape(-1, 1)
+        out[f"{split}_labels"] = labels.astype(label_dtype(np.arange(info.n_classes))).reshape(-1, 1)
     return out

@@ -5,10 +5,16 @@ dataset brings its own: a class list (its length is the class count every macro 
 over), a task, a channel count and the image sizes its files exist in. The file is checked once,
 when it enters the workflow: keys, dtypes, shapes, label range and non-empty splits, each error
 naming the file and the key. No checksum unless the registry gives one (``md5``).
+
+The imported copy is tied to its source: the import rule carries the source's resolved path and
+SHA-256 (:func:`source_fingerprint`) as params, so a moved, replaced or edited source is imported
+again, and a missing one stops planning naming it (the copy would otherwise keep training on the
+old data while every table names the new path).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import zipfile
@@ -17,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from fedmedbench.data.medmnist import SPLITS, DataError, DatasetInfo, dataset_info, load_npz, md5sum
-from fedmedbench.io import atomic_path
+from fedmedbench.io import atomic_path, file_digest, write_json
 
 #: user dataset names: lower-case letters, digits and '-' (no '_': file names are ``<name>_<size>.npz``)
 NAME_PATTERN = r"^[a-z][a-z0-9-]*$"
@@ -25,9 +31,50 @@ NAME_PATTERN = r"^[a-z][a-z0-9-]*$"
 TRAINABLE_TASKS = ("multi-class", "binary")
 
 
+#: the one placeholder a dataset path may hold
+SIZE_FIELD = "{size}"
+
+
 def user_file(cfg: dict, size: int) -> Path:
-    """The user's file for one size: ``path`` may hold ``{size}`` when several sizes exist."""
-    return Path(str(cfg["path"]).format(size=size))
+    """The user's file for one size: ``path`` may hold ``{size}`` when several sizes exist (replaced as text:
+    no other brace field is expanded, so a path cannot reach attributes the way ``str.format`` would)."""
+    return Path(str(cfg["path"]).replace(SIZE_FIELD, str(size)))
+
+
+def existing_source(name: str, cfg: dict, size: int) -> Path:
+    """The source file of a user dataset; a missing one is an error naming it (an imported copy of a file
+    that is gone is not trained on as if it were that file)."""
+    source = user_file(cfg, size)
+    if not source.is_file():
+        raise DataError(f"config error at 'datasets.{name}.path': {source} does not exist (the source of user dataset "
+                        f"'{name}' at {size} px); restore it or point datasets.{name}.path at the file")
+    return source
+
+
+def source_fingerprint(name: str, cfg: dict, size: int, cache_dir: str | Path) -> dict[str, str]:
+    """The resolved path and SHA-256 of a user dataset's source file, for the import rule's params.
+
+    The hash is remembered in ``cache_dir`` per (path, inode, size in bytes, modification and change
+    times: a write or a replacement changes the change time, which no tool can set back), so planning
+    reads a large file once, not at every ``snakemake`` call. A missing source is a clear error.
+    """
+    source = existing_source(name, cfg, size).resolve()
+    stat = source.stat()
+    key = {"path": str(source), "inode": stat.st_ino, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+           "ctime_ns": stat.st_ctime_ns}
+    memo = Path(cache_dir) / f".{name}_{size}.source.json"
+    try:
+        known = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        known = None
+    if isinstance(known, dict) and {k: known.get(k) for k in key} == key and isinstance(known.get("sha256"), str):
+        return {"path": str(source), "sha256": known["sha256"]}
+    digest = file_digest(source)
+    try:
+        write_json(memo, {**key, "sha256": digest})
+    except OSError:  # a read-only resources/ folder: the hash is recomputed next time
+        pass
+    return {"path": str(source), "sha256": digest}
 
 
 def origin_label(cfg: dict, size: int) -> str:
@@ -56,8 +103,12 @@ def check_registry_entry(name: str, cfg: dict) -> None:
     if cfg["task"] not in TRAINABLE_TASKS:
         raise ValueError(f"config error at '{key}.task': '{cfg['task']}' datasets can be registered but not trained yet "
                          f"(trainable: {', '.join(TRAINABLE_TASKS)})")
-    if len(cfg["sizes"]) > 1 and "{size}" not in str(cfg["path"]):
+    if len(cfg["sizes"]) > 1 and SIZE_FIELD not in str(cfg["path"]):
         raise ValueError(f"config error at '{key}.path': several sizes {cfg['sizes']} need '{{size}}' in the path")
+    rest = str(cfg["path"]).replace(SIZE_FIELD, "")
+    if "{" in rest or "}" in rest:
+        raise ValueError(f"config error at '{key}.path': {cfg['path']!r} holds braces other than '{{size}}' "
+                         "(the only placeholder a dataset path may hold); rename the file or folder")
 
 
 def validate(path: str | Path, cfg: dict, size: int) -> dict[str, np.ndarray]:
@@ -85,8 +136,12 @@ def validate(path: str | Path, cfg: dict, size: int) -> dict[str, np.ndarray]:
     return arrays
 
 
-def import_file(cfg: dict, size: int, target: str | Path) -> dict[str, int]:
-    """Check the user's file (MD5 first when given) and copy it, unchanged, into the workflow."""
+def import_file(cfg: dict, size: int, target: str | Path, expect_sha256: str | None = None) -> dict[str, int]:
+    """Check the user's file (MD5 first when given) and copy it, unchanged, into the workflow.
+
+    ``expect_sha256`` (the hash the workflow planned with) must be the copy's: a source that changed
+    between planning and the import is an error, not a copy of other data under the planned hash.
+    """
     source = user_file(cfg, size)
     if not source.is_file():
         raise DataError(f"{source}: file not found (datasets: entry's path)")
@@ -97,4 +152,7 @@ def import_file(cfg: dict, size: int, target: str | Path) -> dict[str, int]:
     arrays = validate(source, cfg, size)
     with atomic_path(target) as tmp:
         shutil.copyfile(source, tmp)
+        if expect_sha256 is not None and (copied := file_digest(tmp)) != expect_sha256:
+            raise DataError(f"{source}: changed while the workflow ran (planned with SHA-256 {expect_sha256}, "
+                            f"found {copied}); rerun snakemake to import it again")
     return {s: int(arrays[f"{s}_labels"].size) for s in SPLITS}

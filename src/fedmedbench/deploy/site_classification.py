@@ -15,8 +15,8 @@ import torch
 from fedmedbench import io
 from fedmedbench.data.medmnist import load_npz
 from fedmedbench.deploy.site_data import Site, list_files
+from fedmedbench.fl.api import ClientData, TrainConfig
 from fedmedbench.fl.data import FederatedData
-from fedmedbench.fl.registry import ClientData
 
 DATA_FILE = "data.npz"
 PARTS = ("train", "val", "test")
@@ -52,7 +52,7 @@ def load(folder: Path, manifest: dict[str, Any], spec) -> Site:
         images = arrays[f"{part}_images"]
         images = images[:, None] if images.ndim == 3 else images.transpose(0, 3, 1, 2)
         parts += [torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(arrays[f"{part}_labels"])]
-    bs = spec.train_config().eval_batch_size
+    bs = TrainConfig.from_spec(spec).eval_batch_size
 
     def evaluate(model: torch.nn.Module, data: ClientData, device: torch.device) -> dict[str, float]:
         from fedmedbench.fl.training import evaluate as score

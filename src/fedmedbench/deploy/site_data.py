@@ -99,20 +99,21 @@ def export_sites(spec, out_root: str | Path, describe: dict[str, Any]) -> list[P
     num_clients = fmt.num_clients(spec)
     for pid in range(num_clients):
         folder = site_folder(out_root, pid)
-        folder.mkdir(parents=True, exist_ok=True)
-        extra = fmt.export(spec, pid, folder)
-        files = dict(extra.pop("files"))
-        model_files = {}
-        for field in MODEL_FILES:
-            src = get_field(spec.to_dict(), field)
-            if src:
-                if not Path(src).is_file():
-                    raise FileNotFoundError(f"{src}: model file named by the spec's '{field}' not found")
-                name = f"{MODEL_DIR}/{Path(src).name}"
-                (folder / MODEL_DIR).mkdir(exist_ok=True)
-                shutil.copyfile(src, folder / name)
-                files[name] = file_entry(folder / name)
-                model_files[field] = name
+        with io.naming_full_disk(folder, "site folder"):
+            folder.mkdir(parents=True, exist_ok=True)
+            extra = fmt.export(spec, pid, folder)
+            files = dict(extra.pop("files"))
+            model_files = {}
+            for field in MODEL_FILES:
+                src = get_field(spec.to_dict(), field)
+                if src:
+                    if not Path(src).is_file():
+                        raise FileNotFoundError(f"{src}: model file named by the spec's '{field}' not found")
+                    name = f"{MODEL_DIR}/{Path(src).name}"
+                    (folder / MODEL_DIR).mkdir(exist_ok=True)
+                    shutil.copyfile(src, folder / name)
+                    files[name] = file_entry(folder / name)
+                    model_files[field] = name
         manifest = {**describe, "task": spec.task, "partition_id": pid, "num_clients": num_clients, **extra,
                     "model_files": model_files, "files": files}
         io.write_json(folder / MANIFEST, manifest)

@@ -27,12 +27,12 @@ from fedmedbench.deploy.site_data import Site, SiteDataError, list_files
 from fedmedbench.fl.tasks.segmentation import (
     ClipSet,
     FrameCache,
-    SegmentationTask,
     SiteData,
     evaluate_clips,
     input_size,
     metric_names,
 )
+from fedmedbench.fl.tasks.segmentation.task import SegmentationTask
 
 CLIPS = "clips.json"
 INDICATOR = "indicator.npy"
@@ -95,7 +95,9 @@ def load(folder: Path, manifest: dict[str, Any], spec) -> Site:
     def evaluate(model: torch.nn.Module, data: SiteData, device: torch.device) -> dict[str, float]:
         model.set_indicator(data.indicator)
         out = {f"local_{k}": v for k, v in evaluate_clips(model, data.test, classes, device, bs,
-                                                                 class_rule=tp.get("class_rule", "all_classes")).items()}
+                                                                 class_rule=tp.get("class_rule", "all_classes"),
+                                                                 assd=tp.get("assd", "medpy_0_5"),
+                                                                 resolution=tp.get("resolution", "input")).items()}
         out.update({f"global_{k}": math.nan for k in names})
         return out
 

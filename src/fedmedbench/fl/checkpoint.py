@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedmedbench.fl.arrays import host_tensors
 from fedmedbench.fl.client_state import RESTART_HINT, ClientStateStore, copy_state
-from fedmedbench.fl.registry import host_tensors
 from fedmedbench.fl.state_file import read_state, write_state
 from fedmedbench.io import disk_full_error, remove_temp_files, write_bytes, write_torch
 

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from fedmedbench import io
-from fedmedbench.fl.registry import snapshot
+from fedmedbench.fl.arrays import snapshot
 from fedmedbench.fl.state_file import read_state, write_state
 from fedmedbench.io import write_bytes
 
@@ -233,7 +233,7 @@ class ClientStateStore:
 def copy_state(obj: Any) -> Any:
     """A deep copy of a client state as reading its file (:func:`read_state`) returns it: tensors detached on the
     CPU, containers rebuilt, plain values as they are. Plain tensors (no Parameters, no gradients) are copied
-    per (device, dtype) by one transfer (:func:`~fedmedbench.fl.registry.snapshot`), not one per tensor: a
+    per (device, dtype) by one transfer (:func:`~fedmedbench.fl.arrays.snapshot`), not one per tensor: a
     state of model-sized vectors is 160 tensors for ConvNeXtV2-nano, each a synchronising copy from a GPU."""
     plain: list[torch.Tensor] = []
     _plain_tensors(obj, plain)

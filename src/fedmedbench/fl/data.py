@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 from fedmedbench.data.medmnist import SPLITS, load_npz
-from fedmedbench.fl.registry import ClientData
+from fedmedbench.fl.api import ClientData
 from fedmedbench.io import read_json
+from fedmedbench.partition import check_partition
 
 
 @lru_cache(maxsize=16)
@@ -40,6 +41,8 @@ def load_partition(path: str) -> dict:
 class FederatedData:
     def __init__(self, partition_path: str | Path, sources: dict[str, str]) -> None:
         self.partition = load_partition(str(partition_path))
+        self.partition_path = str(partition_path)
+        self._checked: set[str] = set()  # sources whose indices were checked (partition.check_partition)
         self.sources = dict(sources)
         needed = {c["source"] for c in self.partition["clients"]} | {g["source"] for g in self.partition["global_test"]}
         missing = needed - set(self.sources)
@@ -56,6 +59,9 @@ class FederatedData:
 
     def _take(self, source: str, idx) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = load_pool(self.sources[source])
+        if source not in self._checked:  # once per source, when its pool is first loaded
+            check_partition(self.partition, {source: len(y)}, self.partition_path)
+            self._checked.add(source)
         idx = torch.as_tensor(np.asarray(idx, dtype=np.int64))
         return x[idx], y[idx]
 

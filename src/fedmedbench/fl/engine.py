@@ -43,9 +43,9 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedmedbench.fl import checkpoint, scratch
 from fedmedbench.fl import federation as fed
+from fedmedbench.fl.api import Arrays, ClientResult
 from fedmedbench.fl.inline_grid import InlineGrid
 from fedmedbench.fl.job import Job, job_for
-from fedmedbench.fl.registry import Arrays, ClientResult
 from fedmedbench.fl.spec import RunSpec
 
 NODE_WAIT_S = 180.0

@@ -21,23 +21,19 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from fedmedbench import partition_replay
 from fedmedbench.fl import checkpoint
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, ServerContext
+from fedmedbench.fl.arrays import arrays_to_tensors, host_tensors, model_arrays
 from fedmedbench.fl.client_state import ClientStateStore
 from fedmedbench.fl.job import Job, resolve_device  # noqa: F401  (resolve_device: imported from here elsewhere)
-from fedmedbench.fl.registry import (
-    Arrays,
-    ClientContext,
-    ClientResult,
-    ServerContext,
-    arrays_to_tensors,
-    get_method,
-    host_tensors,
-    model_arrays,
-)
+from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.stopping import DataFreeMonitor
 from fedmedbench.fl.tasks.base import get_task_class, task_for  # noqa: F401  (task_for: imported from here elsewhere)
+from fedmedbench.fl.tracking import for_run as tracker_for_run
 from fedmedbench.fl.training import steps_for_epochs
+from fedmedbench.io import read_json
 
 
 def resolve_data_shapes(spec: RunSpec) -> RunSpec:
@@ -173,6 +169,34 @@ class InProcessTransport:
         return {p: client_evaluate(self.job, p, rnd, arrays) for p in pids}
 
 
+
+def clients_without_holdout(partition_path: str | None) -> dict[str, list[int]]:
+    """``clients_without_val_data`` / ``clients_without_test_data`` of a MedMNIST partition (none for other tasks)."""
+    if not partition_path or not Path(partition_path).is_file() or Path(partition_path).suffix != ".json":
+        return {}
+    from fedmedbench.fl.data import load_partition
+    from fedmedbench.partition import clients_without_holdout as empty_parts
+
+    doc = load_partition(str(partition_path))
+    if not all(isinstance(c, dict) and "val" in c and "test" in c for c in doc.get("clients", [])):
+        return {}
+    return {f"clients_without_{part}_data": ids for part, ids in empty_parts(doc).items()}
+
+
+def unscored_clients(client_rows: list[dict], metric: str) -> list[int]:
+    """Clients with no local score in the last evaluated round (no test data of their own): ``local_mean_*``
+    averages the others, and summary.json names them."""
+    if not client_rows:
+        return []
+    last = max(r["round"] for r in client_rows)
+    def scored(value) -> bool:
+        return isinstance(value, int | float) and math.isfinite(value)
+
+    final = [r for r in client_rows if r["round"] == last]
+    if not any(f"local_{metric}" in r for r in final):  # a task that scores no client locally
+        return []
+    return sorted(int(r["client"]) for r in final if not scored(r.get(f"local_{metric}")))
+
 class Federation:
     """Server-side state and logic of one run."""
 
@@ -193,6 +217,10 @@ class Federation:
         if not 1 <= per_round <= self.num_clients:
             raise ValueError(f"clients_per_round={per_round} must be between 1 and num_clients={self.num_clients}")
         self.per_round = per_round
+        # the early-stopping authors' per-round draws (partition_replay.py); None = the project's sampler
+        self.reference_clients = partition_replay.client_sequence(
+            spec.random_draws, spec.seed, self.num_clients, per_round,
+            read_json(spec.partition_path) if spec.random_draws == "reference_cache_build" else None)
         self.keep_round = spec.client_models_round or self.train.rounds
         if spec.save_client_models and not 1 <= self.keep_round <= self.train.rounds:
             raise ValueError(f"client_models_round={self.keep_round} must be between 1 and train.rounds={self.train.rounds}")
@@ -208,6 +236,8 @@ class Federation:
         self.stop_mode = es["mode"]
         self.monitor = DataFreeMonitor(float(es["tau"]), int(es["patience"]), es.get("counting", "reference"))
         self._t0 = time.monotonic()
+        self.tracker = tracker_for_run(spec, self.run_hash, self.train, log)  # metrics out; never changes results
+        self.clock = RoundClock()  # the rounds' own durations, for s/round and the ETA
 
     # -- state ------------------------------------------------------------------
     def initial_state(self) -> checkpoint.RunState:
@@ -220,7 +250,11 @@ class Federation:
             return resumed
         stale = checkpoint.checkpoint_dir(self.spec.run_dir)
         if stale.exists():
-            self.log(f"ignoring checkpoint in {stale}: written under other settings")
+            if (stale / "server.pt").is_file():
+                self.log(f"ignoring checkpoint in {stale}: written under other settings")
+            else:  # a run stopped before its first round was checkpointed: nothing of it to resume
+                self.log(f"no checkpoint in {stale} (the run stopped before its first round was saved): "
+                         "starting at round 1")
             shutil.rmtree(stale)
         seed_everything(self.spec.seed)
         model = self.job.new_model()
@@ -236,6 +270,8 @@ class Federation:
             return [0]
         if self.per_round == self.num_clients:
             return list(range(self.num_clients))
+        if self.reference_clients is not None:
+            return sorted(self.reference_clients.clients(rnd))
         rng = np.random.default_rng([self.spec.seed, rnd, 1])
         return sorted(rng.choice(self.num_clients, size=self.per_round, replace=False).tolist())
 
@@ -320,7 +356,9 @@ class Federation:
         # written while the next round trains; client states older than this checkpoint's go once it is on disk
         checkpoint.save(self.spec.run_dir, new_state, self.run_hash, self._writer, then=lambda: self.store.prune(rnd),
                         store=self.store, rows_log=self.rows_log)
+        self.clock.stop()
         self._progress(row)
+        self.tracker.round(row, client_rows, results)
         return new_state
 
     def _theta0(self, state: checkpoint.RunState) -> Arrays:
@@ -341,6 +379,7 @@ class Federation:
             state = self._rounds(transport)
         except BaseException:
             self.store.stop_reading()
+            self.tracker.close(ok=False)
             try:
                 self._writer.close()
             except Exception:  # noqa: BLE001 - the round's own error is the one to report
@@ -348,6 +387,7 @@ class Federation:
             raise
         self.store.stop_reading()
         self._writer.close()
+        self.tracker.close()
         return state
 
     def _rounds(self, transport: Transport) -> checkpoint.RunState:
@@ -356,6 +396,7 @@ class Federation:
         for rnd in range(state.round + 1, rounds + 1):
             if self.should_stop(state):  # resumed after the data-free rule had fired
                 break
+            self.clock.start()
             sampled = self.sample(rnd)
             self.store.prefetch(sampled, rnd)  # in-process: each client's state read while the one before trains
             results = transport.train(rnd, {p: self.steps(p) for p in sampled}, state.arrays, self.broadcast(state))
@@ -395,10 +436,11 @@ class Federation:
         rnd, total = row["round"], self.train.rounds
         if rnd % max(1, self.spec.log_every) and rnd != total:
             return
-        self.log(progress_line(row, total, self.task.primary_metric))
+        per_round = self.clock.per_round()
+        self.log(progress_line(row, total, self.task.primary_metric, per_round))
         console = getattr(self.log, "console", None)
         if console is not None:
-            console(console_line(self.spec, row, total, self.task.primary_metric))
+            console(console_line(self.spec, row, total, self.task.primary_metric, per_round))
 
     def stage_outputs(self, state: checkpoint.RunState) -> dict[str, Path]:
         """Write metrics CSV, per-client CSV, summary JSON and final model (atomically)."""
@@ -430,6 +472,8 @@ class Federation:
             "client_models_round": self.keep_round if self.spec.save_client_models else None,
             "final": {k: v for k, v in last.items() if k not in ("round", "clients")},
         }
+        summary["clients_without_local_scores"] = unscored_clients(state.client_rows, self.task.primary_metric)
+        summary.update(clients_without_holdout(self.spec.partition_path))
         primary = f"global_{self.task.primary_metric}"
         if primary in metrics and metrics[primary].notna().any():
             best = metrics.loc[metrics[primary].idxmax()]
@@ -467,10 +511,34 @@ def client_validation_row(results: list[ClientResult], metric_names, average: st
     return row
 
 
-def progress_line(row: dict[str, Any], total: int, primary: str) -> str:
-    """The log file's round line: train loss, the evaluated metrics, elapsed time and ETA."""
+class RoundClock:
+    """How long each round took in this process, from its client sampling to its checkpoint: the
+    progress lines' s/round and ETA come from these, so the start-up before round 1 (imports, data,
+    model, Flower) and a resumed run's earlier rounds do not inflate them."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._start: float | None = None
+        self.durations: list[float] = []
+
+    def start(self) -> None:
+        self._start = self._clock()
+
+    def stop(self) -> None:
+        if self._start is not None:
+            self.durations.append(self._clock() - self._start)
+            self._start = None
+
+    def per_round(self) -> float | None:
+        """Mean seconds per round so far; None before a round has ended."""
+        return sum(self.durations) / len(self.durations) if self.durations else None
+
+
+def progress_line(row: dict[str, Any], total: int, primary: str, per_round: float | None = None) -> str:
+    """The log file's round line: train loss, the evaluated metrics, elapsed time and ETA (from
+    ``per_round``, the rounds' own mean duration; without it, elapsed time over rounds)."""
     rnd, elapsed = row["round"], row["elapsed_s"]
-    eta = elapsed / rnd * (total - rnd)
+    eta = (elapsed / rnd if per_round is None else per_round) * (total - rnd)
     parts = [f"round {rnd}/{total}", f"train_loss {row['train_loss']:.4f}"]
     for key in (f"global_{primary}", "global_balanced_accuracy", "global_loss", f"local_mean_{primary}", "growth_rate"):
         if key in row and row[key] == row[key]:
@@ -479,10 +547,12 @@ def progress_line(row: dict[str, Any], total: int, primary: str) -> str:
     return " | ".join(parts)
 
 
-def console_line(spec: RunSpec, row: dict[str, Any], total: int, primary: str) -> str:
-    """The console's round line: which job, round r/R, its main metric, seconds per round, ETA."""
+def console_line(spec: RunSpec, row: dict[str, Any], total: int, primary: str, per_round: float | None = None) -> str:
+    """The console's round line: which job, round r/R, its main metric, seconds per round (``per_round``:
+    the rounds' own mean duration; without it, elapsed time over rounds), ETA."""
     rnd, elapsed = row["round"], row["elapsed_s"]
-    per_round = elapsed / rnd
+    if per_round is None:
+        per_round = elapsed / rnd
     metric = next((k for k in (f"global_{primary}", f"local_mean_{primary}") if k in row and row[k] == row[k]), None)
     shown = f"{metric} {row[metric]:.4f}" if metric else f"train_loss {row['train_loss']:.4f}"
     job = f"{spec.study}/{spec.dataset}/{spec.setting}/{spec.method}/seed{spec.seed}"

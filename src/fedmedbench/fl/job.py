@@ -28,17 +28,11 @@ from typing import Any
 
 import torch
 
+from fedmedbench.fl.api import Arrays, ClientData, Method, TrainConfig
+from fedmedbench.fl.arrays import as_tensors, load_arrays
 from fedmedbench.fl.checkpoint import client_store
 from fedmedbench.fl.determinism import use_deterministic_kernels
-from fedmedbench.fl.registry import (
-    Arrays,
-    ClientData,
-    Method,
-    TrainConfig,
-    as_tensors,
-    get_method,
-    load_arrays,
-)
+from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.state_slots import StateSlots
 from fedmedbench.fl.tasks.base import Task, task_for
@@ -70,7 +64,7 @@ class Job:
         self.device = resolve_device(spec.device)
         if spec.deterministic:
             use_deterministic_kernels()
-        self.train: TrainConfig = spec.train_config()
+        self.train: TrainConfig = TrainConfig.from_spec(spec)
         self._resident: torch.nn.Module | None = None
         self._fresh_flags: tuple[list, list] | None = None
         self._shared_keys: list[str] | None = None

@@ -10,18 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # the workflow reads this module while it plans: no torch at import
-    from fedmedbench.fl.registry import TrainConfig
+from typing import Any
 
 #: fields that do not change the numbers a run produces
 _NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device",
-               "device_arrays", "deterministic", "loader_workers", "image_cache"}
+               "device_arrays", "deterministic", "loader_workers", "image_cache", "tracking"}
 #: fields a job's script sets from its Snakemake job and the config, never from ``params:``: they change
 #: how a run executes, not its numbers, so changing them reruns no finished job
 RUNTIME_FIELDS = ("threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device", "device_arrays",
-                  "deterministic", "loader_workers", "image_cache")
+                  "deterministic", "loader_workers", "image_cache", "tracking")
 RESUME_MODES = ("auto", "restart")
 #: the config's ``engine`` entries a spec takes: how a job runs, never what it computes
 ENGINE_OPTIONS = ("backend", "cache_on_device", "device_arrays", "deterministic", "loader_workers", "image_cache")
@@ -49,6 +46,8 @@ class RunSpec:
     pretrained_path: str | None = None
     train: dict[str, Any] = field(default_factory=dict)
     clients_per_round: int | None = None  # None = all clients every round
+    #: whose draws pick each round's clients: project, reference, reference_cache_build (partition_replay.py)
+    random_draws: str = "project"
     method_params: dict[str, Any] = field(default_factory=dict)
     device: str = "auto"
     threads: int = 1
@@ -65,7 +64,7 @@ class RunSpec:
     #: parallel reading of surgical images: DataLoader worker processes of the detection evaluation
     #: (Ultralytics' validator reads the images in order) and, from 1, the detection training's batches read
     #: ahead in one thread (fl/tasks/detection/read_ahead.py), threads decoding the segmentation clips ahead
-    #: of use (fl/tasks/segmentation.py); the same results either way: speed only, not hashed
+    #: of use (fl/tasks/segmentation/clips.py); the same results either way: speed only, not hashed
     loader_workers: int = 0
     #: a folder where the surgical jobs keep the images they read decoded, shared by every job
     #: (fl/tasks/detection/frame_cache.py, fl/tasks/clip_store.py): the same arrays as decoding, so the
@@ -94,6 +93,8 @@ class RunSpec:
     keep_checkpoints: bool = False
     #: auto = resume from a matching checkpoint; restart = discard it and start at round 0
     resume: str = "auto"
+    #: the config's ``tracking`` block (fl/tracking.py: TensorBoard, MLflow, W&B); reads metrics only, not hashed
+    tracking: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:
@@ -109,11 +110,6 @@ class RunSpec:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, default=str)
 
-    def train_config(self) -> TrainConfig:
-        from fedmedbench.fl.registry import TrainConfig
-
-        return TrainConfig(**self.train)
-
     def run_hash(self) -> str:
         d = {k: v for k, v in self.to_dict().items() if k not in _NOT_HASHED}
         # fields at their defaults are left out, so runs from before a field existed keep their hash
@@ -125,6 +121,8 @@ class RunSpec:
             del d["client_validation"]
         if not d["weights_sha256"]:
             del d["weights_sha256"]
+        if d["random_draws"] == "project":
+            del d["random_draws"]
         if d["task"] == "classification" and not d["task_params"]:
             del d["task"], d["task_params"]
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -139,7 +137,7 @@ def for_job(params_spec: dict[str, Any], threads: int, config: dict[str, Any], l
     """The RunSpec of a Snakemake job: result fields from ``params``, runtime fields from the job and config."""
     d = result_params(params_spec)
     d.update(threads=int(threads), keep_checkpoints=bool(config.get("keep_checkpoints", False)),
-             resume=config.get("resume", "auto"), **engine_options(config))
+             resume=config.get("resume", "auto"), tracking=dict(config.get("tracking") or {}), **engine_options(config))
     if log_every is not None:
         d["log_every"] = int(log_every)
     return RunSpec.from_dict(d)

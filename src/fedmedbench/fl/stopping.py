@@ -140,7 +140,7 @@ class DataFreeMonitor:
         sums would differ from torch's in the last bit); tensors are read from their device once."""
         import torch
 
-        from fedmedbench.fl.registry import snapshot
+        from fedmedbench.fl.arrays import snapshot
 
         if not theta0:
             return 0.0

@@ -45,4 +45,4 @@ def build_model(name: str, in_channels: int, num_classes: int, image_size: int, 
     return model
 
 
-from fedmedbench.models import cnn, vae  # noqa: E402,F401  (registers their models)
+from fedmedbench.models import cnn, projection, vae  # noqa: E402,F401  (registers their models)

@@ -6,7 +6,7 @@ for each of the user's own datasets, joined by ``"; "``.
 
 from __future__ import annotations
 
-SYNTHETIC_NOTE = "SYNTHETIC data (deterministic stand-in for the demo; NOT a reproduction of the paper's numbers)"
+SYNTHETIC_NOTE = "SYNTHETIC data (deterministic stand-in for the demo; NOT a reproduction of any paper's numbers)"
 
 
 def parts(origin: str) -> list[str]:

@@ -23,7 +23,7 @@ def load_summaries(paths) -> pd.DataFrame:
     for p in paths:
         s = json.loads(Path(p).read_text())
         rows.append({**{k: s[k] for k in ("study", "dataset", "setting", "method", "seed", "data_origin", "rounds", "rounds_run")},
-                     "init": s.get("init", "random init"),
+                     "init": s.get("init", "random init"), "trained_in": s.get("trained_in", s["setting"]),
                      **s.get("final", {})})
     if not rows:
         raise ValueError("no run summaries to aggregate")
@@ -63,7 +63,16 @@ def caption(study: str, runs: pd.DataFrame, origin: str) -> str:
     source = origin_note.source_note(origin)
     init = ", ".join(sorted(set(runs["init"]))) if "init" in runs else "random init"
     return (f"Study '{study}': final-round metrics in %, mean ± std over seeds {seeds}; rounds {rounds}. "
-            f"Source: {source}; models: {init}.")
+            f"Source: {source}; models: {init}.{shown_note(runs)}")
+
+
+def shown_note(runs: pd.DataFrame) -> str:
+    """Which rows repeat a run trained once in another setting with the same pooled inputs (studies/grid.py)."""
+    if "trained_in" not in runs:
+        return ""
+    shown = runs[runs["trained_in"] != runs["setting"]][["method", "setting", "trained_in"]].drop_duplicates()
+    parts = [f"{m} in {s} is the run trained in {t}" for m, s, t in shown.itertuples(index=False)]
+    return f" Same pooled data, trained once: {'; '.join(parts)}." if parts else ""
 
 
 def write_tables(table: pd.DataFrame, runs: pd.DataFrame, outputs, study: str, origin: str) -> None:

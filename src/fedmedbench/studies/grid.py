@@ -1,14 +1,37 @@
 """The training jobs of a classification study and what each one trains with, from its config block.
 
-One reading for the workflow (rules/common.smk) and for the benchmarks that cost a grid
-(bench/grid_cost.py), so a cost is taken on the configuration the grid really runs. Torch-free: the
+One reading for the workflow (rules/common.smk, rules/shared_runs.smk) and for the benchmarks that cost a
+grid (bench/grid_cost.py), so a cost is taken on the configuration the grid really runs. Torch-free: the
 workflow reads it while it plans.
+
+A run whose inputs do not depend on the setting is trained once: a centralized run (pooled data) in a
+setting whose clients together hold every training sample exactly once has the same pooled training set,
+global test set, train block and method parameters in every such setting of the same dataset and number
+of clients. It trains in the first of those settings (its *home*) and is shown in the others
+(:func:`shared_runs`, ``studies.<study>.shared_centralized``).
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+from fedmedbench.configcheck import config_error
+from fedmedbench.fl import method_params
+
+#: methods trained on the pooled data of all clients as one (``Method.centralized``; checked in tests)
+POOLED_METHODS = ("centralized",)
+#: partition schemes whose clients together hold every training sample exactly once (NIID-Bench's
+#: splits and the FL-Simulator quantity skew): the pooled training set is the whole training split, and the
+#: global test set the official test split, whatever the partition draws. The FL-Simulator label skews
+#: (``fls``, ``fls_pathological``) repeat samples, ``pathological`` may drop classes, and ``domain``
+#: corrupts each sample by its client's domain, so their pooled sets depend on the partition.
+COVERING_SCHEMES = ("iid", "dirichlet", "quantity", "fls_quantity")
+#: the files a training job writes into its run folder (rules/train.smk), copied for a shown run
+RUN_FILES = ("metrics.csv", "client_metrics.csv", "summary.json", "model.pt")
 
 
 def setting_datasets(study: dict[str, Any], setting: str) -> list[str]:
@@ -17,7 +40,8 @@ def setting_datasets(study: dict[str, Any], setting: str) -> list[str]:
 
 
 def runs(study: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Every (setting, dataset, method, seed) job of the study, in the workflow's order."""
+    """Every (setting, dataset, method, seed) job of the study, in the workflow's order (a shown run too:
+    every setting's table has its row)."""
     for setting in study["settings"]:
         for dataset in setting_datasets(study, setting):
             for method in study["methods"]:
@@ -25,11 +49,77 @@ def runs(study: dict[str, Any]) -> Iterator[dict[str, Any]]:
                     yield dict(dataset=dataset, setting=setting, method=method, seed=seed)
 
 
+def trained_runs(study: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs that train: :func:`runs` less those shown from another setting."""
+    shown = shared_runs(study)
+    return [r for r in runs(study) if (r["dataset"], r["setting"], r["method"]) not in shown]
+
+
 def run_train(study: dict[str, Any], setting: str, method: str) -> dict[str, Any]:
-    """The study's ``train`` block, then the setting's, then the method's (``method_train``)."""
-    return {**study["train"], **study["settings"][setting].get("train", {}), **study["method_train"].get(method, {})}
+    """The study's ``train`` block, then the setting's, then the method's (``method_train``), then the
+    pair's (``settings.<setting>.method_train.<method>``): the most specific key wins."""
+    s = study["settings"][setting]
+    return {**study["train"], **s.get("train", {}), **study["method_train"].get(method, {}),
+            **(s.get("method_train") or {}).get(method, {})}
 
 
 def run_model(study: dict[str, Any], method: str) -> dict[str, Any]:
     """The study's model block with the method's override (``method_model``) on top."""
     return {**study["model"], **study["method_model"].get(method, {})}
+
+
+def pooled_inputs(study: dict[str, Any], dataset: str, setting: str, method: str) -> str | None:
+    """What a pooled-data run of ``method`` in ``setting`` trains on and with, as a key (equal keys: the same
+    inputs); None where they depend on the partition (another scheme) or the method is not pooled."""
+    s = study["settings"][setting]
+    if method not in POOLED_METHODS or s["scheme"] not in COVERING_SCHEMES:
+        return None
+    return json.dumps({
+        "dataset": dataset, "num_clients": s["num_clients"], "train": run_train(study, setting, method),
+        "method_params": method_params.resolve(method, study["method_params"], s),
+    }, sort_keys=True, default=str)
+
+
+def shared_runs(study: dict[str, Any]) -> dict[tuple[str, str, str], str]:
+    """(dataset, setting, method) of each run shown from another setting -> the setting it trains in (the
+    first setting, in the study's order, with the same pooled inputs). Empty with ``shared_centralized: false``."""
+    if not study.get("shared_centralized", True):
+        return {}
+    home: dict[str, str] = {}
+    shown: dict[tuple[str, str, str], str] = {}
+    for setting in study["settings"]:
+        for dataset in setting_datasets(study, setting):
+            for method in study["methods"]:
+                key = pooled_inputs(study, dataset, setting, method)
+                if key is None:
+                    continue
+                if key in home:
+                    shown[(dataset, setting, method)] = home[key]
+                else:
+                    home[key] = setting
+    return shown
+
+
+def check_config(sname: str, study: dict[str, Any]) -> None:
+    """A per-(setting, method) override must name one of the study's methods (else it would change nothing)."""
+    for setting, s in study["settings"].items():
+        for method in s.get("method_train") or {}:
+            if method not in study["methods"]:
+                config_error(f"studies.{sname}.settings.{setting}.method_train.{method}",
+                             f"'{method}' is not one of the study's methods {study['methods']}")
+
+
+def show_run(home_dir: str | Path, out_dir: str | Path, setting: str) -> None:
+    """Write a shown run's files from its home run: the same metrics and model, the summary under the shown
+    setting with ``trained_in`` naming the home setting (tables list it in the shown setting's rows). Its
+    per-client rows (client_metrics.csv) are those of the home setting's clients."""
+    from fedmedbench import io
+
+    home_dir, out_dir = Path(home_dir), Path(out_dir)
+    summary = json.loads((home_dir / "summary.json").read_text())
+    trained_in = summary.get("trained_in", summary["setting"])
+    for name in RUN_FILES:
+        if name != "summary.json":
+            with io.atomic_path(out_dir / name) as tmp:
+                shutil.copyfile(home_dir / name, tmp)
+    io.write_json(out_dir / "summary.json", {**summary, "setting": setting, "trained_in": trained_in})

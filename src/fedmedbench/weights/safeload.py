@@ -55,11 +55,18 @@ def read_tensors(path: str | Path, what: str = "weights") -> Any:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise WeightsError(
-            f"{path}: refused ({what}): the file holds pickled objects other than tensors, which could run code "
-            f"when loaded. Only plain state_dicts (tensors in dicts/lists) or safetensors files are accepted. "
-            f"Detail: {str(exc).splitlines()[0]}") from exc
+            f"{path}: refused ({what}): not a plain weights file: it holds pickled objects other than tensors, "
+            f"which could run code when loaded. Only plain state_dicts (tensors in dicts/lists) or safetensors "
+            f"files are accepted{_refusal_detail(exc)}") from None
     except (RuntimeError, EOFError, OSError) as exc:
         raise WeightsError(f"{path}: not a readable PyTorch weights file ({what}): {str(exc).splitlines()[0]}") from exc
+
+
+def _refusal_detail(exc: Exception) -> str:
+    """What torch found in the pickle (its "unsupported GLOBAL" line), without torch's advice to load the
+    file with ``weights_only=False``, which would run that code."""
+    lines = [line.strip() for line in str(exc).splitlines() if "GLOBAL" in line or "Unsupported" in line]
+    return f". Detail: {lines[0]}" if lines else ""
 
 
 def _is_tensor_map(obj: Any) -> bool:

@@ -15,8 +15,9 @@ Without video fields the video and frame come from the file stem through
 from __future__ import annotations
 
 import json
+import os
 import re
-from pathlib import Path
+from pathlib import Path, PurePath, PureWindowsPath
 
 from fedmedbench.data.surgical.badfiles import DatasetNotFoundError
 from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, timestamp
@@ -46,6 +47,19 @@ def _video_frame(img: dict, regex) -> tuple[str, int] | None:
     return (m["video"], int(m["frame"])) if m else None
 
 
+def _outside_dataset(root: Path, name) -> str | None:
+    """Why a COCO ``file_name`` would read an image from outside the dataset folder (absolute, or climbing out
+    with ``..``); None when it stays inside. Checked on the path's text: links inside the folder still work."""
+    if not isinstance(name, str) or not name:
+        return "is not a file name"
+    if PurePath(name).is_absolute() or PureWindowsPath(name).drive:
+        return "is an absolute path"
+    inside = os.path.normpath(root / "images" / "x" / name)
+    if not inside.startswith(str(root) + os.sep):
+        return "climbs out of the dataset folder"
+    return None
+
+
 def _split(ctx, split, path, regex, fps, tol, all_classes) -> list[dict]:
     try:
         doc = json.loads(path.read_text())
@@ -63,6 +77,11 @@ def _split(ctx, split, path, regex, fps, tol, all_classes) -> list[dict]:
         by_image.setdefault(int(a.get("image_id", -1)), []).append(a)
     rows = []
     for img in sorted(images, key=lambda i: str(i.get("file_name"))):
+        outside = _outside_dataset(ctx.root, img.get("file_name"))
+        if outside:
+            ctx.bad.add(path, f"image file_name {img.get('file_name')!r} {outside}; file names are relative to "
+                              f"{ctx.root / 'images'}")
+            continue
         vf = _video_frame(img, regex)
         file = next((p for p in (ctx.root / "images" / split / img["file_name"], ctx.root / "images" / img["file_name"])
                      if p.is_file()), ctx.root / "images" / split / img["file_name"])

@@ -35,6 +35,7 @@ from fedmedbench.data.surgical.segmasks import (
     checked_mask,
     frame_row,
     readable_frames,
+    report_masks_without_images,
     save_canonical,
     value_map,
 )
@@ -82,6 +83,7 @@ def index(ctx: AdapterContext) -> tuple[list[dict], dict]:
         for vdir in sorted(p for p in (ctx.root / d).iterdir() if p.is_dir()):
             vid = vdir.name
             label_dirs, merged = _label_dirs(vdir, exclude)
+            report_masks_without_images(ctx, label_dirs, vdir / "left_frames", vid)
             for img, frame, size in readable_frames(ctx, vdir / "left_frames", vid):
                 mask_path = ""
                 if label_dirs:

@@ -24,7 +24,12 @@ import numpy as np
 from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, split_folders
 from fedmedbench.data.surgical.fsutil import read_image
 from fedmedbench.data.surgical.schema import PART_CLASSES
-from fedmedbench.data.surgical.segmasks import frame_row, readable_frames, save_canonical
+from fedmedbench.data.surgical.segmasks import (
+    frame_row,
+    readable_frames,
+    report_masks_without_images,
+    save_canonical,
+)
 
 TASK = "segmentation"
 OFFICIAL_FPS = 2.0  # "recorded at 60 Hz ... we subsample this to 2 Hz"
@@ -85,6 +90,7 @@ def index(ctx: AdapterContext) -> tuple[list[dict], dict]:
             if problem:
                 ctx.bad.add(seq / "labels.json", problem, vid)
                 continue
+            report_masks_without_images(ctx, [seq / "labels"], seq / "left_frames", vid)
             for img, frame, size in readable_frames(ctx, seq / "left_frames", vid):
                 label = seq / "labels" / img.name
                 mask_path = ""

@@ -27,6 +27,7 @@ from fedmedbench.data.surgical.segmasks import (
     checked_mask,
     frame_number,
     frame_row,
+    report_masks_without_images,
     save_canonical,
     value_map,
 )
@@ -53,6 +54,7 @@ def index(ctx: AdapterContext) -> tuple[list[dict], dict]:
     for split in splits:
         for vdir in sorted(p for p in (ctx.root / split).iterdir() if p.is_dir()):
             vid = vdir.name
+            report_masks_without_images(ctx, [vdir / "masks"], vdir / "frames", vid, by="stem")
             for img in sorted_images(vdir / "frames"):
                 frame = frame_number(img.stem, pattern)
                 if frame is None:

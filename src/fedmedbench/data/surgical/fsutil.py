@@ -13,6 +13,7 @@ import cv2
 import numpy as np
 
 from fedmedbench.data.surgical.badfiles import DatasetNotFoundError
+from fedmedbench.io import naming_full_disk
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
@@ -22,13 +23,15 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp folder next to ``target``; it replaces ``target`` only if the block succeeds.
 
     A killed or failing job leaves no half-written output folder (Snakemake ``directory()``
-    outputs appear complete or not at all).
+    outputs appear complete or not at all); a full disk names the output folder.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    with naming_full_disk(target, "folder"):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
-        yield tmp
+        with naming_full_disk(target, "folder"):  # not the temp folder's name: the output's
+            yield tmp
         os.chmod(tmp, 0o777 & ~_umask())
         if target.exists():
             shutil.rmtree(target)

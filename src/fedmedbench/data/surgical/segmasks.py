@@ -82,6 +82,21 @@ def readable_frames(ctx: AdapterContext, frame_dir: Path, vid: str):
         yield img, frame, size
 
 
+def report_masks_without_images(ctx: AdapterContext, mask_dirs: list[Path], frame_dir: Path, vid: str,
+                                 by: str = "name") -> None:
+    """A mask whose frame image is missing is a labelled frame lost: a bad file, not a silent drop. Masks are
+    matched to the images of ``frame_dir`` by file name (``by="name"``) or by stem (``by="stem"``)."""
+    from fedmedbench.data.surgical.fsutil import sorted_images
+
+    images = sorted_images(frame_dir) if frame_dir.is_dir() else []
+    have = {getattr(p, by) for p in images}
+    for d in mask_dirs:
+        for mask in sorted_images(d) if d.is_dir() else []:
+            if getattr(mask, by) not in have:
+                ctx.bad.add(mask, f"label mask without its image (no {frame_dir.name}/{mask.stem}.* frame)", vid,
+                            frame_number(mask.stem))
+
+
 def value_map(ctx: AdapterContext, default: dict, label_set: str, key: str = "label_values") -> dict[int, int]:
     """The option ``key`` (raw value -> class name) resolved to class indices of the label set."""
     classes = LABEL_SETS[label_set]

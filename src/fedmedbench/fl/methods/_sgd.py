@@ -25,16 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedmedbench.fl.registry import (
-    Arrays,
-    ClientContext,
-    ClientResult,
-    Method,
-    ServerContext,
-    is_tensor_arrays,
-    snapshot,
-    weighted_average,
-)
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
+from fedmedbench.fl.arrays import is_tensor_arrays, snapshot, weighted_average
 from fedmedbench.fl.training import (
     StepLosses,
     batch_indices,

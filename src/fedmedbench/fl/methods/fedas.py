@@ -49,8 +49,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedmedbench.fl.methods.fedst_base import SegMethod
-from fedmedbench.fl.registry import load_arrays, register_method, weighted_average
+from fedmedbench.fl.arrays import load_arrays, weighted_average
+from fedmedbench.fl.methods._seg_shared import SegMethod
+from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import on_device
 
 

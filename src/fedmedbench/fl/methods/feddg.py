@@ -49,16 +49,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
+from fedmedbench.fl.arrays import weighted_average
 from fedmedbench.fl.methods._shared import check_params
-from fedmedbench.fl.registry import (
-    Arrays,
-    ClientContext,
-    ClientResult,
-    Method,
-    ServerContext,
-    register_method,
-    weighted_average,
-)
+from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import (
     StepLosses,
     batch_indices,

@@ -32,8 +32,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedmedbench.fl.methods.fedst_base import SegMethod, client_weights, tensors
-from fedmedbench.fl.registry import ClientResult, load_arrays, model_arrays, register_method, weighted_average
+from fedmedbench.fl.api import ClientResult
+from fedmedbench.fl.arrays import load_arrays, model_arrays, weighted_average
+from fedmedbench.fl.methods._seg_shared import SegMethod, client_weights, tensors
+from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.tasks.segmentation import train_steps
 
 SITES = "feddp_site_queries"
@@ -62,6 +64,13 @@ class FedDP(SegMethod):
     defaults = {"personal": ["enc_q"], "igc": "finetune", "calib_rounds": 1, "calib_weight": 1.0, "igc_weight": 1.0}
     choices = {"igc": ("finetune", "per_round")}
     extra_records = ("queries",)
+
+    def personal(self, model):
+        """The queries and every buffer: the reference averages ``named_parameters`` only
+        (``scripts/trainer_utils.py:149-166``), so normalisation statistics never leave a site."""
+        own = super().personal(model)
+        params = set(dict(model.named_parameters()))
+        return own + [k for k in model.state_dict() if k not in params and k not in own]
 
     def _first_calib_round(self, ctx) -> int | None:
         n = int(self.p["calib_rounds"])

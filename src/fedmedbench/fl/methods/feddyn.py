@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, ServerContext
 from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
     StepHooks,
@@ -30,7 +31,7 @@ from fedmedbench.fl.methods._sgd import (
     to_tensors,
     vectors64,
 )
-from fedmedbench.fl.registry import Arrays, ClientContext, ClientResult, ServerContext, register_method
+from fedmedbench.fl.registry import register_method
 
 
 def dyn_hooks(ctx: ClientContext, lamb: float) -> tuple[StepHooks, dict]:

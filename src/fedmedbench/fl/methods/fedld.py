@@ -27,8 +27,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedmedbench.fl.methods.fedst_base import SegMethod, client_weights
-from fedmedbench.fl.registry import register_method, weighted_average
+from fedmedbench.fl.arrays import weighted_average
+from fedmedbench.fl.methods._seg_shared import SegMethod, client_weights
+from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.tasks.segmentation import train_steps
 
 

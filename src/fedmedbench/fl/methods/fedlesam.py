@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from fedmedbench.fl.api import ClientContext, ClientResult, ServerContext
 from fedmedbench.fl.methods._sgd import (
     PERTURBATION_FORMS,
     ServerOptMethod,
@@ -39,7 +40,7 @@ from fedmedbench.fl.methods._sgd import (
     trainable,
     vectors64,
 )
-from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, register_method
+from fedmedbench.fl.registry import register_method
 
 ESTIMATES = ("previous_global", "last_update")
 

@@ -17,7 +17,7 @@ says; ``uniform`` averages 1/K, ``null`` follows ``train.aggregation``.
 
 from __future__ import annotations
 
-from fedmedbench.fl.methods.fedst_base import AGGREGATION_CHOICES, SegMethod
+from fedmedbench.fl.methods._seg_shared import AGGREGATION_CHOICES, SegMethod
 from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.tasks.segmentation import train_steps
 

@@ -5,8 +5,9 @@ then the gradient at theta + e is used for the SGD step at theta.
 Server: FedAvg.
 """
 
+from fedmedbench.fl.api import ClientContext
 from fedmedbench.fl.methods._sgd import ServerOptMethod, StepHooks, gradient_at, sam_perturbation
-from fedmedbench.fl.registry import ClientContext, register_method
+from fedmedbench.fl.registry import register_method
 
 
 class SAMMixin:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from fedmedbench.fl.api import ClientContext, ClientResult, ServerContext
 from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
     add,
@@ -32,7 +33,7 @@ from fedmedbench.fl.methods._sgd import (
     vectors64,
 )
 from fedmedbench.fl.methods.feddyn import dyn_client_update, dyn_hooks, dyn_server_update
-from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, register_method
+from fedmedbench.fl.registry import register_method
 
 
 @register_method("fedsmoo")

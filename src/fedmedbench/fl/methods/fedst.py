@@ -37,8 +37,9 @@ from typing import Any
 
 import torch
 
-from fedmedbench.fl.methods.fedst_base import SegMethod, client_weights, tensors
-from fedmedbench.fl.registry import load_arrays, model_arrays, register_method, weighted_average
+from fedmedbench.fl.arrays import load_arrays, model_arrays, weighted_average
+from fedmedbench.fl.methods._seg_shared import SegMethod, client_weights, tensors
+from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.tasks.segmentation import (
     FrameCache,
     draw_rotate_scale,
@@ -50,6 +51,7 @@ from fedmedbench.fl.tasks.segmentation import (
     site_indicators,
 )
 from fedmedbench.fl.training import on_device
+from fedmedbench.models.fedst import dropout_generator
 
 SERQ_DEFAULTS: dict[str, Any] = {
     "enabled": True, "server": "serq", "steps": 100, "lr": 1e-4, "batch_size": 2, "lambda2": 0.3, "lambda3": 0.3, "mu": 0.5,
@@ -139,6 +141,7 @@ def _global_model(ctx, gamma: dict, cfg: dict[str, Any]):
         load_arrays(glob, {k: v.numpy() for k, v in ctx.state["serq_rho"].items()}, list(ctx.state["serq_rho"]))
     load_arrays(glob, gamma, list(gamma))
     glob.to(ctx.device).set_indicator(indicator)
+    glob.set_generator(dropout_generator(g))
     return data, glob, indicator, g
 
 
@@ -201,6 +204,7 @@ def serq_round(ctx, gamma: dict, cfg: dict[str, Any]) -> dict:
     if "serq_pre" in ctx.state:
         load_arrays(pre, {k: v.numpy() for k, v in ctx.state["serq_pre"].items()})
     pre.to(dev).set_indicator(indicator)
+    pre.set_generator(dropout_generator(torch.Generator().manual_seed(g.initial_seed() + 1)))
 
     probe_x, _ = data.batch(list(range(min(len(data), int(cfg["probe"])))))
     with torch.no_grad():

@@ -28,6 +28,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedmedbench.fl.api import ClientContext, ClientResult, ServerContext
+from fedmedbench.fl.arrays import snapshot
 from fedmedbench.fl.methods._sgd import (
     PERTURBATION_FORMS,
     ServerOptMethod,
@@ -50,7 +52,7 @@ from fedmedbench.fl.methods._sgd import (
     vectors64,
 )
 from fedmedbench.fl.methods.scaffold import control_correction, server_control_update, updated_control
-from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, register_method, snapshot
+from fedmedbench.fl.registry import register_method
 
 
 @register_method("fedwmsam")

@@ -15,8 +15,10 @@ Server in round t (Alg. 1, lines 1-14):
 
 1. theta_E, theta_C = FedAvg of the clients' encoders and classifiers (Eq. 8); the global
    classifier F is initialised with the averaged theta_C.
-2. ``server_epochs`` (15) epochs of ``server_steps_per_epoch`` (5, FedGen's n_teacher_iters) steps,
-   Adam lr 1e-3 (moments kept across rounds, as FedGen's): labels y ~ Dir(alpha) with the
+2. ``server_epochs`` (15) epochs of ``server_steps_per_epoch`` (1) steps on batches of
+   ``server_batch_size`` ("client": the study's train.batch_size) generated samples, Adam lr 1e-3
+   created anew each round (the authors' loop; FedGen's 5 steps per epoch with moments kept across
+   rounds is ``server_steps_per_epoch: 5, server_optimizer: persist``): labels y ~ Dir(alpha) with the
    setting's alpha, z = mu(y) + sigma(y) * eps;
    D_n step on L_diver (Eq. 6); generator step on
    J = lambda_1 * L_s + lambda_2 * L_diver + lambda_kl * KL(G_w(z|y) || N(0, I))    (Eq. 7)
@@ -62,20 +64,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
+from fedmedbench.fl.arrays import is_tensor_arrays, load_arrays, model_arrays, model_tensors, weighted_average
 from fedmedbench.fl.methods._shared import check_params, seeded, tensors_of
-from fedmedbench.fl.registry import (
-    Arrays,
-    ClientContext,
-    ClientResult,
-    Method,
-    ServerContext,
-    is_tensor_arrays,
-    load_arrays,
-    model_arrays,
-    model_tensors,
-    register_method,
-    weighted_average,
-)
+from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import (
     StepLosses,
     batch_indices,
@@ -104,7 +96,7 @@ DEFAULTS: dict[str, Any] = {
     "disc_lr": 2e-4, "disc_beta1": 0.5, "gan_loss": "nonsaturating", "conditional_disc": False,
     "classify_on": "sample", "adv_start_round": 1,
     # server (Eq. 3-8)
-    "server_epochs": 15, "server_steps_per_epoch": 5, "server_batch_size": 32, "server_optimizer": "persist",
+    "server_epochs": 15, "server_steps_per_epoch": 1, "server_batch_size": "client", "server_optimizer": "fresh",
     "generator_lr": 1e-3, "generator_lr_decay": 1.0, "dn_lr": 1e-3, "kd_balance": 0.5, "lambda_s": 1.0,
     "lambda_diver": 0.3, "generator_kl": 0.4, "gm_form": "literal", "diversity_prior": "gaussian",
     "label_sampling": "dirichlet", "label_alpha": 1.0, "aggregation": "weighted", "vae_reduction": "mean",
@@ -187,9 +179,11 @@ class GPAF(Method):
             raise ValueError(f"method_params.gpaf.label_alpha must be a number > 0 (or 'partition' in a study config, "
                              f"resolved to the setting's Dirichlet alpha), got {alpha!r}")
         for key in ("server_epochs", "server_steps_per_epoch", "server_batch_size"):
+            if key == "server_batch_size" and self.p[key] == "client":
+                continue
             if not isinstance(self.p[key], int) or self.p[key] < (0 if key == "server_epochs" else 1):
-                raise ValueError(f"method_params.gpaf.{key} must be an integer >= {0 if key == 'server_epochs' else 1}, "
-                                 f"got {self.p[key]!r}")
+                raise ValueError(f"method_params.gpaf.{key} must be an integer >= {0 if key == 'server_epochs' else 1}"
+                                 f"{' or client' if key == 'server_batch_size' else ''}, got {self.p[key]!r}")
 
     # --- model -------------------------------------------------------------------
     def build_model(self, spec) -> GPAFNet:
@@ -331,14 +325,19 @@ class GPAF(Method):
     def train_generator(self, gen: nn.Module, ensemble: list[nn.Module], global_clf: nn.Module, dn: nn.Module,
                         generator: torch.Generator, device: torch.device,
                         optimizers: tuple[torch.optim.Optimizer, torch.optim.Optimizer] | None = None,
-                        rnd: int = 1) -> list[dict[str, float]]:
+                        rnd: int = 1, batch_size: int | None = None) -> list[dict[str, float]]:
         """``server_epochs`` epochs of ``server_steps_per_epoch`` D_n and G_w updates each (Alg. 1 lines 4-12).
 
-        There is no server data, so an epoch is a number of generated batches: 5 by default, FedGen's
-        ``n_teacher_iters`` (its round trains ensemble_epochs // n_teacher_iters "epochs" of
+        There is no server data, so an epoch is a number of generated batches of ``batch_size`` (the
+        resolved ``server_batch_size``): 1 by default, as the authors' loop draws one batch per epoch;
+        FedGen's ``n_teacher_iters`` is 5 (its round trains ensemble_epochs // n_teacher_iters "epochs" of
         n_teacher_iters steps, serverpFedGen.py:97-99, 129, 171-173). One loss record per epoch.
         """
         p = self.p
+        if batch_size is None:
+            if p["server_batch_size"] == "client":
+                raise ValueError("method_params.gpaf.server_batch_size 'client' needs the clients' batch size")
+            batch_size = p["server_batch_size"]
         for m in [*ensemble, global_clf]:
             m.to(device).eval().requires_grad_(False)
         gen.to(device).train().requires_grad_(True)
@@ -349,7 +348,7 @@ class GPAF(Method):
         last_steps: list[dict[str, torch.Tensor]] = []  # each epoch's last step's losses
         for _ in range(p["server_epochs"]):
             for _ in range(p["server_steps_per_epoch"]):
-                y_vec = self.sample_labels(p["server_batch_size"], gen.num_classes, generator).to(device, non_blocking=True)
+                y_vec = self.sample_labels(batch_size, gen.num_classes, generator).to(device, non_blocking=True)
                 z, mu, logvar = gen(y_vec, generator)
                 rec: dict[str, torch.Tensor] = {}
                 div = torch.zeros((), device=device)
@@ -397,7 +396,9 @@ class GPAF(Method):
         model.generator.to(ctx.device)
         dn.to(ctx.device)
         optimizers = self.server_optimizers(model.generator, dn, ctx.state, ctx.rnd)
-        history = self.train_generator(model.generator, ensemble, model.classifier, dn, g, ctx.device, optimizers, ctx.rnd)
+        batch = ctx.train.batch_size if self.p["server_batch_size"] == "client" else self.p["server_batch_size"]
+        history = self.train_generator(model.generator, ensemble, model.classifier, dn, g, ctx.device, optimizers, ctx.rnd,
+                                       batch)
         ctx.state["gpaf_dn"] = tensors_of(dn)
         if self.p["server_optimizer"] == "persist":
             ctx.state["gpaf_opt_g"], ctx.state["gpaf_opt_dn"] = (optimizer_state_cpu(o) for o in optimizers)

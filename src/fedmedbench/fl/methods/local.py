@@ -10,15 +10,9 @@ numbers are the mean over clients).
 
 from __future__ import annotations
 
-from fedmedbench.fl.registry import (
-    ClientContext,
-    ClientResult,
-    Method,
-    arrays_to_tensors,
-    load_arrays,
-    model_arrays,
-    register_method,
-)
+from fedmedbench.fl.api import ClientContext, ClientResult, Method
+from fedmedbench.fl.arrays import arrays_to_tensors, load_arrays, model_arrays
+from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import local_sgd
 
 

@@ -33,8 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedmedbench.fl.api import ClientContext, ClientResult, Method
 from fedmedbench.fl.methods._shared import check_params, tensors_of
-from fedmedbench.fl.registry import ClientContext, ClientResult, Method, register_method
+from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import (
     StepLosses,
     batch_indices,

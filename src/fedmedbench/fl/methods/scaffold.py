@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from fedmedbench.fl.api import ClientContext, ClientResult, ServerContext
 from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
     StepHooks,
@@ -31,7 +32,7 @@ from fedmedbench.fl.methods._sgd import (
     state_tensors,
     sub,
 )
-from fedmedbench.fl.registry import ClientContext, ClientResult, ServerContext, register_method
+from fedmedbench.fl.registry import register_method
 
 
 def control_correction(ctx: ClientContext, c_name: str = "c") -> tuple[dict, dict, dict]:

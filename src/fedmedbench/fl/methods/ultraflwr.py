@@ -22,16 +22,10 @@ import math
 
 import numpy as np
 
-from fedmedbench.fl.registry import (
-    Arrays,
-    ClientContext,
-    ClientResult,
-    Method,
-    ServerContext,
-    load_arrays,
-    register_method,
-    weighted_average,
-)
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
+from fedmedbench.fl.arrays import load_arrays, weighted_average
+from fedmedbench.fl.registry import register_method
+from fedmedbench.fl.tasks.detection.ap import AP_RULES
 from fedmedbench.fl.tasks.detection.components import SPLITS, aggregated_keys, parse_strategy
 from fedmedbench.fl.tasks.detection.yolo import (
     ASSIGNERS,
@@ -76,7 +70,7 @@ class UltraFlwr(Method):
                  select_metric: str = "fitness", weighting: str = "uniform", final_aggregation: str = "skip_all",
                  ultralytics: dict | None = None, auto_optimizer: str = "ultralytics_8_3",
                  head_init: str = "client", workers: int = 0, warmup: str = "ultralytics_8_3",
-                 assigner: str = "ultralytics_8_3", hsv: str = "ultralytics_8_3") -> None:
+                 assigner: str = "ultralytics_8_3", hsv: str = "ultralytics_8_3", ap: str = "ultralytics_8_3") -> None:
         self.components, self.aggregator = parse_strategy(strategy)
         self.strategy = strategy
 
@@ -91,6 +85,7 @@ class UltraFlwr(Method):
         self.auto_optimizer = checked("auto_optimizer", auto_optimizer, AUTO_OPTIMIZERS)
         self.warmup, self.assigner = checked("warmup", warmup, WARMUPS), checked("assigner", assigner, ASSIGNERS)
         self.hsv = checked("hsv", hsv, HSV_RULES)
+        self.ap = checked("ap", ap, AP_RULES)
         self.head_init = checked("head_init", head_init, HEAD_INITS)
         self.ultralytics = dict(ultralytics or {})
         if int(workers) < 0:
@@ -144,7 +139,7 @@ class UltraFlwr(Method):
                              workdir=f"{data.workdir}/r{ctx.rnd:03d}", select=self.select,
                              select_metric=self.select_metric, extra=self.ultralytics,
                              auto_optimizer=self.auto_optimizer, workers=self.workers, warmup=self.warmup,
-                             assigner=self.assigner, hsv=self.hsv, read_ahead=data.read_ahead)
+                             assigner=self.assigner, hsv=self.hsv, read_ahead=data.read_ahead, ap=self.ap)
         ctx.state["model"] = outcome.state
         last = ctx.rnd >= ctx.train.rounds
         keys = [] if (last and self.skips_final()) else self.shared_keys(ctx.model)

@@ -111,7 +111,7 @@ def task_for(spec: RunSpec) -> Task:
 TASK_MODULE_OF: dict[str, str] = {
     "classification": "fedmedbench.fl.tasks.classification",
     "detection": "fedmedbench.fl.tasks.detection.task",
-    "segmentation": "fedmedbench.fl.tasks.segmentation",
+    "segmentation": "fedmedbench.fl.tasks.segmentation.task",
 }
 BUILTIN_TASK_MODULES: tuple[str, ...] = tuple(TASK_MODULE_OF.values())
 

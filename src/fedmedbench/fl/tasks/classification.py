@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedmedbench.fl.api import TrainConfig
 from fedmedbench.fl.tasks.base import Task, register_task
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ class ClassificationTask(Task):
         return self.data.pooled()
 
     def _bs(self) -> int:
-        return self.spec.train_config().eval_batch_size
+        return TrainConfig.from_spec(self.spec).eval_batch_size
 
     def evaluate_global(self, model, device):
         """Global test and validation sets, and every client's test split.

@@ -1,6 +1,8 @@
-"""Light decoder: SegFormer-style fusion of the four encoder levels plus one self-attention
-block on the deepest level (its ``attn.q`` is the "decoder query embedding" of FedST's
-Table V), then a 1x1 classifier, upsampled to the input size."""
+"""Light decoder (``model.decoder: light``): SegFormer-style fusion of the four encoder levels
+plus one self-attention block on the deepest level (its ``attn.q`` is the "decoder query
+embedding" of FedST's Table V), then a 1x1 classifier, upsampled to the input size. The
+default is FedDP's FPN decoder (:mod:`.fpn`); this one has the same interface (``merged``,
+``dropout``, ``fused``, ``head``)."""
 
 from __future__ import annotations
 
@@ -34,8 +36,13 @@ class Decoder(nn.Module):
         self.attn = DecoderAttention(dim, heads)
         self.fuse = nn.Sequential(nn.Conv2d(dim * len(channels), dim, 1), nn.BatchNorm2d(dim), nn.ReLU(inplace=True))
         self.head = nn.Conv2d(dim, num_classes, 1)
+        self.dropout = nn.Identity()
+        self.dim = dim
 
     def fused(self, feats: list[torch.Tensor]) -> torch.Tensor:
+        return self.merged(feats)
+
+    def merged(self, feats: list[torch.Tensor]) -> torch.Tensor:
         """The classifier's input (B, dim, h0, w0) at the finest level's size (FedAS's representation)."""
         size = feats[0].shape[2:]
         levels = [p(f) for p, f in zip(self.proj, feats, strict=True)]

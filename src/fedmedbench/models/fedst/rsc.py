@@ -19,6 +19,9 @@ coarsely over a large area, the current frame at full resolution within its wind
   concatenated context, plus a learned position bias B (one value per head, query position
   in the window and context slot), plus the residual F_ts. Scores are scaled by the head
   dimension (standard multi-head attention; Eq. 4 writes sqrt(c) for one head).
+
+Which feature map it enhances, and with how many heads, is :class:`~.net.FedSTNet`'s
+configuration (default as CFFM: the decoder's fused map at 1/8, 8 heads).
 """
 
 from __future__ import annotations

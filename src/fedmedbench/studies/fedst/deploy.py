@@ -18,8 +18,8 @@ def deployed_model(spec, method, final_arrays: dict[str, np.ndarray], sizes: lis
     models on the server via weighted averaging"). This is the only point where personal
     parameters are combined; it happens after training, from the sites' final states."""
     from fedmedbench.fl import checkpoint
+    from fedmedbench.fl.arrays import load_arrays, weighted_average
     from fedmedbench.fl.client_state import ClientStateStore
-    from fedmedbench.fl.registry import load_arrays, weighted_average
 
     model = method.build_model(spec)
     shared = [k for k in method.shared_keys(model) if k in final_arrays]
@@ -79,11 +79,11 @@ def deploy_eval(spec, state, outfed_site: str, unseen_site: str, fps_clips: int)
     out: dict[str, Any] = {"outfed_site": outfed_site, "unseen_site": unseen_site}
     e = task.site(outfed_site)
     model.set_indicator(e.indicator)
-    out.update({f"outfed_{k}": v for k, v in evaluate_clips(model, e.test, task.classes, dev, bs, class_rule=task.class_rule).items()})
+    out.update({f"outfed_{k}": v for k, v in evaluate_clips(model, e.test, task.classes, dev, bs, **task.scoring).items()})
     u = task.site(unseen_site)
     model.set_indicator(u.indicator)
     out.update({f"unseen_{k}": v for k, v in evaluate_clips(model, u.test, task.classes, dev, bs, binary=True,
-                                                                     class_rule=task.class_rule).items()})
+                                                                     **task.scoring).items()})
     out["comm_mb_per_round"] = communication_mb(method, new_model(spec))
     out["train_time_s"] = float(state.elapsed)
     out["server_time_s"] = float(state.server_state.get("server_time_s", 0.0))  # SERQ; other servers only average

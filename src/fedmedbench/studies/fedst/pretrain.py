@@ -17,8 +17,8 @@ def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "
     in SERQ) and learns only from the sites' videos. ``loader_workers`` threads decode clips ahead
     of the steps (``engine.loader_workers``), and ``image_cache`` keeps the decoded clips on disk for every
     job (``engine.image_cache``); the same model either way."""
+    from fedmedbench.fl.api import TrainConfig
     from fedmedbench.fl.federation import resolve_device
-    from fedmedbench.fl.registry import TrainConfig
     from fedmedbench.fl.tasks.segmentation import (
         FrameCache,
         input_size,
@@ -28,7 +28,7 @@ def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "
         train_steps,
     )
     from fedmedbench.io import atomic_path
-    from fedmedbench.models.fedst import build_fedst_net
+    from fedmedbench.models.fedst import build_fedst_net, dropout_generator
 
     sites = load_sites(params["clips_root"])["sites"]
     with torch.random.fork_rng(devices=[]):
@@ -39,6 +39,7 @@ def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "
                         FrameCache(int(params.get("cache_mb", 2048)) * 2**20, int(loader_workers), image_cache))
     dev = resolve_device(device)
     model.to(dev).set_indicator(site_indicators(sites, params["indicator"])[params["site"]])
+    model.set_generator(dropout_generator(torch.Generator().manual_seed(int(seed))))
     steps = int(params["steps"]) if params.get("enabled", True) else 0
     t0 = time.monotonic()
     if steps:

@@ -120,6 +120,13 @@ def check_config(cfg: dict[str, Any], surgical: dict[str, Any]) -> None:
     if len(m["pools"]) != surgical["clips"]["num_previous"] + 1:
         config_error("fedst.model.pools", f"needs one entry per clip frame (surgical.clips.num_previous + 1 = "
                      f"{surgical['clips']['num_previous'] + 1})")
+    size = cfg["data"]["input_size"]
+    if m.get("decoder", "fpn") == "fpn" and size is not None and any(int(side) % 32 for side in size):
+        config_error("fedst.data.input_size", f"{list(size)}: the FPN decoder (fedst.model.decoder: fpn) needs sides "
+                     "divisible by 32 (e.g. [480, 480]); or model.decoder: light")
+    if m.get("temporal") is not False and m.get("decoder", "fpn") == "fpn" and m.get("temporal_at", "decoder") == "decoder" \
+            and 128 % int(m.get("heads", 8)):
+        config_error("fedst.model.heads", f"{m.get('heads')} must divide the FPN decoder's 128 channels (RSC at the decoder)")
     if "ind_clip" in cfg["variants"] or cfg["indicator"]["kind"] == "clip":
         if not cfg["indicator"]["clip_weights"]:
             config_error("fedst.indicator.clip_weights", "the CLIP indicator (kind clip or variant ind_clip) needs an open_clip "
@@ -228,6 +235,7 @@ def run_spec(cfg: dict[str, Any], variant: str, method: str, seed: int, clips_ro
             "synthetic_mix": cfg["server_site"] if variant == SYNMIX else None,
             "cross_site_eval": bool(cfg["eval"]["cross_site_eval"]), "eval_batch_size": int(cfg["eval"]["batch_size"]),
             "class_rule": cfg["eval"].get("class_rule", "all_classes"),
+            "assd": cfg["eval"].get("assd", "medpy_0_5"), "resolution": cfg["eval"].get("resolution", "input"),
         },
     }
 

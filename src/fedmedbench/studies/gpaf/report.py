@@ -1,11 +1,15 @@
 """GPAF-paper outputs: Table 1, rounds to a target accuracy (the "25% faster convergence"), t-SNE.
 
-* :func:`table1` — methods x (metric, setting), mean ± std over seeds of the final round, in
-  the layout of the paper's Table 1 (accuracy, F1, recall, precision per alpha), each cell
-  followed by the paper's value and the difference (:mod:`fedmedbench.report.paper_values`).
-  The paper's F1/recall/precision fit macro averages over the classes (the authors' later
-  evaluation code, torchmetrics ``average='macro'``), so Table 1 shows ``*_macro`` by default;
-  the caption says which (:func:`metric_definition`).
+* :func:`table1` — methods x (metric, setting), mean ± std over seeds, in the layout of the
+  paper's Table 1 (accuracy, F1, recall, precision per alpha), each cell followed by the paper's
+  value and the difference (:mod:`fedmedbench.report.paper_values`). Which evaluation a run
+  contributes is ``report.gpaf.table_eval`` (:func:`table_runs`): ``best_validation`` (default)
+  is the authors' logging, the global model on the clients' validation shares in the round with
+  the best validation accuracy so far; ``final_test`` the final round on the global test set.
+  Precision and recall are macro averages (the authors' later evaluation code, torchmetrics
+  ``average='macro'``); F1 is 2PR/(P+R) of the shown P and R (``f1_pr_macro``, as the printed
+  rows), the mean of per-class F1s (``f1_macro``) an option; the caption says which
+  (:func:`metric_definition`).
 * :func:`rounds_to_target` — per run the first round whose metric reaches the target; the
   target is given, or ``target_fraction`` x the lowest best accuracy among the federated
   methods (so every method can reach it); speed-up = 1 - rounds / rounds of the reference.
@@ -38,6 +42,7 @@ LABELS = {"fedavg": "FedAvg", "moon": "MOON", "feddg": "FedDG", "gpaf": "GPAF", 
           "local": "Local"}
 METRIC_LABELS = {"accuracy": "Accuracy", "f1": "F1-Score", "recall": "Recall", "precision": "Precision",
                  "f1_macro": "Macro F1", "recall_macro": "Macro recall", "precision_macro": "Macro precision",
+                 "f1_pr_macro": "F1-Score", "f1_pr": "F1-Score (binary P, R)",
                  "balanced_accuracy": "Balanced acc.", "auc": "AUC", "loss": "Loss"}
 SYNTHETIC_NOTE = "SYNTHETIC data (deterministic stand-in for the demo; NOT a reproduction of the paper's numbers)"
 
@@ -59,6 +64,79 @@ def ordered(methods, order: list[str]) -> list[str]:
 # ----------------------------------------------------------------------------- Table 1
 
 
+#: which evaluation fills Table 1 (``report.gpaf.table_eval``); the first is the default
+TABLE_EVAL = ("best_validation", "final_test")
+#: the column prefix of a bare table metric under each evaluation
+TABLE_PREFIX = {"best_validation": "val_", "final_test": "global_"}
+#: prefixes of the logged metric columns (metrics.csv)
+COLUMN_PREFIXES = ("global_", "val_", "local_mean_", "local_std_", "local_")
+#: a derived F1: 2PR/(P+R) of the precision and recall with the same prefix and suffix
+F1_FROM_PR = "f1_pr"
+
+
+def table_columns(metrics: list[str], table_eval: str) -> list[str]:
+    """``report.gpaf.table_metrics`` as metric columns: a bare name (``accuracy``) takes the evaluation's
+    prefix (``val_`` for ``best_validation``, ``global_`` for ``final_test``); a prefixed name is kept."""
+    if table_eval not in TABLE_EVAL:
+        raise ValueError(f"report.gpaf.table_eval = {table_eval!r}: choose one of {list(TABLE_EVAL)}")
+    return [m if m.startswith(COLUMN_PREFIXES) else TABLE_PREFIX[table_eval] + m for m in metrics]
+
+
+def f1_from_precision_recall(precision, recall):
+    """2PR/(P+R), 0 where P + R = 0 (the paper's F1 column equals this of its own P and R in 8 of 9 rows)."""
+    p, r = np.asarray(precision, dtype=float), np.asarray(recall, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(p + r > 0, 2 * p * r / (p + r), 0.0)
+
+
+def with_derived_f1(runs: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """Add each requested ``<prefix>f1_pr<suffix>`` column from ``<prefix>precision<suffix>`` and ``<prefix>recall<suffix>``."""
+    out = runs
+    for col in columns:
+        if col in runs or F1_FROM_PR not in col:
+            continue
+        head, _, tail = col.partition(F1_FROM_PR)
+        p, r = f"{head}precision{tail}", f"{head}recall{tail}"
+        if p in runs and r in runs:
+            out = out.assign(**{col: f1_from_precision_recall(runs[p], runs[r])})
+    return out
+
+
+def best_validation_rows(curves: pd.DataFrame, metric: str = "val_accuracy") -> pd.DataFrame:
+    """Per run (dataset, setting, method, seed), the metrics row of the first round with the highest ``metric``.
+
+    The authors' client keeps the metrics of the round whose validation accuracy beats its best so far
+    (strictly: a later tie does not replace it) and the server the best mean over clients
+    (GPAFflower client.py:165-189, server.py:202-206); after the last round that is the round of the
+    highest value, the first on ties. ``table_round`` names it.
+    """
+    if metric not in curves:
+        raise KeyError(f"report.gpaf.table_eval best_validation needs '{metric}' in metrics.csv; "
+                       f"available: {sorted(curves.columns)}")
+    keys = ["dataset", "setting", "method", "seed"]
+    rows = []
+    for _, g in curves.sort_values("round", kind="stable").groupby(keys, sort=False):
+        values = g[metric].to_numpy(dtype=float)
+        if not np.isfinite(values).any():
+            raise ValueError(f"run {dict(zip(keys, g.iloc[0][keys], strict=True))}: no finite {metric} in any round")
+        best = g.iloc[int(np.nanargmax(values))]
+        rows.append({**best.to_dict(), "table_round": int(best["round"]), "rounds": int(g["round"].max())})
+    return pd.DataFrame(rows)
+
+
+def table_runs(summaries, metrics_csvs, table_eval: str) -> pd.DataFrame:
+    """One row per run with the metrics Table 1 reads: the final round's (``final_test``, from the
+    summaries) or the best validation round's (``best_validation``, from the metrics CSVs)."""
+    table_columns([], table_eval)  # validates the name
+    if table_eval == "final_test":
+        return load_runs(summaries)
+    from fedmedbench.report.figures import load_curves as generic
+
+    if not metrics_csvs:
+        raise ValueError("no run metrics for Table 1")
+    return best_validation_rows(generic(metrics_csvs))
+
+
 def load_runs(paths) -> pd.DataFrame:
     rows = []
     for p in paths:
@@ -72,12 +150,16 @@ def load_runs(paths) -> pd.DataFrame:
 
 def metric_name(metric: str) -> str:
     """``global_f1`` -> ``f1``: the metric's name in the paper's table."""
-    return metric.split("_", 1)[-1] if metric.startswith(("global_", "local_")) else metric
+    for prefix in COLUMN_PREFIXES:
+        if metric.startswith(prefix):
+            return metric[len(prefix):]
+    return metric
 
 
 def paper_metric(metric: str) -> str:
-    """``global_f1_macro`` -> ``f1``: the paper's column a metric of the table sits beside."""
-    return metric_name(metric).removesuffix("_macro")
+    """``global_f1_macro``, ``val_f1_pr_macro`` -> ``f1``: the paper's column a metric of the table sits beside."""
+    name = metric_name(metric).removesuffix("_macro")
+    return "f1" if name == F1_FROM_PR else name
 
 
 def metric_definition(n_classes: int, class_names: tuple[str, ...] = (), metrics: tuple[str, ...] = ()) -> str:
@@ -85,8 +167,13 @@ def metric_definition(n_classes: int, class_names: tuple[str, ...] = (), metrics
     names = {metric_name(m) for m in metrics}
     out = []
     if any(n.endswith("_macro") for n in names):
-        out.append(f"Macro F1, recall and precision are unweighted means over the {n_classes} classes, as the "
+        out.append(f"Macro recall and precision are unweighted means over the {n_classes} classes, as the "
                    "paper's (its printed accuracy, precision and recall fit macro averages, not binary ones).")
+    if any(n.startswith(F1_FROM_PR) for n in names):
+        out.append("F1 is 2PR/(P+R) of the shown precision and recall, as the paper's F1 column is of its own.")
+    if "f1_macro" in names:
+        out.append("Macro F1 is the mean of the per-class F1s.")
+    names = {n for n in names if not n.startswith(F1_FROM_PR)}
     if names & {"f1", "recall", "precision"}:
         if n_classes == 2:
             name = f" ('{class_names[1]}')" if len(class_names) > 1 else ""
@@ -103,6 +190,7 @@ def table1(runs: pd.DataFrame, metrics: list[str], method_order: list[str], sett
     Each metric x setting column of the display is followed by ``(paper)`` and ``Δ`` (ours minus
     paper, percentage points; empty on synthetic data).
     """
+    runs = with_derived_f1(runs, metrics)
     missing = [m for m in metrics if m not in runs]
     if missing:
         raise KeyError(f"report.gpaf.table_metrics names unknown metric(s) {missing}; available: {sorted(runs.columns)}")
@@ -151,15 +239,25 @@ def _fmt(mean: float, std: float) -> str:
     return f"{100 * mean:.2f}" if not np.isfinite(std) else f"{100 * mean:.2f} ± {100 * std:.2f}"
 
 
+TABLE_EVAL_NOTE = {
+    "best_validation": "the global model on the clients' validation data (pooled), in the round with the best "
+                       "validation accuracy (the authors' best-so-far logging)",
+    "final_test": "the final-round global model on the global test set",
+}
+
+
 def write_table1(long: pd.DataFrame, display: pd.DataFrame, runs: pd.DataFrame, outputs, study: str, dataset: str,
-                 origin: str, paper: paper_values.PaperTable | None = None, init: str = "random init") -> None:
+                 origin: str, paper: paper_values.PaperTable | None = None, init: str = "random init",
+                 table_eval: str = "final_test") -> None:
     from fedmedbench.data.medmnist import dataset_info
 
     info = dataset_info(dataset)
     seeds = sorted(runs["seed"].unique().tolist())
     rounds = sorted(runs["rounds"].unique().tolist())
+    if "table_round" in runs:
+        rounds = f"{rounds}, validation-best rounds {sorted(int(r) for r in runs['table_round'].unique())}"
     shown = tuple(c.removesuffix("_mean") for c in long.columns if c.endswith("_mean"))
-    cap = (f"Study '{study}', {dataset}: GPAF paper Table 1 layout; final-round global test metrics in %, "
+    cap = (f"Study '{study}', {dataset}: GPAF paper Table 1 layout; {TABLE_EVAL_NOTE[table_eval]}, in %, "
            f"mean ± std over seeds {seeds}; rounds {rounds}. {metric_definition(info.n_classes, info.class_names, shown)} "
            f"{paper_values.note(paper, origin == 'synthetic')} Source: {source_note(origin)}. "
            f"Models: {init}.")
@@ -326,9 +424,10 @@ def latent_features(spec_dict: dict, samples_per_client: int, generator_samples:
     """features (N, d), labels (N,), groups (N,) of clients, the global model and (GPAF) the generator."""
     import torch
 
+    from fedmedbench.fl.arrays import load_arrays
     from fedmedbench.fl.data import FederatedData
     from fedmedbench.fl.federation import resolve_data_shapes
-    from fedmedbench.fl.registry import get_method, load_arrays
+    from fedmedbench.fl.registry import get_method
     from fedmedbench.fl.spec import RunSpec
     from fedmedbench.fl.training import to_float
 

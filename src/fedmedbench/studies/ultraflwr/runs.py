@@ -43,6 +43,12 @@ def run_dir(r: Mapping[str, Any]) -> str:
     return f"{DIR}/{r['ugroup']}/{r['usetting']}/{r['strategy']}/seed{r['seedset']}"
 
 
+def start_weights(uf: dict[str, Any], strategy: str, pretrained_path: str | None) -> str | None:
+    """The weights a run starts from: ``model.start: all`` every run (UltraFlwr main), ``centralized`` the
+    centralized baseline only (its later branch builds the federated models from the yaml)."""
+    return pretrained_path if uf["model"].get("start", "all") == "all" or strategy == "Centralized" else None
+
+
 def run_spec(uf: dict[str, Any], r: Mapping[str, Any], surgical_dir: str, pretrained_path: str | None, device: str,
              origin: str) -> dict[str, Any]:
     """The resolved RunSpec of one run: every hyper-parameter, so a change reruns exactly its jobs."""
@@ -58,14 +64,14 @@ def run_spec(uf: dict[str, Any], r: Mapping[str, Any], surgical_dir: str, pretra
         "sources": {},
         "image_size": t["imgsz"],
         "model": uf["model"]["cfg"],
-        "pretrained_path": pretrained_path,
+        "pretrained_path": start_weights(uf, r["strategy"], pretrained_path),
         "train": {"rounds": t["rounds"], "local_epochs": t["epochs"], "batch_size": t["batch"], "lr": t["lr0"]},
         "method_params": {
             "strategy": "FedAvg" if r["strategy"] == "Centralized" else r["strategy"],
             "split": t["split"], "select": t["select"], "select_metric": t["select_metric"],
             "weighting": t["weighting"], "final_aggregation": t["final_aggregation"],
             "auto_optimizer": t["auto_optimizer"], "warmup": t["warmup"],
-            "assigner": t["assigner"], "hsv": t["hsv"], "head_init": uf["model"]["head_init"],
+            "assigner": t["assigner"], "hsv": t["hsv"], "ap": t["ap"], "head_init": uf["model"]["head_init"],
             "ultralytics": {"lr0": t["lr0"], "patience": t["patience"], **t["ultralytics"]},
             **({"workers": int(t["workers"])} if t.get("workers") else {}),  # 0 (the default) keeps earlier runs' hash
         },
@@ -74,7 +80,7 @@ def run_spec(uf: dict[str, Any], r: Mapping[str, Any], surgical_dir: str, pretra
         "eval_every": uf["eval"]["every"],
         "task": "detection",
         "task_params": {"eval_batch": uf["eval"]["batch"], "conf": uf["eval"]["conf"], "iou": uf["eval"]["iou"],
-                        "rect": uf["eval"]["rect"]},
+                        "rect": uf["eval"]["rect"], "ap": t["ap"]},
     }
 
 

@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from fedmedbench import io
+from fedmedbench.fl.api import TrainConfig
 from fedmedbench.fl.federation import resolve_data_shapes, resolve_device
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.tasks.detection.task import DetectionTask
@@ -36,20 +37,20 @@ def start_seed(spec: RunSpec, data_seed: int, head_init: str) -> int:
 
 
 #: the ultraflwr method parameters a centralized run takes (the rest are the federated strategy's)
-OPTIONS = ("select", "select_metric", "ultralytics", "auto_optimizer", "head_init", "workers", "warmup", "assigner", "hsv")
+OPTIONS = ("select", "select_metric", "ultralytics", "auto_optimizer", "head_init", "workers", "warmup", "assigner", "hsv", "ap")
 
 
 def run_centralized(spec: RunSpec, select: str = "best", select_metric: str = "fitness", ultralytics: dict | None = None,
                     log=print, auto_optimizer: str = "ultralytics_8_3", head_init: str = "client",
                     workers: int = 0, warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3",
-                    hsv: str = "ultralytics_8_3") -> dict:
+                    hsv: str = "ultralytics_8_3", ap: str = "ultralytics_8_3") -> dict:
     """Train and evaluate every client alone; writes metrics.csv (per round-equivalent and client:
     Ultralytics validation mAP50), client_metrics.csv (row i of the ID/CD matrix per client),
     summary.json and model.pt (client 0... n-1)."""
     spec = resolve_data_shapes(spec)
     task = DetectionTask(spec)
     device = resolve_device(spec.device)
-    tc = spec.train_config()
+    tc = TrainConfig.from_spec(spec)
     epochs = int(tc.rounds * round(tc.local_epochs))
     t0 = time.monotonic()
     client_rows, curves, models = [], [], {}
@@ -60,7 +61,7 @@ def run_centralized(spec: RunSpec, select: str = "best", select_metric: str = "f
         out = train_yolo(model, data.data_yaml, epochs=epochs, batch=tc.batch_size, imgsz=data.imgsz, seed=data.seed,
                          device=device, workdir=f"{data.workdir}/centralized", select=select,
                          select_metric=select_metric, extra=ultralytics, auto_optimizer=auto_optimizer,
-                         workers=workers, warmup=warmup, assigner=assigner, hsv=hsv, read_ahead=data.read_ahead)
+                         workers=workers, warmup=warmup, assigner=assigner, hsv=hsv, read_ahead=data.read_ahead, ap=ap)
         model.load_state_dict(out.state)
         models[str(pid)] = out.state
         metrics = task.evaluate_client(model.to(device), data, device)

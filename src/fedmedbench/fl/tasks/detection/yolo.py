@@ -30,6 +30,9 @@ Measured pitfalls this wrapper avoids (Ultralytics 8.4):
   8.3.48's is 0.1 mAP50 + 0.9 mAP50-95 and an equal fitness resets the patience count. Early stopping
   (patience 100, the 400-epoch centralized baseline) follows 8.3.48 unless ``fitness="installed"``
   (:class:`EarlyStopping83`).
+* Ultralytics 8.4's AP ends the precision envelope at the last recall the detections reach; 8.3.48's extends it
+  linearly to precision 0 at recall 1. Every validation (the epoch a client sends, each reported mAP) follows
+  8.3.48 unless ``ap="installed"`` (:mod:`.ap`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedmedbench.fl.tasks.detection import label_cache
+from fedmedbench.fl.tasks.detection.ap import ap_rule
 from fedmedbench.fl.tasks.detection.sized_frames import read_sized_frames
 from fedmedbench.weights.safeload import LoadReport
 
@@ -213,7 +218,8 @@ def hue_lut_83(factor: float, dtype=np.uint8) -> np.ndarray:
 
 class RandomHSV83:
     """Ultralytics' ``RandomHSV`` step with 8.3.48's hue rule: the same draws (one uniform triple per image) and
-    the same saturation and value tables as the installed one. A module-level class, so that a dataset holding it
+    the same saturation and value tables as the installed one (its ``lut_sat[0] = 0``, added in 8.3.79 and absent
+    from 8.3.48, sets an entry that is 0 under both: 0 x gain). A module-level class, so that a dataset holding it
     pickles for dataloader workers started by spawn or forkserver."""
 
     def __init__(self, hgain: float = 0.5, sgain: float = 0.5, vgain: float = 0.5) -> None:
@@ -453,7 +459,7 @@ def train_yolo(
     device: torch.device, workdir: str | Path, select: str = "best", select_metric: str = "fitness",
     extra: dict[str, Any] | None = None, auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
     workers: int = 0, warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3", hsv: str = "ultralytics_8_3",
-    read_ahead: bool = False, pixel_thread: bool = False,
+    read_ahead: bool = False, ap: str = "ultralytics_8_3", pixel_thread: bool = False,
 ) -> TrainOutcome:
     """Train ``model`` (its current weights) for ``epochs`` with Ultralytics' detection trainer (``workers``
     dataloader processes; 0 = in this process, as UltraFlwr, where ``read_ahead`` loads the next batches in a
@@ -472,7 +478,8 @@ def train_yolo(
                 val=select == "best", amp=device.type == "cuda", verbose=False, **extra)
     selector = EpochSelector(select, select_metric)
     import_before_seeding()
-    with ultralytics_offline():
+    label_cache.install()  # its dataset caches are never unpickled
+    with ultralytics_offline(), ap_rule(ap):
         trainer = trainer_cls(overrides=args)
         trainer.model = model  # used as is by setup_model (no rebuild, our weights)
         trainer.add_callback("on_fit_epoch_end", selector)
@@ -547,17 +554,19 @@ def study_validator() -> type:
 def validate_yolo(
     model: torch.nn.Module, data_yaml: str | Path, split: str, *, imgsz: int, batch: int, device: torch.device,
     workdir: str | Path, conf: float = 0.001, iou: float = 0.7, rect: bool = True, workers: int = 0,
+    ap: str = "ultralytics_8_3",
 ) -> dict[str, float]:
     """mAP50 and mAP50-95 of ``model`` on ``split`` of ``data_yaml`` with Ultralytics' DetectionValidator.
 
     ``rect``: rectangular batches (images padded to the batch's aspect ratio, not to a square), as
     Ultralytics' ``model.val()`` sets by default and UltraFlwr's test scripts therefore use; a bare
-    validator would letterbox every image to ``imgsz`` x ``imgsz``.
+    validator would letterbox every image to ``imgsz`` x ``imgsz``. ``ap``: :data:`.ap.AP_RULES`.
     """
     args = dict(data=str(data_yaml), split=split, imgsz=int(imgsz), batch=int(batch), device=device_arg(device),
                 workers=int(workers), plots=False, save_json=False, verbose=False, conf=conf, iou=iou, rect=bool(rect),
                 project=str(Path(workdir).resolve()), name="val", exist_ok=True)
-    with ultralytics_offline():
+    label_cache.install()
+    with ultralytics_offline(), ap_rule(ap):
         validator = study_validator()(args=args)
         stats = validator(model=fused_copy(model))
     return {"map50": float(stats["metrics/mAP50(B)"]), "map50_95": float(stats["metrics/mAP50-95(B)"])}

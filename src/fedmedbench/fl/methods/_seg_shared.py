@@ -1,5 +1,6 @@
-"""Shared machinery of the FedST study's methods (segmentation task only) and its three
-plain baselines: ``seg_local`` (Local Train), ``seg_centralized`` (Upperbound), ``seg_fedavg``.
+"""Shared machinery of the FedST study's methods (segmentation task only): the base every one of
+them extends, from the three plain baselines (``seg_local``, ``seg_centralized``, ``seg_fedavg``) to
+``fedst``.
 
 Every method trains the same :class:`~fedmedbench.models.fedst.FedSTNet` (its architecture
 comes from ``task_params.model``) with the same loop (``fl.tasks.segmentation.train_steps``), and
@@ -24,18 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, ServerContext
+from fedmedbench.fl.arrays import load_arrays, model_arrays, weighted_average
 from fedmedbench.fl.methods._shared import check_params
-from fedmedbench.fl.registry import (
-    Arrays,
-    ClientContext,
-    ClientResult,
-    Method,
-    ServerContext,
-    load_arrays,
-    model_arrays,
-    register_method,
-    weighted_average,
-)
+from fedmedbench.weights.safeload import read_tensors
 
 #: parameter groups a method can keep on its sites (regular expressions on state_dict keys)
 PERSONAL_GROUPS: dict[str, str] = {
@@ -51,7 +44,8 @@ PERSONAL_GROUPS: dict[str, str] = {
     "rsc": r"^rsc\.",                             # the temporal module (Sec. IV-D2: not communicated)
     "all": r".",                                  # Table V row 2 / Local Train
 }
-_ALWAYS_PERSONAL = re.compile(r"^cs\.indicator$")
+#: entries that never leave a site, whatever the method (the site indicator buffer)
+ALWAYS_PERSONAL = re.compile(r"^cs\.indicator$")
 
 
 def personal_keys(model: torch.nn.Module, groups: list[str]) -> list[str]:
@@ -59,7 +53,7 @@ def personal_keys(model: torch.nn.Module, groups: list[str]) -> list[str]:
     if unknown:
         raise ValueError(f"personal groups {unknown} unknown; choose from {sorted(PERSONAL_GROUPS)}")
     pats = [re.compile(PERSONAL_GROUPS[g]) for g in groups]
-    return [k for k in model.state_dict() if _ALWAYS_PERSONAL.match(k) or any(p.search(k) for p in pats)]
+    return [k for k in model.state_dict() if ALWAYS_PERSONAL.match(k) or any(p.search(k) for p in pats)]
 
 
 #: the one freshly built model a process keeps (key -> model), copied by :func:`build_seeded`
@@ -100,7 +94,9 @@ def load_matching(model: torch.nn.Module, path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: pre-trained model not found (fedst pretrain)")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = read_tensors(path, "FedST pre-training weights")  # a crafted pickle is refused naming the file
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path}: not a plain weights file (a state_dict of tensors from fedst pretrain)")
     own = model.state_dict()
     take = {k: v for k, v in state.items() if k in own and tuple(v.shape) == tuple(own[k].shape) and k != "cs.indicator"}
     if not take:
@@ -161,6 +157,10 @@ class SegMethod(Method):
             load_arrays(model, {k: v.numpy() for k, v in ctx.state["personal"].items()}, list(ctx.state["personal"]))
         if hasattr(model, "set_indicator"):
             model.set_indicator(ctx.data.indicator)
+        if hasattr(model, "set_generator"):
+            from fedmedbench.models.fedst import dropout_generator
+
+            model.set_generator(dropout_generator(ctx.generator))
         return model
 
     def local_train(self, ctx: ClientContext, model: torch.nn.Module) -> float:
@@ -190,60 +190,6 @@ class SegMethod(Method):
         """The shared arrays averaged with :func:`client_weights`: by the method's ``aggregation``
         parameter where it has one (:data:`AGGREGATION_CHOICES`), else by ``train.aggregation``."""
         return weighted_average([r.arrays for r in ctx.results], client_weights(ctx, self.p.get("aggregation")))
-
-
-@register_method("seg_local")
-class SegLocal(SegMethod):
-    """Local Train: each site trains the whole model alone; nothing leaves a site."""
-
-    communicates = False
-    defaults = {"personal": ["all"]}
-
-    def shared_keys(self, model):  # the common initial model is broadcast once; never updated
-        return [k for k in model.state_dict() if not _ALWAYS_PERSONAL.match(k)]
-
-    def client_fit(self, ctx):
-        model = self.prepare(ctx)
-        loss = self.local_train(ctx, model)
-        ctx.state["personal"] = tensors(model, self.personal(model))
-        return ClientResult(arrays={}, num_examples=ctx.data.num_train, metrics={"train_loss": loss})
-
-    def aggregate(self, ctx):
-        return ctx.global_arrays
-
-
-@register_method("seg_centralized")
-class SegCentralized(SegMethod):
-    """Upperbound: one model on the pooled training clips of all sites. ``steps: per_site``
-    (default): ``local_steps`` per round, the schedule of each site's model (the paper: "identical
-    training schedules"); ``sum_of_sites``: ``local_steps`` x the number of sites per round, the
-    federation's total compute (Table IX's ~32 h against FedAvg's ~8.3 h points that way). With
-    ``local_steps`` null the engine's pooled epoch is the sites' sum under either reading."""
-
-    personalized = False
-    centralized = True
-    communicates = False
-    defaults = {"personal": [], "steps": "per_site"}
-    choices = {"steps": ("per_site", "sum_of_sites")}
-
-    def prepare(self, ctx: ClientContext) -> torch.nn.Module:
-        model = super().prepare(ctx)
-        if self.p["steps"] == "sum_of_sites" and getattr(ctx.data, "local_steps", None):
-            if ctx.client_sizes is None:
-                raise RuntimeError("seg_centralized steps: sum_of_sites needs the number of sites (client_sizes)")
-            ctx.steps = int(ctx.data.local_steps) * len(ctx.client_sizes())
-        return model
-
-
-@register_method("seg_fedavg")
-class SegFedAvg(SegMethod):
-    """FedAvg: the whole network is shared and averaged, weighted by the sites' training clips
-    (McMahan et al.: n_k / n); ``aggregation: uniform`` averages 1/K; ``null`` follows
-    ``train.aggregation``. One global model is evaluated."""
-
-    personalized = False
-    defaults = {"personal": [], "aggregation": "examples"}
-    choices = {"aggregation": AGGREGATION_CHOICES}
 
 
 def flat(arrays: Arrays, keys: list[str]) -> np.ndarray:

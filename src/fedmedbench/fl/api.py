@@ -1,0 +1,216 @@
+"""The method API: what a method implements and what it is given.
+
+A method reads like its paper's algorithm box:
+
+* :meth:`Method.client_fit` runs on a client for one round: it gets the broadcast
+  global arrays already loaded into ``ctx.model``, the client's data, its persistent
+  state (``ctx.state``, a dict that survives rounds and resume) and returns what the
+  client sends back (:class:`ClientResult`).
+* :meth:`Method.aggregate` runs on the server: old global arrays + client results ->
+  new global arrays (and it may update ``server_state``, which is checkpointed).
+* ``personalized`` methods evaluate each client's own model (``personal_model``)
+  on the clients; others are evaluated as one global model on the server.
+* ``centralized`` methods are run by the engine on the pooled training data as one
+  client, with the same number of optimisation steps per round as the federation.
+
+A method registers its name with :func:`fedmedbench.fl.registry.register_method`; the array
+helpers it uses live in :mod:`fedmedbench.fl.arrays`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fedmedbench.fl.arrays import Arrays, model_arrays, model_tensors, weighted_average
+
+if TYPE_CHECKING:
+    from fedmedbench.fl.spec import RunSpec
+    from fedmedbench.fl.state_slots import StateSlots
+
+__all__ = ["Arrays", "ClientContext", "ClientData", "ClientResult", "Method", "ServerContext", "TrainConfig"]
+
+
+@dataclass
+class ClientData:
+    """A client's tensors: uint8 images (N,C,H,W) and int64 labels, per part."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_y.shape[0])
+
+
+@dataclass
+class TrainConfig:
+    """Local optimisation settings shared by every method (config ``train`` block)."""
+
+    rounds: int
+    local_epochs: float
+    batch_size: int
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    optimizer: str = "sgd"
+    lr_decay: float = 1.0  # multiplicative per round
+    grad_clip: float | None = None
+    eval_batch_size: int = 256
+    aggregation: str = "examples"  # examples | uniform (FL-Simulator averages clients uniformly)
+    autocast: str = "none"  # none | bf16: forward passes under bfloat16 autocast (GPU; also works on CPU)
+    channels_last: bool = False  # NHWC memory layout for conv models (faster on GPUs with tensor cores)
+    compile: bool = False  # torch.compile the training forward (traced once per architecture and shape in a process)
+    input_norm: str = "single"  # single | double: the early-stopping code's second Normalize(0.5, 0.5)
+    on_nonfinite: str = "error"  # error | continue: keep stepping through a NaN loss (early-stopping code)
+
+    @classmethod
+    def from_spec(cls, spec: RunSpec) -> TrainConfig:
+        """The run's settings (its ``train`` block)."""
+        return cls(**spec.train)
+
+    def lr_at(self, rnd: int) -> float:
+        return self.lr * (self.lr_decay ** (rnd - 1))
+
+
+@dataclass
+class ClientContext:
+    """Everything a client step may use; ``state`` persists across rounds for this client."""
+
+    pid: int
+    rnd: int
+    model: torch.nn.Module
+    data: ClientData
+    train: TrainConfig
+    device: torch.device
+    generator: torch.Generator
+    state: dict[str, Any]
+    steps: int  # optimisation steps this round (from epochs, or the centralized budget)
+    global_arrays: Arrays = field(default_factory=dict)
+    #: named array sets the server broadcast with this round (see ServerContext.broadcast)
+    broadcast: dict[str, Arrays] = field(default_factory=dict)
+    #: training examples of every client, by partition id (called when needed: SCAFFOLD's reference K)
+    client_sizes: Callable[[], list[int]] | None = None
+    #: steps of one local epoch for per-epoch losses; None = one pass over the training data
+    #: (the centralized client's epoch is a local epoch's share of its round budget instead)
+    epoch_steps: int | None = None
+    #: send results as tensors on the device (the job's arrays live there; see Method.device_arrays)
+    device_arrays: bool = False
+    #: where the job's reused model keeps its state entries (``result_arrays`` reads them without a
+    #: ``state_dict()`` walk); None when ``model`` is built for this call
+    slots: StateSlots | None = None
+
+    def result_arrays(self, model: torch.nn.Module | None = None, keys: list[str] | None = None) -> Arrays:
+        """What the client sends: the model's state (``ctx.model`` by default) as NumPy arrays, or
+        as device tensors when the job keeps its arrays on the device."""
+        model = self.model if model is None else model
+        state = self.slots.state(keys) if self.slots is not None and self.slots.model is model else None
+        return model_tensors(model, keys, state) if self.device_arrays else model_arrays(model, keys, state)
+
+    def steps_per_epoch(self) -> int:
+        """Steps of one local epoch: ``epoch_steps``, else ceil(n_train / B) (where batch_indices reshuffles)."""
+        if self.epoch_steps:
+            return int(self.epoch_steps)
+        return max(1, math.ceil(self.data.num_train / self.train.batch_size))
+
+
+@dataclass
+class ServerContext:
+    """What a server step may use; ``state`` persists across rounds and is checkpointed.
+
+    ``state`` values must be tensors, numbers, strings or lists/dicts of them (the
+    checkpoint is loaded with ``torch.load(weights_only=True)``).
+    """
+
+    rnd: int
+    global_arrays: Arrays
+    results: list[ClientResult]  # ordered by partition id
+    pids: list[int]
+    state: dict[str, Any]
+    num_clients: int
+    device: torch.device
+    train: TrainConfig
+    new_model: Callable[[], torch.nn.Module]
+    #: named array sets sent to every client with the next rounds' global model (e.g.
+    #: SCAFFOLD's server control variate, FedDG's amplitude bank). Set entries to send
+    #: them; they persist (and are checkpointed) until replaced or deleted.
+    broadcast: dict[str, Arrays] = field(default_factory=dict)
+    #: the run's seed: a server step that draws random numbers seeds its own generator
+    #: from (seed, rnd), so resumed runs repeat them exactly
+    seed: int = 0
+    #: threads a server step may use to read its own data ahead of use (``engine.loader_workers``): speed only
+    loader_workers: int = 0
+    #: the folder of decoded images shared by the jobs (``engine.image_cache``), or None: speed only
+    image_cache: str | None = None
+
+
+@dataclass
+class ClientResult:
+    arrays: Arrays
+    num_examples: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    #: Extra array records a method declares (e.g. SCAFFOLD's control-variate delta).
+    extras: dict[str, Arrays] = field(default_factory=dict)
+
+
+class Method:
+    """Base method = FedAvg-style client step (plain local SGD) + weighted averaging."""
+
+    name = "base"
+    personalized = False
+    centralized = False
+    #: names of extra records this method may send from a client (checked by the engine)
+    extra_records: tuple[str, ...] = ()
+    #: the client step works on data already on the device (the engine may then cache it there)
+    device_data = False
+    #: client and server steps take Arrays whose values are torch tensors on the job's device
+    #: (every array operation goes through the tensor-aware helpers: ``ClientContext.result_arrays``,
+    #: ``weighted_average``, ``as_tensors``); the inline backend then keeps the model on the device
+    device_arrays = False
+
+    def __init__(self, **params: Any) -> None:
+        if params:
+            raise TypeError(f"method '{self.name}' got unknown parameter(s) {sorted(params)} (method_params.{self.name})")
+
+    # --- model -------------------------------------------------------------------
+    def build_model(self, spec: RunSpec) -> torch.nn.Module:
+        """The model a run trains (default: ``model.name`` from the registry)."""
+        from fedmedbench.models import build_model
+
+        return build_model(spec.model, spec.in_channels, spec.num_classes, spec.image_size, spec.pretrained_path)
+
+    def shared_keys(self, model: torch.nn.Module) -> list[str]:
+        """state_dict keys that form the global model (broadcast and aggregated).
+
+        Default: all of them. A method that keeps parts on the clients (a decoder, a
+        personalised head) returns the rest and keeps those parts in ``ctx.state``.
+        """
+        return list(model.state_dict())
+
+    # --- client side -------------------------------------------------------------
+    def client_fit(self, ctx: ClientContext) -> ClientResult:
+        from fedmedbench.fl.training import StepLosses, local_sgd
+
+        losses = StepLosses(ctx.steps_per_epoch())
+        loss = local_sgd(ctx.model, ctx.data.train_x, ctx.data.train_y, ctx.steps, ctx.train, ctx.rnd, ctx.device, ctx.generator,
+                         losses=losses)
+        return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train,
+                            metrics={"train_loss": loss, **losses.epoch_metrics()})
+
+    def personal_model(self, ctx: ClientContext) -> torch.nn.Module:
+        """The model a personalized client is evaluated with (default: the global one)."""
+        return ctx.model
+
+    # --- server side -------------------------------------------------------------
+    def aggregate(self, ctx: ServerContext) -> Arrays:
+        """New global arrays from this round's client results."""
+        return weighted_average([r.arrays for r in ctx.results], [r.num_examples for r in ctx.results])
+

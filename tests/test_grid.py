@@ -1,0 +1,197 @@
+"""Grid semantics: per-(setting, method) train overrides, and pooled-data runs planned once and shown in
+every setting with the same pooled inputs (fedmedbench.studies.grid, rules/shared_runs.smk)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from snakemake.utils import validate
+
+from fedmedbench.report import tables
+from fedmedbench.studies import grid
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = str(ROOT / "config" / "schema.yaml")
+
+
+def _study(**over) -> dict:
+    """A validated study block (schema defaults filled)."""
+    study = {
+        "datasets": ["bloodmnist"], "seeds": [0, 1], "methods": ["fedavg", "centralized"],
+        "settings": {
+            "iid": {"scheme": "iid", "num_clients": 4},
+            "dir": {"scheme": "dirichlet", "num_clients": 4, "params": {"alpha": 0.1}},
+        },
+        "train": {"rounds": 2, "local_epochs": 1, "batch_size": 32, "lr": 0.1},
+        **over,
+    }
+    cfg = {"studies": {"s": study}}
+    validate(cfg, SCHEMA)
+    return cfg["studies"]["s"]
+
+
+def test_most_specific_train_override_wins_for_its_pair_only():
+    st = _study(method_train={"fedavg": {"lr": 0.3}})
+    st["settings"]["iid"]["train"] = {"lr": 0.2}
+    st["settings"]["iid"]["method_train"] = {"fedavg": {"lr": 0.4, "momentum": 0.9}}
+    validate({"studies": {"s": st}}, SCHEMA)
+    lr = {(s, m): grid.run_train(st, s, m)["lr"] for s in st["settings"] for m in st["methods"]}
+    assert lr == {("iid", "fedavg"): 0.4, ("iid", "centralized"): 0.2, ("dir", "fedavg"): 0.3, ("dir", "centralized"): 0.1}
+    momentum = {(s, m): grid.run_train(st, s, m)["momentum"] for s in st["settings"] for m in st["methods"]}
+    assert momentum == {("iid", "fedavg"): 0.9, ("iid", "centralized"): 0.0, ("dir", "fedavg"): 0.0,
+                        ("dir", "centralized"): 0.0}
+
+
+def test_pair_override_is_checked_by_the_schema_and_the_study():
+    st = _study()
+    st["settings"]["iid"]["method_train"] = {"fedavg": {"learning_rate": 0.4}}
+    with pytest.raises(Exception, match="learning_rate"):
+        validate({"studies": {"s": st}}, SCHEMA)
+    st["settings"]["iid"]["method_train"] = {"scaffold": {"lr": 0.4}}  # a method, but not one of the study's
+    with pytest.raises(ValueError, match=r"studies\.s\.settings\.iid\.method_train\.scaffold"):
+        grid.check_config("s", st)
+
+
+def test_centralized_trains_once_where_its_pooled_inputs_are_the_same():
+    st = _study(methods=["fedavg", "local", "centralized"])
+    st["settings"].update({
+        "qty": {"scheme": "quantity", "num_clients": 4, "params": {"alpha": 0.5}},
+        "fls": {"scheme": "fls", "num_clients": 4, "params": {"alpha": 0.1}},          # repeats samples
+        "path": {"scheme": "pathological", "num_clients": 4, "params": {"classes_per_client": 1}},  # may drop classes
+        "ten": {"scheme": "dirichlet", "num_clients": 10, "params": {"alpha": 0.1}},   # another step budget
+        "lr": {"scheme": "iid", "num_clients": 4, "train": {"lr": 0.01}},             # another train block
+        "fqty": {"scheme": "fls_quantity", "num_clients": 10, "params": {"alpha": 0.5}},
+    })
+    assert grid.shared_runs(st) == {
+        ("bloodmnist", "dir", "centralized"): "iid",
+        ("bloodmnist", "qty", "centralized"): "iid",
+        ("bloodmnist", "fqty", "centralized"): "ten",
+    }
+    trained = grid.trained_runs(st)
+    assert len(list(grid.runs(st))) - len(trained) == 3 * 2  # three shown runs x two seeds
+    assert {(r["setting"], r["method"]) for r in trained if r["method"] == "centralized"} == {
+        ("iid", "centralized"), ("fls", "centralized"), ("path", "centralized"), ("ten", "centralized"),
+        ("lr", "centralized")}
+
+
+def test_a_pair_override_or_the_switch_keeps_centralized_per_setting():
+    st = _study()
+    st["settings"]["dir"]["method_train"] = {"centralized": {"lr": 0.5}}
+    assert grid.shared_runs(st) == {}
+    assert grid.shared_runs(_study(shared_centralized=False)) == {}
+    assert grid.shared_runs(_study()) == {("bloodmnist", "dir", "centralized"): "iid"}
+
+
+def test_domain_settings_never_share(tmp_path):
+    st = _study(settings={
+        "a": {"scheme": "domain", "num_clients": 1, "params": {"domains": ["clean"], "alpha": 0.5}},
+        "b": {"scheme": "domain", "num_clients": 1, "params": {"domains": ["clean"], "alpha": 0.1}},
+    })
+    assert grid.shared_runs(st) == {}
+
+
+def test_pooled_methods_are_the_registered_centralized_ones():
+    from fedmedbench.fl.registry import get_method
+
+    schema = yaml.safe_load(Path(SCHEMA).read_text())
+    names = schema["definitions"]["method_name"]["enum"]
+    assert sorted(m for m in names if get_method(m).centralized) == sorted(grid.POOLED_METHODS)
+
+
+def _write_run(run_dir: Path, setting: str, accuracy: float) -> None:
+    run_dir.mkdir(parents=True)
+    pd.DataFrame({"round": [1, 2], "global_accuracy": [accuracy / 2, accuracy]}).to_csv(run_dir / "metrics.csv", index=False)
+    pd.DataFrame({"round": [2], "client": [0], "local_accuracy": [accuracy]}).to_csv(run_dir / "client_metrics.csv", index=False)
+    (run_dir / "model.pt").write_bytes(b"model bytes")
+    (run_dir / "summary.json").write_text(json.dumps({
+        "study": "s", "dataset": "bloodmnist", "setting": setting, "method": "centralized", "seed": 0,
+        "data_origin": "synthetic", "rounds": 2, "rounds_run": 2, "run_hash": "abc", "final": {"global_accuracy": accuracy}}))
+
+
+def test_the_one_run_is_a_row_of_every_settings_table(tmp_path):
+    home, shown = tmp_path / "iid" / "centralized" / "seed0", tmp_path / "dir" / "centralized" / "seed0"
+    _write_run(home, "iid", 0.8)
+    grid.show_run(home, shown, "dir")
+    for name in ("metrics.csv", "client_metrics.csv", "model.pt"):
+        assert (shown / name).read_bytes() == (home / name).read_bytes()
+    summary = json.loads((shown / "summary.json").read_text())
+    assert (summary["setting"], summary["trained_in"], summary["run_hash"]) == ("dir", "iid", "abc")
+    runs = tables.load_summaries([home / "summary.json", shown / "summary.json"])
+    table = tables.aggregate(runs, ["global_accuracy"])
+    assert table[["setting", "method", "global_accuracy_mean"]].values.tolist() == [
+        ["iid", "centralized", 0.8], ["dir", "centralized", 0.8]]
+    assert tables.caption("s", runs, "synthetic").endswith(
+        "Same pooled data, trained once: centralized in dir is the run trained in iid.")
+
+
+def _shared_config(path: Path) -> Path:
+    """The micro config with an IID and a Dirichlet setting of 3 clients, FedAvg and centralized."""
+    cfg = yaml.safe_load((ROOT / "tests" / "fixtures" / "micro.yaml").read_text())
+    study = cfg["studies"]["micro"]
+    study["methods"] = ["fedavg", "centralized"]
+    study["settings"] = {"iid": {"scheme": "iid", "num_clients": 3},
+                         "dir": {"scheme": "dirichlet", "num_clients": 3, "params": {"alpha": 1.0, "min_size": 5}}}
+    study["early_stopping"] = {}
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))  # the settings' order decides where the run trains
+    return path
+
+
+def test_dry_run_plans_centralized_once_and_shows_it_in_the_other_setting(tmp_path):
+    """The workflow trains fedavg in both settings and centralized once; the other setting's table reads a copy."""
+    f = _shared_config(tmp_path / "cfg.yaml")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "results/micro/tables/final_metrics_synthetic.csv",
+                           "--configfile", str(f)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    trained = sorted(set(_outputs(out, "train_federated")))
+    shown = sorted(set(_outputs(out, "show_shared_run")))
+    base = "results/micro/breastmnist"
+    assert trained == [f"{base}/dir/fedavg/seed0", f"{base}/iid/centralized/seed0", f"{base}/iid/fedavg/seed0"], out[-3000:]
+    assert shown == [f"{base}/dir/centralized/seed0"], out[-3000:]
+
+
+def test_the_workflow_writes_the_shown_run_from_the_trained_one(tmp_path):
+    """rule show_shared_run (only it allowed) copies the home run into the other setting's folder."""
+    from helpers import copy_workflow
+
+    work = copy_workflow(tmp_path / "wf")
+    f = _shared_config(work / "cfg.yaml")
+    home = work / "results" / "micro" / "breastmnist" / "iid" / "centralized" / "seed0"
+    _write_run(home, "iid", 0.7)
+    shown = work / "results" / "micro" / "breastmnist" / "dir" / "centralized" / "seed0"
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", str(shown.relative_to(work) / "summary.json"),
+                           "--allowed-rules", "show_shared_run", "--configfile", str(f)], cwd=work, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    summary = json.loads((shown / "summary.json").read_text())
+    assert (summary["setting"], summary["trained_in"], summary["final"]) == ("dir", "iid", {"global_accuracy": 0.7})
+    assert (shown / "model.pt").read_bytes() == (home / "model.pt").read_bytes()
+
+
+def _outputs(out: str, rule: str) -> list[str]:
+    """The run folders a dry run's jobs of ``rule`` write (from their ``output:`` lines)."""
+    dirs, current = [], None
+    for line in out.splitlines():
+        line = line.strip()
+        if line.startswith("rule ") or line.startswith("localrule "):
+            current = line.split()[1].rstrip(":")
+        elif line.startswith("output:") and current == rule:
+            first = line[len("output:"):].split(",")[0].strip()
+            dirs.append(str(Path(first).parent))
+    return dirs
+
+
+def test_copied_study_config_is_not_changed_by_planning():
+    st = _study()
+    before = copy.deepcopy(st)
+    grid.shared_runs(st)
+    list(grid.runs(st))
+    assert st == before

@@ -1,0 +1,213 @@
+"""Experiment tracking (fl/tracking.py): a 2-round run writes real TensorBoard event files and a real MLflow
+SQLite store with the run's numbers, never changes them, and a failing backend does not end the run."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import split_labels
+
+from fedmedbench import io
+from fedmedbench import partition as P
+from fedmedbench.data import synthetic
+from fedmedbench.fl import engine, tracking
+from fedmedbench.fl.spec import RunSpec, for_job, result_params
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tracking")
+    arrays = synthetic.generate("breastmnist", 28, seed=0, counts={"train": 160, "val": 40, "test": 80})
+    io.write_npz(d / "b.npz", arrays)
+    io.write_json(d / "p.json", P.build_partition(split_labels(arrays), "dirichlet", 3, 0, {"alpha": 1.0, "min_size": 5},
+                                                  num_classes=2))
+    return d
+
+
+def make_spec(workdir: Path, name: str, tracking_block: dict | None = None) -> RunSpec:
+    return RunSpec(
+        run_dir=str(workdir / name), study="trk", dataset="breastmnist", setting="dir", method="fedavg", seed=0,
+        partition_path=str(workdir / "p.json"), sources={"base": str(workdir / "b.npz")}, image_size=28,
+        train={"rounds": 2, "local_epochs": 1, "batch_size": 32, "lr": 0.05}, device="cpu", threads=1,
+        tracking=tracking_block or {},
+    )
+
+
+@pytest.fixture(scope="module")
+def tracked(workdir):
+    """One 2-round run with TensorBoard and MLflow on, and the same run with tracking off."""
+    uri = f"sqlite:///{workdir}/store/mlflow.db"
+    lines: list[str] = []
+    on = make_spec(workdir, "on", {"tensorboard": True, "mlflow": uri})
+    engine.run(on, log=lines.append)
+    engine.run(make_spec(workdir, "off"), log=lambda m: None)
+    return workdir, uri, lines
+
+
+def test_tracking_changes_neither_results_nor_run_hash(tracked):
+    workdir, _, lines = tracked
+    assert not [line for line in lines if line.startswith("tracking:")], lines
+    on, off = workdir / "on", workdir / "off"
+    assert (on / "model.pt").read_bytes() == (off / "model.pt").read_bytes()
+    drop = ["elapsed_s"]
+    pd.testing.assert_frame_equal(pd.read_csv(on / "metrics.csv").drop(columns=drop),
+                                  pd.read_csv(off / "metrics.csv").drop(columns=drop))
+    assert json.loads((on / "summary.json").read_text())["run_hash"] == json.loads((off / "summary.json").read_text())["run_hash"]
+    assert not (off / "tensorboard").exists()
+
+
+def test_event_files_hold_each_rounds_and_each_clients_metrics(tracked):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    workdir, _, _ = tracked
+    events = EventAccumulator(str(workdir / "on" / "tensorboard"))
+    events.Reload()
+    metrics = pd.read_csv(workdir / "on" / "metrics.csv")
+    scalars = {e.step: e.value for e in events.Scalars("global_accuracy")}
+    assert sorted(scalars) == [1, 2]
+    for rnd, value in scalars.items():
+        assert value == pytest.approx(metrics.loc[metrics["round"] == rnd, "global_accuracy"].item(), abs=1e-6)
+    clients = pd.read_csv(workdir / "on" / "client_metrics.csv")
+    for c in range(3):
+        local = {e.step: e.value for e in events.Scalars(f"client{c}/local_accuracy")}
+        expect = clients[clients["client"] == c].set_index("round")["local_accuracy"]
+        assert local == pytest.approx(expect.to_dict(), abs=1e-6)
+        assert [e.step for e in events.Scalars(f"client{c}/train_loss")] == [1, 2]
+
+
+def test_mlflow_store_lists_the_run_with_its_params_hash_and_rounds(tracked):
+    from mlflow.tracking import MlflowClient
+
+    workdir, uri, _ = tracked
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("trk")
+    (run,) = client.search_runs([experiment.experiment_id])
+    summary = json.loads((workdir / "on" / "summary.json").read_text())
+    assert run.info.status == "FINISHED" and run.info.run_name == "breastmnist/dir/fedavg/seed0"
+    assert run.data.tags["run_hash"] == summary["run_hash"]
+    assert run.data.tags["run_dir"] == str(workdir / "on")
+    params = run.data.params
+    assert (params["method"], params["train.lr"], params["train.rounds"], params["seed"]) == ("fedavg", "0.05", "2", "0")
+    assert params["train.momentum"] == "0.0"  # the resolved train block: defaults too
+    assert "threads" not in params and "tracking" not in params  # only what the run hash covers
+    metrics = pd.read_csv(workdir / "on" / "metrics.csv")
+    history = client.get_metric_history(run.info.run_id, "global_accuracy")
+    assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == \
+        list(zip(metrics["round"], metrics["global_accuracy"], strict=True))
+    assert len(client.get_metric_history(run.info.run_id, "client2/local_accuracy")) == 2
+
+
+def test_a_failing_store_is_named_once_and_the_run_completes(workdir):
+    blocker = workdir / "not_a_folder"
+    blocker.write_text("a file where the store's folder should be")
+    lines: list[str] = []
+    block = {"mlflow": f"sqlite:///{blocker}/mlflow.db"}
+    if importlib.util.find_spec("wandb") is None:
+        block["wandb"] = "offline"
+    spec = make_spec(workdir, "failing", block)
+    engine.run(spec, log=lines.append)
+    assert (workdir / "failing" / "summary.json").is_file()
+    named = [line for line in lines if line.startswith("tracking:")]
+    assert len([line for line in named if "mlflow" in line]) == 1, named
+    if "wandb" in block:
+        assert len([line for line in named if "not installed" in line and "wandb off for this run" in line]) == 1, named
+    assert len(named) == len(block), named
+
+
+def test_tracking_is_a_runtime_field(workdir):
+    spec = make_spec(workdir, "x")
+    assert dataclasses.replace(spec, tracking={"tensorboard": True}).run_hash() == spec.run_hash()
+    params = result_params(spec.to_dict())
+    assert "tracking" not in params  # not in a rule's params: turning tracking on reruns no job
+    config = {"engine": {}, "tracking": {"tensorboard": True, "mlflow": False}}
+    assert for_job(params, 1, config).tracking == config["tracking"]
+
+
+def test_options_resolve_the_config_block():
+    assert tracking.options({"mlflow": True})["mlflow"] == tracking.DEFAULT_MLFLOW_URI
+    assert tracking.options({"mlflow": "sqlite:///x.db"})["mlflow"] == "sqlite:///x.db"
+    assert tracking.options({}) == {"tensorboard": False, "mlflow": None, "wandb": None, "client_metrics": True}
+    assert tracking.options({"wandb": "offline"})["wandb"] == "offline"
+
+
+def test_round_values_name_each_client_and_drop_what_was_not_measured():
+    row = {"round": 3, "clients": 2, "train_loss": 0.5, "global_accuracy": float("nan"), "datafree_stop": False}
+    clients = [{"round": 3, "client": 1, "local_accuracy": np.float32(0.75)}]  # evaluation rows may hold NumPy numbers
+    trained = {0: {"train_loss": 0.4}, 1: {"train_loss": 0.6}}
+    assert tracking.round_values(row, clients, trained, clients=True) == {
+        "clients": 2.0, "train_loss": 0.5, "datafree_stop": 0.0, "client0/train_loss": 0.4,
+        "client1/train_loss": 0.6, "client1/local_accuracy": 0.75}
+    assert tracking.round_values(row, clients, trained, clients=False) == {"clients": 2.0, "train_loss": 0.5,
+                                                                           "datafree_stop": 0.0}
+
+
+def test_a_resumed_job_continues_its_mlflow_run_and_a_fresh_one_starts_anew(workdir):
+    """An interrupted job (run FAILED after round 1) resumes into the same MLflow run; a job that starts again at
+    round 1 gets a new run, and its event files replace the earlier run's."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    uri = f"sqlite:///{workdir}/resume/mlflow.db"
+    spec = make_spec(workdir, "resumed")
+    params = tracking.run_params(spec)
+
+    def session(first_round: int, rounds: list[int], ok: bool) -> None:
+        t = tracking.Tracker([tracking.MLflow(uri, spec, "h1", params), tracking.TensorBoard(spec.run_dir)], print)
+        for rnd in rounds:
+            t.round({"round": rnd, "global_accuracy": rnd / 10}, [], {})
+        t.close(ok=ok)
+        assert t.first_round == first_round
+
+    session(1, [1], ok=False)   # killed after round 1
+    session(2, [2, 3], ok=True)  # resumed from the round-1 checkpoint
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("trk").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "global_accuracy")) == \
+        [(1, 0.1), (2, 0.2), (3, 0.3)]
+
+    session(1, [1], ok=True)  # the job again from round 1 (e.g. after resume: restart)
+    runs = client.search_runs([client.get_experiment_by_name("trk").experiment_id])
+    assert len(runs) == 2
+    events = EventAccumulator(str(Path(spec.run_dir) / "tensorboard"))
+    events.Reload()
+    assert [(e.step, round(e.value, 6)) for e in events.Scalars("global_accuracy")] == [(1, 0.1)]
+
+
+@pytest.mark.slow
+def test_a_locked_store_is_named_once_and_its_rounds_arrive_when_it_frees(workdir):
+    """Another process holds the SQLite store locked through round 1: the job logs it once, trains on, and
+    sends round 1 with round 2 once the lock is gone (MLflow waits its busy timeout, about 20 s, first)."""
+    import sqlite3
+
+    from mlflow.tracking import MlflowClient
+
+    db = workdir / "locked" / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    db.parent.mkdir()
+    MlflowClient(tracking_uri=uri).create_experiment("trk")  # an existing store, as after a study's first job
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    lines: list[str] = []
+
+    def log(line: str) -> None:
+        lines.append(line)
+        if line.startswith("tracking:"):
+            holder.execute("COMMIT")  # the other process is done
+
+    engine.run(make_spec(workdir, "locked_run", {"mlflow": uri}), log=log)
+    holder.close()
+    named = [line for line in lines if line.startswith("tracking:")]
+    assert len(named) == 1 and "locked" in named[0], named
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("trk").experiment_id])
+    metrics = pd.read_csv(workdir / "locked_run" / "metrics.csv")
+    assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "global_accuracy")) == \
+        list(zip(metrics["round"], metrics["global_accuracy"], strict=True))
+    assert run.info.status == "FINISHED"
