@@ -33,10 +33,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from _flop_floor import forward_flops, round_flops
 from _timing import progress, time_spec
 
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.tasks.detection import yolo
+from fedmedbench.fl.tasks.detection.staging import read_manifest
 
 
 def stand_in(surgical: Path) -> dict[str, Any] | None:
@@ -167,7 +169,7 @@ def _missing(path: Path, target: Path, study: str, config_path: Path) -> SystemE
 def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, rounds: int, device: str, threads: int,
                workdir: Path, surgical: Path, workers: int | None = None, image_cache: str | None = None) -> dict[str, Any]:
     """``workers``: threads decoding clips ahead of use (default: the config's ``engine.loader_workers``);
-    ``image_cache``: the decoded clips kept in this folder (``engine.image_cache``; default: the config's)."""
+    ``image_cache``: the decoded clips kept in this folder (``engine.image_cache``; default: the config's; "": none)."""
     from fedmedbench.studies.fedst import runs as FS
 
     cfg = config["fedst"]
@@ -186,7 +188,7 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
     timed = [m for m in (methods or ["fedst"]) if m in cfg["methods"]] or list(cfg["methods"][:1])
     rates: dict[str, tuple[float, float]] = {}
     workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)
-    image_cache = image_cache or config["engine"].get("image_cache")
+    image_cache = (config["engine"].get("image_cache") if image_cache is None else image_cache) or None  # "": none
     row: dict[str, Any] = {"bench": "grid_cost", "study": "fedst", "device": device, "surgical_dir": str(surgical),
                            **label, "loader_workers": workers, "cache_mb": cache_mb, "image_cache": bool(image_cache)}
     pre_s = 0.0
@@ -211,6 +213,14 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
         train_s, eval_s = rates.get(method, mean)
         scale = steps / main_steps if steps and main_steps else 1.0  # comm<k>: k iterations; synmix: twice
         seconds += int(train["rounds"]) * train_s * scale + evaluations(int(train["rounds"]), cfg["eval"]["eval_every"]) * eval_s
+    sites = len(cfg["sites"]) if "sites" in cfg else len(config["surgical"]["sites"])
+    train_samples = float(sites * main_steps * int(cfg["train"]["batch_size"]))  # clips a main round trains on
+    forward = fedst_forward_flops(cfg, timed[0])
+    row.update(forward_flops_per_sample=forward, train_samples_per_round=train_samples, eval_samples_per_round=0.0,
+               flops_per_round=round_flops(forward, train_samples, 0.0),
+               measured_s_per_round=round(float(np.mean([r[0] for r in rates.values()])), 3),
+               floor_counts="a main round's local training only (its measured seconds too; the clips of the federated "
+                            "sites, server steps and evaluation not counted)")
     row.update(jobs=len(jobs), job_rounds=sum(int(FS.train_config(cfg, v)[0]["rounds"]) for v, _, _ in jobs),
                rounds_timed=rounds, local_steps=main_steps, input_size=cfg["data"]["input_size"],
                train_s_per_round={k: round(v[0], 3) for k, v in rates.items()},
@@ -242,7 +252,7 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
     """``workers``: the local trainings' and the evaluation's dataloader workers (default: the config's
     ``ultraflwr.train.workers`` and ``engine.loader_workers``); ``loader_workers``: ``engine.loader_workers``
     alone (the evaluation's workers, and the training batches read ahead in a thread from 1: the same results);
-    ``image_cache``: the decoded-frame folder (``engine.image_cache``; default: the config's)."""
+    ``image_cache``: the decoded-frame folder (``engine.image_cache``; default: the config's; "": none)."""
     from fedmedbench.studies.ultraflwr import runs as UFR
 
     uf = config["ultraflwr"]
@@ -251,7 +261,7 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
     train_workers = int(uf["train"].get("workers", 0) if workers is None else workers)
     if loader_workers is None:
         loader_workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)
-    image_cache = image_cache or config["engine"].get("image_cache")
+    image_cache = (config["engine"].get("image_cache") if image_cache is None else image_cache) or None  # "": none
     timed_uf = {**uf, "train": {**uf["train"], "rounds": rounds, "epochs": epochs, "workers": train_workers},
                 "eval": {**uf["eval"], "every": rounds}}
     strategies = [m for m in (methods or ["FedAvg"]) if m in uf["strategies"]] or list(uf["strategies"][:1])
@@ -278,12 +288,25 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
             row["split"] = how
     jobs = list(UFR.runs(uf))
     n_rounds, every = int(uf["train"]["rounds"]), int(uf["eval"]["every"])
-    seconds = 0.0
+    seconds = train_seconds = 0.0
+    frames = {g: sum(int(c["counts"]["train"]["frames"]) for c in
+                     read_manifest(surgical / "yolo" / g / s[0] / "manifest.json")["clients"]) / label["fraction"]
+              for g, s in uf["groups"].items()}  # a round's training frames at the papers' counts, per group
     for job in jobs:
         group_rates = rates[job["ugroup"]]
         mean = tuple(float(np.mean([v[i] for v in group_rates.values()])) for i in (0, 1))
         train_s, eval_s = group_rates.get(job["strategy"], mean)
         seconds += n_rounds * train_s + evaluations(n_rounds, every) * eval_s
+        train_seconds += n_rounds * train_s
+    classes = len(read_manifest(surgical / "yolo" / next(iter(uf["groups"])) / next(iter(uf["groups"].values()))[0]
+                                / "manifest.json")["classes"])
+    forward = yolo_forward_flops(uf["model"]["cfg"], classes,
+                                 int(uf["train"]["imgsz"]))
+    train_samples = float(np.mean([paper_epochs * frames[j["ugroup"]] for j in jobs]))
+    row.update(forward_flops_per_sample=forward, train_samples_per_round=round(train_samples, 1),
+               eval_samples_per_round=0.0, flops_per_round=round_flops(forward, train_samples, 0.0),
+               measured_s_per_round=round(train_seconds / (len(jobs) * n_rounds), 3),
+               floor_counts="a round's local training only (its measured seconds too): evaluation not counted")
     row.update(jobs=len(jobs), job_rounds=len(jobs) * n_rounds, rounds_timed=rounds, imgsz=uf["train"]["imgsz"],
                local_epochs=paper_epochs, local_epochs_timed=epochs, round_parts=parts,
                train_workers=train_workers, loader_workers=loader_workers, image_cache=bool(image_cache),
@@ -295,6 +318,23 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
                       "mosaic stays on in every timed epoch (the paper's last close_mosaic epochs load faster)",
                device_seconds=round(seconds), device_hours=round(seconds / 3600, 1))
     return row
+
+
+def yolo_forward_flops(cfg: str, classes: int, imgsz: int) -> int:
+    """FLOPs of one ``imgsz`` image's forward pass through the study's YOLO (``build_yolo``, random init)."""
+    return forward_flops(yolo.build_yolo(cfg, classes, seed=0), torch.zeros(1, 3, imgsz, imgsz))
+
+
+def fedst_forward_flops(cfg: dict, method: str) -> int:
+    """FLOPs of one clip's forward pass through FedST's network as ``method``'s jobs build it (random init)."""
+    from fedmedbench.models.fedst.net import build_fedst_net
+    from fedmedbench.studies.fedst import runs as FS
+
+    model_cfg = {**FS.model_config(cfg, "main", method), "encoder_weights": None}
+    torch.manual_seed(0)
+    net = build_fedst_net(model_cfg)
+    h, w = cfg["data"]["input_size"]
+    return forward_flops(net, torch.zeros(1, len(cfg["model"]["pools"]), 3, int(h), int(w)))
 
 
 def paper_round(train_s: float, calls: list[dict[str, Any]], n_rounds: int, epochs: int, paper_epochs: int,

@@ -47,7 +47,7 @@ def time_site(clips: Path, site: str, steps: int, workers: int, compute_ms: floa
     g = torch.Generator().manual_seed(0)
     order: list[int] = []
     ahead = max(batch, workers)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     reading = augmenting = 0.0
     for step in range(steps):
         if len(order) < batch:  # reshuffled as train_steps does
@@ -60,9 +60,11 @@ def time_site(clips: Path, site: str, steps: int, workers: int, compute_ms: floa
         reading, augmenting = reading + t2 - t1, augmenting + time.perf_counter() - t2
         time.sleep(compute_ms / 1000)
     per_step = (time.perf_counter() - t0) / steps
+    cpu_per_step = (time.process_time() - c0) / steps  # every thread's: the work, apart from waiting on a shared machine
     return {"bench": "clip_loading", "site": site, "clips": len(data), "distinct_frames_per_clip": round(distinct, 2),
             "input_size": list(size), "batch": batch, "steps": steps, "loader_workers": workers,
             "compute_ms": compute_ms, "image_cache": disk is not None, "ms_per_step": round(per_step * 1000, 1),
+            "cpu_ms_per_step": round(cpu_per_step * 1000, 1),
             "batch_ms_per_step": round(reading / steps * 1000, 1), "augment_ms_per_step": round(augmenting / steps * 1000, 1),
             "data_ms_not_hidden": round(max(0.0, per_step * 1000 - compute_ms), 1)}
 

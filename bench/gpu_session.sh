@@ -132,14 +132,14 @@ step "jobs per GPU" "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads
 if [ -z "${SURGICAL_DIR:-}" ]; then step "ultraflwr stand-in" bash -c "$WAIT_BUILD" "$STAND_IN" ultraflwr; fi
 step "ultraflwr grid cost" "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml --rounds 3 \
   --surgical-epochs 2 --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" --methods FedAvg --threads "$THREADS" \
-  --out "$OUT"
+  --no-image-cache --out "$OUT"
 # the same with 8 dataloader workers in each local training and evaluation (ultraflwr.train.workers,
 # engine.loader_workers; UltraFlwr loads in the process): what parallel loading saves on a GPU
 step "ultraflwr grid cost, 8 loader workers" "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml \
   --rounds 3 --surgical-epochs 2 --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" --methods FedAvg \
-  --yolo-workers 8 --threads "$THREADS" --out "$OUT"
-# the same with every training and validation frame decoded once into IMAGE_CACHE (engine.image_cache; the same
-# samples): what reading the frames from .npy saves where loading bounds the round
+  --yolo-workers 8 --no-image-cache --threads "$THREADS" --out "$OUT"
+# the same with every training and validation frame decoded once into IMAGE_CACHE at the training size
+# (engine.image_cache, the paper config's default; the same samples): what it saves where loading bounds the round
 step "ultraflwr grid cost, frame cache" "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml \
   --rounds 3 --surgical-epochs 2 --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" --methods FedAvg \
   --image-cache "${IMAGE_CACHE:-$STAND_IN/frames}" --threads "$THREADS" --out "$OUT"
@@ -152,9 +152,9 @@ step "ultraflwr grid cost, frame cache, read ahead" "$PY" bench/grid_cost.py --c
 # the whole grid at its rate, the upper and the lower bound
 if [ -z "${SURGICAL_DIR:-}" ]; then step "fedst stand-in" bash -c "$WAIT_BUILD" "$STAND_IN" fedst; fi
 step "fedst grid cost, FedAvg" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
-  --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods seg_fedavg --threads "$THREADS" --out "$OUT"
+  --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods seg_fedavg --no-image-cache --threads "$THREADS" --out "$OUT"
 step "fedst grid cost, FedST" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
-  --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods fedst --threads "$THREADS" --out "$OUT"
+  --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods fedst --no-image-cache --threads "$THREADS" --out "$OUT"
 # FedAvg again with each clip decoded once into IMAGE_CACHE (engine.image_cache; the same results): the rounds after
 # the first read every clip from disk
 step "fedst grid cost, FedAvg, clip cache" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \

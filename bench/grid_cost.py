@@ -16,6 +16,12 @@ which must be built first, or on a synthetic stand-in at the papers' frame count
     python bench/grid_cost.py --config config/studies/ultraflwr.yaml --rounds 3 --methods FedAvg
     python bench/surgical_stand_in.py --config config/studies/ultraflwr.yaml --out /tmp/si-uf --fraction 0.05
     python bench/grid_cost.py --config config/studies/ultraflwr.yaml --surgical-dir /tmp/si-uf --rounds 3 --methods FedAvg
+
+Each row also gives the arithmetic floor of a round (``_flop_floor.py``: FLOPs counted on the study's own model,
+training = 3 x forward, at 30 % and 10 % of the device's dense peak), the measured time over it, the grid's
+device-hours with ``--packing`` (the measured throughput of jobs sharing a device) and the floor's; a summary row
+per study (``study``, ``device``, ``commit``, ``grid_gpu_hours``, ``floor_gpu_hours_30``, ``levers``, ...) is
+appended to ``bench/grid_cost_results.jsonl`` and a line printed.
 """
 
 from __future__ import annotations
@@ -33,8 +39,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
+#: where each study's summary row is appended (``--results``)
+RESULTS = ROOT / "bench" / "grid_cost_results.jsonl"
 
-from _report import emit  # noqa: E402
+from _flop_floor import dense_peak, device_name, floor_fields, forward_flops, round_flops  # noqa: E402
+from _report import emit, git_head  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
 from _timing import time_spec, waiting_steps  # noqa: E402
 
@@ -143,7 +152,61 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
                s_per_round={k: round(v, 3) for k, v in s_per_round.items()},
                untimed_methods_at_mean=sorted(set(st["methods"]) - set(s_per_round)),
                device_hours=round(seconds / 3600, 1))
+    row.update(classification_work(config, study, first, part, spec))
+    row["measured_s_per_round"] = round(seconds / row["job_rounds"], 4)  # over the grid's rounds, each method's own
     return row
+
+
+def classification_work(config: dict, study: str, job: dict, part: Path, spec: RunSpec) -> dict:
+    """A round's work on the timed setting and its FLOPs: the sampled clients' local epochs over their mean
+    training split (of the partition), the global validation and test sets (the official split sizes) on an
+    evaluated round, and one sample's forward FLOPs through the study's model builder."""
+    import json
+
+    import torch
+
+    from fedmedbench.fl.federation import resolve_data_shapes
+    from fedmedbench.models import build_model
+
+    st = config["studies"][study]
+    train = grid.run_train(st, job["setting"], job["method"])
+    clients = json.loads(Path(part).read_text())["clients"]
+    mean_train = float(np.mean([len(c["train"]) for c in clients]))
+    counts = dataset_info(job["dataset"]).n_samples
+    evaluated = 1.0 / max(1, int(st["eval_every"]))  # the share of rounds evaluated (and the last)
+    shapes = resolve_data_shapes(spec)  # input channels and classes as the job reads them from its data
+    torch.manual_seed(0)
+    model = build_model(spec.model, shapes.in_channels, shapes.num_classes, spec.image_size)
+    forward = forward_flops(model, torch.zeros(1, shapes.in_channels, spec.image_size, spec.image_size))
+    sampled = spec.clients_per_round or len(clients)  # none set: every client trains each round
+    train_samples = sampled * mean_train * float(train["local_epochs"])
+    eval_samples = (counts["val"] + counts["test"]) * evaluated
+    return {"forward_flops_per_sample": forward, "train_samples_per_round": round(train_samples, 1),
+            "eval_samples_per_round": round(eval_samples, 1),
+            "flops_per_round": round_flops(forward, train_samples, eval_samples)}
+
+
+def with_floor(row: dict, device: str, peak_tflops: float | None, packing: float, levers: list[str]) -> dict:
+    """The row with the device's name, the floor at each share of its dense peak (where the row has its FLOPs a
+    round), the measured time over the floor, and the grid's device-hours with ``packing`` jobs' measured
+    throughput (1: one job at a time)."""
+    name = device_name(device)
+    out = {**row, "device_name": name, "commit": git_head(), "packing_throughput": packing,
+           "grid_gpu_hours": round(row["device_hours"] / packing, 1), "levers": levers}
+    if "flops_per_round" in row:
+        peak, source = dense_peak(device, name, peak_tflops)
+        out.update(dense_peak_tflops=round(peak / 1e12, 3), dense_peak_source=source,
+                   **floor_fields(row["flops_per_round"], peak, row.get("measured_s_per_round"), row["job_rounds"]))
+    return out
+
+
+def result_row(row: dict) -> dict:
+    """The summary kept in ``grid_cost_results.jsonl``: what each study's grid costs, on what, with what."""
+    keys = ("study", "device", "device_name", "commit", "grid_gpu_hours", "device_hours", "packing_throughput",
+            "measured_s_per_round", "forward_flops_per_sample", "flops_per_round", "dense_peak_tflops",
+            "floor_s_per_round_30", "floor_s_per_round_10", "measured_over_floor_30", "measured_over_floor_10",
+            "floor_gpu_hours_30", "floor_gpu_hours_10", "levers")
+    return {k: row.get(k) for k in keys}
 
 
 def main() -> None:
@@ -165,6 +228,8 @@ def main() -> None:
     ap.add_argument("--image-cache", type=Path,
                     help="fedst, ultraflwr: keep the decoded clips or frames in this folder (engine.image_cache); "
                          "default: the config's")
+    ap.add_argument("--no-image-cache", action="store_true",
+                    help="fedst, ultraflwr: decode every read, whatever the config's engine.image_cache says")
     ap.add_argument("--loader-workers", type=int,
                     help="engine.loader_workers: fedst's threads decoding clips ahead of use; ultraflwr's evaluation "
                          "workers and, from 1, the training batches read ahead in a thread (after --yolo-workers); "
@@ -172,7 +237,15 @@ def main() -> None:
     ap.add_argument("--waiting-steps", action="store_true",
                     help="local steps wait for the device as before (CPU batch indices into device data, blocking "
                          "fedst batch copies): a before/after on one machine")
+    ap.add_argument("--peak-tflops", type=float,
+                    help="the device's dense peak the floor is taken against (default: bench/_flop_floor.py's "
+                         "figure for the card; a CPU's measured matrix-product rate)")
+    ap.add_argument("--packing", type=float, default=1.0,
+                    help="the measured throughput of the jobs packed on one device, in jobs' worth of one job alone "
+                         "(bench/gpu_packing.py); grid_gpu_hours = device_hours / this (default 1: one at a time)")
     ap.add_argument("--out", type=Path, help="append the results as JSON lines")
+    ap.add_argument("--results", type=Path, default=RESULTS,
+                    help="append each study's summary row here (default: bench/grid_cost_results.jsonl)")
     args = ap.parse_args()
     import torch
 
@@ -180,7 +253,44 @@ def main() -> None:
     limit_threads(args.threads)
     with waiting_steps() if args.waiting_steps else nullcontext():
         for row in cost_rows(args, device):
-            emit([{**row, "waiting_steps": args.waiting_steps}], args.out)
+            row = with_floor({**row, "waiting_steps": args.waiting_steps}, device, args.peak_tflops, args.packing,
+                             levers(row, args))
+            emit([row], args.out)
+            emit_summary(row, args.results)
+            print(summary_line(row), flush=True)
+
+
+def summary_line(row: dict) -> str:
+    """One line a person reads: measured seconds a round, the floor at 30 % and 10 % of the peak, their ratio,
+    and the grid's device-hours against the floor's."""
+    line = f"{row['study']}: {row['device_name']}: grid {row['grid_gpu_hours']} device-hours"
+    if "floor_s_per_round_30" in row:
+        line += (f"; {row['measured_s_per_round']} s a round measured, floor {row['floor_s_per_round_30']} / "
+                 f"{row['floor_s_per_round_10']} s at 30 / 10 % of {row['dense_peak_tflops']} TFLOP/s "
+                 f"({row.get('measured_over_floor_30')}x / {row.get('measured_over_floor_10')}x); floor grid "
+                 f"{row['floor_gpu_hours_30']} / {row['floor_gpu_hours_10']} device-hours")
+    return line
+
+
+def levers(row: dict, args: argparse.Namespace) -> list[str]:
+    """The speed levers a row ran with (none: the configuration as it is, one job at a time)."""
+    out = [f"{key}" for key in ("image_cache", "read_ahead") if row.get(key)]
+    if row.get("loader_workers"):
+        out.append(f"loader_workers={row['loader_workers']}")
+    if args.packing != 1:
+        out.append(f"packing={args.packing:g}")
+    if args.waiting_steps:
+        out.append("waiting_steps (before)")
+    return out
+
+
+def emit_summary(row: dict, path: Path | None) -> None:
+    """Append the row's summary (:func:`result_row`) to ``path`` as one JSON line."""
+    if path is not None:
+        import json
+
+        with Path(path).open("a") as fh:
+            fh.write(json.dumps(result_row(row)) + "\n")
 
 
 def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
@@ -198,7 +308,7 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
         for name, cost in (("fedst", fedst_cost), ("ultraflwr", ultraflwr_cost)):
             if not has_runs[name] or (args.study and name not in args.study):
                 continue
-            cache = str(args.image_cache.resolve()) if args.image_cache else None
+            cache = "" if args.no_image_cache else str(args.image_cache.resolve()) if args.image_cache else None
             extra = ({"epochs": args.surgical_epochs, "workers": args.yolo_workers, "image_cache": cache,
                       "loader_workers": args.loader_workers} if name == "ultraflwr"
                      else {"workers": args.loader_workers, "image_cache": cache})

@@ -420,3 +420,81 @@ def test_waiting_steps_puts_back_cpu_batch_indices_and_blocking_batch_copies_the
     with waiting_steps():
         assert indices_and_copy() == ({"cpu"}, [False])
     assert indices_and_copy() == ({"meta"}, [True])
+
+
+def test_flop_floor_counts_a_tiny_model_and_takes_a_share_of_the_peak():
+    """FlopCounterMode's FLOPs of a hand-sized model (a matrix product is 2 x m x n x k), training = 3 x forward,
+    and the floor's seconds, ratio and grid hours from hand-made figures."""
+    import torch
+    from _flop_floor import dense_peak, floor_fields, forward_flops, round_flops
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, bias=False), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 5))
+    assert forward_flops(model, torch.zeros(1, 2, 8, 8)) == 2 * (4 * 6 * 6 * 2 * 3 * 3) + 2 * (4 * 6 * 6 * 5)
+    assert model.training  # left as it was
+    assert round_flops(10.0, 4, 3) == 3 * 10 * 4 + 10 * 3
+    fields = floor_fields(3e12, 100e12, 1.0, 36000)  # 3 TFLOP a round at 30 / 10 % of 100 TFLOP/s: 0.1 / 0.3 s
+    assert fields["floor_s_per_round_30"] == pytest.approx(0.1) and fields["floor_s_per_round_10"] == pytest.approx(0.3)
+    assert fields["measured_over_floor_30"] == 10.0 and fields["measured_over_floor_10"] == 3.33
+    assert fields["floor_gpu_hours_30"] == 1.0 and fields["floor_gpu_hours_10"] == 3.0  # 36,000 rounds
+    assert dense_peak("cuda", "NVIDIA H100 80GB HBM3") == (400e12, "DENSE_PEAK_TFLOPS[H100]")
+    assert dense_peak("cuda", "NVIDIA H200", 500) == (500e12, "--peak-tflops")
+    with pytest.raises(SystemExit, match="no dense peak known"):
+        dense_peak("cuda", "Some Other Card")
+    assert dense_peak("cpu", "cpu: x")[0] > 0  # a CPU's measured matrix-product rate
+
+
+def test_grid_cost_work_of_an_earlystop_round_is_the_papers():
+    """The paper's round: 10 of 100 clients x 5 local epochs over DermaMNIST's 7,007 training images (3,503.5
+    samples), the 1,003 validation and 2,005 test images evaluated every round, ConvNeXtV2-nano at 64 px."""
+    import tempfile
+
+    import grid_cost
+
+    config = grid_cost.load_config(STUDIES / "earlystop.yaml")
+    first = grid_cost.grid_jobs(config, "earlystop")[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        part, sources = grid_cost.make_data(Path(tmp), config, "earlystop", first["setting"], first["dataset"])
+        spec = grid_cost.job_spec(Path(tmp), config, "earlystop", first, part, sources, 2, "cpu", 1)
+        work = grid_cost.classification_work(config, "earlystop", first, part, spec)
+    assert work["train_samples_per_round"] == pytest.approx(10 * 7007 / 100 * 5)
+    assert work["eval_samples_per_round"] == 1003 + 2005
+    assert 0.3e9 < work["forward_flops_per_sample"] < 0.5e9
+    assert work["flops_per_round"] == pytest.approx(work["forward_flops_per_sample"] * (3 * 3503.5 + 3008))
+
+
+def test_grid_cost_appends_each_studys_summary_with_its_floor_and_levers(tmp_path):
+    results = tmp_path / "grid_cost_results.jsonl"
+    for packing in ("1", "4"):
+        done = _bench("grid_cost.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", "--rounds", "2",
+                      "--threads", "1", "--peak-tflops", "0.001", "--packing", packing, "--results", str(results))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "floor" in done.stdout.splitlines()[-1] and "micro:" in done.stdout.splitlines()[-1]
+    one, packed = (json.loads(line) for line in results.read_text().splitlines())
+    for row in (one, packed):
+        assert row["study"] == "micro" and row["device"] == "cpu" and row["commit"] and row["dense_peak_tflops"] == 0.001
+        assert row["floor_gpu_hours_30"] > 0 and row["floor_gpu_hours_10"] == pytest.approx(3 * row["floor_gpu_hours_30"], rel=0.02)
+        assert row["measured_over_floor_30"] == pytest.approx(row["measured_s_per_round"] / row["floor_s_per_round_30"], rel=0.02)
+        assert row["grid_gpu_hours"] == pytest.approx(row["device_hours"] / row["packing_throughput"], abs=0.1)
+    assert one["levers"] == [] and packed["levers"] == ["packing=4"] and packed["packing_throughput"] == 4
+
+
+def test_ops_per_round_counts_a_steady_round_whatever_the_width_and_image_side(tmp_path, monkeypatch):
+    """bench/ops_per_round.py scales the model's widths and the image side down because the op count of a round
+    does not depend on them: on a small earlystop-like workload (8 clients, 2 a round, 1 epoch of batch 16) the
+    count is the same at two widths and two image sides, every op falls in a phase, and training dominates."""
+    import engine_overhead as eo
+    import ops_per_round
+    import yaml
+
+    monkeypatch.setattr(eo, "DERMA_COUNTS", {"train": 96, "val": 20, "test": 30})
+    study = yaml.safe_load((STUDIES / "earlystop.yaml").read_text())["studies"]["earlystop"]
+    study["settings"]["dir0.1"]["num_clients"] = 8
+    study.update(clients_per_round=2, train={**study["train"], "local_epochs": 1, "batch_size": 16,
+                                             "eval_batch_size": 16})
+    config = tmp_path / "earlystop.yaml"
+    config.write_text(yaml.safe_dump({"studies": {"earlystop": study}}))
+    rows = [ops_per_round.count_round("earlystop", "fedavg", config, width, size, 1, tmp_path / f"w{width}-{size}")
+            for width, size in ((2, 32), (4, 32), (2, 48))]
+    counts = {row["ops_per_round"] for row in rows}
+    assert len(counts) == 1 and rows[0]["ops_per_round"] == sum(rows[0]["ops"].values())
+    assert rows[0]["ops"]["train"] > rows[0]["ops"]["eval"] > 0 and rows[0]["clients_per_round"] == 2

@@ -175,11 +175,14 @@ def test_fedst_cost_scales_an_evaluation_by_the_test_fraction_only(monkeypatch, 
     row = SC.fedst_cost(config, STUDIES / "fedst.yaml", ["fedst"], 4, "cpu", 1, tmp_path / "w", surgical)
     assert specs[2].task_params["cache_mb"] == row["cache_mb"] == 1024
     assert row["train_s_per_round"] == {"fedst": 2.0}  # the same fixed steps: not scaled by the fraction
-    # the decoded clips on disk (engine.image_cache) when asked for: the config's (none) or the bench's folder
-    assert specs[0].image_cache is None and not row["image_cache"]
+    # the decoded clips on disk (engine.image_cache): the config's folder (the grid's default) or the bench's
+    assert specs[0].image_cache == config["engine"]["image_cache"] == "resources/cache/clips" and row["image_cache"]
     row = SC.fedst_cost(config, STUDIES / "fedst.yaml", ["fedst"], 4, "cpu", 1, tmp_path / "w", surgical,
                         image_cache=str(tmp_path / "clips-on-disk"))
     assert specs[3].image_cache == str(tmp_path / "clips-on-disk") and row["image_cache"]
+    row = SC.fedst_cost(config, STUDIES / "fedst.yaml", ["fedst"], 4, "cpu", 1, tmp_path / "w", surgical,
+                        image_cache="")  # grid_cost --no-image-cache: every read decoded
+    assert specs[4].image_cache is None and not row["image_cache"]
 
 
 def test_steps_clock_logs_each_local_segmentation_training_and_then_lets_go(monkeypatch):
@@ -221,6 +224,11 @@ def test_ultraflwr_cost_times_real_local_trainings_on_a_stand_in(tmp_path):
     assert parts["train_s"] == pytest.approx(parts["overhead_s"] + 20 * 3 * parts["client_epoch_s"] / row["fraction"],
                                              abs=1e-3 + 20 * 3 * 5e-4 / row["fraction"])
     assert row["local_epochs"] == 20 and row["local_epochs_timed"] == 2 and row["device_hours"] > 0
+    # the floor's work: 20 epochs over the clients' training frames at the papers' counts, 3 forward passes each
+    manifest = json.loads((tmp_path / "si" / "yolo" / "combined" / "a" / "manifest.json").read_text())
+    frames = sum(c["counts"]["train"]["frames"] for c in manifest["clients"])
+    assert row["train_samples_per_round"] == pytest.approx(20 * frames / row["fraction"], abs=0.1)
+    assert row["flops_per_round"] == pytest.approx(3 * row["forward_flops_per_sample"] * row["train_samples_per_round"])
     assert row["jobs"] == len(uf["strategies"]) * 3 + 3  # and the per-client centralized baseline per seed set
 
 

@@ -1370,6 +1370,47 @@ def test_loader_workers_turn_on_reading_ahead_for_every_training_without_changin
     assert asked[-1] == ("centralized", True)
 
 
+def test_the_last_pixel_steps_in_a_second_thread_give_the_same_batches_and_weights(export, tmp_path, monkeypatch):
+    """The HSV step's, the flips' and Format's pixel work runs in a second thread (their draws stay in the loader's):
+    the batches are those of the steps run in place, bit for bit, over epochs whose transforms change
+    (close_mosaic), inline and read ahead, and so are the weights; every sample's image went through the thread."""
+    import hashlib
+
+    from ultralytics.models.yolo.detect import DetectionTrainer
+
+    from fedmedbench.fl.tasks.detection import pixel_thread as PT
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+
+    spec = _spec(export, tmp_path, "FedAvg")
+    data = DetectionTask(spec).client_data(0)
+    seen, handed = [], [0]
+    preprocess, submit = DetectionTrainer.preprocess_batch, PT._Pixels.submit
+
+    def noted(self, batch):
+        seen.append(hashlib.sha1(batch["img"].numpy().tobytes()).hexdigest())
+        return preprocess(self, batch)
+
+    def counted(self, img, steps):
+        handed[0] += 1
+        assert [kind for kind, _, _ in steps][-1] == "format" and "hsv" in [kind for kind, _, _ in steps]
+        return submit(self, img, steps)
+
+    monkeypatch.setattr(DetectionTrainer, "preprocess_batch", noted)
+    monkeypatch.setattr(PT._Pixels, "submit", counted)
+    runs = {}
+    for mode in ("in place", "thread", "thread, read ahead"):
+        seen.clear()
+        handed[0] = 0
+        out = train_yolo(build_yolo("yolo11n.yaml", spec.num_classes, seed=3), data.data_yaml, epochs=3, batch=4,
+                         imgsz=64, seed=1, device=torch.device("cpu"), workdir=tmp_path / mode, extra={"close_mosaic": 1},
+                         read_ahead="read ahead" in mode, pixel_thread=mode != "in place")
+        runs[mode] = (list(seen), out, handed[0])
+    (base, a, none), (thread, b, n_b), (ahead, c, n_c) = runs.values()
+    assert len(base) > 6 and base == thread == ahead and none == 0
+    assert n_b == n_c == 3 * data.num_train  # every training sample of the 3 epochs, the close_mosaic one too
+    assert all(torch.equal(a.state[k], b.state[k]) and torch.equal(a.state[k], c.state[k]) for k in a.state)
+
+
 def test_ap_extends_the_precision_envelope_to_recall_one_as_ultralytics_8_3():
     """One class, 3 ground-truth boxes, AP at 101 recall points (trapezoids of 0.01).
     [TP, FP, FP] (recall 1/3, precision 1, 1/2, 1/3): 8.4 ends the envelope at recall 1/3:

@@ -9,12 +9,21 @@ by all jobs, keyed by the frame's resolved path, size and modification time, and
 ``<name>.npy`` symlink to it. A frame read by several settings, clients or jobs is decoded and stored
 once. Each file is written under a temporary name and renamed, so a job never reads a partial one; a
 frame changed after its file was written is decoded again (Ultralytics skips a stale file too).
+
+At a training size (``imgsz``, what the detection task uses) each frame is stored as Ultralytics' loader resizes
+it (long side to ``imgsz``, :func:`resize_like_ultralytics`): the image its own RAM cache would hold, a tenth of
+a 1920x1080 frame's bytes, with nothing left to decode or resize when it is read. The file sits in the frame's
+folder of the cache, named by the size and the frame's original height and width (``<imgsz>_<h>x<w>.npy``: the
+loader reports the original shape with the image), and the stage gets a ``<name>.s<imgsz>.npy`` link to it,
+which :mod:`.sized_frames` makes Ultralytics' datasets read (Ultralytics itself never opens it).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import re
 import shutil
 import threading
 from collections.abc import Callable, Iterable
@@ -66,6 +75,51 @@ def cached_path(cache: Path, image: Path) -> Path:
     return cache / digest[:2] / f"{digest[2:22]}.npy"
 
 
+def resized_shape(height: int, width: int, imgsz: int) -> tuple[int, int]:
+    """(h, w) Ultralytics' loader resizes a ``height`` x ``width`` frame to: its long side to ``imgsz``
+    (``BaseDataset.load_image`` with ``rect_mode``; either side at most ``imgsz``)."""
+    r = imgsz / max(height, width)
+    if r == 1:
+        return height, width
+    return min(math.ceil(height * r), imgsz), min(math.ceil(width * r), imgsz)
+
+
+def resize_like_ultralytics(image: np.ndarray, imgsz: int) -> np.ndarray:
+    """``image`` as Ultralytics' loader resizes it for training and validation at ``imgsz`` (bilinear; unchanged
+    where the long side is ``imgsz`` already). Checked against the loader itself where it is read (sized_frames)."""
+    import cv2
+
+    h, w = resized_shape(*image.shape[:2], imgsz)
+    if (h, w) == image.shape[:2]:
+        return image
+    return cv2.resize(image, (w, h), interpolation=cv2.INTER_LINEAR)
+
+
+SIZED = re.compile(r"^(\d+)_(\d+)x(\d+)\.npy$")
+
+
+def sized_link(image: Path, imgsz: int) -> Path:
+    """The stage's link to the frame stored at ``imgsz``: ``<name>.s<imgsz>.npy`` beside ``image``."""
+    return image.with_name(f"{image.stem}.s{int(imgsz)}.npy")
+
+
+def sized_file(frame_dir: Path, imgsz: int) -> Path | None:
+    """The file of the frame whose folder is ``frame_dir`` at ``imgsz``, where one was written."""
+    try:
+        names = os.listdir(frame_dir)
+    except OSError:
+        return None
+    return next((frame_dir / n for n in names if (m := SIZED.match(n)) and int(m.group(1)) == imgsz), None)
+
+
+def original_shape(stored: Path) -> tuple[int, int]:
+    """(height, width) of the frame before it was resized, from a stored file's name (``<imgsz>_<h>x<w>.npy``)."""
+    m = SIZED.match(Path(stored).name)
+    if m is None:
+        raise ValueError(f"{stored}: not a frame stored at a training size (<imgsz>_<h>x<w>.npy)")
+    return int(m.group(2)), int(m.group(3))
+
+
 def write_npy(path: Path, array: np.ndarray) -> int:
     """``np.save`` through ``io.atomic_path``: readers see no file or all of it; its size in bytes."""
     with io.atomic_path(path) as tmp:
@@ -83,39 +137,59 @@ def _link(link: Path, target: Path) -> None:
     os.replace(tmp, link)
 
 
-def frame_bytes(image: Path) -> int:
-    """Bytes of ``image`` decoded (3 channels), from its header; 0 where the header does not open."""
+def frame_shape(image: Path) -> tuple[int, int] | None:
+    """(height, width) of ``image`` from its header; None where the header does not open."""
     from PIL import Image
 
     try:
         with Image.open(image) as im:
             width, height = im.size
     except Exception:  # any decoder's error (Ultralytics' PIL plugins raise their own)
+        return None
+    return height, width
+
+
+def frame_bytes(image: Path, imgsz: int | None = None) -> int:
+    """Bytes of ``image`` decoded (3 channels; resized to ``imgsz`` where given), from its header; 0 where the
+    header does not open."""
+    shape = frame_shape(image)
+    if shape is None:
         return 0
+    height, width = resized_shape(*shape, imgsz) if imgsz else shape
     return width * height * 3
 
 
 def link_cached_frames(folders: Iterable[Path], cache: str | Path, workers: int = 1,
-                       log: Callable[[str], None] = print) -> CacheReport:
-    """Give every image of ``folders`` (a stage's ``<split>/images``) a ``<name>.npy`` link to its decoded
-    frame in ``cache``, decoding the frames not there yet (``workers`` threads). With too little free disk
-    for the frames still to decode, nothing is written; a frame that does not decode is not cached. Either
-    way the job reads those frames as it would without the cache (said in the log)."""
+                       log: Callable[[str], None] = print, imgsz: int | None = None) -> CacheReport:
+    """Give every image of ``folders`` (a stage's ``<split>/images``) a link to its decoded frame in ``cache``,
+    decoding the frames not there yet (``workers`` threads): ``<name>.npy`` to the frame as decoded (what
+    Ultralytics' loader reads by itself), or with ``imgsz`` ``<name>.s<imgsz>.npy`` to the frame resized as the
+    loader resizes it (:func:`sized_link`; read through :mod:`.sized_frames`). With too little free disk for the
+    frames still to decode, nothing is written; a frame that does not decode is not cached. Either way the job
+    reads those frames as it would without the cache (said in the log)."""
     cache = Path(cache).resolve()
     try:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise OSError(f"engine.image_cache: cannot make the folder {cache} ({err})") from err
+    sized = int(imgsz) if imgsz else None
+
+    def stored(key: Path) -> Path | None:  # the frame's file, where it was written
+        if sized is None:
+            return key if key.exists() else None
+        return sized_file(key.with_suffix(""), sized)
+
     # the frames the exports hold (a link to a missing frame is not a file: left to Ultralytics, which names it)
     links = {img: cached_path(cache, img) for folder in folders for img in sorted_images(Path(folder))}
-    frames: dict[Path, Path] = {}  # shared file -> one image of it (a frame staged in several folders: once)
-    for img, npy in links.items():
-        frames.setdefault(npy, img)
+    frames: dict[Path, Path] = {}  # shared key -> one image of it (a frame staged in several folders: once)
+    for img, key in links.items():
+        frames.setdefault(key, img)
     report = CacheReport()
-    todo = [(npy, img) for npy, img in frames.items() if not npy.exists()]
+    files = {key: stored(key) for key in frames}
+    todo = [(key, img) for key, img in frames.items() if files[key] is None]
     report.reused = len(frames) - len(todo)
     if todo:
-        per_frame = next((b for b in (frame_bytes(img) for _, img in todo) if b), 0)
+        per_frame = next((b for b in (frame_bytes(img, sized) for _, img in todo) if b), 0)
         need = per_frame * len(todo) * (1 + DISK_MARGIN)
         free = shutil.disk_usage(cache).free
         if need > free:
@@ -125,20 +199,27 @@ def link_cached_frames(folders: Iterable[Path], cache: str | Path, workers: int 
             todo = []
         else:
             def store(item: tuple[Path, Path]) -> int:
+                key, img = item
                 try:
-                    array = decode(item[1])
+                    array = decode(img)
                 except ValueError as err:  # Ultralytics skips or names such a frame itself, as without the cache
                     report.unreadable.append(str(err))
                     return 0
-                return write_npy(item[0], array)
+                if sized is not None:
+                    height, width = array.shape[:2]
+                    key = key.with_suffix("") / f"{sized}_{height}x{width}.npy"
+                    array = resize_like_ultralytics(array, sized)
+                files[item[0]] = key
+                return write_npy(key, array)
 
             with ThreadPoolExecutor(max(1, int(workers))) as pool:  # OpenCV decodes without the GIL
                 report.bytes_written = sum(pool.map(store, todo))
             report.decoded = len(todo) - len(report.unreadable)
             report.unreadable.sort()
-    for img, npy in links.items():
-        if npy.exists():
-            _link(img.with_suffix(".npy"), npy)
+    for img, key in links.items():
+        target = files.get(key)
+        if target is not None and target.exists():
+            _link(img.with_suffix(".npy") if sized is None else sized_link(img, sized), target)
     if todo:
         log(f"image cache: {report.decoded} frames decoded into {cache} ({report.bytes_written / 2**30:.2f} GiB), "
             f"{report.reused} already there")

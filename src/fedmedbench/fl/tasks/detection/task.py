@@ -61,13 +61,13 @@ class DetectionTask(Task):
         self.manifest = read_manifest(spec.partition_path)
         self.work = scratch_dir(spec.run_dir)  # removed when the run completes (engine.complete)
         self.stage = stage_export(spec.partition_path, self.work / "stage")
-        if spec.image_cache:  # every frame the job reads: each training epoch, validation and evaluation
-            from fedmedbench.fl.tasks.detection.frame_cache import link_cached_frames
+        if spec.image_cache:  # every frame the job reads (each training epoch, validation and evaluation), stored
+            from fedmedbench.fl.tasks.detection.frame_cache import link_cached_frames  # at the training size
 
             folders = [self.stage / f"client_{c['client']}" / split / "images" for c in self.manifest["clients"]
                        for split in SPLITS]
             link_cached_frames(folders + [self.stage / "pooled" / split / "images" for split in POOLED_SPLITS],
-                               spec.image_cache, workers=max(1, int(spec.threads)))
+                               spec.image_cache, workers=max(1, int(spec.threads)), imgsz=spec.image_size)
 
     @classmethod
     def resolve_spec(cls, spec):

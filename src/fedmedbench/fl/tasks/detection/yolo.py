@@ -51,7 +51,15 @@ import torch
 
 from fedmedbench.fl.tasks.detection import label_cache
 from fedmedbench.fl.tasks.detection.ap import ap_rule
+from fedmedbench.fl.tasks.detection.sized_frames import read_sized_frames
 from fedmedbench.weights.safeload import LoadReport
+
+
+def _log(message: str) -> None:
+    """Said through Ultralytics' logger, as its own messages about the data."""
+    from ultralytics.utils import LOGGER
+
+    LOGGER.info(message)
 
 SELECT = ("best", "last")
 SELECT_METRICS = ("map50", "fitness")
@@ -218,19 +226,28 @@ class RandomHSV83:
         self.hgain, self.sgain, self.vgain = hgain, sgain, vgain
 
     def __call__(self, labels: dict) -> dict:
+        gains = self.draw(labels["img"])
+        if gains is not None:
+            self.apply(labels["img"], gains)
+        return labels
+
+    def draw(self, img: np.ndarray) -> np.ndarray | None:
+        """The step's random gains for ``img`` (one draw from NumPy's stream), or None where it leaves it as it is."""
+        if img.shape[-1] != 3 or not (self.hgain or self.sgain or self.vgain):
+            return None
+        return np.random.uniform(-1, 1, 3) * [self.hgain, self.sgain, self.vgain] + 1
+
+    @staticmethod
+    def apply(img: np.ndarray, gains: np.ndarray) -> None:
+        """``img`` (BGR) with its hue, saturation and value moved by ``gains``, in place."""
         import cv2
 
-        img = labels["img"]
-        if img.shape[-1] != 3 or not (self.hgain or self.sgain or self.vgain):
-            return labels
-        gains = np.random.uniform(-1, 1, 3) * [self.hgain, self.sgain, self.vgain] + 1
         x = np.arange(0, 256, dtype=gains.dtype)
         luts = (hue_lut_83(gains[0], img.dtype), np.clip(x * gains[1], 0, 255).astype(img.dtype),
                 np.clip(x * gains[2], 0, 255).astype(img.dtype))
         hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)
         mapped = cv2.merge([cv2.LUT(channel, lut) for channel, lut in zip(cv2.split(hsv), luts, strict=True)])
         cv2.cvtColor(mapped, cv2.COLOR_HSV2BGR, dst=img)
-        return labels
 
 
 def with_83_hue(compose):
@@ -261,7 +278,7 @@ def _use_83_hsv(dataset) -> None:
 
 def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
                   warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3",
-                  hsv: str = "ultralytics_8_3", read_ahead: bool = False) -> type:
+                  hsv: str = "ultralytics_8_3", read_ahead: bool = False, pixel_thread: bool = False) -> type:
     """Ultralytics' DetectionTrainer as the study runs it: no checkpoints, no final re-validation, no CPU
     gc, validated epochs marked, ``optimizer=auto`` resolved by ``auto_optimizer``, and the fitness that
     early stopping reads (and ``best_fitness``) by ``fitness``: ``ultralytics_8_3`` = 0.1 mAP50 + 0.9
@@ -270,7 +287,9 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
     the loss's candidate anchors by ``assigner`` (8.3.48's :func:`anchors_in_boxes_83` or the installed one's) and
     the training set's hue augmentation by ``hsv`` (8.3.48's :func:`hue_lut_83` or the installed one's); with
     ``read_ahead`` the training batches are loaded in a thread while the model trains, the same samples
-    (:mod:`~fedmedbench.fl.tasks.detection.read_ahead`)."""
+    (:mod:`~fedmedbench.fl.tasks.detection.read_ahead`); with ``pixel_thread`` (loading in this process) each training
+    sample's last pixel steps run in a second thread, the same samples (:mod:`~fedmedbench.fl.tasks.detection.pixel_thread`;
+    off by default: on a busy 2-core machine it was not faster, it needs a free core)."""
     from ultralytics.models.yolo.detect import DetectionTrainer
 
     for key, value, choices in (("auto_optimizer", auto_optimizer, AUTO_OPTIMIZERS), ("fitness", fitness, FITNESS_RULES),
@@ -298,8 +317,13 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
 
         def build_dataset(self, img_path, mode="train", batch=None):
             dataset = super().build_dataset(img_path, mode, batch)
+            read_sized_frames(dataset, log=_log)  # frames stored at training size, where the stage links them
             if hsv == "ultralytics_8_3" and mode == "train":
                 _use_83_hsv(dataset)
+            if pixel_thread and mode == "train" and int(getattr(getattr(self, "args", None), "workers", 0)) == 0:
+                from fedmedbench.fl.tasks.detection.pixel_thread import use_pixel_thread
+
+                use_pixel_thread(dataset)  # the last pixel steps in a second thread (the same bits)
             return dataset
 
         def _get_warmup_iterations(self, num_batches):
@@ -435,13 +459,14 @@ def train_yolo(
     device: torch.device, workdir: str | Path, select: str = "best", select_metric: str = "fitness",
     extra: dict[str, Any] | None = None, auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
     workers: int = 0, warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3", hsv: str = "ultralytics_8_3",
-    read_ahead: bool = False, ap: str = "ultralytics_8_3",
+    read_ahead: bool = False, ap: str = "ultralytics_8_3", pixel_thread: bool = False,
 ) -> TrainOutcome:
     """Train ``model`` (its current weights) for ``epochs`` with Ultralytics' detection trainer (``workers``
     dataloader processes; 0 = in this process, as UltraFlwr, where ``read_ahead`` loads the next batches in a
-    thread while the model trains: the same samples)."""
+    thread while the model trains, and ``pixel_thread`` runs each sample's last pixel steps in another: the same
+    samples)."""
     EpochSelector(select, select_metric)  # fail on a bad choice before Ultralytics starts
-    trainer_cls = study_trainer(auto_optimizer, fitness, warmup, assigner, hsv, read_ahead)
+    trainer_cls = study_trainer(auto_optimizer, fitness, warmup, assigner, hsv, read_ahead, pixel_thread)
     extra = dict(extra or {})
     fixed = sorted(set(extra) & set(FIXED_ARGS))
     if fixed:
@@ -511,6 +536,21 @@ def fused_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy_.fuse(verbose=False) if hasattr(copy_, "fuse") else copy_
 
 
+def study_validator() -> type:
+    """Ultralytics' DetectionValidator (as the module holds it when called) reading the frames stored at training
+    size where the stage links them (:mod:`~fedmedbench.fl.tasks.detection.sized_frames`: the same arrays, so the
+    same scores)."""
+    from ultralytics.models.yolo.detect import DetectionValidator
+
+    class _Validator(DetectionValidator):
+        def build_dataset(self, img_path, mode="val", batch=None):
+            dataset = super().build_dataset(img_path, mode, batch)
+            read_sized_frames(dataset, log=_log)
+            return dataset
+
+    return _Validator
+
+
 def validate_yolo(
     model: torch.nn.Module, data_yaml: str | Path, split: str, *, imgsz: int, batch: int, device: torch.device,
     workdir: str | Path, conf: float = 0.001, iou: float = 0.7, rect: bool = True, workers: int = 0,
@@ -522,13 +562,11 @@ def validate_yolo(
     Ultralytics' ``model.val()`` sets by default and UltraFlwr's test scripts therefore use; a bare
     validator would letterbox every image to ``imgsz`` x ``imgsz``. ``ap``: :data:`.ap.AP_RULES`.
     """
-    from ultralytics.models.yolo.detect import DetectionValidator
-
     args = dict(data=str(data_yaml), split=split, imgsz=int(imgsz), batch=int(batch), device=device_arg(device),
                 workers=int(workers), plots=False, save_json=False, verbose=False, conf=conf, iou=iou, rect=bool(rect),
                 project=str(Path(workdir).resolve()), name="val", exist_ok=True)
     label_cache.install()
     with ultralytics_offline(), ap_rule(ap):
-        validator = DetectionValidator(args=args)
+        validator = study_validator()(args=args)
         stats = validator(model=fused_copy(model))
     return {"map50": float(stats["metrics/mAP50(B)"]), "map50_95": float(stats["metrics/mAP50-95(B)"])}
