@@ -195,7 +195,8 @@ def test_an_earlystop_client_on_gpu_data_does_not_wait_for_the_gpu_per_step(meth
         return lambda: get_method(method, {}).client_fit(ctx)
 
     counts = _waits(fit)
-    assert counts[0] == counts[1], f"{method}: the host waited {counts[0]} times for 2 steps, {counts[1]} for 6"
+    # a wait per step would add 4 for 6 steps; a one-off (the process's first pinned copy) may fall in either count
+    assert counts[1] <= counts[0], f"{method}: the host waited {counts[0]} times for 2 steps, {counts[1]} for 6"
 
 
 @pytest.mark.parametrize("name", ["gpaf", "moon", "feddg", "centralized"])
