@@ -138,13 +138,14 @@ def steps_clock() -> Iterator[list[float]]:
 
 def split_trainings(calls: list[dict[str, Any]]) -> tuple[float, float]:
     """(set-up s, one epoch's s) of a client's local training, means over the trainings that ran at least
-    two epochs: an epoch = the mean gap between epoch ends, set-up = the first epoch's end minus one epoch."""
+    two epochs: an epoch = the mean gap between epoch ends, set-up = the first epoch's end minus one epoch (0 where
+    the epochs varied by more than the set-up took: a first epoch faster than a later one on a busy machine)."""
     timed = [c for c in calls if len(c["epoch_ends"]) >= 2]
     if not timed:
         raise ValueError("no local training ran two epochs: time at least 2 (--surgical-epochs)")
     epochs = [float(np.mean(np.diff(c["epoch_ends"]))) for c in timed]
     setups = [c["epoch_ends"][0] - c["start"] - e for c, e in zip(timed, epochs, strict=True)]
-    return float(np.mean(setups)), float(np.mean(epochs))
+    return max(0.0, float(np.mean(setups))), float(np.mean(epochs))
 
 
 def evaluations(rounds: int, every: int) -> int:

@@ -77,10 +77,9 @@ def test_epoch_means_of_hand_made_steps():
 # ---------------------------------------------------------------- the federation's rows
 
 
-@pytest.fixture(scope="module")
-def two_labels(tmp_path_factory):
-    """Client 0 holds only class 0 and client 1 only class 1, in every split (equal sizes)."""
-    d = tmp_path_factory.mktemp("curves")
+def _two_label_folder(d: Path, train_sizes: tuple[int, int]) -> Path:
+    """Client 0 holds only class 0 and client 1 only class 1, in every split; ``train_sizes`` training samples
+    each, 8 validation and 8 test samples each."""
     counts = {"train": 120, "val": 40, "test": 40}
     arrays = synthetic.generate("breastmnist", 28, seed=0, counts=counts)
     io.write_npz(d / "b.npz", arrays)
@@ -88,11 +87,25 @@ def two_labels(tmp_path_factory):
     for split in ("train", "val", "test"):
         labels = arrays[f"{split}_labels"].reshape(-1)
         for c in (0, 1):
-            clients[c][split] = [offset + int(i) for i in np.flatnonzero(labels == c)[:8]]
+            take = train_sizes[c] if split == "train" else 8
+            clients[c][split] = [offset + int(i) for i in np.flatnonzero(labels == c)[:take]]
+            assert len(clients[c][split]) == take
         offset += counts[split]
     test = clients[0]["test"] + clients[1]["test"]
     io.write_json(d / "p.json", {"num_classes": 2, "clients": clients, "global_test": [{"source": "base", "idx": test}]})
     return d
+
+
+@pytest.fixture(scope="module")
+def two_labels(tmp_path_factory):
+    """Two one-class clients of equal sizes (8 training samples each)."""
+    return _two_label_folder(tmp_path_factory.mktemp("curves"), (8, 8))
+
+
+@pytest.fixture(scope="module")
+def uneven_labels(tmp_path_factory):
+    """Two one-class clients of 10 and 30 training samples: an example-weighted mean differs from a plain one."""
+    return _two_label_folder(tmp_path_factory.mktemp("uneven"), (10, 30))
 
 
 def spec_for(d: Path, name: str, method: str = "fedavg", **kw) -> RunSpec:
@@ -114,8 +127,8 @@ class HandMade:
         return {}
 
 
-def test_logged_per_epoch_losses_are_the_example_weighted_average_of_the_clients(two_labels):
-    spec = spec_for(two_labels, "weighted")
+def test_logged_per_epoch_losses_are_the_example_weighted_average_of_the_clients(uneven_labels):
+    spec = spec_for(uneven_labels, "weighted")
     federation = fed.Federation(spec, log=lambda m: None)
     transport = HandMade({0: {"train_loss": 0.75, "train_loss_e1": 1.0, "train_loss_e2": 0.5},
                           1: {"train_loss": 1.5, "train_loss_e1": 2.0, "train_loss_e2": 1.0}}, {0: 10, 1: 30})
