@@ -1004,16 +1004,8 @@ def test_evaluation_at_native_units_or_native_resolution_on_request(clips):
 def test_every_segmentation_methods_honest_replies_pass_the_servers_checks(clips, tmp_path, method, monkeypatch):
     """Two rounds per method (FedDP: its queries round, then calibration): every site's reply is checked against
     what the method declares (``Method.reply_keys``) and accepted."""
-    from test_methods import checked_replies
+    from test_methods import checked_replies, run_and_check_replies
 
-    seen = checked_replies(monkeypatch)
-    spec = make_spec(clips, tmp_path, method)
-    f = fed.Federation(spec, log=lambda m: None)
-    f.run(fed.InProcessTransport(spec))
-    assert [(r, p) for r, p, _, _ in seen] == [(r, p) for r in (1, 2) for p in f.sample(r)]
-    model = f.job.new_model()
-    for rnd, _, keys, extras in seen:
-        declared = f.method.reply_keys(model, rnd, f.train)
-        assert keys == sorted(declared["arrays"]) and set(extras) <= set(declared) - {"arrays"}
+    seen = run_and_check_replies(make_spec(clips, tmp_path, method), checked_replies(monkeypatch))
     if method == "feddp":
         assert seen[0][3] == ["queries"] and seen[-1][2] == []  # the queries round, then calibration sends nothing

@@ -729,6 +729,19 @@ def checked_replies(monkeypatch) -> list[tuple[int, int, list[str], list[str]]]:
     return seen
 
 
+def run_and_check_replies(spec, seen) -> list[tuple[int, int, list[str], list[str]]]:
+    """Run ``spec`` 2 rounds in process: every sampled client's reply was checked once, and its model keys are
+    the method's declared ones (its extra records among the declared)."""
+    f = fed.Federation(spec, log=lambda m: None)
+    f.run(fed.InProcessTransport(spec))
+    assert [(r, p) for r, p, _, _ in seen] == [(r, p) for r in (1, 2) for p in f.sample(r)]
+    model = f.job.new_model()
+    for rnd, _, keys, extras in seen:
+        declared = f.method.reply_keys(model, rnd, f.train)
+        assert keys == sorted(declared["arrays"]) and set(extras) <= set(declared) - {"arrays"}
+    return seen
+
+
 @pytest.mark.parametrize("method", CLASSIFICATION_METHODS)
 def test_every_methods_honest_replies_pass_the_servers_checks(fed_setup, method, monkeypatch):
     """Two rounds per method: each sampled client's reply is checked against what the method declares
@@ -739,14 +752,7 @@ def test_every_methods_honest_replies_pass_the_servers_checks(fed_setup, method,
                    sources={"base": str(fed_setup / "b.npz")}, image_size=28, clients_per_round=3, device="cpu",
                    model="gpaf_cnn" if method == "gpaf" else "cnn_small",
                    train={"rounds": 2, "local_epochs": 1, "batch_size": 16, "lr": 0.05, "grad_clip": 10.0})
-    spec = fed.resolve_data_shapes(spec)
-    f = fed.Federation(spec, log=lambda m: None)
-    f.run(fed.InProcessTransport(spec))
-    assert [(r, p) for r, p, _, _ in seen] == [(r, p) for r in (1, 2) for p in f.sample(r)]
-    model = f.job.new_model()
-    for rnd, _, keys, extras in seen:
-        declared = f.method.reply_keys(model, rnd, f.train)
-        assert keys == sorted(declared["arrays"]) and set(extras) <= set(declared) - {"arrays"}
+    run_and_check_replies(fed.resolve_data_shapes(spec), seen)
 
 
 def test_every_built_in_method_has_an_honest_reply_test():
