@@ -135,6 +135,17 @@ def test_a_user_file_must_exist_and_register_its_name(tmp_path):
     assert "registers no method 'other'" in planning_error({"methods": {"other": str(path)}})
 
 
+def test_a_user_file_that_does_not_parse_or_declares_a_bad_param_fails_naming_its_key(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("class Mine(:\n")
+    msg = planning_error({"methods": {"broken": str(broken)}})
+    assert msg.startswith("config error at 'methods.broken': ") and str(broken) in msg
+    path = user_file(tmp_path, "mine_b", "    other = 1\n")
+    path.write_text(path.read_text().replace("Param('k', int, 2, 'a k', low=1)", "Param('k', int, 2, bogus=1)"))
+    msg = planning_error({"methods": {"mine_b": str(path)}})
+    assert msg.startswith("config error at 'methods.mine_b': ") and "bogus" in msg
+
+
 def test_a_user_methods_parameters_come_from_its_file(tmp_path):
     path = user_file(tmp_path, "mine_k")
     cfg = {"methods": {"mine_k": str(path)}, "studies": {"s": {"methods": ["mine_k"], "method_params": {"mine_k": {"k": 0}}}}}

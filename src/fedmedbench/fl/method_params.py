@@ -37,7 +37,8 @@ def resolve(method: str, study_params: dict[str, dict], setting: dict[str, Any])
 def sources(config: dict[str, Any]) -> dict[str, MethodSource]:
     """Every method a config may name: built-in, installed (entry points) and the config's own ``methods``
     (name -> file, relative to the working directory). A user file must exist and register its name, and
-    no user method may take a built-in's name (the error names both)."""
+    no user method may take a built-in's name (the error names both); a file that does not parse or whose
+    ``params`` is not a tuple of literal ``Param(...)`` fails naming its key."""
     known = {**builtin_sources(), **entry_point_sources()}
     for name, path in (config.get("methods") or {}).items():
         key = f"methods.{name}"
@@ -46,7 +47,12 @@ def sources(config: dict[str, Any]) -> dict[str, MethodSource]:
         if name in known:
             config_error(key, f"method '{name}' of {path} is already registered by {known[name].path} "
                          f"(class {known[name].class_name}); give yours another name")
-        found = registered_in(path)
+        try:  # read now, so a file that does not parse or declares a bad Param fails here, naming the key
+            found = registered_in(path)
+            if name in found:
+                found[name].params()
+        except (SyntaxError, ValueError, TypeError) as err:
+            config_error(key, f"{path} cannot be read for method '{name}': {err}")
         if name not in found:
             config_error(key, f"{path} registers no method '{name}' (a class decorated with @register_method({name!r}); "
                          f"it registers {sorted(found) or 'none'})")
