@@ -8,8 +8,8 @@ the average, a missing key or a transposed weight fails deep inside a method, an
 reweights everyone. After aggregation a non-finite global model stops the run, naming the round and
 the clients whose replies were non-finite, before anything is checkpointed or saved.
 
-Values may be NumPy arrays or torch tensors (any device): :func:`layout` and :func:`all_finite`
-read both the same way. ``train.on_nonfinite: continue`` (the early-stopping reference, which keeps
+Values are torch tensors, on any device (the engine turns Flower's arrays into tensors before the
+check). ``train.on_nonfinite: continue`` (the early-stopping reference, which keeps
 training through a NaN loss) turns the finiteness checks off; the shape, key and size checks stay.
 """
 
