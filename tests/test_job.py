@@ -168,3 +168,14 @@ def test_a_spec_with_an_unknown_field_is_refused_naming_it():
     assert RunSpec.from_json(good.to_json()) == good
     with pytest.raises(ValueError, match=r"unknown field\(s\) \['keep_on_gpu'\]"):
         RunSpec.from_dict({**good.to_dict(), "keep_on_gpu": True})
+
+
+def test_a_spec_with_an_unknown_train_field_is_refused_naming_it():
+    from fedmedbench.fl.api import TrainConfig
+
+    train = {"rounds": 2, "local_epochs": 1, "batch_size": 4, "lr": 0.1}
+    spec = RunSpec(run_dir="r", study="s", dataset="d", setting="x", method="fedavg", seed=0, partition_path="p",
+                   sources={}, image_size=28, train=train)
+    assert TrainConfig.from_spec(spec).lr == 0.1
+    with pytest.raises(ValueError, match=r"unknown train field\(s\) \['lr_decy'\]"):
+        TrainConfig.from_spec(RunSpec.from_dict({**spec.to_dict(), "train": {**train, "lr_decy": 0.9}}))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -76,7 +76,10 @@ class TrainConfig:
 
     @classmethod
     def from_spec(cls, spec: RunSpec) -> TrainConfig:
-        """The run's settings (its ``train`` block)."""
+        """The run's settings (its ``train`` block); a key this version does not know fails naming it."""
+        unknown = sorted(set(spec.train) - {f.name for f in fields(cls)})
+        if unknown:  # e.g. a spec file written by another version of the package
+            raise ValueError(f"run spec: unknown train field(s) {unknown}; write the spec again with this version")
         return cls(**spec.train)
 
     def lr_at(self, rnd: int) -> float:
