@@ -36,6 +36,7 @@ import torch
 
 from fedmedbench.fl.arrays import host_tensors
 from fedmedbench.fl.client_state import RESTART_HINT, ClientStateStore, copy_state
+from fedmedbench.fl.spec import RESUME_MODES
 from fedmedbench.fl.state_file import read_state, write_state
 from fedmedbench.io import disk_full_error, remove_temp_files, write_bytes, write_torch
 
@@ -312,8 +313,8 @@ def load(run_dir: str | Path, run_hash: str, rows_log: RowsLog | None = None) ->
 
 def prepare(run_dir: str | Path, resume: str = "auto") -> None:
     """At job start: drop temp files a killed job left; ``resume="restart"`` also drops the checkpoint."""
-    if resume not in ("auto", "restart"):
-        raise ValueError(f"resume = {resume!r}: choose auto or restart")
+    if resume not in RESUME_MODES:
+        raise ValueError(f"resume = {resume!r}: choose {' or '.join(RESUME_MODES)}")
     remove_temp_files(run_dir)
     if resume == "restart":
         shutil.rmtree(checkpoint_dir(run_dir), ignore_errors=True)
