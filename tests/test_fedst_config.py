@@ -122,3 +122,22 @@ def test_a_new_pretrained_model_changes_the_run_hash(tmp_path):
     pre.unlink()
     with pytest.raises(FileNotFoundError, match="pretrain"):
         FS.pin_initial_model(spec)
+
+
+@pytest.mark.parametrize("model,ok", [
+    ({"heads": 8}, True), ({"heads": 3}, False),  # FPN decoder: 128 channels
+    ({"decoder": "light", "decoder_dim": 64, "heads": 8}, True),
+    ({"decoder": "light", "decoder_dim": 60, "heads": 8}, False),  # 60 / 8 heads: RSC could not be built
+    ({"decoder": "light", "decoder_dim": 60, "heads": 8, "temporal": False}, True),  # no RSC
+])
+def test_rsc_heads_must_divide_the_decoder_map_it_reads(model, ok):
+    from fedmedbench.configcheck import ConfigError
+
+    cfg = copy.deepcopy(DEMO)
+    validate(cfg, SCHEMA)
+    cfg["fedst"]["model"].update(model)
+    if ok:
+        FS.check_config(cfg["fedst"], cfg["surgical"])
+    else:
+        with pytest.raises(ConfigError, match="fedst.model.heads"):
+            FS.check_config(cfg["fedst"], cfg["surgical"])

@@ -124,9 +124,11 @@ def check_config(cfg: dict[str, Any], surgical: dict[str, Any]) -> None:
     if m.get("decoder", "fpn") == "fpn" and size is not None and any(int(side) % 32 for side in size):
         config_error("fedst.data.input_size", f"{list(size)}: the FPN decoder (fedst.model.decoder: fpn) needs sides "
                      "divisible by 32 (e.g. [480, 480]); or model.decoder: light")
-    if m.get("temporal") is not False and m.get("decoder", "fpn") == "fpn" and m.get("temporal_at", "decoder") == "decoder" \
-            and 128 % int(m.get("heads", 8)):
-        config_error("fedst.model.heads", f"{m.get('heads')} must divide the FPN decoder's 128 channels (RSC at the decoder)")
+    if m.get("temporal") is not False and m.get("temporal_at", "decoder") == "decoder":
+        fpn = m.get("decoder", "fpn") == "fpn"
+        channels, name = (128, "FPN decoder's") if fpn else (int(m.get("decoder_dim", 64)), "light decoder's (model.decoder_dim)")
+        if channels % int(m.get("heads", 8)):
+            config_error("fedst.model.heads", f"{m.get('heads')} must divide the {name} {channels} channels (RSC at the decoder)")
     if "ind_clip" in cfg["variants"] or cfg["indicator"]["kind"] == "clip":
         if not cfg["indicator"]["clip_weights"]:
             config_error("fedst.indicator.clip_weights", "the CLIP indicator (kind clip or variant ind_clip) needs an open_clip "
