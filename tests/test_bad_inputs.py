@@ -152,6 +152,9 @@ PARTITION_EDITS = [
     ("global test sample in a training list", lambda d: d["clients"][1]["train"].append(d["global_test"][0]["idx"][-1]),
      r"client 1 trains on sample \d+ of source 'base', which is also in (client \d test|global test set idx) list"),
     ("non-integer index", lambda d: d["clients"][0]["test"].__setitem__(0, 1.5), r"client 0 test list holds non-integer"),
+    ("nested index", lambda d: d["clients"][0]["train"].__setitem__(0, [1]), r"client 0 train list must be a flat list"),
+    ("nested list", lambda d: d["clients"][1]["val"].__setitem__(slice(None), [list(d["clients"][1]["val"])]),
+     r"client 1 val list must be a flat list"),
 ]
 
 
