@@ -661,6 +661,20 @@ def test_a_derived_copy_is_tied_to_its_source(tmp_path, breast_arrays):
         user.source_fingerprint("mine", cfg, 28, tmp_path / "cache")
 
 
+def test_a_missing_source_is_a_config_error_naming_the_config_file(tmp_path):
+    """Planning reports a missing user dataset source as one line naming the config file that sets the path."""
+    from fedmedbench.data import user
+    from fedmedbench.diagnostics import as_config_error, config_error_line
+
+    config = tmp_path / "mine.yaml"
+    config.write_text("datasets:\n  mine:\n    path: gone.npz\n")
+    with pytest.raises(DataError) as caught:
+        user.existing_source("mine", {"path": str(tmp_path / "gone.npz")}, 28)
+    err = as_config_error(caught.value)
+    assert err is not None and err.key == "datasets.mine.path"
+    assert config_error_line(err, [config]).startswith(f"config error in {config} at 'datasets.mine.path': ")
+
+
 # ---------------------------------------------------------------- config files (read strictly, file:line)
 
 

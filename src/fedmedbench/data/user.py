@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedmedbench.configcheck import ConfigError
 from fedmedbench.data.medmnist import SPLITS, DataError, DatasetInfo, dataset_info, load_npz, md5sum
 from fedmedbench.io import atomic_path, file_digest, write_json
 
@@ -41,13 +42,17 @@ def user_file(cfg: dict, size: int) -> Path:
     return Path(str(cfg["path"]).replace(SIZE_FIELD, str(size)))
 
 
+class MissingSourceError(ConfigError, DataError):
+    """A user dataset's source file is gone: a config error (the workflow names the file that sets the path)."""
+
+
 def existing_source(name: str, cfg: dict, size: int) -> Path:
     """The source file of a user dataset; a missing one is an error naming it (an imported copy of a file
     that is gone is not trained on as if it were that file)."""
     source = user_file(cfg, size)
     if not source.is_file():
-        raise DataError(f"config error at 'datasets.{name}.path': {source} does not exist (the source of user dataset "
-                        f"'{name}' at {size} px); restore it or point datasets.{name}.path at the file")
+        raise MissingSourceError(f"datasets.{name}.path", f"{source} does not exist (the source of user dataset "
+                                 f"'{name}' at {size} px); restore it or point datasets.{name}.path at the file")
     return source
 
 
