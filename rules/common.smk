@@ -142,14 +142,16 @@ def user_dataset(wildcards):
 
 
 def user_source_file(wildcards):
-    return str(USER.existing_source(wildcards.dataset, USER_DATASETS[wildcards.dataset], int(wildcards.size)))
+    with exit_on_config_error(CONFIG_FILES):  # a missing source: one line naming the config file and key
+        return str(USER.existing_source(wildcards.dataset, USER_DATASETS[wildcards.dataset], int(wildcards.size)))
 
 
 def user_source(wildcards):
     """The source's resolved path and SHA-256: a moved or changed source is imported again, a missing one
     stops planning naming it (mtime alone misses a file replaced by an older one)."""
-    return USER.source_fingerprint(wildcards.dataset, USER_DATASETS[wildcards.dataset], int(wildcards.size),
-                                   "resources/user")
+    with exit_on_config_error(CONFIG_FILES):
+        return USER.source_fingerprint(wildcards.dataset, USER_DATASETS[wildcards.dataset], int(wildcards.size),
+                                       "resources/user")
 
 
 def dataset_origin(dataset, size):

@@ -152,6 +152,9 @@ PARTITION_EDITS = [
     ("global test sample in a training list", lambda d: d["clients"][1]["train"].append(d["global_test"][0]["idx"][-1]),
      r"client 1 trains on sample \d+ of source 'base', which is also in (client \d test|global test set idx) list"),
     ("non-integer index", lambda d: d["clients"][0]["test"].__setitem__(0, 1.5), r"client 0 test list holds non-integer"),
+    ("nested index", lambda d: d["clients"][0]["train"].__setitem__(0, [1]), r"client 0 train list must be a flat list"),
+    ("nested list", lambda d: d["clients"][1]["val"].__setitem__(slice(None), [list(d["clients"][1]["val"])]),
+     r"client 1 val list must be a flat list"),
 ]
 
 
@@ -656,6 +659,20 @@ def test_a_derived_copy_is_tied_to_its_source(tmp_path, breast_arrays):
     source.unlink()
     with pytest.raises(DataError, match=rf"'datasets\.mine\.path': {re.escape(str(source))} does not exist"):
         user.source_fingerprint("mine", cfg, 28, tmp_path / "cache")
+
+
+def test_a_missing_source_is_a_config_error_naming_the_config_file(tmp_path):
+    """Planning reports a missing user dataset source as one line naming the config file that sets the path."""
+    from fedmedbench.data import user
+    from fedmedbench.diagnostics import as_config_error, config_error_line
+
+    config = tmp_path / "mine.yaml"
+    config.write_text("datasets:\n  mine:\n    path: gone.npz\n")
+    with pytest.raises(DataError) as caught:
+        user.existing_source("mine", {"path": str(tmp_path / "gone.npz")}, 28)
+    err = as_config_error(caught.value)
+    assert err is not None and err.key == "datasets.mine.path"
+    assert config_error_line(err, [config]).startswith(f"config error in {config} at 'datasets.mine.path': ")
 
 
 # ---------------------------------------------------------------- config files (read strictly, file:line)

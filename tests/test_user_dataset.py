@@ -155,7 +155,8 @@ def test_imported_copy_follows_its_source(tmp_path):
     moved.unlink()
     proc = _snakemake(work, "-n", "--configfile", "mine.yaml")
     assert proc.returncode != 0
-    assert f"config error at 'datasets.digits.path': {moved} does not exist" in proc.stdout + proc.stderr
+    assert f"config error in mine.yaml at 'datasets.digits.path': {moved} does not exist" in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.slow

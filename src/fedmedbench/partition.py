@@ -538,7 +538,12 @@ def check_partition(doc: dict, pool_sizes: dict[str, int], path: str) -> None:
     for who, source, part, idx in parts:
         if source not in pool_sizes:
             continue  # a source the caller does not load is checked where it is loaded
-        arr = np.asarray(idx)
+        try:
+            arr = np.asarray(idx)
+        except ValueError:  # a ragged list (an index written as a list)
+            arr = None
+        if arr is None or arr.ndim != 1:
+            raise PartitionError(f"{path}: {who} {part} list must be a flat list of sample indices")
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
             raise PartitionError(f"{path}: {who} {part} list holds non-integer entries (e.g. {idx[0]!r})")
         arr = arr.astype(np.int64, copy=False)

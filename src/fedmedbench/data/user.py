@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedmedbench.configcheck import ConfigError, config_error
 from fedmedbench.data.medmnist import SPLITS, DataError, DatasetInfo, dataset_info, load_npz, md5sum
 from fedmedbench.io import atomic_path, file_digest, write_json
 
@@ -41,13 +42,17 @@ def user_file(cfg: dict, size: int) -> Path:
     return Path(str(cfg["path"]).replace(SIZE_FIELD, str(size)))
 
 
+class MissingSourceError(ConfigError, DataError):
+    """A user dataset's source file is gone: a config error (the workflow names the file that sets the path)."""
+
+
 def existing_source(name: str, cfg: dict, size: int) -> Path:
     """The source file of a user dataset; a missing one is an error naming it (an imported copy of a file
     that is gone is not trained on as if it were that file)."""
     source = user_file(cfg, size)
     if not source.is_file():
-        raise DataError(f"config error at 'datasets.{name}.path': {source} does not exist (the source of user dataset "
-                        f"'{name}' at {size} px); restore it or point datasets.{name}.path at the file")
+        raise MissingSourceError(f"datasets.{name}.path", f"{source} does not exist (the source of user dataset "
+                                 f"'{name}' at {size} px); restore it or point datasets.{name}.path at the file")
     return source
 
 
@@ -95,20 +100,20 @@ def check_registry_entry(name: str, cfg: dict) -> None:
     """What the schema cannot say: a usable name, a class list that fits the task."""
     key = f"datasets.{name}"
     if not re.match(NAME_PATTERN, name):
-        raise ValueError(f"config error at '{key}': name must match {NAME_PATTERN} (lower-case letters, digits, '-')")
+        config_error(key, f"name must match {NAME_PATTERN} (lower-case letters, digits, '-')")
     if len(set(cfg["labels"])) != len(cfg["labels"]):
-        raise ValueError(f"config error at '{key}.labels': class names must be distinct, got {cfg['labels']}")
+        config_error(f"{key}.labels", f"class names must be distinct, got {cfg['labels']}")
     if cfg["task"] == "binary" and len(cfg["labels"]) != 2:
-        raise ValueError(f"config error at '{key}.labels': a binary task has exactly 2 classes, got {len(cfg['labels'])}")
+        config_error(f"{key}.labels", f"a binary task has exactly 2 classes, got {len(cfg['labels'])}")
     if cfg["task"] not in TRAINABLE_TASKS:
-        raise ValueError(f"config error at '{key}.task': '{cfg['task']}' datasets can be registered but not trained yet "
-                         f"(trainable: {', '.join(TRAINABLE_TASKS)})")
+        config_error(f"{key}.task", f"'{cfg['task']}' datasets can be registered but not trained yet "
+                     f"(trainable: {', '.join(TRAINABLE_TASKS)})")
     if len(cfg["sizes"]) > 1 and SIZE_FIELD not in str(cfg["path"]):
-        raise ValueError(f"config error at '{key}.path': several sizes {cfg['sizes']} need '{{size}}' in the path")
+        config_error(f"{key}.path", f"several sizes {cfg['sizes']} need '{{size}}' in the path")
     rest = str(cfg["path"]).replace(SIZE_FIELD, "")
     if "{" in rest or "}" in rest:
-        raise ValueError(f"config error at '{key}.path': {cfg['path']!r} holds braces other than '{{size}}' "
-                         "(the only placeholder a dataset path may hold); rename the file or folder")
+        config_error(f"{key}.path", f"{cfg['path']!r} holds braces other than '{{size}}' "
+                     "(the only placeholder a dataset path may hold); rename the file or folder")
 
 
 def validate(path: str | Path, cfg: dict, size: int) -> dict[str, np.ndarray]:
