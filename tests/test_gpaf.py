@@ -243,8 +243,9 @@ def test_server_epoch_is_fedgen_steps_and_adam_moments_persist(data, monkeypatch
 
 
 def test_default_server_step_is_the_authors_loop(data, monkeypatch):
-    """One batch of the clients' batch size per server epoch, 15 epochs, a new Adam each round (GPAFflower
-    server.py:569-621 at c2505a7 creates the optimizer in _train_generator, batch 13 as config.yaml:5)."""
+    """One batch of the clients' batch size per server epoch, 15 epochs, a new Adam each round: update-gpaf
+    server.py _train_generator at 6aea7f8 (one batch of the strategy's batch size and one step per epoch, Adam
+    created in the per-round function); GPAFflower server.py:564 at c2505a7 draws batches of 13."""
     method = GPAF()
     assert (method.p["server_epochs"], method.p["server_steps_per_epoch"]) == (15, 1)
     arrays = fresh_global(method, SPEC)

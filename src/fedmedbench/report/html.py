@@ -15,7 +15,7 @@ import re
 _CAPTIONS: list[tuple[str, str, bool]] = [
     (r"final_metrics", "Final-round metrics (%), mean ± std over seeds, per dataset, setting and method.", False),
     (r"table1_params", "UltraFlwr Table I: parameters of each YOLO11n part and what partial aggregation saves.", True),
-    (r"table1_(?P<x>.+)", "GPAF paper Table 1 layout, {x}: accuracy, macro F1, recall and precision (%) of every method.", True),
+    (r"table1_(?P<x>.+)", "GPAF paper Table 1 layout, {x}: accuracy, F1, recall and precision (%) of every method.", True),
     (r"convergence_rounds", "GPAF paper: rounds each method needs to reach the target accuracy.", True),
     (r"top_strategies_(?P<x>.+)", "UltraFlwr Tables II/III, group {x}: the top strategies per setting and metric.", True),
     (r"communication", "Communication per client and round (what each strategy sends).", False),

@@ -8,7 +8,10 @@ A run whose inputs do not depend on the setting is trained once: a centralized r
 setting whose clients together hold every training sample exactly once has the same pooled training set,
 global test set, train block and method parameters in every such setting of the same dataset and number
 of clients. It trains in the first of those settings (its *home*) and is shown in the others
-(:func:`shared_runs`, ``studies.<study>.shared_centralized``).
+(:func:`shared_runs`, ``studies.<study>.shared_centralized``). Two things still follow the home
+partition: the pooled samples' order (the clients' shares concatenated) and the steps per round (the
+federation's mean, from each client's ceil(n_i / batch size)), so a shown run is not bit for bit the run
+its own setting would train, and its step count may differ by a few steps per round.
 """
 
 from __future__ import annotations
