@@ -379,6 +379,22 @@ class ServerOptMethod(Method):
         metrics = local_loop_metrics(ctx, self.hooks(ctx))
         return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train, metrics=metrics)
 
+    # -- a round's clients together (train.batch_clients): the plain SGD step above, batched ------------
+    def why_not_together(self, model: nn.Module, train) -> str | None:
+        if type(self).client_fit is not ServerOptMethod.client_fit:
+            return "it has its own client step"
+        from fedmedbench.fl.methods import _together
+
+        return _together.model_why_not(model, train)
+
+    def fit_together(self, ctxs: list[ClientContext]) -> list[ClientResult] | None:
+        from fedmedbench.fl.methods import _together
+
+        hooks = [self.hooks(ctx) for ctx in ctxs]
+        if any(_together.hooks_why_not(h) for h in hooks):  # e.g. SAM's per-step perturbation
+            return None
+        return _together.train_together(ctxs, hooks)
+
 
 def sent_vectors(t: Tensors) -> Arrays:
     """A client's vectors as it sends them: the tensors themselves, detached (where they are kept)."""
