@@ -737,19 +737,25 @@ def test_alias_bomb_is_refused_at_once(tmp_path, as_mappings):
 
 
 @pytest.mark.slow
-def test_alias_bomb_stops_planning_with_the_file_named(tmp_path):
-    """Through Snakemake: the schema check's error message used to expand the bomb (no message, memory rising)."""
+@pytest.mark.parametrize("as_mappings", [False, True], ids=["lists", "mappings"])
+def test_alias_bomb_stops_planning_with_the_file_named(tmp_path, as_mappings):
+    """Through Snakemake: a list bomb used to be expanded by the schema check's error message, a mapping bomb by
+    Snakemake's own config merge while it parses its command line (no message, memory rising)."""
     import subprocess
     import sys
 
-    bomb = _alias_bomb(tmp_path / "bomb.yaml", as_mappings=False)
+    from fedmedbench.configcheck import MAX_EXPANDED_NODES
+
+    bomb = _alias_bomb(tmp_path / "bomb.yaml", as_mappings=as_mappings)
     try:
         proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--quiet", "--configfile", str(bomb)],
                               cwd=ROOT, capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         pytest.fail("planning with an alias bomb did not stop within 60 s")
-    assert proc.returncode != 0
-    assert "bomb.yaml: its anchors and aliases" in proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out
+    assert out.count(f"config error: {bomb}: its anchors and aliases (&name, *name) expand to more than "
+                     f"{MAX_EXPANDED_NODES:,} values") == 1
 
 
 def test_yaml_merge_keys_are_accepted_and_duplicates_still_refused(tmp_path):
@@ -800,6 +806,62 @@ def test_a_target_read_as_a_config_file_says_to_put_targets_first(tmp_path, caps
     with pytest.raises(ConfigFileError) as missing:
         check_file(tmp_path / "mine.yaml")
     assert "put targets" not in str(missing.value)  # a missing .yaml is a missing config, not a misplaced target
+
+
+def test_a_target_after_configfile_is_one_line_before_snakemake_reads_it(tmp_path, capsys):
+    """Snakemake opens every word after ``--configfile`` while it parses its command line, before the workflow runs;
+    the check the workflow profile runs first names the word and says where targets go (no traceback)."""
+    from fedmedbench.argcheck import check_command_line, configfiles
+
+    study = str(ROOT / "config" / "studies" / "gpaf.yaml")
+    assert configfiles(["--cores", "1", "--configfile", study, "all"]) == [study, "all"]
+    assert configfiles(["--configfile", study, "--", "all"]) == [study]  # '--' ends the config files
+    table = tmp_path / "table1.md"
+    for target in ("all", str(table)):
+        with pytest.raises(SystemExit) as stop:
+            check_command_line(["--cores", "1", "--configfile", study, target])
+        assert stop.value.code == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"config error: {target}: cannot read the config file") and len(err.splitlines()) == 1
+        assert err.count("put targets before --configfile") == 1 and f"--configfile FILE -- {target}" in err
+    table.write_text("| method | acc |\n|---|---|\n| fedavg | 0.9 |\n")  # a built target is read as YAML
+    with pytest.raises(SystemExit):
+        check_command_line(["--configfile", study, str(table)])
+    assert "table1.md:1:3:" in (err := capsys.readouterr().err) and "put targets before --configfile" in err
+    table.write_text("a note\n")  # text YAML reads as one string: not a config either
+    with pytest.raises(SystemExit):
+        check_command_line(["--configfile", study, str(table)])
+    assert "not a str; if" in capsys.readouterr().err
+    check_command_line(["--configfile", study, "--", "all"])  # targets after '--' pass
+    check_command_line(["all", "--configfile", study])
+    assert capsys.readouterr().err == ""
+
+
+def test_the_workflow_profile_checks_the_command_line_first(monkeypatch):
+    """Snakemake reads the workflow profile (through YTE) before the --configfile files: that is where the check runs."""
+    import yte
+
+    import fedmedbench.argcheck as argcheck
+
+    calls = []
+    monkeypatch.setattr(argcheck, "check_command_line", lambda: calls.append(1))
+    with (ROOT / "profiles" / "default" / "config.yaml").open() as f:
+        settings = yte.process_yaml(f, require_use_yte=True)
+    assert calls == [1] and settings == {"cores": "all", "rerun-incomplete": True}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["all", "results/gpaf/table1.md"])
+def test_snakemake_with_a_target_after_configfile_prints_one_line(target):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile",
+                           "config/studies/gpaf.yaml", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out
+    assert out.count(f"config error: {target}: cannot read the config file") == 1
+    assert out.count("put targets before --configfile") == 1
 
 
 def test_workflow_checks_its_config_files_strictly():
