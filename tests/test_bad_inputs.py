@@ -167,6 +167,30 @@ def test_hand_edited_partition_is_checked_on_load(tmp_path, breast_arrays, name,
         FederatedData(path, {"base": str(npz)}).client(0)
 
 
+MISSING_KEY_EDITS = [
+    ("client source", lambda d: d["clients"][1].pop("source"), r"client 1 has no 'source' key \(each client holds "
+                                                                r"source, train, val, test\)"),
+    ("client train", lambda d: d["clients"][2].pop("train"), r"client 2 has no 'train' key"),
+    ("client val", lambda d: d["clients"][0].pop("val"), r"client 0 has no 'val' key"),
+    ("client test", lambda d: d["clients"][2].pop("test"), r"client 2 has no 'test' key"),
+    ("global test idx", lambda d: d["global_test"][0].pop("idx"), r"global test entry 0 has no 'idx' key"),
+    ("clients", lambda d: d.pop("clients"), r"the partition has no 'clients' key"),
+    ("client not an object", lambda d: d["clients"].__setitem__(1, [1, 2]), r"client 1 must be an object with keys"),
+]
+
+
+@pytest.mark.parametrize("name,edit,needle", MISSING_KEY_EDITS, ids=[c[0] for c in MISSING_KEY_EDITS])
+def test_a_partition_missing_a_key_is_refused_on_load(tmp_path, breast_arrays, name, edit, needle):
+    """A client without its source, train, val or test key was a bare KeyError when the run first used it."""
+    from fedmedbench.fl.data import FederatedData
+
+    path, npz = _edited_partition(tmp_path, breast_arrays, edit)
+    with pytest.raises(P.PartitionError, match=rf"^{re.escape(str(path))}: {needle}"):
+        FederatedData(path, {"base": str(npz)})
+    with pytest.raises(P.PartitionError, match=rf"^{re.escape(str(path))}: {needle}"):
+        P.check_partition(json.loads(path.read_text()), {"base": 10}, str(path))
+
+
 def test_an_unedited_partition_loads(tmp_path, breast_arrays):
     from fedmedbench.fl.data import FederatedData
 
