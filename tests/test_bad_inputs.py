@@ -1410,6 +1410,31 @@ def test_a_bad_reply_is_refused_naming_the_client_and_key(tiny_run, monkeypatch,
     assert not (Path(spec.run_dir) / "checkpoint" / "server.pt").exists()  # nothing of the round was kept
 
 
+def test_a_reply_whose_num_examples_is_a_list_is_refused_naming_the_client(tiny_run, monkeypatch):
+    """A metric record may hold a list: client 1's ClientApp sends ``num-examples = [30]`` (the project's own client
+    writes numbers only, so the record is edited as it is built). The server refused it with a bare TypeError."""
+    from fedmedbench.fl import engine
+    from fedmedbench.fl.replies import ReplyError
+
+    honest_record = engine._metrics_record
+
+    def record(metrics):
+        sent = metrics.get("num-examples")
+        if not isinstance(sent, list):
+            return honest_record(metrics)
+        out = honest_record({**metrics, "num-examples": 0})
+        out["num-examples"] = sent
+        return out
+
+    monkeypatch.setattr(engine, "_metrics_record", record)
+    _hostile(monkeypatch, lambda r: setattr(r, "num_examples", [30]))
+    spec = _spec(tiny_run, "hostile-list-size", method="fedavg", rounds=2)
+    with pytest.raises(ReplyError, match=r"^round 1: client 1 sent a reply the server refuses: num-examples = \[30\] "
+                                         r"is not a number$"):
+        engine.run(spec, log=lambda m: None)
+    assert not (Path(spec.run_dir) / "model.pt").exists()
+
+
 def test_a_nan_reply_in_the_last_round_stops_the_run_and_saves_no_model(tiny_run, monkeypatch):
     """Round 2 of 2: client 2 sends NaN weights; the run stops naming the round and client 2, writes no model.pt,
     and the honest clients are not blamed."""
@@ -1475,6 +1500,23 @@ def test_where_the_server_does_not_know_a_size_num_examples_is_bounded():
                       (float("inf"), "not a whole number"), ("30", "not a number")]:
         with pytest.raises(ReplyError, match=rf"round 4: client 3 .*num-examples = .*{needle}"):
             check.check(3, arrays, n)
+
+
+def test_a_non_numeric_num_examples_reaches_the_reply_check():
+    """What the server reads from a reply's metrics is kept as it came unless it is a number, so the reply check
+    refuses it naming the client (``float([30])`` was a bare TypeError before any check)."""
+    from fedmedbench.fl.replies import ReplyCheck, ReplyError, examples_value
+
+    assert [examples_value(v) for v in (30, 30.0, np.int64(30), 29.5)] == [30, 30, 30, 29.5]
+    assert type(examples_value(np.float32(30.0))) is int
+    check = ReplyCheck(2, {"arrays": ["w"]}, {"w": ((2,), "float32")}, sizes={5: 30})
+    check.check(5, {"w": torch.zeros(2)}, examples_value(np.int64(30)))
+    for value, shown in [([30], r"\[30\]"), ([30.0, 1.0], r"\[30\.0, 1\.0\]"), ("30", "'30'"), (None, "None"),
+                         (True, "True")]:
+        n = examples_value(value)
+        with pytest.raises(ReplyError, match=rf"^round 2: client 5 sent a reply the server refuses: num-examples = "
+                                             rf"{shown} is not a number$"):
+            check.check(5, {"w": torch.zeros(2)}, n)
 
 
 def test_tensor_replies_are_checked_record_by_record():
