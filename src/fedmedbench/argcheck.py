@@ -16,7 +16,6 @@ import sys
 from collections.abc import Sequence
 
 from fedmedbench.configcheck import ConfigFileError, check_files
-from fedmedbench.diagnostics import debug
 
 
 def configfiles(argv: Sequence[str]) -> list[str]:
@@ -31,10 +30,9 @@ def check_command_line(argv: Sequence[str] | None = None) -> None:
     """Exit with one line on stderr when a ``--configfile`` file would not load, or is an alias bomb.
 
     ``argv`` defaults to this process's arguments. A command line Snakemake's parser refuses is left
-    to Snakemake, which reports it itself; ``FEDMEDBENCH_DEBUG=1`` leaves every error to Snakemake.
+    to Snakemake, which reports it itself. ``FEDMEDBENCH_DEBUG=1`` changes nothing here: the traceback
+    would be Snakemake's own reading of the file, and an alias bomb would still never finish.
     """
-    if debug():
-        return
     argv = sys.argv[1:] if argv is None else argv
     try:
         files = configfiles(argv)
