@@ -782,6 +782,21 @@ def test_alias_bomb_stops_planning_with_the_file_named(tmp_path, as_mappings):
                      f"{MAX_EXPANDED_NODES:,} values") == 1
 
 
+def test_a_config_nested_past_pythons_recursion_limit_is_one_line(tmp_path, capsys):
+    """PyYAML composes recursively: 5,000 nested lists were a RecursionError (from the profile's check, Snakemake's
+    'Couldn't parse config file' about its own profile)."""
+    from fedmedbench.argcheck import check_command_line
+    from fedmedbench.configcheck import ConfigFileError, check_file
+
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigFileError, match=r"deep\.yaml: its lists or mappings nest too deeply to read"):
+        check_file(deep)
+    with pytest.raises(SystemExit):
+        check_command_line(["--configfile", str(deep)])
+    assert capsys.readouterr().err.startswith(f"config error: {deep}: its lists or mappings nest too deeply")
+
+
 def test_yaml_merge_keys_are_accepted_and_duplicates_still_refused(tmp_path):
     from fedmedbench.configcheck import ConfigFileError, check_file
 

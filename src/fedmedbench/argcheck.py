@@ -43,3 +43,5 @@ def check_command_line(argv: Sequence[str] | None = None) -> None:
     except ConfigFileError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    except Exception:  # noqa: BLE001 - a fault of this check must not stop Snakemake reading its profile
+        return

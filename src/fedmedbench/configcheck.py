@@ -141,6 +141,9 @@ def check_file(path: str | Path) -> Any:
         raise ConfigFileError(f"{where}: {exc.problem or exc.context}{target_hint(path)}").with_traceback(None) from None
     except yaml.YAMLError as exc:
         raise ConfigFileError(f"{path}: not valid YAML ({exc}){target_hint(path)}") from None
+    except RecursionError:
+        raise ConfigFileError(f"{path}: its lists or mappings nest too deeply to read (a config of this workflow "
+                              "nests a few levels)") from None
     if data is not None and not isinstance(data, dict):
         raise ConfigFileError(f"{path}: a config file holds settings (key: value) at its top level, "
                               f"not a {type(data).__name__}{target_hint(path)}")
