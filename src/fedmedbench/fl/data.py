@@ -17,7 +17,7 @@ import torch
 from fedmedbench.data.medmnist import SPLITS, load_npz
 from fedmedbench.fl.api import ClientData
 from fedmedbench.io import read_json
-from fedmedbench.partition import check_partition
+from fedmedbench.partition import check_partition, check_partition_keys
 
 
 @lru_cache(maxsize=16)
@@ -42,6 +42,7 @@ class FederatedData:
     def __init__(self, partition_path: str | Path, sources: dict[str, str]) -> None:
         self.partition = load_partition(str(partition_path))
         self.partition_path = str(partition_path)
+        check_partition_keys(self.partition, self.partition_path)
         self._checked: set[str] = set()  # sources whose indices were checked (partition.check_partition)
         self.sources = dict(sources)
         needed = {c["source"] for c in self.partition["clients"]} | {g["source"] for g in self.partition["global_test"]}
