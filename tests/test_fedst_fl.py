@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -702,6 +703,29 @@ def test_feddp_calibration_stage_after_federated_rounds(clips, tmp_path):
     p = torch.tensor([[[[0.8]], [[0.2]]]])
     bce = weighted_bce(p, torch.tensor([[[0]]]), torch.tensor([[[[1.0]], [[0.0]]]]))
     assert float(bce) == pytest.approx(-np.log(0.8) / 2)
+
+
+def test_feddp_paper_text_reading_sends_the_decoder_and_head_only(clips, tmp_path):
+    """``method_params.feddp.sent: paper_text`` (FedST Table IX's 6.7 MB): a site's reply carries
+    the decoder's and head's parameters and nothing else (the reply check accepts exactly those);
+    the encoder, queries included, and the decoder's BatchNorm statistics stay on the site, and the
+    encoder goes to the memory models as the site's personal part. The default reading sends every
+    parameter but the encoder queries."""
+    cfg = study_cfg(method_params={"feddp": {"sent": "paper_text"}})
+    spec = make_spec(clips, tmp_path, "feddp", cfg=cfg)
+    transport = Recorder(spec)
+    fed.Federation(spec, log=lambda m: None).run(transport)
+    (_, _, res1), (_, _, res2) = transport.replies
+    net = fed.new_model(spec)
+    params = [n for n, _ in net.named_parameters()]
+    decoder = [n for n in params if n.startswith("decoder.")]
+    assert "decoder.head.weight" in decoder and "decoder.fuse.1.running_mean" not in decoder
+    assert all(list(r.arrays) == decoder for r in res1.values())
+    encoder = [n for n in params if n.startswith("encoder.")]
+    assert set(encoder) <= set(res1[0].extras["queries"]) and not set(decoder) & set(res1[0].extras["queries"])
+    assert res2[0].arrays == {}  # the calibration round sends nothing under either reading
+    default = get_method("feddp", {})
+    assert default.shared_keys(net) == [n for n in params if not re.match(r"encoder\..*\.attn\.q\.", n)]
 
 
 def test_serq_moving_average_and_which_model_each_step_trains(clips):
