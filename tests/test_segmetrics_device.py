@@ -177,3 +177,12 @@ def test_where_frames_are_scored():
     assert scores_on_device("torch", torch.device("cpu"))
     with pytest.raises(ValueError, match="eval.metrics_device"):
         scores_on_device("gpu", torch.device("cpu"))
+
+
+def test_the_schemas_metrics_devices_are_the_packages():
+    from test_name_lists import SCHEMA, enums
+
+    from fedmedbench.fl.tasks.segmentation.evaluation import METRICS_DEVICES
+
+    found = [values for path, values in enums(SCHEMA) if path.endswith("/metrics_device")]
+    assert found == [list(METRICS_DEVICES)]
