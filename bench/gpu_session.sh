@@ -99,6 +99,11 @@ if [ -z "${SURGICAL_DIR:-}" ]; then
 fi
 
 step "cuda tests" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_device_arrays.py
+# fedst's frame scoring (eval.metrics_device): MedPy/SciPy on the CPU against torch on the GPU, ms per 480x480
+# 4-class frame, on predictions near the ground truth and on scattered ones (a tenth of the pixels relabelled)
+step "segmetrics on the device" "$PY" bench/segmetrics_device.py --device cuda --frames 64 --numpy-frames 16 --out "$OUT"
+step "segmetrics on the device, noisy predictions" "$PY" bench/segmetrics_device.py --device cuda --frames 64 \
+  --numpy-frames 16 --noise 0.1 --out "$OUT"
 step "engine vs resident loop" "$PY" bench/engine_overhead.py --device cuda \
   --study-config config/studies/earlystop.yaml --rounds 5 --eval-every 1 --repeats 2 --threads "$THREADS" --resident \
   --torch-profile "$(dirname "$OUT")/engine_torch_profile.txt" --out "$OUT"

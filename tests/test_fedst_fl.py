@@ -1024,6 +1024,31 @@ def test_evaluation_at_native_units_or_native_resolution_on_request(clips):
         evaluate_clips(net, data, classes, cpu, 4, resolution="mm")
 
 
+@pytest.mark.parametrize("resolution", ["input", "native_units", "native"])
+@pytest.mark.parametrize("class_rule", ["all_classes", "gt_classes"])
+def test_evaluation_scored_with_torch_is_the_numpy_evaluation(clips, resolution, class_rule):
+    """``metrics_device: torch`` (here on the CPU) gives the NumPy/SciPy scores: every metric to the bit but
+    ASSD, within 1e-12 relative (tests/test_segmetrics_device.py); ``auto`` on the CPU is the NumPy path."""
+    from fedmedbench.fl.tasks.segmentation import evaluate_clips, load_clipset
+    from fedmedbench.models.fedst import build_fedst_net
+
+    torch.manual_seed(0)
+    net = build_fedst_net({"temporal": False, "selection": "none", "num_classes": 4}).eval()
+    data = load_clipset(clips, "A", "test", 4, (32, 32))
+    classes = {1: "shaft", 2: "wrist", 3: "jaws"}
+    cpu = torch.device("cpu")
+    kw = {"resolution": resolution, "class_rule": class_rule}
+    want = evaluate_clips(net, data, classes, cpu, 4, metrics_device="cpu", **kw)
+    got = evaluate_clips(net, data, classes, cpu, 4, metrics_device="torch", **kw)
+    assert evaluate_clips(net, data, classes, cpu, 4, **kw) == want
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        if k.startswith("assd"):
+            assert got[k] == pytest.approx(v, rel=1e-12, nan_ok=True), k
+        else:
+            assert got[k] == v or (np.isnan(v) and np.isnan(got[k])), k
+
+
 @pytest.mark.parametrize("method", FS.METHODS)
 def test_every_segmentation_methods_honest_replies_pass_the_servers_checks(clips, tmp_path, method, monkeypatch):
     """Two rounds per method (FedDP: its queries round, then calibration): every site's reply is checked against
