@@ -79,10 +79,12 @@ def run(s: RunSpec):
     return f.run(fed.with_clients_together(fed.InProcessTransport(f.job), f.job, log=lambda m: None))
 
 
-@pytest.mark.parametrize(("method", "params"), [("fedavg", {}), ("fedprox", {"mu": 0.01})])
+@pytest.mark.parametrize(("method", "params"), [("fedavg", {}), ("fedprox", {"mu": 0.01}), ("scaffold", {}),
+                                                ("feddyn", {"lamb": 0.01})])
 def test_clients_together_equal_one_by_one(setup, method, params):
     """Unequal clients (1 to 6 batches of 16 an epoch, short last batches, one-sample clients), momentum, weight decay, a clip that
-    acts, the double input norm: the same weights to float32 rounding, the same losses and metrics."""
+    acts, the double input norm, each method's gradient correction and what it keeps across rounds (SCAFFOLD's c_i,
+    FedDyn's h_i): the same weights to float32 rounding, the same losses and metrics."""
     one = run(spec(setup, f"{method}-one", method, params=params))
     both = run(spec(setup, f"{method}-both", method, params=params, batch_clients=True))
     sizes = fed.Job(spec(setup, "sizes")).task.client_sizes()
@@ -173,8 +175,8 @@ def test_what_cannot_be_batched_trains_one_by_one_and_says_why(setup):
     bn = fed.Job(spec(setup, "bn", model="cnn_small", batch_clients=True))
     assert fed.with_clients_together(fed.InProcessTransport(bn), bn, said.append).__class__ is fed.InProcessTransport
     assert "buffers" in said[-1]
-    own = fed.Job(spec(setup, "scaffold", method="scaffold", batch_clients=True))
-    assert fed.why_not_together(own) == "method 'scaffold': it has its own client step"
+    own = fed.Job(spec(setup, "fedsmoo", method="fedsmoo", batch_clients=True))
+    assert fed.why_not_together(own) == "method 'fedsmoo': it has its own client step"
     off = fed.Job(spec(setup, "off"))
     assert fed.with_clients_together(fed.InProcessTransport(off), off, said.append).__class__ is fed.InProcessTransport
     sam_one = run(spec(setup, "sam-one", method="fedsam", params={"rho": 0.01}, rounds=1))

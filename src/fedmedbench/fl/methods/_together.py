@@ -15,7 +15,8 @@ convolution is not, so results equal the one-by-one loop to float32 rounding (``
 test_clients_together.py`` states the tolerance), not bit for bit: the option is part of the run hash.
 
 What it serves: FL-optimizer methods whose client step is plain local SGD with an optional linear
-gradient correction and extra weight decay (``ServerOptMethod.hooks``: FedAvg, FedProx), on a model
+gradient correction and extra weight decay (``ServerOptMethod.hooks``: FedAvg, FedProx, SCAFFOLD,
+FedDyn; what a client sends after its steps is the method's ``client_result``), on a model
 without buffers (ConvNeXt's LayerNorm, not BatchNorm, whose batch statistics would mix the padding
 in). Anything else is trained one by one (``Method.why_not_together``, said once in the log).
 """
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, TrainConfig
+from fedmedbench.fl.api import Arrays, ClientContext, TrainConfig
 from fedmedbench.fl.methods._sgd import StepHooks, trainable
 from fedmedbench.fl.training import StepLosses, batch_indices, forward_precision, to_float
 
@@ -58,10 +59,10 @@ def hooks_why_not(hooks: StepHooks) -> str | None:
     return None
 
 
-def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) -> list[ClientResult]:
+def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) -> list[tuple[Arrays, dict[str, float]]]:
     """Every client of ``ctxs`` (sharing one model, which holds the global weights) trained as
-    :func:`fedmedbench.fl.methods._sgd.local_loop` would train it, all in one batched loop; their results as
-    ``ServerOptMethod.client_fit`` gives them."""
+    :func:`fedmedbench.fl.methods._sgd.local_loop` would train it, all in one batched loop; per client its
+    trained state (as ``ctx.result_arrays`` gives it) and its metrics (as ``local_loop_metrics``)."""
     model, cfg, device = ctxs[0].model, ctxs[0].train, ctxs[0].device
     model.train()
     params = trainable(model)
@@ -190,9 +191,10 @@ class BatchPlan:
                 torch.from_numpy(active).to(device))
 
 
-def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray, plan: BatchPlan) -> list[ClientResult]:
-    """What each client sends: its weights (views of the stacked tensors, where the job keeps its arrays),
-    its examples and its step losses as ``local_loop_metrics`` reports them."""
+def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray,
+             plan: BatchPlan) -> list[tuple[Arrays, dict[str, float]]]:
+    """Each client's trained state (views of the stacked tensors, where the job keeps its arrays) and its
+    step losses as ``local_loop_metrics`` reports them."""
     state = ctxs[0].model.state_dict()
     where, cfg = ctxs[0].array_device, ctxs[0].train
     fixed = {n: t.detach() for n, t in state.items() if n not in stacked}
@@ -204,7 +206,6 @@ def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray
         loss = losses.mean(ctx.rnd, check=cfg.on_nonfinite != "continue",
                            hint="lower train.lr, set train.grad_clip, or train.on_nonfinite: continue")
         arrays: Arrays = {n: rows[n][c] if n in rows else fixed[n].clone().to(where) for n in state}
-        out.append(ClientResult(arrays=arrays, num_examples=ctx.data.num_train,
-                                metrics={"train_loss": loss, **losses.epoch_metrics()}))
+        out.append((arrays, {"train_loss": loss, **losses.epoch_metrics()}))
     return out
 
