@@ -79,12 +79,16 @@ def run(s: RunSpec):
     return f.run(fed.with_clients_together(fed.InProcessTransport(f.job), f.job, log=lambda m: None))
 
 
-@pytest.mark.parametrize(("method", "params"), [("fedavg", {}), ("fedprox", {"mu": 0.01}), ("scaffold", {}),
-                                                ("feddyn", {"lamb": 0.01})])
+@pytest.mark.parametrize(("method", "params"), [
+    ("fedavg", {}), ("fedprox", {"mu": 0.01}), ("scaffold", {}), ("feddyn", {"lamb": 0.01}), ("fedsam", {"rho": 0.05}),
+    ("fedspeed", {"rho": 0.05, "lamb": 0.01}), ("fedgamma", {"rho": 0.05}),
+    ("fedlesam", {"rho": 0.05, "estimate": "last_update"}), ("fedlesam", {"rho": 0.05, "estimate": "previous_global",
+                                                                          "perturbation_form": "vector"})])
 def test_clients_together_equal_one_by_one(setup, method, params):
     """Unequal clients (1 to 6 batches of 16 an epoch, short last batches, one-sample clients), momentum, weight decay, a clip that
-    acts, the double input norm, each method's gradient correction and what it keeps across rounds (SCAFFOLD's c_i,
-    FedDyn's h_i): the same weights to float32 rounding, the same losses and metrics."""
+    acts, the double input norm, each method's gradient correction, perturbation (SAM's ascent per step, FedLESAM's
+    for the round, none in a client's first round) and what it keeps across rounds (SCAFFOLD's c_i, FedDyn's h_i): the
+    same weights to float32 rounding, the same losses and metrics."""
     one = run(spec(setup, f"{method}-one", method, params=params))
     both = run(spec(setup, f"{method}-both", method, params=params, batch_clients=True))
     sizes = fed.Job(spec(setup, "sizes")).task.client_sizes()
@@ -168,9 +172,13 @@ def test_the_plan_draws_each_clients_batches_as_one_by_one():
     assert active.tolist() == [[1, 1], [1, 1], [1, 0], [1, 0]]
 
 
-def test_what_cannot_be_batched_trains_one_by_one_and_says_why(setup):
+def test_what_cannot_be_batched_trains_one_by_one_and_says_why(setup, monkeypatch):
     """A model with BatchNorm buffers, a method with its own client step: the log says why, the
-    clients train one by one. A SAM step (per-step perturbation) falls back in the round itself."""
+    clients train one by one. A step perturbation of a method's own falls back in the round itself,
+    bit for bit as one by one."""
+    from fedmedbench.fl.methods._sgd import StepHooks
+    from fedmedbench.fl.methods.fedavg import FedAvg
+
     said: list[str] = []
     bn = fed.Job(spec(setup, "bn", model="cnn_small", batch_clients=True))
     assert fed.with_clients_together(fed.InProcessTransport(bn), bn, said.append).__class__ is fed.InProcessTransport
@@ -179,10 +187,16 @@ def test_what_cannot_be_batched_trains_one_by_one_and_says_why(setup):
     assert fed.why_not_together(own) == "method 'fedsmoo': it has its own client step"
     off = fed.Job(spec(setup, "off"))
     assert fed.with_clients_together(fed.InProcessTransport(off), off, said.append).__class__ is fed.InProcessTransport
-    sam_one = run(spec(setup, "sam-one", method="fedsam", params={"rho": 0.01}, rounds=1))
-    sam_both = run(spec(setup, "sam-both", method="fedsam", params={"rho": 0.01}, rounds=1, batch_clients=True))
-    for k, a in sam_one.arrays.items():
-        assert torch.equal(torch.as_tensor(sam_both.arrays[k]), torch.as_tensor(a)), k
+    assert together.round_why_not([StepHooks(), StepHooks(extra_weight_decay=0.1)]) == "clients of different weight decays"
+
+    def nudge(model, xb, yb):
+        return {n: torch.full_like(p, 1e-3) for n, p in model.named_parameters()}
+
+    monkeypatch.setattr(FedAvg, "hooks", lambda self, ctx: StepHooks(perturb=nudge))
+    one = run(spec(setup, "own-one", rounds=1))
+    both = run(spec(setup, "own-both", rounds=1, batch_clients=True))
+    for k, a in one.arrays.items():
+        assert torch.equal(torch.as_tensor(both.arrays[k]), torch.as_tensor(a)), k
 
 
 def test_batch_clients_is_in_the_run_hash_only_when_set(setup):

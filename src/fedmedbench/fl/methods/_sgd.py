@@ -164,6 +164,28 @@ def gradient_at(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> Tensors
     return grads_of(model)
 
 
+@dataclass(frozen=True)
+class SamAscent:
+    """A ``StepHooks.perturb``: SAM's ascent e = rho * g/||g|| from the gradient at the current weights on the
+    step's batch (FedSAM, FedSpeed, FedGAMMA). Declared, not only callable, so clients trained together take
+    it batched."""
+
+    rho: float
+
+    def __call__(self, model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> Tensors:
+        return sam_perturbation(gradient_at(model, xb, yb), self.rho)
+
+
+@dataclass(frozen=True)
+class FixedPerturbation:
+    """A ``StepHooks.perturb`` that is the same e at every step of the round (FedLESAM's estimate)."""
+
+    e: Tensors
+
+    def __call__(self, model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> Tensors:
+        return self.e
+
+
 @dataclass
 class StepHooks:
     """How one method shapes a local SGD step (all optional)."""
@@ -401,7 +423,7 @@ class ServerOptMethod(Method):
         from fedmedbench.fl.methods import _together
 
         hooks = [self.hooks(ctx) for ctx in ctxs]
-        if any(_together.hooks_why_not(h) for h in hooks):  # e.g. SAM's per-step perturbation
+        if _together.round_why_not(hooks):  # e.g. a perturbation of the method's own
             return None
         trained = _together.train_together(ctxs, hooks)
         return [self.client_result(ctx, h, metrics, arrays) for ctx, h, (arrays, metrics) in zip(ctxs, hooks, trained, strict=True)]

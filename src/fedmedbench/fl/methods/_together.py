@@ -14,9 +14,10 @@ the remaining steps). The per-sample arithmetic is the same; the order of summat
 convolution is not, so results equal the one-by-one loop to float32 rounding (``tests/
 test_clients_together.py`` states the tolerance), not bit for bit: the option is part of the run hash.
 
-What it serves: FL-optimizer methods whose client step is plain local SGD with an optional linear
-gradient correction and extra weight decay (``ServerOptMethod.hooks``: FedAvg, FedProx, SCAFFOLD,
-FedDyn; what a client sends after its steps is the method's ``client_result``), on a model
+What it serves: FL-optimizer methods whose client step is local SGD with an optional linear gradient
+correction, extra weight decay and a declared perturbation (SAM's ascent, a perturbation fixed for the round)
+(``ServerOptMethod.hooks``: FedAvg, FedProx, SCAFFOLD, FedDyn, FedSAM, FedSpeed, FedGAMMA, FedLESAM;
+what a client sends after its steps is the method's ``client_result``), on a model
 without buffers (ConvNeXt's LayerNorm, not BatchNorm, whose batch statistics would mix the padding
 in). Anything else is trained one by one (``Method.why_not_together``, said once in the log).
 """
@@ -31,7 +32,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedmedbench.fl.api import Arrays, ClientContext, TrainConfig
-from fedmedbench.fl.methods._sgd import StepHooks, trainable
+from fedmedbench.fl.methods._sgd import FixedPerturbation, SamAscent, StepHooks, trainable
 from fedmedbench.fl.training import StepLosses, batch_indices, forward_precision, to_float
 
 Tensors = dict[str, torch.Tensor]
@@ -50,12 +51,25 @@ def model_why_not(model: nn.Module, cfg: TrainConfig) -> str | None:
 
 def hooks_why_not(hooks: StepHooks) -> str | None:
     """Why one client's step hooks cannot join a batched step (None: they can)."""
-    if hooks.perturb is not None:
-        return "a weight perturbation per step"
+    if hooks.perturb is not None and not isinstance(hooks.perturb, SamAscent | FixedPerturbation):
+        return "a weight perturbation of the method's own"
     if hooks.after_step is not None:
         return "a callback after every step"
     if hooks.loss_weight != 1.0:
         return "a loss weight"
+    return None
+
+
+def round_why_not(hooks: Sequence[StepHooks]) -> str | None:
+    """Why a round's clients, with these step hooks, cannot be trained together (None: they can)."""
+    reason = next((r for r in map(hooks_why_not, hooks) if r), None)
+    if reason:
+        return reason
+    ascents = {h.perturb.rho for h in hooks if isinstance(h.perturb, SamAscent)}
+    if ascents and (len(ascents) > 1 or not all(isinstance(h.perturb, SamAscent) for h in hooks)):
+        return "clients of different SAM ascents"
+    if len({h.extra_weight_decay for h in hooks}) > 1:
+        return "clients of different weight decays"
     return None
 
 
@@ -69,7 +83,9 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) ->
     k = len(ctxs)
     stacked = {n: p.detach().unsqueeze(0).expand(k, *p.shape).clone().requires_grad_(True) for n, p in params.items()}
     weights = list(stacked.values())
-    corrections = _stacked_corrections(hooks, params, device)
+    corrections = _stacked([h.correction for h in hooks], params, device)
+    fixed_e = _stacked([h.perturb.e if isinstance(h.perturb, FixedPerturbation) else None for h in hooks], params, device)
+    ascent = hooks[0].perturb.rho if isinstance(hooks[0].perturb, SamAscent) else None
     decay = cfg.weight_decay + hooks[0].extra_weight_decay
     plan = BatchPlan.of(ctxs, cfg.batch_size)
     x_all, y_all = plan.pooled(ctxs, device)
@@ -89,12 +105,26 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) ->
     for s in range(plan.steps):
         xb = to_float(x_all[index[s]], device)
         yb = y_all[index[s]].to(device, non_blocking=True)
+        e = fixed_e
+        if ascent is not None:  # SAM: the ascent from the gradient at the current weights on this batch
+            for w in weights:
+                w.grad = None
+            with forward_precision(cfg, device):
+                batched_loss(stacked, xb, yb, sample_w[s]).sum().backward()
+            with torch.no_grad():
+                g = [w.grad for w in weights]
+                e = torch._foreach_mul(g, _by_rank(ascent / (_norms(g, k) + 1e-7), g, per_rank, k))
+        if e is not None:
+            with torch.no_grad():
+                torch._foreach_add_(weights, e)
         for w in weights:
             w.grad = None
         with forward_precision(cfg, device):
             losses = batched_loss(stacked, xb, yb, sample_w[s])
         losses.sum().backward()
         with torch.no_grad():
+            if e is not None:
+                torch._foreach_sub_(weights, e)
             grads = [w.grad for w in weights]
             if corrections is not None:
                 torch._foreach_add_(grads, corrections)
@@ -115,14 +145,15 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) ->
     return _results(ctxs, stacked, values, plan)
 
 
-def _stacked_corrections(hooks: Sequence[StepHooks], params: Tensors, device: torch.device) -> list[torch.Tensor] | None:
-    """Each client's gradient correction d stacked (K, ...) in parameter order (zeros where a client has none)."""
-    if all(not h.correction for h in hooks):
+def _stacked(per_client: Sequence[Tensors | None], params: Tensors, device: torch.device) -> list[torch.Tensor] | None:
+    """Each client's vector over the parameters (a gradient correction d, a fixed perturbation e) stacked
+    (K, ...) in parameter order, zeros where a client has none; None where no client has one."""
+    if all(not v for v in per_client):
         return None
     out = []
     for n, p in params.items():
-        rows = [h.correction[n].to(device) if h.correction and n in h.correction else torch.zeros_like(p)
-                for h in hooks]
+        # a per-tensor scalar (FedLESAM's reference form) is the same number on every entry of its tensor
+        rows = [v[n].to(device).broadcast_to(p.shape) if v and n in v else torch.zeros_like(p) for v in per_client]
         out.append(torch.stack(rows).to(p.dtype))
     return out
 
@@ -137,11 +168,14 @@ def _by_rank(values: torch.Tensor, like: list[torch.Tensor], per_rank: dict[int,
     return out
 
 
+def _norms(tensors: list[torch.Tensor], k: int) -> torch.Tensor:
+    """Each client's norm over all of its tensors, (K,)."""
+    return torch.linalg.vector_norm(torch.cat([t.reshape(k, -1) for t in tensors], dim=1), dim=1)
+
+
 def _clip_each(grads: list[torch.Tensor], max_norm: float, per_rank: dict[int, list[int]], k: int) -> None:
     """``clip_grad_norm_`` of every client's gradient, each by its own norm over all of its tensors."""
-    flat = torch.cat([g.reshape(k, -1) for g in grads], dim=1)
-    norms = torch.linalg.vector_norm(flat, dim=1)
-    coef = torch.clamp(max_norm / (norms + 1e-6), max=1.0)
+    coef = torch.clamp(max_norm / (_norms(grads, k) + 1e-6), max=1.0)
     torch._foreach_mul_(grads, _by_rank(coef, grads, per_rank, k))
 
 

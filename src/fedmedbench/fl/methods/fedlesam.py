@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from fedmedbench.fl.api import ClientContext, ClientResult, Param, ServerContext
+from fedmedbench.fl.api import ClientContext, Param, ServerContext
 from fedmedbench.fl.methods._sgd import (
     PERTURBATION_FORMS,
+    FixedPerturbation,
     ServerOptMethod,
     StepHooks,
     arrays_to_vector,
@@ -32,7 +33,6 @@ from fedmedbench.fl.methods._sgd import (
     client_tensors,
     flat_norm,
     indexed_perturbation,
-    local_loop_metrics,
     neg,
     sam_perturbation,
     sub,
@@ -68,18 +68,16 @@ class FedLESAM(ServerOptMethod):
             return None
         return {n: prev[n].to(theta_g[n].device) - theta_g[n] for n in like}
 
-    def client_fit(self, ctx: ClientContext) -> ClientResult:
+    def hooks(self, ctx: ClientContext) -> StepHooks:
         d = self.direction(ctx)
-        perturb = None
-        if d is not None and float(flat_norm(d)) > 0:
-            if self.form == "reference":
-                order = list(trainable(ctx.model))
-                e = {n: t.to(ctx.device) for n, t in indexed_perturbation((d[n] for n in order), order, self.rho).items()}
-            else:
-                e = {n: t.to(ctx.device) for n, t in sam_perturbation(d, self.rho).items()}
-            perturb = lambda model, xb, yb: e  # noqa: E731 - constant over the round
-        metrics = local_loop_metrics(ctx, StepHooks(perturb=perturb))
-        return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train, metrics=metrics)
+        if d is None or not float(flat_norm(d)) > 0:
+            return StepHooks()
+        if self.form == "reference":
+            order = list(trainable(ctx.model))
+            e = {n: t.to(ctx.device) for n, t in indexed_perturbation((d[n] for n in order), order, self.rho).items()}
+        else:
+            e = {n: t.to(ctx.device) for n, t in sam_perturbation(d, self.rho).items()}
+        return StepHooks(perturb=FixedPerturbation(e))  # constant over the round
 
     def aggregate(self, ctx: ServerContext):
         new = super().aggregate(ctx)

@@ -6,15 +6,17 @@ Server: FedAvg.
 """
 
 from fedmedbench.fl.api import ClientContext, Param
-from fedmedbench.fl.methods._sgd import ServerOptMethod, StepHooks, gradient_at, sam_perturbation
+from fedmedbench.fl.methods._sgd import SamAscent, ServerOptMethod, StepHooks
 from fedmedbench.fl.registry import register_method
 
 
 class SAMMixin:
     rho: float
 
-    def sam_perturb(self, model, xb, yb):
-        return sam_perturbation(gradient_at(model, xb, yb), self.rho)
+    @property
+    def sam_perturb(self) -> SamAscent:
+        """The per-step perturbation e = rho * g/||g|| at the step's batch."""
+        return SamAscent(self.rho)
 
 
 @register_method("fedsam")

@@ -6,7 +6,7 @@ Server: FedDyn's: h += sum of updates / N, theta = mean(theta_i) + h.
 """
 
 from fedmedbench.fl.api import ClientContext, ClientResult, Param, ServerContext
-from fedmedbench.fl.methods._sgd import ServerOptMethod, local_loop_metrics
+from fedmedbench.fl.methods._sgd import ServerOptMethod, StepHooks, trained_params
 from fedmedbench.fl.methods.feddyn import dyn_client_update, dyn_hooks, dyn_server_update
 from fedmedbench.fl.methods.fedsam import SAMMixin
 from fedmedbench.fl.registry import register_method
@@ -20,12 +20,14 @@ class FedSpeed(SAMMixin, ServerOptMethod):
         super().__init__(**params)
         self.rho, self.lamb = float(self.p["rho"]), float(self.p["lamb"])
 
-    def client_fit(self, ctx: ClientContext) -> ClientResult:
-        hooks, h_i = dyn_hooks(ctx, self.lamb)
+    def hooks(self, ctx: ClientContext) -> StepHooks:
+        hooks = dyn_hooks(ctx, self.lamb)[0]
         hooks.perturb = self.sam_perturb
-        metrics = local_loop_metrics(ctx, hooks)
-        dyn_client_update(ctx, h_i)
-        return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train, metrics=metrics)
+        return hooks
+
+    def client_result(self, ctx: ClientContext, hooks: StepHooks, metrics, arrays) -> ClientResult:
+        dyn_client_update(ctx, hooks.keep["h_i"], trained_params(ctx, arrays))
+        return super().client_result(ctx, hooks, metrics, arrays)
 
     def aggregate(self, ctx: ServerContext):
         return dyn_server_update(self, ctx)
