@@ -63,14 +63,15 @@ def setup(tmp_path_factory):
 
 
 def spec(d, name: str, method: str = "fedavg", model: str = "ln_net_test", batch_clients: bool = False,
-         params: dict | None = None, size: int = 28, **train) -> RunSpec:
+         params: dict | None = None, size: int = 28, device: str = "cpu", deterministic: bool = False,
+         **train) -> RunSpec:
     t = {"rounds": 3, "local_epochs": 2, "batch_size": 16, "lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3,
          "grad_clip": 1.0, "aggregation": "uniform", "lr_decay": 0.998, "input_norm": "double", **train}
     if batch_clients:
         t["batch_clients"] = True
     s = RunSpec(run_dir=str(d / name), study="t", dataset="bloodmnist", setting="fls", method=method, seed=0,
                 partition_path=str(d / "p.json"), sources={"base": str(d / "b.npz")}, image_size=size, model=model,
-                train=t, clients_per_round=4, method_params=params or {}, device="cpu")
+                train=t, clients_per_round=4, method_params=params or {}, device=device, deterministic=deterministic)
     return fed.resolve_data_shapes(s)
 
 

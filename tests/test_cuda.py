@@ -273,3 +273,17 @@ def test_segmentation_scores_on_the_gpu_are_medpys():
             want = S.frame_scores(pred[f], gt[f], list(PARTS), assd, spacing[f])
             for c in PARTS:
                 assert_same(got[f].scores[c], want[c], f"frame {f} class {c} {assd}")
+
+
+@pytest.mark.parametrize("method", ["fedavg", "scaffold", "fedsam"])
+def test_clients_together_on_the_gpu_equal_one_by_one(tmp_path, method):
+    """train.batch_clients on CUDA: the same weights as one by one on CUDA, to float32 rounding."""
+    from test_clients_together import ATOL, RTOL, run, spec, write_data
+
+    d = write_data(tmp_path, 28, 200)
+    params = {"rho": 0.05} if method == "fedsam" else {}
+    one = run(spec(d, "one", method, params=params, device="cuda", deterministic=True))
+    both = run(spec(d, "both", method, params=params, batch_clients=True, device="cuda", deterministic=True))
+    for k, a in one.arrays.items():
+        torch.testing.assert_close(torch.as_tensor(both.arrays[k]).cpu(), torch.as_tensor(a).cpu(),
+                                   atol=ATOL * 10, rtol=RTOL, msg=k)
