@@ -84,12 +84,15 @@ def run(s: RunSpec):
     ("fedavg", {}), ("fedprox", {"mu": 0.01}), ("scaffold", {}), ("feddyn", {"lamb": 0.01}), ("fedsam", {"rho": 0.05}),
     ("fedspeed", {"rho": 0.05, "lamb": 0.01}), ("fedgamma", {"rho": 0.05}),
     ("fedlesam", {"rho": 0.05, "estimate": "last_update"}), ("fedlesam", {"rho": 0.05, "estimate": "previous_global",
-                                                                          "perturbation_form": "vector"})])
+                                                                          "perturbation_form": "vector"}),
+    ("fedsmoo", {"rho": 0.05, "lamb": 0.01}), ("fedwmsam", {"rho": 0.05, "alpha": 0.5}),
+    ("fedwmsam", {"rho": 0.05, "alpha": 0.5, "perturbation_form": "vector", "perturbation_sign": 1})])
 def test_clients_together_equal_one_by_one(setup, method, params):
     """Unequal clients (1 to 6 batches of 16 an epoch, short last batches, one-sample clients), momentum, weight decay, a clip that
     acts, the double input norm, each method's gradient correction, perturbation (SAM's ascent per step, FedLESAM's
-    for the round, none in a client's first round) and what it keeps across rounds (SCAFFOLD's c_i, FedDyn's h_i): the
-    same weights to float32 rounding, the same losses and metrics."""
+    for the round, none in a client's first round, FedSMOO's dual ascent, FedWMSAM's momentum-guided target in both
+    forms), loss weight and what it keeps across rounds (SCAFFOLD's c_i, FedDyn's h_i, FedSMOO's mu_i): the same
+    weights to float32 rounding, the same losses and metrics."""
     one = run(spec(setup, f"{method}-one", method, params=params))
     both = run(spec(setup, f"{method}-both", method, params=params, batch_clients=True))
     sizes = fed.Job(spec(setup, "sizes")).task.client_sizes()
@@ -174,8 +177,7 @@ def test_the_plan_draws_each_clients_batches_as_one_by_one():
 
 
 def test_what_cannot_be_batched_trains_one_by_one_and_says_why(setup, monkeypatch):
-    """A model with BatchNorm buffers, a method with its own client step: the log says why, the
-    clients train one by one. A step perturbation of a method's own falls back in the round itself,
+    """A model with BatchNorm buffers, Adam: the log says why, the clients train one by one. A step perturbation of a method's own falls back in the round itself,
     bit for bit as one by one."""
     from fedmedbench.fl.methods._sgd import StepHooks
     from fedmedbench.fl.methods.fedavg import FedAvg
@@ -184,11 +186,11 @@ def test_what_cannot_be_batched_trains_one_by_one_and_says_why(setup, monkeypatc
     bn = fed.Job(spec(setup, "bn", model="cnn_small", batch_clients=True))
     assert fed.with_clients_together(fed.InProcessTransport(bn), bn, said.append).__class__ is fed.InProcessTransport
     assert "buffers" in said[-1]
-    own = fed.Job(spec(setup, "fedsmoo", method="fedsmoo", batch_clients=True))
-    assert fed.why_not_together(own) == "method 'fedsmoo': it has its own client step"
+    own = fed.Job(spec(setup, "fedsmoo", method="fedsmoo", batch_clients=True, optimizer="adam"))
+    assert fed.why_not_together(own) == "method 'fedsmoo': train.optimizer is adam"
     off = fed.Job(spec(setup, "off"))
     assert fed.with_clients_together(fed.InProcessTransport(off), off, said.append).__class__ is fed.InProcessTransport
-    assert together.round_why_not([StepHooks(), StepHooks(extra_weight_decay=0.1)]) == "clients of different weight decays"
+    assert together.round_why_not([StepHooks(), StepHooks(extra_weight_decay=0.1)]) == "clients of different weight decays or loss weights"
 
     def nudge(model, xb, yb):
         return {n: torch.full_like(p, 1e-3) for n, p in model.named_parameters()}

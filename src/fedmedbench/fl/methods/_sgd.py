@@ -164,28 +164,6 @@ def gradient_at(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> Tensors
     return grads_of(model)
 
 
-@dataclass(frozen=True)
-class SamAscent:
-    """A ``StepHooks.perturb``: SAM's ascent e = rho * g/||g|| from the gradient at the current weights on the
-    step's batch (FedSAM, FedSpeed, FedGAMMA). Declared, not only callable, so clients trained together take
-    it batched."""
-
-    rho: float
-
-    def __call__(self, model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> Tensors:
-        return sam_perturbation(gradient_at(model, xb, yb), self.rho)
-
-
-@dataclass(frozen=True)
-class FixedPerturbation:
-    """A ``StepHooks.perturb`` that is the same e at every step of the round (FedLESAM's estimate)."""
-
-    e: Tensors
-
-    def __call__(self, model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> Tensors:
-        return self.e
-
-
 @dataclass
 class StepHooks:
     """How one method shapes a local SGD step (all optional)."""

@@ -15,9 +15,9 @@ convolution is not, so results equal the one-by-one loop to float32 rounding (``
 test_clients_together.py`` states the tolerance), not bit for bit: the option is part of the run hash.
 
 What it serves: FL-optimizer methods whose client step is local SGD with an optional linear gradient
-correction, extra weight decay and a declared perturbation (SAM's ascent, a perturbation fixed for the round)
-(``ServerOptMethod.hooks``: FedAvg, FedProx, SCAFFOLD, FedDyn, FedSAM, FedSpeed, FedGAMMA, FedLESAM;
-what a client sends after its steps is the method's ``client_result``), on a model
+correction, extra weight decay, loss weight and a declared perturbation (``fl/methods/_perturb.py``)
+(``ServerOptMethod.hooks``: the ten of the earlystop study, FedAvg ... FedWMSAM; what a client sends after
+its steps is the method's ``client_result``), on a model
 without buffers (ConvNeXt's LayerNorm, not BatchNorm, whose batch statistics would mix the padding
 in). Anything else is trained one by one (``Method.why_not_together``, said once in the log).
 """
@@ -32,7 +32,8 @@ from torch import nn
 from torch.func import functional_call
 
 from fedmedbench.fl.api import Arrays, ClientContext, TrainConfig
-from fedmedbench.fl.methods._sgd import FixedPerturbation, SamAscent, StepHooks, trainable
+from fedmedbench.fl.methods._perturb import Perturbation, Stack
+from fedmedbench.fl.methods._sgd import StepHooks, trainable
 from fedmedbench.fl.training import StepLosses, batch_indices, forward_precision, to_float
 
 Tensors = dict[str, torch.Tensor]
@@ -51,12 +52,10 @@ def model_why_not(model: nn.Module, cfg: TrainConfig) -> str | None:
 
 def hooks_why_not(hooks: StepHooks) -> str | None:
     """Why one client's step hooks cannot join a batched step (None: they can)."""
-    if hooks.perturb is not None and not isinstance(hooks.perturb, SamAscent | FixedPerturbation):
+    if hooks.perturb is not None and not isinstance(hooks.perturb, Perturbation):
         return "a weight perturbation of the method's own"
-    if hooks.after_step is not None:
-        return "a callback after every step"
-    if hooks.loss_weight != 1.0:
-        return "a loss weight"
+    if hooks.after_step is not None and getattr(hooks.after_step, "__self__", None) is not hooks.perturb:
+        return "a callback after every step"  # one of the perturbation's own is batched with it
     return None
 
 
@@ -65,11 +64,10 @@ def round_why_not(hooks: Sequence[StepHooks]) -> str | None:
     reason = next((r for r in map(hooks_why_not, hooks) if r), None)
     if reason:
         return reason
-    ascents = {h.perturb.rho for h in hooks if isinstance(h.perturb, SamAscent)}
-    if ascents and (len(ascents) > 1 or not all(isinstance(h.perturb, SamAscent) for h in hooks)):
-        return "clients of different SAM ascents"
-    if len({h.extra_weight_decay for h in hooks}) > 1:
-        return "clients of different weight decays"
+    if len({type(h.perturb) for h in hooks if h.perturb is not None}) > 1:
+        return "clients of different perturbations"
+    if len({(h.extra_weight_decay, h.loss_weight) for h in hooks}) > 1:
+        return "clients of different weight decays or loss weights"
     return None
 
 
@@ -81,19 +79,19 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) ->
     model.train()
     params = trainable(model)
     k = len(ctxs)
+    stack = Stack({n: p.detach() for n, p in params.items()}, k, device)
     stacked = {n: p.detach().unsqueeze(0).expand(k, *p.shape).clone().requires_grad_(True) for n, p in params.items()}
     weights = list(stacked.values())
-    corrections = _stacked([h.correction for h in hooks], params, device)
-    fixed_e = _stacked([h.perturb.e if isinstance(h.perturb, FixedPerturbation) else None for h in hooks], params, device)
-    ascent = hooks[0].perturb.rho if isinstance(hooks[0].perturb, SamAscent) else None
+    corrections = stack.stacked([h.correction for h in hooks])
+    perturbs = [h.perturb for h in hooks]
+    kind = next((type(p) for p in perturbs if p is not None), None)
+    perturb = kind.batched(perturbs, stack) if kind is not None else None
     decay = cfg.weight_decay + hooks[0].extra_weight_decay
+    loss_weight = hooks[0].loss_weight
     plan = BatchPlan.of(ctxs, cfg.batch_size)
     x_all, y_all = plan.pooled(ctxs, device)
     index, sample_w, active = plan.tensors(x_all.device, device)
     lr = cfg.lr_at(ctxs[0].rnd)
-    per_rank: dict[int, list[int]] = {}
-    for i, w in enumerate(weights):
-        per_rank.setdefault(w.dim(), []).append(i)
 
     def client_loss(p: Tensors, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         out = functional_call(model, p, (x,))
@@ -105,23 +103,27 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) ->
     for s in range(plan.steps):
         xb = to_float(x_all[index[s]], device)
         yb = y_all[index[s]].to(device, non_blocking=True)
-        e = fixed_e
-        if ascent is not None:  # SAM: the ascent from the gradient at the current weights on this batch
-            for w in weights:
-                w.grad = None
-            with forward_precision(cfg, device):
-                batched_loss(stacked, xb, yb, sample_w[s]).sum().backward()
-            with torch.no_grad():
+        e = None
+        if perturb is not None:
+            g = None
+            if perturb.needs_gradient:  # the gradient at the current weights on this batch (SAM's ascent)
+                for w in weights:
+                    w.grad = None
+                with forward_precision(cfg, device):
+                    batched_loss(stacked, xb, yb, sample_w[s]).sum().backward()
                 g = [w.grad for w in weights]
-                e = torch._foreach_mul(g, _by_rank(ascent / (_norms(g, k) + 1e-7), g, per_rank, k))
-        if e is not None:
             with torch.no_grad():
-                torch._foreach_add_(weights, e)
+                e = perturb.e(weights, g, active[s])
+                if e is not None and not plan.all_active[s]:  # a client whose steps are done stays where it is
+                    e = stack.scaled(e, active[s])
+                if e is not None:
+                    torch._foreach_add_(weights, e)
         for w in weights:
             w.grad = None
         with forward_precision(cfg, device):
             losses = batched_loss(stacked, xb, yb, sample_w[s])
-        losses.sum().backward()
+        # a weight of 1 (every method but FedWMSAM) is no op to launch; x * 1.0 == x bit for bit
+        (losses.sum() if loss_weight == 1.0 else (losses * loss_weight).sum()).backward()
         with torch.no_grad():
             if e is not None:
                 torch._foreach_sub_(weights, e)
@@ -129,7 +131,8 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) ->
             if corrections is not None:
                 torch._foreach_add_(grads, corrections)
             if cfg.grad_clip:
-                _clip_each(grads, cfg.grad_clip, per_rank, k)
+                coef = torch.clamp(cfg.grad_clip / (stack.norms(grads) + 1e-6), max=1.0)  # clip_grad_norm_, per client
+                torch._foreach_mul_(grads, stack.by_rank(coef))
             if decay:
                 grads = torch._foreach_add(grads, weights, alpha=decay)
             if cfg.momentum:
@@ -139,44 +142,14 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) ->
                     torch._foreach_mul_(momentum, cfg.momentum)
                     torch._foreach_add_(momentum, grads)
                 grads = momentum
-            torch._foreach_addcmul_(weights, grads, _by_rank(active[s] * lr, weights, per_rank, k), value=-1.0)
+            torch._foreach_addcmul_(weights, grads, stack.by_rank(active[s] * lr), value=-1.0)
+            if perturb is not None:
+                perturb.after_step(active[s])
         step_losses.append(losses.detach())
+    if perturb is not None:
+        perturb.finish()
     values = torch.stack(step_losses).double().cpu().numpy() if step_losses else np.zeros((0, k))
     return _results(ctxs, stacked, values, plan)
-
-
-def _stacked(per_client: Sequence[Tensors | None], params: Tensors, device: torch.device) -> list[torch.Tensor] | None:
-    """Each client's vector over the parameters (a gradient correction d, a fixed perturbation e) stacked
-    (K, ...) in parameter order, zeros where a client has none; None where no client has one."""
-    if all(not v for v in per_client):
-        return None
-    out = []
-    for n, p in params.items():
-        # a per-tensor scalar (FedLESAM's reference form) is the same number on every entry of its tensor
-        rows = [v[n].to(device).broadcast_to(p.shape) if v and n in v else torch.zeros_like(p) for v in per_client]
-        out.append(torch.stack(rows).to(p.dtype))
-    return out
-
-
-def _by_rank(values: torch.Tensor, like: list[torch.Tensor], per_rank: dict[int, list[int]], k: int) -> list[torch.Tensor]:
-    """One (K,) vector as (K, 1, ..., 1) views broadcasting against each tensor of ``like``."""
-    out: list[torch.Tensor] = [None] * len(like)  # type: ignore[list-item]
-    for rank, idx in per_rank.items():
-        view = values.view(k, *([1] * (rank - 1)))
-        for i in idx:
-            out[i] = view
-    return out
-
-
-def _norms(tensors: list[torch.Tensor], k: int) -> torch.Tensor:
-    """Each client's norm over all of its tensors, (K,)."""
-    return torch.linalg.vector_norm(torch.cat([t.reshape(k, -1) for t in tensors], dim=1), dim=1)
-
-
-def _clip_each(grads: list[torch.Tensor], max_norm: float, per_rank: dict[int, list[int]], k: int) -> None:
-    """``clip_grad_norm_`` of every client's gradient, each by its own norm over all of its tensors."""
-    coef = torch.clamp(max_norm / (_norms(grads, k) + 1e-6), max=1.0)
-    torch._foreach_mul_(grads, _by_rank(coef, grads, per_rank, k))
 
 
 class BatchPlan:
@@ -190,6 +163,8 @@ class BatchPlan:
         self.sizes = sizes
         self.steps = len(rows)
         self.width = max((len(r) for step in rows for r in step if r is not None), default=1)
+        #: per step: whether every client steps (known on the host, no device read)
+        self.all_active = [all(r is not None for r in step) for step in rows]
 
     @classmethod
     def of(cls, ctxs: Sequence[ClientContext], batch_size: int) -> BatchPlan:

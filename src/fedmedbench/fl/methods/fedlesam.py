@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 
 from fedmedbench.fl.api import ClientContext, Param, ServerContext
+from fedmedbench.fl.methods._perturb import FixedPerturbation
 from fedmedbench.fl.methods._sgd import (
     PERTURBATION_FORMS,
-    FixedPerturbation,
     ServerOptMethod,
     StepHooks,
     arrays_to_vector,

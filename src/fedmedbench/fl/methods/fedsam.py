@@ -6,7 +6,8 @@ Server: FedAvg.
 """
 
 from fedmedbench.fl.api import ClientContext, Param
-from fedmedbench.fl.methods._sgd import SamAscent, ServerOptMethod, StepHooks
+from fedmedbench.fl.methods._perturb import SamAscent
+from fedmedbench.fl.methods._sgd import ServerOptMethod, StepHooks
 from fedmedbench.fl.registry import register_method
 
 

@@ -14,8 +14,11 @@ from __future__ import annotations
 import torch
 
 from fedmedbench.fl.api import ClientContext, ClientResult, Param, ServerContext
+from fedmedbench.fl.methods._perturb import BatchedPerturbation, Perturbation
 from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
+    StepHooks,
+    Tensors,
     add,
     add_,
     arrays_to_vector,
@@ -24,16 +27,54 @@ from fedmedbench.fl.methods._sgd import (
     div,
     gradient_at,
     kept_vectors,
-    local_loop_metrics,
     mul,
     sam_perturbation,
     sent_vectors,
     state_tensors,
     sub,
+    trained_params,
     vectors64,
 )
 from fedmedbench.fl.methods.feddyn import dyn_client_update, dyn_hooks, dyn_server_update
 from fedmedbench.fl.registry import register_method
+
+
+class DualAscent(Perturbation):
+    """FedSMOO's ascent at each step: g' = g - (mu_i + s) from the gradient g at the current weights,
+    e = rho * g'/||g'||, and mu_i += e - s (``mu``: the client's dual, updated in place)."""
+
+    def __init__(self, rho: float, mu: Tensors, s: Tensors) -> None:
+        self.rho, self.mu, self.s = rho, mu, s
+
+    def __call__(self, model, xb, yb) -> Tensors:
+        g = gradient_at(model, xb, yb)
+        g = sub(g, add({n: self.mu[n] for n in g}, self.s))
+        e = sam_perturbation(g, self.rho)  # one norm per step, not one per tensor
+        add_({n: self.mu[n] for n in e}, sub(e, self.s))
+        return e
+
+    @classmethod
+    def batched(cls, perturbs, stack) -> BatchedPerturbation:
+        return _BatchedDualAscent(perturbs, stack)
+
+
+class _BatchedDualAscent(BatchedPerturbation):
+    needs_gradient = True
+
+    def __init__(self, perturbs: list[DualAscent], stack) -> None:
+        self.perturbs, self.stack, self.rho = perturbs, stack, perturbs[0].rho
+        self.mu = stack.stacked([p.mu for p in perturbs])
+        self.s = stack.stacked([p.s for p in perturbs])
+
+    def e(self, weights, grads, active):
+        g = torch._foreach_sub(grads, torch._foreach_add(self.mu, self.s))
+        e = self.stack.scaled(g, self.rho / (self.stack.norms(g) + 1e-7))
+        torch._foreach_addcmul_(self.mu, torch._foreach_sub(e, self.s), self.stack.by_rank(active))  # done: mu stays
+        return e
+
+    def finish(self) -> None:
+        for p, row in zip(self.perturbs, self.stack.rows(self.mu), strict=True):
+            p.mu.update(row)
 
 
 @register_method("fedsmoo")
@@ -46,26 +87,19 @@ class FedSMOO(ServerOptMethod):
         super().__init__(**params)
         self.rho, self.lamb = float(self.p["rho"]), float(self.p["lamb"])
 
-    def client_fit(self, ctx: ClientContext) -> ClientResult:
+    def hooks(self, ctx: ClientContext) -> StepHooks:
         like = client_tensors(ctx)
         mu = {n: t.to(ctx.device) for n, t in state_tensors(ctx.state, "mu_i", like).items()}
         s = arrays_to_vector(ctx.broadcast["s"]) if "s" in ctx.broadcast else {n: t * 0 for n, t in like.items()}
-        s = {n: t.to(ctx.device) for n, t in s.items()}
+        hooks = dyn_hooks(ctx, self.lamb)[0]
+        hooks.perturb = DualAscent(self.rho, mu, {n: t.to(ctx.device) for n, t in s.items()})
+        return hooks
 
-        def perturb(model, xb, yb):
-            g = gradient_at(model, xb, yb)
-            g = sub(g, add({n: mu[n] for n in g}, s))
-            e = sam_perturbation(g, self.rho)  # one norm per step, not one per tensor
-            add_({n: mu[n] for n in e}, sub(e, s))
-            return e
-
-        hooks, h_i = dyn_hooks(ctx, self.lamb)
-        hooks.perturb = perturb
-        metrics = local_loop_metrics(ctx, hooks)
-        dyn_client_update(ctx, h_i)
-        ctx.state["mu_i"] = kept_vectors(ctx, mu)
-        return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train,
-                            metrics=metrics, extras={"mu": sent_vectors(ctx.state["mu_i"])})
+    def client_result(self, ctx: ClientContext, hooks: StepHooks, metrics, arrays) -> ClientResult:
+        dyn_client_update(ctx, hooks.keep["h_i"], trained_params(ctx, arrays))
+        ctx.state["mu_i"] = kept_vectors(ctx, hooks.perturb.mu)
+        return ClientResult(arrays=arrays, num_examples=ctx.data.num_train, metrics=metrics,
+                            extras={"mu": sent_vectors(ctx.state["mu_i"])})
 
     def aggregate(self, ctx: ServerContext):
         """s = rho * mean(mu_i) / ||mean(mu_i)|| over the sampled clients, then FedDyn's step."""

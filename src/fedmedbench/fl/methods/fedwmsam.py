@@ -30,11 +30,13 @@ import torch
 
 from fedmedbench.fl.api import ClientContext, ClientResult, Param, ServerContext
 from fedmedbench.fl.arrays import snapshot
+from fedmedbench.fl.methods._perturb import BatchedPerturbation, Perturbation
 from fedmedbench.fl.methods._sgd import (
     LOCAL_ITERATIONS,
     PERTURBATION_FORMS,
     ServerOptMethod,
     StepHooks,
+    Tensors,
     add,
     add_,
     arrays_to_vector,
@@ -42,7 +44,6 @@ from fedmedbench.fl.methods._sgd import (
     div,
     indexed_perturbation,
     local_iterations,
-    local_loop_metrics,
     mul,
     neg,
     sam_perturbation,
@@ -50,10 +51,59 @@ from fedmedbench.fl.methods._sgd import (
     sub,
     to_tensors,
     trainable,
+    trained_params,
     vectors64,
 )
 from fedmedbench.fl.methods.scaffold import control_correction, server_control_update, updated_control
 from fedmedbench.fl.registry import register_method
+
+
+class MomentumGuided(Perturbation):
+    """FedWMSAM's perturbation (C1): e = rho * (t - theta)/||t - theta|| with rho signed (``vector``), or
+    ``indexed_perturbation`` of t - theta (``reference``); the target t starts at theta_g and moves by m_i
+    after every step (:meth:`advance`). ``params``: the client model's own parameters (theta, live)."""
+
+    def __init__(self, rho: float, form: str, target: Tensors, m_i: Tensors, params: Tensors) -> None:
+        self.rho, self.form, self.target, self.m_i, self.params = rho, form, target, m_i, params
+        self.order = list(params)
+
+    def __call__(self, model, xb, yb) -> Tensors:
+        if self.form == "reference":
+            return indexed_perturbation((self.target[n] - self.params[n].detach() for n in self.order), self.order, self.rho)
+        return sam_perturbation({n: self.target[n] - p.detach() for n, p in self.params.items()}, self.rho)
+
+    def advance(self) -> None:
+        add_(self.target, self.m_i)
+
+    @classmethod
+    def batched(cls, perturbs, stack) -> BatchedPerturbation:
+        return _BatchedMomentumGuided(perturbs, stack)
+
+
+class _BatchedMomentumGuided(BatchedPerturbation):
+    def __init__(self, perturbs: list[MomentumGuided], stack) -> None:
+        self.stack, self.rho, self.form = stack, perturbs[0].rho, perturbs[0].form
+        self.target = stack.stacked([p.target for p in perturbs])
+        self.m_i = stack.stacked([p.m_i for p in perturbs])
+
+    def e(self, weights, grads, active):
+        d = torch._foreach_sub(self.target, weights)
+        if self.form != "reference":
+            return self.stack.scaled(d, self.rho / (self.stack.norms(d) + 1e-7))
+        # indexed_perturbation per client: its first P entries of t - theta, one scalar per parameter tensor
+        k, count, lead, got = self.stack.k, len(d), [], 0
+        for t in d:
+            piece = t.reshape(k, -1)[:, : count - got]
+            lead.append(piece)
+            got += piece.shape[1]
+            if got == count:
+                break
+        v = torch.cat(lead, dim=1).float()
+        ev = v * (self.rho / (v.abs().sum(dim=1) + 1e-7)).unsqueeze(1)
+        return [column.view(k, *([1] * (w.dim() - 1))).expand_as(w) for column, w in zip(ev.unbind(1), weights, strict=True)]
+
+    def after_step(self, active) -> None:
+        torch._foreach_add_(self.target, self.m_i)
 
 
 @register_method("fedwmsam")
@@ -71,7 +121,7 @@ class FedWMSAM(ServerOptMethod):
         self.rho, self.alpha0, self.sign = float(self.p["rho"]), float(self.p["alpha"]), int(self.p["perturbation_sign"])
         self.k_form, self.form = self.p["local_iterations"], self.p["perturbation_form"]
 
-    def client_fit(self, ctx: ClientContext) -> ClientResult:
+    def hooks(self, ctx: ClientContext) -> StepHooks:
         like = trainable(ctx.model)
         alpha = float(ctx.broadcast["alpha"]["alpha"]) if "alpha" in ctx.broadcast else self.alpha0
         c, c_i, corr = control_correction(ctx)
@@ -79,24 +129,14 @@ class FedWMSAM(ServerOptMethod):
             n: torch.zeros_like(t) for n, t in corr.items()}
         m_i = {n: t.to(ctx.device) for n, t in add({n: m[n] for n in like}, div(mul(corr, alpha), 1 - alpha)).items()}
         target = snapshot(to_tensors(ctx.global_arrays, like), ctx.device)  # advanced in place: a copy
+        guided = MomentumGuided(self.sign * self.rho, self.form, target, m_i, like)
+        return StepHooks(perturb=guided, correction=mul(m_i, 1 - alpha), loss_weight=alpha, after_step=guided.advance,
+                         keep={"c": c, "c_i": c_i})
 
-        order = list(like)
-
-        def perturb(model, xb, yb):
-            if self.form == "reference":
-                return indexed_perturbation((target[n] - like[n].detach() for n in order), order, self.sign * self.rho)
-            d = {n: target[n] - p.detach() for n, p in like.items()}
-            return sam_perturbation(d, self.sign * self.rho)
-
-        def advance_target():
-            add_(target, m_i)
-
-        hooks = StepHooks(perturb=perturb, correction=mul(m_i, 1 - alpha),
-                          loss_weight=alpha, after_step=advance_target)
-        metrics = local_loop_metrics(ctx, hooks)
+    def client_result(self, ctx: ClientContext, hooks: StepHooks, metrics, arrays) -> ClientResult:
         k = local_iterations(ctx, self.k_form)
-        ctx.state["c_i"], dc = updated_control(ctx, c, c_i, k)
-        return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train,
+        ctx.state["c_i"], dc = updated_control(ctx, hooks.keep["c"], hooks.keep["c_i"], k, trained_params(ctx, arrays))
+        return ClientResult(arrays=arrays, num_examples=ctx.data.num_train,
                             metrics={**metrics, "k_lr": k * ctx.train.lr_at(ctx.rnd)},
                             extras={"delta_c": sent_vectors(dc)})
 

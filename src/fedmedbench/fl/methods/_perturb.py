@@ -1,0 +1,145 @@
+"""Weight perturbations of the SAM family, declared: each is called for one client's step
+(``StepHooks.perturb``: (model, xb, yb) -> e) and has a batched form for a round's clients trained
+together (``train.batch_clients``, :mod:`fedmedbench.fl.methods._together`), which computes the same e
+for every client at once from their stacked weights.
+
+A batched form works on lists of stacked tensors (K clients, ...) in parameter order, with the helpers of
+:class:`Stack` (per-client norms, per-client scalars broadcast, per-client vectors stacked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fedmedbench.fl.methods._sgd import Tensors, gradient_at, sam_perturbation
+
+
+class Stack:
+    """The round's clients' tensors stacked (K, ...) in parameter order, and per-client arithmetic on them."""
+
+    def __init__(self, params: Tensors, k: int, device: torch.device) -> None:
+        self.params, self.k, self.device = params, k, device
+        self.per_rank: dict[int, list[int]] = {}
+        for i, p in enumerate(params.values()):
+            self.per_rank.setdefault(p.dim() + 1, []).append(i)
+
+    def stacked(self, per_client: Sequence[Tensors | None]) -> list[torch.Tensor] | None:
+        """Each client's vector over the parameters (a gradient correction d, a perturbation e) stacked, zeros
+        where a client has none; None where no client has one."""
+        if all(not v for v in per_client):
+            return None
+        out = []
+        for n, p in self.params.items():
+            # a per-tensor scalar (FedLESAM's reference form) is the same number on every entry of its tensor
+            rows = [v[n].to(self.device).broadcast_to(p.shape) if v and n in v else torch.zeros_like(p)
+                    for v in per_client]
+            out.append(torch.stack(rows).to(p.dtype))
+        return out
+
+    def by_rank(self, values: torch.Tensor) -> list[torch.Tensor]:
+        """One (K,) vector as (K, 1, ..., 1) views broadcasting against each stacked tensor."""
+        out: list[torch.Tensor] = [None] * len(self.params)  # type: ignore[list-item]
+        for rank, idx in self.per_rank.items():
+            view = values.view(self.k, *([1] * (rank - 1)))
+            for i in idx:
+                out[i] = view
+        return out
+
+    def norms(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """Each client's norm over all of its tensors, (K,)."""
+        return torch.linalg.vector_norm(torch.cat([t.reshape(self.k, -1) for t in tensors], dim=1), dim=1)
+
+    def scaled(self, tensors: list[torch.Tensor], per_client: torch.Tensor) -> list[torch.Tensor]:
+        """Each client's tensors times its number of ``per_client`` (K,)."""
+        return torch._foreach_mul(tensors, self.by_rank(per_client))
+
+    def rows(self, tensors: list[torch.Tensor]) -> list[Tensors]:
+        """Per client, its slice of each stacked tensor (views), by parameter name."""
+        columns = [t.unbind(0) for t in tensors]
+        return [{n: col[c] for n, col in zip(self.params, columns, strict=True)} for c in range(self.k)]
+
+
+class Perturbation:
+    """A ``StepHooks.perturb`` that clients trained together can share: ``__call__`` for one client's
+    step, :meth:`batched` for the round's clients (every client's perturbation of one class)."""
+
+    def __call__(self, model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> Tensors | None:
+        raise NotImplementedError
+
+    @classmethod
+    def batched(cls, perturbs: Sequence[Perturbation | None], stack: Stack) -> BatchedPerturbation:
+        """The batched form of the clients' perturbations (None: that client has none this round)."""
+        raise NotImplementedError
+
+
+class BatchedPerturbation:
+    """One step's perturbation of every client, (K, ...) per parameter tensor."""
+
+    #: whether :meth:`e` needs the gradient at the current weights on the step's batches
+    needs_gradient = False
+
+    def e(self, weights: list[torch.Tensor], grads: list[torch.Tensor] | None,
+          active: torch.Tensor) -> list[torch.Tensor] | None:
+        """This step's perturbations (None: none this step); ``active`` (K,): 1 for a client that steps, 0
+        for one whose steps are done (its state must not move)."""
+        raise NotImplementedError
+
+    def after_step(self, active: torch.Tensor) -> None:
+        """Called after every optimizer step (a method's own ``StepHooks.after_step``, batched)."""
+
+    def finish(self) -> None:
+        """Each client's perturbation state written back to it once the steps are done."""
+
+
+@dataclass(frozen=True)
+class SamAscent(Perturbation):
+    """SAM's ascent e = rho * g/||g|| from the gradient at the current weights on the step's batch (FedSAM,
+    FedSpeed, FedGAMMA)."""
+
+    rho: float
+
+    def __call__(self, model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> Tensors:
+        return sam_perturbation(gradient_at(model, xb, yb), self.rho)
+
+    @classmethod
+    def batched(cls, perturbs: Sequence[Perturbation | None], stack: Stack) -> BatchedPerturbation:
+        rhos = {p.rho for p in perturbs if isinstance(p, SamAscent)}
+        if len(rhos) != 1 or len(perturbs) != sum(isinstance(p, SamAscent) for p in perturbs):
+            raise ValueError("clients trained together share one SAM ascent")
+        return _BatchedAscent(rhos.pop(), stack)
+
+
+class _BatchedAscent(BatchedPerturbation):
+    needs_gradient = True
+
+    def __init__(self, rho: float, stack: Stack) -> None:
+        self.rho, self.stack = rho, stack
+
+    def e(self, weights, grads, active):
+        return self.stack.scaled(grads, self.rho / (self.stack.norms(grads) + 1e-7))
+
+
+@dataclass(frozen=True)
+class FixedPerturbation(Perturbation):
+    """The same e at every step of the round (FedLESAM's estimate)."""
+
+    e_round: Tensors
+
+    def __call__(self, model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> Tensors:
+        return self.e_round
+
+    @classmethod
+    def batched(cls, perturbs: Sequence[Perturbation | None], stack: Stack) -> BatchedPerturbation:
+        return _BatchedFixed(stack.stacked([p.e_round if isinstance(p, FixedPerturbation) else None for p in perturbs]))
+
+
+class _BatchedFixed(BatchedPerturbation):
+    def __init__(self, e: list[torch.Tensor] | None) -> None:
+        self._e = e
+
+    def e(self, weights, grads, active):
+        return self._e
