@@ -129,7 +129,8 @@ step "scaffold round persistence" "$PY" bench/round_persistence.py --method scaf
 step "earlystop grid cost" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml --rounds 3 \
   --methods fedavg fedprox scaffold feddyn fedsam fedspeed fedsmoo fedgamma fedlesam fedwmsam --threads "$THREADS" --out "$OUT"
 step "earlystop grid cost, clients together" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml --rounds 3 \
-  --methods fedavg fedprox --batch-clients --threads "$THREADS" --out "$OUT"
+  --methods fedavg fedprox scaffold feddyn fedsam fedspeed fedsmoo fedgamma fedlesam fedwmsam --batch-clients \
+  --threads "$THREADS" --out "$OUT"
 step "gpaf grid cost" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf --rounds 2 \
   --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
 step "jobs per GPU" "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --out "$OUT"
