@@ -225,3 +225,14 @@ def test_the_step_count_is_the_longest_clients(setup):
     finally:
         together.to_float = original
     assert calls["steps"] == max(steps.values()) == max(2 * int(np.ceil(n / 16)) for n in sizes[:4])
+
+
+def test_a_non_finite_loss_names_the_client_and_the_step(setup):
+    """lr 1e6 without clipping: the first client whose loss turns non-finite is named with its round and step,
+    as one by one (train.on_nonfinite: error)."""
+    from fedmedbench.fl.training import NonFiniteLossError
+
+    s = spec(setup, "nan", batch_clients=True, rounds=1, lr=1e6, grad_clip=None)
+    f = fed.Federation(s, log=lambda m: None)
+    with pytest.raises(NonFiniteLossError, match=r"^client \d+: non-finite training loss .* at round 1, step \d+"):
+        f.run(fed.with_clients_together(fed.InProcessTransport(f.job), f.job, log=lambda m: None))

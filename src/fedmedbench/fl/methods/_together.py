@@ -34,7 +34,7 @@ from torch.func import functional_call
 from fedmedbench.fl.api import Arrays, ClientContext, TrainConfig
 from fedmedbench.fl.methods._perturb import Perturbation, Stack
 from fedmedbench.fl.methods._sgd import StepHooks, trainable
-from fedmedbench.fl.training import StepLosses, batch_indices, forward_precision, to_float
+from fedmedbench.fl.training import NonFiniteLossError, StepLosses, batch_indices, forward_precision, to_float
 
 Tensors = dict[str, torch.Tensor]
 
@@ -212,8 +212,11 @@ def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray
     for c, ctx in enumerate(ctxs):
         taken = sum(1 for step in plan.rows if step[c] is not None)
         losses = StepLosses.of_values(values[:taken, c].tolist(), ctx.steps_per_epoch())
-        loss = losses.mean(ctx.rnd, check=cfg.on_nonfinite != "continue",
-                           hint="lower train.lr, set train.grad_clip, or train.on_nonfinite: continue")
+        try:
+            loss = losses.mean(ctx.rnd, check=cfg.on_nonfinite != "continue",
+                               hint="lower train.lr, set train.grad_clip, or train.on_nonfinite: continue")
+        except NonFiniteLossError as exc:  # one by one, the engine names the client that raised
+            raise NonFiniteLossError(f"client {ctx.pid}: {exc}") from None
         arrays: Arrays = {n: rows[n][c] if n in rows else fixed[n].clone().to(where) for n in state}
         out.append((arrays, {"train_loss": loss, **losses.epoch_metrics()}))
     return out
