@@ -236,3 +236,20 @@ def test_a_non_finite_loss_names_the_client_and_the_step(setup):
     f = fed.Federation(s, log=lambda m: None)
     with pytest.raises(NonFiniteLossError, match=r"^client \d+: non-finite training loss .* at round 1, step \d+"):
         f.run(fed.with_clients_together(fed.InProcessTransport(f.job), f.job, log=lambda m: None))
+
+
+def test_the_engine_trains_clients_together_through_its_flower_grid(setup):
+    """engine.run (the Flower inline grid, the run's checkpoint, evaluation through the clients' app) with
+    train.batch_clients gives the weights of the batched rounds, and says nothing about one by one."""
+    from pathlib import Path
+
+    from fedmedbench.fl import engine
+
+    s = spec(setup, "engine-both", method="scaffold", batch_clients=True, rounds=2)
+    said: list[str] = []
+    engine.run(s, log=said.append)
+    model = torch.load(Path(s.run_dir) / "model.pt", weights_only=True)
+    direct = run(spec(setup, "direct-both", method="scaffold", batch_clients=True, rounds=2))
+    for k, a in direct.arrays.items():
+        assert torch.equal(model[k].cpu(), torch.as_tensor(a).cpu()), k
+    assert not [m for m in said if "one by one" in m]
