@@ -107,16 +107,14 @@ class SamAscent(Perturbation):
 
     @classmethod
     def batched(cls, perturbs: Sequence[Perturbation | None], stack: Stack) -> BatchedPerturbation:
-        rhos = {p.rho for p in perturbs if isinstance(p, SamAscent)}
-        if len(rhos) != 1 or len(perturbs) != sum(isinstance(p, SamAscent) for p in perturbs):
-            raise ValueError("clients trained together share one SAM ascent")
-        return _BatchedAscent(rhos.pop(), stack)
+        rho = [p.rho if isinstance(p, SamAscent) else 0.0 for p in perturbs]  # rho 0: e = 0, no ascent
+        return _BatchedAscent(torch.tensor(rho, dtype=torch.float32, device=stack.device), stack)
 
 
 class _BatchedAscent(BatchedPerturbation):
     needs_gradient = True
 
-    def __init__(self, rho: float, stack: Stack) -> None:
+    def __init__(self, rho: torch.Tensor, stack: Stack) -> None:
         self.rho, self.stack = rho, stack
 
     def e(self, weights, grads, active):
