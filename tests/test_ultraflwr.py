@@ -1468,3 +1468,33 @@ def test_every_validation_integrates_ap_by_the_chosen_rule(export, tmp_path, mon
                       workdir=tmp_path / rule, ap=rule)
         assert seen.pop() is want and not seen
     assert metrics.compute_ap is installed
+
+
+def test_the_global_model_scores_each_clients_test_split_once(tmp_path, monkeypatch):
+    """evaluate_global: the pooled test and validation sets and each client's test split validated once (N + 2
+    validations, not N x N + 2); every client's row holds the same test<j> scores and its own ID/CD, as
+    evaluate_client gives it."""
+    from types import SimpleNamespace
+
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+
+    task = object.__new__(DetectionTask)
+    task.spec = SimpleNamespace(image_size=64, seed=0, loader_workers=0)
+    task.manifest = {"clients": [{"counts": {"train": {"frames": n}}} for n in (5, 6, 7)],
+                     "pooled": {"train": {"frames": 18}}}
+    task.stage, task.work, task.params = tmp_path / "stage", tmp_path / "work", {}
+    calls = []
+
+    def val(model, data_yaml, split, device, workdir):
+        calls.append((data_yaml, split))
+        j = int(data_yaml.split("client_")[1].split("/")[0]) if "client_" in data_yaml else 9
+        return {"map50": 0.1 * (j + 1), "map50_95": 0.05 * (j + 1)}
+
+    monkeypatch.setattr(task, "_val", val)
+    row, per_client = task.evaluate_global(None, "cpu")
+    assert len(calls) == 3 + 2 and len(set(calls)) == 5
+    assert row["global_map50"] == pytest.approx(1.0)
+    for p in range(3):
+        assert per_client[p] == task.evaluate_client(None, task.client_data(p), "cpu")
+    assert per_client[1]["local_map50"] == pytest.approx(0.2)
+    assert per_client[1]["cd_map50"] == pytest.approx((0.1 + 0.3) / 2)

@@ -104,16 +104,24 @@ class DetectionTask(Task):
 
     def evaluate_client(self, model, data: DetectionClient, device) -> dict[str, float]:
         """Row ``data.pid`` of the ID/CD matrix (``test<j>_*``) with its ID (``local_*``) and CD (``cd_*``)."""
+        return self._matrix_row(self._client_tests(model, device, data.workdir), data.pid)
+
+    def _client_tests(self, model, device, workdir: str) -> dict[str, float]:
+        """``model`` on every client's test split: ``test<j>_*``."""
         out = {}
         for j in range(self.num_clients):
-            scores = self._val(model, self.client_data(j).data_yaml, "test", device, data.workdir)
+            scores = self._val(model, self.client_data(j).data_yaml, "test", device, workdir)
             out.update({f"test{j}_{k}": v for k, v in scores.items()})
-        out.update(cd_from_pairs(out, data.pid, self.num_clients, self.metric_names))
         return out
 
+    def _matrix_row(self, tests: dict[str, float], pid: int) -> dict[str, float]:
+        return {**tests, **cd_from_pairs(tests, pid, self.num_clients, self.metric_names)}
+
     def evaluate_global(self, model, device):
+        """The pooled test and validation sets, and every client's row of the ID/CD matrix: one model, so each
+        client's test split is scored once and its scores fill every row (N validations, not N x N)."""
         pooled = self.pooled_data()
         row = {f"global_{k}": v for k, v in self._val(model, pooled.data_yaml, "test", device, pooled.workdir).items()}
         row.update({f"val_{k}": v for k, v in self._val(model, pooled.data_yaml, "val", device, pooled.workdir).items()})
-        per_client = [self.evaluate_client(model, self.client_data(p), device) for p in range(self.num_clients)]
-        return row, per_client
+        tests = self._client_tests(model, device, self.client_data(0).workdir)
+        return row, [self._matrix_row(tests, p) for p in range(self.num_clients)]
