@@ -383,3 +383,38 @@ def test_domain_profiles_and_figure_on_hand_made_domains():
     assert len(fig.axes) == 2 * 2 + 2  # a thumbnail per class and domain, a histogram panel per class
     assert fig.axes[2].get_title().startswith("(a) a")
 
+
+
+def test_table1_caption_says_which_model_and_data_each_column_family_is(tmp_path):
+    """Hand-made curves of one run: validation best in round 2, test accuracy highest in round 3 (the final one).
+    Under best_validation a global_ column holds round 2's model on the test split, and the caption says so;
+    under final_test a val_ column holds the final model on the validation data, and the caption says that."""
+    from types import SimpleNamespace
+
+    curves = pd.DataFrame({"dataset": "breastmnist", "setting": "alpha0.5", "method": "fedavg", "seed": 0,
+                           "round": [1, 2, 3], "val_accuracy": [0.6, 0.9, 0.7], "global_accuracy": [0.5, 0.6, 0.8]})
+    runs = gpaf.best_validation_rows(curves)
+    assert runs.loc[0, "table_round"] == 2 and runs.loc[0, "global_accuracy"] == pytest.approx(0.6)  # not the final 0.8
+    out = SimpleNamespace(csv=tmp_path / "t.csv", md=tmp_path / "t.md", tex=tmp_path / "t.tex")
+    settings = {"alpha0.5": SETTINGS["alpha0.5"]}
+
+    def caption(columns, table_eval):
+        long, display = gpaf.table1(runs, columns, ["fedavg"], settings)
+        gpaf.write_table1(long, display, runs, out, "s", "breastmnist", "synthetic", table_eval=table_eval)
+        return out.md.read_text().split("\n\n")[0]
+
+    best = "the global model of the round with the best validation accuracy (the authors' best-so-far logging)"
+    assert f"{best} on the clients' validation data (pooled), in %" in caption(["val_accuracy"], "best_validation")
+    mixed = caption(["val_accuracy", "global_accuracy"], "best_validation")
+    assert (f"{best}: accuracy on the clients' validation data (pooled); accuracy on the global test set (every column "
+            "from that round: the test-split columns are the model of the best validation round, not the final model)") in mixed
+    only_test = caption(["global_accuracy"], "best_validation")
+    assert f"{best} on the global test set (every column from that round" in only_test and "final-round" not in only_test
+    final = caption(["global_accuracy"], "final_test")
+    assert "the final-round global model on the global test set, in %" in final
+    final_mixed = caption(["global_accuracy", "val_accuracy"], "final_test")
+    assert ("the final-round global model: accuracy on the global test set; accuracy on the clients' validation data "
+            "(pooled) (every column from the final round: the validation columns are not the best validation round's)") in final_mixed
+    assert gpaf.evaluation_note("best_validation", ("local_mean_accuracy",)).endswith(
+        "on each client's test split (mean over clients) (every column from that round: the test-split columns are "
+        "the model of the best validation round, not the final model)")
