@@ -47,6 +47,11 @@ class ClientData:
     val_y: torch.Tensor
     test_x: torch.Tensor
     test_y: torch.Tensor
+    #: ``client_augmentation: reference`` (fl/augment.py): the training images before their domain shift
+    #: (uint8, rows as ``train_x``) and each one's acquisition device (c, b, sigma), so every read redraws
+    #: the noise; None = training batches are the stored ``train_x`` as they are
+    aug_x: torch.Tensor | None = None
+    aug_device: torch.Tensor | None = None
 
     @property
     def num_train(self) -> int:
@@ -216,11 +221,14 @@ class Method:
 
     # --- client side -------------------------------------------------------------
     def client_fit(self, ctx: ClientContext) -> ClientResult:
+        from fedmedbench.fl.augment import batch_images
         from fedmedbench.fl.training import StepLosses, local_sgd
 
         losses = StepLosses(ctx.steps_per_epoch())
+        images = None if ctx.data.aug_x is None else \
+            (lambda idx: batch_images(ctx.data, idx, ctx.device, ctx.generator, ctx.train.channels_last))
         loss = local_sgd(ctx.model, ctx.data.train_x, ctx.data.train_y, ctx.steps, ctx.train, ctx.rnd, ctx.device, ctx.generator,
-                         losses=losses)
+                         losses=losses, images=images)
         return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train,
                             metrics={"train_loss": loss, **losses.epoch_metrics()})
 

@@ -216,16 +216,19 @@ def local_sgd(
     generator: torch.Generator,
     extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
     losses: StepLosses | None = None,
+    images: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> float:
     """Run ``steps`` optimisation steps of cross-entropy (+ ``extra_loss``); mean loss. The step
-    losses go to ``losses`` when given (e.g. for per-epoch means)."""
+    losses go to ``losses`` when given (e.g. for per-epoch means). ``images(idx)`` gives a batch's float
+    images (default ``to_float`` of ``x_u8[idx]``; an augmented read: fl/augment.py)."""
     place_model(model, cfg, device).train()
     forward = forward_fn(model, cfg)
     opt = make_optimizer(model, cfg, rnd)
     loss_fn = nn.CrossEntropyLoss()
     losses = StepLosses() if losses is None else losses
     for idx in batch_indices(y.shape[0], cfg.batch_size, steps, generator, index_device(x_u8, y)):
-        xb, yb = to_float(x_u8[idx], device, cfg.channels_last), y[idx].to(device, non_blocking=True)
+        xb = to_float(x_u8[idx], device, cfg.channels_last) if images is None else images(idx)
+        yb = y[idx].to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
         with forward_precision(cfg, device):
             loss = loss_fn(forward(xb).float(), yb)

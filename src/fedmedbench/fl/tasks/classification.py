@@ -26,7 +26,7 @@ class ClassificationTask(Task):
 
         super().__init__(spec)
         self.metric_names = CLASSIFICATION_METRICS
-        self.data = FederatedData(spec.partition_path, spec.sources)
+        self.data = FederatedData(spec.partition_path, spec.sources, spec.client_augmentation)
         self._eval_cache: dict[str, Any] = {}
 
     @classmethod
