@@ -309,6 +309,9 @@ def _dry_run(tmp_path, cfg) -> subprocess.CompletedProcess:
     (lambda c: (c["studies"]["gmicro"].pop("client_validation"),
                 c["studies"]["gmicro"]["report"]["gpaf"].__setitem__("fig5a_metric", "client_val_accuracy")),
      "studies.gmicro.client_validation"),
+    # the micro's degraded domain is medmnistc corruptions: no device whose noise a read could redraw
+    (lambda c: c["studies"]["gmicro"].__setitem__("client_augmentation", "reference"),
+     "studies.gmicro.settings.dom.client_augmentation"),
 ])
 def test_gpaf_report_config_errors_name_the_key(tmp_path, mutate, needle):
     cfg = copy.deepcopy(MICRO)
@@ -321,6 +324,10 @@ def test_gpaf_report_config_errors_name_the_key(tmp_path, mutate, needle):
 def test_micro_gpaf_config_plans_every_output(tmp_path):
     proc = _dry_run(tmp_path, copy.deepcopy(MICRO))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = copy.deepcopy(MICRO)  # per-read noise: a device domain, its clean images from the base file
+    cfg["domains"]["degraded"] = [{"gpaf_device": {"client": 2}}]
+    cfg["studies"]["gmicro"]["client_augmentation"] = "reference"
+    assert _dry_run(tmp_path, cfg).returncode == 0
     cfg = copy.deepcopy(MICRO)
     del cfg["studies"]["gmicro"]["report"]["gpaf"]
     assert _dry_run(tmp_path, cfg).returncode == 0  # studies without report.gpaf get no GPAF outputs
