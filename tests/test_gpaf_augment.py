@@ -185,31 +185,31 @@ def test_federated_data_reads_clean_training_images_and_keeps_stored_validation(
         FederatedData(tmp_path / "p.json", {"degraded": sources["degraded"]}, aug)
 
 
-def test_methods_train_on_the_augmented_reads_and_stay_repeatable():
+@pytest.mark.parametrize("name", ["fedavg", "moon", "feddg", "gpaf", "centralized", "local"])
+def test_methods_train_on_the_augmented_reads_and_stay_repeatable(name):
     """With the option on a client's update depends on its clean images (not the stored ones) and is the
-    same for the same generator seed; off, it is exactly today's update."""
+    same for the same generator seed; off, it is the update of the stored images."""
     from dataclasses import replace
 
-    from fedmedbench.fl.api import ClientContext, TrainConfig
+    from helpers.clients import client_ctx, fresh_global, toy_data, toy_spec
+
     from fedmedbench.fl.registry import get_method
-    from fedmedbench.models import build_model
 
-    cfg = TrainConfig(rounds=1, local_epochs=1, batch_size=3, lr=0.01, optimizer="sgd")
-
-    def update(name: str, data: ClientData, seed: int = 5) -> torch.Tensor:
-        torch.manual_seed(0)
-        model = build_model("gpaf_cnn_moon" if name == "moon" else "gpaf_cnn", in_channels=1, num_classes=2, image_size=8)
-        ctx = ClientContext(pid=0, rnd=1, model=model, data=data, train=cfg, device=torch.device("cpu"),
-                            generator=torch.Generator().manual_seed(seed), state={}, steps=2)
-        arrays = get_method(name, {}).client_fit(ctx).arrays
-        return torch.cat([torch.as_tensor(v).flatten().float() for v in arrays.values()])
-
-    on = client(True)
+    method = get_method(name)
+    spec = toy_spec(name, model="gpaf_cnn_moon" if name == "moon" else "gpaf_cnn")
+    arrays = fresh_global(method, spec)
+    off = toy_data(24)
+    on = replace(off, aug_x=off.train_x.clone(), aug_device=torch.tensor([gpaf_device(2)]).repeat(24, 1))
     other_clean = replace(on, aug_x=255 - on.aug_x)
-    for name in ("fedavg", "moon", "centralized"):
-        assert torch.equal(update(name, on), update(name, on))
-        assert not torch.equal(update(name, on), update(name, other_clean))
-        assert not torch.equal(update(name, on), update(name, client(False)))
+
+    def update(data: ClientData) -> torch.Tensor:
+        ctx = client_ctx(method, spec, arrays, data, steps=2)
+        method.client_fit(ctx)  # every one of these trains ctx.model in place
+        return torch.cat([v.flatten().float() for v in ctx.model.state_dict().values()])
+
+    assert torch.equal(update(on), update(on))
+    assert not torch.equal(update(on), update(other_clean))
+    assert not torch.equal(update(on), update(off))
 
 
 def test_option_names_are_the_schemas():

@@ -221,14 +221,12 @@ class Method:
 
     # --- client side -------------------------------------------------------------
     def client_fit(self, ctx: ClientContext) -> ClientResult:
-        from fedmedbench.fl.augment import batch_images
+        from fedmedbench.fl.augment import batch_reader
         from fedmedbench.fl.training import StepLosses, local_sgd
 
         losses = StepLosses(ctx.steps_per_epoch())
-        images = None if ctx.data.aug_x is None else \
-            (lambda idx: batch_images(ctx.data, idx, ctx.device, ctx.generator, ctx.train.channels_last))
         loss = local_sgd(ctx.model, ctx.data.train_x, ctx.data.train_y, ctx.steps, ctx.train, ctx.rnd, ctx.device, ctx.generator,
-                         losses=losses, images=images)
+                         losses=losses, images=batch_reader(ctx))
         return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train,
                             metrics={"train_loss": loss, **losses.epoch_metrics()})
 

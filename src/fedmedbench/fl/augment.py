@@ -23,11 +23,12 @@ device without the host waiting (``training.on_device``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from fedmedbench.fl.api import ClientData
+from fedmedbench.fl.api import ClientContext, ClientData
 from fedmedbench.fl.training import on_device, to_float
 
 #: what ``client_augmentation`` may be (the schema's enum mirrors it): none = the stored images as they
@@ -121,3 +122,11 @@ def batch_images(data: ClientData, idx: torch.Tensor, device: torch.device, gene
         return to_float(data.train_x[idx], device, channels_last)
     x = reference_batch(data.aug_x[idx], data.aug_device[idx], torch.device(device), generator)
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+def batch_reader(ctx: ClientContext) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``images`` for :func:`fedmedbench.fl.training.local_sgd`: the client's augmented reads, or None
+    (``local_sgd``'s own ``to_float``) when it holds no clean images."""
+    if ctx.data.aug_x is None:
+        return None
+    return lambda idx: batch_images(ctx.data, idx, ctx.device, ctx.generator, ctx.train.channels_last)
