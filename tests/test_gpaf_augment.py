@@ -153,8 +153,9 @@ def test_device_of_a_domain_is_the_device_its_stored_file_was_made_with():
         device_of([{"corruption": "gaussian_noise", "range": [0.12, 0.12]}], "degraded_medmnistc")
 
 
-def test_federated_data_reads_clean_training_images_and_keeps_stored_validation(tmp_path):
-    from fedmedbench.fl.data import FederatedData
+def hand_made_run(tmp_path) -> tuple[dict, dict, dict]:
+    """Base and 'degraded' files (the stored shift a stand-in: 255 - x), a partition of two clients: (base arrays,
+    shifted arrays, sources); the partition is ``tmp_path / 'p.json'``."""
     from fedmedbench.io import write_json
 
     rng = np.random.default_rng(0)
@@ -169,7 +170,18 @@ def test_federated_data_reads_clean_training_images_and_keeps_stored_validation(
         "global_test": [{"source": "base", "idx": [8, 9]}]}
     write_json(tmp_path / "p.json", doc)
     sources = {"base": str(tmp_path / "base.npz"), "degraded": str(tmp_path / "degraded.npz")}
-    aug = {"mode": "reference", "domains": {"degraded": [{"gpaf_device": {"client": 2}}]}, "domain_seed": 0}
+    return base, shifted, sources
+
+
+def augmentation(mode: str) -> dict:
+    return {"mode": mode, "domains": {"degraded": [{"gpaf_device": {"client": 2}}]}, "domain_seed": 0}
+
+
+def test_federated_data_reads_clean_training_images_and_keeps_stored_validation(tmp_path):
+    from fedmedbench.fl.data import FederatedData
+
+    base, shifted, sources = hand_made_run(tmp_path)
+    aug = augmentation("reference")
     data = FederatedData(tmp_path / "p.json", sources, aug)
     degraded = data.client(1)
     assert np.array_equal(degraded.train_x[:, 0].numpy(), shifted["train_images"][3:6])  # the stored shift stays
@@ -183,6 +195,62 @@ def test_federated_data_reads_clean_training_images_and_keeps_stored_validation(
     assert plain.aug_x is None and plain.aug_device is None
     with pytest.raises(ValueError, match="'base' source"):
         FederatedData(tmp_path / "p.json", {"degraded": sources["degraded"]}, aug)
+    # the validation shares before their shift, client by client as global_val pools them, with their devices
+    clean_val, rows = data.global_val_reads()
+    assert np.array_equal(clean_val[:, 0].numpy(), base["val_images"][[0, 1]])
+    np.testing.assert_allclose(rows.numpy(), [CLEAN_DEVICE, gpaf_device(2)], rtol=1e-6)
+    assert FederatedData(tmp_path / "p.json", sources, augmentation("reference_train")).global_val_reads() is None
+    assert FederatedData(tmp_path / "p.json", sources).global_val_reads() is None
+
+
+@pytest.mark.parametrize("mode", ["reference", "reference_train", "none"])
+def test_server_validation_reads_fresh_images_per_round_only_under_reference(tmp_path, mode):
+    """reference: each round's validation is a new read of the clean shares (repeatable for that round);
+    reference_train and none: the stored shares, the same metrics every round."""
+    from fedmedbench.fl.spec import RunSpec
+    from fedmedbench.fl.tasks.classification import ClassificationTask
+    from fedmedbench.models import build_model
+
+    _, _, sources = hand_made_run(tmp_path)
+    spec = RunSpec(run_dir="unused", study="t", dataset="breastmnist", setting="s", method="fedavg", seed=3,
+                   partition_path=str(tmp_path / "p.json"), sources=sources, image_size=8, in_channels=1, num_classes=2,
+                   model="gpaf_cnn", train={"rounds": 2, "local_epochs": 1, "batch_size": 4, "lr": 0.01},
+                   client_augmentation=None if mode == "none" else augmentation(mode))
+    torch.manual_seed(0)
+    model = build_model("gpaf_cnn", in_channels=1, num_classes=2, image_size=8)
+    task = ClassificationTask(spec)
+
+    def val_loss(rnd: int) -> float:
+        task.set_eval_round(rnd)
+        return task.evaluate_global(model, torch.device("cpu"))[0]["val_loss"]
+
+    first, again, later = val_loss(1), val_loss(1), val_loss(2)
+    assert first == again
+    assert (first != later) if mode == "reference" else (first == later)
+
+
+def test_a_float_read_is_evaluated_as_it_is():
+    from fedmedbench.fl.training import predict_samples
+    from fedmedbench.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("gpaf_cnn", in_channels=1, num_classes=2, image_size=8)
+    x = torch.randint(0, 256, (5, 1, 8, 8), dtype=torch.uint8)
+    y = torch.tensor([0, 1, 0, 1, 1])
+    as_u8 = predict_samples(model, x, y, 2, torch.device("cpu"))
+    as_float = predict_samples(model, to_float(x, torch.device("cpu")), y, 2, torch.device("cpu"))
+    assert all(np.array_equal(a, b) for a, b in zip(as_u8, as_float, strict=True))
+
+
+def test_validation_reads_are_fixed_by_run_seed_and_round():
+    from fedmedbench.fl.augment import read_all, validation_generator
+
+    x = torch.randint(0, 256, (7, 1, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    rows = torch.tensor([gpaf_device(1)]).repeat(7, 1)
+    one = read_all(x, rows, validation_generator(0, 4), batch_size=3)
+    assert torch.equal(one, read_all(x, rows, validation_generator(0, 4), batch_size=3))
+    assert not torch.equal(one, read_all(x, rows, validation_generator(0, 5), batch_size=3))
+    assert not torch.equal(one, read_all(x, rows, validation_generator(1, 4), batch_size=3))
 
 
 @pytest.mark.parametrize("name", ["fedavg", "moon", "feddg", "gpaf", "centralized", "local"])

@@ -15,7 +15,12 @@ baselines/fedprox/fedprox/dataset_preparation.py at c2505a7, :302-322): on the [
    reflect padding, torchvision's ``GaussianBlur((5, 9), (0.1, 5))``), then Normalize(0.5, 0.5),
    i.e. the [-1, 1] scale of ``to_float``.
 
-Every draw comes from the client's generator (``ClientContext.generator``), so a run is repeatable
+Under ``reference`` the server's validation of the global model reads the clients' validation shares
+the same way (the authors' validation loaders use the same dataset class, dataset.py:104-108), with a
+generator of (run seed, round) (:func:`validation_generator`); ``reference_train`` leaves them as stored.
+Test shares are always the stored images (the authors never score their test loader).
+
+Every training draw comes from the client's generator (``ClientContext.generator``), so a run is repeatable
 and resumable; the numbers are drawn on the CPU (the same on every device) and copied to the batch's
 device without the host waiting (``training.on_device``).
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -32,8 +38,19 @@ from fedmedbench.fl.api import ClientContext, ClientData
 from fedmedbench.fl.training import on_device, to_float
 
 #: what ``client_augmentation`` may be (the schema's enum mirrors it): none = the stored images as they
-#: are; reference = the GPAF authors' per-read domain noise and transforms
-CLIENT_AUGMENTATIONS = ("none", "reference")
+#: are; reference = the GPAF authors' per-read domain noise and transforms on the clients' training and
+#: validation shares, as their loaders; reference_train = on the training shares only (validation as stored)
+CLIENT_AUGMENTATIONS = ("none", "reference", "reference_train")
+#: the modes that also read the validation shares through the authors' loader
+VALIDATION_AUGMENTATIONS = ("reference",)
+#: the third entry of the validation reads' seed (run seed, round, this): apart from every client stream
+VALIDATION_STREAM = 2**31 - 1
+
+
+def validation_generator(seed: int, rnd: int) -> torch.Generator:
+    """The generator of round ``rnd``'s validation reads: (run seed, round) fix them, so an evaluation
+    draws the same images in a resumed run as in an uninterrupted one."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, rnd, VALIDATION_STREAM]).generate_state(1)[0]))
 
 #: torchvision's transforms of the authors' ``buid_domain_transform``
 FLIP_P = 0.5
@@ -112,6 +129,15 @@ def reference_batch(x_u8: torch.Tensor, device_rows: torch.Tensor, device: torch
     eps = on_device(torch.randn(x01.shape, generator=generator), device)
     x = device_shift(x01, on_device(device_rows, device), eps)
     return reference_transform(x, generator).sub_(0.5).div_(0.5)
+
+
+def read_all(x_u8: torch.Tensor, device_rows: torch.Tensor, generator: torch.Generator, batch_size: int = 256) -> torch.Tensor:
+    """One read of every image (float, [-1, 1], on the CPU), in order, ``batch_size`` at a time."""
+    if x_u8.shape[0] == 0:
+        return torch.zeros(x_u8.shape, dtype=torch.float32)
+    cpu = torch.device("cpu")
+    return torch.cat([reference_batch(x_u8[s : s + batch_size].cpu(), device_rows[s : s + batch_size].cpu(), cpu, generator)
+                      for s in range(0, x_u8.shape[0], batch_size)])
 
 
 def batch_images(data: ClientData, idx: torch.Tensor, device: torch.device, generator: torch.Generator,

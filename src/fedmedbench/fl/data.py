@@ -23,6 +23,7 @@ import torch
 from fedmedbench.data.domains import device_of
 from fedmedbench.data.medmnist import SPLITS, load_npz
 from fedmedbench.fl.api import ClientData
+from fedmedbench.fl.augment import VALIDATION_AUGMENTATIONS
 from fedmedbench.io import read_json
 from fedmedbench.partition import check_partition
 
@@ -86,14 +87,26 @@ class FederatedData:
         data = ClientData(*parts[0], *parts[1], *parts[2])
         return data if self.augmentation is None else self._with_clean_reads(c, data)
 
-    def _with_clean_reads(self, client: dict, data: ClientData) -> ClientData:
-        """``data`` plus its clean training images and their device (c, b, sigma), one row per image."""
+    def _clean_reads(self, client: dict, part: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """A client's images of ``part`` before its domain shift, and its device (c, b, sigma) per image."""
         source, aug = client["source"], self.augmentation
         steps = aug["domains"].get(source, []) if source != CLEAN_SOURCE else []
         device = device_of(steps, source, int(aug.get("domain_seed", 0)))
-        clean_x = self._take(CLEAN_SOURCE, client["train"])[0] if steps else data.train_x
-        rows = torch.tensor(device, dtype=torch.float32).repeat(data.num_train, 1)
+        clean_x = self._take(CLEAN_SOURCE if steps else source, client[part])[0]
+        return clean_x, torch.tensor(device, dtype=torch.float32).repeat(clean_x.shape[0], 1)
+
+    def _with_clean_reads(self, client: dict, data: ClientData) -> ClientData:
+        """``data`` plus its clean training images and their device, one row per image."""
+        clean_x, rows = self._clean_reads(client, "train")
         return replace(data, aug_x=clean_x, aug_device=rows)
+
+    def global_val_reads(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rows of :meth:`global_val` before their domain shift, with their devices, when the validation
+        shares are read as the authors' loader (``client_augmentation: reference``); else None."""
+        if self.augmentation is None or self.augmentation["mode"] not in VALIDATION_AUGMENTATIONS:
+            return None
+        parts = [self._clean_reads(c, "val") for c in self.partition["clients"]]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def pooled(self) -> ClientData:
         """All clients' data concatenated (the centralized baseline's one client)."""

@@ -307,8 +307,9 @@ class Federation:
     def _is_eval_round(self, rnd: int) -> bool:
         return rnd % max(1, self.spec.eval_every) == 0 or rnd == self.train.rounds
 
-    def _server_eval(self, arrays: Arrays) -> tuple[dict[str, float], list[dict[str, float]]]:
-        """The global model, evaluated by the task (global/validation rows and one row per client)."""
+    def _server_eval(self, arrays: Arrays, rnd: int) -> tuple[dict[str, float], list[dict[str, float]]]:
+        """The global model of round ``rnd``, evaluated by the task (global/validation rows and one row per client)."""
+        self.task.set_eval_round(rnd)
         return self.task.evaluate_global(self.job.model_with(arrays), self.device)
 
     def finish_round(
@@ -336,7 +337,7 @@ class Federation:
                     row[f"global_{k}"] = _nanmean([c.get(f"global_{k}", math.nan) for c in per_client])
                     row[f"val_{k}"] = math.nan
             else:
-                glob, per_client = self._server_eval(new_arrays)
+                glob, per_client = self._server_eval(new_arrays, rnd)
                 row.update(glob)
             for k in self.task.metric_names:
                 vals = np.array([c.get(f"local_{k}", math.nan) for c in per_client], dtype=float)

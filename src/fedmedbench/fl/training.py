@@ -242,14 +242,17 @@ def local_sgd(
 @torch.no_grad()
 def predict_samples(model: nn.Module, x_u8: torch.Tensor, y: torch.Tensor, batch_size: int,
                     device: torch.device) -> tuple[np.ndarray, np.ndarray]:
-    """Class probabilities (N x C) and per-sample cross-entropy (N), float64.
+    """Class probabilities (N x C) and per-sample cross-entropy (N), float64. ``x_u8``: uint8 images,
+    or float images already on the model's [-1, 1] scale (an augmented read, fl/augment.py).
 
     Both stay on the device until the last batch and are read once: a read per batch would make
     the host wait for each batch before queuing the next."""
     to_device(model, device).eval()
     probs, losses = [], []
+    floats = torch.is_floating_point(x_u8)
     for start in range(0, y.shape[0], batch_size):
-        xb = to_float(x_u8[start : start + batch_size], device)
+        chunk = x_u8[start : start + batch_size]
+        xb = chunk.to(device, non_blocking=True) if floats else to_float(chunk, device)
         yb = y[start : start + batch_size].to(device, non_blocking=True)
         logits = model(xb)
         losses.append(nn.functional.cross_entropy(logits.float(), yb, reduction="none").double())

@@ -76,6 +76,10 @@ class Task:
         """A global model on the server: (``global_*``/``val_*`` row, one ``local_*`` dict per client)."""
         raise NotImplementedError
 
+    def set_eval_round(self, rnd: int) -> None:
+        """The next :meth:`evaluate_global` is of round ``rnd`` (a task whose evaluation draws random
+        numbers seeds them by it, so a resumed run evaluates alike); default: nothing to seed."""
+
     def evaluate_client(self, model: torch.nn.Module, data: Any, device: torch.device) -> dict[str, float]:
         """A personalized client's own model (``data`` = its :meth:`client_data`): ``local_*`` on
         its own test split and ``global_*`` on the held-out global test set."""

@@ -11,6 +11,8 @@ from fedmedbench.fl.api import TrainConfig
 from fedmedbench.fl.tasks.base import Task, register_task
 
 if TYPE_CHECKING:
+    import torch
+
     from fedmedbench.fl.spec import RunSpec
 
 
@@ -28,6 +30,10 @@ class ClassificationTask(Task):
         self.metric_names = CLASSIFICATION_METRICS
         self.data = FederatedData(spec.partition_path, spec.sources, spec.client_augmentation)
         self._eval_cache: dict[str, Any] = {}
+        self._eval_round = 0
+
+    def set_eval_round(self, rnd: int) -> None:
+        self._eval_round = int(rnd)
 
     @classmethod
     def resolve_spec(cls, spec: RunSpec) -> RunSpec:
@@ -72,6 +78,7 @@ class ClassificationTask(Task):
             gx, gy = self.data.global_test()
             self._eval_cache["global"] = (gx, gy)
             self._eval_cache["val"] = self.data.global_val()
+            self._eval_cache["val_reads"] = self.data.global_val_reads()
             self._eval_cache["rows"] = self._client_test_rows()
         bs = self._bs()
         gx, gy = self._eval_cache["global"]
@@ -82,7 +89,7 @@ class ClassificationTask(Task):
         sets = grouped_classification_metrics(gy.numpy(), probs, [np.arange(len(gy))] + [client_rows[p] for p in inside],
                                               losses, device)
         row = {f"global_{k}": v for k, v in sets[0].items()}
-        row.update({f"val_{k}": v for k, v in evaluate(model, *self._eval_cache["val"], bs, device).items()})
+        row.update({f"val_{k}": v for k, v in evaluate(model, *self._validation_images(), bs, device).items()})
         by_pid = dict(zip(inside, sets[1:], strict=True))
         per_client = []
         for pid, rows in enumerate(client_rows):
@@ -93,6 +100,17 @@ class ClassificationTask(Task):
                 metrics = by_pid[pid]
             per_client.append({f"local_{k}": v for k, v in metrics.items()})
         return row, per_client
+
+    def _validation_images(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pooled validation shares as this round's evaluation reads them: stored, or (``client_augmentation:
+        reference``) one fresh read of each clean image as the authors' loader, seeded by (run seed, round)."""
+        from fedmedbench.fl.augment import read_all, validation_generator
+
+        vx, vy = self._eval_cache["val"]
+        reads = self._eval_cache["val_reads"]
+        if reads is None:
+            return vx, vy
+        return read_all(*reads, validation_generator(self.spec.seed, self._eval_round)), vy
 
     def _client_test_rows(self) -> list[np.ndarray | None]:
         """For each client, the rows of the global test set holding its test split (None if not all there)."""
