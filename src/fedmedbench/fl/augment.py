@@ -2,7 +2,7 @@
 
 Every client training loop takes its float batches from :func:`batch_images`. Without augmentation
 (``ClientData.aug_x`` is None) that is ``to_float`` of the stored images, bit for bit. With the study's
-``client_augmentation: reference`` each client also holds its clean (noise-free) training images and,
+``client_augmentation: reference`` (or ``reference_train``) each client also holds its clean (noise-free) training images and,
 per image, its acquisition device (contrast c, brightness b, noise sigma), and every read of a batch
 goes through the authors' ``BreastMnistDataset.__getitem__`` (sanywright13/GPAFflower
 baselines/fedprox/fedprox/dataset_preparation.py at c2505a7, :302-322): on the [0, 1] scale
@@ -46,18 +46,18 @@ VALIDATION_AUGMENTATIONS = ("reference",)
 #: the third entry of the validation reads' seed (run seed, round, this): apart from every client stream
 VALIDATION_STREAM = 2**31 - 1
 
-
-def validation_generator(seed: int, rnd: int) -> torch.Generator:
-    """The generator of round ``rnd``'s validation reads: (run seed, round) fix them, so an evaluation
-    draws the same images in a resumed run as in an uninterrupted one."""
-    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, rnd, VALIDATION_STREAM]).generate_state(1)[0]))
-
 #: torchvision's transforms of the authors' ``buid_domain_transform``
 FLIP_P = 0.5
 ROTATION_DEGREES = 45.0
 BLUR_P = 0.5
 BLUR_KERNEL = (5, 9)  # (width, height), torchvision's kernel_size order
 BLUR_SIGMA = (0.1, 5.0)
+
+
+def validation_generator(seed: int, rnd: int) -> torch.Generator:
+    """The generator of round ``rnd``'s validation reads: (run seed, round) fix them, so an evaluation
+    draws the same images in a resumed run as in an uninterrupted one."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, rnd, VALIDATION_STREAM]).generate_state(1)[0]))
 
 
 def device_shift(x01: torch.Tensor, device_rows: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
@@ -143,7 +143,7 @@ def read_all(x_u8: torch.Tensor, device_rows: torch.Tensor, generator: torch.Gen
 def batch_images(data: ClientData, idx: torch.Tensor, device: torch.device, generator: torch.Generator,
                  channels_last: bool = False) -> torch.Tensor:
     """The float training batch of rows ``idx``: ``to_float`` of the stored images, or, where the client
-    holds clean images and devices (``client_augmentation: reference``), a fresh read as above."""
+    holds clean images and devices (``client_augmentation: reference | reference_train``), a fresh read as above."""
     if data.aug_x is None:
         return to_float(data.train_x[idx], device, channels_last)
     x = reference_batch(data.aug_x[idx], data.aug_device[idx], torch.device(device), generator)
