@@ -99,6 +99,11 @@ if [ -z "${SURGICAL_DIR:-}" ]; then
 fi
 
 step "cuda tests" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_device_arrays.py
+# fedst's frame scoring (eval.metrics_device): MedPy/SciPy on the CPU against torch on the GPU, ms per 480x480
+# 4-class frame, on predictions near the ground truth and on scattered ones (a tenth of the pixels relabelled)
+step "segmetrics on the device" "$PY" bench/segmetrics_device.py --device cuda --frames 64 --numpy-frames 16 --out "$OUT"
+step "segmetrics on the device, noisy predictions" "$PY" bench/segmetrics_device.py --device cuda --frames 64 \
+  --numpy-frames 16 --noise 0.1 --out "$OUT"
 step "engine vs resident loop" "$PY" bench/engine_overhead.py --device cuda \
   --study-config config/studies/earlystop.yaml --rounds 5 --eval-every 1 --repeats 2 --threads "$THREADS" --resident \
   --torch-profile "$(dirname "$OUT")/engine_torch_profile.txt" --out "$OUT"
@@ -123,6 +128,8 @@ step "scaffold round persistence" "$PY" bench/round_persistence.py --method scaf
   --threads "$THREADS" --device cuda --out "$OUT"
 step "earlystop grid cost" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml --rounds 3 \
   --methods fedavg fedprox scaffold feddyn fedsam fedspeed fedsmoo fedgamma fedlesam fedwmsam --threads "$THREADS" --out "$OUT"
+step "earlystop grid cost, clients together" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml --rounds 3 \
+  --methods fedavg fedprox --batch-clients --threads "$THREADS" --out "$OUT"
 step "gpaf grid cost" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf --rounds 2 \
   --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
 step "jobs per GPU" "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --out "$OUT"

@@ -237,6 +237,8 @@ def main() -> None:
     ap.add_argument("--waiting-steps", action="store_true",
                     help="local steps wait for the device as before (CPU batch indices into device data, blocking "
                          "fedst batch copies): a before/after on one machine")
+    ap.add_argument("--batch-clients", action="store_true",
+                    help="the MedMNIST studies with train.batch_clients (a round's clients trained together)")
     ap.add_argument("--peak-tflops", type=float,
                     help="the device's dense peak the floor is taken against (default: bench/_flop_floor.py's "
                          "figure for the card; a CPU's measured matrix-product rate)")
@@ -274,7 +276,7 @@ def summary_line(row: dict) -> str:
 
 def levers(row: dict, args: argparse.Namespace) -> list[str]:
     """The speed levers a row ran with (none: the configuration as it is, one job at a time)."""
-    out = [f"{key}" for key in ("image_cache", "read_ahead") if row.get(key)]
+    out = [f"{key}" for key in ("image_cache", "read_ahead", "batch_clients") if row.get(key)]
     if row.get("loader_workers"):
         out.append(f"loader_workers={row['loader_workers']}")
     if args.packing != 1:
@@ -300,9 +302,11 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
         for study in config.get("studies", {}):
             if args.study and study not in args.study:
                 continue
+            if args.batch_clients:  # train.batch_clients: each round's clients together, where the method allows
+                config["studies"][study]["train"]["batch_clients"] = True
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
                 row = study_cost(config, study, args.methods, args.rounds, device, args.threads, Path(tmp))
-            yield row
+            yield {**row, "batch_clients": args.batch_clients}
         surgical = args.surgical_dir or Path("resources") / "surgical" / config["surgical"]["origin"]
         has_runs = {"fedst": config["fedst"].get("enabled", False), "ultraflwr": bool(config["ultraflwr"].get("groups"))}
         for name, cost in (("fedst", fedst_cost), ("ultraflwr", ultraflwr_cost)):

@@ -58,7 +58,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.fl import federation as fed  # noqa: E402
 from fedmedbench.fl import job as job_module  # noqa: E402
-from fedmedbench.fl.methods import _sgd  # noqa: E402
+from fedmedbench.fl.methods import _sgd, _together  # noqa: E402
 from fedmedbench.fl.tasks.classification import ClassificationTask  # noqa: E402
 
 PHASES = ("train", "eval", "other")
@@ -129,11 +129,12 @@ def _patch(target, name: str, new) -> Callable[[], None]:
 
 
 def instrument(phases: Phases, round_ends: list[float], side: str) -> Callable[[], None]:
-    """Wrap local training (the engine's ``local_loop``, the resident loop's ``local_sgd``) and the
+    """Wrap local training (the engine's ``local_loop`` or ``train_together``, the resident loop's ``local_sgd``) and the
     server's evaluation as phases, and record when each round of ``side`` ends. Returns the undo."""
     undo = [
         _patch(_sgd, "local_loop", phases.wrap("train", _sgd.local_loop)),
         _patch(eo, "local_sgd", phases.wrap("train", eo.local_sgd)),
+        _patch(_together, "train_together", phases.wrap("train", _together.train_together)),
         _patch(ClassificationTask, "evaluate_global", phases.wrap("eval", ClassificationTask.evaluate_global)),
     ]
     if side == "engine":

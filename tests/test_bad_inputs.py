@@ -167,6 +167,30 @@ def test_hand_edited_partition_is_checked_on_load(tmp_path, breast_arrays, name,
         FederatedData(path, {"base": str(npz)}).client(0)
 
 
+MISSING_KEY_EDITS = [
+    ("client source", lambda d: d["clients"][1].pop("source"), r"client 1 has no 'source' key \(each client holds "
+                                                                r"source, train, val, test\)"),
+    ("client train", lambda d: d["clients"][2].pop("train"), r"client 2 has no 'train' key"),
+    ("client val", lambda d: d["clients"][0].pop("val"), r"client 0 has no 'val' key"),
+    ("client test", lambda d: d["clients"][2].pop("test"), r"client 2 has no 'test' key"),
+    ("global test idx", lambda d: d["global_test"][0].pop("idx"), r"global test entry 0 has no 'idx' key"),
+    ("clients", lambda d: d.pop("clients"), r"the partition has no 'clients' key"),
+    ("client not an object", lambda d: d["clients"].__setitem__(1, [1, 2]), r"client 1 must be an object with keys"),
+]
+
+
+@pytest.mark.parametrize("name,edit,needle", MISSING_KEY_EDITS, ids=[c[0] for c in MISSING_KEY_EDITS])
+def test_a_partition_missing_a_key_is_refused_on_load(tmp_path, breast_arrays, name, edit, needle):
+    """A client without its source, train, val or test key was a bare KeyError when the run first used it."""
+    from fedmedbench.fl.data import FederatedData
+
+    path, npz = _edited_partition(tmp_path, breast_arrays, edit)
+    with pytest.raises(P.PartitionError, match=rf"^{re.escape(str(path))}: {needle}"):
+        FederatedData(path, {"base": str(npz)})
+    with pytest.raises(P.PartitionError, match=rf"^{re.escape(str(path))}: {needle}"):
+        P.check_partition(json.loads(path.read_text()), {"base": 10}, str(path))
+
+
 def test_an_unedited_partition_loads(tmp_path, breast_arrays):
     from fedmedbench.fl.data import FederatedData
 
@@ -737,19 +761,40 @@ def test_alias_bomb_is_refused_at_once(tmp_path, as_mappings):
 
 
 @pytest.mark.slow
-def test_alias_bomb_stops_planning_with_the_file_named(tmp_path):
-    """Through Snakemake: the schema check's error message used to expand the bomb (no message, memory rising)."""
+@pytest.mark.parametrize("as_mappings", [False, True], ids=["lists", "mappings"])
+def test_alias_bomb_stops_planning_with_the_file_named(tmp_path, as_mappings):
+    """Through Snakemake: a list bomb used to be expanded by the schema check's error message, a mapping bomb by
+    Snakemake's own config merge while it parses its command line (no message, memory rising)."""
     import subprocess
     import sys
 
-    bomb = _alias_bomb(tmp_path / "bomb.yaml", as_mappings=False)
+    from fedmedbench.configcheck import MAX_EXPANDED_NODES
+
+    bomb = _alias_bomb(tmp_path / "bomb.yaml", as_mappings=as_mappings)
     try:
         proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--quiet", "--configfile", str(bomb)],
                               cwd=ROOT, capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         pytest.fail("planning with an alias bomb did not stop within 60 s")
-    assert proc.returncode != 0
-    assert "bomb.yaml: its anchors and aliases" in proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out
+    assert out.count(f"config error: {bomb}: its anchors and aliases (&name, *name) expand to more than "
+                     f"{MAX_EXPANDED_NODES:,} values") == 1
+
+
+def test_a_config_nested_past_pythons_recursion_limit_is_one_line(tmp_path, capsys):
+    """PyYAML composes recursively: 5,000 nested lists were a RecursionError (from the profile's check, Snakemake's
+    'Couldn't parse config file' about its own profile)."""
+    from fedmedbench.argcheck import check_command_line
+    from fedmedbench.configcheck import ConfigFileError, check_file
+
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigFileError, match=r"deep\.yaml: its lists or mappings nest too deeply to read"):
+        check_file(deep)
+    with pytest.raises(SystemExit):
+        check_command_line(["--configfile", str(deep)])
+    assert capsys.readouterr().err.startswith(f"config error: {deep}: its lists or mappings nest too deeply")
 
 
 def test_yaml_merge_keys_are_accepted_and_duplicates_still_refused(tmp_path):
@@ -800,6 +845,62 @@ def test_a_target_read_as_a_config_file_says_to_put_targets_first(tmp_path, caps
     with pytest.raises(ConfigFileError) as missing:
         check_file(tmp_path / "mine.yaml")
     assert "put targets" not in str(missing.value)  # a missing .yaml is a missing config, not a misplaced target
+
+
+def test_a_target_after_configfile_is_one_line_before_snakemake_reads_it(tmp_path, capsys):
+    """Snakemake opens every word after ``--configfile`` while it parses its command line, before the workflow runs;
+    the check the workflow profile runs first names the word and says where targets go (no traceback)."""
+    from fedmedbench.argcheck import check_command_line, configfiles
+
+    study = str(ROOT / "config" / "studies" / "gpaf.yaml")
+    assert configfiles(["--cores", "1", "--configfile", study, "all"]) == [study, "all"]
+    assert configfiles(["--configfile", study, "--", "all"]) == [study]  # '--' ends the config files
+    table = tmp_path / "table1.md"
+    for target in ("all", str(table)):
+        with pytest.raises(SystemExit) as stop:
+            check_command_line(["--cores", "1", "--configfile", study, target])
+        assert stop.value.code == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"config error: {target}: cannot read the config file") and len(err.splitlines()) == 1
+        assert err.count("put targets before --configfile") == 1 and f"--configfile FILE -- {target}" in err
+    table.write_text("| method | acc |\n|---|---|\n| fedavg | 0.9 |\n")  # a built target is read as YAML
+    with pytest.raises(SystemExit):
+        check_command_line(["--configfile", study, str(table)])
+    assert "table1.md:1:3:" in (err := capsys.readouterr().err) and "put targets before --configfile" in err
+    table.write_text("a note\n")  # text YAML reads as one string: not a config either
+    with pytest.raises(SystemExit):
+        check_command_line(["--configfile", study, str(table)])
+    assert "not a str; if" in capsys.readouterr().err
+    check_command_line(["--configfile", study, "--", "all"])  # targets after '--' pass
+    check_command_line(["all", "--configfile", study])
+    assert capsys.readouterr().err == ""
+
+
+def test_the_workflow_profile_checks_the_command_line_first(monkeypatch):
+    """Snakemake reads the workflow profile (through YTE) before the --configfile files: that is where the check runs."""
+    import yte
+
+    import fedmedbench.argcheck as argcheck
+
+    calls = []
+    monkeypatch.setattr(argcheck, "check_command_line", lambda: calls.append(1))
+    with (ROOT / "profiles" / "default" / "config.yaml").open() as f:
+        settings = yte.process_yaml(f, require_use_yte=True)
+    assert calls == [1] and settings == {"cores": "all", "rerun-incomplete": True}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["all", "results/gpaf/table1.md"])
+def test_snakemake_with_a_target_after_configfile_prints_one_line(target):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile",
+                           "config/studies/gpaf.yaml", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out
+    assert out.count(f"config error: {target}: cannot read the config file") == 1
+    assert out.count("put targets before --configfile") == 1
 
 
 def test_workflow_checks_its_config_files_strictly():
@@ -1324,6 +1425,31 @@ def test_a_bad_reply_is_refused_naming_the_client_and_key(tiny_run, monkeypatch,
     assert not (Path(spec.run_dir) / "checkpoint" / "server.pt").exists()  # nothing of the round was kept
 
 
+def test_a_reply_whose_num_examples_is_a_list_is_refused_naming_the_client(tiny_run, monkeypatch):
+    """A metric record may hold a list: client 1's ClientApp sends ``num-examples = [30]`` (the project's own client
+    writes numbers only, so the record is edited as it is built). The server refused it with a bare TypeError."""
+    from fedmedbench.fl import engine
+    from fedmedbench.fl.replies import ReplyError
+
+    honest_record = engine._metrics_record
+
+    def record(metrics):
+        sent = metrics.get("num-examples")
+        if not isinstance(sent, list):
+            return honest_record(metrics)
+        out = honest_record({**metrics, "num-examples": 0})
+        out["num-examples"] = sent
+        return out
+
+    monkeypatch.setattr(engine, "_metrics_record", record)
+    _hostile(monkeypatch, lambda r: setattr(r, "num_examples", [30]))
+    spec = _spec(tiny_run, "hostile-list-size", method="fedavg", rounds=2)
+    with pytest.raises(ReplyError, match=r"^round 1: client 1 sent a reply the server refuses: num-examples = \[30\] "
+                                         r"is not a number$"):
+        engine.run(spec, log=lambda m: None)
+    assert not (Path(spec.run_dir) / "model.pt").exists()
+
+
 def test_a_nan_reply_in_the_last_round_stops_the_run_and_saves_no_model(tiny_run, monkeypatch):
     """Round 2 of 2: client 2 sends NaN weights; the run stops naming the round and client 2, writes no model.pt,
     and the honest clients are not blamed."""
@@ -1389,6 +1515,23 @@ def test_where_the_server_does_not_know_a_size_num_examples_is_bounded():
                       (float("inf"), "not a whole number"), ("30", "not a number")]:
         with pytest.raises(ReplyError, match=rf"round 4: client 3 .*num-examples = .*{needle}"):
             check.check(3, arrays, n)
+
+
+def test_a_non_numeric_num_examples_reaches_the_reply_check():
+    """What the server reads from a reply's metrics is kept as it came unless it is a number, so the reply check
+    refuses it naming the client (``float([30])`` was a bare TypeError before any check)."""
+    from fedmedbench.fl.replies import ReplyCheck, ReplyError, examples_value
+
+    assert [examples_value(v) for v in (30, 30.0, np.int64(30), 29.5)] == [30, 30, 30, 29.5]
+    assert type(examples_value(np.float32(30.0))) is int
+    check = ReplyCheck(2, {"arrays": ["w"]}, {"w": ((2,), "float32")}, sizes={5: 30})
+    check.check(5, {"w": torch.zeros(2)}, examples_value(np.int64(30)))
+    for value, shown in [([30], r"\[30\]"), ([30.0, 1.0], r"\[30\.0, 1\.0\]"), ("30", "'30'"), (None, "None"),
+                         (True, "True")]:
+        n = examples_value(value)
+        with pytest.raises(ReplyError, match=rf"^round 2: client 5 sent a reply the server refuses: num-examples = "
+                                             rf"{shown} is not a number$"):
+            check.check(5, {"w": torch.zeros(2)}, n)
 
 
 def test_tensor_replies_are_checked_record_by_record():

@@ -75,6 +75,10 @@ def test_every_variant_and_method_resolves_to_a_spec():
     assert main["task_params"]["class_rule"] == "all_classes"
     endovis = {**cfg, "eval": {**cfg["eval"], "class_rule": "gt_classes"}}
     assert FS.run_spec(endovis, "main", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")["task_params"]["class_rule"] == "gt_classes"
+    # where frames are scored: off its default only (the default keeps earlier runs' hashes)
+    assert "metrics_device" not in main["task_params"]
+    numpy_path = {**cfg, "eval": {**cfg["eval"], "metrics_device": "cpu"}}
+    assert FS.run_spec(numpy_path, "main", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")["task_params"]["metrics_device"] == "cpu"
 
 
 @pytest.mark.parametrize("path,value,needle", [
@@ -82,6 +86,7 @@ def test_every_variant_and_method_resolves_to_a_spec():
     (["fedst", "variants"], ["pers_x"], "'pers_x' is not one of"),
     (["fedst", "model", "encoder"], "resnet50", "does not match"),
     (["fedst", "indicator", "kind"], "bert", "'bert' is not one of"),
+    (["fedst", "eval", "metrics_device"], "gpu", "'gpu' is not one of"),
     (["fedst", "serq", "mu"], 2, "mu"),
     (["fedst", "method_params"], {"fedas": {"align_mode": "batch"}}, "'batch' is not one of"),
     (["fedst", "method_params"], {"fedas": {"alignmode": "eval"}}, "Additional properties are not allowed"),

@@ -93,6 +93,80 @@ def test_a_2hz_release_gives_one_real_previous_frame():
     assert int(last["n_duplicated"]) == 1
 
 
+def _handmade_site(root: Path, n: int) -> None:
+    """One training video of frames 000000 .. n-1 in the generic layout; only the last has a mask."""
+    video = root / "Site" / "train" / "v1"
+    (video / "frames").mkdir(parents=True)
+    (video / "masks").mkdir()
+    for k in range(n):
+        Image.fromarray(np.full((8, 8, 3), k, np.uint8)).save(video / "frames" / f"{k:06d}.png")
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(video / "masks" / f"{n - 1:06d}.png")
+
+
+@pytest.mark.parametrize(("option", "clip_frames", "repeated"), [
+    ({"release": "handmade_30fps"}, [12, 18, 24, 30], 0),   # t = 1 s: the frames at 0.4, 0.6, 0.8 s
+    ({"release": "handmade_1fps"}, [30, 30, 30, 30], 3),    # t = 30 s: frame 29 is 1 s back, no frame near 29.4-29.8 s
+    ({"release": "handmade_1fps", "fps": 30}, [12, 18, 24, 30], 0),  # a configured fps wins over the listed one
+])
+def test_clip_history_is_timed_by_the_sites_listed_frame_rate(tmp_path, monkeypatch, option, clip_frames, repeated):
+    """The same 31 files, numbered one after another, read as a release listed at 30 fps or at 1 fps
+    (``facts.FRAME_RATES``): the 0.2 s history slots take the frames 0.6, 0.4, 0.2 s back at 30 fps and
+    repeat the current frame at 1 fps."""
+    import pandas as pd
+
+    from fedmedbench.data.surgical import facts
+    from fedmedbench.data.surgical.export_clips import build_clips
+    from fedmedbench.data.surgical.index import build_index
+
+    monkeypatch.setitem(facts.FRAME_RATES, "handmade_30fps", facts.FrameRate(30.0, "assumed, not verified", "test"))
+    monkeypatch.setitem(facts.FRAME_RATES, "handmade_1fps", facts.FrameRate(1.0, "published description", "test"))
+    _handmade_site(tmp_path / "raw", 31)
+    meta = build_index("site", {"layout": "frames_masks", "folder": "Site", **option}, tmp_path / "raw",
+                       tmp_path / "index", log=lambda m: None)
+    index = pd.read_parquet(tmp_path / "index" / "index.parquet")
+    clips = build_clips(index, num_previous=3, interval_s=0.2, tolerance_s=0.1)
+    assert len(clips) == 1 and meta["fps"] == (30.0 if clip_frames[0] == 12 else 1.0)
+    assert [int(Path(p).stem) for p in clips.iloc[0]["clip_paths"]] == clip_frames
+    assert int(clips.iloc[0]["n_duplicated"]) == repeated
+
+
+def test_an_unlisted_release_is_refused_naming_the_key(tmp_path):
+    from fedmedbench.data.surgical.index import build_index
+
+    _handmade_site(tmp_path / "raw", 2)
+    with pytest.raises(ValueError, match=r"surgical\.datasets\.site\.release = 'nope' is not a listed release"):
+        build_index("site", {"layout": "frames_masks", "folder": "Site", "release": "nope"}, tmp_path / "raw",
+                    tmp_path / "index", log=lambda m: None)
+
+
+def test_the_paper_grids_sites_take_their_listed_frame_rates_and_the_doc_states_each():
+    """config/studies/fedst.yaml names each site's release; the rate comes from the one list
+    (Hyst-YT 1 fps from its published description; RARP and Lob-YT 30 fps assumed); docs/fedst.md
+    states every listed rate with how sure it is; the schema's release names are the list's."""
+    import yaml
+
+    from fedmedbench.data.surgical.endovis2017 import OFFICIAL_FPS as EV17
+    from fedmedbench.data.surgical.endovis2018 import OFFICIAL_FPS as EV18
+    from fedmedbench.data.surgical.facts import FRAME_RATES
+
+    root = Path(__file__).resolve().parents[1]
+    surgical = yaml.safe_load((root / "config" / "studies" / "fedst.yaml").read_text())["surgical"]
+    rate = {}
+    for site, cfg in surgical["sites"].items():
+        ds = surgical["datasets"][cfg["dataset"]]
+        assert ds.get("fps") is None, f"{site}: the rate belongs in facts.FRAME_RATES"
+        rate[site] = FRAME_RATES[ds.get("release") or ds["layout"]]
+    assert {s: r.fps for s, r in rate.items()} == {"A": 2.0, "B": 2.0, "C": 30.0, "D": 1.0, "E": 30.0, "sim": 1.0, "G": 1.0}
+    assert rate["D"].basis == "published description" and "1,973" in rate["D"].source
+    assert rate["C"].basis == rate["E"].basis == "assumed, not verified"
+    assert EV17 == EV18 == 2.0
+    schema = yaml.safe_load((root / "config" / "schema.yaml").read_text())
+    assert schema["definitions"]["surgical_dataset"]["properties"]["release"]["enum"] == [*FRAME_RATES, None]
+    doc = (root / "docs" / "fedst.md").read_text()
+    for name, r in FRAME_RATES.items():
+        assert any(f"`{name}`" in line and f"| {r.fps:g} |" in line and r.basis in line for line in doc.splitlines()), name
+
+
 def test_synthetic_grasp_stand_in_writes_binary_masks(tmp_path):
     """Table VIII's set: the frames+masks adapter with label_set binary reads 0 / 1 masks."""
     from fedmedbench.data.surgical.synthetic_layouts import generate

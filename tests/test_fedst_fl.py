@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -704,6 +705,29 @@ def test_feddp_calibration_stage_after_federated_rounds(clips, tmp_path):
     assert float(bce) == pytest.approx(-np.log(0.8) / 2)
 
 
+def test_feddp_paper_text_reading_sends_the_decoder_and_head_only(clips, tmp_path):
+    """``method_params.feddp.sent: paper_text`` (FedST Table IX's 6.7 MB): a site's reply carries
+    the decoder's and head's parameters and nothing else (the reply check accepts exactly those);
+    the encoder, queries included, and the decoder's BatchNorm statistics stay on the site, and the
+    encoder goes to the memory models as the site's personal part. The default reading sends every
+    parameter but the encoder queries."""
+    cfg = study_cfg(method_params={"feddp": {"sent": "paper_text"}})
+    spec = make_spec(clips, tmp_path, "feddp", cfg=cfg)
+    transport = Recorder(spec)
+    fed.Federation(spec, log=lambda m: None).run(transport)
+    (_, _, res1), (_, _, res2) = transport.replies
+    net = fed.new_model(spec)
+    params = [n for n, _ in net.named_parameters()]
+    decoder = [n for n in params if n.startswith("decoder.")]
+    assert "decoder.head.weight" in decoder and "decoder.fuse.1.running_mean" not in decoder
+    assert all(list(r.arrays) == decoder for r in res1.values())
+    encoder = [n for n in params if n.startswith("encoder.")]
+    assert set(encoder) <= set(res1[0].extras["queries"]) and not set(decoder) & set(res1[0].extras["queries"])
+    assert res2[0].arrays == {}  # the calibration round sends nothing under either reading
+    default = get_method("feddp", {})
+    assert default.shared_keys(net) == [n for n in params if not re.match(r"encoder\..*\.attn\.q\.", n)]
+
+
 def test_serq_moving_average_and_which_model_each_step_trains(clips):
     """Eq. 10: F_hat = (1 - mu) F_hat_prev + mu F_g; Eq. 12 trains the global model only (v_pre fixed)."""
     from types import SimpleNamespace
@@ -998,6 +1022,31 @@ def test_evaluation_at_native_units_or_native_resolution_on_request(clips):
         assert evaluate_clips(net, data, classes, cpu, 4, resolution="native") == pytest.approx(want, rel=1e-12)
     with pytest.raises(ValueError, match="eval.resolution"):
         evaluate_clips(net, data, classes, cpu, 4, resolution="mm")
+
+
+@pytest.mark.parametrize("resolution", ["input", "native_units", "native"])
+@pytest.mark.parametrize("class_rule", ["all_classes", "gt_classes"])
+def test_evaluation_scored_with_torch_is_the_numpy_evaluation(clips, resolution, class_rule):
+    """``metrics_device: torch`` (here on the CPU) gives the NumPy/SciPy scores: every metric to the bit but
+    ASSD, within 1e-12 relative (tests/test_segmetrics_device.py); ``auto`` on the CPU is the NumPy path."""
+    from fedmedbench.fl.tasks.segmentation import evaluate_clips, load_clipset
+    from fedmedbench.models.fedst import build_fedst_net
+
+    torch.manual_seed(0)
+    net = build_fedst_net({"temporal": False, "selection": "none", "num_classes": 4}).eval()
+    data = load_clipset(clips, "A", "test", 4, (32, 32))
+    classes = {1: "shaft", 2: "wrist", 3: "jaws"}
+    cpu = torch.device("cpu")
+    kw = {"resolution": resolution, "class_rule": class_rule}
+    want = evaluate_clips(net, data, classes, cpu, 4, metrics_device="cpu", **kw)
+    got = evaluate_clips(net, data, classes, cpu, 4, metrics_device="torch", **kw)
+    assert evaluate_clips(net, data, classes, cpu, 4, **kw) == want
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        if k.startswith("assd"):
+            assert got[k] == pytest.approx(v, rel=1e-12, nan_ok=True), k
+        else:
+            assert got[k] == v or (np.isnan(v) and np.isnan(got[k])), k
 
 
 @pytest.mark.parametrize("method", FS.METHODS)

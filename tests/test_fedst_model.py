@@ -188,7 +188,9 @@ def test_fedst_network_adds_rsc_and_selection_to_the_baselines():
     assert sum(p.numel() for p in fedst.parameters()) == 5_166_180 + n_rsc + n_cs
 
 
-def _sent_on_the_paper_grid(methods):
+def _sent_on_the_paper_grid(methods, method_params=None):
+    """Per method: (MiB a site sends per round, the paper grid's network), with ``method_params``
+    (method -> parameters) over the grid's."""
     import copy
     from pathlib import Path
 
@@ -201,6 +203,9 @@ def _sent_on_the_paper_grid(methods):
 
     root = Path(__file__).resolve().parents[1]
     grid = yaml.safe_load((root / "config" / "studies" / "fedst.yaml").read_text())
+    validate(grid, str(root / "config" / "schema.yaml"))
+    for method, params in (method_params or {}).items():
+        grid["fedst"]["method_params"].setdefault(method, {}).update(params)
     validate(grid, str(root / "config" / "schema.yaml"))
     cfg = copy.deepcopy(grid["fedst"])
     out = {}
@@ -215,13 +220,15 @@ def _sent_on_the_paper_grid(methods):
 def test_sent_mib_per_method_on_the_paper_grid_vs_table_ix():
     """Table IX's communication column (MB = MiB of fp32 transmitted trainable parameters) on
     FedDP's network: FedAvg / FedAS / FedLD 19.71 (the whole network; FedAS keeps its 516-parameter
-    classifier), FedRep 13.01 (no decoder, no head). FedDP's 6.7 is the decoder + head
-    (1,756,420 parameters); FedDP's code sends everything but the encoder queries (18.97), and
-    FedST (queries, RSC, selection kept) sends as much; Table IX's 12.69 for FedST is below the
-    encoder alone (docs/fedst.md, fidelity table)."""
+    classifier), FedRep 13.01 (no decoder, no head), FedDP 6.70 under ``sent: paper_text`` (the
+    decoder + head, 1,756,420 parameters); by default FedDP sends what its code sends, everything
+    but the encoder queries (18.97), and FedST (queries, RSC, selection kept) sends as much;
+    Table IX's 12.69 for FedST is below the encoder alone (docs/fedst.md, fidelity table)."""
     from pathlib import Path
 
     import yaml
+
+    from fedmedbench.fl.registry import get_method
 
     root = Path(__file__).resolve().parents[1]
     paper = yaml.safe_load((root / "config" / "paper_values" / "fedst.yaml").read_text())["tables"]["table9"]["rows"]
@@ -233,8 +240,11 @@ def test_sent_mib_per_method_on_the_paper_grid_vs_table_ix():
     assert round(ours["fedas"], 2) == paper["FedAS"] == 19.71
     assert round(ours["fedrep"], 2) == paper["FedRep"] == 13.01
     net = sent["feddp"][1]
-    dec_head = sum(p.numel() for n, p in net.named_parameters() if n.startswith("decoder.")) * 4 / 2**20
-    assert round(dec_head, 2) == paper["FedDP"] == 6.7
+    paper_text = _sent_on_the_paper_grid(("feddp",), {"feddp": {"sent": "paper_text"}})["feddp"][0]
+    assert paper_text == 1_756_420 * 4 / 2**20 and round(paper_text, 2) == paper["FedDP"] == 6.70
+    names = [n for n, _ in net.named_parameters()]  # what leaves a FedDP site under each reading
+    assert get_method("feddp", {"sent": "paper_text"}).shared_keys(net) == [n for n in names if n.startswith("decoder.")]
+    assert get_method("feddp", {}).shared_keys(net) == [n for n in names if ".attn.q." not in n]
     queries = sum(p.numel() for n, p in net.named_parameters() if ".attn.q." in n)
     assert queries == 193_536
     assert ours["feddp"] == pytest.approx((5_166_180 - queries) * 4 / 2**20) == pytest.approx(18.969, abs=1e-3)

@@ -760,3 +760,26 @@ def test_every_built_in_method_has_an_honest_reply_test():
     from fedmedbench.studies.fedst.runs import METHODS as SEGMENTATION_METHODS
 
     assert set(available_methods()) == {*CLASSIFICATION_METHODS, *SEGMENTATION_METHODS, "ultraflwr"}
+
+
+def test_client_sgd_is_the_multi_tensor_step_with_the_per_tensor_loops_bits():
+    """make_optimizer's SGD runs torch's multi-tensor step on every device (few ops a step); on the CPU its
+    weights equal the per-tensor loop's bit for bit (momentum, weight decay, 20 steps)."""
+    from fedmedbench.fl.training import make_optimizer
+
+    cfg = train_cfg(lr=0.01, momentum=0.9, weight_decay=1e-3)
+
+    def run(foreach: bool) -> list[torch.Tensor]:
+        model = tiny_model(seed=3)
+        opt = make_optimizer(model, cfg, rnd=1)
+        assert opt.defaults["foreach"] is True
+        if not foreach:
+            opt.param_groups[0]["foreach"] = False
+        g = torch.Generator().manual_seed(1)
+        for _ in range(20):
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape, generator=g)
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(run(True), run(False), strict=True))

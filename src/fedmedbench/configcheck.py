@@ -117,10 +117,11 @@ def _load_bounded(text: str, path: Path) -> Any:
 
 def target_hint(path: Path) -> str:
     """Snakemake's ``--configfile`` takes every following word: a target written after it is read as a config."""
-    if path.suffix in (".yaml", ".yml", ".json"):
+    if path.suffix in (".yaml", ".yml"):
         return ""
-    return (f"; if '{path}' is a target, put targets before --configfile "
-            f"(snakemake {path} --configfile FILE), which reads every following word as a config file")
+    return (f"; if '{path}' is a target, put targets before --configfile (snakemake {path} --configfile FILE) "
+            f"or end the config files with -- (snakemake --configfile FILE -- {path}): --configfile reads every "
+            "following word as a config file")
 
 
 def check_file(path: str | Path) -> Any:
@@ -133,13 +134,20 @@ def check_file(path: str | Path) -> Any:
     if path.suffix == ".json":
         return None  # JSON has no duplicate-key or float ambiguity worth a second parser here
     try:
-        return _load_bounded(text, path)
+        data = _load_bounded(text, path)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise ConfigFileError(f"{where}: {exc.problem or exc.context}").with_traceback(None) from None
+        raise ConfigFileError(f"{where}: {exc.problem or exc.context}{target_hint(path)}").with_traceback(None) from None
     except yaml.YAMLError as exc:
-        raise ConfigFileError(f"{path}: not valid YAML ({exc})") from None
+        raise ConfigFileError(f"{path}: not valid YAML ({exc}){target_hint(path)}") from None
+    except RecursionError:
+        raise ConfigFileError(f"{path}: its lists or mappings nest too deeply to read (a config of this workflow "
+                              "nests a few levels)") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigFileError(f"{path}: a config file holds settings (key: value) at its top level, "
+                              f"not a {type(data).__name__}{target_hint(path)}")
+    return data
 
 
 def check_files(paths: Iterable[str | Path]) -> None:

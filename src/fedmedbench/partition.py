@@ -51,6 +51,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -526,10 +527,39 @@ def stats_frame(doc: dict, split_labels: dict[str, np.ndarray]):
     return pd.DataFrame(rows)
 
 
+#: the keys each entry of a partition document holds (what training reads from it)
+CLIENT_KEYS = ("source", "train", "val", "test")
+GLOBAL_TEST_KEYS = ("source", "idx")
+DOCUMENT_KEYS = ("num_classes", "clients", "global_test")
+
+
+def check_partition_keys(doc: Any, path: str) -> None:
+    """A partition read back (perhaps edited by hand) holds every key training reads: the document's
+    ``num_classes``, ``clients`` and ``global_test``, each client's ``source``, ``train``, ``val``, ``test``, each
+    global test entry's ``source`` and ``idx`` (a missing one would be a bare ``KeyError`` mid-run)."""
+    if not isinstance(doc, dict):
+        raise PartitionError(f"{path}: a partition is a JSON object with keys {', '.join(DOCUMENT_KEYS)}, "
+                             f"not a {type(doc).__name__}")
+    for key in DOCUMENT_KEYS:
+        if key not in doc:
+            raise PartitionError(f"{path}: the partition has no '{key}' key")
+    for name, keys, what in (("clients", CLIENT_KEYS, "client"), ("global_test", GLOBAL_TEST_KEYS, "global test entry")):
+        if not isinstance(doc[name], list):
+            raise PartitionError(f"{path}: '{name}' must be a list, not a {type(doc[name]).__name__}")
+        for i, entry in enumerate(doc[name]):
+            if not isinstance(entry, dict):
+                raise PartitionError(f"{path}: {what} {i} must be an object with keys {', '.join(keys)}")
+            who = f"{what} {entry.get('id', i) if name == 'clients' else i}"
+            missing = [k for k in keys if k not in entry]
+            if missing:
+                raise PartitionError(f"{path}: {who} has no '{missing[0]}' key (each {what} holds {', '.join(keys)})")
+
+
 def check_partition(doc: dict, pool_sizes: dict[str, int], path: str) -> None:
     """A partition read back (perhaps edited by hand) before training: every index is a whole number inside
     its source's pool (a negative one would silently count from the end), and no sample a client trains on is
     also a validation or test sample of the same source. ``pool_sizes``: source name -> pool length."""
+    check_partition_keys(doc, path)
     held: dict[str, dict[int, str]] = {}  # source -> index -> where it is held out
     parts = [(f"client {c.get('id', i)}", c["source"], part, c[part])
              for i, c in enumerate(doc["clients"]) for part in ("train", "val", "test")]

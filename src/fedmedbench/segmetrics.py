@@ -194,6 +194,29 @@ class SegmentationMeter:
         # no part in the ground truth: perfect if no part is predicted either, else worst
         return scores, binary_scores(np.isin(p, list(self.class_names)), np.zeros(g.shape, dtype=bool), self.assd, sp)
 
+    def add_on_device(self, pred, gt, spacing: list[Spacing] | None = None) -> None:
+        """A batch (N, H, W) of label-map tensors scored with torch where they are
+        (:func:`fedmedbench.segmetrics_device.batch_scores`): the scores of :meth:`add` within the tolerance
+        that module states, the frames kept after those added before."""
+        from fedmedbench.segmetrics_device import batch_scores
+
+        if self.binary:
+            pred, gt = (pred > 0).byte(), (gt > 0).byte()
+        self._drain()
+        for frame in batch_scores(pred, gt, list(self.class_names), self.assd, spacing):
+            if self.class_rule == "all_classes":
+                self._keep((frame.scores, None))
+                continue
+            present = [c for c in self.class_names if frame.in_gt[c]]
+            scores = {c: frame.scores[c] for c in present}
+            if present:
+                self._keep((scores, {m: float(np.mean([scores[c][m] for c in present])) for m in METRICS}))
+                continue
+            # no part in the ground truth: perfect if no part is predicted either, else worst (as :meth:`_score`)
+            worst = empty_penalty(frame.shape, frame.spacing)
+            none = {"dice": 1.0, "iou": 1.0, "hd95": 0.0, "assd": 0.0}
+            self._keep((scores, {"dice": 0.0, "iou": 0.0, "hd95": worst, "assd": worst} if frame.pred_any else none))
+
     def _keep(self, scored: tuple[dict[int, dict[str, float]], dict[str, float] | None]) -> None:
         self._rows.append(scored[0])
         if scored[1] is not None:

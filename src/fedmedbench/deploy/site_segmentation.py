@@ -97,7 +97,8 @@ def load(folder: Path, manifest: dict[str, Any], spec) -> Site:
         out = {f"local_{k}": v for k, v in evaluate_clips(model, data.test, classes, device, bs,
                                                                  class_rule=tp.get("class_rule", "all_classes"),
                                                                  assd=tp.get("assd", "medpy_0_5"),
-                                                                 resolution=tp.get("resolution", "input")).items()}
+                                                                 resolution=tp.get("resolution", "input"),
+                                                                 metrics_device=tp.get("metrics_device", "auto")).items()}
         out.update({f"global_{k}": math.nan for k in names})
         return out
 

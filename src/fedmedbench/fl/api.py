@@ -78,6 +78,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the training forward (traced once per architecture and shape in a process)
     input_norm: str = "single"  # single | double: the early-stopping code's second Normalize(0.5, 0.5)
     on_nonfinite: str = "error"  # error | continue: keep stepping through a NaN loss (early-stopping code)
+    batch_clients: bool = False  # a round's clients trained together, one batched step for all (fl/clients_together.py)
 
     @classmethod
     def from_spec(cls, spec: RunSpec) -> TrainConfig:
@@ -229,6 +230,15 @@ class Method:
                          losses=losses, images=batch_reader(ctx))
         return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train,
                             metrics={"train_loss": loss, **losses.epoch_metrics()})
+
+    def why_not_together(self, model: torch.nn.Module, train: TrainConfig) -> str | None:
+        """Why this method cannot train a round's clients together (``train.batch_clients``); None where it can."""
+        return "its clients train one by one"
+
+    def fit_together(self, ctxs: list[ClientContext]) -> list[ClientResult] | None:
+        """The clients of ``ctxs`` (one shared model holding the global weights) trained together, their
+        results in order; None where this round's clients cannot be (they then train one by one)."""
+        return None
 
     def personal_model(self, ctx: ClientContext) -> torch.nn.Module:
         """The model a personalized client is evaluated with (default: the global one)."""

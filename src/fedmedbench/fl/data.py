@@ -25,7 +25,7 @@ from fedmedbench.data.medmnist import SPLITS, load_npz
 from fedmedbench.fl.api import ClientData
 from fedmedbench.fl.augment import VALIDATION_AUGMENTATIONS
 from fedmedbench.io import read_json
-from fedmedbench.partition import check_partition
+from fedmedbench.partition import check_partition, check_partition_keys
 
 
 @lru_cache(maxsize=16)
@@ -58,6 +58,7 @@ class FederatedData:
                              f"training images from the '{CLEAN_SOURCE}' source, which the run does not provide")
         self.partition = load_partition(str(partition_path))
         self.partition_path = str(partition_path)
+        check_partition_keys(self.partition, self.partition_path)
         self._checked: set[str] = set()  # sources whose indices were checked (partition.check_partition)
         self.sources = dict(sources)
         needed = {c["source"] for c in self.partition["clients"]} | {g["source"] for g in self.partition["global_test"]}

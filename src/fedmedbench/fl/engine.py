@@ -313,8 +313,8 @@ def run(spec: RunSpec, log: Callable[[str], None] = print) -> fed.Federation:
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         allowed = AllowedContent(federation.job.shared_keys(), federation.method.extra_records)
-        federation.final_state = federation.run(FlowerTransport(grid, federation.num_nodes, allowed,
-                                                                device=federation.job.array_device))
+        transport = FlowerTransport(grid, federation.num_nodes, allowed, device=federation.job.array_device)
+        federation.final_state = federation.run(fed.with_clients_together(transport, federation.job, log))
 
     if spec.backend == "inline":
         _run_inline(spec, federation, server_app, log)

@@ -93,15 +93,17 @@ site_data: dict[int, Any] = {}
 
 
 def _client_context(
-    job: Job, pid: int, rnd: int, arrays: Arrays, steps: int, broadcast: dict[str, Arrays] | None = None
+    job: Job, pid: int, rnd: int, arrays: Arrays, steps: int, broadcast: dict[str, Arrays] | None = None,
+    model: torch.nn.Module | None = None,
 ) -> tuple[ClientContext, ClientStateStore]:
+    """A client's context for round ``rnd``; ``model``: the model holding ``arrays`` when already built."""
     torch.set_num_threads(client_threads)
     store = job.state_store
     # the centralized client's "local epoch" is one epoch's share of its round budget (the federation's
     # steps of one local epoch), so its per-epoch losses line up with the federated methods' epochs
     epochs = max(1, math.ceil(job.train.local_epochs))
     ctx = ClientContext(
-        pid=pid, rnd=rnd, model=job.model_with(arrays), data=site_data[pid].data if pid in site_data else job.client_data(pid),
+        pid=pid, rnd=rnd, model=job.model_with(arrays) if model is None else model, data=site_data[pid].data if pid in site_data else job.client_data(pid),
         train=job.train, device=job.device, generator=client_generator(job.spec.seed, rnd, pid),
         state=store.load(pid, before_round=rnd), steps=steps, global_arrays=arrays, broadcast=broadcast or {},
         # a deployed site knows no other site's size (methods that need them say so)
@@ -125,6 +127,33 @@ def client_train(
         raise RuntimeError(f"method '{job.spec.method}' tried to send undeclared records {sorted(undeclared)}")
     store.save(pid, rnd, ctx.state)
     return result
+
+
+def clients_train_together(job: Job, steps: dict[int, int], rnd: int, arrays: Arrays,
+                           broadcast: dict[str, Arrays] | None = None) -> dict[int, ClientResult]:
+    """The clients of ``steps`` (partition id -> steps) trained together (``train.batch_clients``:
+    ``Method.fit_together``), or one by one where this round's clients cannot be."""
+    model = job.model_with(arrays)
+    pairs = [_client_context(job, pid, rnd, arrays, k, broadcast, model=model) for pid, k in steps.items()]
+    results = job.method.fit_together([ctx for ctx, _ in pairs])
+    if results is None:
+        return {pid: client_train(job, pid, rnd, arrays, k, broadcast) for pid, k in steps.items()}
+    for ctx, store in pairs:
+        store.save(ctx.pid, rnd, ctx.state)
+    return {ctx.pid: r for (ctx, _), r in zip(pairs, results, strict=True)}
+
+
+def why_not_together(job: Job) -> str | None:
+    """Why this run's clients cannot be trained together (None: they can)."""
+    spec = job.spec
+    if job.method.centralized:
+        return "a centralized run has one client"
+    if spec.backend != "inline":
+        return f"engine.backend is {spec.backend} (clients in other processes)"
+    if spec.client_validation:
+        return "client validation evaluates each client's own model"
+    reason = job.method.why_not_together(job.resident, job.train)
+    return f"method '{spec.method}': {reason}" if reason else None
 
 
 def client_validation(job: Job, ctx: ClientContext) -> dict[str, float]:
@@ -154,6 +183,32 @@ class Transport(Protocol):
 
     def evaluate(self, rnd: int, pids: list[int], arrays: Arrays) -> dict[int, dict[str, float]]:
         """Personalized evaluation metrics by partition id."""
+
+
+class TogetherTransport:
+    """Training of each round's clients together, in this process (``train.batch_clients``); evaluation
+    through the transport it wraps."""
+
+    def __init__(self, inner: Transport, job: Job) -> None:
+        self.inner, self.job = inner, job
+
+    def train(self, rnd, steps, arrays, broadcast):
+        return clients_train_together(self.job, steps, rnd, arrays, broadcast)
+
+    def evaluate(self, rnd, pids, arrays):
+        return self.inner.evaluate(rnd, pids, arrays)
+
+
+def with_clients_together(transport: Transport, job: Job, log: Callable[[str], None] = print) -> Transport:
+    """``transport``, training its clients together where ``train.batch_clients`` asks and the run allows
+    (else said once in the log)."""
+    if not job.train.batch_clients:
+        return transport
+    reason = why_not_together(job)
+    if reason:
+        log(f"train.batch_clients: clients trained one by one ({reason})")
+        return transport
+    return TogetherTransport(transport, job)
 
 
 class InProcessTransport:

@@ -112,6 +112,12 @@ class Job:
         return self._shared_keys
 
     @property
+    def resident(self) -> torch.nn.Module:
+        """The model the job reuses for its client calls (built on first use)."""
+        self.shared_keys()
+        return self._resident
+
+    @property
     def slots(self) -> StateSlots | None:
         """The resident model's state slots (None without a resident model, or where its state_dict
         is not plain parameters and buffers)."""

@@ -16,6 +16,7 @@ training through a NaN loss) turns the finiteness checks off; the shape, key and
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,8 +54,19 @@ def model_layout(model: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], str
     return {k: layout(v) for k, v in model.state_dict().items()}
 
 
-def examples_value(reported: Any) -> int | float:
-    """``num-examples`` as received: an int where it is a whole number, else as it came (refused later)."""
+def is_number(value: Any) -> bool:
+    """A real number, not a bool (``True`` would count as one example)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def examples_value(reported: Any) -> Any:
+    """``num-examples`` as received: an int where it is a whole number, anything else as it came, for
+    :meth:`ReplyCheck.check_examples` to refuse naming the client (a list, which a metric record may hold,
+    or text is not a number)."""
+    if not is_number(reported):
+        return reported
+    if isinstance(reported, numbers.Integral):
+        return int(reported)
     x = float(reported)
     return int(x) if x.is_integer() else x
 
@@ -88,9 +100,9 @@ class ReplyCheck:
             self.check_record(pid, name, values, required=False)
 
     def check_examples(self, pid: int, n: Any) -> None:
-        if isinstance(n, bool) or not isinstance(n, int | float):
+        if not is_number(n):
             raise self.refuse(pid, f"num-examples = {n!r} is not a number")
-        if not math.isfinite(float(n)) or not float(n).is_integer():
+        if not isinstance(n, numbers.Integral) and (not math.isfinite(float(n)) or not float(n).is_integer()):
             raise self.refuse(pid, f"num-examples = {n} is not a whole number")
         n = int(n)
         if self.sizes is not None and pid in self.sizes:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedmedbench.data.surgical.badfiles import BadFiles, DatasetNotFoundError
+from fedmedbench.data.surgical.facts import FRAME_RATES, frame_rate
 
 
 @dataclass
@@ -49,8 +50,9 @@ def split_folders(ctx: AdapterContext, official: dict[str, str], layout: str) ->
 def resolve_fps(ctx: AdapterContext, official: float | None, required: bool) -> tuple[float | None, str]:
     """The frame rate of the frame numbers in file names: configured, else the release's documented rate.
 
-    Returns (fps, source). Never guesses: a layout without a documented rate needs ``fps`` in
-    the config when ``required``; otherwise timestamps stay NaN and the meta says so.
+    Returns (fps, source). Never guesses: a layout without a documented rate needs ``fps`` (or a
+    listed ``release``, :data:`~fedmedbench.data.surgical.facts.FRAME_RATES`) in the config when
+    ``required``; otherwise timestamps stay NaN and the meta says so.
     """
     configured = ctx.options.get("fps")
     if configured is not None:
@@ -60,9 +62,14 @@ def resolve_fps(ctx: AdapterContext, official: float | None, required: bool) -> 
     if official is not None:
         ctx.notes.append(f"fps {official} is the release's documented frame rate (surgical.datasets.{ctx.name}.fps: null)")
         return float(official), "official"
+    listed = frame_rate(ctx.options.get("release"), ctx.name)
+    if listed is not None:
+        ctx.notes.append(f"fps {listed.fps} from release '{ctx.options['release']}' ({listed.basis}: {listed.source})")
+        return listed.fps, f"release {ctx.options['release']} ({listed.basis})"
     if required:
         raise ValueError(f"surgical.datasets.{ctx.name}.fps is not set: the {ctx.options.get('layout')} layout does not "
-                         "record a frame rate, so set the frame rate of the frame numbers in the file names")
+                         "record a frame rate, so set the frame rate of the frame numbers in the file names "
+                         f"(fps) or name a listed release (release: one of {sorted(FRAME_RATES)})")
     ctx.notes.append("no fps configured: timestamps are NaN (clip export needs surgical.datasets.<name>.fps)")
     return None, "none"
 

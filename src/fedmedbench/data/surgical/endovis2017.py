@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, split_folders
+from fedmedbench.data.surgical.facts import FRAME_RATES
 from fedmedbench.data.surgical.schema import PART_CLASSES
 from fedmedbench.data.surgical.segmasks import (
     checked_mask,
@@ -41,7 +42,7 @@ from fedmedbench.data.surgical.segmasks import (
 )
 
 TASK = "segmentation"
-OFFICIAL_FPS = 2.0  # "we sample the frames from 30 Hz video at 2 Hz"
+OFFICIAL_FPS = FRAME_RATES["endovis2017"].fps  # "we sample the frames from 30 Hz video at 2 Hz"
 OFFICIAL_SPLIT_DIRS = {"train": "train", "test": "test"}
 #: per-instrument ``*_labels`` masks (training release, its parts_mapping.json); 40 = probe
 OFFICIAL_VALUES = {10: "shaft", 20: "wrist", 30: "clasper", 40: "background"}

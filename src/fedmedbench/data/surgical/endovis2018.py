@@ -22,6 +22,7 @@ import json
 import numpy as np
 
 from fedmedbench.data.surgical.base import AdapterContext, resolve_fps, split_folders
+from fedmedbench.data.surgical.facts import FRAME_RATES
 from fedmedbench.data.surgical.fsutil import read_image
 from fedmedbench.data.surgical.schema import PART_CLASSES
 from fedmedbench.data.surgical.segmasks import (
@@ -32,7 +33,7 @@ from fedmedbench.data.surgical.segmasks import (
 )
 
 TASK = "segmentation"
-OFFICIAL_FPS = 2.0  # "recorded at 60 Hz ... we subsample this to 2 Hz"
+OFFICIAL_FPS = FRAME_RATES["endovis2018"].fps  # "recorded at 60 Hz ... we subsample this to 2 Hz"
 OFFICIAL_SPLIT_DIRS = {"train": "train", "test": "test"}
 OFFICIAL_COLOURS = {
     "background-tissue": (0, 0, 0), "instrument-shaft": (0, 255, 0), "instrument-clasper": (0, 255, 255),

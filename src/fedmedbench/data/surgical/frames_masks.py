@@ -8,8 +8,8 @@ Expected layout (``<surgical.root>/<folder>/``)::
                                               without a mask is an unlabelled history frame)
 
 The frame number is the last number in the stem (``frame_regex``); timestamps need the
-frame rate of those numbers in ``fps`` (there is no file to read it from, so it must be
-configured). ``label_set`` is ``parts`` (background/shaft/wrist/clasper) or ``binary``
+frame rate of those numbers (there is no file to read it from): ``fps`` in the config, else the
+rate listed for the dataset's ``release`` (``facts.FRAME_RATES``, with how sure it is). ``label_set`` is ``parts`` (background/shaft/wrist/clasper) or ``binary``
 (background/instrument); ``label_values`` maps raw grey values to its classes (default
 parts: 0-3 as is; binary: 0 -> background, 1 and 255 -> instrument).
 """

@@ -34,6 +34,7 @@ from fedmedbench.data.surgical import cholectrack20 as ct20
 from fedmedbench.data.surgical import endovis2018 as ev18
 from fedmedbench.data.surgical import fsutil
 from fedmedbench.data.surgical import m2cai16 as m2
+from fedmedbench.data.surgical.facts import FRAME_RATES, frame_rate
 from fedmedbench.data.surgical.fsutil import atomic_dir
 from fedmedbench.data.surgical.schema import TOOL_CLASSES
 from fedmedbench.data.surgical.synthetic import (
@@ -288,7 +289,8 @@ WRITERS = {
     "endovis2018": write_endovis2018,
     "frames_masks": write_frames_masks,
 }
-OFFICIAL_FPS = {"m2cai16": m2.OFFICIAL_FPS, "cholectrack20": ct20.OFFICIAL_FPS, "endovis2017": 2.0, "endovis2018": 2.0}
+OFFICIAL_FPS = {"m2cai16": m2.OFFICIAL_FPS, "cholectrack20": ct20.OFFICIAL_FPS,
+                "endovis2017": FRAME_RATES["endovis2017"].fps, "endovis2018": FRAME_RATES["endovis2018"].fps}
 
 
 def generate(name: str, dataset_cfg: dict, spec: dict, seed: int, width: int, height: int, out: str | Path) -> Path:
@@ -297,9 +299,10 @@ def generate(name: str, dataset_cfg: dict, spec: dict, seed: int, width: int, he
     if layout not in WRITERS:
         raise ValueError(f"surgical.synthetic.datasets.{name}: no synthetic writer for layout '{layout}' "
                          f"(available: {sorted(WRITERS)})")
-    fps = dataset_cfg.get("fps") or OFFICIAL_FPS.get(layout)
+    listed = frame_rate(dataset_cfg.get("release"), name)
+    fps = dataset_cfg.get("fps") or OFFICIAL_FPS.get(layout) or (listed.fps if listed else None)
     if not fps:
-        raise ValueError(f"surgical.datasets.{name}.fps must be set to synthesize a '{layout}' dataset")
+        raise ValueError(f"surgical.datasets.{name}.fps (or release) must be set to synthesize a '{layout}' dataset")
     width, height = int(spec.get("width") or width), int(spec.get("height") or height)
     with atomic_dir(out) as tmp, _linking(bool(spec.get("distinct_frames"))):
         binary = layout == "frames_masks" and dataset_cfg.get("label_set") == "binary"

@@ -18,7 +18,7 @@ trainable parameters only (``param_keys``), never on buffers.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -178,6 +178,8 @@ class StepHooks:
     extra_weight_decay: float = 0.0
     #: called after every optimizer step
     after_step: Callable[[], None] | None = None
+    #: what the method's ``client_result`` needs from before the steps (SCAFFOLD's c and c_i)
+    keep: dict[str, Any] = field(default_factory=dict)
 
 
 def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None = None) -> float:
@@ -288,9 +290,11 @@ def state_tensors(state: dict[str, Any], name: str, like: Tensors) -> Tensors:
     return {n: stored[n].to(like[n].device, copy=True) for n in like}
 
 
-def delta(model: nn.Module, global_arrays: Arrays) -> Tensors:
-    """theta_local - theta_global over trainable parameters, float32, where the global arrays are."""
-    params = trainable(model)
+def delta(model: nn.Module, global_arrays: Arrays, trained: Tensors | None = None) -> Tensors:
+    """theta_local - theta_global over trainable parameters, float32, where the global arrays are.
+    ``trained``: the client's trained parameters where the model does not hold them (clients trained
+    together: :func:`trained_params`)."""
+    params = trainable(model) if trained is None else trained
     theta_g = to_tensors(global_arrays, params)
     return sub({n: p.detach().to(theta_g[n].device, torch.float32) for n, p in params.items()}, theta_g)
 
@@ -376,8 +380,36 @@ class ServerOptMethod(Method):
         return StepHooks()
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
-        metrics = local_loop_metrics(ctx, self.hooks(ctx))
-        return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train, metrics=metrics)
+        hooks = self.hooks(ctx)
+        metrics = local_loop_metrics(ctx, hooks)
+        return self.client_result(ctx, hooks, metrics, ctx.result_arrays())
+
+    def client_result(self, ctx: ClientContext, hooks: StepHooks, metrics: dict[str, float], arrays: Arrays) -> ClientResult:
+        """What a client sends after its local steps; ``arrays``: its trained state (its trained parameters:
+        :func:`trained_params`), whether it trained alone or with the round's other clients."""
+        return ClientResult(arrays=arrays, num_examples=ctx.data.num_train, metrics=metrics)
+
+    # -- a round's clients together (train.batch_clients): the plain SGD step above, batched ------------
+    def why_not_together(self, model: nn.Module, train) -> str | None:
+        if type(self).client_fit is not ServerOptMethod.client_fit:
+            return "it has its own client step"
+        from fedmedbench.fl.methods import _together
+
+        return _together.model_why_not(model, train)
+
+    def fit_together(self, ctxs: list[ClientContext]) -> list[ClientResult] | None:
+        from fedmedbench.fl.methods import _together
+
+        hooks = [self.hooks(ctx) for ctx in ctxs]
+        if any(_together.hooks_why_not(h) for h in hooks):  # e.g. SAM's per-step perturbation
+            return None
+        trained = _together.train_together(ctxs, hooks)
+        return [self.client_result(ctx, h, metrics, arrays) for ctx, h, (arrays, metrics) in zip(ctxs, hooks, trained, strict=True)]
+
+
+def trained_params(ctx: ClientContext, arrays: Arrays) -> Tensors:
+    """A client's trained parameters, read from the state it sends (``client_result``'s ``arrays``)."""
+    return {n: torch.as_tensor(arrays[n]) for n in trainable(ctx.model)}
 
 
 def sent_vectors(t: Tensors) -> Arrays:

@@ -20,6 +20,15 @@ understanding; nothing is copied.
   1 + ``igc_weight`` x the total-variation distance between the site's and the global view's
   predictions.
 
+* What leaves a site (``sent``). ``reference_code`` (default): every trainable parameter but the
+  personal groups (the encoder queries), as the reference's FedDP step (``scripts/train_fed.py:276-280``
+  calls ``update_global_model_for_trans(part='q')``, ``scripts/trainer_utils.py:149-194``: it averages
+  every ``named_parameters`` entry and hands all but the ``.q.`` ones back to the sites), 18.97 MiB a
+  round on the paper grid's network. ``paper_text``: only the decoder and its head leave the site, the
+  reading of FedST's Table IX (6.7 MB a round = the 1,756,420 decoder + head parameters); the whole
+  encoder then stays on each site with its queries. Replies, the reply check and the communication
+  column all follow ``shared_keys``, so what is counted is what is sent.
+
 FedST's Table IV row 1 ("pure FedDP model as the baseline") is this method on the network
 without temporal module, prompt or channel selection.
 """
@@ -27,6 +36,7 @@ without temporal module, prompt or channel selection.
 from __future__ import annotations
 
 import copy
+import re
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +48,10 @@ from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.tasks.segmentation import train_steps
 
 SITES = "feddp_site_queries"
+#: readings of what a site sends each round (method parameter ``sent``)
+SENT_READINGS = ("reference_code", "paper_text")
+#: the parameters that leave a site under ``paper_text``: the decoder and its head (FedST Table IX)
+PAPER_TEXT_SENT = re.compile(r"^decoder\.")
 
 
 def inconsistency(local_logits: torch.Tensor, global_logits: torch.Tensor) -> torch.Tensor:
@@ -64,14 +78,19 @@ class FedDP(SegMethod):
               Param("igc", str, "finetune", "inter-site guidance as a final fine-tune or every round", choices=("finetune", "per_round")),
               Param("calib_rounds", int, 1, "last rounds given to calibration", low=0),
               Param("calib_weight", float, 1.0, "weight of the calibration loss", low=0),
-              Param("igc_weight", float, 1.0, "weight of the guidance loss", low=0))
+              Param("igc_weight", float, 1.0, "weight of the guidance loss", low=0),
+              Param("sent", str, "reference_code", "what a site sends: every parameter but the personal ones (the "
+                    "reference code) or the decoder and head only (FedST Table IX)", choices=SENT_READINGS))
     extra_records = ("queries",)
 
     def personal(self, model):
         """The queries and every buffer: the reference averages ``named_parameters`` only
-        (``scripts/trainer_utils.py:149-166``), so normalisation statistics never leave a site."""
+        (``scripts/trainer_utils.py:149-166``), so normalisation statistics never leave a site.
+        Under ``sent: paper_text`` every parameter outside the decoder and its head stays too."""
         own = super().personal(model)
         params = set(dict(model.named_parameters()))
+        if self.p["sent"] == "paper_text":
+            params = {k for k in params if PAPER_TEXT_SENT.match(k)}
         return own + [k for k in model.state_dict() if k not in params and k not in own]
 
     def _first_calib_round(self, ctx) -> int | None:

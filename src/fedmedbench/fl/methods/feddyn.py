@@ -24,11 +24,11 @@ from fedmedbench.fl.methods._sgd import (
     client_tensors,
     delta,
     div,
-    local_loop_metrics,
     mul,
     state_tensors,
     sub,
     to_tensors,
+    trained_params,
     vectors64,
 )
 from fedmedbench.fl.registry import register_method
@@ -38,11 +38,12 @@ def dyn_hooks(ctx: ClientContext, lamb: float) -> tuple[StepHooks, dict]:
     like = client_tensors(ctx)
     h_i = state_tensors(ctx.state, "h_i", like)
     theta_g = to_tensors(ctx.global_arrays, like)
-    return StepHooks(correction=mul(sub(h_i, theta_g), lamb), extra_weight_decay=lamb), h_i
+    return StepHooks(correction=mul(sub(h_i, theta_g), lamb), extra_weight_decay=lamb, keep={"h_i": h_i}), h_i
 
 
-def dyn_client_update(ctx: ClientContext, h_i: dict) -> None:
-    d = delta(ctx.model, ctx.global_arrays)
+def dyn_client_update(ctx: ClientContext, h_i: dict, trained: dict | None = None) -> None:
+    """h_i += theta_i - theta_g (``trained``: theta_i where ``ctx.model`` does not hold it)."""
+    d = delta(ctx.model, ctx.global_arrays, trained)
     ctx.state["h_i"] = add({n: h_i[n] for n in d}, d)
 
 
@@ -71,11 +72,12 @@ class FedDyn(ServerOptMethod):
         super().__init__(**params)
         self.lamb = float(self.p["lamb"])
 
-    def client_fit(self, ctx: ClientContext) -> ClientResult:
-        hooks, h_i = dyn_hooks(ctx, self.lamb)
-        metrics = local_loop_metrics(ctx, hooks)
-        dyn_client_update(ctx, h_i)
-        return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train, metrics=metrics)
+    def hooks(self, ctx: ClientContext) -> StepHooks:
+        return dyn_hooks(ctx, self.lamb)[0]
+
+    def client_result(self, ctx: ClientContext, hooks: StepHooks, metrics, arrays) -> ClientResult:
+        dyn_client_update(ctx, hooks.keep["h_i"], trained_params(ctx, arrays))
+        return super().client_result(ctx, hooks, metrics, arrays)
 
     def aggregate(self, ctx: ServerContext) -> Arrays:
         return dyn_server_update(self, ctx)

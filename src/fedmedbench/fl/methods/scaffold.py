@@ -27,10 +27,10 @@ from fedmedbench.fl.methods._sgd import (
     delta,
     div,
     local_iterations,
-    local_loop_metrics,
     sent_vectors,
     state_tensors,
     sub,
+    trained_params,
 )
 from fedmedbench.fl.registry import register_method
 
@@ -43,9 +43,10 @@ def control_correction(ctx: ClientContext, c_name: str = "c") -> tuple[dict, dic
     return c, c_i, sub(c, c_i)
 
 
-def updated_control(ctx: ClientContext, c: dict, c_i: dict, k: float) -> tuple[dict, dict]:
-    """Option II: c_i+ = c_i - c + (theta_g - theta_i) / (K lr); returns (c_i+, delta_c)."""
-    d = delta(ctx.model, ctx.global_arrays)
+def updated_control(ctx: ClientContext, c: dict, c_i: dict, k: float, trained: dict | None = None) -> tuple[dict, dict]:
+    """Option II: c_i+ = c_i - c + (theta_g - theta_i) / (K lr); returns (c_i+, delta_c). ``trained``: theta_i
+    where ``ctx.model`` does not hold it."""
+    d = delta(ctx.model, ctx.global_arrays, trained)
     k_lr = k * ctx.train.lr_at(ctx.rnd)
     new = sub(sub({n: c_i[n] for n in d}, c), div(d, k_lr))
     return new, sub(new, c_i)
@@ -74,12 +75,15 @@ class Scaffold(ServerOptMethod):
         """Per-step weight perturbation (none here; FedGAMMA adds SAM's)."""
         return None
 
-    def client_fit(self, ctx: ClientContext) -> ClientResult:
+    def hooks(self, ctx: ClientContext) -> StepHooks:
         c, c_i, corr = control_correction(ctx)
-        metrics = local_loop_metrics(ctx, StepHooks(perturb=self.perturbation(), correction=corr))
-        ctx.state["c_i"], dc = updated_control(ctx, c, c_i, local_iterations(ctx, self.k_form))
-        return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train,
-                            metrics=metrics, extras={"delta_c": sent_vectors(dc)})
+        return StepHooks(perturb=self.perturbation(), correction=corr, keep={"c": c, "c_i": c_i})
+
+    def client_result(self, ctx: ClientContext, hooks: StepHooks, metrics, arrays) -> ClientResult:
+        k = local_iterations(ctx, self.k_form)
+        ctx.state["c_i"], dc = updated_control(ctx, hooks.keep["c"], hooks.keep["c_i"], k, trained_params(ctx, arrays))
+        return ClientResult(arrays=arrays, num_examples=ctx.data.num_train, metrics=metrics,
+                            extras={"delta_c": sent_vectors(dc)})
 
     def aggregate(self, ctx: ServerContext):
         server_control_update(ctx)

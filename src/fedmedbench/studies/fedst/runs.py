@@ -236,10 +236,21 @@ def run_spec(cfg: dict[str, Any], variant: str, method: str, seed: int, clips_ro
             "local_steps": train_config(cfg, variant)[1],
             "synthetic_mix": cfg["server_site"] if variant == SYNMIX else None,
             "cross_site_eval": bool(cfg["eval"]["cross_site_eval"]), "eval_batch_size": int(cfg["eval"]["batch_size"]),
-            "class_rule": cfg["eval"].get("class_rule", "all_classes"),
-            "assd": cfg["eval"].get("assd", "medpy_0_5"), "resolution": cfg["eval"].get("resolution", "input"),
+            **scoring_config(cfg),
         },
     }
+
+
+def scoring_config(cfg: dict[str, Any]) -> dict[str, str]:
+    """How frames are scored (``eval``): class rule, ASSD definition, resolution, and ``metrics_device`` only
+    off its default ``auto`` (where a frame is scored moves ASSD by float64 rounding only, so runs from before the
+    option keep their hash)."""
+    ev = cfg["eval"]
+    out = {"class_rule": ev.get("class_rule", "all_classes"), "assd": ev.get("assd", "medpy_0_5"),
+           "resolution": ev.get("resolution", "input")}
+    if ev.get("metrics_device", "auto") != "auto":
+        out["metrics_device"] = ev["metrics_device"]
+    return out
 
 
 def pin_initial_model(spec):

@@ -2,24 +2,38 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from fedmedbench.fl.tasks.segmentation.clips import ClipSet
 from fedmedbench.segmetrics import METRICS, RESOLUTIONS, SegmentationMeter, native_masks, native_spacing
 
+#: where frames are scored: ``auto`` = with torch on the model's device when that is a GPU, else with
+#: NumPy/SciPy (:mod:`fedmedbench.segmetrics`); ``cpu`` = always NumPy/SciPy; ``torch`` = always torch on the
+#: model's device (:mod:`fedmedbench.segmetrics_device`, the CPU included)
+METRICS_DEVICES: tuple[str, ...] = ("auto", "cpu", "torch")
+
+
+def scores_on_device(metrics_device: str, device: torch.device) -> bool:
+    """Whether ``metrics_device`` (:data:`METRICS_DEVICES`) scores with torch for a model on ``device``."""
+    if metrics_device not in METRICS_DEVICES:
+        raise ValueError(f"fedst eval.metrics_device must be one of {list(METRICS_DEVICES)}, got {metrics_device!r}")
+    return metrics_device == "torch" or (metrics_device == "auto" and torch.device(device).type == "cuda")
+
 
 @torch.no_grad()
 def evaluate_clips(model: torch.nn.Module, data: ClipSet, classes: dict[int, str], device: torch.device,
                    batch_size: int, binary: bool = False, class_rule: str = "all_classes", assd: str = "medpy_0_5",
-                   resolution: str = "input") -> dict[str, float]:
+                   resolution: str = "input", metrics_device: str = "auto") -> dict[str, float]:
     """Metrics of ``model`` on ``data`` (names: ``dice`` .. and ``dice_<class>`` ..); ``class_rule``, ``assd``:
     :mod:`fedmedbench.segmetrics`; ``resolution`` (:data:`fedmedbench.segmetrics.RESOLUTIONS`): every metric on
     the masks at the input size (``input``); the same with HD95/ASSD in each native frame's pixels
     (``native_units``); or each prediction upsampled (bilinear logits) to its mask file's size and scored
-    against that file (``native``)."""
+    against that file (``native``); ``metrics_device`` (:data:`METRICS_DEVICES`): where the frames are scored."""
     if resolution not in RESOLUTIONS:
         raise ValueError(f"fedst eval.resolution must be one of {list(RESOLUTIONS)}, got {resolution!r}")
+    on_device = scores_on_device(metrics_device, device)
     model.eval()
     meter = SegmentationMeter(classes, binary=binary, class_rule=class_rule, submit=data.cache.submit,
                               max_pending=max(batch_size, 4 * data.cache.workers), assd=assd)
@@ -31,10 +45,16 @@ def evaluate_clips(model: torch.nn.Module, data: ClipSet, classes: dict[int, str
         if resolution == "native":
             for one, gt in zip(logits, native_masks(files), strict=True):
                 up = F.interpolate(one[None], size=gt.shape, mode="bilinear", align_corners=False)
-                meter.add(up.argmax(dim=1)[0].cpu().numpy(), gt)
+                if on_device:
+                    meter.add_on_device(up.argmax(dim=1), torch.as_tensor(np.array(gt), device=up.device)[None])
+                else:
+                    meter.add(up.argmax(dim=1)[0].cpu().numpy(), gt)
             continue
-        pred = logits.argmax(dim=1).cpu().numpy()
-        meter.add(pred, y.numpy(), native_spacing(files, tuple(y.shape[-2:])) if resolution == "native_units" else None)
+        spacing = native_spacing(files, tuple(y.shape[-2:])) if resolution == "native_units" else None
+        if on_device:
+            meter.add_on_device(logits.argmax(dim=1), y.to(logits.device), spacing)
+        else:
+            meter.add(logits.argmax(dim=1).cpu().numpy(), y.numpy(), spacing)
     return {k.removeprefix("mean_"): v for k, v in meter.result().items()}
 
 

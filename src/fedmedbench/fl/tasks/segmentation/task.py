@@ -131,10 +131,10 @@ class SegmentationTask(Task):
 
     @property
     def scoring(self) -> dict[str, str]:
-        """How :func:`evaluate_clips` scores: class rule, ASSD definition, resolution."""
+        """How :func:`evaluate_clips` scores: class rule, ASSD definition, resolution, where."""
         tp = self.spec.task_params
         return {"class_rule": self.class_rule, "assd": str(tp.get("assd", "medpy_0_5")),
-                "resolution": str(tp.get("resolution", "input"))}
+                "resolution": str(tp.get("resolution", "input")), "metrics_device": str(tp.get("metrics_device", "auto"))}
 
     def evaluate_global(self, model, device):
         per_client = []

@@ -1,0 +1,211 @@
+"""The sampled clients of a round trained together (``train.batch_clients``).
+
+On one process, local training of K clients is K loops of small steps, each dispatching the model's
+forward, backward, clipping and optimizer ops (about 800 for ConvNeXtV2-nano): on a GPU the round
+is bound by launching them, not by arithmetic. Here the K clients' weights are stacked (K, ...) and
+every step runs one forward and backward over all of them (``torch.func.functional_call`` under
+``vmap``), one per-client gradient clipping and one multi-tensor SGD step: a round costs the ops of
+its longest client, not of all clients.
+
+Each client keeps its own draws (its generator's permutations, its batches), its own gradient-norm
+clip and its own momentum. Clients of unequal sizes are padded to the largest batch of the step with
+zero-weight samples, and a client whose steps are done keeps its weights (its learning rate is 0 for
+the remaining steps). The per-sample arithmetic is the same; the order of summation within a batched
+convolution is not, so results equal the one-by-one loop to float32 rounding (``tests/
+test_clients_together.py`` states the tolerance), not bit for bit: the option is part of the run hash.
+
+What it serves: FL-optimizer methods whose client step is plain local SGD with an optional linear
+gradient correction and extra weight decay (``ServerOptMethod.hooks``: FedAvg, FedProx, SCAFFOLD,
+FedDyn; what a client sends after its steps is the method's ``client_result``), on a model
+without buffers (ConvNeXt's LayerNorm, not BatchNorm, whose batch statistics would mix the padding
+in). Anything else is trained one by one (``Method.why_not_together``, said once in the log).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from fedmedbench.fl.api import Arrays, ClientContext, TrainConfig
+from fedmedbench.fl.methods._sgd import StepHooks, trainable
+from fedmedbench.fl.training import StepLosses, batch_indices, forward_precision, to_float
+
+Tensors = dict[str, torch.Tensor]
+
+
+def model_why_not(model: nn.Module, cfg: TrainConfig) -> str | None:
+    """Why clients of this model and train block cannot be trained together (None: they can)."""
+    if cfg.optimizer != "sgd":
+        return f"train.optimizer is {cfg.optimizer}"
+    if cfg.channels_last or cfg.compile:
+        return "train.channels_last / train.compile apply to one client's model"
+    if any(True for _ in model.buffers()):
+        return "the model has buffers (batch statistics would mix clients' padding)"
+    return None
+
+
+def hooks_why_not(hooks: StepHooks) -> str | None:
+    """Why one client's step hooks cannot join a batched step (None: they can)."""
+    if hooks.perturb is not None:
+        return "a weight perturbation per step"
+    if hooks.after_step is not None:
+        return "a callback after every step"
+    if hooks.loss_weight != 1.0:
+        return "a loss weight"
+    return None
+
+
+def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) -> list[tuple[Arrays, dict[str, float]]]:
+    """Every client of ``ctxs`` (sharing one model, which holds the global weights) trained as
+    :func:`fedmedbench.fl.methods._sgd.local_loop` would train it, all in one batched loop; per client its
+    trained state (as ``ctx.result_arrays`` gives it) and its metrics (as ``local_loop_metrics``)."""
+    model, cfg, device = ctxs[0].model, ctxs[0].train, ctxs[0].device
+    model.train()
+    params = trainable(model)
+    k = len(ctxs)
+    stacked = {n: p.detach().unsqueeze(0).expand(k, *p.shape).clone().requires_grad_(True) for n, p in params.items()}
+    weights = list(stacked.values())
+    corrections = _stacked_corrections(hooks, params, device)
+    decay = cfg.weight_decay + hooks[0].extra_weight_decay
+    plan = BatchPlan.of(ctxs, cfg.batch_size)
+    x_all, y_all = plan.pooled(ctxs, device)
+    index, sample_w, active = plan.tensors(x_all.device, device)
+    lr = cfg.lr_at(ctxs[0].rnd)
+    per_rank: dict[int, list[int]] = {}
+    for i, w in enumerate(weights):
+        per_rank.setdefault(w.dim(), []).append(i)
+
+    def client_loss(p: Tensors, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, p, (x,))
+        return (nn.functional.cross_entropy(out.float(), y, reduction="none") * w).sum()
+
+    batched_loss = torch.func.vmap(client_loss)
+    momentum: list[torch.Tensor] | None = None
+    step_losses = []
+    for s in range(plan.steps):
+        xb = to_float(x_all[index[s]], device)
+        yb = y_all[index[s]].to(device, non_blocking=True)
+        for w in weights:
+            w.grad = None
+        with forward_precision(cfg, device):
+            losses = batched_loss(stacked, xb, yb, sample_w[s])
+        losses.sum().backward()
+        with torch.no_grad():
+            grads = [w.grad for w in weights]
+            if corrections is not None:
+                torch._foreach_add_(grads, corrections)
+            if cfg.grad_clip:
+                _clip_each(grads, cfg.grad_clip, per_rank, k)
+            if decay:
+                grads = torch._foreach_add(grads, weights, alpha=decay)
+            if cfg.momentum:
+                if momentum is None:  # SGD's first buffer is the step's gradient: these tensors, not read again
+                    momentum = grads
+                else:
+                    torch._foreach_mul_(momentum, cfg.momentum)
+                    torch._foreach_add_(momentum, grads)
+                grads = momentum
+            torch._foreach_addcmul_(weights, grads, _by_rank(active[s] * lr, weights, per_rank, k), value=-1.0)
+        step_losses.append(losses.detach())
+    values = torch.stack(step_losses).double().cpu().numpy() if step_losses else np.zeros((0, k))
+    return _results(ctxs, stacked, values, plan)
+
+
+def _stacked_corrections(hooks: Sequence[StepHooks], params: Tensors, device: torch.device) -> list[torch.Tensor] | None:
+    """Each client's gradient correction d stacked (K, ...) in parameter order (zeros where a client has none)."""
+    if all(not h.correction for h in hooks):
+        return None
+    out = []
+    for n, p in params.items():
+        rows = [h.correction[n].to(device) if h.correction and n in h.correction else torch.zeros_like(p)
+                for h in hooks]
+        out.append(torch.stack(rows).to(p.dtype))
+    return out
+
+
+def _by_rank(values: torch.Tensor, like: list[torch.Tensor], per_rank: dict[int, list[int]], k: int) -> list[torch.Tensor]:
+    """One (K,) vector as (K, 1, ..., 1) views broadcasting against each tensor of ``like``."""
+    out: list[torch.Tensor] = [None] * len(like)  # type: ignore[list-item]
+    for rank, idx in per_rank.items():
+        view = values.view(k, *([1] * (rank - 1)))
+        for i in idx:
+            out[i] = view
+    return out
+
+
+def _clip_each(grads: list[torch.Tensor], max_norm: float, per_rank: dict[int, list[int]], k: int) -> None:
+    """``clip_grad_norm_`` of every client's gradient, each by its own norm over all of its tensors."""
+    flat = torch.cat([g.reshape(k, -1) for g in grads], dim=1)
+    norms = torch.linalg.vector_norm(flat, dim=1)
+    coef = torch.clamp(max_norm / (norms + 1e-6), max=1.0)
+    torch._foreach_mul_(grads, _by_rank(coef, grads, per_rank, k))
+
+
+class BatchPlan:
+    """Which samples each client trains on at each batched step, drawn as the one-by-one loop draws them.
+
+    ``rows[s][c]``: client c's sample indices (into its own training data) at step s, or None once its
+    ``ctx.steps`` are done. Steps: the most any client takes."""
+
+    def __init__(self, rows: list[list[np.ndarray | None]], sizes: list[int]) -> None:
+        self.rows = rows
+        self.sizes = sizes
+        self.steps = len(rows)
+        self.width = max((len(r) for step in rows for r in step if r is not None), default=1)
+
+    @classmethod
+    def of(cls, ctxs: Sequence[ClientContext], batch_size: int) -> BatchPlan:
+        draws = [[idx.numpy() for idx in batch_indices(c.data.num_train, batch_size, c.steps, c.generator)]
+                 for c in ctxs]
+        steps = max((len(d) for d in draws), default=0)
+        rows = [[d[s] if s < len(d) else None for d in draws] for s in range(steps)]
+        return cls(rows, [c.data.num_train for c in ctxs])
+
+    def pooled(self, ctxs: Sequence[ClientContext], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The clients' training images and labels back to back (where the first client's data are)."""
+        xs = [c.data.train_x for c in ctxs]
+        ys = [c.data.train_y for c in ctxs]
+        where = xs[0].device
+        return torch.cat([x.to(where) for x in xs]), torch.cat([y.to(where) for y in ys])
+
+    def tensors(self, data_device: torch.device, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(steps, K, width) indices into the pooled data, (steps, K, width) sample weights (1/b for a
+        client's b samples, 0 for padding), (steps, K) 1 where a client still steps, else 0."""
+        k, offsets = len(self.sizes), np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
+        index = np.zeros((self.steps, k, self.width), dtype=np.int64)
+        weight = np.zeros((self.steps, k, self.width), dtype=np.float32)
+        active = np.zeros((self.steps, k), dtype=np.float32)
+        for s, step in enumerate(self.rows):
+            for c, rows in enumerate(step):
+                index[s, c, :] = offsets[c]
+                if rows is None:
+                    continue
+                index[s, c, : len(rows)] = rows + offsets[c]
+                weight[s, c, : len(rows)] = 1.0 / len(rows)
+                active[s, c] = 1.0
+        return (torch.from_numpy(index).to(data_device), torch.from_numpy(weight).to(device),
+                torch.from_numpy(active).to(device))
+
+
+def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray,
+             plan: BatchPlan) -> list[tuple[Arrays, dict[str, float]]]:
+    """Each client's trained state (views of the stacked tensors, where the job keeps its arrays) and its
+    step losses as ``local_loop_metrics`` reports them."""
+    state = ctxs[0].model.state_dict()
+    where, cfg = ctxs[0].array_device, ctxs[0].train
+    fixed = {n: t.detach() for n, t in state.items() if n not in stacked}
+    rows = {n: t.detach().to(where).unbind(0) for n, t in stacked.items()}
+    out = []
+    for c, ctx in enumerate(ctxs):
+        taken = sum(1 for step in plan.rows if step[c] is not None)
+        losses = StepLosses.of_values(values[:taken, c].tolist(), ctx.steps_per_epoch())
+        loss = losses.mean(ctx.rnd, check=cfg.on_nonfinite != "continue",
+                           hint="lower train.lr, set train.grad_clip, or train.on_nonfinite: continue")
+        arrays: Arrays = {n: rows[n][c] if n in rows else fixed[n].clone().to(where) for n in state}
+        out.append((arrays, {"train_loss": loss, **losses.epoch_metrics()}))
+    return out
+

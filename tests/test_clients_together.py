@@ -1,0 +1,210 @@
+"""train.batch_clients: a round's clients trained together equal the same clients trained one by one."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fedmedbench.fl import federation as fed
+from fedmedbench.fl.api import ClientData
+from fedmedbench.fl.methods import _together as together
+from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.training import batch_indices
+from fedmedbench.models import MODELS, register_model
+
+#: weights after the rounds below, together vs one by one: float32 rounding of reordered sums, not more
+ATOL, RTOL = 2e-6, 1e-4
+
+
+class LayerNormNet(nn.Module):
+    """A small net of ConvNeXt's kinds of layers (dense and depthwise convolutions, LayerNorm, a linear
+    head) and no buffers."""
+
+    def __init__(self, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(in_channels, 8, 4, stride=4)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.norm = nn.GroupNorm(1, 8)
+        self.pw = nn.Conv2d(8, 16, 1)
+        self.head = nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = x + self.pw(nn.functional.gelu(self.norm(self.dw(x))))[:, :8]
+        return self.head(torch.cat([x, x], 1).mean((2, 3)))
+
+
+if "ln_net_test" not in MODELS:
+    register_model("ln_net_test")(lambda in_channels, num_classes, image_size: LayerNormNet(in_channels, num_classes))
+
+
+def write_data(d, size: int, train: int):
+    from helpers import split_labels
+
+    from fedmedbench import io
+    from fedmedbench import partition as P
+    from fedmedbench.data import synthetic
+
+    arrays = synthetic.generate("bloodmnist", size, seed=0, counts={"train": train, "val": 40, "test": 60})
+    io.write_npz(d / "b.npz", arrays)
+    io.write_json(d / "p.json", P.build_partition(split_labels(arrays), "fls_quantity", 5, 0, {"alpha": 1.0},
+                                                     num_classes=8))
+    return d
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    return write_data(tmp_path_factory.mktemp("together"), 28, 200)  # clients of 70, 89, 1, 1 and 39 samples
+
+
+def spec(d, name: str, method: str = "fedavg", model: str = "ln_net_test", batch_clients: bool = False,
+         params: dict | None = None, size: int = 28, **train) -> RunSpec:
+    t = {"rounds": 3, "local_epochs": 2, "batch_size": 16, "lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3,
+         "grad_clip": 1.0, "aggregation": "uniform", "lr_decay": 0.998, "input_norm": "double", **train}
+    if batch_clients:
+        t["batch_clients"] = True
+    s = RunSpec(run_dir=str(d / name), study="t", dataset="bloodmnist", setting="fls", method=method, seed=0,
+                partition_path=str(d / "p.json"), sources={"base": str(d / "b.npz")}, image_size=size, model=model,
+                train=t, clients_per_round=4, method_params=params or {}, device="cpu")
+    return fed.resolve_data_shapes(s)
+
+
+def run(s: RunSpec):
+    f = fed.Federation(s, log=lambda m: None)
+    return f.run(fed.with_clients_together(fed.InProcessTransport(f.job), f.job, log=lambda m: None))
+
+
+@pytest.mark.parametrize(("method", "params"), [("fedavg", {}), ("fedprox", {"mu": 0.01}), ("scaffold", {}),
+                                                ("feddyn", {"lamb": 0.01})])
+def test_clients_together_equal_one_by_one(setup, method, params):
+    """Unequal clients (1 to 6 batches of 16 an epoch, short last batches, one-sample clients), momentum, weight decay, a clip that
+    acts, the double input norm, each method's gradient correction and what it keeps across rounds (SCAFFOLD's c_i,
+    FedDyn's h_i): the same weights to float32 rounding, the same losses and metrics."""
+    one = run(spec(setup, f"{method}-one", method, params=params))
+    both = run(spec(setup, f"{method}-both", method, params=params, batch_clients=True))
+    sizes = fed.Job(spec(setup, "sizes")).task.client_sizes()
+    assert len({int(np.ceil(n / 16)) for n in sizes}) > 2  # clients of different step counts
+    for k, a in one.arrays.items():
+        b = both.arrays[k]
+        torch.testing.assert_close(torch.as_tensor(b), torch.as_tensor(a), atol=ATOL, rtol=RTOL, msg=k)
+    moved = max(float((torch.as_tensor(a) - torch.as_tensor(b)).abs().max()) for a, b in
+                zip(one.arrays.values(), fed.Federation(spec(setup, "init")).initial_state().arrays.values(), strict=True))
+    assert moved > 1e-3  # training really moved the weights: the tolerance is far below what a step does
+    for r1, r2 in zip(one.rows, both.rows, strict=True):
+        assert r2["train_loss"] == pytest.approx(r1["train_loss"], rel=1e-5)
+        assert r2["global_accuracy"] == pytest.approx(r1["global_accuracy"], abs=1e-9)
+
+
+def test_a_convnextv2_trains_together_as_one_by_one(tmp_path, monkeypatch):
+    """The study's network (timm ConvNeXtV2, thinned): GRN, LayerNorm2d, 1x1 convolutions under vmap."""
+    import timm
+
+    setup = write_data(tmp_path, 64, 60)
+    create = timm.create_model
+    monkeypatch.setattr(timm, "create_model", lambda name, *a, **kw: create(name, *a, **{**kw, "dims": (8, 16, 32, 64)}))
+    one = run(spec(setup, "cnx-one", model="timm:convnextv2_atto", size=64, rounds=2, local_epochs=1))
+    both = run(spec(setup, "cnx-both", model="timm:convnextv2_atto", size=64, rounds=2, local_epochs=1,
+                    batch_clients=True))
+    for k, a in one.arrays.items():
+        torch.testing.assert_close(torch.as_tensor(both.arrays[k]), torch.as_tensor(a), atol=ATOL, rtol=RTOL, msg=k)
+
+
+class Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_round_together_costs_the_ops_of_its_steps_not_of_its_clients(setup):
+    """Twice the clients, the same steps: one by one dispatches twice the ops, together about the same
+    (the lever on launch-bound GPUs)."""
+    counts = {}
+    for batched in (False, True):
+        s = spec(setup, f"ops-{batched}", batch_clients=batched, rounds=1)
+        job = fed.Job(s)
+        transport = fed.with_clients_together(fed.InProcessTransport(job), job, log=lambda m: None)
+        arrays = fed.Federation(s, log=lambda m: None).initial_state().arrays
+        for clients in (2, 4):
+            steps = {p: 4 for p in range(clients)}
+            transport.train(1, steps, arrays, {})  # first use: data loaded, model built
+            with Ops() as ops:
+                transport.train(1, steps, arrays, {})
+            counts[batched, clients] = ops.n
+    assert counts[False, 4] > 1.8 * counts[False, 2], counts
+    assert counts[True, 4] < 1.15 * counts[True, 2], counts
+    assert counts[True, 4] < 0.6 * counts[False, 4], counts
+
+
+def test_the_plan_draws_each_clients_batches_as_one_by_one():
+    """Sizes 5 and 3, batch 2: client 0 takes 4 steps, client 1 two; the rows are its generator's
+    permutations cut in batches, padded with zero weight; client 1 idles (lr 0) after its steps."""
+
+    class Ctx:
+        def __init__(self, n: int, steps: int, seed: int) -> None:
+            self.data = ClientData(torch.zeros(n, 1, 2, 2, dtype=torch.uint8), torch.zeros(n, dtype=torch.long),
+                                   *(torch.zeros(0),) * 4)
+            self.steps, self.generator = steps, torch.Generator().manual_seed(seed)
+
+    plan = together.BatchPlan.of([Ctx(5, 4, 1), Ctx(3, 2, 2)], batch_size=2)
+    expect0 = [i.numpy() for i in batch_indices(5, 2, 4, torch.Generator().manual_seed(1))]
+    expect1 = [i.numpy() for i in batch_indices(3, 2, 2, torch.Generator().manual_seed(2))]
+    assert plan.steps == 4 and plan.width == 2
+    index, weight, active = plan.tensors(torch.device("cpu"), torch.device("cpu"))
+    for s in range(4):
+        assert index[s, 0, : len(expect0[s])].tolist() == expect0[s].tolist()
+        assert weight[s, 0].tolist() == ([0.5, 0.5] if len(expect0[s]) == 2 else [1.0, 0.0])
+    assert [len(e) for e in expect0] == [2, 2, 1, 2]  # the last batch of an epoch is short, then a new permutation
+    assert index[0, 1].tolist() == (expect1[0] + 5).tolist()  # offset by client 0's five samples
+    assert weight[1, 1].tolist() == [1.0, 0.0] and weight[2, 1].tolist() == [0.0, 0.0]
+    assert active.tolist() == [[1, 1], [1, 1], [1, 0], [1, 0]]
+
+
+def test_what_cannot_be_batched_trains_one_by_one_and_says_why(setup):
+    """A model with BatchNorm buffers, a method with its own client step: the log says why, the
+    clients train one by one. A SAM step (per-step perturbation) falls back in the round itself."""
+    said: list[str] = []
+    bn = fed.Job(spec(setup, "bn", model="cnn_small", batch_clients=True))
+    assert fed.with_clients_together(fed.InProcessTransport(bn), bn, said.append).__class__ is fed.InProcessTransport
+    assert "buffers" in said[-1]
+    own = fed.Job(spec(setup, "fedsmoo", method="fedsmoo", batch_clients=True))
+    assert fed.why_not_together(own) == "method 'fedsmoo': it has its own client step"
+    off = fed.Job(spec(setup, "off"))
+    assert fed.with_clients_together(fed.InProcessTransport(off), off, said.append).__class__ is fed.InProcessTransport
+    sam_one = run(spec(setup, "sam-one", method="fedsam", params={"rho": 0.01}, rounds=1))
+    sam_both = run(spec(setup, "sam-both", method="fedsam", params={"rho": 0.01}, rounds=1, batch_clients=True))
+    for k, a in sam_one.arrays.items():
+        assert torch.equal(torch.as_tensor(sam_both.arrays[k]), torch.as_tensor(a)), k
+
+
+def test_batch_clients_is_in_the_run_hash_only_when_set(setup):
+    assert spec(setup, "h").run_hash() != spec(setup, "h", batch_clients=True).run_hash()
+    assert "batch_clients" not in spec(setup, "h").train
+
+
+def test_the_step_count_is_the_longest_clients(setup):
+    s = spec(setup, "steps", batch_clients=True, rounds=1)
+    job = fed.Job(s)
+    sizes = job.task.client_sizes()
+    calls = collections.Counter()
+    original = together.to_float
+
+    def counting(*a, **kw):
+        calls["steps"] += 1
+        return original(*a, **kw)
+
+    together.to_float = counting
+    try:
+        steps = {p: fed.Federation(s, log=lambda m: None).steps(p) for p in range(4)}
+        fed.clients_train_together(job, steps, 1, fed.Federation(s, log=lambda m: None).initial_state().arrays)
+    finally:
+        together.to_float = original
+    assert calls["steps"] == max(steps.values()) == max(2 * int(np.ceil(n / 16)) for n in sizes[:4])
