@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import numpy as np
 import pytest
@@ -177,6 +178,9 @@ def test_what_cannot_be_batched_trains_one_by_one_and_says_why(setup):
     assert "buffers" in said[-1]
     own = fed.Job(spec(setup, "fedsmoo", method="fedsmoo", batch_clients=True))
     assert fed.why_not_together(own) == "method 'fedsmoo': it has its own client step"
+    augmented = fed.Job(dataclasses.replace(spec(setup, "aug", batch_clients=True),
+                                            client_augmentation={"mode": "reference", "domains": {}, "domain_seed": 0}))
+    assert "client_augmentation" in fed.why_not_together(augmented)  # each client's reads go through its own loader
     off = fed.Job(spec(setup, "off"))
     assert fed.with_clients_together(fed.InProcessTransport(off), off, said.append).__class__ is fed.InProcessTransport
     sam_one = run(spec(setup, "sam-one", method="fedsam", params={"rho": 0.01}, rounds=1))
