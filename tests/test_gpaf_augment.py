@@ -201,6 +201,31 @@ def test_federated_data_reads_clean_training_images_and_keeps_stored_validation(
     np.testing.assert_allclose(rows.numpy(), [CLEAN_DEVICE, gpaf_device(2)], rtol=1e-6)
     assert FederatedData(tmp_path / "p.json", sources, augmentation("reference_train")).global_val_reads() is None
     assert FederatedData(tmp_path / "p.json", sources).global_val_reads() is None
+    # a client validating its own model reads its share the same way under reference only
+    assert np.array_equal(degraded.val_aug_x[:, 0].numpy(), base["val_images"][1:2])
+    assert FederatedData(tmp_path / "p.json", sources, augmentation("reference_train")).client(1).val_aug_x is None
+
+
+def test_client_validation_reads_its_share_from_the_clients_generator(tmp_path):
+    from fedmedbench.fl.data import FederatedData
+    from fedmedbench.fl.tasks.classification import ClassificationTask
+    from fedmedbench.models import build_model
+
+    _, _, sources = hand_made_run(tmp_path)
+    torch.manual_seed(0)
+    model = build_model("gpaf_cnn", in_channels=1, num_classes=2, image_size=8)
+    on = FederatedData(tmp_path / "p.json", sources, augmentation("reference")).client(1)
+    cpu = torch.device("cpu")
+
+    def loss(data: ClientData, seed: int | None) -> float:
+        gen = None if seed is None else torch.Generator().manual_seed(seed)
+        return ClassificationTask.evaluate_validation(model, data, cpu, 4, generator=gen)["loss"]
+
+    assert loss(on, 1) == loss(on, 1) and loss(on, 1) != loss(on, 2)
+    stored = FederatedData(tmp_path / "p.json", sources, augmentation("reference_train")).client(1)
+    assert loss(stored, 1) == loss(stored, 2) == loss(stored, None)
+    with pytest.raises(ValueError, match="generator"):
+        loss(on, None)
 
 
 @pytest.mark.parametrize("mode", ["reference", "reference_train", "none"])

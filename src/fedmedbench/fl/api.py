@@ -52,6 +52,10 @@ class ClientData:
     #: the noise; None = training batches are the stored ``train_x`` as they are
     aug_x: torch.Tensor | None = None
     aug_device: torch.Tensor | None = None
+    #: the same for the validation split (``client_augmentation: reference``: a client validating its own model
+    #: reads its validation share as the authors' validation loader); None = ``val_x`` as stored
+    val_aug_x: torch.Tensor | None = None
+    val_aug_device: torch.Tensor | None = None
 
     @property
     def num_train(self) -> int:

@@ -17,7 +17,8 @@ baselines/fedprox/fedprox/dataset_preparation.py at c2505a7, :302-322): on the [
 
 Under ``reference`` the server's validation of the global model reads the clients' validation shares
 the same way (the authors' validation loaders use the same dataset class, dataset.py:104-108), with a
-generator of (run seed, round) (:func:`validation_generator`); ``reference_train`` leaves them as stored.
+generator of (run seed, round) (:func:`validation_generator`), and so does a client validating its own
+model (``client_validation``), from its generator; ``reference_train`` leaves them as stored.
 Test shares are always the stored images (the authors never score their test loader).
 
 Every training draw comes from the client's generator (``ClientContext.generator``), so a run is repeatable

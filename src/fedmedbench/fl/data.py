@@ -97,9 +97,14 @@ class FederatedData:
         return clean_x, torch.tensor(device, dtype=torch.float32).repeat(clean_x.shape[0], 1)
 
     def _with_clean_reads(self, client: dict, data: ClientData) -> ClientData:
-        """``data`` plus its clean training images and their device, one row per image."""
+        """``data`` plus its clean training (and, under ``reference``, validation) images and their device,
+        one row per image."""
         clean_x, rows = self._clean_reads(client, "train")
-        return replace(data, aug_x=clean_x, aug_device=rows)
+        data = replace(data, aug_x=clean_x, aug_device=rows)
+        if self.augmentation["mode"] in VALIDATION_AUGMENTATIONS:
+            val_x, val_rows = self._clean_reads(client, "val")
+            data = replace(data, val_aug_x=val_x, val_aug_device=val_rows)
+        return data
 
     def global_val_reads(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The rows of :meth:`global_val` before their domain shift, with their devices, when the validation
@@ -114,7 +119,7 @@ class FederatedData:
         clients = [self.client(i) for i in range(self.num_clients)]
         cat = lambda attr: torch.cat([getattr(c, attr) for c in clients])  # noqa: E731
         names = ["train_x", "train_y", "val_x", "val_y", "test_x", "test_y"]
-        extra = {a: cat(a) for a in ("aug_x", "aug_device")} if self.augmentation else {}
+        extra = {a: cat(a) for a in ("aug_x", "aug_device", "val_aug_x", "val_aug_device") if getattr(clients[0], a) is not None}
         return ClientData(*(cat(a) for a in names), **extra)
 
     def global_test(self) -> tuple[torch.Tensor, torch.Tensor]:

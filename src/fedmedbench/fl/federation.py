@@ -162,7 +162,8 @@ def client_validation(job: Job, ctx: ClientContext) -> dict[str, float]:
     """The client's own model right after its local training, on its own validation split
     (``client_val_<m>``, and ``client_val_examples`` for a weighted average; GPAF Fig. 5a)."""
     task = get_task_class(job.spec.task)  # the class: a deployed site builds no task (it has no partition)
-    metrics = task.evaluate_validation(job.method.personal_model(ctx), ctx.data, ctx.device, job.train.eval_batch_size)
+    metrics = task.evaluate_validation(job.method.personal_model(ctx), ctx.data, ctx.device, job.train.eval_batch_size,
+                                       generator=ctx.generator)
     return {**{f"{CLIENT_VAL}{k}": float(v) for k, v in metrics.items()},
             f"{CLIENT_VAL}examples": float(len(ctx.data.val_y))}
 

@@ -86,9 +86,11 @@ class Task:
         raise NotImplementedError
 
     @classmethod
-    def evaluate_validation(cls, model: torch.nn.Module, data: Any, device: torch.device, batch_size: int) -> dict[str, float]:
+    def evaluate_validation(cls, model: torch.nn.Module, data: Any, device: torch.device, batch_size: int,
+                            generator: torch.Generator | None = None) -> dict[str, float]:
         """A client's model on its own validation split (metric names without prefix; ``client_validation``).
-        A class method: a deployed site has its own data but no partition to build the task from."""
+        A class method: a deployed site has its own data but no partition to build the task from. ``generator``:
+        the client's, for a task whose validation reads draw random numbers."""
         raise NotImplementedError(f"task '{cls.name}' has no client-side validation: set client_validation: null")
 
 

@@ -127,10 +127,17 @@ class ClassificationTask(Task):
         return out
 
     @classmethod
-    def evaluate_validation(cls, model, data, device, batch_size):
+    def evaluate_validation(cls, model, data, device, batch_size, generator=None):
+        """The stored validation split, or (``client_augmentation: reference``) one read of its clean images as
+        the authors' validation loader, from ``generator`` (the client's)."""
+        from fedmedbench.fl.augment import read_all
         from fedmedbench.fl.training import evaluate
 
-        return evaluate(model, data.val_x, data.val_y, batch_size, device)
+        if getattr(data, "val_aug_x", None) is None:
+            return evaluate(model, data.val_x, data.val_y, batch_size, device)
+        if generator is None:
+            raise ValueError("client validation of augmented reads needs the client's generator")
+        return evaluate(model, read_all(data.val_aug_x, data.val_aug_device, generator), data.val_y, batch_size, device)
 
     def evaluate_client(self, model, data, device):
         from fedmedbench.fl.training import evaluate
