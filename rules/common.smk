@@ -5,6 +5,7 @@ import os
 import sys
 from pathlib import Path
 
+import fedmedbench.data.domains as DOMAINS
 import fedmedbench.data.medmnist as MEDMNIST
 import fedmedbench.data.synthetic as SYNTHETIC
 import fedmedbench.data.user as USER
@@ -78,6 +79,12 @@ def _check_datasets(sname, study):
                           f"(datasets.{ds}.sizes: {USER_DATASETS[ds]['sizes']})")
 
 
+def client_augmentation(study, setting):
+    """The setting's ``client_augmentation``, else the study's (none | reference | reference_train)."""
+    st = config["studies"][study]
+    return st["settings"][setting].get("client_augmentation", st["client_augmentation"])
+
+
 def _check_config():
     _check_registry()
     for sname, study in config["studies"].items():
@@ -95,6 +102,12 @@ def _check_config():
                         _config_error(f"{key}.params.domains", f"unknown domain '{d}'; defined under 'domains': {sorted(config['domains'])}")
                 if setting["num_clients"] != len(domains):
                     _config_error(f"{key}.num_clients", f"must equal the number of domains ({len(domains)})")
+                if client_augmentation(sname, setname) != "none":
+                    for d in domains:
+                        try:
+                            DOMAINS.device_of(config["domains"][d], d, config["domain_seed"])
+                        except DOMAINS.DomainSpecError as e:
+                            _config_error(f"{key}.client_augmentation", str(e))
             if scheme == "center" and setting["num_clients"] != 2:
                 _config_error(f"{key}.num_clients", "the center scheme has exactly 2 clients")
             cpr = study["clients_per_round"]
@@ -230,9 +243,28 @@ def setting_sources(study, dataset, setting):
             for name in PARTITION.source_names(s["scheme"], s.get("params") or {})}
 
 
+def augmentation_spec(study, setting):
+    """What a run's clients need to read their batches as the GPAF authors' loader (fl/augment.py): the
+    mode, the steps of the setting's domains and the domain seed; None when off."""
+    mode = client_augmentation(study, setting)
+    if mode == "none":
+        return None
+    names = (config["studies"][study]["settings"][setting].get("params") or {}).get("domains") or []
+    return {"mode": mode, "domains": {d: config["domains"][d] for d in names}, "domain_seed": config["domain_seed"]}
+
+
+def run_setting_sources(study, dataset, setting):
+    """A run's data sources: its setting's, and the clean base file when its clients redraw the domain
+    noise at each read (``client_augmentation``)."""
+    sources = setting_sources(study, dataset, setting)
+    if client_augmentation(study, setting) != "none":
+        sources.setdefault("base", base_npz(dataset, study_size(study)))
+    return sources
+
+
 def run_sources(wildcards):
     """The npz files a run reads, each once (its setting's data sources)."""
-    return sorted(set(setting_sources(wildcards.study, wildcards.dataset, wildcards.setting).values()))
+    return sorted(set(run_setting_sources(wildcards.study, wildcards.dataset, wildcards.setting).values()))
 
 
 def partition_sources(wildcards):
@@ -278,7 +310,7 @@ def run_spec(wildcards):
         "method": w["method"],
         "seed": int(w["seed"]),
         "partition_path": partition_json(w),
-        "sources": setting_sources(w["study"], w["dataset"], w["setting"]),
+        "sources": run_setting_sources(w["study"], w["dataset"], w["setting"]),
         "image_size": st["size"],
         "model": run_model(w["study"], w["method"])["name"],
         "pretrained_path": run_weights(w["study"], w["method"])[0],
@@ -295,6 +327,7 @@ def run_spec(wildcards):
         # only when on: other studies' params (and run hashes) stay as they were
         **({"client_validation": st["client_validation"]} if st["client_validation"] else {}),
         **({"random_draws": st["random_draws"]} if st["random_draws"] != "project" else {}),
+        **({"client_augmentation": aug} if (aug := augmentation_spec(w["study"], w["setting"])) else {}),
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import numpy as np
 import pytest
@@ -177,8 +178,8 @@ def test_the_plan_draws_each_clients_batches_as_one_by_one():
 
 
 def test_what_cannot_be_batched_trains_one_by_one_and_says_why(setup, monkeypatch):
-    """A model with BatchNorm buffers, Adam: the log says why, the clients train one by one. A step perturbation of a method's own falls back in the round itself,
-    bit for bit as one by one."""
+    """A model with BatchNorm buffers, Adam, augmented reads: the log says why, the clients train one by one. A
+    step perturbation of a method's own falls back in the round itself, bit for bit as one by one."""
     from fedmedbench.fl.methods._sgd import StepHooks
     from fedmedbench.fl.methods.fedavg import FedAvg
 
@@ -188,6 +189,9 @@ def test_what_cannot_be_batched_trains_one_by_one_and_says_why(setup, monkeypatc
     assert "buffers" in said[-1]
     own = fed.Job(spec(setup, "fedsmoo", method="fedsmoo", batch_clients=True, optimizer="adam"))
     assert fed.why_not_together(own) == "method 'fedsmoo': train.optimizer is adam"
+    augmented = fed.Job(dataclasses.replace(spec(setup, "aug", batch_clients=True),
+                                            client_augmentation={"mode": "reference", "domains": {}, "domain_seed": 0}))
+    assert "client_augmentation" in fed.why_not_together(augmented)  # each client's reads go through its own loader
     off = fed.Job(spec(setup, "off"))
     assert fed.with_clients_together(fed.InProcessTransport(off), off, said.append).__class__ is fed.InProcessTransport
     assert together.round_why_not([StepHooks(), StepHooks(extra_weight_decay=0.1)]) == "clients of different weight decays or loss weights"

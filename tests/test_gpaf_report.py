@@ -309,6 +309,9 @@ def _dry_run(tmp_path, cfg) -> subprocess.CompletedProcess:
     (lambda c: (c["studies"]["gmicro"].pop("client_validation"),
                 c["studies"]["gmicro"]["report"]["gpaf"].__setitem__("fig5a_metric", "client_val_accuracy")),
      "studies.gmicro.client_validation"),
+    # the micro's degraded domain is medmnistc corruptions: no device whose noise a read could redraw
+    (lambda c: c["studies"]["gmicro"].__setitem__("client_augmentation", "reference"),
+     "studies.gmicro.settings.dom.client_augmentation"),
 ])
 def test_gpaf_report_config_errors_name_the_key(tmp_path, mutate, needle):
     cfg = copy.deepcopy(MICRO)
@@ -321,6 +324,10 @@ def test_gpaf_report_config_errors_name_the_key(tmp_path, mutate, needle):
 def test_micro_gpaf_config_plans_every_output(tmp_path):
     proc = _dry_run(tmp_path, copy.deepcopy(MICRO))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = copy.deepcopy(MICRO)  # per-read noise: a device domain, its clean images from the base file
+    cfg["domains"]["degraded"] = [{"gpaf_device": {"client": 2}}]
+    cfg["studies"]["gmicro"]["client_augmentation"] = "reference"
+    assert _dry_run(tmp_path, cfg).returncode == 0
     cfg = copy.deepcopy(MICRO)
     del cfg["studies"]["gmicro"]["report"]["gpaf"]
     assert _dry_run(tmp_path, cfg).returncode == 0  # studies without report.gpaf get no GPAF outputs
@@ -383,3 +390,38 @@ def test_domain_profiles_and_figure_on_hand_made_domains():
     assert len(fig.axes) == 2 * 2 + 2  # a thumbnail per class and domain, a histogram panel per class
     assert fig.axes[2].get_title().startswith("(a) a")
 
+
+
+def test_table1_caption_says_which_model_and_data_each_column_family_is(tmp_path):
+    """Hand-made curves of one run: validation best in round 2, test accuracy highest in round 3 (the final one).
+    Under best_validation a global_ column holds round 2's model on the test split, and the caption says so;
+    under final_test a val_ column holds the final model on the validation data, and the caption says that."""
+    from types import SimpleNamespace
+
+    curves = pd.DataFrame({"dataset": "breastmnist", "setting": "alpha0.5", "method": "fedavg", "seed": 0,
+                           "round": [1, 2, 3], "val_accuracy": [0.6, 0.9, 0.7], "global_accuracy": [0.5, 0.6, 0.8]})
+    runs = gpaf.best_validation_rows(curves)
+    assert runs.loc[0, "table_round"] == 2 and runs.loc[0, "global_accuracy"] == pytest.approx(0.6)  # not the final 0.8
+    out = SimpleNamespace(csv=tmp_path / "t.csv", md=tmp_path / "t.md", tex=tmp_path / "t.tex")
+    settings = {"alpha0.5": SETTINGS["alpha0.5"]}
+
+    def caption(columns, table_eval):
+        long, display = gpaf.table1(runs, columns, ["fedavg"], settings)
+        gpaf.write_table1(long, display, runs, out, "s", "breastmnist", "synthetic", table_eval=table_eval)
+        return out.md.read_text().split("\n\n")[0]
+
+    best = "the global model of the round with the best validation accuracy (the authors' best-so-far logging)"
+    assert f"{best} on the clients' validation data (pooled), in %" in caption(["val_accuracy"], "best_validation")
+    mixed = caption(["val_accuracy", "global_accuracy"], "best_validation")
+    assert (f"{best}: accuracy on the clients' validation data (pooled); accuracy on the global test set (every column "
+            "from that round: the test-split columns are the model of the best validation round, not the final model)") in mixed
+    only_test = caption(["global_accuracy"], "best_validation")
+    assert f"{best} on the global test set (every column from that round" in only_test and "final-round" not in only_test
+    final = caption(["global_accuracy"], "final_test")
+    assert "the final-round global model on the global test set, in %" in final
+    final_mixed = caption(["global_accuracy", "val_accuracy"], "final_test")
+    assert ("the final-round global model: accuracy on the global test set; accuracy on the clients' validation data "
+            "(pooled) (every column from the final round: the validation columns are not the best validation round's)") in final_mixed
+    assert gpaf.evaluation_note("best_validation", ("local_mean_accuracy",)).endswith(
+        "on each client's test split (mean over clients) (every column from that round: the test-split columns are "
+        "the model of the best validation round, not the final model)")

@@ -87,6 +87,10 @@ def test_a_pair_override_or_the_switch_keeps_centralized_per_setting():
     assert grid.shared_runs(st) == {}
     assert grid.shared_runs(_study(shared_centralized=False)) == {}
     assert grid.shared_runs(_study()) == {("bloodmnist", "dir", "centralized"): "iid"}
+    augmented = _study(client_augmentation="reference")
+    assert grid.shared_runs(augmented) == {("bloodmnist", "dir", "centralized"): "iid"}  # the same reads in both
+    augmented["settings"]["dir"]["client_augmentation"] = "none"  # its own reads: trained in its own setting
+    assert grid.shared_runs(augmented) == {}
 
 
 def test_domain_settings_never_share(tmp_path):

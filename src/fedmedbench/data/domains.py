@@ -279,6 +279,24 @@ def build_steps(flag: str, spec: list[dict], domain: str, seed: int = 0) -> list
     return [_build_step(flag, step, f"domain '{domain}' step {k}", domain_seed(seed, domain, k)) for k, step in enumerate(spec)]
 
 
+#: what :func:`device_of` gives a domain with no steps: the identity device (the clean client)
+CLEAN_DEVICE = (1.0, 0.0, 0.0)
+
+
+def device_of(spec: list[dict], domain: str, seed: int = 0) -> tuple[float, float, float]:
+    """(c, b, sigma) of a domain that is one acquisition device (``gpaf_device`` or ``profile``), the same
+    device :func:`corrupt_dataset` applies with ``seed``; :data:`CLEAN_DEVICE` for a domain without steps.
+    Other domains have no device to redraw the noise of: DomainSpecError naming the domain."""
+    if not spec:
+        return CLEAN_DEVICE
+    if len(spec) != 1 or not isinstance(spec[0], dict) or not {"gpaf_device", "profile"} & set(spec[0]):
+        raise DomainSpecError(f"domain '{domain}': redrawing its noise at each read (client_augmentation: reference) "
+                              "needs a domain of one gpaf_device or profile step")
+    (step,) = build_steps("", spec, domain, seed)
+    c, b, sigma = step.params
+    return float(c), float(b), float(sigma)
+
+
 def corrupt_dataset(data: dict[str, np.ndarray], flag: str, domain: str, spec: list[dict], seed: int) -> dict[str, np.ndarray]:
     """Return a copy of a MedMNIST array dict with every split corrupted by ``spec``."""
     steps = build_steps(flag, spec, domain, seed)

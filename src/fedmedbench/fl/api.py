@@ -47,6 +47,15 @@ class ClientData:
     val_y: torch.Tensor
     test_x: torch.Tensor
     test_y: torch.Tensor
+    #: ``client_augmentation: reference`` (fl/augment.py): the training images before their domain shift
+    #: (uint8, rows as ``train_x``) and each one's acquisition device (c, b, sigma), so every read redraws
+    #: the noise; None = training batches are the stored ``train_x`` as they are
+    aug_x: torch.Tensor | None = None
+    aug_device: torch.Tensor | None = None
+    #: the same for the validation split (``client_augmentation: reference``: a client validating its own model
+    #: reads its validation share as the authors' validation loader); None = ``val_x`` as stored
+    val_aug_x: torch.Tensor | None = None
+    val_aug_device: torch.Tensor | None = None
 
     @property
     def num_train(self) -> int:
@@ -217,11 +226,12 @@ class Method:
 
     # --- client side -------------------------------------------------------------
     def client_fit(self, ctx: ClientContext) -> ClientResult:
+        from fedmedbench.fl.augment import batch_reader
         from fedmedbench.fl.training import StepLosses, local_sgd
 
         losses = StepLosses(ctx.steps_per_epoch())
         loss = local_sgd(ctx.model, ctx.data.train_x, ctx.data.train_y, ctx.steps, ctx.train, ctx.rnd, ctx.device, ctx.generator,
-                         losses=losses)
+                         losses=losses, images=batch_reader(ctx))
         return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train,
                             metrics={"train_loss": loss, **losses.epoch_metrics()})
 

@@ -4,18 +4,26 @@ A run has data *sources* (name -> MedMNIST-format npz: ``base`` or one per imagi
 domain) and a partition JSON whose indices are pool indices into each source (see
 ``fedmedbench.partition``). Arrays are kept as uint8 tensors and converted to
 float per batch, so 100 clients cost the dataset once, not 100 times.
+
+With ``client_augmentation: reference`` (``RunSpec.client_augmentation``: the mode, the config's
+``domains`` and ``domain_seed``) a client also gets its training images from the clean ``base``
+source (the domain files keep the base file's pool order) and its domain's acquisition device, so
+its training loop redraws the domain noise at every read (fl/augment.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from fedmedbench.data.domains import device_of
 from fedmedbench.data.medmnist import SPLITS, load_npz
 from fedmedbench.fl.api import ClientData
+from fedmedbench.fl.augment import VALIDATION_AUGMENTATIONS
 from fedmedbench.io import read_json
 from fedmedbench.partition import check_partition, check_partition_keys
 
@@ -38,8 +46,16 @@ def load_partition(path: str) -> dict:
     return read_json(path)
 
 
+#: the source that holds the images before any domain shift
+CLEAN_SOURCE = "base"
+
+
 class FederatedData:
-    def __init__(self, partition_path: str | Path, sources: dict[str, str]) -> None:
+    def __init__(self, partition_path: str | Path, sources: dict[str, str], augmentation: dict | None = None) -> None:
+        self.augmentation = augmentation if augmentation and augmentation.get("mode", "none") != "none" else None
+        if self.augmentation and CLEAN_SOURCE not in sources:
+            raise ValueError(f"{partition_path}: client_augmentation: {self.augmentation['mode']} reads the clean "
+                             f"training images from the '{CLEAN_SOURCE}' source, which the run does not provide")
         self.partition = load_partition(str(partition_path))
         self.partition_path = str(partition_path)
         check_partition_keys(self.partition, self.partition_path)
@@ -69,13 +85,42 @@ class FederatedData:
     def client(self, pid: int) -> ClientData:
         c = self.partition["clients"][pid]
         parts = [self._take(c["source"], c[p]) for p in ("train", "val", "test")]
-        return ClientData(*parts[0], *parts[1], *parts[2])
+        data = ClientData(*parts[0], *parts[1], *parts[2])
+        return data if self.augmentation is None else self._with_clean_reads(c, data)
+
+    def _clean_reads(self, client: dict, part: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """A client's images of ``part`` before its domain shift, and its device (c, b, sigma) per image."""
+        source, aug = client["source"], self.augmentation
+        steps = aug["domains"].get(source, []) if source != CLEAN_SOURCE else []
+        device = device_of(steps, source, int(aug.get("domain_seed", 0)))
+        clean_x = self._take(CLEAN_SOURCE if steps else source, client[part])[0]
+        return clean_x, torch.tensor(device, dtype=torch.float32).repeat(clean_x.shape[0], 1)
+
+    def _with_clean_reads(self, client: dict, data: ClientData) -> ClientData:
+        """``data`` plus its clean training (and, under ``reference``, validation) images and their device,
+        one row per image."""
+        clean_x, rows = self._clean_reads(client, "train")
+        data = replace(data, aug_x=clean_x, aug_device=rows)
+        if self.augmentation["mode"] in VALIDATION_AUGMENTATIONS:
+            val_x, val_rows = self._clean_reads(client, "val")
+            data = replace(data, val_aug_x=val_x, val_aug_device=val_rows)
+        return data
+
+    def global_val_reads(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rows of :meth:`global_val` before their domain shift, with their devices, when the validation
+        shares are read as the authors' loader (``client_augmentation: reference``); else None."""
+        if self.augmentation is None or self.augmentation["mode"] not in VALIDATION_AUGMENTATIONS:
+            return None
+        parts = [self._clean_reads(c, "val") for c in self.partition["clients"]]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def pooled(self) -> ClientData:
         """All clients' data concatenated (the centralized baseline's one client)."""
         clients = [self.client(i) for i in range(self.num_clients)]
         cat = lambda attr: torch.cat([getattr(c, attr) for c in clients])  # noqa: E731
-        return ClientData(*(cat(a) for a in ("train_x", "train_y", "val_x", "val_y", "test_x", "test_y")))
+        names = ["train_x", "train_y", "val_x", "val_y", "test_x", "test_y"]
+        extra = {a: cat(a) for a in ("aug_x", "aug_device", "val_aug_x", "val_aug_device") if getattr(clients[0], a) is not None}
+        return ClientData(*(cat(a) for a in names), **extra)
 
     def global_test(self) -> tuple[torch.Tensor, torch.Tensor]:
         parts = [self._take(g["source"], g["idx"]) for g in self.partition["global_test"]]

@@ -152,6 +152,8 @@ def why_not_together(job: Job) -> str | None:
         return f"engine.backend is {spec.backend} (clients in other processes)"
     if spec.client_validation:
         return "client validation evaluates each client's own model"
+    if spec.client_augmentation:
+        return "client_augmentation reads each client's batches through its own loader (fl/augment.py)"
     reason = job.method.why_not_together(job.resident, job.train)
     return f"method '{spec.method}': {reason}" if reason else None
 
@@ -160,7 +162,8 @@ def client_validation(job: Job, ctx: ClientContext) -> dict[str, float]:
     """The client's own model right after its local training, on its own validation split
     (``client_val_<m>``, and ``client_val_examples`` for a weighted average; GPAF Fig. 5a)."""
     task = get_task_class(job.spec.task)  # the class: a deployed site builds no task (it has no partition)
-    metrics = task.evaluate_validation(job.method.personal_model(ctx), ctx.data, ctx.device, job.train.eval_batch_size)
+    metrics = task.evaluate_validation(job.method.personal_model(ctx), ctx.data, ctx.device, job.train.eval_batch_size,
+                                       generator=ctx.generator)
     return {**{f"{CLIENT_VAL}{k}": float(v) for k, v in metrics.items()},
             f"{CLIENT_VAL}examples": float(len(ctx.data.val_y))}
 
@@ -362,8 +365,9 @@ class Federation:
     def _is_eval_round(self, rnd: int) -> bool:
         return rnd % max(1, self.spec.eval_every) == 0 or rnd == self.train.rounds
 
-    def _server_eval(self, arrays: Arrays) -> tuple[dict[str, float], list[dict[str, float]]]:
-        """The global model, evaluated by the task (global/validation rows and one row per client)."""
+    def _server_eval(self, arrays: Arrays, rnd: int) -> tuple[dict[str, float], list[dict[str, float]]]:
+        """The global model of round ``rnd``, evaluated by the task (global/validation rows and one row per client)."""
+        self.task.set_eval_round(rnd)
         return self.task.evaluate_global(self.job.model_with(arrays), self.device)
 
     def finish_round(
@@ -391,7 +395,7 @@ class Federation:
                     row[f"global_{k}"] = _nanmean([c.get(f"global_{k}", math.nan) for c in per_client])
                     row[f"val_{k}"] = math.nan
             else:
-                glob, per_client = self._server_eval(new_arrays)
+                glob, per_client = self._server_eval(new_arrays, rnd)
                 row.update(glob)
             for k in self.task.metric_names:
                 vals = np.array([c.get(f"local_{k}", math.nan) for c in per_client], dtype=float)

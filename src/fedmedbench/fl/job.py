@@ -173,11 +173,12 @@ class Job:
             return self._data[pid]
         data = self.task.pooled_data() if self.method.centralized else self.task.client_data(pid)
         if self._caches_data(data):
-            nbytes = sum(getattr(data, f.name).nbytes for f in fields(data))
+            tensors = {f.name: getattr(data, f.name) for f in fields(data) if getattr(data, f.name) is not None}
+            nbytes = sum(t.nbytes for t in tensors.values())
             if self._data_budget is None:
                 self._data_budget = int(free_device_memory(self.device) * DEVICE_DATA_SHARE)
             if self._data_bytes + nbytes <= self._data_budget:
-                data = replace(data, **{f.name: getattr(data, f.name).to(self.device) for f in fields(data)})
+                data = replace(data, **{name: t.to(self.device) for name, t in tensors.items()})
                 self._data_bytes += nbytes
                 self._data[pid] = data
         return data

@@ -84,6 +84,10 @@ class RunSpec:
     #: after local training each client evaluates its own model on its validation split (client_val_* columns,
     #: averaged over clients: ``mean`` = plain, ``weighted`` = by validation examples); None = off (GPAF Fig. 5a)
     client_validation: str | None = None
+    #: the study's ``client_augmentation`` when not none: {"mode": "reference", "domains": the config's domain
+    #: steps, "domain_seed": ...}; clients then read their training batches as the GPAF authors' loader
+    #: (fl/augment.py, fl/data.py); None = the stored images as they are
+    client_augmentation: dict[str, Any] | None = None
     #: what is learnt and how it is evaluated (fl/tasks/); task_params are the task's options
     task: str = "classification"
     task_params: dict[str, Any] = field(default_factory=dict)
@@ -123,6 +127,8 @@ class RunSpec:
             del d["client_models_round"]
         if d["client_validation"] is None:
             del d["client_validation"]
+        if d["client_augmentation"] is None:
+            del d["client_augmentation"]
         if not d["weights_sha256"]:
             del d["weights_sha256"]
         if d["random_draws"] == "project":

@@ -225,16 +225,19 @@ def local_sgd(
     generator: torch.Generator,
     extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
     losses: StepLosses | None = None,
+    images: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> float:
     """Run ``steps`` optimisation steps of cross-entropy (+ ``extra_loss``); mean loss. The step
-    losses go to ``losses`` when given (e.g. for per-epoch means)."""
+    losses go to ``losses`` when given (e.g. for per-epoch means). ``images(idx)`` gives a batch's float
+    images (default ``to_float`` of ``x_u8[idx]``; an augmented read: fl/augment.py)."""
     place_model(model, cfg, device).train()
     forward = forward_fn(model, cfg)
     opt = make_optimizer(model, cfg, rnd)
     loss_fn = nn.CrossEntropyLoss()
     losses = StepLosses() if losses is None else losses
     for idx in batch_indices(y.shape[0], cfg.batch_size, steps, generator, index_device(x_u8, y)):
-        xb, yb = to_float(x_u8[idx], device, cfg.channels_last), y[idx].to(device, non_blocking=True)
+        xb = to_float(x_u8[idx], device, cfg.channels_last) if images is None else images(idx)
+        yb = y[idx].to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
         with forward_precision(cfg, device):
             loss = loss_fn(forward(xb).float(), yb)
@@ -248,14 +251,17 @@ def local_sgd(
 @torch.no_grad()
 def predict_samples(model: nn.Module, x_u8: torch.Tensor, y: torch.Tensor, batch_size: int,
                     device: torch.device) -> tuple[np.ndarray, np.ndarray]:
-    """Class probabilities (N x C) and per-sample cross-entropy (N), float64.
+    """Class probabilities (N x C) and per-sample cross-entropy (N), float64. ``x_u8``: uint8 images,
+    or float images already on the model's [-1, 1] scale (an augmented read, fl/augment.py).
 
     Both stay on the device until the last batch and are read once: a read per batch would make
     the host wait for each batch before queuing the next."""
     to_device(model, device).eval()
     probs, losses = [], []
+    floats = torch.is_floating_point(x_u8)
     for start in range(0, y.shape[0], batch_size):
-        xb = to_float(x_u8[start : start + batch_size], device)
+        chunk = x_u8[start : start + batch_size]
+        xb = chunk.to(device, non_blocking=True) if floats else to_float(chunk, device)
         yb = y[start : start + batch_size].to(device, non_blocking=True)
         logits = model(xb)
         losses.append(nn.functional.cross_entropy(logits.float(), yb, reduction="none").double())

@@ -80,6 +80,7 @@ def pooled_inputs(study: dict[str, Any], dataset: str, setting: str, method: str
     return json.dumps({
         "dataset": dataset, "num_clients": s["num_clients"], "train": run_train(study, setting, method),
         "method_params": method_params.resolve(method, study["method_params"], s),
+        "client_augmentation": s.get("client_augmentation", study.get("client_augmentation", "none")),
     }, sort_keys=True, default=str)
 
 

@@ -27,6 +27,7 @@ from torch import nn
 
 from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
 from fedmedbench.fl.arrays import snapshot, weighted_average
+from fedmedbench.fl.augment import batch_images
 from fedmedbench.fl.training import (
     StepLosses,
     batch_indices,
@@ -35,7 +36,6 @@ from fedmedbench.fl.training import (
     index_device,
     make_optimizer,
     place_model,
-    to_float,
 )
 
 Tensors = dict[str, torch.Tensor]
@@ -196,7 +196,7 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
     losses = StepLosses() if losses is None else losses  # read once after the last step: no host sync per step
     x_u8, y = ctx.data.train_x, ctx.data.train_y
     for idx in batch_indices(y.shape[0], cfg.batch_size, ctx.steps, ctx.generator, index_device(x_u8, y)):
-        xb, yb = to_float(x_u8[idx], device, cfg.channels_last), y[idx].to(device, non_blocking=True)
+        xb, yb = batch_images(ctx.data, idx, device, ctx.generator, cfg.channels_last), y[idx].to(device, non_blocking=True)
         with forward_precision(cfg, device):
             e = hooks.perturb(model, xb, yb) if hooks.perturb else None
         if e:

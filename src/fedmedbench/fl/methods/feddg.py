@@ -49,8 +49,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
+from fedmedbench.fl.api import Arrays, ClientContext, ClientData, ClientResult, Method, Param, ServerContext
 from fedmedbench.fl.arrays import weighted_average
+from fedmedbench.fl.augment import batch_images
 from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import (
     StepLosses,
@@ -59,7 +60,6 @@ from fedmedbench.fl.training import (
     make_optimizer,
     optimizer_step,
     to_device,
-    to_float,
 )
 
 BANK = "amp_bank"
@@ -93,6 +93,14 @@ def interpolate_amplitude(x: torch.Tensor, amp_target: torch.Tensor, lam: torch.
 def to_model_scale(x_pixels: torch.Tensor) -> torch.Tensor:
     """Pixel-scale floats -> [-1, 1] like ``to_float`` (after clipping to the 8-bit range)."""
     return x_pixels.clamp(0, 255).div(127.5).sub(1.0)
+
+
+def pixel_scale(data: ClientData, idx: torch.Tensor, x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The batch on the 8-bit pixel scale for the amplitude transfer: the stored images themselves, or the
+    augmented read ``x`` (``client_augmentation: reference``) mapped back from [-1, 1]."""
+    if data.aug_x is None:
+        return data.train_x[idx].to(device, non_blocking=True).float()
+    return (x + 1.0) * 127.5
 
 
 @dataclass
@@ -201,14 +209,15 @@ class FedDG(Method):
         losses = StepLosses(ctx.steps_per_epoch())  # read once after the last step: no host sync per step
         for idx in batch_indices(ctx.data.num_train, cfg.batch_size, ctx.steps, ctx.generator,
                                  index_device(ctx.data.train_x, ctx.data.train_y)):
-            xu8, y = ctx.data.train_x[idx], ctx.data.train_y[idx].to(device, non_blocking=True)
+            y = ctx.data.train_y[idx].to(device, non_blocking=True)
+            x = batch_images(ctx.data, idx, device, ctx.generator)
             x_t = None
             if bank is not None:
                 targets, lam = self.sample_targets(bank, len(idx), aux)
-                x_t = to_model_scale(interpolate_amplitude(xu8.to(device, non_blocking=True).float(), targets, lam,
+                x_t = to_model_scale(interpolate_amplitude(pixel_scale(ctx.data, idx, x, device), targets, lam,
                                                            self.p["window"]))
             opt.zero_grad(set_to_none=True)
-            loss = self.episode_loss(model, to_float(xu8, device), x_t, y)
+            loss = self.episode_loss(model, x, x_t, y)
             optimizer_step(loss, model, opt, cfg)
             losses.add(loss)
         train_loss = losses.mean(ctx.rnd, what="FedDG", hint="lower train.lr or enable train.grad_clip")

@@ -66,6 +66,7 @@ from torch import nn
 
 from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
 from fedmedbench.fl.arrays import load_arrays, model_tensors, weighted_average
+from fedmedbench.fl.augment import batch_images
 from fedmedbench.fl.methods._shared import seeded, tensors_of
 from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import (
@@ -74,7 +75,6 @@ from fedmedbench.fl.training import (
     index_device,
     make_optimizer,
     to_device,
-    to_float,
 )
 from fedmedbench.models.vae import (
     ConvDecoder,
@@ -273,7 +273,7 @@ class GPAF(Method):
         parts: list[dict[str, torch.Tensor]] = []  # its terms (and D_s's L_g), read once too
         for idx in batch_indices(ctx.data.num_train, ctx.train.batch_size, ctx.steps, ctx.generator,
                                  index_device(ctx.data.train_x, ctx.data.train_y)):
-            x, y = to_float(ctx.data.train_x[idx], ctx.device), ctx.data.train_y[idx].to(ctx.device, non_blocking=True)
+            x, y = batch_images(ctx.data, idx, ctx.device, ctx.generator), ctx.data.train_y[idx].to(ctx.device, non_blocking=True)
             y_vec = F.one_hot(y, ncls).float()
             z_star = None
             if adversarial:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from fedmedbench.fl.api import ClientContext, ClientResult, Method
 from fedmedbench.fl.arrays import host_copies, load_arrays, model_arrays
+from fedmedbench.fl.augment import batch_reader
 from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import local_sgd
 
@@ -27,7 +28,8 @@ class Local(Method):
 
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         model = self._own_model(ctx)
-        loss = local_sgd(model, ctx.data.train_x, ctx.data.train_y, ctx.steps, ctx.train, ctx.rnd, ctx.device, ctx.generator)
+        loss = local_sgd(model, ctx.data.train_x, ctx.data.train_y, ctx.steps, ctx.train, ctx.rnd, ctx.device, ctx.generator,
+                         images=batch_reader(ctx))
         ctx.state["model"] = host_copies(model_arrays(model))
         return ClientResult(arrays={}, num_examples=ctx.data.num_train, metrics={"train_loss": loss})
 

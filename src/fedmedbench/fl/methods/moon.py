@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedmedbench.fl.api import ClientContext, ClientResult, Method, Param
+from fedmedbench.fl.augment import batch_images
 from fedmedbench.fl.methods._shared import tensors_of
 from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import (
@@ -42,7 +43,6 @@ from fedmedbench.fl.training import (
     make_optimizer,
     optimizer_step,
     to_device,
-    to_float,
 )
 
 
@@ -99,7 +99,7 @@ class MOON(Method):
         x_all, y_all = ctx.data.train_x, ctx.data.train_y
         for idx in batch_indices(y_all.shape[0], cfg.batch_size, ctx.steps, ctx.generator,
                                  index_device(x_all, y_all)):
-            xb, yb = to_float(x_all[idx], device), y_all[idx].to(device, non_blocking=True)
+            xb, yb = batch_images(ctx.data, idx, device, ctx.generator), y_all[idx].to(device, non_blocking=True)
             opt.zero_grad(set_to_none=True)
             z, logits = representation_and_logits(model, xb)
             if prev_model is None:

@@ -76,15 +76,21 @@ class Task:
         """A global model on the server: (``global_*``/``val_*`` row, one ``local_*`` dict per client)."""
         raise NotImplementedError
 
+    def set_eval_round(self, rnd: int) -> None:
+        """The next :meth:`evaluate_global` is of round ``rnd`` (a task whose evaluation draws random
+        numbers seeds them by it, so a resumed run evaluates alike); default: nothing to seed."""
+
     def evaluate_client(self, model: torch.nn.Module, data: Any, device: torch.device) -> dict[str, float]:
         """A personalized client's own model (``data`` = its :meth:`client_data`): ``local_*`` on
         its own test split and ``global_*`` on the held-out global test set."""
         raise NotImplementedError
 
     @classmethod
-    def evaluate_validation(cls, model: torch.nn.Module, data: Any, device: torch.device, batch_size: int) -> dict[str, float]:
+    def evaluate_validation(cls, model: torch.nn.Module, data: Any, device: torch.device, batch_size: int,
+                            generator: torch.Generator | None = None) -> dict[str, float]:
         """A client's model on its own validation split (metric names without prefix; ``client_validation``).
-        A class method: a deployed site has its own data but no partition to build the task from."""
+        A class method: a deployed site has its own data but no partition to build the task from. ``generator``:
+        the client's, for a task whose validation reads draw random numbers."""
         raise NotImplementedError(f"task '{cls.name}' has no client-side validation: set client_validation: null")
 
 

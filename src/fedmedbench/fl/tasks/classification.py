@@ -11,6 +11,8 @@ from fedmedbench.fl.api import TrainConfig
 from fedmedbench.fl.tasks.base import Task, register_task
 
 if TYPE_CHECKING:
+    import torch
+
     from fedmedbench.fl.spec import RunSpec
 
 
@@ -26,8 +28,12 @@ class ClassificationTask(Task):
 
         super().__init__(spec)
         self.metric_names = CLASSIFICATION_METRICS
-        self.data = FederatedData(spec.partition_path, spec.sources)
+        self.data = FederatedData(spec.partition_path, spec.sources, spec.client_augmentation)
         self._eval_cache: dict[str, Any] = {}
+        self._eval_round = 0
+
+    def set_eval_round(self, rnd: int) -> None:
+        self._eval_round = int(rnd)
 
     @classmethod
     def resolve_spec(cls, spec: RunSpec) -> RunSpec:
@@ -72,6 +78,7 @@ class ClassificationTask(Task):
             gx, gy = self.data.global_test()
             self._eval_cache["global"] = (gx, gy)
             self._eval_cache["val"] = self.data.global_val()
+            self._eval_cache["val_reads"] = self.data.global_val_reads()
             self._eval_cache["rows"] = self._client_test_rows()
         bs = self._bs()
         gx, gy = self._eval_cache["global"]
@@ -82,7 +89,7 @@ class ClassificationTask(Task):
         sets = grouped_classification_metrics(gy.numpy(), probs, [np.arange(len(gy))] + [client_rows[p] for p in inside],
                                               losses, device)
         row = {f"global_{k}": v for k, v in sets[0].items()}
-        row.update({f"val_{k}": v for k, v in evaluate(model, *self._eval_cache["val"], bs, device).items()})
+        row.update({f"val_{k}": v for k, v in evaluate(model, *self._validation_images(), bs, device).items()})
         by_pid = dict(zip(inside, sets[1:], strict=True))
         per_client = []
         for pid, rows in enumerate(client_rows):
@@ -93,6 +100,17 @@ class ClassificationTask(Task):
                 metrics = by_pid[pid]
             per_client.append({f"local_{k}": v for k, v in metrics.items()})
         return row, per_client
+
+    def _validation_images(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pooled validation shares as this round's evaluation reads them: stored, or (``client_augmentation:
+        reference``) one fresh read of each clean image as the authors' loader, seeded by (run seed, round)."""
+        from fedmedbench.fl.augment import read_all, validation_generator
+
+        vx, vy = self._eval_cache["val"]
+        reads = self._eval_cache["val_reads"]
+        if reads is None:
+            return vx, vy
+        return read_all(*reads, validation_generator(self.spec.seed, self._eval_round)), vy
 
     def _client_test_rows(self) -> list[np.ndarray | None]:
         """For each client, the rows of the global test set holding its test split (None if not all there)."""
@@ -109,10 +127,17 @@ class ClassificationTask(Task):
         return out
 
     @classmethod
-    def evaluate_validation(cls, model, data, device, batch_size):
+    def evaluate_validation(cls, model, data, device, batch_size, generator=None):
+        """The stored validation split, or (``client_augmentation: reference``) one read of its clean images as
+        the authors' validation loader, from ``generator`` (the client's)."""
+        from fedmedbench.fl.augment import read_all
         from fedmedbench.fl.training import evaluate
 
-        return evaluate(model, data.val_x, data.val_y, batch_size, device)
+        if getattr(data, "val_aug_x", None) is None:
+            return evaluate(model, data.val_x, data.val_y, batch_size, device)
+        if generator is None:
+            raise ValueError("client validation of augmented reads needs the client's generator")
+        return evaluate(model, read_all(data.val_aug_x, data.val_aug_device, generator), data.val_y, batch_size, device)
 
     def evaluate_client(self, model, data, device):
         from fedmedbench.fl.training import evaluate

@@ -239,11 +239,52 @@ def _fmt(mean: float, std: float) -> str:
     return f"{100 * mean:.2f}" if not np.isfinite(std) else f"{100 * mean:.2f} ± {100 * std:.2f}"
 
 
-TABLE_EVAL_NOTE = {
-    "best_validation": "the global model on the clients' validation data (pooled), in the round with the best "
-                       "validation accuracy (the authors' best-so-far logging)",
-    "final_test": "the final-round global model on the global test set",
+#: which global model a Table 1 row is, by ``table_eval``
+TABLE_MODEL_NOTE = {
+    "best_validation": "the global model of the round with the best validation accuracy (the authors' best-so-far "
+                       "logging)",
+    "final_test": "the final-round global model",
 }
+#: what a metric column is evaluated on, by its prefix (longest prefixes first, as COLUMN_PREFIXES)
+COLUMN_DATA_NOTE = {
+    "global_": "the global test set",
+    "val_": "the clients' validation data (pooled)",
+    "local_mean_": "each client's test split (mean over clients)",
+    "local_std_": "each client's test split (std over clients)",
+    "local_": "each client's test split",
+}
+
+
+def column_prefix(column: str) -> str:
+    """The prefix of a metric column (``val_`` of ``val_f1_pr_macro``); '' for a bare name."""
+    return next((p for p in COLUMN_PREFIXES if column.startswith(p)), "")
+
+
+def evaluation_note(table_eval: str, columns: tuple[str, ...]) -> str:
+    """Caption clause: which global model each shown column is and what it is evaluated on.
+
+    Under ``best_validation`` every column is read from the round with the best validation accuracy, so a
+    ``global_`` column is that round's model on the test split, not the final model; under ``final_test``
+    a ``val_`` column is the final model on the validation data, not the best round's."""
+    table_columns([], table_eval)  # validates the name
+    families: dict[str, list[str]] = {}
+    for col in columns:
+        prefix = column_prefix(col) or TABLE_PREFIX[table_eval]
+        families.setdefault(prefix, []).append(col.removeprefix(prefix))
+    model = TABLE_MODEL_NOTE[table_eval]
+    if len(families) <= 1:
+        prefix = next(iter(families), TABLE_PREFIX[table_eval])
+        note = f"{model} on {COLUMN_DATA_NOTE[prefix]}"
+    else:
+        note = f"{model}: " + "; ".join(f"{', '.join(names)} on {COLUMN_DATA_NOTE[p]}" for p, names in families.items())
+    home = TABLE_PREFIX[table_eval]
+    others = [p for p in families if p != home]
+    if others and table_eval == "best_validation":
+        note += (" (every column from that round: the test-split columns are the model of the best validation "
+                 "round, not the final model)")
+    elif others and table_eval == "final_test":
+        note += " (every column from the final round: the validation columns are not the best validation round's)"
+    return note
 
 
 def write_table1(long: pd.DataFrame, display: pd.DataFrame, runs: pd.DataFrame, outputs, study: str, dataset: str,
@@ -257,7 +298,7 @@ def write_table1(long: pd.DataFrame, display: pd.DataFrame, runs: pd.DataFrame, 
     if "table_round" in runs:
         rounds = f"{rounds}, validation-best rounds {sorted(int(r) for r in runs['table_round'].unique())}"
     shown = tuple(c.removesuffix("_mean") for c in long.columns if c.endswith("_mean"))
-    cap = (f"Study '{study}', {dataset}: GPAF paper Table 1 layout; {TABLE_EVAL_NOTE[table_eval]}, in %, "
+    cap = (f"Study '{study}', {dataset}: GPAF paper Table 1 layout; {evaluation_note(table_eval, shown)}, in %, "
            f"mean ± std over seeds {seeds}; rounds {rounds}. {metric_definition(info.n_classes, info.class_names, shown)} "
            f"{paper_values.note(paper, origin == 'synthetic')} Source: {source_note(origin)}. "
            f"Models: {init}.")
