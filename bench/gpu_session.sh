@@ -134,6 +134,8 @@ step "earlystop grid cost, clients together" "$PY" bench/grid_cost.py --config c
 step "gpaf grid cost" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf --rounds 2 \
   --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
 step "jobs per GPU" "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --out "$OUT"
+step "jobs per GPU, clients together" "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --batch-clients \
+  --out "$OUT"
 # the surgical grids, ultraflwr first: their stand-ins are built from the start (ultraflwr's in seconds, fedst's in minutes)
 # ultraflwr: 2 local epochs a round, scaled up to the paper's 20 epochs and all frames; the strategies differ
 # only in which tensors are averaged, so FedAvg stands for all of them
