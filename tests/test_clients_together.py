@@ -188,7 +188,9 @@ def test_what_cannot_be_batched_trains_one_by_one_and_says_why(setup, monkeypatc
     assert fed.with_clients_together(fed.InProcessTransport(bn), bn, said.append).__class__ is fed.InProcessTransport
     assert "buffers" in said[-1]
     own = fed.Job(spec(setup, "fedsmoo", method="fedsmoo", batch_clients=True, optimizer="adam"))
-    assert fed.why_not_together(own) == "method 'fedsmoo': train.optimizer is adam"
+    assert fed.why_not_together(own) == "train.optimizer is adam"
+    gpaf = fed.Job(spec(setup, "gpaf", method="moon", model="cnn_small", batch_clients=True))
+    assert fed.why_not_together(gpaf) == "method 'moon' trains its clients one by one"
     augmented = fed.Job(dataclasses.replace(spec(setup, "aug", batch_clients=True),
                                             client_augmentation={"mode": "reference", "domains": {}, "domain_seed": 0}))
     assert "client_augmentation" in fed.why_not_together(augmented)  # each client's reads go through its own loader

@@ -237,7 +237,7 @@ class Method:
 
     def why_not_together(self, model: torch.nn.Module, train: TrainConfig) -> str | None:
         """Why this method cannot train a round's clients together (``train.batch_clients``); None where it can."""
-        return "its clients train one by one"
+        return f"method '{self.name}' trains its clients one by one"
 
     def fit_together(self, ctxs: list[ClientContext]) -> list[ClientResult] | None:
         """The clients of ``ctxs`` (one shared model holding the global weights) trained together, their

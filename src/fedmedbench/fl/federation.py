@@ -154,8 +154,7 @@ def why_not_together(job: Job) -> str | None:
         return "client validation evaluates each client's own model"
     if spec.client_augmentation:
         return "client_augmentation reads each client's batches through its own loader (fl/augment.py)"
-    reason = job.method.why_not_together(job.resident, job.train)
-    return f"method '{spec.method}': {reason}" if reason else None
+    return job.method.why_not_together(job.resident, job.train)
 
 
 def client_validation(job: Job, ctx: ClientContext) -> dict[str, float]:

@@ -392,7 +392,7 @@ class ServerOptMethod(Method):
     # -- a round's clients together (train.batch_clients): the plain SGD step above, batched ------------
     def why_not_together(self, model: nn.Module, train) -> str | None:
         if type(self).client_fit is not ServerOptMethod.client_fit:
-            return "it has its own client step"
+            return f"method '{self.name}' has its own client step"
         from fedmedbench.fl.methods import _together
 
         return _together.model_why_not(model, train)
