@@ -158,6 +158,10 @@ step "ultraflwr grid cost, frame cache" "$PY" bench/grid_cost.py --config config
 step "ultraflwr grid cost, frame cache, read ahead" "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml \
   --rounds 3 --surgical-epochs 2 --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" --methods FedAvg \
   --image-cache "${IMAGE_CACHE:-$STAND_IN/frames}" --loader-workers 1 --threads "$THREADS" --out "$OUT"
+# one client's local epoch on the GPU: loaded as used, read ahead, and read ahead with each sample's last pixel steps in
+# one more thread (the same weights; on 2 CPU cores the pixel thread saved nothing, the training bounds the epoch there)
+step "ultraflwr pixel thread" "$PY" bench/yolo_read_ahead.py --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" \
+  --epochs 2 --repeats 2 --pixel-thread --device cuda --threads "$THREADS" --out "$OUT"
 # fedst: 3 rounds from a cold frame cache. FedST (SERQ on the server too) and FedAvg in two steps: each costs
 # the whole grid at its rate, the upper and the lower bound
 if [ -z "${SURGICAL_DIR:-}" ]; then step "fedst stand-in" bash -c "$WAIT_BUILD" "$STAND_IN" fedst; fi

@@ -1,9 +1,11 @@
 """One UltraFlwr client's local training with its batches loaded as they are used (UltraFlwr's ``workers=0``)
 and read ahead in a thread while the model trains (``engine.loader_workers >= 1``): seconds per epoch of each,
 alternating, the faster of ``--repeats`` counted, and the final weights compared (they must be the same bits).
+``--pixel-thread`` adds a third side: read ahead, with each sample's last pixel steps in one more thread
+(:mod:`fedmedbench.fl.tasks.detection.pixel_thread`, ``train_yolo(pixel_thread=True)``).
 
     python bench/surgical_stand_in.py --config config/studies/ultraflwr.yaml --out /tmp/si-uf --fraction 0.02
-    python bench/yolo_read_ahead.py --surgical-dir /tmp/si-uf --epochs 2 --repeats 2
+    python bench/yolo_read_ahead.py --surgical-dir /tmp/si-uf --epochs 2 --repeats 2 [--pixel-thread]
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the training")
+    ap.add_argument("--pixel-thread", action="store_true", help="also time read ahead with the pixel thread")
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")
     args = ap.parse_args()
     limit_threads(args.threads)
@@ -44,8 +47,11 @@ def main() -> None:
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     manifest = client_manifest(args)
     classes = len(read_manifest(manifest)["classes"])
-    seconds: dict[bool, list[float]] = {False: [], True: []}
-    weights: dict[bool, dict] = {}
+    sides = {"inline": {}, "read_ahead": {"read_ahead": True}}
+    if args.pixel_thread:
+        sides["read_ahead_pixel_thread"] = {"read_ahead": True, "pixel_thread": True}
+    seconds: dict[str, list[float]] = {side: [] for side in sides}
+    weights: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         stage = stage_export(manifest, Path(tmp) / "stage")
         data_yaml = stage / f"client_{args.client}" / "data.yaml"
@@ -53,23 +59,27 @@ def main() -> None:
         train_yolo(build_yolo("yolo11n.yaml", classes, seed=0), data_yaml, epochs=1, batch=args.batch, imgsz=args.imgsz,
                    seed=0, device=device, workdir=Path(tmp) / "w", select="last")
         for _ in range(args.repeats):
-            for ahead in (False, True):
+            for side, opts in sides.items():
                 model = build_yolo("yolo11n.yaml", classes, seed=0)
                 t0 = time.perf_counter()
                 out = train_yolo(model, data_yaml, epochs=args.epochs, batch=args.batch, imgsz=args.imgsz, seed=0,
-                                 device=device, workdir=Path(tmp) / "w", select="last", read_ahead=ahead)
-                seconds[ahead].append((time.perf_counter() - t0) / args.epochs)
-                weights[ahead] = out.state
-    same = all(torch.equal(weights[False][k], weights[True][k]) for k in weights[False])
+                                 device=device, workdir=Path(tmp) / "w", select="last", **opts)
+                seconds[side].append((time.perf_counter() - t0) / args.epochs)
+                weights[side] = out.state
+    same = all(torch.equal(weights["inline"][k], w[k]) for w in weights.values() for k in weights["inline"])
     if not same:
         raise SystemExit("yolo_read_ahead: the batches read ahead trained other weights than the inline ones")
-    inline, ahead = min(seconds[False]), min(seconds[True])
+    inline, ahead = min(seconds["inline"]), min(seconds["read_ahead"])
+    extra = {}
+    if args.pixel_thread:
+        both = min(seconds["read_ahead_pixel_thread"])
+        extra = {"read_ahead_pixel_thread_s_per_epoch": round(both, 3), "pixel_thread_speedup": round(ahead / both, 3)}
     emit([{"bench": "yolo_read_ahead", **data_label(stand_in(args.surgical_dir)), "group": args.group,
            "setting": args.setting, "client": args.client, "imgsz": args.imgsz, "batch": args.batch,
            "epochs": args.epochs, "device": str(device), "threads": args.threads,
            "inline_s_per_epoch": round(inline, 3), "read_ahead_s_per_epoch": round(ahead, 3),
-           "speedup": round(inline / ahead, 3), "runs_s_per_epoch": {"inline": [round(s, 3) for s in seconds[False]],
-                                                                     "read_ahead": [round(s, 3) for s in seconds[True]]},
+           "speedup": round(inline / ahead, 3), **extra,
+           "runs_s_per_epoch": {side: [round(x, 3) for x in runs] for side, runs in seconds.items()},
            "same_weights": same, "code": git_head()}], args.out)
 
 
