@@ -4,7 +4,7 @@ study's HSV step) of one client, drawn three ways: every frame decoded and resiz
 the frames read from full-size ``.npy`` files (Ultralytics' own ``cache='disk'`` files) and the frames read
 stored at the training size (what ``engine.image_cache`` stores: :mod:`fedmedbench.fl.tasks.detection.sized_frames`),
 and those with the last pixel steps in a second thread (:mod:`fedmedbench.fl.tasks.detection.pixel_thread`:
-``train_yolo(pixel_thread=True)``, off in training until an epoch is measured faster with it). Samples are taken as the loader takes them, 8 a batch, each batch put
+``engine.pixel_thread``, on in training by default). Samples are taken as the loader takes them, 8 a batch, each batch put
 together by the dataset's ``collate_fn``. Every draw must give the same batches (checked); the row gives ms per
 sample and images per second of each, the part spent reading frames, the caches' bytes per frame and the
 seconds each took to write.

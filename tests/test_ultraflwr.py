@@ -655,7 +655,7 @@ def test_final_aggregation_options(monkeypatch, final):
     own = {k: (v + 1.0 if v.is_floating_point() else v.clone()) for k, v in base.state_dict().items()}
     monkeypatch.setattr(Y, "train_yolo", lambda *a, **kw: Y.TrainOutcome(state=own, selected_epoch=0, val_map50=[0.0]))
     train = TrainConfig(rounds=2, local_epochs=1, batch_size=8, lr=0.01)
-    data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=0, workdir="unused", num_train=5, read_ahead=False)
+    data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=0, workdir="unused", num_train=5, read_ahead=False, pixel_thread=False)
     expected_skip = {"skip_all": {"FedAvg": True, "FedHeadAvg": True},
                      "skip_partial": {"FedAvg": False, "FedHeadAvg": True},
                      "keep": {"FedAvg": False, "FedHeadAvg": False}}[final]
@@ -711,7 +711,7 @@ def test_head_init_restarts_what_the_start_weights_do_not_supply(coco_like, monk
         shared = method.shared_keys(server)
         model = build_yolo("yolo11n.yaml", 3, seed=0, weights=str(coco_like))
         load_arrays(model, {k: server.state_dict()[k].numpy() for k in shared}, shared)
-        data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=seed, workdir="unused", num_train=5, read_ahead=False)
+        data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=seed, workdir="unused", num_train=5, read_ahead=False, pixel_thread=False)
         return ClientContext(pid=pid, rnd=rnd, model=model, data=data, train=train, device=torch.device("cpu"),
                              generator=torch.Generator(), state={}, steps=0)
 
@@ -1098,7 +1098,7 @@ def test_training_workers_are_a_result_parameter_that_reaches_ultralytics(export
     monkeypatch.setattr(Y, "train_yolo", lambda *a, **kw: asked.append(kw["workers"]) or Y.TrainOutcome(
         state=build_yolo("yolo11n.yaml", 3, seed=0).state_dict(), selected_epoch=0, val_map50=[0.0]))
     method = get_method("ultraflwr", {"strategy": "FedAvg", "workers": 3})
-    data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=0, workdir="unused", num_train=5, read_ahead=False)
+    data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=0, workdir="unused", num_train=5, read_ahead=False, pixel_thread=False)
     method.client_fit(ClientContext(pid=0, rnd=1, model=build_yolo("yolo11n.yaml", 3, seed=0), data=data,
                                     train=TrainConfig(rounds=2, local_epochs=1, batch_size=8, lr=0.01),
                                     device=torch.device("cpu"), generator=torch.Generator(), state={}, steps=0,
@@ -1348,7 +1348,7 @@ def test_loader_workers_turn_on_reading_ahead_for_every_training_without_changin
     monkeypatch.setattr(Y, "train_yolo", lambda *a, **kw: asked.append(kw["read_ahead"]) or Y.TrainOutcome(
         state=build_yolo("yolo11n.yaml", 3, seed=0).state_dict(), selected_epoch=0, val_map50=[0.0]))
     for flag in (True, False):
-        data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=0, workdir="unused", num_train=5, read_ahead=flag)
+        data = SimpleNamespace(data_yaml="unused.yaml", imgsz=64, seed=0, workdir="unused", num_train=5, read_ahead=flag, pixel_thread=False)
         get_method("ultraflwr", {"strategy": "FedAvg"}).client_fit(ClientContext(
             pid=0, rnd=1, model=build_yolo("yolo11n.yaml", 3, seed=0), data=data,
             train=TrainConfig(rounds=2, local_epochs=1, batch_size=8, lr=0.01), device=torch.device("cpu"),
@@ -1479,7 +1479,7 @@ def test_the_global_model_scores_each_clients_test_split_once(tmp_path, monkeypa
     from fedmedbench.fl.tasks.detection.task import DetectionTask
 
     task = object.__new__(DetectionTask)
-    task.spec = SimpleNamespace(image_size=64, seed=0, loader_workers=0)
+    task.spec = SimpleNamespace(image_size=64, seed=0, loader_workers=0, pixel_thread=True)
     task.manifest = {"clients": [{"counts": {"train": {"frames": n}}} for n in (5, 6, 7)],
                      "pooled": {"train": {"frames": 18}}}
     task.stage, task.work, task.params = tmp_path / "stage", tmp_path / "work", {}
@@ -1498,3 +1498,28 @@ def test_the_global_model_scores_each_clients_test_split_once(tmp_path, monkeypa
         assert per_client[p] == task.evaluate_client(None, task.client_data(p), "cpu")
     assert per_client[1]["local_map50"] == pytest.approx(0.2)
     assert per_client[1]["cd_map50"] == pytest.approx((0.1 + 0.3) / 2)
+
+
+def test_the_pixel_thread_trains_the_same_weights_and_is_the_engines_default(export, tmp_path, monkeypatch):
+    """engine.pixel_thread (on by default, not hashed) reaches each client's training, and a training whose samples'
+    last pixel steps run in one more thread ends with the same weights, bit for bit, as one loading thread; the
+    training set really runs its pixel steps in that thread."""
+    import dataclasses
+
+    from fedmedbench.fl.tasks.detection import pixel_thread as PT
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+
+    spec = _spec(export, tmp_path, "FedAvg")
+    assert spec.pixel_thread and DetectionTask(spec).client_data(0).pixel_thread
+    off = dataclasses.replace(spec, pixel_thread=False)
+    assert not DetectionTask(off).client_data(0).pixel_thread and off.run_hash() == spec.run_hash()
+    used = []
+    monkeypatch.setattr(PT._Pixels, "submit", lambda self, img, steps, real=PT._Pixels.submit: used.append(1) or real(self, img, steps))
+    data = DetectionTask(spec).client_data(0)
+    states = {}
+    for on in (False, True):
+        model = build_yolo("yolo11n.yaml", spec.num_classes, seed=5)
+        states[on] = train_yolo(model, data.data_yaml, epochs=2, batch=8, imgsz=64, seed=0, device=torch.device("cpu"),
+                                workdir=tmp_path / f"px{on}", select="last", pixel_thread=on).state
+        assert bool(used) == on
+    assert all(torch.equal(states[True][k], states[False][k]) for k in states[False])

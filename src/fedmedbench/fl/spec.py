@@ -14,14 +14,14 @@ from typing import Any
 
 #: fields that do not change the numbers a run produces
 _NOT_HASHED = {"run_dir", "threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device",
-               "deterministic", "loader_workers", "image_cache", "tracking", "method_file"}
+               "deterministic", "loader_workers", "image_cache", "pixel_thread", "tracking", "method_file"}
 #: fields a job's script sets from its Snakemake job and the config, never from ``params:``: they change
 #: how a run executes, not its numbers, so changing them reruns no finished job
 RUNTIME_FIELDS = ("threads", "log_every", "backend", "keep_checkpoints", "resume", "cache_on_device",
-                  "deterministic", "loader_workers", "image_cache", "tracking")
+                  "deterministic", "loader_workers", "image_cache", "pixel_thread", "tracking")
 RESUME_MODES = ("auto", "restart")
 #: the config's ``engine`` entries a spec takes: how a job runs, never what it computes
-ENGINE_OPTIONS = ("backend", "cache_on_device", "deterministic", "loader_workers", "image_cache")
+ENGINE_OPTIONS = ("backend", "cache_on_device", "deterministic", "loader_workers", "image_cache", "pixel_thread")
 
 
 def engine_options(config: dict[str, Any]) -> dict[str, Any]:
@@ -71,6 +71,9 @@ class RunSpec:
     #: (fl/tasks/detection/frame_cache.py, fl/tasks/clip_store.py): the same arrays as decoding, so the
     #: same results without the decode; None = decode every read. Not hashed
     image_cache: str | None = None
+    #: ultraflwr's training loaded in the job's process (``workers=0``): each sample's last pixel steps in one more
+    #: thread while the loader draws the next (fl/tasks/detection/pixel_thread.py): the same samples, so not hashed
+    pixel_thread: bool = True
     data_origin: str = "synthetic"
     log_every: int = 1
     eval_every: int = 1

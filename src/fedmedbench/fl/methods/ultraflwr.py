@@ -154,7 +154,8 @@ class UltraFlwr(Method):
                              workdir=f"{data.workdir}/r{ctx.rnd:03d}", select=self.select,
                              select_metric=self.select_metric, extra=self.ultralytics,
                              auto_optimizer=self.auto_optimizer, workers=self.workers, warmup=self.warmup,
-                             assigner=self.assigner, hsv=self.hsv, read_ahead=data.read_ahead, ap=self.ap)
+                             assigner=self.assigner, hsv=self.hsv, read_ahead=data.read_ahead, ap=self.ap,
+                             pixel_thread=data.pixel_thread)
         ctx.state["model"] = outcome.state
         keys = self.reply_keys(ctx.model, ctx.rnd, ctx.train)["arrays"]
         arrays = {k: outcome.state[k].detach().to("cpu", copy=True) for k in keys}

@@ -61,7 +61,8 @@ def run_centralized(spec: RunSpec, select: str = "best", select_metric: str = "f
         out = train_yolo(model, data.data_yaml, epochs=epochs, batch=tc.batch_size, imgsz=data.imgsz, seed=data.seed,
                          device=device, workdir=f"{data.workdir}/centralized", select=select,
                          select_metric=select_metric, extra=ultralytics, auto_optimizer=auto_optimizer,
-                         workers=workers, warmup=warmup, assigner=assigner, hsv=hsv, read_ahead=data.read_ahead, ap=ap)
+                         workers=workers, warmup=warmup, assigner=assigner, hsv=hsv, read_ahead=data.read_ahead, ap=ap,
+                         pixel_thread=data.pixel_thread)
         model.load_state_dict(out.state)
         models[str(pid)] = out.state
         metrics = task.evaluate_client(model.to(device), data, device)

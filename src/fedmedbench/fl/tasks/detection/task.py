@@ -45,6 +45,8 @@ class DetectionClient:
     #: the local training's batches loaded in a thread while the model trains (engine.loader_workers >= 1;
     #: the same samples: read_ahead.py)
     read_ahead: bool = False
+    #: each training sample's last pixel steps in one more thread (engine.pixel_thread; the same samples: pixel_thread.py)
+    pixel_thread: bool = False
 
 
 @register_task("detection")
@@ -86,13 +88,14 @@ class DetectionTask(Task):
         return DetectionClient(pid=pid, data_yaml=str(d / "data.yaml"), data_cd_yaml=str(d / "data_cd.yaml"),
                                num_train=self.client_sizes()[pid], imgsz=self.spec.image_size,
                                seed=self.spec.seed * self.num_clients + pid, workdir=str(self.work / f"client_{pid}"),
-                               read_ahead=self.spec.loader_workers >= 1)
+                               read_ahead=self.spec.loader_workers >= 1, pixel_thread=self.spec.pixel_thread)
 
     def pooled_data(self) -> DetectionClient:
         d = self.stage / "pooled"
         return DetectionClient(pid=0, data_yaml=str(d / "data.yaml"), data_cd_yaml=str(d / "data.yaml"),
                                num_train=int(self.manifest["pooled"]["train"]["frames"]), imgsz=self.spec.image_size,
-                               seed=self.spec.seed, workdir=str(self.work / "pooled"), read_ahead=self.spec.loader_workers >= 1)
+                               seed=self.spec.seed, workdir=str(self.work / "pooled"), read_ahead=self.spec.loader_workers >= 1,
+                               pixel_thread=self.spec.pixel_thread)
 
     def _val(self, model, data_yaml: str, split: str, device, workdir: str) -> dict[str, float]:
         from fedmedbench.fl.tasks.detection.yolo import validate_yolo
