@@ -1523,3 +1523,30 @@ def test_the_pixel_thread_trains_the_same_weights_and_is_the_engines_default(exp
                                 workdir=tmp_path / f"px{on}", select="last", pixel_thread=on).state
         assert bool(used) == on
     assert all(torch.equal(states[True][k], states[False][k]) for k in states[False])
+
+
+def test_a_local_training_loads_none_of_ultralytics_loggers(export, tmp_path, monkeypatch):
+    """Ultralytics' settings turn MLflow's logger on (it wrote mlflow.db and mlruns/ into the working directory and
+    called mlflow.autolog() in every local training): a training here builds its trainer with every third-party
+    logger off, and the settings are as they were afterwards."""
+    from ultralytics.utils import SETTINGS, callbacks
+
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+    from fedmedbench.fl.tasks.detection.yolo import INTEGRATIONS
+
+    before = SETTINGS.get("mlflow")
+    dict.__setitem__(SETTINGS, "mlflow", True)  # in memory: the settings file stays as it is
+    seen = []
+    real = callbacks.add_integration_callbacks
+    monkeypatch.setattr(callbacks, "add_integration_callbacks",
+                        lambda instance: seen.append({k: SETTINGS[k] for k in INTEGRATIONS}) or real(instance))
+    try:
+        spec = _spec(export, tmp_path, "FedAvg")
+        data = DetectionTask(spec).client_data(0)
+        model = build_yolo("yolo11n.yaml", spec.num_classes, seed=5)
+        train_yolo(model, data.data_yaml, epochs=1, batch=8, imgsz=64, seed=0, device=torch.device("cpu"),
+                   workdir=tmp_path / "w", select="last")
+        assert seen and not any(any(flags.values()) for flags in seen)
+        assert SETTINGS["mlflow"] is True
+    finally:
+        dict.__setitem__(SETTINGS, "mlflow", before)

@@ -140,6 +140,33 @@ def import_before_seeding() -> None:
             pass
 
 
+#: Ultralytics' third-party loggers, each loaded by a trainer whose settings turn it on
+INTEGRATIONS = ("clearml", "comet", "dvc", "mlflow", "raytune", "tensorboard", "wandb")
+
+
+@contextmanager
+def without_integrations() -> Iterator[None]:
+    """A trainer built here loads none of Ultralytics' third-party loggers.
+
+    Ultralytics' settings turn MLflow's logger on by default, and MLflow is installed (the job's own tracking,
+    ``fl/tracking.py``, uses it): each local training then opened a run in MLflow's default store, which wrote
+    ``mlflow.db`` and ``mlruns/`` into the working directory (the project's root under Snakemake), and called
+    ``mlflow.autolog()``, which patches libraries for the whole process. The run's metrics are the job's to
+    record. The settings are changed in memory only, for the training, and restored (the user's settings file
+    is not written).
+    """
+    from ultralytics.utils import SETTINGS
+
+    saved = {key: SETTINGS.get(key) for key in INTEGRATIONS}
+    for key in INTEGRATIONS:
+        dict.__setitem__(SETTINGS, key, False)  # not SETTINGS.update, which saves the file
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            dict.__setitem__(SETTINGS, key, value)
+
+
 @contextmanager
 def ultralytics_offline() -> Iterator[None]:
     """Offline (Ultralytics' ``is_online()``, which ``YOLO_OFFLINE`` turns off), Ultralytics touches no network:
@@ -477,9 +504,9 @@ def train_yolo(
                 workers=int(workers), project=str(Path(workdir).resolve()), name="train", exist_ok=True, plots=False, save=False,
                 val=select == "best", amp=device.type == "cuda", verbose=False, **extra)
     selector = EpochSelector(select, select_metric)
-    import_before_seeding()
     label_cache.install()  # its dataset caches are never unpickled
-    with ultralytics_offline(), ap_rule(ap):
+    with without_integrations(), ultralytics_offline(), ap_rule(ap):
+        import_before_seeding()
         trainer = trainer_cls(overrides=args)
         trainer.model = model  # used as is by setup_model (no rebuild, our weights)
         trainer.add_callback("on_fit_epoch_end", selector)
