@@ -82,7 +82,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the training forward (traced once per architecture and shape in a process)
     input_norm: str = "single"  # single | double: the early-stopping code's second Normalize(0.5, 0.5)
     on_nonfinite: str = "error"  # error | continue: keep stepping through a NaN loss (early-stopping code)
-    batch_clients: bool = False  # a round's clients trained together, one batched step for all (fl/clients_together.py)
+    batch_clients: bool = False  # a round's clients trained together, one batched step for all (fl/methods/_together.py)
 
     @classmethod
     def from_spec(cls, spec: RunSpec) -> TrainConfig:

@@ -33,10 +33,8 @@ from torch.func import functional_call
 
 from fedmedbench.fl.api import Arrays, ClientContext, TrainConfig
 from fedmedbench.fl.methods._perturb import Perturbation, Stack
-from fedmedbench.fl.methods._sgd import StepHooks, trainable
+from fedmedbench.fl.methods._sgd import StepHooks, Tensors, trainable
 from fedmedbench.fl.training import NonFiniteLossError, StepLosses, batch_indices, forward_precision, to_float
-
-Tensors = dict[str, torch.Tensor]
 
 
 def model_why_not(model: nn.Module, cfg: TrainConfig) -> str | None:
