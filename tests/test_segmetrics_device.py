@@ -186,3 +186,16 @@ def test_the_schemas_metrics_devices_are_the_packages():
 
     found = [values for path, values in enums(SCHEMA) if path.endswith("/metrics_device")]
     assert found == [list(METRICS_DEVICES)]
+
+
+def test_a_runs_scoring_defaults_are_evaluate_clips_and_its_values_pass_through():
+    """One reading of a run's scoring keys for the simulation and the deployed site: unset keys take
+    :func:`evaluate_clips`' defaults, set ones pass as they are."""
+    import inspect
+
+    from fedmedbench.fl.tasks.segmentation.evaluation import evaluate_clips, scoring
+
+    defaults = {k: p.default for k, p in inspect.signature(evaluate_clips).parameters.items()}
+    assert scoring({}) == {k: defaults[k] for k in scoring({})}
+    tp = {"class_rule": "gt_classes", "assd": "medpy_0_4", "resolution": "native", "metrics_device": "torch", "lr": 1}
+    assert scoring(tp) == {k: v for k, v in tp.items() if k != "lr"}

@@ -65,18 +65,26 @@ def empty_penalty(shape: tuple[int, ...], spacing: Spacing = None) -> float:
     return float(math.sqrt(sum((s * d) ** 2 for s, d in zip(shape, spacing, strict=True))))
 
 
+def empty_mask_scores(p_any: bool, g_any: bool, shape: tuple[int, ...], spacing: Spacing = None) -> dict[str, float] | None:
+    """The empty-mask rule (module docstring) for a pair whose prediction / ground truth holds any pixel
+    (``p_any`` / ``g_any``): perfect when both are empty, worst when one is; None when neither is."""
+    if not p_any and not g_any:
+        return {"dice": 1.0, "iou": 1.0, "hd95": 0.0, "assd": 0.0}
+    if p_any != g_any:
+        worst = empty_penalty(shape, spacing)
+        return {"dice": 0.0, "iou": 0.0, "hd95": worst, "assd": worst}
+    return None
+
+
 def binary_scores(pred: np.ndarray, gt: np.ndarray, assd: str = "medpy_0_5", spacing: Spacing = None) -> dict[str, float]:
     """Dice, IoU, HD95, ASSD of one binary mask pair, with the documented empty-mask rule."""
     pred = np.asarray(pred, dtype=bool)
     gt = np.asarray(gt, dtype=bool)
     if pred.shape != gt.shape:
         raise ValueError(f"prediction shape {pred.shape} != ground-truth shape {gt.shape}")
-    p_any, g_any = bool(pred.any()), bool(gt.any())
-    if not p_any and not g_any:
-        return {"dice": 1.0, "iou": 1.0, "hd95": 0.0, "assd": 0.0}
-    if p_any != g_any:
-        worst = empty_penalty(pred.shape, spacing)
-        return {"dice": 0.0, "iou": 0.0, "hd95": worst, "assd": worst}
+    empty = empty_mask_scores(bool(pred.any()), bool(gt.any()), pred.shape, spacing)
+    if empty is not None:
+        return empty
     return {"dice": float(mb.dc(pred, gt)), "iou": float(mb.jc(pred, gt)), **surface_scores(pred, gt, assd, spacing)}
 
 
@@ -140,6 +148,15 @@ def frame_scores(pred: np.ndarray, gt: np.ndarray, classes: Iterable[int], assd:
     return {c: binary_scores(pred == c, gt == c, assd, spacing) for c in classes}
 
 
+def gt_classes_frame(scores: dict[int, dict[str, float]], pred_any: Callable[[], bool], shape: tuple[int, ...],
+                     spacing: Spacing = None) -> dict[str, float]:
+    """A frame's score under ``gt_classes`` from the scores of the classes in its ground truth: their mean; a
+    frame without any part scores perfect if no part is predicted either (``pred_any()``), else worst."""
+    if scores:
+        return {m: float(np.mean([s[m] for s in scores.values()])) for m in METRICS}
+    return empty_mask_scores(pred_any(), False, shape, spacing)
+
+
 class SegmentationMeter:
     """Accumulates per-frame, per-class scores; :meth:`result` averages over frames.
 
@@ -189,10 +206,7 @@ class SegmentationMeter:
             return frame_scores(p, g, self.class_names, self.assd, sp), None
         present = [c for c in self.class_names if (g == c).any()]
         scores = frame_scores(p, g, present, self.assd, sp)
-        if present:
-            return scores, {m: float(np.mean([scores[c][m] for c in present])) for m in METRICS}
-        # no part in the ground truth: perfect if no part is predicted either, else worst
-        return scores, binary_scores(np.isin(p, list(self.class_names)), np.zeros(g.shape, dtype=bool), self.assd, sp)
+        return scores, gt_classes_frame(scores, lambda: bool(np.isin(p, list(self.class_names)).any()), g.shape, sp)
 
     def add_on_device(self, pred, gt, spacing: list[Spacing] | None = None) -> None:
         """A batch (N, H, W) of label-map tensors scored with torch where they are
@@ -207,15 +221,8 @@ class SegmentationMeter:
             if self.class_rule == "all_classes":
                 self._keep((frame.scores, None))
                 continue
-            present = [c for c in self.class_names if frame.in_gt[c]]
-            scores = {c: frame.scores[c] for c in present}
-            if present:
-                self._keep((scores, {m: float(np.mean([scores[c][m] for c in present])) for m in METRICS}))
-                continue
-            # no part in the ground truth: perfect if no part is predicted either, else worst (as :meth:`_score`)
-            worst = empty_penalty(frame.shape, frame.spacing)
-            none = {"dice": 1.0, "iou": 1.0, "hd95": 0.0, "assd": 0.0}
-            self._keep((scores, {"dice": 0.0, "iou": 0.0, "hd95": worst, "assd": worst} if frame.pred_any else none))
+            scores = {c: frame.scores[c] for c in self.class_names if frame.in_gt[c]}
+            self._keep((scores, gt_classes_frame(scores, lambda f=frame: f.pred_any, frame.shape, frame.spacing)))
 
     def _keep(self, scored: tuple[dict[int, dict[str, float]], dict[str, float] | None]) -> None:
         self._rows.append(scored[0])

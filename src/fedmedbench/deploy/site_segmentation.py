@@ -31,6 +31,7 @@ from fedmedbench.fl.tasks.segmentation import (
     evaluate_clips,
     input_size,
     metric_names,
+    scoring,
 )
 from fedmedbench.fl.tasks.segmentation.task import SegmentationTask
 
@@ -94,11 +95,7 @@ def load(folder: Path, manifest: dict[str, Any], spec) -> Site:
 
     def evaluate(model: torch.nn.Module, data: SiteData, device: torch.device) -> dict[str, float]:
         model.set_indicator(data.indicator)
-        out = {f"local_{k}": v for k, v in evaluate_clips(model, data.test, classes, device, bs,
-                                                                 class_rule=tp.get("class_rule", "all_classes"),
-                                                                 assd=tp.get("assd", "medpy_0_5"),
-                                                                 resolution=tp.get("resolution", "input"),
-                                                                 metrics_device=tp.get("metrics_device", "auto")).items()}
+        out = {f"local_{k}": v for k, v in evaluate_clips(model, data.test, classes, device, bs, **scoring(tp)).items()}
         out.update({f"global_{k}": math.nan for k in names})
         return out
 

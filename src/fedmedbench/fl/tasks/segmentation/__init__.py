@@ -16,7 +16,7 @@ from fedmedbench.fl.tasks.segmentation.clips import (
     load_sites,
     resize_clip,
 )
-from fedmedbench.fl.tasks.segmentation.evaluation import evaluate_clips, metric_names
+from fedmedbench.fl.tasks.segmentation.evaluation import evaluate_clips, metric_names, scoring
 from fedmedbench.fl.tasks.segmentation.indicators import INDICATORS, site_indicators
 from fedmedbench.fl.tasks.segmentation.training import (
     augment,
@@ -30,4 +30,4 @@ from fedmedbench.fl.tasks.segmentation.training import (
 
 __all__ = ["INDICATORS", "ClipSet", "FrameCache", "SiteData", "augment", "dice_loss", "draw_rotate_scale", "evaluate_clips",
            "input_size", "load_clipset", "load_sites", "make_optimizer", "metric_names", "resize_clip", "rotate_scale",
-           "seg_loss", "site_indicators", "train_steps"]
+           "scoring", "seg_loss", "site_indicators", "train_steps"]

@@ -22,6 +22,15 @@ def scores_on_device(metrics_device: str, device: torch.device) -> bool:
     return metrics_device == "torch" or (metrics_device == "auto" and torch.device(device).type == "cuda")
 
 
+def scoring(task_params: dict) -> dict[str, str]:
+    """How :func:`evaluate_clips` scores a run's frames (its keyword arguments), from the run's task parameters:
+    class rule, ASSD definition, resolution and where, each defaulting as :func:`evaluate_clips` does."""
+    return {"class_rule": str(task_params.get("class_rule", "all_classes")),
+            "assd": str(task_params.get("assd", "medpy_0_5")),
+            "resolution": str(task_params.get("resolution", "input")),
+            "metrics_device": str(task_params.get("metrics_device", "auto"))}
+
+
 @torch.no_grad()
 def evaluate_clips(model: torch.nn.Module, data: ClipSet, classes: dict[int, str], device: torch.device,
                    batch_size: int, binary: bool = False, class_rule: str = "all_classes", assd: str = "medpy_0_5",

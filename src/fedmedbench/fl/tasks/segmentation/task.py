@@ -30,7 +30,7 @@ from fedmedbench.fl.tasks.segmentation.clips import (
     load_clipset,
     load_sites,
 )
-from fedmedbench.fl.tasks.segmentation.evaluation import evaluate_clips, metric_names
+from fedmedbench.fl.tasks.segmentation.evaluation import evaluate_clips, metric_names, scoring
 from fedmedbench.fl.tasks.segmentation.indicators import site_indicators
 
 
@@ -132,9 +132,7 @@ class SegmentationTask(Task):
     @property
     def scoring(self) -> dict[str, str]:
         """How :func:`evaluate_clips` scores: class rule, ASSD definition, resolution, where."""
-        tp = self.spec.task_params
-        return {"class_rule": self.class_rule, "assd": str(tp.get("assd", "medpy_0_5")),
-                "resolution": str(tp.get("resolution", "input")), "metrics_device": str(tp.get("metrics_device", "auto"))}
+        return scoring(self.spec.task_params)
 
     def evaluate_global(self, model, device):
         per_client = []
