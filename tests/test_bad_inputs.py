@@ -867,6 +867,13 @@ def test_a_target_after_configfile_is_one_line_before_snakemake_reads_it(tmp_pat
     with pytest.raises(SystemExit):
         check_command_line(["--configfile", study, str(table)])
     assert "table1.md:1:3:" in (err := capsys.readouterr().err) and "put targets before --configfile" in err
+    figure = tmp_path / "fig5.png"  # a binary target is not UTF-8: Snakemake's reading of it was a traceback
+    figure.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    with pytest.raises(SystemExit):
+        check_command_line(["--configfile", study, str(figure)])
+    err = capsys.readouterr().err
+    assert err.startswith(f"config error: {figure}: not a text file (byte 0 is not UTF-8); if '{figure}' is a target")
+    assert len(err.splitlines()) == 1
     table.write_text("a note\n")  # text YAML reads as one string: not a config either
     with pytest.raises(SystemExit):
         check_command_line(["--configfile", study, str(table)])

@@ -131,6 +131,8 @@ def check_file(path: str | Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigFileError(f"{path}: cannot read the config file ({exc.strerror}){target_hint(path)}") from None
+    except UnicodeDecodeError as exc:  # a binary file: a figure or a model written after --configfile
+        raise ConfigFileError(f"{path}: not a text file (byte {exc.start} is not UTF-8){target_hint(path)}") from None
     if path.suffix == ".json":
         return None  # JSON has no duplicate-key or float ambiguity worth a second parser here
     try:
