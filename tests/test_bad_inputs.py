@@ -874,6 +874,13 @@ def test_a_target_after_configfile_is_one_line_before_snakemake_reads_it(tmp_pat
     err = capsys.readouterr().err
     assert err.startswith(f"config error: {figure}: not a text file (byte 0 is not UTF-8); if '{figure}' is a target")
     assert len(err.splitlines()) == 1
+    rows = tmp_path / "rows.json"  # a JSON list: Snakemake's own message named no file
+    rows.write_text("[1, 2]")
+    with pytest.raises(SystemExit):
+        check_command_line(["--configfile", study, str(rows)])
+    err = capsys.readouterr().err
+    assert err.startswith(f"config error: {rows}: a config file holds settings (key: value) at its top level, not a "
+                          f"list; if '{rows}' is a target") and len(err.splitlines()) == 1
     table.write_text("a note\n")  # text YAML reads as one string: not a config either
     with pytest.raises(SystemExit):
         check_command_line(["--configfile", study, str(table)])
