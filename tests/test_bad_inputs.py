@@ -176,6 +176,8 @@ MISSING_KEY_EDITS = [
     ("global test idx", lambda d: d["global_test"][0].pop("idx"), r"global test entry 0 has no 'idx' key"),
     ("clients", lambda d: d.pop("clients"), r"the partition has no 'clients' key"),
     ("client not an object", lambda d: d["clients"].__setitem__(1, [1, 2]), r"client 1 must be an object with keys"),
+    ("num_classes text", lambda d: d.__setitem__("num_classes", "eight"),
+     r"'num_classes' must be a whole number >= 1, not 'eight'"),
 ]
 
 
