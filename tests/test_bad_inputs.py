@@ -797,6 +797,10 @@ def test_a_config_nested_past_pythons_recursion_limit_is_one_line(tmp_path, caps
     with pytest.raises(SystemExit):
         check_command_line(["--configfile", str(deep)])
     assert capsys.readouterr().err.startswith(f"config error: {deep}: its lists or mappings nest too deeply")
+    deep_json = tmp_path / "deep.json"  # Python's JSON reader recurses too
+    deep_json.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(ConfigFileError, match=r"deep\.json: its lists or mappings nest too deeply to read"):
+        check_file(deep_json)
 
 
 def test_yaml_merge_keys_are_accepted_and_duplicates_still_refused(tmp_path):

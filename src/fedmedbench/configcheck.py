@@ -137,8 +137,10 @@ def check_file(path: str | Path) -> Any:
     if path.suffix == ".json":  # JSON has no duplicate-key or float ambiguity worth a second parser here
         try:
             data = json.loads(text)
-        except (ValueError, RecursionError):  # not JSON: Snakemake then reads it as YAML and says what it finds
+        except ValueError:  # not JSON: Snakemake then reads it as YAML and says what it finds
             return None
+        except RecursionError:
+            raise ConfigFileError(_too_deep(path)) from None
         _check_top_level(data, path)
         return None
     try:
@@ -150,10 +152,13 @@ def check_file(path: str | Path) -> Any:
     except yaml.YAMLError as exc:
         raise ConfigFileError(f"{path}: not valid YAML ({exc}){target_hint(path)}") from None
     except RecursionError:
-        raise ConfigFileError(f"{path}: its lists or mappings nest too deeply to read (a config of this workflow "
-                              "nests a few levels)") from None
+        raise ConfigFileError(_too_deep(path)) from None
     _check_top_level(data, path)
     return data
+
+
+def _too_deep(path: Path) -> str:
+    return f"{path}: its lists or mappings nest too deeply to read (a config of this workflow nests a few levels)"
 
 
 def _check_top_level(data: Any, path: Path) -> None:
