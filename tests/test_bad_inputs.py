@@ -176,6 +176,8 @@ MISSING_KEY_EDITS = [
     ("global test idx", lambda d: d["global_test"][0].pop("idx"), r"global test entry 0 has no 'idx' key"),
     ("clients", lambda d: d.pop("clients"), r"the partition has no 'clients' key"),
     ("client not an object", lambda d: d["clients"].__setitem__(1, [1, 2]), r"client 1 must be an object with keys"),
+    ("num_classes text", lambda d: d.__setitem__("num_classes", "eight"),
+     r"'num_classes' must be a whole number >= 1, not 'eight'"),
 ]
 
 
@@ -795,6 +797,10 @@ def test_a_config_nested_past_pythons_recursion_limit_is_one_line(tmp_path, caps
     with pytest.raises(SystemExit):
         check_command_line(["--configfile", str(deep)])
     assert capsys.readouterr().err.startswith(f"config error: {deep}: its lists or mappings nest too deeply")
+    deep_json = tmp_path / "deep.json"  # Python's JSON reader recurses too
+    deep_json.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(ConfigFileError, match=r"deep\.json: its lists or mappings nest too deeply to read"):
+        check_file(deep_json)
 
 
 def test_yaml_merge_keys_are_accepted_and_duplicates_still_refused(tmp_path):
@@ -867,6 +873,20 @@ def test_a_target_after_configfile_is_one_line_before_snakemake_reads_it(tmp_pat
     with pytest.raises(SystemExit):
         check_command_line(["--configfile", study, str(table)])
     assert "table1.md:1:3:" in (err := capsys.readouterr().err) and "put targets before --configfile" in err
+    figure = tmp_path / "fig5.png"  # a binary target is not UTF-8: Snakemake's reading of it was a traceback
+    figure.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    with pytest.raises(SystemExit):
+        check_command_line(["--configfile", study, str(figure)])
+    err = capsys.readouterr().err
+    assert err.startswith(f"config error: {figure}: not a text file (byte 0 is not UTF-8); if '{figure}' is a target")
+    assert len(err.splitlines()) == 1
+    rows = tmp_path / "rows.json"  # a JSON list: Snakemake's own message named no file
+    rows.write_text("[1, 2]")
+    with pytest.raises(SystemExit):
+        check_command_line(["--configfile", study, str(rows)])
+    err = capsys.readouterr().err
+    assert err.startswith(f"config error: {rows}: a config file holds settings (key: value) at its top level, not a "
+                          f"list; if '{rows}' is a target") and len(err.splitlines()) == 1
     table.write_text("a note\n")  # text YAML reads as one string: not a config either
     with pytest.raises(SystemExit):
         check_command_line(["--configfile", study, str(table)])

@@ -282,8 +282,8 @@ print(json.dumps(runs))
 
 
 def test_the_first_local_training_in_a_process_draws_what_a_later_one_draws(tmp_path):
-    """A trainer seeds the random streams, then imports Ray Tune's callbacks and Albumentations, which reach
-    ``rich.style``: its first import draws from Python's ``random``. So the first training of a process started
+    """A trainer seeds the random streams, then imports Albumentations (and, were they on, Ray Tune's callbacks),
+    which reaches ``rich.style``: its first import draws from Python's ``random``. So the first training of a process started
     from other draws than a later one, and a job resumed in a new process trained its first client otherwise than
     the uninterrupted job. In a fresh interpreter, two identical trainings now start their epoch from the same
     streams, see the same batches and end with the same weights."""

@@ -14,6 +14,7 @@ every range check of the schema (a comparison with NaN is false).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable
@@ -131,8 +132,17 @@ def check_file(path: str | Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigFileError(f"{path}: cannot read the config file ({exc.strerror}){target_hint(path)}") from None
-    if path.suffix == ".json":
-        return None  # JSON has no duplicate-key or float ambiguity worth a second parser here
+    except UnicodeDecodeError as exc:  # a binary file: a figure or a model written after --configfile
+        raise ConfigFileError(f"{path}: not a text file (byte {exc.start} is not UTF-8){target_hint(path)}") from None
+    if path.suffix == ".json":  # JSON has no duplicate-key or float ambiguity worth a second parser here
+        try:
+            data = json.loads(text)
+        except ValueError:  # not JSON: Snakemake then reads it as YAML and says what it finds
+            return None
+        except RecursionError:
+            raise ConfigFileError(_too_deep(path)) from None
+        _check_top_level(data, path)
+        return None
     try:
         data = _load_bounded(text, path)
     except yaml.MarkedYAMLError as exc:
@@ -142,12 +152,20 @@ def check_file(path: str | Path) -> Any:
     except yaml.YAMLError as exc:
         raise ConfigFileError(f"{path}: not valid YAML ({exc}){target_hint(path)}") from None
     except RecursionError:
-        raise ConfigFileError(f"{path}: its lists or mappings nest too deeply to read (a config of this workflow "
-                              "nests a few levels)") from None
+        raise ConfigFileError(_too_deep(path)) from None
+    _check_top_level(data, path)
+    return data
+
+
+def _too_deep(path: Path) -> str:
+    return f"{path}: its lists or mappings nest too deeply to read (a config of this workflow nests a few levels)"
+
+
+def _check_top_level(data: Any, path: Path) -> None:
+    """Snakemake merges a config file's top-level mapping; anything else is refused naming the file."""
     if data is not None and not isinstance(data, dict):
         raise ConfigFileError(f"{path}: a config file holds settings (key: value) at its top level, "
                               f"not a {type(data).__name__}{target_hint(path)}")
-    return data
 
 
 def check_files(paths: Iterable[str | Path]) -> None:

@@ -536,13 +536,17 @@ DOCUMENT_KEYS = ("num_classes", "clients", "global_test")
 def check_partition_keys(doc: Any, path: str) -> None:
     """A partition read back (perhaps edited by hand) holds every key training reads: the document's
     ``num_classes``, ``clients`` and ``global_test``, each client's ``source``, ``train``, ``val``, ``test``, each
-    global test entry's ``source`` and ``idx`` (a missing one would be a bare ``KeyError`` mid-run)."""
+    global test entry's ``source`` and ``idx`` (a missing one would be a bare ``KeyError`` mid-run); ``num_classes``
+    a whole number."""
     if not isinstance(doc, dict):
         raise PartitionError(f"{path}: a partition is a JSON object with keys {', '.join(DOCUMENT_KEYS)}, "
                              f"not a {type(doc).__name__}")
     for key in DOCUMENT_KEYS:
         if key not in doc:
             raise PartitionError(f"{path}: the partition has no '{key}' key")
+    classes = doc["num_classes"]
+    if isinstance(classes, bool) or not isinstance(classes, int | np.integer) or classes < 1:
+        raise PartitionError(f"{path}: 'num_classes' must be a whole number >= 1, not {classes!r}")
     for name, keys, what in (("clients", CLIENT_KEYS, "client"), ("global_test", GLOBAL_TEST_KEYS, "global test entry")):
         if not isinstance(doc[name], list):
             raise PartitionError(f"{path}: '{name}' must be a list, not a {type(doc[name]).__name__}")

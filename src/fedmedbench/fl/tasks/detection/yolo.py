@@ -117,23 +117,18 @@ def auto_optimizer_83(iterations: float, nc: int) -> tuple[str, float, float]:
 def import_before_seeding() -> None:
     """Import, before a trainer seeds the random streams, what Ultralytics imports only after seeding them.
 
-    A trainer seeds Python's ``random``, then loads its integration callbacks (Ray Tune's, which imports Rich;
-    ``rich.style`` draws ``getrandbits(24)`` from that stream when first imported) and builds its training set
-    (Albumentations, whose imports reach Rich too). Imported for the first time there, they shifted the stream
-    of the process's first local training only: it drew other augmentations than any later training with the
-    same inputs, so a job resumed in a new process trained its first client otherwise than the uninterrupted
-    job. Imported here first, every training draws the same. ``NO_ALBUMENTATIONS_UPDATE``, as Ultralytics sets
-    it: no version check over the network.
+    A trainer seeds Python's ``random``, then loads its callbacks (events, platform; the third-party loggers are
+    off, :func:`without_integrations`) and builds its training set (Albumentations, whose imports reach Rich:
+    ``rich.style`` draws ``getrandbits(24)`` from that stream when first imported). Imported for the first time
+    there, they shifted the stream of the process's first local training only: it drew other augmentations than
+    any later training with the same inputs, so a job resumed in a new process trained its first client otherwise
+    than the uninterrupted job. Imported here first, every training draws the same. ``NO_ALBUMENTATIONS_UPDATE``,
+    as Ultralytics sets it: no version check over the network.
     """
     from importlib import import_module
 
-    from ultralytics.utils import SETTINGS
-
     os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-    names = ["albumentations", "ultralytics.utils.events", "ultralytics.utils.callbacks.platform"]
-    names += [f"ultralytics.utils.callbacks.{'wb' if key == 'wandb' else key}"  # as add_integration_callbacks
-              for key in ("clearml", "comet", "dvc", "mlflow", "raytune", "tensorboard", "wandb") if SETTINGS.get(key) is True]
-    for name in names:
+    for name in ("albumentations", "ultralytics.utils.events", "ultralytics.utils.callbacks.platform"):
         try:
             import_module(name)
         except ImportError:  # Ultralytics then goes without it, in every training alike
