@@ -321,3 +321,45 @@ def test_paper_grid_augments_scenario_1_only():
     assert grid["gpaf"]["client_augmentation"] == "reference"
     assert grid["gpaf_pathmnist"]["client_augmentation"] == "none"
     assert math.isclose(gpaf_device(2)[2], 0.128, abs_tol=5e-4)
+
+
+def test_reference_draws_flip_then_rotation_then_blur_with_the_authors_probabilities_and_ranges(monkeypatch):
+    """torchvision's transforms as ``buid_domain_transform`` composes them (:37-43): the flip (p 0.5) first,
+    then the rotation (angle ~ U(-45, 45)), then the blur (p 0.5, sigma ~ U(0.1, 5)); each primitive is
+    replaced by a recorder, so the draws and the order are read off directly."""
+    import fedmedbench.fl.augment as augment
+
+    calls: list[tuple[str, torch.Tensor]] = []
+    monkeypatch.setattr(augment, "hflip", lambda x, flip: (calls.append(("flip", flip)), x + 1.0)[1])
+    monkeypatch.setattr(augment, "rotate", lambda x, deg: (calls.append(("rotate", deg)), x * 10.0)[1])
+    monkeypatch.setattr(augment, "gaussian_blur", lambda x, sigma: (calls.append(("blur", sigma)), x - 1000.0)[1])
+    n = 20000
+    out = augment.reference_transform(torch.zeros(n, 1, 2, 2), torch.Generator().manual_seed(5))
+    assert [name for name, _ in calls] == ["flip", "rotate", "blur"]
+    flip, angle, sigma = (c[1].double() for c in calls)
+    blurred = (out[:, 0, 0, 0] < 0).double()  # the blur's mark, only where it was drawn
+    assert torch.equal(out[blurred == 0], torch.full((int(n - blurred.sum()), 1, 2, 2), 10.0))
+    for drawn in (flip, blurred):
+        assert abs(float(drawn.mean()) - 0.5) < 0.02
+    for values, lo, hi in ((angle, -45.0, 45.0), (sigma, 0.1, 5.0)):
+        assert lo <= float(values.min()) < lo + 0.1 and hi - 0.1 < float(values.max()) <= hi
+        assert abs(float(values.mean()) - (lo + hi) / 2) < 0.02 * (hi - lo)
+        assert abs(float(values.std()) - (hi - lo) / math.sqrt(12)) < 0.02 * (hi - lo)
+
+
+def test_a_read_is_the_transform_of_the_shifted_image_then_normalize_half_half(monkeypatch):
+    """``__getitem__`` order: x / 255, the device shift, the transforms, Normalize(0.5, 0.5) last."""
+    import fedmedbench.fl.augment as augment
+
+    seen = {}
+
+    def transform(x01, generator):
+        seen["x"] = x01.clone()
+        return x01
+
+    monkeypatch.setattr(augment, "reference_transform", transform)
+    x = torch.tensor([0, 51, 204, 255], dtype=torch.uint8).view(1, 1, 2, 2)
+    out = augment.reference_batch(x, torch.tensor([[0.5, 0.1, 0.0]]), torch.device("cpu"), torch.Generator().manual_seed(0))
+    shifted = torch.tensor([0.1, 0.2, 0.5, 0.6]).view(1, 1, 2, 2)  # 0.5 x + 0.1 of 0, 0.2, 0.8, 1
+    assert torch.allclose(seen["x"], shifted, atol=1e-6)
+    assert torch.allclose(out, shifted * 2 - 1, atol=1e-6)
