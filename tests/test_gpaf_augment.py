@@ -195,6 +195,8 @@ def test_federated_data_reads_clean_training_images_and_keeps_stored_validation(
     assert plain.aug_x is None and plain.aug_device is None
     with pytest.raises(ValueError, match="'base' source"):
         FederatedData(tmp_path / "p.json", {"degraded": sources["degraded"]}, aug)
+    with pytest.raises(ValueError, match=r"client_augmentation\.mode = 'refrence'"):  # a typo is refused, not read as on
+        FederatedData(tmp_path / "p.json", sources, {**aug, "mode": "refrence"})
     # the validation shares before their shift, client by client as global_val pools them, with their devices
     clean_val, rows = data.global_val_reads()
     assert np.array_equal(clean_val[:, 0].numpy(), base["val_images"][[0, 1]])

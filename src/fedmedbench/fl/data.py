@@ -23,7 +23,7 @@ import torch
 from fedmedbench.data.domains import device_of
 from fedmedbench.data.medmnist import SPLITS, load_npz
 from fedmedbench.fl.api import ClientData
-from fedmedbench.fl.augment import VALIDATION_AUGMENTATIONS
+from fedmedbench.fl.augment import CLIENT_AUGMENTATIONS, VALIDATION_AUGMENTATIONS
 from fedmedbench.io import read_json
 from fedmedbench.partition import check_partition, check_partition_keys
 
@@ -52,7 +52,10 @@ CLEAN_SOURCE = "base"
 
 class FederatedData:
     def __init__(self, partition_path: str | Path, sources: dict[str, str], augmentation: dict | None = None) -> None:
-        self.augmentation = augmentation if augmentation and augmentation.get("mode", "none") != "none" else None
+        mode = augmentation.get("mode", "none") if augmentation else "none"
+        if mode not in CLIENT_AUGMENTATIONS:  # a run spec written by hand: the schema checks the config's
+            raise ValueError(f"run spec client_augmentation.mode = {mode!r}: choose one of {list(CLIENT_AUGMENTATIONS)}")
+        self.augmentation = augmentation if mode != "none" else None
         if self.augmentation and CLEAN_SOURCE not in sources:
             raise ValueError(f"{partition_path}: client_augmentation: {self.augmentation['mode']} reads the clean "
                              f"training images from the '{CLEAN_SOURCE}' source, which the run does not provide")
