@@ -365,3 +365,18 @@ def test_a_read_is_the_transform_of_the_shifted_image_then_normalize_half_half(m
     shifted = torch.tensor([0.1, 0.2, 0.5, 0.6]).view(1, 1, 2, 2)  # 0.5 x + 0.1 of 0, 0.2, 0.8, 1
     assert torch.allclose(seen["x"], shifted, atol=1e-6)
     assert torch.allclose(out, shifted * 2 - 1, atol=1e-6)
+
+
+def test_a_profile_domains_device_is_the_one_its_stored_file_applies():
+    """Noise off, the stored file of flat images is round(255 (c x + b)): the (c, b) ``device_of`` gives for the same
+    domain seed, and not those of another seed (a profile draws its device from ``domain_seed``)."""
+    from fedmedbench.data.domains import corrupt_dataset
+
+    spec = [{"profile": {"contrast": [0.6, 1.4], "brightness": [0.1, 0.3], "noise": [0.0, 0.0]}}]
+    flat = {f"{s}_images": np.full((2, 4, 4), 102, dtype=np.uint8) for s in ("train", "val", "test")}
+    flat.update({f"{s}_labels": np.zeros((2, 1), dtype=np.int64) for s in ("train", "val", "test")})
+    stored = corrupt_dataset(flat, "breastmnist", "midrange_profile", spec, seed=5)["train_images"]
+    c, b, sigma = device_of(spec, "midrange_profile", seed=5)
+    assert sigma == 0.0 and np.all(stored == round(255 * (c * 0.4 + b)))
+    c6, b6, _ = device_of(spec, "midrange_profile", seed=6)
+    assert round(255 * (c6 * 0.4 + b6)) != stored[0, 0, 0]
