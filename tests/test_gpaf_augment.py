@@ -195,6 +195,10 @@ def test_federated_data_reads_clean_training_images_and_keeps_stored_validation(
     assert plain.aug_x is None and plain.aug_device is None
     with pytest.raises(ValueError, match="'base' source"):
         FederatedData(tmp_path / "p.json", {"degraded": sources["degraded"]}, aug)
+    reordered = {k: v[::-1].copy() for k, v in shifted.items()}  # the images and labels of another pool order
+    np.savez(tmp_path / "reordered.npz", **reordered)
+    with pytest.raises(ValueError, match="reordered.npz: its labels are not those of the clean 'base' file"):
+        FederatedData(tmp_path / "p.json", {**sources, "degraded": str(tmp_path / "reordered.npz")}, aug).client(1)
     with pytest.raises(ValueError, match=r"client_augmentation\.mode = 'refrence'"):  # a typo is refused, not read as on
         FederatedData(tmp_path / "p.json", sources, {**aug, "mode": "refrence"})
     # the validation shares before their shift, client by client as global_val pools them, with their devices
