@@ -81,8 +81,7 @@ def _check_datasets(sname, study):
 
 def client_augmentation(study, setting):
     """The setting's ``client_augmentation``, else the study's (none | reference | reference_train)."""
-    st = config["studies"][study]
-    return st["settings"][setting].get("client_augmentation", st["client_augmentation"])
+    return GRID.run_client_augmentation(config["studies"][study], setting)
 
 
 def _check_config():

@@ -127,6 +127,9 @@ def test_site_refuses_data_paths_and_unknown_keys_from_the_server(study):
         apps.site_spec(ok, {"partition-id": 0})
     with pytest.raises(apps.SiteRefusal, match="centralized"):
         apps.site_spec(json.dumps({**json.loads(ok), "method": "centralized"}), node)
+    reads = {"mode": "reference", "domains": {}, "domain_seed": 0}  # the clean images are not in a site folder
+    with pytest.raises(apps.SiteRefusal, match="client_augmentation"):
+        apps.site_spec(json.dumps({**json.loads(ok), "client_augmentation": reads}), node)
 
 
 def test_a_site_sends_only_arrays_and_metrics(study):

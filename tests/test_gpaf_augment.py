@@ -195,6 +195,12 @@ def test_federated_data_reads_clean_training_images_and_keeps_stored_validation(
     assert plain.aug_x is None and plain.aug_device is None
     with pytest.raises(ValueError, match="'base' source"):
         FederatedData(tmp_path / "p.json", {"degraded": sources["degraded"]}, aug)
+    reordered = {k: v[::-1].copy() for k, v in shifted.items()}  # the images and labels of another pool order
+    np.savez(tmp_path / "reordered.npz", **reordered)
+    with pytest.raises(ValueError, match="reordered.npz: its labels are not those of the clean 'base' file"):
+        FederatedData(tmp_path / "p.json", {**sources, "degraded": str(tmp_path / "reordered.npz")}, aug).client(1)
+    with pytest.raises(ValueError, match=r"client_augmentation\.mode = 'refrence'"):  # a typo is refused, not read as on
+        FederatedData(tmp_path / "p.json", sources, {**aug, "mode": "refrence"})
     # the validation shares before their shift, client by client as global_val pools them, with their devices
     clean_val, rows = data.global_val_reads()
     assert np.array_equal(clean_val[:, 0].numpy(), base["val_images"][[0, 1]])
@@ -321,3 +327,60 @@ def test_paper_grid_augments_scenario_1_only():
     assert grid["gpaf"]["client_augmentation"] == "reference"
     assert grid["gpaf_pathmnist"]["client_augmentation"] == "none"
     assert math.isclose(gpaf_device(2)[2], 0.128, abs_tol=5e-4)
+
+
+def test_reference_draws_flip_then_rotation_then_blur_with_the_authors_probabilities_and_ranges(monkeypatch):
+    """torchvision's transforms as ``buid_domain_transform`` composes them (:37-43): the flip (p 0.5) first,
+    then the rotation (angle ~ U(-45, 45)), then the blur (p 0.5, sigma ~ U(0.1, 5)); each primitive is
+    replaced by a recorder, so the draws and the order are read off directly."""
+    import fedmedbench.fl.augment as augment
+
+    calls: list[tuple[str, torch.Tensor]] = []
+    monkeypatch.setattr(augment, "hflip", lambda x, flip: (calls.append(("flip", flip)), x + 1.0)[1])
+    monkeypatch.setattr(augment, "rotate", lambda x, deg: (calls.append(("rotate", deg)), x * 10.0)[1])
+    monkeypatch.setattr(augment, "gaussian_blur", lambda x, sigma: (calls.append(("blur", sigma)), x - 1000.0)[1])
+    n = 20000
+    out = augment.reference_transform(torch.zeros(n, 1, 2, 2), torch.Generator().manual_seed(5))
+    assert [name for name, _ in calls] == ["flip", "rotate", "blur"]
+    flip, angle, sigma = (c[1].double() for c in calls)
+    blurred = (out[:, 0, 0, 0] < 0).double()  # the blur's mark, only where it was drawn
+    assert torch.equal(out[blurred == 0], torch.full((int(n - blurred.sum()), 1, 2, 2), 10.0))
+    for drawn in (flip, blurred):
+        assert abs(float(drawn.mean()) - 0.5) < 0.02
+    for values, lo, hi in ((angle, -45.0, 45.0), (sigma, 0.1, 5.0)):
+        assert lo <= float(values.min()) < lo + 0.1 and hi - 0.1 < float(values.max()) <= hi
+        assert abs(float(values.mean()) - (lo + hi) / 2) < 0.02 * (hi - lo)
+        assert abs(float(values.std()) - (hi - lo) / math.sqrt(12)) < 0.02 * (hi - lo)
+
+
+def test_a_read_is_the_transform_of_the_shifted_image_then_normalize_half_half(monkeypatch):
+    """``__getitem__`` order: x / 255, the device shift, the transforms, Normalize(0.5, 0.5) last."""
+    import fedmedbench.fl.augment as augment
+
+    seen = {}
+
+    def transform(x01, generator):
+        seen["x"] = x01.clone()
+        return x01
+
+    monkeypatch.setattr(augment, "reference_transform", transform)
+    x = torch.tensor([0, 51, 204, 255], dtype=torch.uint8).view(1, 1, 2, 2)
+    out = augment.reference_batch(x, torch.tensor([[0.5, 0.1, 0.0]]), torch.device("cpu"), torch.Generator().manual_seed(0))
+    shifted = torch.tensor([0.1, 0.2, 0.5, 0.6]).view(1, 1, 2, 2)  # 0.5 x + 0.1 of 0, 0.2, 0.8, 1
+    assert torch.allclose(seen["x"], shifted, atol=1e-6)
+    assert torch.allclose(out, shifted * 2 - 1, atol=1e-6)
+
+
+def test_a_profile_domains_device_is_the_one_its_stored_file_applies():
+    """Noise off, the stored file of flat images is round(255 (c x + b)): the (c, b) ``device_of`` gives for the same
+    domain seed, and not those of another seed (a profile draws its device from ``domain_seed``)."""
+    from fedmedbench.data.domains import corrupt_dataset
+
+    spec = [{"profile": {"contrast": [0.6, 1.4], "brightness": [0.1, 0.3], "noise": [0.0, 0.0]}}]
+    flat = {f"{s}_images": np.full((2, 4, 4), 102, dtype=np.uint8) for s in ("train", "val", "test")}
+    flat.update({f"{s}_labels": np.zeros((2, 1), dtype=np.int64) for s in ("train", "val", "test")})
+    stored = corrupt_dataset(flat, "breastmnist", "midrange_profile", spec, seed=5)["train_images"]
+    c, b, sigma = device_of(spec, "midrange_profile", seed=5)
+    assert sigma == 0.0 and np.all(stored == round(255 * (c * 0.4 + b)))
+    c6, b6, _ = device_of(spec, "midrange_profile", seed=6)
+    assert round(255 * (c6 * 0.4 + b6)) != stored[0, 0, 0]

@@ -116,6 +116,9 @@ def site_spec(spec_json: str, node_config: dict[str, Any], model_files: dict[str
     if int((d.get("method_params") or {}).get("site_finetune") or 0):
         raise SiteRefusal("method_params.site_finetune fine-tunes every site on the server's synthetic clips, "
                           "which no site folder holds; it is not deployable")
+    if d.get("client_augmentation"):
+        raise SiteRefusal("client_augmentation reads each training image before its domain shift, which no site folder "
+                          "holds (a site would train on its stored images); it is not deployable")
     for key in ("in_channels", "num_classes"):
         if d.get(key) is not None and manifest.get(key) is not None and int(d[key]) != int(manifest[key]):
             raise SiteRefusal(f"the server's model expects {key}={d[key]}, this site's data has {manifest[key]}")

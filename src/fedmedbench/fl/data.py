@@ -23,7 +23,7 @@ import torch
 from fedmedbench.data.domains import device_of
 from fedmedbench.data.medmnist import SPLITS, load_npz
 from fedmedbench.fl.api import ClientData
-from fedmedbench.fl.augment import VALIDATION_AUGMENTATIONS
+from fedmedbench.fl.augment import CLIENT_AUGMENTATIONS, VALIDATION_AUGMENTATIONS
 from fedmedbench.io import read_json
 from fedmedbench.partition import check_partition, check_partition_keys
 
@@ -52,7 +52,10 @@ CLEAN_SOURCE = "base"
 
 class FederatedData:
     def __init__(self, partition_path: str | Path, sources: dict[str, str], augmentation: dict | None = None) -> None:
-        self.augmentation = augmentation if augmentation and augmentation.get("mode", "none") != "none" else None
+        mode = augmentation.get("mode", "none") if augmentation else "none"
+        if mode not in CLIENT_AUGMENTATIONS:  # a run spec written by hand: the schema checks the config's
+            raise ValueError(f"run spec client_augmentation.mode = {mode!r}: choose one of {list(CLIENT_AUGMENTATIONS)}")
+        self.augmentation = augmentation if mode != "none" else None
         if self.augmentation and CLEAN_SOURCE not in sources:
             raise ValueError(f"{partition_path}: client_augmentation: {self.augmentation['mode']} reads the clean "
                              f"training images from the '{CLEAN_SOURCE}' source, which the run does not provide")
@@ -92,9 +95,20 @@ class FederatedData:
         """A client's images of ``part`` before its domain shift, and its device (c, b, sigma) per image."""
         source, aug = client["source"], self.augmentation
         steps = aug["domains"].get(source, []) if source != CLEAN_SOURCE else []
+        if steps:
+            self._check_same_pool(source)
         device = device_of(steps, source, int(aug.get("domain_seed", 0)))
         clean_x = self._take(CLEAN_SOURCE if steps else source, client[part])[0]
         return clean_x, torch.tensor(device, dtype=torch.float32).repeat(clean_x.shape[0], 1)
+
+    def _check_same_pool(self, source: str) -> None:
+        """A domain file holds the clean file's images in the same order (its labels, pool for pool, are the
+        clean file's): the clean reads take the domain's indices into the clean file."""
+        clean, shifted = self.sources[CLEAN_SOURCE], self.sources[source]
+        if not torch.equal(load_pool(clean)[1], load_pool(shifted)[1]):
+            raise ValueError(f"{shifted}: its labels are not those of the clean '{CLEAN_SOURCE}' file {clean}, pool for "
+                             f"pool; client_augmentation reads the domain '{source}' images from that file by the same "
+                             "indices, so both must hold the same images in the same order (build the domain file again)")
 
     def _with_clean_reads(self, client: dict, data: ClientData) -> ClientData:
         """``data`` plus its clean training (and, under ``reference``, validation) images and their device,

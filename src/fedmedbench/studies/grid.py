@@ -71,6 +71,11 @@ def run_model(study: dict[str, Any], method: str) -> dict[str, Any]:
     return {**study["model"], **study["method_model"].get(method, {})}
 
 
+def run_client_augmentation(study: dict[str, Any], setting: str) -> str:
+    """The setting's ``client_augmentation``, else the study's (none | reference | reference_train)."""
+    return study["settings"][setting].get("client_augmentation", study.get("client_augmentation", "none"))
+
+
 def pooled_inputs(study: dict[str, Any], dataset: str, setting: str, method: str) -> str | None:
     """What a pooled-data run of ``method`` in ``setting`` trains on and with, as a key (equal keys: the same
     inputs); None where they depend on the partition (another scheme) or the method is not pooled."""
@@ -80,7 +85,7 @@ def pooled_inputs(study: dict[str, Any], dataset: str, setting: str, method: str
     return json.dumps({
         "dataset": dataset, "num_clients": s["num_clients"], "train": run_train(study, setting, method),
         "method_params": method_params.resolve(method, study["method_params"], s),
-        "client_augmentation": s.get("client_augmentation", study.get("client_augmentation", "none")),
+        "client_augmentation": run_client_augmentation(study, setting),
     }, sort_keys=True, default=str)
 
 
