@@ -130,14 +130,25 @@ def job_spec(workdir: Path, config: dict, study: str, job: dict, part: Path, sou
     )
 
 
+def timed_job(jobs: list[dict], setting: str | None) -> dict:
+    """The job whose dataset and setting are timed: the grid's first, or its first of ``setting``."""
+    if setting is None:
+        return jobs[0]
+    match = next((j for j in jobs if j["setting"] == setting), None)
+    if match is None:
+        raise SystemExit(f"grid_cost: --setting {setting}: no such setting (the grid's: "
+                         f"{', '.join(sorted({j['setting'] for j in jobs}))})")
+    return match
+
+
 def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int, device: str, threads: int,
-               workdir: Path) -> dict:
+               workdir: Path, setting: str | None = None) -> dict:
     st = config["studies"][study]
     jobs = grid_jobs(config, study)
     row = {"bench": "grid_cost", "study": study, "device": device, "jobs": len(jobs),
            "job_rounds": sum(j["rounds"] for j in jobs), "model": st["model"]["name"]}
     timed = [m for m in (methods or []) if m in st["methods"]] or st["methods"][:1]  # names of other studies skipped
-    first = jobs[0]
+    first = timed_job(jobs, setting)
     part, sources = make_data(workdir, config, study, first["setting"], first["dataset"])
     s_per_round: dict[str, float] = {}
     for method in timed:
@@ -215,6 +226,8 @@ def main() -> None:
                     default=sorted((ROOT / "config" / "studies").glob("*.yaml")))
     ap.add_argument("--study", nargs="*", help="studies of the config to cost (default: all)")
     ap.add_argument("--methods", nargs="*", help="methods to time (default: each study's first)")
+    ap.add_argument("--setting", help="the MedMNIST studies: time the jobs of this setting (default: the grid's first "
+                    "job's), e.g. a quantity-skewed one; the grid is costed at its rate")
     ap.add_argument("--rounds", type=int, default=3, help="rounds timed per method (the first is left out when > 1)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=2)
@@ -305,7 +318,7 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
             if args.batch_clients:  # train.batch_clients: each round's clients together, where the method allows
                 config["studies"][study]["train"]["batch_clients"] = True
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
-                row = study_cost(config, study, args.methods, args.rounds, device, args.threads, Path(tmp))
+                row = study_cost(config, study, args.methods, args.rounds, device, args.threads, Path(tmp), args.setting)
             yield {**row, "batch_clients": args.batch_clients}
         surgical = args.surgical_dir or Path("resources") / "surgical" / config["surgical"]["origin"]
         has_runs = {"fedst": config["fedst"].get("enabled", False), "ultraflwr": bool(config["ultraflwr"].get("groups"))}

@@ -174,7 +174,8 @@ def _waits(make, sizes=(2, 6)) -> list[int]:
 def _on_gpu(data):
     from dataclasses import fields, replace
 
-    return replace(data, **{f.name: getattr(data, f.name).cuda() for f in fields(data)})
+    return replace(data, **{f.name: getattr(data, f.name).cuda() for f in fields(data)
+                            if getattr(data, f.name) is not None})  # augmentation sources: None unless asked for
 
 
 @pytest.mark.parametrize("method", EARLYSTOP_METHODS)
@@ -249,7 +250,8 @@ def test_a_segmentation_site_does_not_wait_for_the_gpu_per_step(tmp_path):
     model = _LastFrame().cuda()
     counts = _waits(lambda s: lambda: seg.train_steps(model, data, s, train, 0.1, torch.device("cuda"),
                                                       torch.Generator().manual_seed(4), {"augment": True}))
-    assert counts[0] == counts[1], f"the host waited {counts[0]} times for 2 steps, {counts[1]} for 6"
+    # a wait per step would add 4 for 6 steps; a one-off (on an H200: 2 waits for 2 steps, 1 for 6) may fall in either
+    assert counts[1] <= counts[0], f"the host waited {counts[0]} times for 2 steps, {counts[1]} for 6"
 
 
 def test_segmentation_scores_on_the_gpu_are_medpys():

@@ -4,7 +4,9 @@ together (``train.batch_clients``, :mod:`fedmedbench.fl.methods._together`), whi
 for every client at once from their stacked weights.
 
 A batched form works on lists of stacked tensors (K clients, ...) in parameter order, with the helpers of
-:class:`Stack` (per-client norms, per-client scalars broadcast, per-client vectors stacked).
+:class:`Stack` (per-client norms, per-client scalars broadcast, per-client vectors stacked). The clients
+stepping at a step are the stack's first n (``_together``'s plan puts the longest first): a step passes
+their rows, and a batched form reads and moves the first n rows of its own state.
 """
 
 from __future__ import annotations
@@ -41,26 +43,30 @@ class Stack:
         return out
 
     def by_rank(self, values: torch.Tensor) -> list[torch.Tensor]:
-        """One (K,) vector as (K, 1, ..., 1) views broadcasting against each stacked tensor."""
+        """One (n,) vector as (n, 1, ..., 1) views broadcasting against each stacked tensor's first n rows."""
         out: list[torch.Tensor] = [None] * len(self.params)  # type: ignore[list-item]
         for rank, idx in self.per_rank.items():
-            view = values.view(self.k, *([1] * (rank - 1)))
+            view = values.view(len(values), *([1] * (rank - 1)))
             for i in idx:
                 out[i] = view
         return out
 
     def norms(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """Each client's norm over all of its tensors, (K,)."""
-        return torch.linalg.vector_norm(torch.cat([t.reshape(self.k, -1) for t in tensors], dim=1), dim=1)
+        """Each client's norm over all of its tensors, (n,) for tensors of n rows."""
+        return torch.linalg.vector_norm(torch.cat([t.reshape(len(t), -1) for t in tensors], dim=1), dim=1)
 
     def scaled(self, tensors: list[torch.Tensor], per_client: torch.Tensor) -> list[torch.Tensor]:
-        """Each client's tensors times its number of ``per_client`` (K,)."""
+        """Each client's tensors times its number of ``per_client`` (n,)."""
         return torch._foreach_mul(tensors, self.by_rank(per_client))
 
     def rows(self, tensors: list[torch.Tensor]) -> list[Tensors]:
         """Per client, its slice of each stacked tensor (views), by parameter name."""
         columns = [t.unbind(0) for t in tensors]
         return [{n: col[c] for n, col in zip(self.params, columns, strict=True)} for c in range(self.k)]
+
+    def first(self, tensors: list[torch.Tensor], n: int) -> list[torch.Tensor]:
+        """The first n clients' rows of stacked tensors (views; the tensors themselves when n is all)."""
+        return tensors if n == self.k else [t[:n] for t in tensors]
 
 
 class Perturbation:
@@ -77,19 +83,19 @@ class Perturbation:
 
 
 class BatchedPerturbation:
-    """One step's perturbation of every client, (K, ...) per parameter tensor."""
+    """One step's perturbation of the stepping clients, (n, ...) per parameter tensor."""
 
     #: whether :meth:`e` needs the gradient at the current weights on the step's batches
     needs_gradient = False
 
-    def e(self, weights: list[torch.Tensor], grads: list[torch.Tensor] | None,
-          active: torch.Tensor) -> list[torch.Tensor] | None:
-        """This step's perturbations (None: none this step); ``active`` (K,): 1 for a client that steps, 0
-        for one whose steps are done (its state must not move)."""
+    def e(self, weights: list[torch.Tensor], grads: list[torch.Tensor] | None, n: int) -> list[torch.Tensor] | None:
+        """This step's perturbations of the first ``n`` clients, whose weights (and gradients) these are (None:
+        none this step); the other clients' state must not move."""
         raise NotImplementedError
 
-    def after_step(self, active: torch.Tensor) -> None:
-        """Called after every optimizer step (a method's own ``StepHooks.after_step``, batched)."""
+    def after_step(self, n: int) -> None:
+        """Called after every optimizer step of the first ``n`` clients (a method's own ``StepHooks.after_step``,
+        batched)."""
 
     def finish(self) -> None:
         """Each client's perturbation state written back to it once the steps are done."""
@@ -117,8 +123,8 @@ class _BatchedAscent(BatchedPerturbation):
     def __init__(self, rho: torch.Tensor, stack: Stack) -> None:
         self.rho, self.stack = rho, stack
 
-    def e(self, weights, grads, active):
-        return self.stack.scaled(grads, self.rho / (self.stack.norms(grads) + 1e-7))
+    def e(self, weights, grads, n):
+        return self.stack.scaled(grads, self.rho[:n] / (self.stack.norms(grads) + 1e-7))
 
 
 @dataclass(frozen=True)
@@ -132,12 +138,13 @@ class FixedPerturbation(Perturbation):
 
     @classmethod
     def batched(cls, perturbs: Sequence[Perturbation | None], stack: Stack) -> BatchedPerturbation:
-        return _BatchedFixed(stack.stacked([p.e_round if isinstance(p, FixedPerturbation) else None for p in perturbs]))
+        return _BatchedFixed(stack.stacked([p.e_round if isinstance(p, FixedPerturbation) else None for p in perturbs]),
+                             stack)
 
 
 class _BatchedFixed(BatchedPerturbation):
-    def __init__(self, e: list[torch.Tensor] | None) -> None:
-        self._e = e
+    def __init__(self, e: list[torch.Tensor] | None, stack: Stack) -> None:
+        self._e, self.stack = e, stack
 
-    def e(self, weights, grads, active):
-        return self._e
+    def e(self, weights, grads, n):
+        return None if self._e is None else self.stack.first(self._e, n)

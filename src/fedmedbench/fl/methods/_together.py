@@ -8,9 +8,11 @@ every step runs one forward and backward over all of them (``torch.func.function
 its longest client, not of all clients.
 
 Each client keeps its own draws (its generator's permutations, its batches), its own gradient-norm
-clip and its own momentum. Clients of unequal sizes are padded to the largest batch of the step with
-zero-weight samples, and a client whose steps are done keeps its weights (its learning rate is 0 for
-the remaining steps). The per-sample arithmetic is the same; the order of summation within a batched
+clip and its own momentum. The clients are stacked longest first, so that those still stepping are a
+prefix of the stack: a step computes only them (views of the stacked tensors), and a client whose steps
+are done is left where it is. Within a step, clients of unequal batches are padded to the step's largest
+with zero-weight samples. A round with one large client (quantity skew) thus computes about what one by one
+computes, not K times its longest client. The per-sample arithmetic is the same; the order of summation within a batched
 convolution is not, so results equal the one-by-one loop to float32 rounding (``tests/
 test_clients_together.py`` states the tolerance), not bit for bit: the option is part of the run hash.
 
@@ -73,22 +75,23 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) ->
     """Every client of ``ctxs`` (sharing one model, which holds the global weights) trained as
     :func:`fedmedbench.fl.methods._sgd.local_loop` would train it, all in one batched loop; per client its
     trained state (as ``ctx.result_arrays`` gives it) and its metrics (as ``local_loop_metrics``)."""
+    plan = BatchPlan.of(ctxs, ctxs[0].train.batch_size)
+    ctxs, hooks = [ctxs[c] for c in plan.order], [hooks[c] for c in plan.order]  # longest first
     model, cfg, device = ctxs[0].model, ctxs[0].train, ctxs[0].device
     model.train()
     params = trainable(model)
     k = len(ctxs)
     stack = Stack({n: p.detach() for n, p in params.items()}, k, device)
     stacked = {n: p.detach().unsqueeze(0).expand(k, *p.shape).clone().requires_grad_(True) for n, p in params.items()}
-    weights = list(stacked.values())
+    names, weights = list(stacked), list(stacked.values())
     corrections = stack.stacked([h.correction for h in hooks])
     perturbs = [h.perturb for h in hooks]
     kind = next((type(p) for p in perturbs if p is not None), None)
     perturb = kind.batched(perturbs, stack) if kind is not None else None
     decay = cfg.weight_decay + hooks[0].extra_weight_decay
     loss_weight = hooks[0].loss_weight
-    plan = BatchPlan.of(ctxs, cfg.batch_size)
     x_all, y_all = plan.pooled(ctxs, device)
-    index, sample_w, active = plan.tensors(x_all.device, device)
+    index, sample_w = plan.tensors(x_all.device, device)
     lr = cfg.lr_at(ctxs[0].rnd)
 
     def client_loss(p: Tensors, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -99,93 +102,115 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) ->
     momentum: list[torch.Tensor] | None = None
     step_losses = []
     for s in range(plan.steps):
-        xb = to_float(x_all[index[s]], device)
-        yb = y_all[index[s]].to(device, non_blocking=True)
+        n, width = plan.active[s], plan.widths[s]
+        if n == k:  # every client steps: the stacked tensors themselves
+            leaves, idx, w_s, corr = weights, index[s], sample_w[s], corrections
+            if width < plan.width:
+                idx, w_s = idx[:, :width], w_s[:, :width]
+        else:  # the first n clients step: leaves that are views of their rows, updated in place
+            leaves = [w.detach()[:n].requires_grad_(True) for w in weights]
+            idx, w_s = index[s, :n, :width], sample_w[s, :n, :width]
+            corr = None if corrections is None else [c[:n] for c in corrections]
+        current = dict(zip(names, leaves, strict=True))
+        xb = to_float(x_all[idx], device)
+        yb = y_all[idx].to(device, non_blocking=True)
         e = None
         if perturb is not None:
             g = None
             if perturb.needs_gradient:  # the gradient at the current weights on this batch (SAM's ascent)
-                for w in weights:
+                for w in leaves:
                     w.grad = None
                 with forward_precision(cfg, device):
-                    batched_loss(stacked, xb, yb, sample_w[s]).sum().backward()
-                g = [w.grad for w in weights]
+                    batched_loss(current, xb, yb, w_s).sum().backward()
+                g = [w.grad for w in leaves]
             with torch.no_grad():
-                e = perturb.e(weights, g, active[s])
-                if e is not None and not plan.all_active[s]:  # a client whose steps are done stays where it is
-                    e = stack.scaled(e, active[s])
+                e = perturb.e(leaves, g, n)
                 if e is not None:
-                    torch._foreach_add_(weights, e)
-        for w in weights:
+                    torch._foreach_add_(leaves, e)
+        for w in leaves:
             w.grad = None
         with forward_precision(cfg, device):
-            losses = batched_loss(stacked, xb, yb, sample_w[s])
+            losses = batched_loss(current, xb, yb, w_s)
         # a weight of 1 (every method but FedWMSAM) is no op to launch; x * 1.0 == x bit for bit
         (losses.sum() if loss_weight == 1.0 else (losses * loss_weight).sum()).backward()
         with torch.no_grad():
             if e is not None:
-                torch._foreach_sub_(weights, e)
-            grads = [w.grad for w in weights]
-            if corrections is not None:
-                torch._foreach_add_(grads, corrections)
+                torch._foreach_sub_(leaves, e)
+            grads = [w.grad for w in leaves]
+            if corr is not None:
+                torch._foreach_add_(grads, corr)
             if cfg.grad_clip:
                 coef = torch.clamp(cfg.grad_clip / (stack.norms(grads) + 1e-6), max=1.0)  # clip_grad_norm_, per client
                 torch._foreach_mul_(grads, stack.by_rank(coef))
             if decay:
-                grads = torch._foreach_add(grads, weights, alpha=decay)
+                grads = torch._foreach_add(grads, leaves, alpha=decay)
             if cfg.momentum:
                 if momentum is None:  # SGD's first buffer is the step's gradient: these tensors, not read again
                     momentum = grads
                 else:
-                    torch._foreach_mul_(momentum, cfg.momentum)
-                    torch._foreach_add_(momentum, grads)
-                grads = momentum
-            torch._foreach_addcmul_(weights, grads, stack.by_rank(active[s] * lr), value=-1.0)
+                    buffers = momentum if n == len(momentum[0]) else [m[:n] for m in momentum]
+                    torch._foreach_mul_(buffers, cfg.momentum)
+                    torch._foreach_add_(buffers, grads)
+                    grads = buffers
+            torch._foreach_add_(leaves, grads, alpha=-lr)
             if perturb is not None:
-                perturb.after_step(active[s])
+                perturb.after_step(n)
         step_losses.append(losses.detach())
     if perturb is not None:
         perturb.finish()
-    values = torch.stack(step_losses).double().cpu().numpy() if step_losses else np.zeros((0, k))
-    return _results(ctxs, stacked, values, plan)
+    values = np.zeros((plan.steps, k))
+    if step_losses:
+        flat = torch.cat(step_losses).double().cpu().numpy()
+        for s, row in enumerate(np.split(flat, np.cumsum(plan.active)[:-1])):
+            values[s, : len(row)] = row
+    out = _results(ctxs, stacked, values, plan)
+    back = [None] * k  # the callers' order
+    for pos, c in enumerate(plan.order):
+        back[c] = out[pos]
+    return back
 
 
 class BatchPlan:
     """Which samples each client trains on at each batched step, drawn as the one-by-one loop draws them.
 
-    ``rows[s][c]``: client c's sample indices (into its own training data) at step s, or None once its
-    ``ctx.steps`` are done. Steps: the most any client takes."""
+    The clients are taken longest first (``order``: positions in the callers' list), so that the clients
+    still stepping at a step are a prefix. ``rows[s][c]``: the c-th client's sample indices (into its own
+    training data) at step s, or None once its ``ctx.steps`` are done. Steps: the most any client takes."""
 
-    def __init__(self, rows: list[list[np.ndarray | None]], sizes: list[int]) -> None:
+    def __init__(self, rows: list[list[np.ndarray | None]], sizes: list[int], order: list[int] | None = None) -> None:
         self.rows = rows
         self.sizes = sizes
+        self.order = order if order is not None else list(range(len(sizes)))
         self.steps = len(rows)
         self.width = max((len(r) for step in rows for r in step if r is not None), default=1)
-        #: per step: whether every client steps (known on the host, no device read)
-        self.all_active = [all(r is not None for r in step) for step in rows]
+        #: per step: how many clients step (the first ones), and their largest batch (known on the host)
+        self.active = [sum(r is not None for r in step) for step in rows]
+        self.widths = [max((len(r) for r in step if r is not None), default=1) for step in rows]
 
     @classmethod
     def of(cls, ctxs: Sequence[ClientContext], batch_size: int) -> BatchPlan:
         draws = [[idx.numpy() for idx in batch_indices(c.data.num_train, batch_size, c.steps, c.generator)]
                  for c in ctxs]
+        order = sorted(range(len(ctxs)), key=lambda c: -len(draws[c]))  # stable: equal ones keep their order
+        draws = [draws[c] for c in order]
         steps = max((len(d) for d in draws), default=0)
         rows = [[d[s] if s < len(d) else None for d in draws] for s in range(steps)]
-        return cls(rows, [c.data.num_train for c in ctxs])
+        return cls(rows, [ctxs[c].data.num_train for c in order], order)
 
     def pooled(self, ctxs: Sequence[ClientContext], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The clients' training images and labels back to back (where the first client's data are)."""
+        """The clients' training images and labels back to back, in the plan's order (where the first
+        client's data are)."""
         xs = [c.data.train_x for c in ctxs]
         ys = [c.data.train_y for c in ctxs]
         where = xs[0].device
         return torch.cat([x.to(where) for x in xs]), torch.cat([y.to(where) for y in ys])
 
-    def tensors(self, data_device: torch.device, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(steps, K, width) indices into the pooled data, (steps, K, width) sample weights (1/b for a
-        client's b samples, 0 for padding), (steps, K) 1 where a client still steps, else 0."""
+    def tensors(self, data_device: torch.device, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(steps, K, width) indices into the pooled data and (steps, K, width) sample weights (1/b for a
+        client's b samples, 0 for padding and for a client whose steps are done)."""
         k, offsets = len(self.sizes), np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
         index = np.zeros((self.steps, k, self.width), dtype=np.int64)
         weight = np.zeros((self.steps, k, self.width), dtype=np.float32)
-        active = np.zeros((self.steps, k), dtype=np.float32)
         for s, step in enumerate(self.rows):
             for c, rows in enumerate(step):
                 index[s, c, :] = offsets[c]
@@ -193,9 +218,7 @@ class BatchPlan:
                     continue
                 index[s, c, : len(rows)] = rows + offsets[c]
                 weight[s, c, : len(rows)] = 1.0 / len(rows)
-                active[s, c] = 1.0
-        return (torch.from_numpy(index).to(data_device), torch.from_numpy(weight).to(device),
-                torch.from_numpy(active).to(device))
+        return torch.from_numpy(index).to(data_device), torch.from_numpy(weight).to(device)
 
 
 def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray,

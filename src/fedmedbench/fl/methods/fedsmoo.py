@@ -66,10 +66,11 @@ class _BatchedDualAscent(BatchedPerturbation):
         self.mu = stack.stacked([p.mu for p in perturbs])
         self.s = stack.stacked([p.s for p in perturbs])
 
-    def e(self, weights, grads, active):
-        g = torch._foreach_sub(grads, torch._foreach_add(self.mu, self.s))
+    def e(self, weights, grads, n):
+        mu, s = self.stack.first(self.mu, n), self.stack.first(self.s, n)  # the others' mu stays
+        g = torch._foreach_sub(grads, torch._foreach_add(mu, s))
         e = self.stack.scaled(g, self.rho / (self.stack.norms(g) + 1e-7))
-        torch._foreach_addcmul_(self.mu, torch._foreach_sub(e, self.s), self.stack.by_rank(active))  # done: mu stays
+        torch._foreach_add_(mu, torch._foreach_sub(e, s))
         return e
 
     def finish(self) -> None:

@@ -86,12 +86,12 @@ class _BatchedMomentumGuided(BatchedPerturbation):
         self.target = stack.stacked([p.target for p in perturbs])
         self.m_i = stack.stacked([p.m_i for p in perturbs])
 
-    def e(self, weights, grads, active):
-        d = torch._foreach_sub(self.target, weights)
+    def e(self, weights, grads, n):
+        d = torch._foreach_sub(self.stack.first(self.target, n), weights)
         if self.form != "reference":
             return self.stack.scaled(d, self.rho / (self.stack.norms(d) + 1e-7))
         # indexed_perturbation per client: its first P entries of t - theta, one scalar per parameter tensor
-        k, count, lead, got = self.stack.k, len(d), [], 0
+        k, count, lead, got = n, len(d), [], 0
         for t in d:
             piece = t.reshape(k, -1)[:, : count - got]
             lead.append(piece)
@@ -102,8 +102,8 @@ class _BatchedMomentumGuided(BatchedPerturbation):
         ev = v * (self.rho / (v.abs().sum(dim=1) + 1e-7)).unsqueeze(1)
         return [column.view(k, *([1] * (w.dim() - 1))).expand_as(w) for column, w in zip(ev.unbind(1), weights, strict=True)]
 
-    def after_step(self, active) -> None:
-        torch._foreach_add_(self.target, self.m_i)
+    def after_step(self, n) -> None:
+        torch._foreach_add_(self.stack.first(self.target, n), self.stack.first(self.m_i, n))
 
 
 @register_method("fedwmsam")
