@@ -8,7 +8,7 @@ written once and shared. For each count N the N jobs start together; a job's s/r
 of its rounds after the first (which builds caches); throughput is rounds per second over all jobs,
 relative to one job alone.
 
-    python bench/gpu_packing.py --config config/studies/earlystop.yaml --jobs 1 2 4 8 --rounds 4 [--batch-clients]
+    python bench/gpu_packing.py --config config/studies/earlystop.yaml --jobs 1 2 4 8 --rounds 4 [--[no-]batch-clients]
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def worker(args: argparse.Namespace) -> None:
     limit_threads(args.threads)
     config = grid_cost.load_config(args.config)
     st = config["studies"][args.study]
-    if args.batch_clients:  # train.batch_clients: each job trains its round's clients together
-        st["train"]["batch_clients"] = True
+    if args.batch_clients is not None:  # train.batch_clients: each job trains its round's clients together, or not
+        st["train"]["batch_clients"] = args.batch_clients
     first = grid_cost.grid_jobs(config, args.study)[0]
     job = {**first, "method": args.method}
     s = st["settings"][job["setting"]]
@@ -56,8 +56,8 @@ def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: P
     cmd = [sys.executable, __file__, "--worker", "--device", args.device, "--config", str(args.config), "--study", args.study,
            "--method", args.method, "--rounds", str(args.rounds), "--threads", str(args.threads),
            "--npz", str(npz), "--partition", str(part), "--workdir", str(workdir)]
-    if args.batch_clients:
-        cmd.append("--batch-clients")
+    if args.batch_clients is not None:
+        cmd.append("--batch-clients" if args.batch_clients else "--no-batch-clients")
     t0 = time.perf_counter()
     procs = [subprocess.Popen([*cmd, "--index", str(i)], stdout=subprocess.PIPE, text=True, env=os.environ.copy())
              for i in range(n)]
@@ -83,7 +83,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2, help="torch threads per job")
     ap.add_argument("--device", default="cuda", help="cuda (cpu only to try the script)")
-    ap.add_argument("--batch-clients", action="store_true", help="train.batch_clients in every job")
+    ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
+                    help="train.batch_clients in every job, or not (default: the config's)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
@@ -109,7 +110,8 @@ def main() -> None:
     for r in results:
         r["throughput_vs_one"] = round(r["rounds_per_s"] / base, 2)
     emit([{"bench": "gpu_packing", "study": args.study, "method": args.method, "rounds": args.rounds,
-           "batch_clients": args.batch_clients,
+           "batch_clients": bool(config["studies"][args.study]["train"].get("batch_clients")
+                                 if args.batch_clients is None else args.batch_clients),
            "threads_per_job": args.threads, "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
            "results": results}], args.out)
 

@@ -126,14 +126,26 @@ step "engine, batch 50" "$PY" bench/engine_overhead.py --device cuda --model tim
   --rounds 3 --eval-every 1 --repeats 1 --threads "$THREADS" --resident --out "$OUT"
 step "scaffold round persistence" "$PY" bench/round_persistence.py --method scaffold --rounds 6 \
   --threads "$THREADS" --device cuda --out "$OUT"
+# one client after another, then each round's clients together (train.batch_clients, on in the paper config)
 step "earlystop grid cost" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml --rounds 3 \
-  --methods fedavg fedprox scaffold feddyn fedsam fedspeed fedsmoo fedgamma fedlesam fedwmsam --threads "$THREADS" --out "$OUT"
+  --methods fedavg fedprox scaffold feddyn fedsam fedspeed fedsmoo fedgamma fedlesam fedwmsam --no-batch-clients \
+  --threads "$THREADS" --out "$OUT"
 step "earlystop grid cost, clients together" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml --rounds 3 \
   --methods fedavg fedprox scaffold feddyn fedsam fedspeed fedsmoo fedgamma fedlesam fedwmsam --batch-clients \
   --threads "$THREADS" --out "$OUT"
+# quantity skew (one client holding most of DermaMNIST): together, only the clients still stepping are computed
+step "earlystop quantity skew, clients together" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml \
+  --rounds 3 --setting qty0.01 --methods fedavg --batch-clients --threads "$THREADS" --out "$OUT"
+step "earlystop quantity skew, one by one" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml \
+  --rounds 3 --setting qty0.01 --methods fedavg --no-batch-clients --threads "$THREADS" --out "$OUT"
+# where a batched round's time goes: torch.profiler's ops by host and by device time
+step "earlystop round profile, clients together" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml \
+  --rounds 2 --methods fedavg --batch-clients --threads "$THREADS" \
+  --torch-profile "$(dirname "$OUT")/earlystop_together_profile.txt" --out "$OUT"
 step "gpaf grid cost" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf --rounds 2 \
   --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
-step "jobs per GPU" "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --out "$OUT"
+# 8 jobs with clients together hold about 72 GiB of GPU memory (16 did not fit in an H200's 139.8 GiB)
+step "jobs per GPU" "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --no-batch-clients --out "$OUT"
 step "jobs per GPU, clients together" "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --batch-clients \
   --out "$OUT"
 # the surgical grids, ultraflwr first: their stand-ins are built from the start (ultraflwr's in seconds, fedst's in minutes)

@@ -142,7 +142,7 @@ def timed_job(jobs: list[dict], setting: str | None) -> dict:
 
 
 def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int, device: str, threads: int,
-               workdir: Path, setting: str | None = None) -> dict:
+               workdir: Path, setting: str | None = None, torch_profile: Path | None = None) -> dict:
     st = config["studies"][study]
     jobs = grid_jobs(config, study)
     row = {"bench": "grid_cost", "study": study, "device": device, "jobs": len(jobs),
@@ -157,6 +157,11 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
         later = per_round[1:] if len(per_round) > 1 else per_round
         s_per_round[method] = float(np.mean(later))
         row.setdefault("first_round_s", {})[method] = round(per_round[0], 2)
+    if torch_profile is not None:  # one more run of the first timed method under torch.profiler
+        from engine_overhead import torch_profile_engine
+
+        spec = job_spec(workdir, config, study, {**first, "method": timed[0]}, part, sources, rounds, device, threads)
+        torch_profile_engine(spec, torch_profile)
     fallback = float(np.mean(list(s_per_round.values())))
     seconds = sum(j["rounds"] * s_per_round.get(j["method"], fallback) for j in jobs)
     row.update(timed_on=f"{first['dataset']}/{first['setting']}", rounds_timed=rounds,
@@ -228,6 +233,8 @@ def main() -> None:
     ap.add_argument("--methods", nargs="*", help="methods to time (default: each study's first)")
     ap.add_argument("--setting", help="the MedMNIST studies: time the jobs of this setting (default: the grid's first "
                     "job's), e.g. a quantity-skewed one; the grid is costed at its rate")
+    ap.add_argument("--torch-profile", type=Path, help="the MedMNIST studies: one more run of the first timed method "
+                    "under torch.profiler, its ops by host and by device time into this file")
     ap.add_argument("--rounds", type=int, default=3, help="rounds timed per method (the first is left out when > 1)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=2)
@@ -250,8 +257,9 @@ def main() -> None:
     ap.add_argument("--waiting-steps", action="store_true",
                     help="local steps wait for the device as before (CPU batch indices into device data, blocking "
                          "fedst batch copies): a before/after on one machine")
-    ap.add_argument("--batch-clients", action="store_true",
-                    help="the MedMNIST studies with train.batch_clients (a round's clients trained together)")
+    ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
+                    help="the MedMNIST studies with train.batch_clients (a round's clients trained together) or "
+                    "without (default: the config's)")
     ap.add_argument("--peak-tflops", type=float,
                     help="the device's dense peak the floor is taken against (default: bench/_flop_floor.py's "
                          "figure for the card; a CPU's measured matrix-product rate)")
@@ -315,11 +323,12 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
         for study in config.get("studies", {}):
             if args.study and study not in args.study:
                 continue
-            if args.batch_clients:  # train.batch_clients: each round's clients together, where the method allows
-                config["studies"][study]["train"]["batch_clients"] = True
+            if args.batch_clients is not None:  # train.batch_clients: each round's clients together, where allowed
+                config["studies"][study]["train"]["batch_clients"] = args.batch_clients
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
-                row = study_cost(config, study, args.methods, args.rounds, device, args.threads, Path(tmp), args.setting)
-            yield {**row, "batch_clients": args.batch_clients}
+                row = study_cost(config, study, args.methods, args.rounds, device, args.threads, Path(tmp), args.setting,
+                                 args.torch_profile)
+            yield {**row, "batch_clients": bool(config["studies"][study]["train"].get("batch_clients"))}
         surgical = args.surgical_dir or Path("resources") / "surgical" / config["surgical"]["origin"]
         has_runs = {"fedst": config["fedst"].get("enabled", False), "ultraflwr": bool(config["ultraflwr"].get("groups"))}
         for name, cost in (("fedst", fedst_cost), ("ultraflwr", ultraflwr_cost)):

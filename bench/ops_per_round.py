@@ -11,7 +11,7 @@ the same layers and tensors, thinner) and the image side (``--image-size``; the 
 clients, their sizes, the batches and the evaluation sets are the paper's. Ops in the checkpoint's background
 thread (serialisation, file writes) are not counted: a dispatch mode is per thread.
 
-    python bench/ops_per_round.py --study earlystop [--method fedavg] [--batch-clients] [--out bench/results.jsonl]
+    python bench/ops_per_round.py --study earlystop [--method fedavg] [--[no-]batch-clients] [--out bench/results.jsonl]
 
 The last line printed is ``ops_per_round: N``.
 """
@@ -42,14 +42,14 @@ STUDIES = ("earlystop",)
 
 
 def count_round(study: str, method: str, config: Path, width: int | None, image_size: int, threads: int,
-                workdir: Path, batch_clients: bool = False) -> dict:
+                workdir: Path, batch_clients: bool | None = None) -> dict:
     """The ops of round 2 of the study's paper job (round 1 a warm-up), per phase."""
     st = yaml.safe_load(config.read_text())["studies"][study]
     setting = st["settings"]["dir0.1"]
     npz, part = eo.make_data(workdir, int(setting["num_clients"]), image_size=image_size)
     train, model = eo.study_train(config, study)
-    if batch_clients:
-        train = {**train, "batch_clients": True}
+    if batch_clients is not None:  # else the config's
+        train = {**train, "batch_clients": batch_clients}
     spec = eo.make_spec(workdir, npz, part, model, 2, int(st["clients_per_round"]), threads, "inline",
                         float(st["train"]["local_epochs"]), "cpu", 1, train, image_size)
     spec = dataclasses.replace(spec, method=method,
@@ -67,7 +67,7 @@ def count_round(study: str, method: str, config: Path, width: int | None, image_
     return {"bench": "ops_per_round", "study": study, "method": method, "code": git_head(), "model": model,
             "width": width or ho.NANO_DIMS[0], "image_size": image_size, "clients": int(setting["num_clients"]),
             "clients_per_round": int(st["clients_per_round"]), "local_epochs": float(st["train"]["local_epochs"]),
-            "batch_size": int(train["batch_size"]), "batch_clients": batch_clients, "ops": {p: round(n) for p, n in per_phase.items()},
+            "batch_size": int(train["batch_size"]), "batch_clients": bool(train.get("batch_clients")), "ops": {p: round(n) for p, n in per_phase.items()},
             "other_top": {k: round(n) for k, n in list(other.items())[:8]},
             "ops_per_round": round(sum(per_phase.values()))}
 
@@ -80,7 +80,8 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=8, help="first stage width of the thin model (0: the real one)")
     ap.add_argument("--image-size", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--batch-clients", action="store_true", help="train.batch_clients: the round's clients together")
+    ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
+                    help="train.batch_clients: the round's clients together, or not (default: the config's)")
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")
     args = ap.parse_args()
     limit_threads(args.threads)
