@@ -42,6 +42,18 @@ USER_DATASETS = config["datasets"]
 #: file-name tag that marks outputs computed from synthetic data
 TAG = "_synthetic" if ORIGIN == "synthetic" else ""
 ID = "[A-Za-z0-9][A-Za-z0-9_.-]*"
+#: a training job's GPU memory when its config declares none: more than any card, so Snakemake caps it at the
+#: profile's ``--resources gpu_mem_mb`` and the job has the GPU to itself
+WHOLE_GPU_MB = 10_000_000
+
+
+def gpu_mem_mb(declared):
+    """A training rule's ``gpu_mem_mb`` resource: what one job holds on the GPU (``declared``, MB, from the
+    config's resources; None = the whole GPU), 0 on the CPU."""
+    if config["device"] != "cuda":
+        return 0
+    return declared if declared is not None else WHOLE_GPU_MB
+
 
 wildcard_constraints:
     study=ID,

@@ -53,6 +53,7 @@ rule fedst_train:
         mem_mb=FEDST["resources"]["mem_mb"],
         runtime=FEDST["resources"]["runtime_min"],
         gpu=1 if config["device"] == "cuda" else 0,
+        gpu_mem_mb=gpu_mem_mb(FEDST["resources"]["gpu_mem_mb"]),
     conda:
         SOFTWARE_ENV
     script:

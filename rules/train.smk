@@ -25,6 +25,7 @@ rule train_federated:
         mem_mb=config["resources"]["train_mem_mb"],
         runtime=config["resources"]["train_runtime_min"],
         gpu=1 if config["device"] == "cuda" else 0,
+        gpu_mem_mb=gpu_mem_mb(config["resources"]["train_gpu_mem_mb"]),
         cpus_per_gpu=config["threads"]["train"] if config["device"] == "cuda" else 0,
     conda:
         SOFTWARE_ENV

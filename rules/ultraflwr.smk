@@ -31,6 +31,7 @@ rule ultraflwr_train:
         mem_mb=UF["resources"]["mem_mb"],
         runtime=UF["resources"]["runtime_min"],
         gpu=1 if config["device"] == "cuda" else 0,
+        gpu_mem_mb=gpu_mem_mb(UF["resources"]["gpu_mem_mb"]),
     conda:
         SOFTWARE_ENV
     script:

@@ -199,3 +199,60 @@ def test_copied_study_config_is_not_changed_by_planning():
     grid.shared_runs(st)
     list(grid.runs(st))
     assert st == before
+
+
+def _train_resources(out: str, rule: str) -> list[str]:
+    """The ``resources:`` line of every planned job of ``rule`` in a dry run's output."""
+    lines, found, inside = out.splitlines(), [], False
+    for line in lines:
+        if line.startswith("rule "):
+            inside = line.strip() == f"rule {rule}:"
+        elif inside and line.strip().startswith("resources:"):
+            found.append(line.strip())
+    return found
+
+
+@pytest.mark.parametrize("device,want", [("cuda", "gpu_mem_mb=10000"), ("cpu", "gpu_mem_mb=0")])
+def test_earlystop_jobs_declare_their_gpu_memory_so_the_gpu_profile_packs_them(device, want):
+    """The paper config's training jobs ask for the GPU memory one of them holds (resources.train_gpu_mem_mb), so
+    profiles/gpu's gpu_mem_mb=80000 and gpu=8 run 8 at once; on the CPU they ask for none."""
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-F", "--configfile", "config/studies/earlystop.yaml",
+                           "--config", f"device={device}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    resources = _train_resources(out, "train_federated")
+    assert len(resources) == 600 and all(want in r for r in resources), resources[:2]
+    assert all(("gpu=1" in r) == (device == "cuda") for r in resources)
+    profile = yaml.safe_load((ROOT / "profiles" / "gpu" / "config.yaml").read_text())
+    limits = dict(r.split("=") for r in profile["resources"])
+    if device == "cuda":
+        assert int(limits["gpu_mem_mb"]) // 10000 == int(limits["gpu"]) == 8
+
+
+def test_a_job_without_a_gpu_memory_figure_takes_the_whole_gpu(tmp_path):
+    """The demo config declares none: each job asks for more than any card, which Snakemake caps at the
+    profile's gpu_mem_mb, so it runs alone on the GPU."""
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-F", "--config", "device=cuda"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    for rule in ("train_federated", "ultraflwr_train", "fedst_train"):
+        resources = _train_resources(out, rule)
+        assert resources and all("gpu_mem_mb=10000000" in r for r in resources), (rule, resources[:1])
+
+
+def test_snakemake_caps_a_whole_gpu_request_at_the_profiles_memory_and_packs_the_others(tmp_path):
+    """What the GPU profile relies on, with the Snakemake this project pins: jobs share the gpu_mem_mb limit, and
+    a job asking for more (WHOLE_GPU_MB) is capped at the limit and runs alone rather than never."""
+    (tmp_path / "Snakefile").write_text(
+        "rule all:\n    input: expand('o{i}.txt', i=range(3))\n"
+        "rule r:\n    output: 'o{i}.txt'\n"
+        "    resources: gpu=1, gpu_mem_mb=lambda wc: 10_000_000 if wc.i == '2' else 10000\n"
+        "    shell: 'python -c \"import time; print(time.time())\" > {output}; sleep 1; "
+        "python -c \"import time; print(time.time())\" >> {output}'\n")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "4", "--resources", "gpu=8",
+                           "gpu_mem_mb=25000", "-q"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    spans = [[float(t) for t in (tmp_path / f"o{i}.txt").read_text().split()] for i in range(3)]
+    assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # the two 10000 MB jobs at once
+    assert spans[2][0] >= max(spans[0][1], spans[1][1]) or spans[2][1] <= min(spans[0][0], spans[1][0])  # the other alone
