@@ -138,6 +138,10 @@ step "earlystop quantity skew, clients together" "$PY" bench/grid_cost.py --conf
   --rounds 3 --setting qty0.01 --methods fedavg --batch-clients --threads "$THREADS" --out "$OUT"
 step "earlystop quantity skew, one by one" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml \
   --rounds 3 --setting qty0.01 --methods fedavg --no-batch-clients --threads "$THREADS" --out "$OUT"
+# the same in bfloat16 autocast (train.autocast: bf16, an option: results change): whether the batched steps'
+# bigger kernels gain from it, where one client's launch-bound steps did not
+step "earlystop clients together, bf16" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml \
+  --rounds 3 --methods fedavg fedsmoo --batch-clients --autocast bf16 --threads "$THREADS" --out "$OUT"
 # where a batched round's time goes: torch.profiler's ops by host and by device time
 step "earlystop round profile, clients together" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml \
   --rounds 2 --methods fedavg --batch-clients --threads "$THREADS" \

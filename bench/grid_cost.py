@@ -233,6 +233,8 @@ def main() -> None:
     ap.add_argument("--methods", nargs="*", help="methods to time (default: each study's first)")
     ap.add_argument("--setting", help="the MedMNIST studies: time the jobs of this setting (default: the grid's first "
                     "job's), e.g. a quantity-skewed one; the grid is costed at its rate")
+    ap.add_argument("--autocast", choices=["none", "bf16"], help="the MedMNIST studies' train.autocast (default: the "
+                    "config's; bf16 changes results)")
     ap.add_argument("--torch-profile", type=Path, help="the MedMNIST studies: one more run of the first timed method "
                     "under torch.profiler, its ops by host and by device time into this file")
     ap.add_argument("--rounds", type=int, default=3, help="rounds timed per method (the first is left out when > 1)")
@@ -298,6 +300,8 @@ def summary_line(row: dict) -> str:
 def levers(row: dict, args: argparse.Namespace) -> list[str]:
     """The speed levers a row ran with (none: the configuration as it is, one job at a time)."""
     out = [f"{key}" for key in ("image_cache", "read_ahead", "batch_clients") if row.get(key)]
+    if row.get("autocast", "none") != "none":
+        out.append(f"autocast={row['autocast']}")
     if row.get("loader_workers"):
         out.append(f"loader_workers={row['loader_workers']}")
     if args.packing != 1:
@@ -325,10 +329,13 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
                 continue
             if args.batch_clients is not None:  # train.batch_clients: each round's clients together, where allowed
                 config["studies"][study]["train"]["batch_clients"] = args.batch_clients
+            if args.autocast is not None:  # train.autocast: forward passes in bfloat16 (results change)
+                config["studies"][study]["train"]["autocast"] = args.autocast
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
                 row = study_cost(config, study, args.methods, args.rounds, device, args.threads, Path(tmp), args.setting,
                                  args.torch_profile)
-            yield {**row, "batch_clients": bool(config["studies"][study]["train"].get("batch_clients"))}
+            train = config["studies"][study]["train"]
+            yield {**row, "batch_clients": bool(train.get("batch_clients")), "autocast": train.get("autocast", "none")}
         surgical = args.surgical_dir or Path("resources") / "surgical" / config["surgical"]["origin"]
         has_runs = {"fedst": config["fedst"].get("enabled", False), "ultraflwr": bool(config["ultraflwr"].get("groups"))}
         for name, cost in (("fedst", fedst_cost), ("ultraflwr", ultraflwr_cost)):

@@ -283,3 +283,18 @@ def test_a_client_whose_steps_are_done_is_not_computed(setup):
         flops[name] = counter.get_total_flops()
     # 15 client-steps of 48 (the counter's figures for batched convolutions are not per sample: a bound, not 15/48)
     assert flops["skewed"] <= 0.5 * flops["all 12"], flops
+
+
+def test_clients_together_in_bfloat16_autocast_follow_one_by_one(setup):
+    """train.autocast: bf16 (an option) applies in the batched step too: its weights leave fp32's by far more than
+    float32 rounding, and stay within bfloat16's precision of one-by-one training in bf16."""
+    def gap(a, b) -> float:
+        return max(float((torch.as_tensor(x) - torch.as_tensor(b.arrays[k])).abs().max()) for k, x in a.arrays.items())
+
+    bf_one = run(spec(setup, "bf-one", rounds=1, autocast="bf16"))
+    bf_both = run(spec(setup, "bf-both", batch_clients=True, rounds=1, autocast="bf16"))
+    fp_both = run(spec(setup, "fp-both", batch_clients=True, rounds=1))
+    fp_one = run(spec(setup, "fp-one", rounds=1))
+    assert gap(fp_both, fp_one) < 1e-6  # float32: reordered sums
+    assert gap(bf_both, fp_both) > 10 * gap(fp_both, fp_one)  # the batched step ran in bf16
+    assert gap(bf_both, bf_one) < 1e-3  # about bf16's own effect here (1e-4), not more
