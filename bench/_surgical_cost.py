@@ -247,6 +247,22 @@ def pretrain_step_s(cfg: dict, clips: str, device: str, workdir: Path, steps: in
     return float(torch.load(out, weights_only=True)["_pretrain_s"]) / steps
 
 
+def ultraflwr_job(config: dict, surgical: Path, group: str, setting: str, strategy: str, rounds: int, epochs: int,
+                  device: str, threads: int, run_dir: Path, train_workers: int, loader_workers: int,
+                  image_cache: str | None) -> RunSpec:
+    """One ultraflwr job of the paper configuration, cut to ``rounds`` rounds of ``epochs`` local epochs, evaluated
+    after its last round, on the exports in ``surgical``."""
+    from fedmedbench.studies.ultraflwr import runs as UFR
+
+    uf = config["ultraflwr"]
+    timed_uf = {**uf, "train": {**uf["train"], "rounds": rounds, "epochs": epochs, "workers": train_workers},
+                "eval": {**uf["eval"], "every": rounds}}
+    r = {"ugroup": group, "usetting": setting, "strategy": strategy, "seedset": uf["seed_sets"][0]}
+    d = {**UFR.run_spec(timed_uf, r, str(surgical), None, device, "timing"), "run_dir": str(run_dir),
+         "threads": threads, "loader_workers": loader_workers, "image_cache": image_cache}
+    return RunSpec.from_dict(d)
+
+
 def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, rounds: int, device: str, threads: int,
                    workdir: Path, surgical: Path, epochs: int = 2, workers: int | None = None,
                    image_cache: str | None = None, loader_workers: int | None = None) -> dict[str, Any]:
@@ -263,8 +279,6 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
     if loader_workers is None:
         loader_workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)
     image_cache = (config["engine"].get("image_cache") if image_cache is None else image_cache) or None  # "": none
-    timed_uf = {**uf, "train": {**uf["train"], "rounds": rounds, "epochs": epochs, "workers": train_workers},
-                "eval": {**uf["eval"], "every": rounds}}
     strategies = [m for m in (methods or ["FedAvg"]) if m in uf["strategies"]] or list(uf["strategies"][:1])
     label = data_label(stand_in(surgical))
     row: dict[str, Any] = {"bench": "grid_cost", "study": "ultraflwr", "device": device, "surgical_dir": str(surgical),
@@ -276,12 +290,10 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
         if not manifest.exists():
             raise _missing(manifest, surgical / "yolo" / group, "ultraflwr", config_path)
         for strategy in strategies:
-            r = {"ugroup": group, "usetting": settings[0], "strategy": strategy, "seedset": uf["seed_sets"][0]}
-            d = {**UFR.run_spec(timed_uf, r, str(surgical), None, device, "timing"),
-                 "run_dir": str(workdir / f"uf-{group}-{strategy}"), "threads": threads,
-                 "loader_workers": loader_workers, "image_cache": image_cache}
+            spec = ultraflwr_job(config, surgical, group, settings[0], strategy, rounds, epochs, device, threads,
+                                 workdir / f"uf-{group}-{strategy}", train_workers, loader_workers, image_cache)
             with epoch_clock() as calls:
-                per_round = time_spec(RunSpec.from_dict(d))
+                per_round = time_spec(spec)
             train_s, eval_s, how = split_rounds(per_round)
             round_rates = paper_round(train_s, calls, len(per_round), epochs, paper_epochs, label["fraction"])
             rates.setdefault(group, {})[strategy] = (round_rates["train_s"], eval_s / label["test_fraction"])

@@ -6,9 +6,17 @@ the engine (``bench/grid_cost.py``'s job: the study's model, image size, clients
 batch size, optimizer) on synthetic data of the study's dataset. The data and partition are
 written once and shared. For each count N the N jobs start together; a job's s/round is the mean
 of its rounds after the first (which builds caches); throughput is rounds per second over all jobs,
-relative to one job alone.
+relative to one job alone. Each job also reports the GPU memory it reserved at its peak
+(``torch.cuda.max_memory_reserved``; the CUDA context, a few hundred MiB a process, comes on top): the
+figure a config declares for packing (``resources.train_gpu_mem_mb``, ``ultraflwr.resources.gpu_mem_mb``).
+
+ultraflwr jobs (``--study ultraflwr``) train on the pipeline's exports or a stand-in (``--surgical-dir``, as
+``grid_cost.py``): the first group's first setting, ``--surgical-epochs`` local epochs a round, the config's
+loading (frame store, read-ahead).
 
     python bench/gpu_packing.py --config config/studies/earlystop.yaml --jobs 1 2 4 8 --rounds 4 [--[no-]batch-clients]
+    python bench/gpu_packing.py --config config/studies/ultraflwr.yaml --study ultraflwr --surgical-dir <stand-in> \
+        --method FedAvg --jobs 1 4 8 --rounds 3 --threads 2
 """
 
 from __future__ import annotations
@@ -34,10 +42,32 @@ from fedmedbench import partition as P  # noqa: E402
 
 
 def worker(args: argparse.Namespace) -> None:
-    """One job: run it, print its per-round seconds as JSON."""
+    """One job: run it, print its per-round seconds and its peak reserved GPU memory as JSON."""
+    import torch
+
     from fedmedbench.compat import limit_threads
 
     limit_threads(args.threads)
+    per_round = time_spec(ultraflwr_spec(args) if args.study == "ultraflwr" else medmnist_spec(args))
+    peak = torch.cuda.max_memory_reserved() / 2**20 if torch.cuda.is_available() else 0.0
+    print(json.dumps({"per_round": per_round, "peak_reserved_mib": round(peak)}), flush=True)
+
+
+def ultraflwr_spec(args: argparse.Namespace):
+    """The job of ``grid_cost.py``'s ultraflwr timing: the first group's first setting, the config's loading."""
+    from _surgical_cost import ultraflwr_job
+
+    config = grid_cost.load_config(args.config)
+    uf, engine = config["ultraflwr"], config["engine"]
+    group, settings = next(iter(uf["groups"].items()))
+    return ultraflwr_job(config, args.surgical_dir, group, settings[0], args.method, args.rounds,
+                         max(2, args.surgical_epochs), args.device, args.threads, args.workdir / f"job{args.index}",
+                         int(uf["train"].get("workers", 0)), int(engine.get("loader_workers", 0)),
+                         str(args.image_cache) if args.image_cache else engine.get("image_cache") or None)
+
+
+def medmnist_spec(args: argparse.Namespace):
+    """The study's first job (``grid_cost.py``'s), with ``--method``, on the shared synthetic data."""
     config = grid_cost.load_config(args.config)
     st = config["studies"][args.study]
     if args.batch_clients is not None:  # train.batch_clients: each job trains its round's clients together, or not
@@ -46,16 +76,20 @@ def worker(args: argparse.Namespace) -> None:
     job = {**first, "method": args.method}
     s = st["settings"][job["setting"]]
     sources = {name: str(args.npz) for name in P.source_names(s["scheme"], s.get("params", {}))}
-    spec = grid_cost.job_spec(args.workdir / f"job{args.index}", config, args.study, job, args.partition, sources,
+    return grid_cost.job_spec(args.workdir / f"job{args.index}", config, args.study, job, args.partition, sources,
                               args.rounds, args.device, args.threads)
-    per_round = time_spec(spec)
-    print(json.dumps({"per_round": per_round}), flush=True)
 
 
 def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: Path) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--device", args.device, "--config", str(args.config), "--study", args.study,
            "--method", args.method, "--rounds", str(args.rounds), "--threads", str(args.threads),
-           "--npz", str(npz), "--partition", str(part), "--workdir", str(workdir)]
+           "--workdir", str(workdir)]
+    if args.study == "ultraflwr":
+        cmd += ["--surgical-dir", str(args.surgical_dir), "--surgical-epochs", str(args.surgical_epochs)]
+        if args.image_cache:
+            cmd += ["--image-cache", str(args.image_cache)]
+    else:
+        cmd += ["--npz", str(npz), "--partition", str(part)]
     if args.batch_clients is not None:
         cmd.append("--batch-clients" if args.batch_clients else "--no-batch-clients")
     t0 = time.perf_counter()
@@ -65,13 +99,16 @@ def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: P
     wall = time.perf_counter() - t0
     if any(p.returncode for p in procs):
         raise RuntimeError(f"{n} jobs: a job failed (exit codes {[p.returncode for p in procs]})")
-    per_job = []
+    per_job, peaks = [], []
     for out in outs:
-        rounds = json.loads(out.strip().splitlines()[-1])["per_round"]
+        reply = json.loads(out.strip().splitlines()[-1])
+        rounds = reply["per_round"]
         later = rounds[1:] if len(rounds) > 1 else rounds
         per_job.append(sum(later) / len(later))
+        peaks.append(reply["peak_reserved_mib"])
     return {"jobs": n, "s_per_round": [round(x, 3) for x in per_job], "mean_s_per_round": round(sum(per_job) / n, 3),
-            "rounds_per_s": round(sum(1 / x for x in per_job), 3), "wall_s": round(wall, 1)}
+            "rounds_per_s": round(sum(1 / x for x in per_job), 3), "wall_s": round(wall, 1),
+            "peak_reserved_mib": max(peaks)}
 
 
 def main() -> None:
@@ -85,6 +122,10 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cuda (cpu only to try the script)")
     ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
                     help="train.batch_clients in every job, or not (default: the config's)")
+    ap.add_argument("--surgical-dir", type=Path, help="ultraflwr: the exports or stand-in to train on")
+    ap.add_argument("--surgical-epochs", type=int, default=2, help="ultraflwr: local epochs a round (at least 2)")
+    ap.add_argument("--image-cache", type=Path, help="ultraflwr: the decoded-frame folder (engine.image_cache; "
+                    "default: the config's)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
@@ -100,20 +141,30 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_packing needs a CUDA device")
     config = grid_cost.load_config(args.config)
-    first = grid_cost.grid_jobs(config, args.study)[0]
+    row = {"bench": "gpu_packing", "study": args.study, "method": args.method, "rounds": args.rounds}
     with tempfile.TemporaryDirectory(prefix="fmb-pack-") as tmp:
         workdir = Path(tmp)
-        part, sources = grid_cost.make_data(workdir, config, args.study, first["setting"], first["dataset"])
-        npz = Path(next(iter(sources.values())))
+        if args.study == "ultraflwr":
+            if args.surgical_dir is None or not (args.surgical_dir / "yolo").is_dir():
+                sys.exit(f"gpu_packing: --surgical-dir {args.surgical_dir}: no yolo/ exports there "
+                         "(bench/surgical_stand_in.py builds a stand-in)")
+            if args.method not in config["ultraflwr"]["strategies"]:
+                sys.exit(f"gpu_packing: --method {args.method}: not an ultraflwr strategy of {args.config} "
+                         f"({', '.join(config['ultraflwr']['strategies'])})")
+            npz = part = None
+            row.update(surgical_dir=str(args.surgical_dir), surgical_epochs=max(2, args.surgical_epochs))
+        else:
+            first = grid_cost.grid_jobs(config, args.study)[0]
+            part, sources = grid_cost.make_data(workdir, config, args.study, first["setting"], first["dataset"])
+            npz = Path(next(iter(sources.values())))
+            row["batch_clients"] = bool(config["studies"][args.study]["train"].get("batch_clients")
+                                        if args.batch_clients is None else args.batch_clients)
         results = [run_jobs(n, args, npz, part, workdir) for n in args.jobs]
     base = results[0]["rounds_per_s"] / results[0]["jobs"]
     for r in results:
         r["throughput_vs_one"] = round(r["rounds_per_s"] / base, 2)
-    emit([{"bench": "gpu_packing", "study": args.study, "method": args.method, "rounds": args.rounds,
-           "batch_clients": bool(config["studies"][args.study]["train"].get("batch_clients")
-                                 if args.batch_clients is None else args.batch_clients),
-           "threads_per_job": args.threads, "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
-           "results": results}], args.out)
+    emit([{**row, "threads_per_job": args.threads,
+           "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu", "results": results}], args.out)
 
 
 if __name__ == "__main__":

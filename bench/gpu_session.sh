@@ -174,6 +174,11 @@ step "ultraflwr grid cost, frame cache" "$PY" bench/grid_cost.py --config config
 step "ultraflwr grid cost, frame cache, read ahead" "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml \
   --rounds 3 --surgical-epochs 2 --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" --methods FedAvg \
   --image-cache "${IMAGE_CACHE:-$STAND_IN/frames}" --loader-workers 1 --threads "$THREADS" --out "$OUT"
+# several ultraflwr jobs on one GPU (the config's loading: frame store, read ahead), each job's peak GPU memory with
+# them: the figure for ultraflwr.resources.gpu_mem_mb, which packs its jobs under profiles/gpu
+step "ultraflwr jobs per GPU" "$PY" bench/gpu_packing.py --config config/studies/ultraflwr.yaml --study ultraflwr \
+  --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" --method FedAvg --jobs 1 4 8 --rounds 3 --threads 2 \
+  --image-cache "${IMAGE_CACHE:-$STAND_IN/frames}" --out "$OUT"
 # one client's local epoch on the GPU: loaded as used, read ahead, and read ahead with each sample's last pixel steps in
 # one more thread (the same weights; on 2 CPU cores the pixel thread saved nothing, the training bounds the epoch there)
 step "ultraflwr pixel thread" "$PY" bench/yolo_read_ahead.py --surgical-dir "${SURGICAL_DIR:-$STAND_IN/ultraflwr}" \

@@ -90,7 +90,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     ran = calls.read_text().splitlines()
     stand_ins = [c for c in ran if "surgical_stand_in.py" in c]  # built in the background from the start
     steps = [c for c in ran if c not in stand_ins]
-    assert len(stand_ins) == 2 and len(steps) == 29 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
+    assert len(stand_ins) == 2 and len(steps) == 30 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
     assert "tests/test_cuda.py tests/test_device_arrays.py" in steps[0]
     assert [c.split(" --out")[0] for c in steps[1:3]] == [  # fedst's frame scoring, both ways
         "bench/segmetrics_device.py --device cuda --frames 64 --numpy-frames 16",
@@ -106,7 +106,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     assert [c.count("--setting qty0.01") for c in earlystop] == [0, 0, 1, 1, 0, 0]  # quantity skew, both ways
     assert ["--autocast bf16" in c for c in earlystop] == [False] * 4 + [True, False]
     assert f"--torch-profile {tmp_path}/earlystop_together_profile.txt" in earlystop[-1]
-    packing = [c for c in steps if "gpu_packing.py" in c]
+    packing = [c for c in steps if "gpu_packing.py" in c and "ultraflwr" not in c]
     assert ["--no-batch-clients" in c for c in packing] == [True, False] and "--batch-clients" in packing[1]
     for study in ("fedst", "ultraflwr"):  # each surgical grid is timed on its stand-in, once that is built
         build = next(i for i, c in enumerate(ran) if "surgical_stand_in.py" in c and f"{study}.yaml" in c)
@@ -123,11 +123,13 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     assert "--methods seg_fedavg " in steps[-5] and "--methods fedst " in steps[-4]  # the lower and the upper bound
     assert "--image-cache" not in steps[-5] + steps[-4]
     assert "--methods seg_fedavg " in steps[-3] and f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-3]
-    assert "--surgical-epochs 2" in steps[-10] and "--yolo-workers" not in steps[-10] and "--image-cache" not in steps[-10]
-    assert "--yolo-workers 8" in steps[-9]
-    assert f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-8] and "--yolo-workers" not in steps[-8]
-    assert "--loader-workers" not in steps[-8] and f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-7]
-    assert "--loader-workers 1" in steps[-7] and "--yolo-workers" not in steps[-7]  # the frame cache, read ahead
+    assert "--surgical-epochs 2" in steps[-11] and "--yolo-workers" not in steps[-11] and "--image-cache" not in steps[-11]
+    assert "--yolo-workers 8" in steps[-10]
+    assert f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-9] and "--yolo-workers" not in steps[-9]
+    assert "--loader-workers" not in steps[-9] and f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-8]
+    assert "--loader-workers 1" in steps[-8] and "--yolo-workers" not in steps[-8]  # the frame cache, read ahead
+    assert steps[-7].startswith("bench/gpu_packing.py --config config/studies/ultraflwr.yaml --study ultraflwr")
+    assert f"--surgical-dir {tmp_path / 'si' / 'ultraflwr'}" in steps[-7]  # ultraflwr jobs sharing the GPU
     assert steps[-6].startswith("bench/yolo_read_ahead.py") and "--pixel-thread --device cuda" in steps[-6]
     waiting = [c for c in ran if "--waiting-steps" in c]  # each before/after right after its after side
     assert len(waiting) == 2 and ran[ran.index(waiting[0]) - 1].startswith("bench/engine_overhead.py")
@@ -135,11 +137,11 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
     assert done.returncode == 1 and "FAILED (rc 3)" in done.stdout
-    assert len(calls.read_text().splitlines()) == 31  # the failure stopped no later step
+    assert len(calls.read_text().splitlines()) == 32  # the failure stopped no later step
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="ultraflwr.yaml --out", steps="ultraflwr")
     ran = calls.read_text().splitlines()  # a failed build fails its step, and the timings that read it run and fail
-    assert done.returncode == 1 and len(ran) == 6 and "FAILED (rc 3)" in done.stdout.split("== summary")[1]
+    assert done.returncode == 1 and len(ran) == 7 and "FAILED (rc 3)" in done.stdout.split("== summary")[1]
     assert "ultraflwr stand-in" in done.stdout.split("== summary")[1].split("FAILED")[0].splitlines()[-1]
     calls.unlink()
     done = _run_session(tmp_path, str(fake), steps="grid cost", SURGICAL_DIR=str(tmp_path / "real"))
