@@ -130,12 +130,11 @@ step "scaffold round persistence" "$PY" bench/round_persistence.py --method scaf
 step "earlystop grid cost" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml --rounds 3 \
   --methods fedavg fedprox scaffold feddyn fedsam fedspeed fedsmoo fedgamma fedlesam fedwmsam --no-batch-clients \
   --threads "$THREADS" --out "$OUT"
+# (with FedAvg also on BloodMNIST and on quantity skew: each job costed at its dataset's and setting's rate)
 step "earlystop grid cost, clients together" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml --rounds 3 \
   --methods fedavg fedprox scaffold feddyn fedsam fedspeed fedsmoo fedgamma fedlesam fedwmsam --batch-clients \
-  --threads "$THREADS" --out "$OUT"
-# quantity skew (one client holding most of DermaMNIST): together, only the clients still stepping are computed
-step "earlystop quantity skew, clients together" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml \
-  --rounds 3 --setting qty0.01 --methods fedavg --batch-clients --threads "$THREADS" --out "$OUT"
+  --scale-by bloodmnist/dir0.01 dermamnist/qty0.01 dermamnist/qty1.0 bloodmnist/qty1.0 --threads "$THREADS" --out "$OUT"
+# quantity skew (one client holding most of DermaMNIST) one client at a time; together it is a --scale-by pair above
 step "earlystop quantity skew, one by one" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml \
   --rounds 3 --setting qty0.01 --methods fedavg --no-batch-clients --threads "$THREADS" --out "$OUT"
 # the same in bfloat16 autocast (train.autocast: bf16, an option: results change): whether the batched steps'

@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -141,14 +141,47 @@ def timed_job(jobs: list[dict], setting: str | None) -> dict:
     return match
 
 
+def pair_factors(ref_rates: dict[tuple[str, str], float], base: tuple[str, str]) -> Callable[[str, str], float]:
+    """How much a job of (dataset, setting) costs against the timed pair ``base``, from the reference method's
+    seconds a round on each timed pair (``ref_rates``, ``base`` among them): a timed pair its own ratio; any other
+    its dataset's ratio on the base setting times the base dataset's ratio on its setting (1 where untimed)."""
+    b = ref_rates[base]
+
+    def factor(dataset: str, setting: str) -> float:
+        if (dataset, setting) in ref_rates:
+            return ref_rates[dataset, setting] / b
+        return ref_rates.get((dataset, base[1]), b) / b * ref_rates.get((base[0], setting), b) / b
+
+    return factor
+
+
+def grid_seconds(jobs: list[dict], s_per_round: dict[str, float], factor: Callable[[str, str], float]) -> float:
+    """Every job's rounds at its method's seconds a round on the timed pair (untimed methods at the timed ones'
+    mean), scaled by its (dataset, setting)'s ``factor``."""
+    fallback = float(np.mean(list(s_per_round.values())))
+    return sum(j["rounds"] * s_per_round.get(j["method"], fallback) * factor(j["dataset"], j["setting"]) for j in jobs)
+
+
+def scaled_job(jobs: list[dict], pair: str, method: str) -> dict:
+    """The grid's job of ``pair`` ("dataset/setting") with ``method``."""
+    dataset, _, setting = pair.partition("/")
+    match = next((j for j in jobs if j["dataset"] == dataset and j["setting"] == setting), None)
+    if match is None:
+        raise SystemExit(f"grid_cost: --scale-by {pair}: no such dataset/setting in the grid (e.g. "
+                         f"{jobs[0]['dataset']}/{jobs[0]['setting']})")
+    return {**match, "method": method}
+
+
 def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int, device: str, threads: int,
-               workdir: Path, setting: str | None = None, torch_profile: Path | None = None) -> dict:
+               workdir: Path, setting: str | None = None, torch_profile: Path | None = None,
+               scale_by: list[str] | None = None) -> dict:
     st = config["studies"][study]
     jobs = grid_jobs(config, study)
     row = {"bench": "grid_cost", "study": study, "device": device, "jobs": len(jobs),
            "job_rounds": sum(j["rounds"] for j in jobs), "model": st["model"]["name"]}
     timed = [m for m in (methods or []) if m in st["methods"]] or st["methods"][:1]  # names of other studies skipped
     first = timed_job(jobs, setting)
+    others = [scaled_job(jobs, pair, timed[0]) for pair in scale_by or []]  # checked before anything is timed
     part, sources = make_data(workdir, config, study, first["setting"], first["dataset"])
     s_per_round: dict[str, float] = {}
     for method in timed:
@@ -162,8 +195,20 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
 
         spec = job_spec(workdir, config, study, {**first, "method": timed[0]}, part, sources, rounds, device, threads)
         torch_profile_engine(spec, torch_profile)
-    fallback = float(np.mean(list(s_per_round.values())))
-    seconds = sum(j["rounds"] * s_per_round.get(j["method"], fallback) for j in jobs)
+    base = (first["dataset"], first["setting"])
+    ref_rates = {base: s_per_round[timed[0]]}
+    for other in others:  # the first timed method on other (dataset, setting) pairs: how their rounds differ
+        if (other["dataset"], other["setting"]) in ref_rates:
+            continue
+        pdir = workdir / f"{other['dataset']}_{other['setting']}"
+        pdir.mkdir(parents=True, exist_ok=True)
+        opart, osources = make_data(pdir, config, study, other["setting"], other["dataset"])
+        per_round = time_spec(job_spec(pdir, config, study, other, opart, osources, rounds, device, threads))
+        ref_rates[other["dataset"], other["setting"]] = float(np.mean(per_round[1:] if len(per_round) > 1 else per_round))
+    seconds = grid_seconds(jobs, s_per_round, pair_factors(ref_rates, base))
+    if len(ref_rates) > 1:
+        row["scaled_by"] = {"method": timed[0], "s_per_round": {f"{d}/{st_}": round(v, 3) for (d, st_), v in
+                                                                ref_rates.items()}}
     row.update(timed_on=f"{first['dataset']}/{first['setting']}", rounds_timed=rounds,
                s_per_round={k: round(v, 3) for k, v in s_per_round.items()},
                untimed_methods_at_mean=sorted(set(st["methods"]) - set(s_per_round)),
@@ -233,6 +278,10 @@ def main() -> None:
     ap.add_argument("--methods", nargs="*", help="methods to time (default: each study's first)")
     ap.add_argument("--setting", help="the MedMNIST studies: time the jobs of this setting (default: the grid's first "
                     "job's), e.g. a quantity-skewed one; the grid is costed at its rate")
+    ap.add_argument("--scale-by", nargs="+", metavar="DATASET/SETTING",
+                    help="the MedMNIST studies: also time the first method on these (dataset, setting) pairs and cost "
+                    "each job at its method's rate times its pair's ratio to the timed one (untimed pairs: their "
+                    "dataset's ratio times their setting's)")
     ap.add_argument("--autocast", choices=["none", "bf16"], help="the MedMNIST studies' train.autocast (default: the "
                     "config's; bf16 changes results)")
     ap.add_argument("--torch-profile", type=Path, help="the MedMNIST studies: one more run of the first timed method "
@@ -333,7 +382,7 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
                 config["studies"][study]["train"]["autocast"] = args.autocast
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
                 row = study_cost(config, study, args.methods, args.rounds, device, args.threads, Path(tmp), args.setting,
-                                 args.torch_profile)
+                                 args.torch_profile, args.scale_by)
             train = config["studies"][study]["train"]
             yield {**row, "batch_clients": bool(train.get("batch_clients")), "autocast": train.get("autocast", "none")}
         surgical = args.surgical_dir or Path("resources") / "surgical" / config["surgical"]["origin"]

@@ -24,6 +24,22 @@ def test_evaluations_count_every_kth_round_and_the_last():
     assert evaluations(3, 0) == 3  # eval_every 0 reads as every round
 
 
+def test_a_grid_is_costed_at_each_jobs_method_and_pair():
+    """grid_cost --scale-by: the methods timed on one (dataset, setting) pair, the first of them also on others; a job
+    costs its method's rate times its pair's ratio, an untimed pair its dataset's ratio times its setting's."""
+    from grid_cost import grid_seconds, pair_factors
+
+    base = ("derma", "dir")
+    factor = pair_factors({base: 2.0, ("blood", "dir"): 3.0, ("derma", "qty"): 4.0}, base)
+    assert factor("derma", "dir") == 1.0 and factor("blood", "dir") == 1.5 and factor("derma", "qty") == 2.0
+    assert factor("blood", "qty") == 3.0  # untimed: 1.5 x 2.0
+    assert factor("blood", "path") == 1.5 and factor("derma", "path") == 1.0  # an untimed setting costs as the base
+    jobs = [{"dataset": "derma", "setting": "dir", "method": "a", "rounds": 10},
+            {"dataset": "blood", "setting": "qty", "method": "b", "rounds": 10},
+            {"dataset": "blood", "setting": "dir", "method": "c", "rounds": 2}]  # c untimed: the mean of a and b
+    assert grid_seconds(jobs, {"a": 2.0, "b": 6.0}, factor) == pytest.approx(10 * 2.0 + 10 * 6.0 * 3.0 + 2 * 4.0 * 1.5)
+
+
 def test_training_and_evaluation_time_come_apart():
     train, evaluation, _ = split_rounds([9.0, 2.0, 2.2, 3.1])  # round 1 warms up; only round 4 evaluates
     assert train == pytest.approx(2.1) and evaluation == pytest.approx(1.0)
@@ -90,7 +106,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     ran = calls.read_text().splitlines()
     stand_ins = [c for c in ran if "surgical_stand_in.py" in c]  # built in the background from the start
     steps = [c for c in ran if c not in stand_ins]
-    assert len(stand_ins) == 2 and len(steps) == 30 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
+    assert len(stand_ins) == 2 and len(steps) == 29 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
     assert "tests/test_cuda.py tests/test_device_arrays.py" in steps[0]
     assert [c.split(" --out")[0] for c in steps[1:3]] == [  # fedst's frame scoring, both ways
         "bench/segmetrics_device.py --device cuda --frames 64 --numpy-frames 16",
@@ -102,9 +118,10 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     assert any("host_overhead.py --device cuda --width 0" in c and "--checkpoint-writes in-round" in c for c in ran)
     assert sum("--deterministic" in c for c in ran) == 1  # one engine run with deterministic kernels
     earlystop = [c for c in steps if "grid_cost.py --config config/studies/earlystop.yaml" in c]
-    assert ["--no-batch-clients" in c for c in earlystop] == [True, False, False, True, False, False]  # one by one
-    assert [c.count("--setting qty0.01") for c in earlystop] == [0, 0, 1, 1, 0, 0]  # quantity skew, both ways
-    assert ["--autocast bf16" in c for c in earlystop] == [False] * 4 + [True, False]
+    assert ["--no-batch-clients" in c for c in earlystop] == [True, False, True, False, False]  # one by one
+    assert [c.count("--setting qty0.01") for c in earlystop] == [0, 0, 1, 0, 0]  # quantity skew one by one
+    assert "--scale-by bloodmnist/dir0.01 dermamnist/qty0.01 " in earlystop[1]  # ... and together
+    assert ["--autocast bf16" in c for c in earlystop] == [False] * 3 + [True, False]
     assert f"--torch-profile {tmp_path}/earlystop_together_profile.txt" in earlystop[-1]
     packing = [c for c in steps if "gpu_packing.py" in c and "ultraflwr" not in c]
     assert ["--no-batch-clients" in c for c in packing] == [True, False] and "--batch-clients" in packing[1]
@@ -137,7 +154,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
     assert done.returncode == 1 and "FAILED (rc 3)" in done.stdout
-    assert len(calls.read_text().splitlines()) == 32  # the failure stopped no later step
+    assert len(calls.read_text().splitlines()) == 31  # the failure stopped no later step
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="ultraflwr.yaml --out", steps="ultraflwr")
     ran = calls.read_text().splitlines()  # a failed build fails its step, and the timings that read it run and fail
