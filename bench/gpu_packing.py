@@ -163,7 +163,7 @@ def main() -> None:
     base = results[0]["rounds_per_s"] / results[0]["jobs"]
     for r in results:
         r["throughput_vs_one"] = round(r["rounds_per_s"] / base, 2)
-    emit([{**row, "threads_per_job": args.threads,
+    emit([{**row, "threads_per_job": args.threads, "mps": os.environ.get("FMB_MPS") == "1",
            "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu", "results": results}], args.out)
 
 

@@ -151,6 +151,10 @@ step "gpaf grid cost" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml
 step "jobs per GPU" "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --no-batch-clients --out "$OUT"
 step "jobs per GPU, clients together" "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --batch-clients \
   --out "$OUT"
+# the same with NVIDIA's Multi-Process Service on (bench/with_mps.sh): the jobs' kernels may run at the same time
+# instead of taking turns on the GPU
+step "jobs per GPU, clients together, MPS" bash bench/with_mps.sh "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 \
+  --threads 2 --batch-clients --out "$OUT"
 # the surgical grids, ultraflwr first: their stand-ins are built from the start (ultraflwr's in seconds, fedst's in minutes)
 # ultraflwr: 2 local epochs a round, scaled up to the paper's 20 epochs and all frames; the strategies differ
 # only in which tensors are averaged, so FedAvg stands for all of them

@@ -64,14 +64,41 @@ def test_a_timing_logs_every_round_with_the_clock(blood_dir, capsys):
 GPU_SESSION = Path(__file__).resolve().parents[1] / "bench" / "gpu_session.sh"
 
 
+def _fake_mps(bin_dir: Path, log: Path) -> None:
+    """An nvidia-cuda-mps-control that writes "start" for -d and the command it reads otherwise ("quit") to log."""
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "nvidia-cuda-mps-control"
+    fake.write_text(f'#!/bin/bash\nif [ "$1" = -d ]; then echo start >> {log}; else read c; echo "$c" >> {log}; fi\n')
+    fake.chmod(0o755)
+
+
 def _run_session(tmp_path: Path, python: str, fail: str = "", steps: str = "", **env_extra: str
                  ) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("STEPS", "SURGICAL_DIR", "STAND_IN", "BUDGET", "STEP_LIMIT",
                                                                 "FEDST_FRACTION", "FEDST_TEST_FRACTION",
                                                                 "ULTRAFLWR_FRACTION")}
+    _fake_mps(tmp_path / "bin", tmp_path / "mps.log")
+    env["PATH"] = f"{tmp_path / 'bin'}:{env['PATH']}"
     return subprocess.run(["bash", str(GPU_SESSION), str(tmp_path / "rows.jsonl")], capture_output=True, text=True,
                           env={**env, "PYTHON": python, "FAIL": fail or "no step has this", "STAND_IN": str(tmp_path / "si"),
                                **({"STEPS": steps} if steps else {}), **env_extra}, timeout=120)
+
+
+WITH_MPS = GPU_SESSION.parent / "with_mps.sh"
+
+
+def test_with_mps_runs_the_command_between_the_daemons_start_and_quit(tmp_path):
+    """bench/with_mps.sh: the daemon started, the command run with FMB_MPS=1 and its exit status kept, the daemon
+    quit even when the command failed; no nvidia-cuda-mps-control: exit 2, saying so."""
+    _fake_mps(tmp_path / "bin", tmp_path / "mps.log")
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(WITH_MPS), "bash", "-c", 'echo "mps=$FMB_MPS"; exit 3'], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert done.returncode == 3 and "mps=1" in done.stdout
+    assert (tmp_path / "mps.log").read_text().split() == ["start", "quit"]
+    bare = {**os.environ, "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(["bash", str(WITH_MPS), "true"], capture_output=True, text=True, env=bare, timeout=60)
+    assert done.returncode == 2 and "nvidia-cuda-mps-control is not on the PATH" in done.stderr
 
 
 def test_gpu_session_refuses_a_machine_without_cuda(tmp_path):
@@ -106,7 +133,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     ran = calls.read_text().splitlines()
     stand_ins = [c for c in ran if "surgical_stand_in.py" in c]  # built in the background from the start
     steps = [c for c in ran if c not in stand_ins]
-    assert len(stand_ins) == 2 and len(steps) == 29 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
+    assert len(stand_ins) == 2 and len(steps) == 30 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
     assert "tests/test_cuda.py tests/test_device_arrays.py" in steps[0]
     assert [c.split(" --out")[0] for c in steps[1:3]] == [  # fedst's frame scoring, both ways
         "bench/segmetrics_device.py --device cuda --frames 64 --numpy-frames 16",
@@ -124,7 +151,9 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     assert ["--autocast bf16" in c for c in earlystop] == [False] * 3 + [True, False]
     assert f"--torch-profile {tmp_path}/earlystop_together_profile.txt" in earlystop[-1]
     packing = [c for c in steps if "gpu_packing.py" in c and "ultraflwr" not in c]
-    assert ["--no-batch-clients" in c for c in packing] == [True, False] and "--batch-clients" in packing[1]
+    assert ["--no-batch-clients" in c for c in packing] == [True, False, False] and "--batch-clients" in packing[1]
+    assert packing[2] == packing[1]  # again under MPS, started and stopped around it
+    assert (tmp_path / "mps.log").read_text().split() == ["start", "quit"]
     for study in ("fedst", "ultraflwr"):  # each surgical grid is timed on its stand-in, once that is built
         build = next(i for i, c in enumerate(ran) if "surgical_stand_in.py" in c and f"{study}.yaml" in c)
         assert f"--out {tmp_path / 'si' / study}" in ran[build]
@@ -154,7 +183,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
     assert done.returncode == 1 and "FAILED (rc 3)" in done.stdout
-    assert len(calls.read_text().splitlines()) == 31  # the failure stopped no later step
+    assert len(calls.read_text().splitlines()) == 32  # the failure stopped no later step
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="ultraflwr.yaml --out", steps="ultraflwr")
     ran = calls.read_text().splitlines()  # a failed build fails its step, and the timings that read it run and fail
