@@ -167,6 +167,26 @@ def _missing(path: Path, target: Path, study: str, config_path: Path) -> SystemE
                       f"snakemake --cores N {target} --configfile {config_path}")
 
 
+def fedst_timed_config(cfg: dict, rounds: int, fraction: float) -> dict:
+    """The fedst block a timing runs: ``rounds`` rounds evaluated after the last, no weight files (the cost is the
+    same), and the clip cache scaled by the stand-in's ``fraction`` of the training clips, so that it holds the
+    same share of the clips the steps draw from as in the paper grid (its hits are what a step saves)."""
+    cache_mb = max(1, round(int(cfg["data"]["cache_mb"]) * fraction))
+    return {**cfg, "model": {**cfg["model"], "encoder_weights": None}, "data": {**cfg["data"], "cache_mb": cache_mb},
+            "indicator": {**cfg["indicator"], "clip_weights": None,
+                          "kind": "onehot" if cfg["indicator"]["kind"] == "clip" else cfg["indicator"]["kind"]},
+            "train": {**cfg["train"], "rounds": rounds}, "eval": {**cfg["eval"], "eval_every": rounds}}
+
+
+def fedst_job(timed_cfg: dict, clips: Path, method: str, run_dir: Path, device: str, threads: int, workers: int,
+              image_cache: str | None) -> RunSpec:
+    """One fedst job (the main variant, seed 0) of ``fedst_timed_config``'s block on the clips in ``clips``."""
+    from fedmedbench.studies.fedst import runs as FS
+
+    d = FS.run_spec(timed_cfg, "main", method, 0, str(clips), str(run_dir), None, device, threads, "timing")
+    return RunSpec.from_dict({**d, "loader_workers": workers, "image_cache": image_cache})
+
+
 def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, rounds: int, device: str, threads: int,
                workdir: Path, surgical: Path, workers: int | None = None, image_cache: str | None = None) -> dict[str, Any]:
     """``workers``: threads decoding clips ahead of use (default: the config's ``engine.loader_workers``);
@@ -178,13 +198,8 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
     if not (clips / "sites.json").exists():
         raise _missing(clips / "sites.json", clips, "fedst", config_path)
     label = data_label(stand_in(surgical))
-    # a stand-in with a share of the training clips gets the same share of the clip cache: the cache then holds
-    # the same share of the clips the steps draw from, as in the paper grid (its hits are what a step saves)
-    cache_mb = max(1, round(int(cfg["data"]["cache_mb"]) * label["fraction"]))
-    timed_cfg = {**cfg, "model": {**cfg["model"], "encoder_weights": None}, "data": {**cfg["data"], "cache_mb": cache_mb},
-                 "indicator": {**cfg["indicator"], "clip_weights": None,
-                               "kind": "onehot" if cfg["indicator"]["kind"] == "clip" else cfg["indicator"]["kind"]},
-                 "train": {**cfg["train"], "rounds": rounds}, "eval": {**cfg["eval"], "eval_every": rounds}}
+    timed_cfg = fedst_timed_config(cfg, rounds, label["fraction"])
+    cache_mb = timed_cfg["data"]["cache_mb"]
     main_steps = FS.train_config(cfg, "main")[1]
     timed = [m for m in (methods or ["fedst"]) if m in cfg["methods"]] or list(cfg["methods"][:1])
     rates: dict[str, tuple[float, float]] = {}
@@ -199,11 +214,9 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
         pre_s = per_step * int(cfg["pretrain"]["steps"]) * len(cfg["seeds"])
         row["pretrain_s_per_step"] = round(per_step, 4)
     for method in timed:
-        d = FS.run_spec(timed_cfg, "main", method, 0, str(clips), str(workdir / f"fedst-{method}"), None, device, threads,
-                        "timing")
+        spec = fedst_job(timed_cfg, clips, method, workdir / f"fedst-{method}", device, threads, workers, image_cache)
         with steps_clock():
-            train_s, eval_s, how = split_rounds(time_spec(RunSpec.from_dict({**d, "loader_workers": workers,
-                                                                             "image_cache": image_cache})))
+            train_s, eval_s, how = split_rounds(time_spec(spec))
         rates[method] = (train_s, eval_s / label["test_fraction"])  # training is a fixed number of steps
         row["split"] = how
     mean = tuple(float(np.mean([r[i] for r in rates.values()])) for i in (0, 1))

@@ -10,9 +10,9 @@ relative to one job alone. Each job also reports the GPU memory it reserved at i
 (``torch.cuda.max_memory_reserved``; the CUDA context, a few hundred MiB a process, comes on top): the
 figure a config declares for packing (``resources.train_gpu_mem_mb``, ``ultraflwr.resources.gpu_mem_mb``).
 
-ultraflwr jobs (``--study ultraflwr``) train on the pipeline's exports or a stand-in (``--surgical-dir``, as
-``grid_cost.py``): the first group's first setting, ``--surgical-epochs`` local epochs a round, the config's
-loading (frame store, read-ahead).
+ultraflwr and fedst jobs (``--study ultraflwr|fedst``) train on the pipeline's exports or a stand-in
+(``--surgical-dir``, as ``grid_cost.py``) with the config's loading (frame or clip store, read-ahead): ultraflwr's
+first group's first setting, ``--surgical-epochs`` local epochs a round; fedst's main variant.
 
     python bench/gpu_packing.py --config config/studies/earlystop.yaml --jobs 1 2 4 8 --rounds 4 [--[no-]batch-clients]
     python bench/gpu_packing.py --config config/studies/ultraflwr.yaml --study ultraflwr --surgical-dir <stand-in> \
@@ -40,6 +40,10 @@ from _timing import time_spec  # noqa: E402
 
 from fedmedbench import partition as P  # noqa: E402
 
+#: the surgical studies this bench packs: their exports' folder under --surgical-dir, and the config key of
+#: their methods' names
+SURGICAL = {"ultraflwr": ("yolo", "strategies"), "fedst": ("clips", "methods")}
+
 
 def worker(args: argparse.Namespace) -> None:
     """One job: run it, print its per-round seconds and its peak reserved GPU memory as JSON."""
@@ -48,7 +52,8 @@ def worker(args: argparse.Namespace) -> None:
     from fedmedbench.compat import limit_threads
 
     limit_threads(args.threads)
-    per_round = time_spec(ultraflwr_spec(args) if args.study == "ultraflwr" else medmnist_spec(args))
+    specs = {"ultraflwr": ultraflwr_spec, "fedst": fedst_spec}
+    per_round = time_spec(specs.get(args.study, medmnist_spec)(args))
     peak = torch.cuda.max_memory_reserved() / 2**20 if torch.cuda.is_available() else 0.0
     print(json.dumps({"per_round": per_round, "peak_reserved_mib": round(peak)}), flush=True)
 
@@ -64,6 +69,18 @@ def ultraflwr_spec(args: argparse.Namespace):
                          max(2, args.surgical_epochs), args.device, args.threads, args.workdir / f"job{args.index}",
                          int(uf["train"].get("workers", 0)), int(engine.get("loader_workers", 0)),
                          str(args.image_cache) if args.image_cache else engine.get("image_cache") or None)
+
+
+def fedst_spec(args: argparse.Namespace):
+    """The job of ``grid_cost.py``'s fedst timing (the main variant, seed 0), the config's loading."""
+    from _surgical_cost import data_label, fedst_job, fedst_timed_config, stand_in
+
+    config = grid_cost.load_config(args.config)
+    engine = config["engine"]
+    timed = fedst_timed_config(config["fedst"], args.rounds, data_label(stand_in(args.surgical_dir))["fraction"])
+    return fedst_job(timed, args.surgical_dir / "clips", args.method, args.workdir / f"job{args.index}", args.device,
+                     args.threads, int(engine.get("loader_workers", 0)),
+                     str(args.image_cache) if args.image_cache else engine.get("image_cache") or None)
 
 
 def medmnist_spec(args: argparse.Namespace):
@@ -84,7 +101,7 @@ def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: P
     cmd = [sys.executable, __file__, "--worker", "--device", args.device, "--config", str(args.config), "--study", args.study,
            "--method", args.method, "--rounds", str(args.rounds), "--threads", str(args.threads),
            "--workdir", str(workdir)]
-    if args.study == "ultraflwr":
+    if args.study in SURGICAL:
         cmd += ["--surgical-dir", str(args.surgical_dir), "--surgical-epochs", str(args.surgical_epochs)]
         if args.image_cache:
             cmd += ["--image-cache", str(args.image_cache)]
@@ -122,9 +139,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cuda (cpu only to try the script)")
     ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
                     help="train.batch_clients in every job, or not (default: the config's)")
-    ap.add_argument("--surgical-dir", type=Path, help="ultraflwr: the exports or stand-in to train on")
+    ap.add_argument("--surgical-dir", type=Path, help="ultraflwr, fedst: the exports or stand-in to train on")
     ap.add_argument("--surgical-epochs", type=int, default=2, help="ultraflwr: local epochs a round (at least 2)")
-    ap.add_argument("--image-cache", type=Path, help="ultraflwr: the decoded-frame folder (engine.image_cache; "
+    ap.add_argument("--image-cache", type=Path, help="ultraflwr, fedst: the decoded frames' folder (engine.image_cache; "
                     "default: the config's)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -144,15 +161,18 @@ def main() -> None:
     row = {"bench": "gpu_packing", "study": args.study, "method": args.method, "rounds": args.rounds}
     with tempfile.TemporaryDirectory(prefix="fmb-pack-") as tmp:
         workdir = Path(tmp)
-        if args.study == "ultraflwr":
-            if args.surgical_dir is None or not (args.surgical_dir / "yolo").is_dir():
-                sys.exit(f"gpu_packing: --surgical-dir {args.surgical_dir}: no yolo/ exports there "
+        if args.study in SURGICAL:
+            export, names = SURGICAL[args.study]
+            if args.surgical_dir is None or not (args.surgical_dir / export).is_dir():
+                sys.exit(f"gpu_packing: --surgical-dir {args.surgical_dir}: no {export}/ exports there "
                          "(bench/surgical_stand_in.py builds a stand-in)")
-            if args.method not in config["ultraflwr"]["strategies"]:
-                sys.exit(f"gpu_packing: --method {args.method}: not an ultraflwr strategy of {args.config} "
-                         f"({', '.join(config['ultraflwr']['strategies'])})")
+            if args.method not in config[args.study][names]:
+                sys.exit(f"gpu_packing: --method {args.method}: not one of {args.config}'s {args.study}.{names} "
+                         f"({', '.join(config[args.study][names])})")
             npz = part = None
-            row.update(surgical_dir=str(args.surgical_dir), surgical_epochs=max(2, args.surgical_epochs))
+            row["surgical_dir"] = str(args.surgical_dir)
+            if args.study == "ultraflwr":
+                row["surgical_epochs"] = max(2, args.surgical_epochs)
         else:
             first = grid_cost.grid_jobs(config, args.study)[0]
             part, sources = grid_cost.make_data(workdir, config, args.study, first["setting"], first["dataset"])

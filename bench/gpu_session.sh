@@ -198,6 +198,11 @@ step "fedst grid cost, FedST" "$PY" bench/grid_cost.py --config config/studies/f
 step "fedst grid cost, FedAvg, clip cache" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
   --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --methods seg_fedavg --image-cache "${IMAGE_CACHE:-$STAND_IN/frames}" \
   --threads "$THREADS" --out "$OUT"
+# 4 FedAvg jobs on one GPU against one (the clip store, as the step above): their throughput and GPU memory, the
+# figure for fedst.resources.gpu_mem_mb, which packs its jobs under profiles/gpu
+step "fedst jobs per GPU" "$PY" bench/gpu_packing.py --config config/studies/fedst.yaml --study fedst \
+  --surgical-dir "${SURGICAL_DIR:-$STAND_IN/fedst}" --method seg_fedavg --jobs 1 4 --rounds 2 --threads 2 \
+  --image-cache "${IMAGE_CACHE:-$STAND_IN/frames}" --out "$OUT"
 # one round of 3 local epochs per method, the training centre's client holding most of PathMNIST's 89,996
 # training images (the center scheme keeps a validation and a test share of them): the longest step
 step "gpaf pathmnist grid cost" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf_pathmnist \

@@ -133,7 +133,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     ran = calls.read_text().splitlines()
     stand_ins = [c for c in ran if "surgical_stand_in.py" in c]  # built in the background from the start
     steps = [c for c in ran if c not in stand_ins]
-    assert len(stand_ins) == 2 and len(steps) == 30 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
+    assert len(stand_ins) == 2 and len(steps) == 31 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
     assert "tests/test_cuda.py tests/test_device_arrays.py" in steps[0]
     assert [c.split(" --out")[0] for c in steps[1:3]] == [  # fedst's frame scoring, both ways
         "bench/segmetrics_device.py --device cuda --frames 64 --numpy-frames 16",
@@ -150,7 +150,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     assert "--scale-by bloodmnist/dir0.01 dermamnist/qty0.01 " in earlystop[1]  # ... and together
     assert ["--autocast bf16" in c for c in earlystop] == [False] * 3 + [True, False]
     assert f"--torch-profile {tmp_path}/earlystop_together_profile.txt" in earlystop[-1]
-    packing = [c for c in steps if "gpu_packing.py" in c and "ultraflwr" not in c]
+    packing = [c for c in steps if "gpu_packing.py" in c and "--study" not in c]  # the earlystop ones
     assert ["--no-batch-clients" in c for c in packing] == [True, False, False] and "--batch-clients" in packing[1]
     assert packing[2] == packing[1]  # again under MPS, started and stopped around it
     assert (tmp_path / "mps.log").read_text().split() == ["start", "quit"]
@@ -166,24 +166,26 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     assert "--test-fraction 0.1" in next(c for c in stand_ins if "fedst.yaml" in c)
     assert "--study gpaf_pathmnist" in steps[-2] and "--waiting-steps" not in steps[-2]
     assert "--study gpaf_pathmnist" in steps[-1] and "--methods fedavg --waiting-steps" in steps[-1]
-    assert "--methods seg_fedavg " in steps[-5] and "--methods fedst " in steps[-4]  # the lower and the upper bound
-    assert "--image-cache" not in steps[-5] + steps[-4]
-    assert "--methods seg_fedavg " in steps[-3] and f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-3]
-    assert "--surgical-epochs 2" in steps[-11] and "--yolo-workers" not in steps[-11] and "--image-cache" not in steps[-11]
-    assert "--yolo-workers 8" in steps[-10]
-    assert f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-9] and "--yolo-workers" not in steps[-9]
-    assert "--loader-workers" not in steps[-9] and f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-8]
-    assert "--loader-workers 1" in steps[-8] and "--yolo-workers" not in steps[-8]  # the frame cache, read ahead
-    assert steps[-7].startswith("bench/gpu_packing.py --config config/studies/ultraflwr.yaml --study ultraflwr")
-    assert f"--surgical-dir {tmp_path / 'si' / 'ultraflwr'}" in steps[-7]  # ultraflwr jobs sharing the GPU
-    assert steps[-6].startswith("bench/yolo_read_ahead.py") and "--pixel-thread --device cuda" in steps[-6]
+    assert "--methods seg_fedavg " in steps[-6] and "--methods fedst " in steps[-5]  # the lower and the upper bound
+    assert "--image-cache" not in steps[-6] + steps[-5]
+    assert "--methods seg_fedavg " in steps[-4] and f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-4]
+    assert steps[-3].startswith("bench/gpu_packing.py --config config/studies/fedst.yaml --study fedst")
+    assert f"--surgical-dir {tmp_path / 'si' / 'fedst'}" in steps[-3]  # fedst jobs sharing the GPU
+    assert "--surgical-epochs 2" in steps[-12] and "--yolo-workers" not in steps[-12] and "--image-cache" not in steps[-12]
+    assert "--yolo-workers 8" in steps[-11]
+    assert f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-10] and "--yolo-workers" not in steps[-10]
+    assert "--loader-workers" not in steps[-10] and f"--image-cache {tmp_path / 'si' / 'frames'}" in steps[-9]
+    assert "--loader-workers 1" in steps[-9] and "--yolo-workers" not in steps[-9]  # the frame cache, read ahead
+    assert steps[-8].startswith("bench/gpu_packing.py --config config/studies/ultraflwr.yaml --study ultraflwr")
+    assert f"--surgical-dir {tmp_path / 'si' / 'ultraflwr'}" in steps[-8]  # ultraflwr jobs sharing the GPU
+    assert steps[-7].startswith("bench/yolo_read_ahead.py") and "--pixel-thread --device cuda" in steps[-7]
     waiting = [c for c in ran if "--waiting-steps" in c]  # each before/after right after its after side
     assert len(waiting) == 2 and ran[ran.index(waiting[0]) - 1].startswith("bench/engine_overhead.py")
     assert "FAILED" not in done.stdout.split("== summary")[1]
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
     assert done.returncode == 1 and "FAILED (rc 3)" in done.stdout
-    assert len(calls.read_text().splitlines()) == 32  # the failure stopped no later step
+    assert len(calls.read_text().splitlines()) == 33  # the failure stopped no later step
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="ultraflwr.yaml --out", steps="ultraflwr")
     ran = calls.read_text().splitlines()  # a failed build fails its step, and the timings that read it run and fail
@@ -557,3 +559,25 @@ def test_ops_per_round_counts_a_steady_round_whatever_the_width_and_image_side(t
     counts = {row["ops_per_round"] for row in rows}
     assert len(counts) == 1 and rows[0]["ops_per_round"] == sum(rows[0]["ops"].values())
     assert rows[0]["ops"]["train"] > rows[0]["ops"]["eval"] > 0 and rows[0]["clients_per_round"] == 2
+
+
+def test_packed_surgical_jobs_are_the_grid_timings_jobs(tmp_path):
+    """bench/gpu_packing.py --study fedst|ultraflwr: each packed job is the job grid_cost.py times (fedst: the main
+    variant with its clip cache scaled by the stand-in's fraction; the config's loading unless --image-cache)."""
+    import argparse
+
+    import gpu_packing
+
+    surgical = tmp_path / "si"
+    (surgical / "clips").mkdir(parents=True)
+    (surgical / "stand_in.json").write_text(json.dumps({"fraction": 0.25, "test_fraction": 0.1, "distinct_frames": 8}))
+    root = Path(__file__).resolve().parents[1]
+    args = argparse.Namespace(config=root / "config" / "studies" / "fedst.yaml", study="fedst", method="fedst",
+                              rounds=3, surgical_dir=surgical, surgical_epochs=2, image_cache=None, device="cpu",
+                              threads=2, workdir=tmp_path / "w", index=5)
+    spec = gpu_packing.fedst_spec(args)
+    assert spec.method == "fedst" and spec.task_params["cache_mb"] == 1024  # 4096 x 0.25
+    assert spec.loader_workers == 4 and spec.image_cache == "resources/cache/clips"
+    assert spec.run_dir == str(tmp_path / "w" / "job5") and spec.train["rounds"] == 3
+    spec = gpu_packing.fedst_spec(argparse.Namespace(**{**vars(args), "image_cache": tmp_path / "store"}))
+    assert spec.image_cache == str(tmp_path / "store")
