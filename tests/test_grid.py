@@ -205,7 +205,7 @@ def _train_resources(out: str, rule: str) -> list[str]:
     """The ``resources:`` line of every planned job of ``rule`` in a dry run's output."""
     lines, found, inside = out.splitlines(), [], False
     for line in lines:
-        if line.startswith("rule "):
+        if line.strip().startswith("rule "):  # a group job's rules are indented
             inside = line.strip() == f"rule {rule}:"
         elif inside and line.strip().startswith("resources:"):
             found.append(line.strip())
@@ -256,3 +256,24 @@ def test_snakemake_caps_a_whole_gpu_request_at_the_profiles_memory_and_packs_the
     spans = [[float(t) for t in (tmp_path / f"o{i}.txt").read_text().split()] for i in range(3)]
     assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # the two 10000 MB jobs at once
     assert spans[2][0] >= max(spans[0][1], spans[1][1]) or spans[2][1] <= min(spans[0][0], spans[1][0])  # the other alone
+
+
+def test_the_slurm_profiles_packed_training_groups_the_earlystop_grid_by_eight():
+    """profiles/slurm/config.yaml's commented "packed training" block, as Snakemake options, in a dry run of the
+    earlystop grid on SLURM: 600 training jobs in 75 groups of 8, each asking for no GPU count of its own but for
+    gres gpu:1, which the group takes once (its string resources are its first job's, its counts the sum)."""
+    text = (ROOT / "profiles" / "slurm" / "config.yaml").read_text()
+    block = text.split("# >>> packed training\n")[1].split("# <<< packed training")[0]
+    packed = yaml.safe_load("\n".join(line[2:] for line in block.splitlines()))
+    args = ["--groups", *packed["groups"], "--group-components", *packed["group-components"],
+            "--resources", *packed["resources"],
+            "--set-resources", *[f"train_federated:{k}={v}" for k, v in packed["set-resources"]["train_federated"].items()]]
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-F", "--configfile", "config/studies/earlystop.yaml",
+                           "--config", "device=cuda", "--executor", "slurm", "--default-resources", "slurm_partition=p",
+                           "slurm_account=a", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    groups = out.split("Group job train")[1:]
+    assert len(groups) == 75 and all(g.count("rule train_federated:") == 8 for g in groups[:-1])
+    resources = _train_resources(out, "train_federated")
+    assert len(resources) == 600 and all("gpu=0" in r and "gres=gpu:1" in r for r in resources)
