@@ -53,6 +53,18 @@ def test_single_pixels_give_their_euclidean_distance():
     assert spaced["hd95"] == math.sqrt(40.0)
 
 
+def test_hd95_is_the_correctly_rounded_square_root_of_the_nearest_squared_distance():
+    """HD95 of two single pixels 10 rows and 7 columns apart is NumPy's (correctly rounded) sqrt(149), and at
+    spacing (2, 2) of pixels 13 rows and 1 column apart sqrt(680): square roots an approximate vectorised
+    float64 ``sqrt`` rounds one bit below (torch on some CPUs)."""
+    pred, gt = canvas(), canvas()
+    pred[1, 1], gt[11, 8] = 1, 1
+    assert compare(pred[None], gt[None], [1])[0].scores[1]["hd95"] == np.sqrt(np.float64(149))
+    pred, gt = canvas((14, 14)), canvas((14, 14))
+    pred[0, 2], gt[13, 3] = 1, 1
+    assert compare(pred[None], gt[None], [1], [(2.0, 2.0)])[0].scores[1]["hd95"] == np.sqrt(np.float64(680))
+
+
 def test_empty_masks_follow_the_empty_mask_rule():
     """Both empty: perfect; one empty: Dice = IoU = 0 and the image diagonal (in native units at a spacing)."""
     pred, gt = canvas(), canvas()

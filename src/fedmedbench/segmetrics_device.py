@@ -12,10 +12,13 @@ mask pair at a time with SciPy on the CPU:
   other mask's border the column distance to its nearest pixel (running max / min of the border's
   column indices), then per query pixel the minimum over rows of ``(dy*sy)^2 + (dx*sx)^2`` in float64 —
   SciPy's distance transform evaluates the same expression for the nearest feature, so the
-  distances are the same numbers, integer-exact at spacing 1.
+  squared distances are the same numbers, integer-exact at spacing 1.
 * HD95: the 95th percentile of both directions' distances pooled, with NumPy's ``linear`` rule
-  (virtual index ``(n-1)*0.95``, its ``_lerp``); ASSD by :data:`fedmedbench.segmetrics.ASSD_RULES`.
-  Only the summation order of ASSD's means differs from NumPy's (float64: within 1e-12 relative).
+  (virtual index ``(n-1)*0.95``, its ``_lerp``), found among the squared distances (the square root
+  keeps their order) and only its two values rooted, by NumPy: torch's float64 ``sqrt`` on a CPU may
+  round a bit off (``sqrt(149)``), NumPy's is correctly rounded as SciPy's is. ASSD by
+  :data:`fedmedbench.segmetrics.ASSD_RULES`, from torch's square roots: only the rounding of those and
+  the summation order of its means differ from NumPy's (float64: within 1e-12 relative).
 
 Every mask is scored on the box holding every set pixel of the batch (the argument of
 :func:`fedmedbench.segmetrics.box_around`, for all pairs at once), and the per-pixel work is done in
@@ -77,11 +80,11 @@ def _distance(gaps: torch.Tensor) -> torch.Tensor:
     return torch.where(gaps >= _NONE, math.inf, gaps.to(torch.float64))
 
 
-def nearest_border_distances(query: torch.Tensor, other: torch.Tensor, spacing: torch.Tensor,
-                             chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
-    """For every set pixel of the (P, H, W) ``query`` masks, in row-major order per mask, the Euclidean distance
-    to the nearest set pixel of the same mask pair's ``other`` (each non-empty); ``spacing`` (P, 2): rows and
-    columns per pixel. Returns (distances float64, the mask index of each).
+def nearest_border_squared_distances(query: torch.Tensor, other: torch.Tensor, spacing: torch.Tensor,
+                                     chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every set pixel of the (P, H, W) ``query`` masks, in row-major order per mask, the squared Euclidean
+    distance to the nearest set pixel of the same mask pair's ``other`` (each non-empty); ``spacing`` (P, 2): rows
+    and columns per pixel. Returns (squared distances float64, the mask index of each).
 
     The nearest pixel is no farther than the nearest one in the query pixel's own row or column, so only the
     rows within that distance are searched: queries are grouped by that many rows, rounded up to a power of 2."""
@@ -107,7 +110,7 @@ def nearest_border_distances(query: torch.Tensor, other: torch.Tensor, spacing: 
             gap = _distance(across[p[:, None], c[:, None], rows.clamp(0, height - 1)]) * sx[q, None]
             dy = offsets[None, :].to(torch.float64) * sy[q, None]
             d2 = torch.where(inside, dy * dy + gap * gap, math.inf)
-            out[q] = d2.min(dim=1).values.sqrt()
+            out[q] = d2.min(dim=1).values
         done[todo] = True
         if width >= height:
             return out, pair
@@ -158,20 +161,21 @@ def surface_scores(pred: torch.Tensor, gt: torch.Tensor, spacing: torch.Tensor, 
     pred, gt = pred[:, r0:r1 + 1, c0:c1 + 1], gt[:, r0:r1 + 1, c0:c1 + 1]
     pb, gb = borders(pred), borders(gt)
     # both directions at once: pairs 0..P-1 = prediction -> ground truth, P..2P-1 = back
-    dist, owner = nearest_border_distances(torch.cat((pb, gb)), torch.cat((gb, pb)), torch.cat((spacing, spacing)), chunk)
-    by_direction, counts = _padded(dist, owner, 2 * n_pairs, 0.0)
-    sums = by_direction.sum(dim=1)
+    squared, owner = nearest_border_squared_distances(torch.cat((pb, gb)), torch.cat((gb, pb)),
+                                                      torch.cat((spacing, spacing)), chunk)
+    by_direction, counts = _padded(squared, owner, 2 * n_pairs, 0.0)
+    sums = by_direction.sqrt().sum(dim=1)
     pooled = torch.cat((by_direction[:n_pairs], by_direction[n_pairs:]), dim=1)
     width = by_direction.shape[1]
-    valid = torch.arange(width, device=dist.device)[None, :] < counts[:, None]
+    valid = torch.arange(width, device=squared.device)[None, :] < counts[:, None]
     valid = torch.cat((valid[:n_pairs], valid[n_pairs:]), dim=1)
-    pooled = torch.where(valid, pooled, torch.tensor(math.inf, dtype=torch.float64, device=dist.device)).sort(dim=1).values
+    pooled = torch.where(valid, pooled, torch.tensor(math.inf, dtype=torch.float64, device=squared.device)).sort(dim=1).values
     n = counts[:n_pairs] + counts[n_pairs:]
     n_np = n.cpu().numpy()
     # only the two values each percentile needs come back
     lo, hi, gamma = _percentile_picks(n_np)
-    picks = torch.as_tensor(np.stack((lo, hi), axis=1), device=dist.device)
-    two = pooled.gather(1, picks).cpu().numpy()
+    picks = torch.as_tensor(np.stack((lo, hi), axis=1), device=squared.device)
+    two = np.sqrt(pooled.gather(1, picks).cpu().numpy())
     hd95 = _lerp(two[:, 0], two[:, 1], gamma)
     sums_np, counts_np = sums.cpu().numpy(), counts.cpu().numpy()
     if assd == "medpy_0_5":
