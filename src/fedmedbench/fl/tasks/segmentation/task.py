@@ -126,10 +126,6 @@ class SegmentationTask(Task):
         return int(self.spec.task_params.get("eval_batch_size", 8))
 
     @property
-    def class_rule(self) -> str:
-        return str(self.spec.task_params.get("class_rule", "all_classes"))
-
-    @property
     def scoring(self) -> dict[str, str]:
         """How :func:`evaluate_clips` scores: class rule, ASSD definition, resolution, where."""
         return scoring(self.spec.task_params)
