@@ -282,7 +282,7 @@ def evaluation_note(table_eval: str, columns: tuple[str, ...]) -> str:
     if others and table_eval == "best_validation":
         note += (" (every column from that round: the test-split columns are the model of the best validation "
                  "round, not the final model)")
-    elif others and table_eval == "final_test":
+    elif "val_" in others and table_eval == "final_test":
         note += " (every column from the final round: the validation columns are not the best validation round's)"
     return note
 
