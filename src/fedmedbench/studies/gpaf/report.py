@@ -150,10 +150,7 @@ def load_runs(paths) -> pd.DataFrame:
 
 def metric_name(metric: str) -> str:
     """``global_f1`` -> ``f1``: the metric's name in the paper's table."""
-    for prefix in COLUMN_PREFIXES:
-        if metric.startswith(prefix):
-            return metric[len(prefix):]
-    return metric
+    return metric.removeprefix(column_prefix(metric))
 
 
 def paper_metric(metric: str) -> str:
