@@ -149,7 +149,8 @@ def test_device_of_a_domain_is_the_device_its_stored_file_was_made_with():
     c, b, sigma = device_of([{"profile": {"contrast": [0.6, 1.4], "brightness": [0.18, 0.22], "noise": [0.072, 0.088]}}],
                             "midrange_profile", seed=3)
     assert 0.6 <= c <= 1.4 and 0.18 <= b <= 0.22 and 0.072 <= sigma <= 0.088
-    with pytest.raises(DomainSpecError, match="domain 'degraded_medmnistc'"):
+    with pytest.raises(DomainSpecError, match=r"domain 'degraded_medmnistc': .*\(client_augmentation: reference or "
+                                              r"reference_train\) needs a domain of one gpaf_device or profile step"):
         device_of([{"corruption": "gaussian_noise", "range": [0.12, 0.12]}], "degraded_medmnistc")
 
 
