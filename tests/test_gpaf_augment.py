@@ -149,7 +149,8 @@ def test_device_of_a_domain_is_the_device_its_stored_file_was_made_with():
     c, b, sigma = device_of([{"profile": {"contrast": [0.6, 1.4], "brightness": [0.18, 0.22], "noise": [0.072, 0.088]}}],
                             "midrange_profile", seed=3)
     assert 0.6 <= c <= 1.4 and 0.18 <= b <= 0.22 and 0.072 <= sigma <= 0.088
-    with pytest.raises(DomainSpecError, match="domain 'degraded_medmnistc'"):
+    with pytest.raises(DomainSpecError, match=r"domain 'degraded_medmnistc': .*\(client_augmentation: reference or "
+                                              r"reference_train\) needs a domain of one gpaf_device or profile step"):
         device_of([{"corruption": "gaussian_noise", "range": [0.12, 0.12]}], "degraded_medmnistc")
 
 
@@ -384,3 +385,18 @@ def test_a_profile_domains_device_is_the_one_its_stored_file_applies():
     assert sigma == 0.0 and np.all(stored == round(255 * (c * 0.4 + b)))
     c6, b6, _ = device_of(spec, "midrange_profile", seed=6)
     assert round(255 * (c6 * 0.4 + b6)) != stored[0, 0, 0]
+
+
+def test_feddg_takes_the_augmented_read_onto_the_pixel_scale_and_back():
+    """FedDG's amplitude transfer works on 8-bit pixels: an augmented read x in [-1, 1] is (x + 1) 127.5 there, and
+    to_model_scale brings it back to x; without the option it is the stored pixels themselves."""
+    from fedmedbench.fl.methods.feddg import pixel_scale, to_model_scale
+
+    idx, cpu = torch.tensor([1, 4]), torch.device("cpu")
+    on = client(True)
+    x = batch_images(on, idx, cpu, torch.Generator().manual_seed(2))
+    pixels = pixel_scale(on, idx, x, cpu)
+    assert torch.allclose(pixels, (x + 1.0) * 127.5) and not torch.equal(pixels, on.train_x[idx].float())
+    assert torch.allclose(to_model_scale(pixels), x, atol=1e-6)
+    off = client(False)
+    assert torch.equal(pixel_scale(off, idx, to_float(off.train_x[idx], cpu), cpu), off.train_x[idx].float())

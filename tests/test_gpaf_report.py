@@ -425,3 +425,11 @@ def test_table1_caption_says_which_model_and_data_each_column_family_is(tmp_path
     assert gpaf.evaluation_note("best_validation", ("local_mean_accuracy",)).endswith(
         "on each client's test split (mean over clients) (every column from that round: the test-split columns are "
         "the model of the best validation round, not the final model)")
+
+
+def test_a_final_test_caption_without_validation_columns_names_none():
+    """final_test with the global and the clients' test columns: every column is a test split, so the caption has no
+    clause about validation columns."""
+    note = gpaf.evaluation_note("final_test", ("global_accuracy", "local_mean_accuracy"))
+    assert note == ("the final-round global model: accuracy on the global test set; accuracy on each client's test "
+                    "split (mean over clients)")

@@ -290,8 +290,8 @@ def device_of(spec: list[dict], domain: str, seed: int = 0) -> tuple[float, floa
     if not spec:
         return CLEAN_DEVICE
     if len(spec) != 1 or not isinstance(spec[0], dict) or not {"gpaf_device", "profile"} & set(spec[0]):
-        raise DomainSpecError(f"domain '{domain}': redrawing its noise at each read (client_augmentation: reference) "
-                              "needs a domain of one gpaf_device or profile step")
+        raise DomainSpecError(f"domain '{domain}': redrawing its noise at each read (client_augmentation: reference "
+                              "or reference_train) needs a domain of one gpaf_device or profile step")
     (step,) = build_steps("", spec, domain, seed)
     c, b, sigma = step.params
     return float(c), float(b), float(sigma)

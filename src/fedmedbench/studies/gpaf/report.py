@@ -150,10 +150,7 @@ def load_runs(paths) -> pd.DataFrame:
 
 def metric_name(metric: str) -> str:
     """``global_f1`` -> ``f1``: the metric's name in the paper's table."""
-    for prefix in COLUMN_PREFIXES:
-        if metric.startswith(prefix):
-            return metric[len(prefix):]
-    return metric
+    return metric.removeprefix(column_prefix(metric))
 
 
 def paper_metric(metric: str) -> str:
@@ -282,7 +279,7 @@ def evaluation_note(table_eval: str, columns: tuple[str, ...]) -> str:
     if others and table_eval == "best_validation":
         note += (" (every column from that round: the test-split columns are the model of the best validation "
                  "round, not the final model)")
-    elif others and table_eval == "final_test":
+    elif "val_" in others and table_eval == "final_test":
         note += " (every column from the final round: the validation columns are not the best validation round's)"
     return note
 
