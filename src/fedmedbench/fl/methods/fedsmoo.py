@@ -92,7 +92,7 @@ class FedSMOO(ServerOptMethod):
         like = client_tensors(ctx)
         mu = {n: t.to(ctx.device) for n, t in state_tensors(ctx.state, "mu_i", like).items()}
         s = arrays_to_vector(ctx.broadcast["s"]) if "s" in ctx.broadcast else {n: t * 0 for n, t in like.items()}
-        hooks = dyn_hooks(ctx, self.lamb)[0]
+        hooks = dyn_hooks(ctx, self.lamb)
         hooks.perturb = DualAscent(self.rho, mu, {n: t.to(ctx.device) for n, t in s.items()})
         return hooks
 
