@@ -290,13 +290,11 @@ def state_tensors(state: dict[str, Any], name: str, like: Tensors) -> Tensors:
     return {n: stored[n].to(like[n].device, copy=True) for n in like}
 
 
-def delta(model: nn.Module, global_arrays: Arrays, trained: Tensors | None = None) -> Tensors:
-    """theta_local - theta_global over trainable parameters, float32, where the global arrays are.
-    ``trained``: the client's trained parameters where the model does not hold them (clients trained
-    together: :func:`trained_params`)."""
-    params = trainable(model) if trained is None else trained
-    theta_g = to_tensors(global_arrays, params)
-    return sub({n: p.detach().to(theta_g[n].device, torch.float32) for n, p in params.items()}, theta_g)
+def delta(trained: Tensors, global_arrays: Arrays) -> Tensors:
+    """theta_local - theta_global over the client's trained parameters (:func:`trained_params`), float32,
+    where the global arrays are."""
+    theta_g = to_tensors(global_arrays, trained)
+    return sub({n: p.detach().to(theta_g[n].device, torch.float32) for n, p in trained.items()}, theta_g)
 
 
 def client_tensors(ctx: ClientContext) -> Tensors:

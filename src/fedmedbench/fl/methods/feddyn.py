@@ -42,9 +42,9 @@ def dyn_hooks(ctx: ClientContext, lamb: float) -> StepHooks:
     return StepHooks(correction=mul(sub(h_i, theta_g), lamb), extra_weight_decay=lamb, keep={"h_i": h_i})
 
 
-def dyn_client_update(ctx: ClientContext, h_i: dict, trained: dict | None = None) -> None:
-    """h_i += theta_i - theta_g (``trained``: theta_i where ``ctx.model`` does not hold it)."""
-    d = delta(ctx.model, ctx.global_arrays, trained)
+def dyn_client_update(ctx: ClientContext, h_i: dict, trained: dict) -> None:
+    """h_i += theta_i - theta_g (``trained``: theta_i, :func:`trained_params`)."""
+    d = delta(trained, ctx.global_arrays)
     ctx.state["h_i"] = add({n: h_i[n] for n in d}, d)
 
 
