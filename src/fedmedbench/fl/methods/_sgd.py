@@ -219,7 +219,12 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
         if hooks.after_step:
             hooks.after_step()
         losses.add(loss)
-    return losses.mean(ctx.rnd, check=cfg.on_nonfinite != "continue",
+    return mean_loss(ctx, losses)
+
+
+def mean_loss(ctx: ClientContext, losses: StepLosses) -> float:
+    """The client's mean step loss, checked finite unless ``train.on_nonfinite: continue``."""
+    return losses.mean(ctx.rnd, check=ctx.train.on_nonfinite != "continue",
                        hint="lower train.lr, set train.grad_clip, or train.on_nonfinite: continue")
 
 

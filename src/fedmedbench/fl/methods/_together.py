@@ -35,7 +35,7 @@ from torch.func import functional_call
 
 from fedmedbench.fl.api import Arrays, ClientContext, TrainConfig
 from fedmedbench.fl.methods._perturb import Perturbation, Stack
-from fedmedbench.fl.methods._sgd import StepHooks, Tensors, trainable
+from fedmedbench.fl.methods._sgd import StepHooks, Tensors, mean_loss, trainable
 from fedmedbench.fl.training import NonFiniteLossError, StepLosses, batch_indices, forward_precision, to_float
 
 
@@ -226,7 +226,7 @@ def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray
     """Each client's trained state (views of the stacked tensors, where the job keeps its arrays) and its
     step losses as ``local_loop_metrics`` reports them."""
     state = ctxs[0].model.state_dict()
-    where, cfg = ctxs[0].array_device, ctxs[0].train
+    where = ctxs[0].array_device
     fixed = {n: t.detach() for n, t in state.items() if n not in stacked}
     rows = {n: t.detach().to(where).unbind(0) for n, t in stacked.items()}
     out = []
@@ -234,8 +234,7 @@ def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray
         taken = sum(1 for step in plan.rows if step[c] is not None)
         losses = StepLosses.of_values(values[:taken, c].tolist(), ctx.steps_per_epoch())
         try:
-            loss = losses.mean(ctx.rnd, check=cfg.on_nonfinite != "continue",
-                               hint="lower train.lr, set train.grad_clip, or train.on_nonfinite: continue")
+            loss = mean_loss(ctx, losses)
         except NonFiniteLossError as exc:  # one by one, the engine names the client that raised
             raise NonFiniteLossError(f"client {ctx.pid}: {exc}") from None
         arrays: Arrays = {n: rows[n][c] if n in rows else fixed[n].clone().to(where) for n in state}
