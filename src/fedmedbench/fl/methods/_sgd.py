@@ -143,18 +143,24 @@ def indexed_perturbation(direction: Iterable[torch.Tensor], order: Sequence[str]
     read. It is both methods' default because that code produced the study's numbers; ``vector`` is
     the papers' rho * d/||d||. ``direction`` yields v's pieces in parameter order (lazily: usually the
     first suffices)."""
-    count, lead, got = len(order), [], 0
+    v = leading_entries(direction, len(order))
+    scale = rho / (v.abs().sum() + 1e-7)
+    return dict(zip(order, (v * scale).unbind(0), strict=True))  # one multiplication; entry j is v[j] * scale
+
+
+def leading_entries(direction: Iterable[torch.Tensor], count: int, rows: int | None = None) -> torch.Tensor:
+    """The first ``count`` entries of the flat direction whose pieces ``direction`` yields, float32 (the v of
+    :func:`indexed_perturbation`); with ``rows``, pieces stacked (rows, ...) give each row's, (rows, count)."""
+    lead, got = [], 0
     for t in direction:
-        piece = t.reshape(-1)[: count - got]
+        piece = (t.reshape(-1) if rows is None else t.reshape(rows, -1))[..., : count - got]
         lead.append(piece)
-        got += piece.numel()
+        got += piece.shape[-1]
         if got == count:
             break
     if got < count:
         raise ValueError(f"indexed perturbation: the direction has {got} entries for {count} parameter tensors")
-    v = torch.cat(lead).float()
-    scale = rho / (v.abs().sum() + 1e-7)
-    return dict(zip(order, (v * scale).unbind(0), strict=True))  # one multiplication; entry j is v[j] * scale
+    return torch.cat(lead, dim=-1).float()
 
 
 def gradient_at(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> Tensors:
