@@ -69,7 +69,7 @@ class _BatchedDualAscent(BatchedPerturbation):
     def e(self, weights, grads, n):
         mu, s = self.stack.first(self.mu, n), self.stack.first(self.s, n)  # the others' mu stays
         g = torch._foreach_sub(grads, torch._foreach_add(mu, s))
-        e = self.stack.scaled(g, self.rho / (self.stack.norms(g) + 1e-7))
+        e = self.stack.sam(g, self.rho)
         torch._foreach_add_(mu, torch._foreach_sub(e, s))
         return e
 

@@ -90,7 +90,7 @@ class _BatchedMomentumGuided(BatchedPerturbation):
     def e(self, weights, grads, n):
         d = torch._foreach_sub(self.stack.first(self.target, n), weights)
         if self.form != "reference":
-            return self.stack.scaled(d, self.rho / (self.stack.norms(d) + 1e-7))
+            return self.stack.sam(d, self.rho)
         # indexed_perturbation per client: its first P entries of t - theta, one scalar per parameter tensor
         v = leading_entries(d, len(d), n)
         ev = v * (self.rho / (v.abs().sum(dim=1) + 1e-7)).unsqueeze(1)
