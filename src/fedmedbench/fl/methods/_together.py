@@ -90,7 +90,7 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) ->
     perturb = kind.batched(perturbs, stack) if kind is not None else None
     decay = cfg.weight_decay + hooks[0].extra_weight_decay
     loss_weight = hooks[0].loss_weight
-    x_all, y_all = plan.pooled(ctxs, device)
+    x_all, y_all = plan.pooled(ctxs)
     index, sample_w = plan.tensors(x_all.device, device)
     lr = cfg.lr_at(ctxs[0].rnd)
 
@@ -197,9 +197,10 @@ class BatchPlan:
         rows = [[d[s] if s < len(d) else None for d in draws] for s in range(steps)]
         return cls(rows, [ctxs[c].data.num_train for c in order], order)
 
-    def pooled(self, ctxs: Sequence[ClientContext], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The clients' training images and labels back to back, in the plan's order (where the first
-        client's data are)."""
+    @staticmethod
+    def pooled(ctxs: Sequence[ClientContext]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The clients' training images and labels back to back, in the plan's order (``ctxs`` ordered as
+        ``order``), where the first client's data are."""
         xs = [c.data.train_x for c in ctxs]
         ys = [c.data.train_y for c in ctxs]
         where = xs[0].device
