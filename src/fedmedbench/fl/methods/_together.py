@@ -177,10 +177,10 @@ class BatchPlan:
     still stepping at a step are a prefix. ``rows[s][c]``: the c-th client's sample indices (into its own
     training data) at step s, or None once its ``ctx.steps`` are done. Steps: the most any client takes."""
 
-    def __init__(self, rows: list[list[np.ndarray | None]], sizes: list[int], order: list[int] | None = None) -> None:
+    def __init__(self, rows: list[list[np.ndarray | None]], sizes: list[int], order: list[int]) -> None:
         self.rows = rows
         self.sizes = sizes
-        self.order = order if order is not None else list(range(len(sizes)))
+        self.order = order
         self.steps = len(rows)
         self.width = max((len(r) for step in rows for r in step if r is not None), default=1)
         #: per step: how many clients step (the first ones), and their largest batch (known on the host)
