@@ -184,7 +184,7 @@ class StepHooks:
     extra_weight_decay: float = 0.0
     #: called after every optimizer step
     after_step: Callable[[], None] | None = None
-    #: what the method's ``client_result`` needs from before the steps (SCAFFOLD's c and c_i)
+    #: what the method's ``client_result`` needs from before the steps (SCAFFOLD's c and c_i, FedDyn's h_i)
     keep: dict[str, Any] = field(default_factory=dict)
 
 
