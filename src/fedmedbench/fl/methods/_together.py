@@ -54,7 +54,8 @@ def hooks_why_not(hooks: StepHooks) -> str | None:
     """Why one client's step hooks cannot join a batched step (None: they can)."""
     if hooks.perturb is not None and not isinstance(hooks.perturb, Perturbation):
         return "a weight perturbation of the method's own"
-    if hooks.after_step is not None and getattr(hooks.after_step, "__self__", None) is not hooks.perturb:
+    own = hooks.perturb is not None and getattr(hooks.after_step, "__self__", None) is hooks.perturb
+    if hooks.after_step is not None and not own:
         return "a callback after every step"  # one of the perturbation's own is batched with it
     return None
 
