@@ -298,3 +298,21 @@ def test_clients_together_in_bfloat16_autocast_follow_one_by_one(setup):
     assert gap(fp_both, fp_one) < 1e-6  # float32: reordered sums
     assert gap(bf_both, fp_both) > 10 * gap(fp_both, fp_one)  # the batched step ran in bf16
     assert gap(bf_both, bf_one) < 1e-3  # about bf16's own effect here (1e-4), not more
+
+
+def test_a_round_of_undeclared_or_mixed_step_hooks_is_not_batched():
+    """A perturbation that is a plain function, a callback after every step that is not the perturbation's own,
+    clients of two kinds of perturbation: each named; a declared perturbation and its own callback join a batch."""
+    from fedmedbench.fl.methods._perturb import FixedPerturbation, SamAscent
+    from fedmedbench.fl.methods._sgd import StepHooks
+    from fedmedbench.fl.methods.fedwmsam import MomentumGuided
+
+    guided = MomentumGuided(0.1, "vector", {}, {}, {})
+    assert together.round_why_not([StepHooks(perturb=guided, after_step=guided.advance)] * 2) is None
+    assert together.round_why_not([StepHooks(perturb=lambda m, x, y: None)]) == "a weight perturbation of the method's own"
+    assert together.round_why_not([StepHooks(after_step=lambda: None)]) == "a callback after every step"
+    other = MomentumGuided(0.1, "vector", {}, {}, {})
+    assert together.round_why_not([StepHooks(perturb=guided, after_step=other.advance)]) == "a callback after every step"
+    mixed = [StepHooks(perturb=SamAscent(0.05)), StepHooks(perturb=FixedPerturbation({}))]
+    assert together.round_why_not(mixed) == "clients of different perturbations"
+    assert together.round_why_not([StepHooks(perturb=SamAscent(0.05)), StepHooks()]) is None

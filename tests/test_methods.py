@@ -282,6 +282,19 @@ def test_indexed_perturbation_moves_each_tensor_by_one_entry_of_the_flat_directi
     assert float(zero["a"]) == 0.0 == float(zero["b"])
 
 
+def test_leading_entries_per_row_are_each_rows_own():
+    """Stacked pieces (rows, ...): row r's leading entries are those of row r's own pieces (the batched
+    FedWMSAM reference form), spanning tensors; too few entries are refused for the stack as for one."""
+    from fedmedbench.fl.methods._sgd import leading_entries
+
+    pieces = [torch.tensor([[1.0], [-1.0]]), torch.tensor([[[2.0, 3.0]], [[-2.0, -3.0]]]), torch.tensor([[4.0], [9.0]])]
+    v = leading_entries(pieces, 3, rows=2)
+    assert v.tolist() == [[1.0, 2.0, 3.0], [-1.0, -2.0, -3.0]]
+    assert [leading_entries((t[r] for t in pieces), 3).tolist() for r in range(2)] == v.tolist()
+    with pytest.raises(ValueError, match="1 entries for 3 parameter tensors"):
+        leading_entries(pieces[:1], 3, rows=2)
+
+
 def _reference_indexed_shift(params: list[torch.Tensor], flat: torch.Tensor, rho: float) -> list[torch.Tensor]:
     """optimizer/LESAM.py / WMSAM.py first_step: e_w = -flat[idx] * rho / (sum |flat[idx]| + 1e-7) per tensor idx."""
     norm = sum(flat[i].abs() for i in range(len(params)))

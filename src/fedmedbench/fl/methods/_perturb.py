@@ -59,6 +59,10 @@ class Stack:
         """Each client's tensors times its number of ``per_client`` (n,)."""
         return torch._foreach_mul(tensors, self.by_rank(per_client))
 
+    def sam(self, tensors: list[torch.Tensor], rho: float | torch.Tensor) -> list[torch.Tensor]:
+        """Each client's rho * g/||g|| (``sam_perturbation`` per client; ``rho``: one number or one per client)."""
+        return self.scaled(tensors, rho / (self.norms(tensors) + 1e-7))
+
     def rows(self, tensors: list[torch.Tensor]) -> list[Tensors]:
         """Per client, its slice of each stacked tensor (views), by parameter name."""
         columns = [t.unbind(0) for t in tensors]
@@ -124,7 +128,7 @@ class _BatchedAscent(BatchedPerturbation):
         self.rho, self.stack = rho, stack
 
     def e(self, weights, grads, n):
-        return self.stack.scaled(grads, self.rho[:n] / (self.stack.norms(grads) + 1e-7))
+        return self.stack.sam(grads, self.rho[:n])
 
 
 @dataclass(frozen=True)

@@ -143,18 +143,24 @@ def indexed_perturbation(direction: Iterable[torch.Tensor], order: Sequence[str]
     read. It is both methods' default because that code produced the study's numbers; ``vector`` is
     the papers' rho * d/||d||. ``direction`` yields v's pieces in parameter order (lazily: usually the
     first suffices)."""
-    count, lead, got = len(order), [], 0
+    v = leading_entries(direction, len(order))
+    scale = rho / (v.abs().sum() + 1e-7)
+    return dict(zip(order, (v * scale).unbind(0), strict=True))  # one multiplication; entry j is v[j] * scale
+
+
+def leading_entries(direction: Iterable[torch.Tensor], count: int, rows: int | None = None) -> torch.Tensor:
+    """The first ``count`` entries of the flat direction whose pieces ``direction`` yields, float32 (the v of
+    :func:`indexed_perturbation`); with ``rows``, pieces stacked (rows, ...) give each row's, (rows, count)."""
+    lead, got = [], 0
     for t in direction:
-        piece = t.reshape(-1)[: count - got]
+        piece = (t.reshape(-1) if rows is None else t.reshape(rows, -1))[..., : count - got]
         lead.append(piece)
-        got += piece.numel()
+        got += piece.shape[-1]
         if got == count:
             break
     if got < count:
         raise ValueError(f"indexed perturbation: the direction has {got} entries for {count} parameter tensors")
-    v = torch.cat(lead).float()
-    scale = rho / (v.abs().sum() + 1e-7)
-    return dict(zip(order, (v * scale).unbind(0), strict=True))  # one multiplication; entry j is v[j] * scale
+    return torch.cat(lead, dim=-1).float()
 
 
 def gradient_at(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> Tensors:
@@ -178,7 +184,7 @@ class StepHooks:
     extra_weight_decay: float = 0.0
     #: called after every optimizer step
     after_step: Callable[[], None] | None = None
-    #: what the method's ``client_result`` needs from before the steps (SCAFFOLD's c and c_i)
+    #: what the method's ``client_result`` needs from before the steps (SCAFFOLD's c and c_i, FedDyn's h_i)
     keep: dict[str, Any] = field(default_factory=dict)
 
 
@@ -219,7 +225,12 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
         if hooks.after_step:
             hooks.after_step()
         losses.add(loss)
-    return losses.mean(ctx.rnd, check=cfg.on_nonfinite != "continue",
+    return mean_loss(ctx, losses)
+
+
+def mean_loss(ctx: ClientContext, losses: StepLosses) -> float:
+    """The client's mean step loss, checked finite unless ``train.on_nonfinite: continue``."""
+    return losses.mean(ctx.rnd, check=ctx.train.on_nonfinite != "continue",
                        hint="lower train.lr, set train.grad_clip, or train.on_nonfinite: continue")
 
 
@@ -290,13 +301,11 @@ def state_tensors(state: dict[str, Any], name: str, like: Tensors) -> Tensors:
     return {n: stored[n].to(like[n].device, copy=True) for n in like}
 
 
-def delta(model: nn.Module, global_arrays: Arrays, trained: Tensors | None = None) -> Tensors:
-    """theta_local - theta_global over trainable parameters, float32, where the global arrays are.
-    ``trained``: the client's trained parameters where the model does not hold them (clients trained
-    together: :func:`trained_params`)."""
-    params = trainable(model) if trained is None else trained
-    theta_g = to_tensors(global_arrays, params)
-    return sub({n: p.detach().to(theta_g[n].device, torch.float32) for n, p in params.items()}, theta_g)
+def delta(trained: Tensors, global_arrays: Arrays) -> Tensors:
+    """theta_local - theta_global over the client's trained parameters (:func:`trained_params`), float32,
+    where the global arrays are."""
+    theta_g = to_tensors(global_arrays, trained)
+    return sub({n: p.detach().to(theta_g[n].device, torch.float32) for n, p in trained.items()}, theta_g)
 
 
 def client_tensors(ctx: ClientContext) -> Tensors:

@@ -35,7 +35,7 @@ from torch.func import functional_call
 
 from fedmedbench.fl.api import Arrays, ClientContext, TrainConfig
 from fedmedbench.fl.methods._perturb import Perturbation, Stack
-from fedmedbench.fl.methods._sgd import StepHooks, Tensors, trainable
+from fedmedbench.fl.methods._sgd import StepHooks, Tensors, mean_loss, trainable
 from fedmedbench.fl.training import NonFiniteLossError, StepLosses, batch_indices, forward_precision, to_float
 
 
@@ -54,7 +54,8 @@ def hooks_why_not(hooks: StepHooks) -> str | None:
     """Why one client's step hooks cannot join a batched step (None: they can)."""
     if hooks.perturb is not None and not isinstance(hooks.perturb, Perturbation):
         return "a weight perturbation of the method's own"
-    if hooks.after_step is not None and getattr(hooks.after_step, "__self__", None) is not hooks.perturb:
+    own = hooks.perturb is not None and getattr(hooks.after_step, "__self__", None) is hooks.perturb
+    if hooks.after_step is not None and not own:
         return "a callback after every step"  # one of the perturbation's own is batched with it
     return None
 
@@ -90,7 +91,7 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) ->
     perturb = kind.batched(perturbs, stack) if kind is not None else None
     decay = cfg.weight_decay + hooks[0].extra_weight_decay
     loss_weight = hooks[0].loss_weight
-    x_all, y_all = plan.pooled(ctxs, device)
+    x_all, y_all = plan.pooled(ctxs)
     index, sample_w = plan.tensors(x_all.device, device)
     lr = cfg.lr_at(ctxs[0].rnd)
 
@@ -177,10 +178,10 @@ class BatchPlan:
     still stepping at a step are a prefix. ``rows[s][c]``: the c-th client's sample indices (into its own
     training data) at step s, or None once its ``ctx.steps`` are done. Steps: the most any client takes."""
 
-    def __init__(self, rows: list[list[np.ndarray | None]], sizes: list[int], order: list[int] | None = None) -> None:
+    def __init__(self, rows: list[list[np.ndarray | None]], sizes: list[int], order: list[int]) -> None:
         self.rows = rows
         self.sizes = sizes
-        self.order = order if order is not None else list(range(len(sizes)))
+        self.order = order
         self.steps = len(rows)
         self.width = max((len(r) for step in rows for r in step if r is not None), default=1)
         #: per step: how many clients step (the first ones), and their largest batch (known on the host)
@@ -197,9 +198,10 @@ class BatchPlan:
         rows = [[d[s] if s < len(d) else None for d in draws] for s in range(steps)]
         return cls(rows, [ctxs[c].data.num_train for c in order], order)
 
-    def pooled(self, ctxs: Sequence[ClientContext], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The clients' training images and labels back to back, in the plan's order (where the first
-        client's data are)."""
+    @staticmethod
+    def pooled(ctxs: Sequence[ClientContext]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The clients' training images and labels back to back, in the plan's order (``ctxs`` ordered as
+        ``order``), where the first client's data are."""
         xs = [c.data.train_x for c in ctxs]
         ys = [c.data.train_y for c in ctxs]
         where = xs[0].device
@@ -226,7 +228,7 @@ def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray
     """Each client's trained state (views of the stacked tensors, where the job keeps its arrays) and its
     step losses as ``local_loop_metrics`` reports them."""
     state = ctxs[0].model.state_dict()
-    where, cfg = ctxs[0].array_device, ctxs[0].train
+    where = ctxs[0].array_device
     fixed = {n: t.detach() for n, t in state.items() if n not in stacked}
     rows = {n: t.detach().to(where).unbind(0) for n, t in stacked.items()}
     out = []
@@ -234,8 +236,7 @@ def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray
         taken = sum(1 for step in plan.rows if step[c] is not None)
         losses = StepLosses.of_values(values[:taken, c].tolist(), ctx.steps_per_epoch())
         try:
-            loss = losses.mean(ctx.rnd, check=cfg.on_nonfinite != "continue",
-                               hint="lower train.lr, set train.grad_clip, or train.on_nonfinite: continue")
+            loss = mean_loss(ctx, losses)
         except NonFiniteLossError as exc:  # one by one, the engine names the client that raised
             raise NonFiniteLossError(f"client {ctx.pid}: {exc}") from None
         arrays: Arrays = {n: rows[n][c] if n in rows else fixed[n].clone().to(where) for n in state}

@@ -34,16 +34,17 @@ from fedmedbench.fl.methods._sgd import (
 from fedmedbench.fl.registry import register_method
 
 
-def dyn_hooks(ctx: ClientContext, lamb: float) -> tuple[StepHooks, dict]:
+def dyn_hooks(ctx: ClientContext, lamb: float) -> StepHooks:
+    """FedDyn's step: correction lamb * (h_i - theta_g) and extra decay lamb; h_i kept for ``dyn_client_update``."""
     like = client_tensors(ctx)
     h_i = state_tensors(ctx.state, "h_i", like)
     theta_g = to_tensors(ctx.global_arrays, like)
-    return StepHooks(correction=mul(sub(h_i, theta_g), lamb), extra_weight_decay=lamb, keep={"h_i": h_i}), h_i
+    return StepHooks(correction=mul(sub(h_i, theta_g), lamb), extra_weight_decay=lamb, keep={"h_i": h_i})
 
 
-def dyn_client_update(ctx: ClientContext, h_i: dict, trained: dict | None = None) -> None:
-    """h_i += theta_i - theta_g (``trained``: theta_i where ``ctx.model`` does not hold it)."""
-    d = delta(ctx.model, ctx.global_arrays, trained)
+def dyn_client_update(ctx: ClientContext, h_i: dict, trained: dict) -> None:
+    """h_i += theta_i - theta_g (``trained``: theta_i, :func:`trained_params`)."""
+    d = delta(trained, ctx.global_arrays)
     ctx.state["h_i"] = add({n: h_i[n] for n in d}, d)
 
 
@@ -73,7 +74,7 @@ class FedDyn(ServerOptMethod):
         self.lamb = float(self.p["lamb"])
 
     def hooks(self, ctx: ClientContext) -> StepHooks:
-        return dyn_hooks(ctx, self.lamb)[0]
+        return dyn_hooks(ctx, self.lamb)
 
     def client_result(self, ctx: ClientContext, hooks: StepHooks, metrics, arrays) -> ClientResult:
         dyn_client_update(ctx, hooks.keep["h_i"], trained_params(ctx, arrays))

@@ -69,7 +69,7 @@ class _BatchedDualAscent(BatchedPerturbation):
     def e(self, weights, grads, n):
         mu, s = self.stack.first(self.mu, n), self.stack.first(self.s, n)  # the others' mu stays
         g = torch._foreach_sub(grads, torch._foreach_add(mu, s))
-        e = self.stack.scaled(g, self.rho / (self.stack.norms(g) + 1e-7))
+        e = self.stack.sam(g, self.rho)
         torch._foreach_add_(mu, torch._foreach_sub(e, s))
         return e
 
@@ -92,7 +92,7 @@ class FedSMOO(ServerOptMethod):
         like = client_tensors(ctx)
         mu = {n: t.to(ctx.device) for n, t in state_tensors(ctx.state, "mu_i", like).items()}
         s = arrays_to_vector(ctx.broadcast["s"]) if "s" in ctx.broadcast else {n: t * 0 for n, t in like.items()}
-        hooks = dyn_hooks(ctx, self.lamb)[0]
+        hooks = dyn_hooks(ctx, self.lamb)
         hooks.perturb = DualAscent(self.rho, mu, {n: t.to(ctx.device) for n, t in s.items()})
         return hooks
 

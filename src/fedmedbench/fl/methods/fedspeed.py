@@ -21,7 +21,7 @@ class FedSpeed(SAMMixin, ServerOptMethod):
         self.rho, self.lamb = float(self.p["rho"]), float(self.p["lamb"])
 
     def hooks(self, ctx: ClientContext) -> StepHooks:
-        hooks = dyn_hooks(ctx, self.lamb)[0]
+        hooks = dyn_hooks(ctx, self.lamb)
         hooks.perturb = self.sam_perturb
         return hooks
 

@@ -43,6 +43,7 @@ from fedmedbench.fl.methods._sgd import (
     cast_like,
     div,
     indexed_perturbation,
+    leading_entries,
     local_iterations,
     mul,
     neg,
@@ -89,18 +90,11 @@ class _BatchedMomentumGuided(BatchedPerturbation):
     def e(self, weights, grads, n):
         d = torch._foreach_sub(self.stack.first(self.target, n), weights)
         if self.form != "reference":
-            return self.stack.scaled(d, self.rho / (self.stack.norms(d) + 1e-7))
+            return self.stack.sam(d, self.rho)
         # indexed_perturbation per client: its first P entries of t - theta, one scalar per parameter tensor
-        k, count, lead, got = n, len(d), [], 0
-        for t in d:
-            piece = t.reshape(k, -1)[:, : count - got]
-            lead.append(piece)
-            got += piece.shape[1]
-            if got == count:
-                break
-        v = torch.cat(lead, dim=1).float()
+        v = leading_entries(d, len(d), n)
         ev = v * (self.rho / (v.abs().sum(dim=1) + 1e-7)).unsqueeze(1)
-        return [column.view(k, *([1] * (w.dim() - 1))).expand_as(w) for column, w in zip(ev.unbind(1), weights, strict=True)]
+        return [column.view(n, *([1] * (w.dim() - 1))).expand_as(w) for column, w in zip(ev.unbind(1), weights, strict=True)]
 
     def after_step(self, n) -> None:
         torch._foreach_add_(self.stack.first(self.target, n), self.stack.first(self.m_i, n))

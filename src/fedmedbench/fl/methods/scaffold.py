@@ -43,10 +43,10 @@ def control_correction(ctx: ClientContext, c_name: str = "c") -> tuple[dict, dic
     return c, c_i, sub(c, c_i)
 
 
-def updated_control(ctx: ClientContext, c: dict, c_i: dict, k: float, trained: dict | None = None) -> tuple[dict, dict]:
+def updated_control(ctx: ClientContext, c: dict, c_i: dict, k: float, trained: dict) -> tuple[dict, dict]:
     """Option II: c_i+ = c_i - c + (theta_g - theta_i) / (K lr); returns (c_i+, delta_c). ``trained``: theta_i
-    where ``ctx.model`` does not hold it."""
-    d = delta(ctx.model, ctx.global_arrays, trained)
+    (:func:`trained_params`)."""
+    d = delta(trained, ctx.global_arrays)
     k_lr = k * ctx.train.lr_at(ctx.rnd)
     new = sub(sub({n: c_i[n] for n in d}, c), div(d, k_lr))
     return new, sub(new, c_i)
