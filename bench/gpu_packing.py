@@ -97,6 +97,19 @@ def medmnist_spec(args: argparse.Namespace):
                               args.rounds, args.device, args.threads)
 
 
+def check_medmnist_args(config: dict, args: argparse.Namespace) -> None:
+    """Exit with one line when ``--study`` is not a study of the config or ``--method`` not one of its methods
+    (else every job would fail with its own traceback)."""
+    studies = config.get("studies") or {}
+    if args.study not in studies:
+        sys.exit(f"gpu_packing: --study {args.study}: not a study of {args.config} "
+                 f"({', '.join([*studies, *SURGICAL])})")
+    methods = studies[args.study]["methods"]
+    if args.method not in methods:
+        sys.exit(f"gpu_packing: --method {args.method}: not one of {args.config}'s studies.{args.study}.methods "
+                 f"({', '.join(methods)})")
+
+
 def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: Path) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--device", args.device, "--config", str(args.config), "--study", args.study,
            "--method", args.method, "--rounds", str(args.rounds), "--threads", str(args.threads),
@@ -174,6 +187,7 @@ def main() -> None:
             if args.study == "ultraflwr":
                 row["surgical_epochs"] = max(2, args.surgical_epochs)
         else:
+            check_medmnist_args(config, args)
             first = grid_cost.grid_jobs(config, args.study)[0]
             part, sources = grid_cost.make_data(workdir, config, args.study, first["setting"], first["dataset"])
             npz = Path(next(iter(sources.values())))

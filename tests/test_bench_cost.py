@@ -581,3 +581,13 @@ def test_packed_surgical_jobs_are_the_grid_timings_jobs(tmp_path):
     assert spec.run_dir == str(tmp_path / "w" / "job5") and spec.train["rounds"] == 3
     spec = gpu_packing.fedst_spec(argparse.Namespace(**{**vars(args), "image_cache": tmp_path / "store"}))
     assert spec.image_cache == str(tmp_path / "store")
+
+
+@pytest.mark.parametrize(("option", "named"), [(["--study", "nosuch"], "--study nosuch"),
+                                               (["--study", "micro", "--method", "nosuch"], "--method nosuch")])
+def test_gpu_packing_refuses_a_study_or_method_the_config_lacks_in_one_line(option, named, tmp_path):
+    done = _bench("gpu_packing.py", "--config", str(MICRO), "--device", "cpu", "--jobs", "1", "--rounds", "1",
+                  *option)
+    assert done.returncode != 0
+    assert named in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
