@@ -369,10 +369,26 @@ def emit_summary(row: dict, path: Path | None) -> None:
             fh.write(json.dumps(result_row(row)) + "\n")
 
 
+def costed_studies(config: dict) -> list[str]:
+    """The studies of a config this bench costs: its MedMNIST studies, fedst when enabled, ultraflwr with groups."""
+    return [*config.get("studies", {}), *(["fedst"] if config["fedst"].get("enabled", False) else []),
+            *(["ultraflwr"] if config["ultraflwr"].get("groups") else [])]
+
+
+def check_studies(configs: dict[Path, dict], names: list[str] | None) -> None:
+    """Exit with one line when ``--study`` names a study no config has (else nothing would be timed, silently)."""
+    known = {s for config in configs.values() for s in costed_studies(config)}
+    unknown = [n for n in names or [] if n not in known]
+    if unknown:
+        raise SystemExit(f"grid_cost: --study {' '.join(unknown)}: not a study of "
+                         f"{', '.join(str(p) for p in configs)} ({', '.join(sorted(known))})")
+
+
 def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
     """One row per study of each config, as each is timed."""
-    for path in args.config:
-        config = load_config(path)
+    configs = {path: load_config(path) for path in args.config}
+    check_studies(configs, args.study)
+    for path, config in configs.items():
         for study in config.get("studies", {}):
             if args.study and study not in args.study:
                 continue
@@ -386,9 +402,8 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
             train = config["studies"][study]["train"]
             yield {**row, "batch_clients": bool(train.get("batch_clients")), "autocast": train.get("autocast", "none")}
         surgical = args.surgical_dir or Path("resources") / "surgical" / config["surgical"]["origin"]
-        has_runs = {"fedst": config["fedst"].get("enabled", False), "ultraflwr": bool(config["ultraflwr"].get("groups"))}
         for name, cost in (("fedst", fedst_cost), ("ultraflwr", ultraflwr_cost)):
-            if not has_runs[name] or (args.study and name not in args.study):
+            if name not in costed_studies(config) or (args.study and name not in args.study):
                 continue
             cache = "" if args.no_image_cache else str(args.image_cache.resolve()) if args.image_cache else None
             extra = ({"epochs": args.surgical_epochs, "workers": args.yolo_workers, "image_cache": cache,

@@ -591,3 +591,12 @@ def test_gpu_packing_refuses_a_study_or_method_the_config_lacks_in_one_line(opti
     assert done.returncode != 0
     assert named in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_grid_cost_refuses_a_study_no_config_has_in_one_line(tmp_path):
+    """A misspelt --study times nothing: one line naming it and the config's studies, not a silent exit 0."""
+    done = _bench("grid_cost.py", "--config", str(MICRO), "--device", "cpu", "--study", "micro", "nosuch",
+                  "--results", str(tmp_path / "rows.jsonl"))
+    assert done.returncode != 0
+    assert "--study nosuch" in done.stderr and "micro" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "rows.jsonl").exists()
