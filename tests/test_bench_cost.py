@@ -600,3 +600,9 @@ def test_grid_cost_refuses_a_study_no_config_has_in_one_line(tmp_path):
     assert done.returncode != 0
     assert "--study nosuch" in done.stderr and "micro" in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize("option", [["--assd", "nosuch"], ["--device", "nosuch"]])
+def test_segmetrics_device_refuses_an_unknown_assd_rule_or_device_before_scoring(option):
+    done = _bench("segmetrics_device.py", "--frames", "1", "--size", "32", *option)
+    assert done.returncode == 2 and option[0] in done.stderr and "Traceback" not in done.stderr, done.stderr
