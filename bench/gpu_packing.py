@@ -60,7 +60,7 @@ def worker(args: argparse.Namespace) -> None:
 
 def ultraflwr_spec(args: argparse.Namespace):
     """The job of ``grid_cost.py``'s ultraflwr timing: the first group's first setting, the config's loading."""
-    from _surgical_cost import ultraflwr_job
+    from _surgical_cost import image_cache_of, ultraflwr_job
 
     config = grid_cost.load_config(args.config)
     uf, engine = config["ultraflwr"], config["engine"]
@@ -68,19 +68,19 @@ def ultraflwr_spec(args: argparse.Namespace):
     return ultraflwr_job(config, args.surgical_dir, group, settings[0], args.method, args.rounds,
                          max(2, args.surgical_epochs), args.device, args.threads, args.workdir / f"job{args.index}",
                          int(uf["train"].get("workers", 0)), int(engine.get("loader_workers", 0)),
-                         str(args.image_cache) if args.image_cache else engine.get("image_cache") or None)
+                         image_cache_of(config, str(args.image_cache) if args.image_cache else None))
 
 
 def fedst_spec(args: argparse.Namespace):
     """The job of ``grid_cost.py``'s fedst timing (the main variant, seed 0), the config's loading."""
-    from _surgical_cost import data_label, fedst_job, fedst_timed_config, stand_in
+    from _surgical_cost import data_label, fedst_job, fedst_timed_config, image_cache_of, stand_in
 
     config = grid_cost.load_config(args.config)
     engine = config["engine"]
     timed = fedst_timed_config(config["fedst"], args.rounds, data_label(stand_in(args.surgical_dir))["fraction"])
     return fedst_job(timed, args.surgical_dir / "clips", args.method, args.workdir / f"job{args.index}", args.device,
                      args.threads, int(engine.get("loader_workers", 0)),
-                     str(args.image_cache) if args.image_cache else engine.get("image_cache") or None)
+                     image_cache_of(config, str(args.image_cache) if args.image_cache else None))
 
 
 def medmnist_spec(args: argparse.Namespace):
