@@ -38,8 +38,6 @@ import grid_cost  # noqa: E402
 from _report import emit  # noqa: E402
 from _timing import time_spec  # noqa: E402
 
-from fedmedbench import partition as P  # noqa: E402
-
 #: the surgical studies this bench packs: their exports' folder under --surgical-dir, and the config key of
 #: their methods' names
 SURGICAL = {"ultraflwr": ("yolo", "strategies"), "fedst": ("clips", "methods")}
@@ -91,8 +89,7 @@ def medmnist_spec(args: argparse.Namespace):
         st["train"]["batch_clients"] = args.batch_clients
     first = grid_cost.grid_jobs(config, args.study)[0]
     job = {**first, "method": args.method}
-    s = st["settings"][job["setting"]]
-    sources = {name: str(args.npz) for name in P.source_names(s["scheme"], s.get("params", {}))}
+    sources = grid_cost.data_sources(st["settings"][job["setting"]], args.npz)
     return grid_cost.job_spec(args.workdir / f"job{args.index}", config, args.study, job, args.partition, sources,
                               args.rounds, args.device, args.threads)
 

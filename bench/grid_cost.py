@@ -108,8 +108,12 @@ def make_data(workdir: Path, config: dict, study: str, setting: str, dataset: st
     part = workdir / f"{setting}.json"
     io.write_json(part, P.build_partition(labels, s["scheme"], s["num_clients"], 0, s.get("params", {}), n_classes,
                                           draws=st.get("random_draws", "project")))
-    sources = {name: str(npz) for name in P.source_names(s["scheme"], s.get("params", {}))}
-    return part, sources
+    return part, data_sources(s, npz)
+
+
+def data_sources(setting: dict, npz: Path) -> dict[str, str]:
+    """Every data source the setting's partition reads, each the one synthetic file ``npz``."""
+    return {name: str(npz) for name in P.source_names(setting["scheme"], setting.get("params", {}))}
 
 
 def job_spec(workdir: Path, config: dict, study: str, job: dict, part: Path, sources: dict[str, str], rounds: int,
