@@ -94,6 +94,17 @@ def medmnist_spec(args: argparse.Namespace):
                               args.rounds, args.device, args.threads)
 
 
+def surgical_input(config: dict, study: str, surgical: Path) -> Path:
+    """The first file a packed surgical job reads: ultraflwr's first group's first setting's manifest, fedst's
+    sites.json."""
+    if study == "ultraflwr":
+        if not config["ultraflwr"].get("groups"):
+            sys.exit("gpu_packing: --study ultraflwr: the config has no ultraflwr.groups to train")
+        group, settings = next(iter(config["ultraflwr"]["groups"].items()))
+        return surgical / "yolo" / group / settings[0] / "manifest.json"
+    return surgical / "clips" / "sites.json"
+
+
 def check_medmnist_args(config: dict, args: argparse.Namespace) -> None:
     """Exit with one line when ``--study`` is not a study of the config or ``--method`` not one of its methods
     (else every job would fail with its own traceback)."""
@@ -173,9 +184,10 @@ def main() -> None:
         workdir = Path(tmp)
         if args.study in SURGICAL:
             export, names = SURGICAL[args.study]
-            if args.surgical_dir is None or not (args.surgical_dir / export).is_dir():
-                sys.exit(f"gpu_packing: --surgical-dir {args.surgical_dir}: no {export}/ exports there "
-                         "(bench/surgical_stand_in.py builds a stand-in)")
+            first = args.surgical_dir and surgical_input(config, args.study, args.surgical_dir)
+            if not first or not first.is_file():
+                sys.exit(f"gpu_packing: --surgical-dir {args.surgical_dir}: no {export}/ exports there"
+                         f"{f' ({first} is missing)' if first else ''} (bench/surgical_stand_in.py builds a stand-in)")
             if args.method not in config[args.study][names]:
                 sys.exit(f"gpu_packing: --method {args.method}: not one of {args.config}'s {args.study}.{names} "
                          f"({', '.join(config[args.study][names])})")

@@ -606,3 +606,16 @@ def test_grid_cost_refuses_a_study_no_config_has_in_one_line(tmp_path):
 def test_segmetrics_device_refuses_an_unknown_assd_rule_or_device_before_scoring(option):
     done = _bench("segmetrics_device.py", "--frames", "1", "--size", "32", *option)
     assert done.returncode == 2 and option[0] in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_gpu_packing_names_the_missing_export_of_a_surgical_study_in_one_line(tmp_path):
+    """A --surgical-dir whose yolo/ folder lacks the first group's export stops before any job, naming the file."""
+    (tmp_path / "yolo").mkdir()
+    done = _bench("gpu_packing.py", "--config", str(STUDIES / "ultraflwr.yaml"), "--study", "ultraflwr", "--device",
+                  "cpu", "--method", "FedAvg", "--jobs", "1", "--surgical-dir", str(tmp_path))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"{tmp_path}/yolo/combined/a/manifest.json is missing" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    done = _bench("gpu_packing.py", "--config", str(MICRO), "--study", "ultraflwr", "--device", "cpu", "--jobs", "1",
+                  "--surgical-dir", str(tmp_path))
+    assert done.returncode == 1 and "no ultraflwr.groups" in done.stderr and "Traceback" not in done.stderr, done.stderr
