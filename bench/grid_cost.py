@@ -60,16 +60,21 @@ from fedmedbench.studies import grid  # noqa: E402
 def load_config(path: Path) -> dict:
     """The config with the schema's defaults filled in (as Snakemake sees it; jsonschema's own
     default-filling validator where Snakemake is not installed, e.g. on a bare GPU node)."""
+    from fedmedbench.configcheck import check_file
+    from fedmedbench.diagnostics import exit_on_config_error, validate_config
+
     if not Path(path).is_file():
         raise SystemExit(f"{path}: no such config file")
-    config = yaml.safe_load(Path(path).read_text())
     schema_path = ROOT / "config" / "schema.yaml"
-    try:
-        from snakemake.utils import validate
-    except ImportError:
-        _validate_with_defaults(config, yaml.safe_load(schema_path.read_text()))
-    else:
-        validate(config, str(schema_path), set_default=True)
+    with exit_on_config_error([path]):  # a bad value or YAML is one line naming the file and key, as the workflow's
+        check_file(path)  # bounded and strict first (a JSON file it checks, but leaves to the reader)
+        config = yaml.safe_load(Path(path).read_text()) or {}
+        try:
+            import snakemake.utils  # noqa: F401
+        except ImportError:
+            _validate_with_defaults(config, yaml.safe_load(schema_path.read_text()))
+        else:
+            validate_config(config, schema_path)
     return config
 
 

@@ -619,3 +619,17 @@ def test_gpu_packing_names_the_missing_export_of_a_surgical_study_in_one_line(tm
     done = _bench("gpu_packing.py", "--config", str(MICRO), "--study", "ultraflwr", "--device", "cpu", "--jobs", "1",
                   "--surgical-dir", str(tmp_path))
     assert done.returncode == 1 and "no ultraflwr.groups" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_bench_config_with_a_value_of_the_wrong_type_is_one_line_naming_file_and_key(tmp_path):
+    """grid_cost.py and gpu_packing.py read their --config as the workflow does: a bad value or YAML is one line."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((STUDIES / "earlystop.yaml").read_text().replace("train_gpu_mem_mb: 10000", 'train_gpu_mem_mb: "ten"'))
+    for script in ("grid_cost.py", "gpu_packing.py"):
+        done = _bench(script, "--config", str(bad), "--device", "cpu")
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.strip() == f"config error in {bad} at 'resources.train_gpu_mem_mb': 'ten' is not of type " \
+                                      "'integer', 'null'"
+    bad.write_text("studies: [\n")
+    done = _bench("grid_cost.py", "--config", str(bad), "--device", "cpu")
+    assert done.returncode == 1 and done.stderr.startswith(f"{bad}:2:1:") and "Traceback" not in done.stderr
