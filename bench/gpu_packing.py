@@ -135,8 +135,8 @@ def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: P
              for i in range(n)]
     outs = [p.communicate()[0] for p in procs]
     wall = time.perf_counter() - t0
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"{n} jobs: a job failed (exit codes {[p.returncode for p in procs]})")
+    if any(p.returncode for p in procs):  # e.g. out of GPU memory: the counts before it are kept
+        return {"jobs": n, "failed_exit_codes": [p.returncode for p in procs], "wall_s": round(wall, 1)}
     per_job, peaks = [], []
     for out in outs:
         reply = json.loads(out.strip().splitlines()[-1])
@@ -202,12 +202,20 @@ def main() -> None:
             npz = Path(next(iter(sources.values())))
             row["batch_clients"] = bool(config["studies"][args.study]["train"].get("batch_clients")
                                         if args.batch_clients is None else args.batch_clients)
-        results = [run_jobs(n, args, npz, part, workdir) for n in args.jobs]
-    base = results[0]["rounds_per_s"] / results[0]["jobs"]
-    for r in results:
-        r["throughput_vs_one"] = round(r["rounds_per_s"] / base, 2)
+        results = []
+        for n in args.jobs:  # up to the first count whose jobs fail (more would fail alike)
+            results.append(run_jobs(n, args, npz, part, workdir))
+            if "failed_exit_codes" in results[-1]:
+                break
+    done = [r for r in results if "failed_exit_codes" not in r]
+    for r in done:
+        r["throughput_vs_one"] = round(r["rounds_per_s"] / (done[0]["rounds_per_s"] / done[0]["jobs"]), 2)
     emit([{**row, "threads_per_job": args.threads, "mps": os.environ.get("FMB_MPS") == "1",
            "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu", "results": results}], args.out)
+    if len(done) < len(results):
+        failed = results[-1]
+        sys.exit(f"gpu_packing: {failed['jobs']} jobs: a job failed (exit codes {failed['failed_exit_codes']}; its "
+                 "error above); the row keeps the counts before it")
 
 
 if __name__ == "__main__":

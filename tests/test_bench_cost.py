@@ -633,3 +633,29 @@ def test_a_bench_config_with_a_value_of_the_wrong_type_is_one_line_naming_file_a
     bad.write_text("studies: [\n")
     done = _bench("grid_cost.py", "--config", str(bad), "--device", "cpu")
     assert done.returncode == 1 and done.stderr.startswith(f"{bad}:2:1:") and "Traceback" not in done.stderr
+
+
+def test_gpu_packing_keeps_the_counts_before_one_whose_jobs_fail(tmp_path, monkeypatch, capsys):
+    """A count whose jobs fail (16 jobs out of GPU memory) ends the bench with one line, and the row it still
+    writes holds the counts measured before it; no later count is started."""
+    import gpu_packing
+
+    started = []
+
+    def run_jobs(n, *_):
+        started.append(n)
+        if n == 2:
+            return {"jobs": 2, "failed_exit_codes": [0, 1], "wall_s": 1.0}
+        return {"jobs": 1, "s_per_round": [2.0], "mean_s_per_round": 2.0, "rounds_per_s": 0.5, "wall_s": 3.0,
+                "peak_reserved_mib": 0}
+
+    monkeypatch.setattr(gpu_packing, "run_jobs", run_jobs)
+    out = tmp_path / "rows.jsonl"
+    monkeypatch.setattr(sys, "argv", ["gpu_packing.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu",
+                                      "--jobs", "1", "2", "4", "--out", str(out)])
+    with pytest.raises(SystemExit) as stop:
+        gpu_packing.main()
+    assert "2 jobs: a job failed (exit codes [0, 1]" in str(stop.value.code) and started == [1, 2]
+    results = json.loads(out.read_text())["results"]
+    assert results[0]["throughput_vs_one"] == 1.0 and results[1] == {"jobs": 2, "failed_exit_codes": [0, 1],
+                                                                     "wall_s": 1.0}
