@@ -6,7 +6,8 @@ the engine (``bench/grid_cost.py``'s job: the study's model, image size, clients
 batch size, optimizer) on synthetic data of the study's dataset. The data and partition are
 written once and shared. For each count N the N jobs start together; a job's s/round is the mean
 of its rounds after the first (which builds caches); throughput is rounds per second over all jobs,
-relative to one job alone. Each job also reports the GPU memory it reserved at its peak
+relative to one job alone. A count whose jobs fail (e.g. out of GPU memory) is the last one run: the row keeps
+the counts before it with that one's exit codes, and the bench exits 1. Each job also reports the GPU memory it reserved at its peak
 (``torch.cuda.max_memory_reserved``; the CUDA context, a few hundred MiB a process, comes on top): the
 figure a config declares for packing (``resources.train_gpu_mem_mb``, ``ultraflwr.resources.gpu_mem_mb``).
 
