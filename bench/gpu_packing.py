@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import grid_cost  # noqa: E402
 from _report import emit  # noqa: E402
-from _timing import time_spec  # noqa: E402
+from _timing import steady_s_per_round, time_spec  # noqa: E402
 
 #: the surgical studies this bench packs: their exports' folder under --surgical-dir, and the config key of
 #: their methods' names
@@ -141,9 +141,7 @@ def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: P
     per_job, peaks = [], []
     for out in outs:
         reply = json.loads(out.strip().splitlines()[-1])
-        rounds = reply["per_round"]
-        later = rounds[1:] if len(rounds) > 1 else rounds
-        per_job.append(sum(later) / len(later))
+        per_job.append(steady_s_per_round(reply["per_round"]))
         peaks.append(reply["peak_reserved_mib"])
     return {"jobs": n, "s_per_round": [round(x, 3) for x in per_job], "mean_s_per_round": round(sum(per_job) / n, 3),
             "rounds_per_s": round(sum(1 / x for x in per_job), 3), "wall_s": round(wall, 1),

@@ -45,7 +45,7 @@ RESULTS = ROOT / "bench" / "grid_cost_results.jsonl"
 from _flop_floor import dense_peak, device_name, floor_fields, forward_flops, round_flops  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
-from _timing import time_spec, waiting_steps  # noqa: E402
+from _timing import steady_s_per_round, time_spec, waiting_steps  # noqa: E402
 
 from fedmedbench import io  # noqa: E402
 from fedmedbench import partition as P  # noqa: E402
@@ -196,8 +196,7 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
     for method in timed:
         spec = job_spec(workdir, config, study, {**first, "method": method}, part, sources, rounds, device, threads)
         per_round = time_spec(spec)
-        later = per_round[1:] if len(per_round) > 1 else per_round
-        s_per_round[method] = float(np.mean(later))
+        s_per_round[method] = steady_s_per_round(per_round)
         row.setdefault("first_round_s", {})[method] = round(per_round[0], 2)
     if torch_profile is not None:  # one more run of the first timed method under torch.profiler
         from engine_overhead import torch_profile_engine
@@ -213,7 +212,7 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
         pdir.mkdir(parents=True, exist_ok=True)
         opart, osources = make_data(pdir, config, study, other["setting"], other["dataset"])
         per_round = time_spec(job_spec(pdir, config, study, other, opart, osources, rounds, device, threads))
-        ref_rates[other["dataset"], other["setting"]] = float(np.mean(per_round[1:] if len(per_round) > 1 else per_round))
+        ref_rates[other["dataset"], other["setting"]] = steady_s_per_round(per_round)
     seconds = grid_seconds(jobs, s_per_round, pair_factors(ref_rates, base))
     if len(ref_rates) > 1:
         row["scaled_by"] = {"method": timed[0], "s_per_round": {f"{d}/{st_}": round(v, 3) for (d, st_), v in

@@ -659,3 +659,9 @@ def test_gpu_packing_keeps_the_counts_before_one_whose_jobs_fail(tmp_path, monke
     results = json.loads(out.read_text())["results"]
     assert results[0]["throughput_vs_one"] == 1.0 and results[1] == {"jobs": 2, "failed_exit_codes": [0, 1],
                                                                      "wall_s": 1.0}
+
+
+def test_a_jobs_seconds_a_round_leave_out_the_first_round_when_there_are_more():
+    from _timing import steady_s_per_round
+
+    assert steady_s_per_round([9.0, 1.0, 2.0]) == 1.5 and steady_s_per_round([4.0]) == 4.0
