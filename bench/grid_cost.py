@@ -392,10 +392,29 @@ def check_studies(configs: dict[Path, dict], names: list[str] | None) -> None:
                          f"{', '.join(str(p) for p in configs)} ({', '.join(sorted(known))})")
 
 
+def timeable_methods(config: dict, study: str) -> list[str]:
+    """The names ``--methods`` may give for a study: its methods (fedst's too), ultraflwr's strategies."""
+    if study == "ultraflwr":
+        return list(config["ultraflwr"]["strategies"])
+    return list(config["fedst"]["methods"] if study == "fedst" else config["studies"][study]["methods"])
+
+
+def check_methods(configs: dict[Path, dict], studies: list[str] | None, methods: list[str] | None) -> None:
+    """Exit with one line when ``--methods`` names a method of none of the studies costed (a study times only its
+    own names, so a misspelt one would silently time the study's first method instead)."""
+    known = {m for config in configs.values() for s in costed_studies(config) if not studies or s in studies
+             for m in timeable_methods(config, s)}
+    unknown = [m for m in methods or [] if m not in known]
+    if unknown:
+        raise SystemExit(f"grid_cost: --methods {' '.join(unknown)}: not a method of the studies costed "
+                         f"({', '.join(sorted(known))})")
+
+
 def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
     """One row per study of each config, as each is timed."""
     configs = {path: load_config(path) for path in args.config}
     check_studies(configs, args.study)
+    check_methods(configs, args.study, args.methods)
     for path, config in configs.items():
         for study in config.get("studies", {}):
             if args.study and study not in args.study:

@@ -665,3 +665,21 @@ def test_a_jobs_seconds_a_round_leave_out_the_first_round_when_there_are_more():
     from _timing import steady_s_per_round
 
     assert steady_s_per_round([9.0, 1.0, 2.0]) == 1.5 and steady_s_per_round([4.0]) == 4.0
+
+
+def test_grid_cost_refuses_a_method_no_costed_study_has_in_one_line(tmp_path):
+    """A misspelt --methods name would time the study's first method in its place: one line instead."""
+    done = _bench("grid_cost.py", "--config", str(MICRO), "--device", "cpu", "--methods", "fedavg", "fedsgd",
+                  "--results", str(tmp_path / "rows.jsonl"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("grid_cost: --methods fedsgd: not a method of the studies costed (")
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+def test_grid_cost_knows_each_studys_timeable_names():
+    import grid_cost
+
+    for name, study, member in (("earlystop.yaml", "earlystop", "fedwmsam"), ("ultraflwr.yaml", "ultraflwr", "FedAvg"),
+                                ("fedst.yaml", "fedst", "seg_fedavg")):
+        config = grid_cost.load_config(STUDIES / name)
+        assert study in grid_cost.costed_studies(config) and member in grid_cost.timeable_methods(config, study)
