@@ -415,6 +415,13 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
     configs = {path: load_config(path) for path in args.config}
     check_studies(configs, args.study)
     check_methods(configs, args.study, args.methods)
+    for config in configs.values():  # every study's --setting and --scale-by pairs, before the first is timed
+        for study in config.get("studies", {}):
+            if not args.study or study in args.study:
+                jobs = grid_jobs(config, study)
+                timed_job(jobs, args.setting)
+                for pair in args.scale_by or []:
+                    scaled_job(jobs, pair, "")
     for path, config in configs.items():
         for study in config.get("studies", {}):
             if args.study and study not in args.study:

@@ -683,3 +683,17 @@ def test_grid_cost_knows_each_studys_timeable_names():
                                 ("fedst.yaml", "fedst", "seg_fedavg")):
         config = grid_cost.load_config(STUDIES / name)
         assert study in grid_cost.costed_studies(config) and member in grid_cost.timeable_methods(config, study)
+
+
+def test_grid_cost_checks_every_studys_setting_before_timing_the_first(tmp_path):
+    """gpaf.yaml's two studies: a --setting only the first has stops the run before anything is timed."""
+    import grid_cost
+
+    config = grid_cost.load_config(STUDIES / "gpaf.yaml")
+    first, second = list(config["studies"])[:2]
+    only_first = sorted({j["setting"] for j in grid_cost.grid_jobs(config, first)}
+                        - {j["setting"] for j in grid_cost.grid_jobs(config, second)})[0]
+    done = _bench("grid_cost.py", "--config", str(STUDIES / "gpaf.yaml"), "--device", "cpu", "--setting", only_first,
+                  "--results", str(tmp_path / "rows.jsonl"))
+    assert done.returncode == 1 and f"grid_cost: --setting {only_first}: no such setting" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "job " not in done.stderr  # nothing timed
