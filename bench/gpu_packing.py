@@ -148,13 +148,24 @@ def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: P
             "peak_reserved_mib": max(peaks)}
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number from 1 (0 jobs or rounds time nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1")
+    return value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, default=ROOT / "config" / "studies" / "earlystop.yaml")
     ap.add_argument("--study", default="earlystop")
     ap.add_argument("--method", default="fedavg")
-    ap.add_argument("--jobs", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--jobs", type=positive, nargs="+", default=[1, 2, 4, 8], help="job counts to run, in order")
+    ap.add_argument("--rounds", type=positive, default=4)
     ap.add_argument("--threads", type=int, default=2, help="torch threads per job")
     ap.add_argument("--device", default="cuda", help="cuda (cpu only to try the script)")
     ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,

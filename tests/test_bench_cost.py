@@ -697,3 +697,9 @@ def test_grid_cost_checks_every_studys_setting_before_timing_the_first(tmp_path)
                   "--results", str(tmp_path / "rows.jsonl"))
     assert done.returncode == 1 and f"grid_cost: --setting {only_first}: no such setting" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and "job " not in done.stderr  # nothing timed
+
+
+@pytest.mark.parametrize("option", [["--jobs", "1", "0"], ["--rounds", "0"], ["--jobs", "two"]])
+def test_gpu_packing_takes_job_and_round_counts_from_one(option):
+    done = _bench("gpu_packing.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", *option)
+    assert done.returncode == 2 and "is not a whole number from 1" in done.stderr and "Traceback" not in done.stderr
