@@ -703,3 +703,13 @@ def test_grid_cost_checks_every_studys_setting_before_timing_the_first(tmp_path)
 def test_gpu_packing_takes_job_and_round_counts_from_one(option):
     done = _bench("gpu_packing.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", *option)
     assert done.returncode == 2 and "is not a whole number from 1" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_torch_profile_is_written_whole_with_its_ops_by_host_time(blood_dir, tmp_path):
+    """grid_cost --torch-profile: the engine run's ops table lands in the file through a temp file (none left)."""
+    from engine_overhead import torch_profile_engine
+    from test_device_arrays import make_spec
+
+    out = tmp_path / "profile.txt"
+    torch_profile_engine(make_spec(blood_dir, "fedavg", "profiled"), out)
+    assert "Self CPU" in out.read_text() and [p.name for p in tmp_path.iterdir()] == ["profile.txt"]
