@@ -167,6 +167,11 @@ def _missing(path: Path, target: Path, study: str, config_path: Path) -> SystemE
                       f"snakemake --cores N {target} --configfile {config_path}")
 
 
+def image_cache_of(config: dict, image_cache: str | None) -> str | None:
+    """The decoded-frame folder a timing reads: ``image_cache``, else the config's ``engine.image_cache`` ("": none)."""
+    return (config["engine"].get("image_cache") if image_cache is None else image_cache) or None
+
+
 def fedst_timed_config(cfg: dict, rounds: int, fraction: float) -> dict:
     """The fedst block a timing runs: ``rounds`` rounds evaluated after the last, no weight files (the cost is the
     same), and the clip cache scaled by the stand-in's ``fraction`` of the training clips, so that it holds the
@@ -204,7 +209,7 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
     timed = [m for m in (methods or ["fedst"]) if m in cfg["methods"]] or list(cfg["methods"][:1])
     rates: dict[str, tuple[float, float]] = {}
     workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)
-    image_cache = (config["engine"].get("image_cache") if image_cache is None else image_cache) or None  # "": none
+    image_cache = image_cache_of(config, image_cache)
     row: dict[str, Any] = {"bench": "grid_cost", "study": "fedst", "device": device, "surgical_dir": str(surgical),
                            **label, "loader_workers": workers, "cache_mb": cache_mb, "image_cache": bool(image_cache)}
     pre_s = 0.0
@@ -291,7 +296,7 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
     train_workers = int(uf["train"].get("workers", 0) if workers is None else workers)
     if loader_workers is None:
         loader_workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)
-    image_cache = (config["engine"].get("image_cache") if image_cache is None else image_cache) or None  # "": none
+    image_cache = image_cache_of(config, image_cache)
     strategies = [m for m in (methods or ["FedAvg"]) if m in uf["strategies"]] or list(uf["strategies"][:1])
     label = data_label(stand_in(surgical))
     row: dict[str, Any] = {"bench": "grid_cost", "study": "ultraflwr", "device": device, "surgical_dir": str(surgical),

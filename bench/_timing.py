@@ -34,6 +34,11 @@ def time_spec(spec: RunSpec, log: Callable[[str], None] = progress) -> list[floa
     return np.diff(np.concatenate([[0.0], elapsed])).tolist()
 
 
+def steady_s_per_round(per_round: list[float]) -> float:
+    """A job's seconds a round: the mean of its rounds after the first (which builds caches), or of the one."""
+    return float(np.mean(per_round[1:] if len(per_round) > 1 else per_round))
+
+
 @contextmanager
 def waiting_steps() -> Iterator[None]:
     """Local steps as they were before their copies stopped waiting for the device, for a before/after on

@@ -215,7 +215,7 @@ def profile_engine(spec: RunSpec, path: Path, top: int = 45) -> None:
     out = _io.StringIO()
     for order in ("tottime", "cumulative"):
         pstats.Stats(prof, stream=out).sort_stats(order).print_stats(top)
-    path.write_text(out.getvalue())
+    io.write_text(path, out.getvalue())  # temp file, then rename: no half-written profile
 
 
 def torch_profile_engine(spec: RunSpec, path: Path, top: int = 45) -> None:
@@ -231,7 +231,7 @@ def torch_profile_engine(spec: RunSpec, path: Path, top: int = 45) -> None:
     tables = [averages.table(sort_by="self_cpu_time_total", row_limit=top)]
     if on_gpu:
         tables.append(averages.table(sort_by="self_device_time_total", row_limit=top))
-    path.write_text("\n\n".join(tables))
+    io.write_text(path, "\n\n".join(tables))  # temp file, then rename: no half-written profile
 
 
 def measure(model: str, clients: int, per_round: int, rounds: int, threads: int, backend: str, workdir: Path,

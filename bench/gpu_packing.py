@@ -6,7 +6,8 @@ the engine (``bench/grid_cost.py``'s job: the study's model, image size, clients
 batch size, optimizer) on synthetic data of the study's dataset. The data and partition are
 written once and shared. For each count N the N jobs start together; a job's s/round is the mean
 of its rounds after the first (which builds caches); throughput is rounds per second over all jobs,
-relative to one job alone. Each job also reports the GPU memory it reserved at its peak
+relative to one job alone. A count whose jobs fail (e.g. out of GPU memory) is the last one run: the row keeps
+the counts before it with that one's exit codes, and the bench exits 1. Each job also reports the GPU memory it reserved at its peak
 (``torch.cuda.max_memory_reserved``; the CUDA context, a few hundred MiB a process, comes on top): the
 figure a config declares for packing (``resources.train_gpu_mem_mb``, ``ultraflwr.resources.gpu_mem_mb``).
 
@@ -36,9 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import grid_cost  # noqa: E402
 from _report import emit  # noqa: E402
-from _timing import time_spec  # noqa: E402
-
-from fedmedbench import partition as P  # noqa: E402
+from _timing import steady_s_per_round, time_spec  # noqa: E402
 
 #: the surgical studies this bench packs: their exports' folder under --surgical-dir, and the config key of
 #: their methods' names
@@ -60,7 +59,7 @@ def worker(args: argparse.Namespace) -> None:
 
 def ultraflwr_spec(args: argparse.Namespace):
     """The job of ``grid_cost.py``'s ultraflwr timing: the first group's first setting, the config's loading."""
-    from _surgical_cost import ultraflwr_job
+    from _surgical_cost import image_cache_of, ultraflwr_job
 
     config = grid_cost.load_config(args.config)
     uf, engine = config["ultraflwr"], config["engine"]
@@ -68,19 +67,19 @@ def ultraflwr_spec(args: argparse.Namespace):
     return ultraflwr_job(config, args.surgical_dir, group, settings[0], args.method, args.rounds,
                          max(2, args.surgical_epochs), args.device, args.threads, args.workdir / f"job{args.index}",
                          int(uf["train"].get("workers", 0)), int(engine.get("loader_workers", 0)),
-                         str(args.image_cache) if args.image_cache else engine.get("image_cache") or None)
+                         image_cache_of(config, str(args.image_cache) if args.image_cache else None))
 
 
 def fedst_spec(args: argparse.Namespace):
     """The job of ``grid_cost.py``'s fedst timing (the main variant, seed 0), the config's loading."""
-    from _surgical_cost import data_label, fedst_job, fedst_timed_config, stand_in
+    from _surgical_cost import data_label, fedst_job, fedst_timed_config, image_cache_of, stand_in
 
     config = grid_cost.load_config(args.config)
     engine = config["engine"]
     timed = fedst_timed_config(config["fedst"], args.rounds, data_label(stand_in(args.surgical_dir))["fraction"])
     return fedst_job(timed, args.surgical_dir / "clips", args.method, args.workdir / f"job{args.index}", args.device,
                      args.threads, int(engine.get("loader_workers", 0)),
-                     str(args.image_cache) if args.image_cache else engine.get("image_cache") or None)
+                     image_cache_of(config, str(args.image_cache) if args.image_cache else None))
 
 
 def medmnist_spec(args: argparse.Namespace):
@@ -91,10 +90,33 @@ def medmnist_spec(args: argparse.Namespace):
         st["train"]["batch_clients"] = args.batch_clients
     first = grid_cost.grid_jobs(config, args.study)[0]
     job = {**first, "method": args.method}
-    s = st["settings"][job["setting"]]
-    sources = {name: str(args.npz) for name in P.source_names(s["scheme"], s.get("params", {}))}
+    sources = grid_cost.data_sources(st["settings"][job["setting"]], args.npz)
     return grid_cost.job_spec(args.workdir / f"job{args.index}", config, args.study, job, args.partition, sources,
                               args.rounds, args.device, args.threads)
+
+
+def surgical_input(config: dict, study: str, surgical: Path) -> Path:
+    """The first file a packed surgical job reads: ultraflwr's first group's first setting's manifest, fedst's
+    sites.json."""
+    if study == "ultraflwr":
+        if not config["ultraflwr"].get("groups"):
+            sys.exit("gpu_packing: --study ultraflwr: the config has no ultraflwr.groups to train")
+        group, settings = next(iter(config["ultraflwr"]["groups"].items()))
+        return surgical / "yolo" / group / settings[0] / "manifest.json"
+    return surgical / "clips" / "sites.json"
+
+
+def check_medmnist_args(config: dict, args: argparse.Namespace) -> None:
+    """Exit with one line when ``--study`` is not a study of the config or ``--method`` not one of its methods
+    (else every job would fail with its own traceback)."""
+    studies = config.get("studies") or {}
+    if args.study not in studies:
+        sys.exit(f"gpu_packing: --study {args.study}: not a study of {args.config} "
+                 f"({', '.join([*studies, *SURGICAL])})")
+    methods = studies[args.study]["methods"]
+    if args.method not in methods:
+        sys.exit(f"gpu_packing: --method {args.method}: not one of {args.config}'s studies.{args.study}.methods "
+                 f"({', '.join(methods)})")
 
 
 def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: Path) -> dict:
@@ -114,18 +136,27 @@ def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: P
              for i in range(n)]
     outs = [p.communicate()[0] for p in procs]
     wall = time.perf_counter() - t0
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"{n} jobs: a job failed (exit codes {[p.returncode for p in procs]})")
+    if any(p.returncode for p in procs):  # e.g. out of GPU memory: the counts before it are kept
+        return {"jobs": n, "failed_exit_codes": [p.returncode for p in procs], "wall_s": round(wall, 1)}
     per_job, peaks = [], []
     for out in outs:
         reply = json.loads(out.strip().splitlines()[-1])
-        rounds = reply["per_round"]
-        later = rounds[1:] if len(rounds) > 1 else rounds
-        per_job.append(sum(later) / len(later))
+        per_job.append(steady_s_per_round(reply["per_round"]))
         peaks.append(reply["peak_reserved_mib"])
     return {"jobs": n, "s_per_round": [round(x, 3) for x in per_job], "mean_s_per_round": round(sum(per_job) / n, 3),
             "rounds_per_s": round(sum(1 / x for x in per_job), 3), "wall_s": round(wall, 1),
             "peak_reserved_mib": max(peaks)}
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number from 1 (0 jobs or rounds time nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1")
+    return value
 
 
 def main() -> None:
@@ -133,8 +164,8 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=ROOT / "config" / "studies" / "earlystop.yaml")
     ap.add_argument("--study", default="earlystop")
     ap.add_argument("--method", default="fedavg")
-    ap.add_argument("--jobs", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--jobs", type=positive, nargs="+", default=[1, 2, 4, 8], help="job counts to run, in order")
+    ap.add_argument("--rounds", type=positive, default=4)
     ap.add_argument("--threads", type=int, default=2, help="torch threads per job")
     ap.add_argument("--device", default="cuda", help="cuda (cpu only to try the script)")
     ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
@@ -163,9 +194,10 @@ def main() -> None:
         workdir = Path(tmp)
         if args.study in SURGICAL:
             export, names = SURGICAL[args.study]
-            if args.surgical_dir is None or not (args.surgical_dir / export).is_dir():
-                sys.exit(f"gpu_packing: --surgical-dir {args.surgical_dir}: no {export}/ exports there "
-                         "(bench/surgical_stand_in.py builds a stand-in)")
+            first = args.surgical_dir and surgical_input(config, args.study, args.surgical_dir)
+            if not first or not first.is_file():
+                sys.exit(f"gpu_packing: --surgical-dir {args.surgical_dir}: no {export}/ exports there"
+                         f"{f' ({first} is missing)' if first else ''} (bench/surgical_stand_in.py builds a stand-in)")
             if args.method not in config[args.study][names]:
                 sys.exit(f"gpu_packing: --method {args.method}: not one of {args.config}'s {args.study}.{names} "
                          f"({', '.join(config[args.study][names])})")
@@ -174,17 +206,26 @@ def main() -> None:
             if args.study == "ultraflwr":
                 row["surgical_epochs"] = max(2, args.surgical_epochs)
         else:
+            check_medmnist_args(config, args)
             first = grid_cost.grid_jobs(config, args.study)[0]
             part, sources = grid_cost.make_data(workdir, config, args.study, first["setting"], first["dataset"])
             npz = Path(next(iter(sources.values())))
             row["batch_clients"] = bool(config["studies"][args.study]["train"].get("batch_clients")
                                         if args.batch_clients is None else args.batch_clients)
-        results = [run_jobs(n, args, npz, part, workdir) for n in args.jobs]
-    base = results[0]["rounds_per_s"] / results[0]["jobs"]
-    for r in results:
-        r["throughput_vs_one"] = round(r["rounds_per_s"] / base, 2)
+        results = []
+        for n in args.jobs:  # up to the first count whose jobs fail (more would fail alike)
+            results.append(run_jobs(n, args, npz, part, workdir))
+            if "failed_exit_codes" in results[-1]:
+                break
+    done = [r for r in results if "failed_exit_codes" not in r]
+    for r in done:
+        r["throughput_vs_one"] = round(r["rounds_per_s"] / (done[0]["rounds_per_s"] / done[0]["jobs"]), 2)
     emit([{**row, "threads_per_job": args.threads, "mps": os.environ.get("FMB_MPS") == "1",
            "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu", "results": results}], args.out)
+    if len(done) < len(results):
+        failed = results[-1]
+        sys.exit(f"gpu_packing: {failed['jobs']} jobs: a job failed (exit codes {failed['failed_exit_codes']}; its "
+                 "error above); the row keeps the counts before it")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ RESULTS = ROOT / "bench" / "grid_cost_results.jsonl"
 from _flop_floor import dense_peak, device_name, floor_fields, forward_flops, round_flops  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
-from _timing import time_spec, waiting_steps  # noqa: E402
+from _timing import steady_s_per_round, time_spec, waiting_steps  # noqa: E402
 
 from fedmedbench import io  # noqa: E402
 from fedmedbench import partition as P  # noqa: E402
@@ -60,16 +60,21 @@ from fedmedbench.studies import grid  # noqa: E402
 def load_config(path: Path) -> dict:
     """The config with the schema's defaults filled in (as Snakemake sees it; jsonschema's own
     default-filling validator where Snakemake is not installed, e.g. on a bare GPU node)."""
+    from fedmedbench.configcheck import check_file
+    from fedmedbench.diagnostics import exit_on_config_error, validate_config
+
     if not Path(path).is_file():
         raise SystemExit(f"{path}: no such config file")
-    config = yaml.safe_load(Path(path).read_text())
     schema_path = ROOT / "config" / "schema.yaml"
-    try:
-        from snakemake.utils import validate
-    except ImportError:
-        _validate_with_defaults(config, yaml.safe_load(schema_path.read_text()))
-    else:
-        validate(config, str(schema_path), set_default=True)
+    with exit_on_config_error([path]):  # a bad value or YAML is one line naming the file and key, as the workflow's
+        check_file(path)  # bounded and strict first (a JSON file it checks, but leaves to the reader)
+        config = yaml.safe_load(Path(path).read_text()) or {}
+        try:
+            import snakemake.utils  # noqa: F401
+        except ImportError:
+            _validate_with_defaults(config, yaml.safe_load(schema_path.read_text()))
+        else:
+            validate_config(config, schema_path)
     return config
 
 
@@ -108,8 +113,12 @@ def make_data(workdir: Path, config: dict, study: str, setting: str, dataset: st
     part = workdir / f"{setting}.json"
     io.write_json(part, P.build_partition(labels, s["scheme"], s["num_clients"], 0, s.get("params", {}), n_classes,
                                           draws=st.get("random_draws", "project")))
-    sources = {name: str(npz) for name in P.source_names(s["scheme"], s.get("params", {}))}
-    return part, sources
+    return part, data_sources(s, npz)
+
+
+def data_sources(setting: dict, npz: Path) -> dict[str, str]:
+    """Every data source the setting's partition reads, each the one synthetic file ``npz``."""
+    return {name: str(npz) for name in P.source_names(setting["scheme"], setting.get("params", {}))}
 
 
 def job_spec(workdir: Path, config: dict, study: str, job: dict, part: Path, sources: dict[str, str], rounds: int,
@@ -187,8 +196,7 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
     for method in timed:
         spec = job_spec(workdir, config, study, {**first, "method": method}, part, sources, rounds, device, threads)
         per_round = time_spec(spec)
-        later = per_round[1:] if len(per_round) > 1 else per_round
-        s_per_round[method] = float(np.mean(later))
+        s_per_round[method] = steady_s_per_round(per_round)
         row.setdefault("first_round_s", {})[method] = round(per_round[0], 2)
     if torch_profile is not None:  # one more run of the first timed method under torch.profiler
         from engine_overhead import torch_profile_engine
@@ -204,7 +212,7 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
         pdir.mkdir(parents=True, exist_ok=True)
         opart, osources = make_data(pdir, config, study, other["setting"], other["dataset"])
         per_round = time_spec(job_spec(pdir, config, study, other, opart, osources, rounds, device, threads))
-        ref_rates[other["dataset"], other["setting"]] = float(np.mean(per_round[1:] if len(per_round) > 1 else per_round))
+        ref_rates[other["dataset"], other["setting"]] = steady_s_per_round(per_round)
     seconds = grid_seconds(jobs, s_per_round, pair_factors(ref_rates, base))
     if len(ref_rates) > 1:
         row["scaled_by"] = {"method": timed[0], "s_per_round": {f"{d}/{st_}": round(v, 3) for (d, st_), v in
@@ -369,10 +377,52 @@ def emit_summary(row: dict, path: Path | None) -> None:
             fh.write(json.dumps(result_row(row)) + "\n")
 
 
+def costed_studies(config: dict) -> list[str]:
+    """The studies of a config this bench costs: its MedMNIST studies, fedst when enabled, ultraflwr with groups."""
+    return [*config.get("studies", {}), *(["fedst"] if config["fedst"].get("enabled", False) else []),
+            *(["ultraflwr"] if config["ultraflwr"].get("groups") else [])]
+
+
+def check_studies(configs: dict[Path, dict], names: list[str] | None) -> None:
+    """Exit with one line when ``--study`` names a study no config has (else nothing would be timed, silently)."""
+    known = {s for config in configs.values() for s in costed_studies(config)}
+    unknown = [n for n in names or [] if n not in known]
+    if unknown:
+        raise SystemExit(f"grid_cost: --study {' '.join(unknown)}: not a study of "
+                         f"{', '.join(str(p) for p in configs)} ({', '.join(sorted(known))})")
+
+
+def timeable_methods(config: dict, study: str) -> list[str]:
+    """The names ``--methods`` may give for a study: its methods (fedst's too), ultraflwr's strategies."""
+    if study == "ultraflwr":
+        return list(config["ultraflwr"]["strategies"])
+    return list(config["fedst"]["methods"] if study == "fedst" else config["studies"][study]["methods"])
+
+
+def check_methods(configs: dict[Path, dict], studies: list[str] | None, methods: list[str] | None) -> None:
+    """Exit with one line when ``--methods`` names a method of none of the studies costed (a study times only its
+    own names, so a misspelt one would silently time the study's first method instead)."""
+    known = {m for config in configs.values() for s in costed_studies(config) if not studies or s in studies
+             for m in timeable_methods(config, s)}
+    unknown = [m for m in methods or [] if m not in known]
+    if unknown:
+        raise SystemExit(f"grid_cost: --methods {' '.join(unknown)}: not a method of the studies costed "
+                         f"({', '.join(sorted(known))})")
+
+
 def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
     """One row per study of each config, as each is timed."""
-    for path in args.config:
-        config = load_config(path)
+    configs = {path: load_config(path) for path in args.config}
+    check_studies(configs, args.study)
+    check_methods(configs, args.study, args.methods)
+    for config in configs.values():  # every study's --setting and --scale-by pairs, before the first is timed
+        for study in config.get("studies", {}):
+            if not args.study or study in args.study:
+                jobs = grid_jobs(config, study)
+                timed_job(jobs, args.setting)
+                for pair in args.scale_by or []:
+                    scaled_job(jobs, pair, "")
+    for path, config in configs.items():
         for study in config.get("studies", {}):
             if args.study and study not in args.study:
                 continue
@@ -386,9 +436,8 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
             train = config["studies"][study]["train"]
             yield {**row, "batch_clients": bool(train.get("batch_clients")), "autocast": train.get("autocast", "none")}
         surgical = args.surgical_dir or Path("resources") / "surgical" / config["surgical"]["origin"]
-        has_runs = {"fedst": config["fedst"].get("enabled", False), "ultraflwr": bool(config["ultraflwr"].get("groups"))}
         for name, cost in (("fedst", fedst_cost), ("ultraflwr", ultraflwr_cost)):
-            if not has_runs[name] or (args.study and name not in args.study):
+            if name not in costed_studies(config) or (args.study and name not in args.study):
                 continue
             cache = "" if args.no_image_cache else str(args.image_cache.resolve()) if args.image_cache else None
             extra = ({"epochs": args.surgical_epochs, "workers": args.yolo_workers, "image_cache": cache,

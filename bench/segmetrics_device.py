@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 from scipy.ndimage import shift, zoom  # noqa: E402
 
-from fedmedbench.segmetrics import SegmentationMeter  # noqa: E402
+from fedmedbench.segmetrics import ASSD_RULES, SegmentationMeter  # noqa: E402
 from fedmedbench.segmetrics_device import ASSD_RTOL  # noqa: E402
 
 CLASSES = {1: "shaft", 2: "wrist", 3: "clasper"}
@@ -91,8 +91,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=480)
     ap.add_argument("--batch", type=int, default=8, help="frames per torch call (fedst eval.batch_size)")
     ap.add_argument("--noise", type=float, default=0.01)
-    ap.add_argument("--assd", default="medpy_0_5")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--assd", default="medpy_0_5", choices=ASSD_RULES)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     ap.add_argument("--repeats", type=int, default=3, help="timed torch passes (the best is kept)")
     ap.add_argument("--numpy-frames", type=int, default=None, help="frames the NumPy path scores (default all)")
     ap.add_argument("--seed", type=int, default=0)

@@ -581,3 +581,135 @@ def test_packed_surgical_jobs_are_the_grid_timings_jobs(tmp_path):
     assert spec.run_dir == str(tmp_path / "w" / "job5") and spec.train["rounds"] == 3
     spec = gpu_packing.fedst_spec(argparse.Namespace(**{**vars(args), "image_cache": tmp_path / "store"}))
     assert spec.image_cache == str(tmp_path / "store")
+
+
+@pytest.mark.parametrize(("option", "named"), [(["--study", "nosuch"], "--study nosuch"),
+                                               (["--study", "micro", "--method", "nosuch"], "--method nosuch")])
+def test_gpu_packing_refuses_a_study_or_method_the_config_lacks_in_one_line(option, named, tmp_path):
+    done = _bench("gpu_packing.py", "--config", str(MICRO), "--device", "cpu", "--jobs", "1", "--rounds", "1",
+                  *option)
+    assert done.returncode != 0
+    assert named in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_grid_cost_refuses_a_study_no_config_has_in_one_line(tmp_path):
+    """A misspelt --study times nothing: one line naming it and the config's studies, not a silent exit 0."""
+    done = _bench("grid_cost.py", "--config", str(MICRO), "--device", "cpu", "--study", "micro", "nosuch",
+                  "--results", str(tmp_path / "rows.jsonl"))
+    assert done.returncode != 0
+    assert "--study nosuch" in done.stderr and "micro" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize("option", [["--assd", "nosuch"], ["--device", "nosuch"]])
+def test_segmetrics_device_refuses_an_unknown_assd_rule_or_device_before_scoring(option):
+    done = _bench("segmetrics_device.py", "--frames", "1", "--size", "32", *option)
+    assert done.returncode == 2 and option[0] in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_gpu_packing_names_the_missing_export_of_a_surgical_study_in_one_line(tmp_path):
+    """A --surgical-dir whose yolo/ folder lacks the first group's export stops before any job, naming the file."""
+    (tmp_path / "yolo").mkdir()
+    done = _bench("gpu_packing.py", "--config", str(STUDIES / "ultraflwr.yaml"), "--study", "ultraflwr", "--device",
+                  "cpu", "--method", "FedAvg", "--jobs", "1", "--surgical-dir", str(tmp_path))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"{tmp_path}/yolo/combined/a/manifest.json is missing" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    done = _bench("gpu_packing.py", "--config", str(MICRO), "--study", "ultraflwr", "--device", "cpu", "--jobs", "1",
+                  "--surgical-dir", str(tmp_path))
+    assert done.returncode == 1 and "no ultraflwr.groups" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_bench_config_with_a_value_of_the_wrong_type_is_one_line_naming_file_and_key(tmp_path):
+    """grid_cost.py and gpu_packing.py read their --config as the workflow does: a bad value or YAML is one line."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((STUDIES / "earlystop.yaml").read_text().replace("train_gpu_mem_mb: 10000", 'train_gpu_mem_mb: "ten"'))
+    for script in ("grid_cost.py", "gpu_packing.py"):
+        done = _bench(script, "--config", str(bad), "--device", "cpu")
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.strip() == f"config error in {bad} at 'resources.train_gpu_mem_mb': 'ten' is not of type " \
+                                      "'integer', 'null'"
+    bad.write_text("studies: [\n")
+    done = _bench("grid_cost.py", "--config", str(bad), "--device", "cpu")
+    assert done.returncode == 1 and done.stderr.startswith(f"{bad}:2:1:") and "Traceback" not in done.stderr
+
+
+def test_gpu_packing_keeps_the_counts_before_one_whose_jobs_fail(tmp_path, monkeypatch, capsys):
+    """A count whose jobs fail (16 jobs out of GPU memory) ends the bench with one line, and the row it still
+    writes holds the counts measured before it; no later count is started."""
+    import gpu_packing
+
+    started = []
+
+    def run_jobs(n, *_):
+        started.append(n)
+        if n == 2:
+            return {"jobs": 2, "failed_exit_codes": [0, 1], "wall_s": 1.0}
+        return {"jobs": 1, "s_per_round": [2.0], "mean_s_per_round": 2.0, "rounds_per_s": 0.5, "wall_s": 3.0,
+                "peak_reserved_mib": 0}
+
+    monkeypatch.setattr(gpu_packing, "run_jobs", run_jobs)
+    out = tmp_path / "rows.jsonl"
+    monkeypatch.setattr(sys, "argv", ["gpu_packing.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu",
+                                      "--jobs", "1", "2", "4", "--out", str(out)])
+    with pytest.raises(SystemExit) as stop:
+        gpu_packing.main()
+    assert "2 jobs: a job failed (exit codes [0, 1]" in str(stop.value.code) and started == [1, 2]
+    results = json.loads(out.read_text())["results"]
+    assert results[0]["throughput_vs_one"] == 1.0 and results[1] == {"jobs": 2, "failed_exit_codes": [0, 1],
+                                                                     "wall_s": 1.0}
+
+
+def test_a_jobs_seconds_a_round_leave_out_the_first_round_when_there_are_more():
+    from _timing import steady_s_per_round
+
+    assert steady_s_per_round([9.0, 1.0, 2.0]) == 1.5 and steady_s_per_round([4.0]) == 4.0
+
+
+def test_grid_cost_refuses_a_method_no_costed_study_has_in_one_line(tmp_path):
+    """A misspelt --methods name would time the study's first method in its place: one line instead."""
+    done = _bench("grid_cost.py", "--config", str(MICRO), "--device", "cpu", "--methods", "fedavg", "fedsgd",
+                  "--results", str(tmp_path / "rows.jsonl"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("grid_cost: --methods fedsgd: not a method of the studies costed (")
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+def test_grid_cost_knows_each_studys_timeable_names():
+    import grid_cost
+
+    for name, study, member in (("earlystop.yaml", "earlystop", "fedwmsam"), ("ultraflwr.yaml", "ultraflwr", "FedAvg"),
+                                ("fedst.yaml", "fedst", "seg_fedavg")):
+        config = grid_cost.load_config(STUDIES / name)
+        assert study in grid_cost.costed_studies(config) and member in grid_cost.timeable_methods(config, study)
+
+
+def test_grid_cost_checks_every_studys_setting_before_timing_the_first(tmp_path):
+    """gpaf.yaml's two studies: a --setting only the first has stops the run before anything is timed."""
+    import grid_cost
+
+    config = grid_cost.load_config(STUDIES / "gpaf.yaml")
+    first, second = list(config["studies"])[:2]
+    only_first = sorted({j["setting"] for j in grid_cost.grid_jobs(config, first)}
+                        - {j["setting"] for j in grid_cost.grid_jobs(config, second)})[0]
+    done = _bench("grid_cost.py", "--config", str(STUDIES / "gpaf.yaml"), "--device", "cpu", "--setting", only_first,
+                  "--results", str(tmp_path / "rows.jsonl"))
+    assert done.returncode == 1 and f"grid_cost: --setting {only_first}: no such setting" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "job " not in done.stderr  # nothing timed
+
+
+@pytest.mark.parametrize("option", [["--jobs", "1", "0"], ["--rounds", "0"], ["--jobs", "two"]])
+def test_gpu_packing_takes_job_and_round_counts_from_one(option):
+    done = _bench("gpu_packing.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", *option)
+    assert done.returncode == 2 and "is not a whole number from 1" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_torch_profile_is_written_whole_with_its_ops_by_host_time(blood_dir, tmp_path):
+    """grid_cost --torch-profile: the engine run's ops table lands in the file through a temp file (none left)."""
+    from engine_overhead import torch_profile_engine
+    from test_device_arrays import make_spec
+
+    out = tmp_path / "profile.txt"
+    torch_profile_engine(make_spec(blood_dir, "fedavg", "profiled"), out)
+    assert "Self CPU" in out.read_text() and [p.name for p in tmp_path.iterdir()] == ["profile.txt"]
