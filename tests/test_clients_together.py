@@ -316,3 +316,24 @@ def test_a_round_of_undeclared_or_mixed_step_hooks_is_not_batched():
     mixed = [StepHooks(perturb=SamAscent(0.05)), StepHooks(perturb=FixedPerturbation({}))]
     assert together.round_why_not(mixed) == "clients of different perturbations"
     assert together.round_why_not([StepHooks(perturb=SamAscent(0.05)), StepHooks()]) is None
+
+
+class UnusedParamNet(LayerNormNet):
+    """LayerNormNet with a trainable parameter its forward never reads."""
+
+    def __init__(self, in_channels: int, num_classes: int) -> None:
+        super().__init__(in_channels, num_classes)
+        self.spare = nn.Parameter(torch.zeros(3))
+
+
+if "unused_param_test" not in MODELS:
+    register_model("unused_param_test")(lambda in_channels, num_classes, image_size: UnusedParamNet(in_channels,
+                                                                                                    num_classes))
+
+
+def test_a_parameter_without_a_gradient_stops_clients_together_with_a_message(setup):
+    """One by one, SGD skips a parameter the forward never reads; stacked, it has no gradient row: the run stops
+    naming the parameter and the setting to change, instead of failing inside the step's arithmetic."""
+    run(spec(setup, "spare-one", model="unused_param_test", rounds=1))  # one by one: trains
+    with pytest.raises(ValueError, match=r"parameter 'spare' gets no gradient.*batch_clients: false"):
+        run(spec(setup, "spare-both", model="unused_param_test", batch_clients=True, rounds=1))

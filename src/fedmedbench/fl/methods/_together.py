@@ -138,6 +138,10 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) ->
             if e is not None:
                 torch._foreach_sub_(leaves, e)
             grads = [w.grad for w in leaves]
+            if any(g is None for g in grads):  # one by one, SGD and clipping would skip it; batched it has no row
+                unused = next(name for name, g in zip(names, grads, strict=True) if g is None)
+                raise ValueError(f"train.batch_clients: the model's parameter {unused!r} gets no gradient, so its "
+                                 "clients cannot be trained together; set train.batch_clients: false")
             if corr is not None:
                 torch._foreach_add_(grads, corr)
             if cfg.grad_clip:
