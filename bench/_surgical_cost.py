@@ -265,6 +265,11 @@ def pretrain_step_s(cfg: dict, clips: str, device: str, workdir: Path, steps: in
     return float(torch.load(out, weights_only=True)["_pretrain_s"]) / steps
 
 
+def timed_epochs(config: dict, asked: int) -> int:
+    """ultraflwr's local epochs a timed round: at least 2 (the first epoch is timed apart), at most the config's."""
+    return max(2, min(int(asked), int(config["ultraflwr"]["train"]["epochs"])))
+
+
 def ultraflwr_job(config: dict, surgical: Path, group: str, setting: str, strategy: str, rounds: int, epochs: int,
                   device: str, threads: int, run_dir: Path, train_workers: int, loader_workers: int,
                   image_cache: str | None) -> RunSpec:
@@ -292,7 +297,7 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
 
     uf = config["ultraflwr"]
     paper_epochs = int(uf["train"]["epochs"])
-    epochs = max(2, min(int(epochs), paper_epochs))
+    epochs = timed_epochs(config, epochs)
     train_workers = int(uf["train"].get("workers", 0) if workers is None else workers)
     if loader_workers is None:
         loader_workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)

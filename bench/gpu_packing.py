@@ -59,13 +59,14 @@ def worker(args: argparse.Namespace) -> None:
 
 def ultraflwr_spec(args: argparse.Namespace):
     """The job of ``grid_cost.py``'s ultraflwr timing: the first group's first setting, the config's loading."""
-    from _surgical_cost import image_cache_of, ultraflwr_job
+    from _surgical_cost import image_cache_of, timed_epochs, ultraflwr_job
 
     config = grid_cost.load_config(args.config)
     uf, engine = config["ultraflwr"], config["engine"]
     group, settings = next(iter(uf["groups"].items()))
     return ultraflwr_job(config, args.surgical_dir, group, settings[0], args.method, args.rounds,
-                         max(2, args.surgical_epochs), args.device, args.threads, args.workdir / f"job{args.index}",
+                         timed_epochs(config, args.surgical_epochs), args.device, args.threads,
+                         args.workdir / f"job{args.index}",
                          int(uf["train"].get("workers", 0)), int(engine.get("loader_workers", 0)),
                          image_cache_of(config, str(args.image_cache) if args.image_cache else None))
 
@@ -194,6 +195,8 @@ def main() -> None:
         workdir = Path(tmp)
         if args.study in SURGICAL:
             export, names = SURGICAL[args.study]
+            if args.batch_clients is not None:  # a MedMNIST train key: the surgical jobs have no such setting
+                sys.exit(f"gpu_packing: --[no-]batch-clients applies to the MedMNIST studies, not {args.study}")
             first = args.surgical_dir and surgical_input(config, args.study, args.surgical_dir)
             if not first or not first.is_file():
                 sys.exit(f"gpu_packing: --surgical-dir {args.surgical_dir}: no {export}/ exports there"
@@ -204,7 +207,9 @@ def main() -> None:
             npz = part = None
             row["surgical_dir"] = str(args.surgical_dir)
             if args.study == "ultraflwr":
-                row["surgical_epochs"] = max(2, args.surgical_epochs)
+                from _surgical_cost import timed_epochs
+
+                row["surgical_epochs"] = timed_epochs(config, args.surgical_epochs)
         else:
             check_medmnist_args(config, args)
             first = grid_cost.grid_jobs(config, args.study)[0]

@@ -44,6 +44,8 @@ def main() -> None:
 
     from fedmedbench.fl.tasks.detection.yolo import build_yolo, train_yolo
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("yolo_read_ahead: --device cuda, but torch sees no CUDA device")
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     manifest = client_manifest(args)
     classes = len(read_manifest(manifest)["classes"])

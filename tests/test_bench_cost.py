@@ -713,3 +713,26 @@ def test_a_torch_profile_is_written_whole_with_its_ops_by_host_time(blood_dir, t
     out = tmp_path / "profile.txt"
     torch_profile_engine(make_spec(blood_dir, "fedavg", "profiled"), out)
     assert "Self CPU" in out.read_text() and [p.name for p in tmp_path.iterdir()] == ["profile.txt"]
+
+
+def test_gpu_packing_refuses_batch_clients_for_a_surgical_study_in_one_line(tmp_path):
+    """--[no-]batch-clients is a MedMNIST train key: for ultraflwr or fedst it would be silently ignored."""
+    for study in ("ultraflwr", "fedst"):
+        done = _bench("gpu_packing.py", "--config", str(STUDIES / f"{study}.yaml"), "--study", study, "--device", "cpu",
+                      "--jobs", "1", "--surgical-dir", str(tmp_path), "--no-batch-clients")
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.strip() == f"gpu_packing: --[no-]batch-clients applies to the MedMNIST studies, not {study}"
+
+
+def test_ultraflwr_timings_run_two_to_the_configs_local_epochs():
+    from _surgical_cost import timed_epochs
+
+    config = {"ultraflwr": {"train": {"epochs": 20}}}
+    assert [timed_epochs(config, e) for e in (0, 1, 2, 5, 20, 40)] == [2, 2, 2, 5, 20, 20]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for a machine without CUDA")
+def test_yolo_read_ahead_refuses_cuda_without_a_device_in_one_line(tmp_path):
+    done = _bench("yolo_read_ahead.py", "--surgical-dir", str(tmp_path), "--device", "cuda")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == "yolo_read_ahead: --device cuda, but torch sees no CUDA device"
