@@ -147,7 +147,7 @@ step "earlystop round profile, clients together" "$PY" bench/grid_cost.py --conf
   --torch-profile "$(dirname "$OUT")/earlystop_together_profile.txt" --out "$OUT"
 step "gpaf grid cost" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf --rounds 2 \
   --methods fedavg moon feddg gpaf --threads "$THREADS" --out "$OUT"
-# 8 jobs with clients together hold about 72 GiB of GPU memory (16 did not fit in an H200's 139.8 GiB)
+# 16 jobs with clients together did not fit in an H200's 139.8 GiB (8.3-9.2 GiB a process when they ran out)
 step "jobs per GPU" "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --no-batch-clients --out "$OUT"
 step "jobs per GPU, clients together" "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 --threads 2 --batch-clients \
   --out "$OUT"
