@@ -177,6 +177,11 @@ class ClientResult:
     extras: dict[str, Arrays] = field(default_factory=dict)
 
 
+#: what trains a round's clients together: (their contexts, their step hooks) -> per client (trained state,
+#: metrics), in order (``_together.train_together``; ``fl/runs_together.py`` merges several runs' rounds)
+Trainer = Callable[[list[ClientContext], list[Any]], list[tuple[Arrays, dict[str, float]]]]
+
+
 class Method:
     """Base method = FedAvg-style client step (plain local SGD) + weighted averaging."""
 
@@ -239,9 +244,11 @@ class Method:
         """Why this method cannot train a round's clients together (``train.batch_clients``); None where it can."""
         return f"method '{self.name}' trains its clients one by one"
 
-    def fit_together(self, ctxs: list[ClientContext]) -> list[ClientResult] | None:
+    def fit_together(self, ctxs: list[ClientContext], trainer: Trainer | None = None) -> list[ClientResult] | None:
         """The clients of ``ctxs`` (one shared model holding the global weights) trained together, their
-        results in order; None where this round's clients cannot be (they then train one by one)."""
+        results in order; None where this round's clients cannot be (they then train one by one).
+        ``trainer``: what runs the batched steps (default ``_together.train_together``; several runs side by
+        side hand in theirs, which trains their rounds in one call)."""
         return None
 
     def personal_model(self, ctx: ClientContext) -> torch.nn.Module:

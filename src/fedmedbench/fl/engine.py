@@ -33,6 +33,7 @@ import traceback
 from collections.abc import Callable
 from io import BytesIO
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -48,6 +49,9 @@ from fedmedbench.fl.inline_grid import InlineGrid
 from fedmedbench.fl.job import Job, job_for
 from fedmedbench.fl.replies import examples_value
 from fedmedbench.fl.spec import RunSpec
+
+if TYPE_CHECKING:
+    from fedmedbench.fl.runs_together import RoundPool
 
 NODE_WAIT_S = 180.0
 
@@ -300,8 +304,9 @@ class FlowerTransport:
 BACKENDS = ("inline", "ray")
 
 
-def run(spec: RunSpec, log: Callable[[str], None] = print) -> fed.Federation:
-    """Run (or resume) one federated job to completion and write its outputs."""
+def run(spec: RunSpec, log: Callable[[str], None] = print, pool: RoundPool | None = None) -> fed.Federation:
+    """Run (or resume) one federated job to completion and write its outputs (``pool``: side by side with other
+    runs, their rounds' clients trained in one call: ``fl/runs_together.py``)."""
     if spec.backend not in BACKENDS:
         raise ValueError(f"engine.backend = {spec.backend!r}: choose one of {list(BACKENDS)}")
     spec = fed.resolve_data_shapes(spec)
@@ -314,7 +319,7 @@ def run(spec: RunSpec, log: Callable[[str], None] = print) -> fed.Federation:
     def main(grid: Grid, context: Context) -> None:
         allowed = AllowedContent(federation.job.shared_keys(), federation.method.extra_records)
         transport = FlowerTransport(grid, federation.num_nodes, allowed, device=federation.job.array_device)
-        federation.final_state = federation.run(fed.with_clients_together(transport, federation.job, log))
+        federation.final_state = federation.run(fed.with_clients_together(transport, federation.job, log, pool))
 
     if spec.backend == "inline":
         _run_inline(spec, federation, server_app, log)
@@ -342,18 +347,18 @@ def complete(spec: RunSpec, log: Callable[[str], None] = print) -> None:
         log(f"run complete: could not remove {line}")
 
 
-def _job_name(spec: RunSpec) -> str:
+def job_name(spec: RunSpec) -> str:
     return f"job {spec.study}/{spec.dataset}/{spec.setting}/{spec.method}/seed{spec.seed}"
 
 
 def _run_inline(spec: RunSpec, federation: fed.Federation, server_app: ServerApp, log: Callable[[str], None]) -> None:
     threads = max(1, int(spec.threads))
-    log(f"{_job_name(spec)}: {federation.num_nodes} Flower node(s) in-process (inline backend), "
+    log(f"{job_name(spec)}: {federation.num_nodes} Flower node(s) in-process (inline backend), "
         f"{threads} thread(s), device {federation.device}")
     fed.client_threads = threads
     federation.job.state_store.deferred = True  # the round's checkpoint writes what its clients saved
     if federation.job.place_arrays(in_process=True):
-        log(f"{_job_name(spec)}: model arrays stay on {federation.device} between server and clients")
+        log(f"{job_name(spec)}: model arrays stay on {federation.device} between server and clients")
     grid = InlineGrid(make_client_app(spec, federation.job), federation.num_nodes, seed=spec.seed)
     grid.serve(server_app)
 
@@ -374,7 +379,7 @@ def _run_ray(spec: RunSpec, federation: fed.Federation, server_app: ServerApp, l
             "include_dashboard": False, "logging_level": 40, "log_to_driver": True,
         },
     }
-    log(f"{_job_name(spec)}: {federation.num_nodes} Flower node(s), {actors} Ray actor(s), device {federation.device}")
+    log(f"{job_name(spec)}: {federation.num_nodes} Flower node(s), {actors} Ray actor(s), device {federation.device}")
     try:
         run_simulation(server_app=server_app, client_app=make_client_app(spec), num_supernodes=federation.num_nodes,
                        backend_config=backend_config)

@@ -16,7 +16,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -34,6 +34,9 @@ from fedmedbench.fl.tasks.base import get_task_class, task_for  # noqa: F401  (t
 from fedmedbench.fl.tracking import for_run as tracker_for_run
 from fedmedbench.fl.training import steps_for_epochs
 from fedmedbench.io import read_json
+
+if TYPE_CHECKING:
+    from fedmedbench.fl.runs_together import RoundPool
 
 
 def resolve_data_shapes(spec: RunSpec) -> RunSpec:
@@ -130,13 +133,17 @@ def client_train(
 
 
 def clients_train_together(job: Job, steps: dict[int, int], rnd: int, arrays: Arrays,
-                           broadcast: dict[str, Arrays] | None = None) -> dict[int, ClientResult]:
+                           broadcast: dict[str, Arrays] | None = None,
+                           pool: RoundPool | None = None) -> dict[int, ClientResult]:
     """The clients of ``steps`` (partition id -> steps) trained together (``train.batch_clients``:
-    ``Method.fit_together``), or one by one where this round's clients cannot be."""
+    ``Method.fit_together``), or one by one where this round's clients cannot be. ``pool``: several runs side
+    by side, whose rounds train in one batched call (``fl/runs_together.py``)."""
     model = job.model_with(arrays)
     pairs = [_client_context(job, pid, rnd, arrays, k, broadcast, model=model) for pid, k in steps.items()]
-    results = job.method.fit_together([ctx for ctx, _ in pairs])
+    results = job.method.fit_together([ctx for ctx, _ in pairs], None if pool is None else pool.train)
     if results is None:
+        if pool is not None:
+            pool.train([], [])  # this round trains one by one: the other runs' call goes on without it
         return {pid: client_train(job, pid, rnd, arrays, k, broadcast) for pid, k in steps.items()}
     for ctx, store in pairs:
         store.save(ctx.pid, rnd, ctx.state)
@@ -191,26 +198,28 @@ class TogetherTransport:
     """Training of each round's clients together, in this process (``train.batch_clients``); evaluation
     through the transport it wraps."""
 
-    def __init__(self, inner: Transport, job: Job) -> None:
-        self.inner, self.job = inner, job
+    def __init__(self, inner: Transport, job: Job, pool: RoundPool | None = None) -> None:
+        self.inner, self.job, self.pool = inner, job, pool
 
     def train(self, rnd, steps, arrays, broadcast):
-        return clients_train_together(self.job, steps, rnd, arrays, broadcast)
+        return clients_train_together(self.job, steps, rnd, arrays, broadcast, self.pool)
 
     def evaluate(self, rnd, pids, arrays):
         return self.inner.evaluate(rnd, pids, arrays)
 
 
-def with_clients_together(transport: Transport, job: Job, log: Callable[[str], None] = print) -> Transport:
+def with_clients_together(transport: Transport, job: Job, log: Callable[[str], None] = print,
+                          pool: RoundPool | None = None) -> Transport:
     """``transport``, training its clients together where ``train.batch_clients`` asks and the run allows
-    (else said once in the log)."""
-    if not job.train.batch_clients:
-        return transport
-    reason = why_not_together(job)
+    (else said once in the log); with ``pool``, in one call with the pool's other runs."""
+    reason = why_not_together(job) if job.train.batch_clients else "train.batch_clients is off"
     if reason:
-        log(f"train.batch_clients: clients trained one by one ({reason})")
+        if pool is not None:
+            pool.withdraw()  # this run never hands in a round: the others do not wait for it
+        if job.train.batch_clients:
+            log(f"train.batch_clients: clients trained one by one ({reason})")
         return transport
-    return TogetherTransport(transport, job)
+    return TogetherTransport(transport, job, pool)
 
 
 class InProcessTransport:

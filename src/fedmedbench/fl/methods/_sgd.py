@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
+from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext, Trainer
 from fedmedbench.fl.arrays import snapshot, weighted_average
 from fedmedbench.fl.augment import batch_images
 from fedmedbench.fl.training import (
@@ -406,13 +406,13 @@ class ServerOptMethod(Method):
 
         return _together.model_why_not(model, train)
 
-    def fit_together(self, ctxs: list[ClientContext]) -> list[ClientResult] | None:
+    def fit_together(self, ctxs: list[ClientContext], trainer: Trainer | None = None) -> list[ClientResult] | None:
         from fedmedbench.fl.methods import _together
 
         hooks = [self.hooks(ctx) for ctx in ctxs]
         if _together.round_why_not(hooks):  # e.g. a perturbation of the method's own
             return None
-        trained = _together.train_together(ctxs, hooks)
+        trained = (trainer or _together.train_together)(ctxs, hooks)
         return [self.client_result(ctx, h, metrics, arrays) for ctx, h, (arrays, metrics) in zip(ctxs, hooks, trained, strict=True)]
 
 

@@ -26,6 +26,7 @@ BatchNorm, whose batch statistics would mix the padding in). Anything else is tr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -73,17 +74,18 @@ def round_why_not(hooks: Sequence[StepHooks]) -> str | None:
 
 
 def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) -> list[tuple[Arrays, dict[str, float]]]:
-    """Every client of ``ctxs`` (sharing one model, which holds the global weights) trained as
-    :func:`fedmedbench.fl.methods._sgd.local_loop` would train it, all in one batched loop; per client its
-    trained state (as ``ctx.result_arrays`` gives it) and its metrics (as ``local_loop_metrics``)."""
+    """Every client of ``ctxs`` trained as :func:`fedmedbench.fl.methods._sgd.local_loop` would train it, all
+    in one batched loop; per client its trained state (as ``ctx.result_arrays`` gives it) and its metrics (as
+    ``local_loop_metrics``). Each client starts from its ``ctx.model`` (its run's global weights): one model for
+    a round's clients, one per run where several runs' rounds are trained together (``fl/runs_together.py``);
+    every client of the call has the same round, train block and network (:func:`merge_key`)."""
     plan = BatchPlan.of(ctxs, ctxs[0].train.batch_size)
     ctxs, hooks = [ctxs[c] for c in plan.order], [hooks[c] for c in plan.order]  # longest first
     model, cfg, device = ctxs[0].model, ctxs[0].train, ctxs[0].device
-    model.train()
     params = trainable(model)
     k = len(ctxs)
     stack = Stack({n: p.detach() for n, p in params.items()}, k, device)
-    stacked = {n: p.detach().unsqueeze(0).expand(k, *p.shape).clone().requires_grad_(True) for n, p in params.items()}
+    stacked = _starting_weights(ctxs)
     names, weights = list(stacked), list(stacked.values())
     corrections = stack.stacked([h.correction for h in hooks])
     perturbs = [h.perturb for h in hooks]
@@ -175,6 +177,25 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) ->
     return back
 
 
+def merge_key(ctx: ClientContext) -> tuple:
+    """What clients trained in one call share: the round (its learning rate), the train block but for the budget
+    of rounds, and the network's trainable tensors (names and shapes)."""
+    shapes = tuple((n, tuple(p.shape), p.dtype) for n, p in trainable(ctx.model).items())
+    return ctx.rnd, repr(dataclasses.replace(ctx.train, rounds=0)), type(ctx.model), shapes
+
+
+def _starting_weights(ctxs: Sequence[ClientContext]) -> Tensors:
+    """The clients' starting weights stacked (K, ...), each its model's; leaves that take gradients."""
+    models = list({id(c.model): c.model for c in ctxs}.values())
+    for m in models:
+        m.train()
+    if len(models) == 1:  # one run's round: its global weights, K times
+        return {n: p.detach().unsqueeze(0).expand(len(ctxs), *p.shape).clone().requires_grad_(True)
+                for n, p in trainable(models[0]).items()}
+    weights = [trainable(c.model) for c in ctxs]
+    return {n: torch.stack([w[n].detach() for w in weights]).requires_grad_(True) for n in weights[0]}
+
+
 class BatchPlan:
     """Which samples each client trains on at each batched step, drawn as the one-by-one loop draws them.
 
@@ -231,12 +252,13 @@ def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray
              plan: BatchPlan) -> list[tuple[Arrays, dict[str, float]]]:
     """Each client's trained state (views of the stacked tensors, where the job keeps its arrays) and its
     step losses as ``local_loop_metrics`` reports them."""
-    state = ctxs[0].model.state_dict()
     where = ctxs[0].array_device
-    fixed = {n: t.detach() for n, t in state.items() if n not in stacked}
+    states = {id(c.model): c.model.state_dict() for c in ctxs}  # each run's model: its entries not trained
     rows = {n: t.detach().to(where).unbind(0) for n, t in stacked.items()}
     out = []
     for c, ctx in enumerate(ctxs):
+        state = states[id(ctx.model)]
+        fixed = {n: t.detach() for n, t in state.items() if n not in stacked}
         taken = sum(1 for step in plan.rows if step[c] is not None)
         losses = StepLosses.of_values(values[:taken, c].tolist(), ctx.steps_per_epoch())
         try:

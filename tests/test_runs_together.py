@@ -1,0 +1,108 @@
+"""Several runs side by side in one process (fl/runs_together.py): each run's outputs are what it trains alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_clients_together import ATOL, RTOL, spec, write_data
+
+from fedmedbench.fl import engine
+from fedmedbench.fl.methods import _together
+from fedmedbench.fl.runs_together import RoundPool, run_together
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    return write_data(tmp_path_factory.mktemp("runs"), 28, 200)
+
+
+def seeded(s, seed: int):
+    return s.__class__(**{**s.__dict__, "seed": seed})
+
+
+def final_model(s) -> dict[str, torch.Tensor]:
+    return torch.load(Path(s.run_dir) / "model.pt", weights_only=True)
+
+
+def counting_calls(monkeypatch) -> list[int]:
+    """The number of clients of every train_together call."""
+    calls: list[int] = []
+    real = _together.train_together
+
+    def counted(ctxs, hooks):
+        calls.append(len(ctxs))
+        return real(ctxs, hooks)
+
+    monkeypatch.setattr(_together, "train_together", counted)
+    return calls
+
+
+@pytest.mark.parametrize(("method", "params"), [("fedavg", {}), ("scaffold", {}), ("fedsmoo", {"rho": 0.05, "lamb": 0.01})])
+def test_runs_side_by_side_train_as_each_alone_in_one_call_a_round(setup, monkeypatch, method, params):
+    """Three seeds of one method: one train_together call a round for all their clients (3 x 4), and each run's
+    final weights and per-round rows are those of the run alone (float32 rounding of the stacked sums)."""
+    alone = []
+    for seed in (0, 1, 2):
+        s = seeded(spec(setup, f"{method}-alone{seed}", method, params=params, batch_clients=True), seed)
+        engine.run(s, log=lambda m: None)
+        alone.append(s)
+    calls = counting_calls(monkeypatch)
+    side = [seeded(spec(setup, f"{method}-side{seed}", method, params=params, batch_clients=True), seed) for seed in (0, 1, 2)]
+    feds = run_together(side, log=lambda m: None)
+    assert calls == [12, 12, 12]  # 3 rounds, each one call of the three runs' 4 clients
+    for a, b, f in zip(alone, side, feds, strict=True):
+        want, got = final_model(a), final_model(b)
+        assert want.keys() == got.keys()
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], atol=ATOL, rtol=RTOL, msg=k)
+        assert f.spec.run_dir == b.run_dir
+    moved = max(float((final_model(alone[0])[k] - final_model(alone[1])[k]).abs().max()) for k in final_model(alone[0]))
+    assert moved > 1e-3  # the seeds train apart: the tolerance is far below what tells them apart
+
+
+def test_runs_of_other_train_blocks_train_in_separate_calls_at_the_same_point(setup, monkeypatch):
+    calls = counting_calls(monkeypatch)
+    a = spec(setup, "mixed-a", batch_clients=True)
+    b = spec(setup, "mixed-b", batch_clients=True, lr=0.01)
+    run_together([a, b], log=lambda m: None)
+    assert calls == [4] * 6
+    alone = spec(setup, "mixed-b-alone", batch_clients=True, lr=0.01)
+    engine.run(alone, log=lambda m: None)
+    for k, v in final_model(alone).items():
+        torch.testing.assert_close(final_model(b)[k], v, atol=ATOL, rtol=RTOL, msg=k)
+
+
+def test_a_run_that_trains_one_by_one_withdraws_and_the_others_go_on(setup, monkeypatch):
+    calls = counting_calls(monkeypatch)
+    said: list[str] = []
+    a, b, c = (spec(setup, f"withdraw-{n}", batch_clients=n != "c") for n in "abc")
+    b = seeded(b, 1)
+    run_together([a, b, c], log=said.append)
+    assert calls == [8, 8, 8]  # a and b together every round; c one by one
+    assert all((Path(s.run_dir) / "model.pt").is_file() for s in (a, b, c))
+
+
+def test_runs_of_unequal_lengths_leave_the_pool_as_they_end(setup, monkeypatch):
+    calls = counting_calls(monkeypatch)
+    short, long = spec(setup, "short", batch_clients=True, rounds=1), spec(setup, "long", batch_clients=True, rounds=3)
+    run_together([short, long], log=lambda m: None)
+    assert calls == [8, 4, 4]
+
+
+def test_a_failing_call_fails_every_run_in_it_naming_them(setup, monkeypatch):
+    def broken(ctxs, hooks):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(_together, "train_together", broken)
+    a, b = spec(setup, "fail-a", batch_clients=True), seeded(spec(setup, "fail-b", batch_clients=True), 1)
+    with pytest.raises(RuntimeError, match="2 of 2 runs failed") as info:
+        run_together([a, b], log=lambda m: None)
+    assert "trained in one call" in str(info.value) and "boom" in str(info.value)
+
+
+def test_an_empty_round_marks_a_run_present_without_training():
+    pool = RoundPool(1)
+    with pool.member("x"):
+        assert pool.train([], []) == []
