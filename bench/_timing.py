@@ -34,6 +34,19 @@ def time_spec(spec: RunSpec, log: Callable[[str], None] = progress) -> list[floa
     return np.diff(np.concatenate([[0.0], elapsed])).tolist()
 
 
+def time_specs_together(specs: list[RunSpec], log: Callable[[str], None] = progress) -> list[float]:
+    """The runs side by side in one process (``fl/runs_together.py``), each in a fresh run folder; seconds of
+    each round of all of them (they go in step: each round's latest end), from the metric rows' elapsed_s."""
+    from fedmedbench.fl.runs_together import run_together
+
+    _task_cached.cache_clear()
+    for spec in specs:
+        shutil.rmtree(spec.run_dir, ignore_errors=True)
+    run_together([dataclasses.replace(s, log_every=1) for s in specs], log=log)
+    elapsed = np.max([pd.read_csv(Path(s.run_dir) / "metrics.csv")["elapsed_s"].to_numpy() for s in specs], axis=0)
+    return np.diff(np.concatenate([[0.0], elapsed])).tolist()
+
+
 def steady_s_per_round(per_round: list[float]) -> float:
     """A job's seconds a round: the mean of its rounds after the first (which builds caches), or of the one."""
     return float(np.mean(per_round[1:] if len(per_round) > 1 else per_round))

@@ -27,6 +27,7 @@ appended to ``bench/grid_cost_results.jsonl`` and a line printed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -45,7 +46,7 @@ RESULTS = ROOT / "bench" / "grid_cost_results.jsonl"
 from _flop_floor import dense_peak, device_name, floor_fields, forward_flops, round_flops  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
-from _timing import steady_s_per_round, time_spec, waiting_steps  # noqa: E402
+from _timing import steady_s_per_round, time_spec, time_specs_together, waiting_steps  # noqa: E402
 
 from fedmedbench import io  # noqa: E402
 from fedmedbench import partition as P  # noqa: E402
@@ -181,9 +182,18 @@ def scaled_job(jobs: list[dict], pair: str, method: str) -> dict:
     return {**match, "method": method}
 
 
+def job_seconds_a_round(spec: RunSpec, runs_together: int) -> list[float]:
+    """Seconds of each round of the job, alone, or side by side with runs of its other seeds in one process
+    (``runs_together`` > 1: each round's wall time shared by them, a job's share)."""
+    if runs_together <= 1:
+        return time_spec(spec)
+    specs = [dataclasses.replace(spec, seed=seed, run_dir=f"{spec.run_dir}-seed{seed}") for seed in range(runs_together)]
+    return [s / runs_together for s in time_specs_together(specs)]
+
+
 def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int, device: str, threads: int,
                workdir: Path, setting: str | None = None, torch_profile: Path | None = None,
-               scale_by: list[str] | None = None) -> dict:
+               scale_by: list[str] | None = None, runs_together: int = 1) -> dict:
     st = config["studies"][study]
     jobs = grid_jobs(config, study)
     row = {"bench": "grid_cost", "study": study, "device": device, "jobs": len(jobs),
@@ -195,7 +205,7 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
     s_per_round: dict[str, float] = {}
     for method in timed:
         spec = job_spec(workdir, config, study, {**first, "method": method}, part, sources, rounds, device, threads)
-        per_round = time_spec(spec)
+        per_round = job_seconds_a_round(spec, runs_together)
         s_per_round[method] = steady_s_per_round(per_round)
         row.setdefault("first_round_s", {})[method] = round(per_round[0], 2)
     if torch_profile is not None:  # one more run of the first timed method under torch.profiler
@@ -211,13 +221,14 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
         pdir = workdir / f"{other['dataset']}_{other['setting']}"
         pdir.mkdir(parents=True, exist_ok=True)
         opart, osources = make_data(pdir, config, study, other["setting"], other["dataset"])
-        per_round = time_spec(job_spec(pdir, config, study, other, opart, osources, rounds, device, threads))
+        per_round = job_seconds_a_round(job_spec(pdir, config, study, other, opart, osources, rounds, device, threads),
+                                        runs_together)
         ref_rates[other["dataset"], other["setting"]] = steady_s_per_round(per_round)
     seconds = grid_seconds(jobs, s_per_round, pair_factors(ref_rates, base))
     if len(ref_rates) > 1:
         row["scaled_by"] = {"method": timed[0], "s_per_round": {f"{d}/{st_}": round(v, 3) for (d, st_), v in
                                                                 ref_rates.items()}}
-    row.update(timed_on=f"{first['dataset']}/{first['setting']}", rounds_timed=rounds,
+    row.update(timed_on=f"{first['dataset']}/{first['setting']}", rounds_timed=rounds, runs_together=runs_together,
                s_per_round={k: round(v, 3) for k, v in s_per_round.items()},
                untimed_methods_at_mean=sorted(set(st["methods"]) - set(s_per_round)),
                device_hours=round(seconds / 3600, 1))
@@ -294,6 +305,10 @@ def main() -> None:
                     "config's; bf16 changes results)")
     ap.add_argument("--torch-profile", type=Path, help="the MedMNIST studies: one more run of the first timed method "
                     "under torch.profiler, its ops by host and by device time into this file")
+    ap.add_argument("--runs-together", type=int, default=1, metavar="N",
+                    help="the MedMNIST studies: time each job side by side with N-1 runs of its other seeds in one "
+                    "process, their rounds' clients trained in one call (fl/runs_together.py; needs train.batch_clients); "
+                    "a job's seconds a round are its share of the wall time (default 1: alone)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds timed per method (the first is left out when > 1)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=2)
@@ -329,6 +344,8 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=RESULTS,
                     help="append each study's summary row here (default: bench/grid_cost_results.jsonl)")
     args = ap.parse_args()
+    if args.runs_together < 1:
+        raise SystemExit(f"grid_cost: --runs-together {args.runs_together}: give 1 or more runs")
     import torch
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -361,6 +378,8 @@ def levers(row: dict, args: argparse.Namespace) -> list[str]:
         out.append(f"autocast={row['autocast']}")
     if row.get("loader_workers"):
         out.append(f"loader_workers={row['loader_workers']}")
+    if row.get("runs_together", 1) > 1:
+        out.append(f"runs_together={row['runs_together']}")
     if args.packing != 1:
         out.append(f"packing={args.packing:g}")
     if args.waiting_steps:
@@ -432,7 +451,7 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
                 config["studies"][study]["train"]["autocast"] = args.autocast
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
                 row = study_cost(config, study, args.methods, args.rounds, device, args.threads, Path(tmp), args.setting,
-                                 args.torch_profile, args.scale_by)
+                                 args.torch_profile, args.scale_by, args.runs_together)
             train = config["studies"][study]["train"]
             yield {**row, "batch_clients": bool(train.get("batch_clients")), "autocast": train.get("autocast", "none")}
         surgical = args.surgical_dir or Path("resources") / "surgical" / config["surgical"]["origin"]

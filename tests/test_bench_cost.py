@@ -736,3 +736,36 @@ def test_yolo_read_ahead_refuses_cuda_without_a_device_in_one_line(tmp_path):
     done = _bench("yolo_read_ahead.py", "--surgical-dir", str(tmp_path), "--device", "cuda")
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip() == "yolo_read_ahead: --device cuda, but torch sees no CUDA device"
+
+
+def test_grid_cost_times_a_job_side_by_side_with_its_other_seeds_at_its_share_of_the_wall_time(tmp_path, monkeypatch):
+    """--runs-together N: the job's seeds 0..N-1 run side by side, each in its own folder, and a job's seconds a round
+    are the round's wall time over N; alone, the job's own timing."""
+    import grid_cost
+
+    from fedmedbench.fl.spec import RunSpec
+
+    seen: list[list[tuple[int, str]]] = []
+
+    def together(specs):
+        seen.append([(s.seed, s.run_dir) for s in specs])
+        return [6.0, 3.0, 3.3]
+
+    monkeypatch.setattr(grid_cost, "time_specs_together", together)
+    monkeypatch.setattr(grid_cost, "time_spec", lambda spec: [5.0, 1.0, 1.1])
+    spec = RunSpec(run_dir=str(tmp_path / "run-fedavg"), study="s", dataset="d", setting="x", method="fedavg", seed=0,
+                   partition_path="p.json", sources={}, image_size=28)
+    assert grid_cost.job_seconds_a_round(spec, 3) == pytest.approx([2.0, 1.0, 1.1])
+    assert seen == [[(i, f"{tmp_path}/run-fedavg-seed{i}") for i in range(3)]]
+    assert grid_cost.job_seconds_a_round(spec, 1) == [5.0, 1.0, 1.1]
+
+
+def test_grid_cost_runs_seeds_side_by_side_end_to_end_and_names_the_lever(tmp_path):
+    results = tmp_path / "grid_cost_results.jsonl"
+    done = _bench("grid_cost.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", "--rounds", "2",
+                  "--threads", "1", "--runs-together", "2", "--batch-clients", "--results", str(results))
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = json.loads(results.read_text().splitlines()[-1])
+    assert "runs_together=2" in row["levers"]
+    bad = _bench("grid_cost.py", "--config", str(MICRO), "--runs-together", "0")
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == "grid_cost: --runs-together 0: give 1 or more runs"
