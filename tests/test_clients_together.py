@@ -318,6 +318,46 @@ def test_a_round_of_undeclared_or_mixed_step_hooks_is_not_batched():
     assert together.round_why_not([StepHooks(perturb=SamAscent(0.05)), StepHooks()]) is None
 
 
+def test_a_round_whose_perturbations_one_batched_form_cannot_take_is_named():
+    """The batched forms of FedSMOO and FedWMSAM read rho (and the form) off the first client and need every
+    client's perturbation; SAM's ascent takes a rho per client and FedLESAM's fixed e may be absent on a client."""
+    from fedmedbench.fl.methods._perturb import FixedPerturbation, Perturbation, SamAscent, batch_why_not
+    from fedmedbench.fl.methods.fedsmoo import DualAscent
+    from fedmedbench.fl.methods.fedwmsam import MomentumGuided
+
+    def dual(rho):
+        return DualAscent(rho, {}, {})
+
+    def guided(rho, form="vector"):
+        return MomentumGuided(rho, form, {}, {}, {})
+
+    assert batch_why_not([dual(0.1), dual(0.1)]) is None
+    assert batch_why_not([dual(0.1), dual(0.2)]) == "clients of different DualAscent rho"
+    assert "without a DualAscent perturbation" in batch_why_not([dual(0.1), None])
+    assert "without a DualAscent perturbation" in batch_why_not([None, dual(0.1)])
+    assert batch_why_not([guided(-0.1), guided(-0.1)]) is None
+    assert batch_why_not([guided(-0.1), guided(0.1)]) == "clients of different MomentumGuided rho"
+    assert batch_why_not([guided(-0.1), guided(-0.1, "reference")]) == "clients of different MomentumGuided form"
+    assert "without a MomentumGuided perturbation" in batch_why_not([guided(-0.1), None])
+    assert batch_why_not([SamAscent(0.05), SamAscent(0.1), None]) is None
+    assert batch_why_not([None, FixedPerturbation({}), None]) is None
+    assert batch_why_not([None, None]) is None
+    assert batch_why_not([SamAscent(0.05), dual(0.05)]) == "clients of different perturbations"
+
+    class Scaled(SamAscent):  # a subclass is another class: its batched form may read other settings
+        pass
+
+    class OwnAscent(Perturbation):  # a perturbation of a method's own, declaring what its batched form shares
+        shared = ("scale",)
+
+        def __init__(self, scale: float) -> None:
+            self.scale = scale
+
+    assert batch_why_not([SamAscent(0.05), Scaled(0.05)]) == "clients of different perturbations"
+    assert batch_why_not([OwnAscent(1.0), None, OwnAscent(1.0)]) is None
+    assert batch_why_not([OwnAscent(1.0), OwnAscent(2.0)]) == "clients of different OwnAscent scale"
+
+
 class UnusedParamNet(LayerNormNet):
     """LayerNormNet with a trainable parameter its forward never reads."""
 

@@ -85,3 +85,34 @@ def test_the_demo_config_leaves_it_off():
     cfg = yaml.safe_load(Path(SCHEMA).with_name("config.yaml").read_text())
     validate(cfg, SCHEMA)
     assert cfg["engine"]["deterministic"] is False
+
+
+#: (run seed, round, client id) -> the client generator's seed and first three draws of randint(0, 2**31 - 1),
+#: as the generators of the runs so far drew them (SeedSequence([seed, rnd, pid]).generate_state(1)[0])
+CLIENT_DRAWS = {(0, 1, 0): (3964924996, [536259671, 2122385505, 775548124]),
+                (0, 1, 3): (1680122868, [1230907790, 548896888, 1817753194]),
+                (7, 12, 5): (3365750739, [1715674586, 1521926389, 1627278260]),
+                (123456, 200, 99): (3154092539, [1392039852, 1692955276, 187711356])}
+#: (run seed, round) -> the same for the validation reads' generator (stream 2**31 - 1)
+VALIDATION_DRAWS = {(0, 1): (4073574703, [1559243224, 382608614, 417358594]),
+                    (0, 4): (2848028078, [1156805562, 2128324726, 2024376022]),
+                    (7, 12): (3220046835, [624337654, 912832649, 652904802]),
+                    (123456, 200): (1765904179, [1361671356, 284993181, 1956412460])}
+
+
+def _seed_and_draws(g: torch.Generator) -> tuple[int, list[int]]:
+    return g.initial_seed(), torch.randint(0, 2**31 - 1, (3,), generator=g).tolist()
+
+
+def test_seeded_generators_draw_as_the_runs_so_far():
+    """One seeding for the clients' and the validation reads' generators; each draws what it drew before."""
+    from fedmedbench.fl.augment import validation_generator
+    from fedmedbench.fl.determinism import seeded_generator
+    from fedmedbench.fl.federation import client_generator
+
+    for keys, expected in CLIENT_DRAWS.items():
+        assert _seed_and_draws(seeded_generator(*keys)) == expected, keys
+        assert _seed_and_draws(client_generator(*keys)) == expected, keys
+    for (seed, rnd), expected in VALIDATION_DRAWS.items():
+        assert _seed_and_draws(validation_generator(seed, rnd)) == expected, (seed, rnd)
+        assert _seed_and_draws(seeded_generator(seed, rnd, 2**31 - 1)) == expected, (seed, rnd)

@@ -202,6 +202,11 @@ def test_federated_data_reads_clean_training_images_and_keeps_stored_validation(
         FederatedData(tmp_path / "p.json", {**sources, "degraded": str(tmp_path / "reordered.npz")}, aug).client(1)
     with pytest.raises(ValueError, match=r"client_augmentation\.mode = 'refrence'"):  # a typo is refused, not read as on
         FederatedData(tmp_path / "p.json", sources, {**aug, "mode": "refrence"})
+    no_domains = {k: v for k, v in aug.items() if k != "domains"}  # a run spec written by hand
+    with pytest.raises(ValueError, match=r"^run spec client_augmentation\.domains = None: give a mapping"):
+        FederatedData(tmp_path / "p.json", sources, no_domains)
+    with pytest.raises(ValueError, match=r"^run spec client_augmentation\.domains = \['degraded'\]"):
+        FederatedData(tmp_path / "p.json", sources, {**aug, "domains": ["degraded"]})
     # the validation shares before their shift, client by client as global_val pools them, with their devices
     clean_val, rows = data.global_val_reads()
     assert np.array_equal(clean_val[:, 0].numpy(), base["val_images"][[0, 1]])

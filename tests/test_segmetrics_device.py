@@ -211,3 +211,30 @@ def test_a_runs_scoring_defaults_are_evaluate_clips_and_its_values_pass_through(
     assert scoring({}) == {k: defaults[k] for k in scoring({})}
     tp = {"class_rule": "gt_classes", "assd": "medpy_0_4", "resolution": "native", "metrics_device": "torch", "lr": 1}
     assert scoring(tp) == {k: v for k, v in tp.items() if k != "lr"}
+
+
+def test_the_planned_and_the_evaluated_scoring_defaults_are_one_source(monkeypatch):
+    """The FedST workflow's run spec (planned without torch) and the evaluation read their unset scoring keys
+    from one table, which the schema's ``fedst.eval`` defaults mirror: a default changed there changes both."""
+    from test_name_lists import SCHEMA
+
+    from fedmedbench.fl.tasks.segmentation.evaluation import scoring
+    from fedmedbench.segscoring import SCORING_DEFAULTS
+    from fedmedbench.studies.fedst.runs import scoring_config
+
+    def blocks(node):
+        if isinstance(node, dict):
+            if set(SCORING_DEFAULTS) <= set(node.get("properties", {})):
+                yield node["properties"]
+            for value in node.values():
+                yield from blocks(value)
+
+    (schema_eval,) = blocks(SCHEMA)
+    assert {k: schema_eval[k]["default"] for k in SCORING_DEFAULTS} == SCORING_DEFAULTS
+    assert scoring({}) == SCORING_DEFAULTS
+    assert scoring_config({"eval": {}}) == {k: v for k, v in SCORING_DEFAULTS.items() if k != "metrics_device"}
+    monkeypatch.setitem(SCORING_DEFAULTS, "assd", "medpy_0_4")
+    monkeypatch.setitem(SCORING_DEFAULTS, "class_rule", "gt_classes")
+    assert scoring({})["assd"] == scoring_config({"eval": {}})["assd"] == "medpy_0_4"
+    assert scoring({})["class_rule"] == scoring_config({"eval": {}})["class_rule"] == "gt_classes"
+    assert scoring_config({"eval": {"metrics_device": "torch"}})["metrics_device"] == "torch"  # off its default only

@@ -31,11 +31,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from fedmedbench.fl.api import ClientContext, ClientData
+from fedmedbench.fl.determinism import seeded_generator
 from fedmedbench.fl.training import on_device, to_float
 
 #: what ``client_augmentation`` may be (the schema's enum mirrors it): none = the stored images as they
@@ -58,7 +58,7 @@ BLUR_SIGMA = (0.1, 5.0)
 def validation_generator(seed: int, rnd: int) -> torch.Generator:
     """The generator of round ``rnd``'s validation reads: (run seed, round) fix them, so an evaluation
     draws the same images in a resumed run as in an uninterrupted one."""
-    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, rnd, VALIDATION_STREAM]).generate_state(1)[0]))
+    return seeded_generator(seed, rnd, VALIDATION_STREAM)
 
 
 def device_shift(x01: torch.Tensor, device_rows: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:

@@ -56,6 +56,9 @@ class FederatedData:
         if mode not in CLIENT_AUGMENTATIONS:  # a run spec written by hand: the schema checks the config's
             raise ValueError(f"run spec client_augmentation.mode = {mode!r}: choose one of {list(CLIENT_AUGMENTATIONS)}")
         self.augmentation = augmentation if mode != "none" else None
+        if self.augmentation and not isinstance(self.augmentation.get("domains"), dict):
+            raise ValueError(f"run spec client_augmentation.domains = {self.augmentation.get('domains')!r}: give a "
+                             "mapping of each domain source's name to its steps (the config's domains; {} for none)")
         if self.augmentation and CLEAN_SOURCE not in sources:
             raise ValueError(f"{partition_path}: client_augmentation: {self.augmentation['mode']} reads the clean "
                              f"training images from the '{CLEAN_SOURCE}' source, which the run does not provide")

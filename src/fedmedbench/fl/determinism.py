@@ -7,12 +7,16 @@ training amplifies such differences (Adam's step on near-zero gradients is about
 their sign; SAM's perturbation is normalised). Asking for deterministic kernels makes a GPU rerun,
 and a resumed run, the same bits as the first; the arithmetic is the same, so results do not
 change in expectation (not part of the run hash), but some kernels are slower: off by default.
+
+The random draws of a run are reproducible by their keys: :func:`seeded_generator` makes the one generator
+of (run seed, round, stream), the same on every process, device and resume.
 """
 
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 #: cuBLAS's fixed workspace configuration under which its kernels are run-to-run deterministic
@@ -30,3 +34,9 @@ def use_deterministic_kernels() -> None:
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def seeded_generator(*keys: int) -> torch.Generator:
+    """A CPU generator seeded by ``keys`` (e.g. run seed, round, client id) through NumPy's SeedSequence:
+    every tuple of keys gets its own well-mixed stream, and the same keys draw the same numbers in any process."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0]))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -75,15 +76,45 @@ class Stack:
 
 class Perturbation:
     """A ``StepHooks.perturb`` that clients trained together can share: ``__call__`` for one client's
-    step, :meth:`batched` for the round's clients (every client's perturbation of one class)."""
+    step, :meth:`batched` for the round's clients (every client's perturbation of one class).
+
+    A batched form may read a setting off the first client (``shared``) or need a perturbation on every
+    client of the round (``every_client``): :meth:`batch_why_not` says when a round's clients break that, so
+    the round is trained one by one instead of with another client's settings."""
+
+    #: the settings (attribute names) the batched form takes from the first client: equal on every client
+    shared: ClassVar[tuple[str, ...]] = ()
+    #: whether the batched form needs every client of the round to have a perturbation of this class
+    every_client: ClassVar[bool] = False
 
     def __call__(self, model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> Tensors | None:
         raise NotImplementedError
 
     @classmethod
+    def batch_why_not(cls, perturbs: Sequence[Perturbation | None]) -> str | None:
+        """Why :meth:`batched` cannot take these clients' perturbations (None: it can): another class, a
+        client without one where the form needs every client's, or unequal ``shared`` settings."""
+        present = [p for p in perturbs if p is not None]
+        if any(type(p) is not cls for p in present):
+            return "clients of different perturbations"
+        if cls.every_client and len(present) < len(perturbs):
+            return f"a client without a {cls.__name__} perturbation (its batched form needs every client's)"
+        for name in cls.shared:
+            if any(getattr(p, name) != getattr(present[0], name) for p in present[1:]):
+                return f"clients of different {cls.__name__} {name}"
+        return None
+
+    @classmethod
     def batched(cls, perturbs: Sequence[Perturbation | None], stack: Stack) -> BatchedPerturbation:
         """The batched form of the clients' perturbations (None: that client has none this round)."""
         raise NotImplementedError
+
+
+def batch_why_not(perturbs: Sequence[Perturbation | None]) -> str | None:
+    """Why a round's clients, with these perturbations (None: a client has none), cannot share one batched
+    form (None: they can, or none has one): the first one's class decides (:meth:`Perturbation.batch_why_not`)."""
+    kind = next((type(p) for p in perturbs if p is not None), None)
+    return None if kind is None else kind.batch_why_not(perturbs)
 
 
 class BatchedPerturbation:

@@ -43,6 +43,9 @@ class DualAscent(Perturbation):
     """FedSMOO's ascent at each step: g' = g - (mu_i + s) from the gradient g at the current weights,
     e = rho * g'/||g'||, and mu_i += e - s (``mu``: the client's dual, updated in place)."""
 
+    shared = ("rho",)  # the batched form's one rho
+    every_client = True  # the batched form writes every client's mu back
+
     def __init__(self, rho: float, mu: Tensors, s: Tensors) -> None:
         self.rho, self.mu, self.s = rho, mu, s
 

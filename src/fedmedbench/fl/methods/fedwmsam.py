@@ -64,6 +64,9 @@ class MomentumGuided(Perturbation):
     ``indexed_perturbation`` of t - theta (``reference``); the target t starts at theta_g and moves by m_i
     after every step (:meth:`advance`). ``params``: the client model's own parameters (theta, live)."""
 
+    shared = ("rho", "form")  # the batched form's one rho and form
+    every_client = True  # a client without one would get the ascent towards t = 0
+
     def __init__(self, rho: float, form: str, target: Tensors, m_i: Tensors, params: Tensors) -> None:
         self.rho, self.form, self.target, self.m_i, self.params = rho, form, target, m_i, params
         self.order = list(params)

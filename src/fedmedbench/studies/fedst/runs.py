@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fedmedbench.configcheck import config_error
+from fedmedbench.segscoring import SCORING_DEFAULTS
 
 #: architecture of the baselines and of FedST in variant ``main``
 BASELINE_MODEL = {"temporal": False, "selection": "none"}
@@ -244,12 +245,11 @@ def run_spec(cfg: dict[str, Any], variant: str, method: str, seed: int, clips_ro
 def scoring_config(cfg: dict[str, Any]) -> dict[str, str]:
     """How frames are scored (``eval``): class rule, ASSD definition, resolution, and ``metrics_device`` only
     off its default ``auto`` (where a frame is scored moves ASSD by float64 rounding only, so runs from before the
-    option keep their hash)."""
+    option keep their hash); unset keys take :data:`fedmedbench.segscoring.SCORING_DEFAULTS`, as the evaluation does."""
     ev = cfg["eval"]
-    out = {"class_rule": ev.get("class_rule", "all_classes"), "assd": ev.get("assd", "medpy_0_5"),
-           "resolution": ev.get("resolution", "input")}
-    if ev.get("metrics_device", "auto") != "auto":
-        out["metrics_device"] = ev["metrics_device"]
+    out = {key: ev.get(key, default) for key, default in SCORING_DEFAULTS.items()}
+    if out["metrics_device"] == SCORING_DEFAULTS["metrics_device"]:
+        del out["metrics_device"]
     return out
 
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from fedmedbench.fl.tasks.segmentation.clips import ClipSet
 from fedmedbench.segmetrics import METRICS, RESOLUTIONS, SegmentationMeter, native_masks, native_spacing
+from fedmedbench.segscoring import SCORING_DEFAULTS
 
 #: where frames are scored: ``auto`` = with torch on the model's device when that is a GPU, else with
 #: NumPy/SciPy (:mod:`fedmedbench.segmetrics`); ``cpu`` = always NumPy/SciPy; ``torch`` = always torch on the
@@ -24,17 +25,16 @@ def scores_on_device(metrics_device: str, device: torch.device) -> bool:
 
 def scoring(task_params: dict) -> dict[str, str]:
     """How :func:`evaluate_clips` scores a run's frames (its keyword arguments), from the run's task parameters:
-    class rule, ASSD definition, resolution and where, each defaulting as :func:`evaluate_clips` does."""
-    return {"class_rule": str(task_params.get("class_rule", "all_classes")),
-            "assd": str(task_params.get("assd", "medpy_0_5")),
-            "resolution": str(task_params.get("resolution", "input")),
-            "metrics_device": str(task_params.get("metrics_device", "auto"))}
+    class rule, ASSD definition, resolution and where, each defaulting as :func:`evaluate_clips` does
+    (:data:`fedmedbench.segscoring.SCORING_DEFAULTS`)."""
+    return {key: str(task_params.get(key, default)) for key, default in SCORING_DEFAULTS.items()}
 
 
 @torch.no_grad()
 def evaluate_clips(model: torch.nn.Module, data: ClipSet, classes: dict[int, str], device: torch.device,
-                   batch_size: int, binary: bool = False, class_rule: str = "all_classes", assd: str = "medpy_0_5",
-                   resolution: str = "input", metrics_device: str = "auto") -> dict[str, float]:
+                   batch_size: int, binary: bool = False, class_rule: str = SCORING_DEFAULTS["class_rule"],
+                   assd: str = SCORING_DEFAULTS["assd"], resolution: str = SCORING_DEFAULTS["resolution"],
+                   metrics_device: str = SCORING_DEFAULTS["metrics_device"]) -> dict[str, float]:
     """Metrics of ``model`` on ``data`` (names: ``dice`` .. and ``dice_<class>`` ..); ``class_rule``, ``assd``:
     :mod:`fedmedbench.segmetrics`; ``resolution`` (:data:`fedmedbench.segmetrics.RESOLUTIONS`): every metric on
     the masks at the input size (``input``); the same with HD95/ASSD in each native frame's pixels
