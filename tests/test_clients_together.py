@@ -356,6 +356,10 @@ def test_a_round_whose_perturbations_one_batched_form_cannot_take_is_named():
     assert batch_why_not([SamAscent(0.05), Scaled(0.05)]) == "clients of different perturbations"
     assert batch_why_not([OwnAscent(1.0), None, OwnAscent(1.0)]) is None
     assert batch_why_not([OwnAscent(1.0), OwnAscent(2.0)]) == "clients of different OwnAscent scale"
+    from fedmedbench.fl.methods._sgd import StepHooks
+
+    assert together.round_why_not([StepHooks(perturb=dual(0.1)), StepHooks()]).startswith("a client without")
+    assert together.round_why_not([StepHooks(perturb=dual(0.1)), StepHooks(perturb=dual(0.1))]) is None
 
 
 class UnusedParamNet(LayerNormNet):

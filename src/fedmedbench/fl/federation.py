@@ -26,6 +26,7 @@ from fedmedbench.fl import checkpoint, replies
 from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, ServerContext
 from fedmedbench.fl.arrays import host_copies, host_tensors, model_arrays
 from fedmedbench.fl.client_state import ClientStateStore
+from fedmedbench.fl.determinism import seeded_generator
 from fedmedbench.fl.job import Job, resolve_device  # noqa: F401  (resolve_device: imported from here elsewhere)
 from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
@@ -66,9 +67,7 @@ def new_model(spec: RunSpec) -> torch.nn.Module:
 
 
 def client_generator(seed: int, rnd: int, pid: int) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed(int(np.random.SeedSequence([seed, rnd, pid]).generate_state(1)[0]))
-    return g
+    return seeded_generator(seed, rnd, pid)
 
 
 #: per-epoch training losses a client reports: train_loss_e1, train_loss_e2, ... (local epoch e)

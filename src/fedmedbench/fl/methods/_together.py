@@ -35,7 +35,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedmedbench.fl.api import Arrays, ClientContext, TrainConfig
-from fedmedbench.fl.methods._perturb import Perturbation, Stack
+from fedmedbench.fl.methods._perturb import Perturbation, Stack, batch_why_not
 from fedmedbench.fl.methods._sgd import StepHooks, Tensors, mean_loss, trainable
 from fedmedbench.fl.training import NonFiniteLossError, StepLosses, batch_indices, forward_precision, to_float
 
@@ -66,11 +66,9 @@ def round_why_not(hooks: Sequence[StepHooks]) -> str | None:
     reason = next((r for r in map(hooks_why_not, hooks) if r), None)
     if reason:
         return reason
-    if len({type(h.perturb) for h in hooks if h.perturb is not None}) > 1:
-        return "clients of different perturbations"
     if len({(h.extra_weight_decay, h.loss_weight) for h in hooks}) > 1:
         return "clients of different weight decays or loss weights"
-    return None
+    return batch_why_not([h.perturb for h in hooks])  # what the batched form reads off the first client
 
 
 def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) -> list[tuple[Arrays, dict[str, float]]]:
