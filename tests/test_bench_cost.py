@@ -133,7 +133,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     ran = calls.read_text().splitlines()
     stand_ins = [c for c in ran if "surgical_stand_in.py" in c]  # built in the background from the start
     steps = [c for c in ran if c not in stand_ins]
-    assert len(stand_ins) == 2 and len(steps) == 31 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
+    assert len(stand_ins) == 2 and len(steps) == 32 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
     assert "tests/test_cuda.py tests/test_device_arrays.py" in steps[0]
     assert [c.split(" --out")[0] for c in steps[1:3]] == [  # fedst's frame scoring, both ways
         "bench/segmetrics_device.py --device cuda --frames 64 --numpy-frames 16",
@@ -145,11 +145,13 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     assert any("host_overhead.py --device cuda --width 0" in c and "--checkpoint-writes in-round" in c for c in ran)
     assert sum("--deterministic" in c for c in ran) == 1  # one engine run with deterministic kernels
     earlystop = [c for c in steps if "grid_cost.py --config config/studies/earlystop.yaml" in c]
-    assert ["--no-batch-clients" in c for c in earlystop] == [True, False, True, False, False]  # one by one
-    assert [c.count("--setting qty0.01") for c in earlystop] == [0, 0, 1, 0, 0]  # quantity skew one by one
+    assert ["--no-batch-clients" in c for c in earlystop] == [True, False, True, False, False, False]  # one by one
+    assert [c.count("--setting qty0.01") for c in earlystop] == [0, 0, 1, 0, 0, 0]  # quantity skew one by one
     assert "--scale-by bloodmnist/dir0.01 dermamnist/qty0.01 " in earlystop[1]  # ... and together
-    assert ["--autocast bf16" in c for c in earlystop] == [False] * 3 + [True, False]
-    assert f"--torch-profile {tmp_path}/earlystop_together_profile.txt" in earlystop[-1]
+    assert ["--autocast bf16" in c for c in earlystop] == [False] * 3 + [True, False, False]
+    assert f"--torch-profile {tmp_path}/earlystop_together_profile.txt" in earlystop[4]
+    assert ["--runs-together 3" in c for c in earlystop] == [False] * 5 + [True]  # seeds side by side
+    assert "--batch-clients" in earlystop[5]
     packing = [c for c in steps if "gpu_packing.py" in c and "--study" not in c]  # the earlystop ones
     assert ["--no-batch-clients" in c for c in packing] == [True, False, False] and "--batch-clients" in packing[1]
     assert packing[2] == packing[1]  # again under MPS, started and stopped around it
@@ -185,7 +187,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
     assert done.returncode == 1 and "FAILED (rc 3)" in done.stdout
-    assert len(calls.read_text().splitlines()) == 33  # the failure stopped no later step
+    assert len(calls.read_text().splitlines()) == 34  # the failure stopped no later step
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="ultraflwr.yaml --out", steps="ultraflwr")
     ran = calls.read_text().splitlines()  # a failed build fails its step, and the timings that read it run and fail
