@@ -353,6 +353,35 @@ def run_weights(study, method):
     return model_weights(run_model(study, method), key)
 
 
+# ----- train.seeds_together: a study's seeds of one job side by side (rules/train.smk)
+
+
+def seeds_together_studies():
+    """The studies whose seeds of one dataset, setting and method train in one job (``train.seeds_together``)."""
+    return [s for s, st in config["studies"].items() if st["train"].get("seeds_together")]
+
+
+def each_seed(study, of):
+    """An input or params function giving ``of`` for every seed of ``study`` (its wildcards plus the seed)."""
+    seeds = config["studies"][study]["seeds"]
+
+    def per_seed(wildcards):
+        return [of({**dict(wildcards), "seed": seed}) for seed in seeds]
+
+    return per_seed
+
+
+def seed_outputs(study, name):
+    """One output file ``name`` per seed of ``study``, in each seed's run folder (as train_federated writes it)."""
+    return [f"results/{{study}}/{{dataset}}/{{setting}}/{{method}}/seed{seed}/{name}" for seed in config["studies"][study]["seeds"]]
+
+
+def together_gpu_mem_mb(n_seeds):
+    """The GPU memory of ``n_seeds`` runs in one process: each run's declared figure, or the whole GPU."""
+    declared = config["resources"]["train_gpu_mem_mb"]
+    return None if declared is None else declared * n_seeds
+
+
 def run_weight_manifests(wildcards):
     """The weight-set manifests a run depends on (none without a named set)."""
     return run_weights(wildcards.study, wildcards.method)[1]

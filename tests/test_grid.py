@@ -277,3 +277,60 @@ def test_the_slurm_profiles_packed_training_groups_the_earlystop_grid_by_eight()
     assert len(groups) == 75 and all(g.count("rule train_federated:") == 8 for g in groups[:-1])
     resources = _train_resources(out, "train_federated")
     assert len(resources) == 600 and all("gpu=0" in r and "gres=gpu:1" in r for r in resources)
+
+
+def _seeds_together_config(path: Path, base: Path, **study_over) -> Path:
+    """``base`` with its first study's train.seeds_together on (and ``study_over`` set on that study)."""
+    cfg = yaml.safe_load(base.read_text())
+    study = next(iter(cfg["studies"].values()))
+    study["train"]["seeds_together"] = True
+    study.update(study_over)
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def test_seeds_together_plans_one_job_per_method_for_all_its_seeds(tmp_path):
+    """train.seeds_together: the earlystop grid's 600 runs are 200 jobs of three seeds each, every seed's files
+    their outputs where train_federated would write them, with three runs' GPU memory."""
+    f = _seeds_together_config(tmp_path / "es.yaml", ROOT / "config" / "studies" / "earlystop.yaml")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-F", "--configfile", str(f), "--config",
+                           "device=cuda"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert _outputs(out, "train_federated") == []
+    jobs = _outputs(out, "train_seeds_together_earlystop")
+    assert len(jobs) == 200 and len(set(jobs)) == 200 and all(j.endswith("/seed0") for j in jobs)
+    resources = _train_resources(out, "train_seeds_together_earlystop")
+    assert len(resources) == 200 and all("gpu_mem_mb=30000" in r and "gpu=1" in r for r in resources), resources[:1]
+    outputs = [line for line in out.splitlines() if line.strip().startswith("output:")
+               and "dermamnist/dir0.01/fedavg/" in line]
+    assert len(outputs) == 1 and all(f"dermamnist/dir0.01/fedavg/seed{s}/{n}" in outputs[0] for s in range(3)
+                                     for n in ("metrics.csv", "client_metrics.csv", "summary.json", "model.pt"))
+
+
+def test_seeds_side_by_side_write_each_seeds_run_as_the_workflow_does(tmp_path):
+    """The micro study with two seeds and seeds_together: one job trains both, each seed's files in its folder,
+    its summary naming its seed; a setting cannot override the switch (the schema refuses it)."""
+    from helpers import copy_workflow
+
+    work = copy_workflow(tmp_path / "wf")
+    f = _seeds_together_config(work / "cfg.yaml", ROOT / "tests" / "fixtures" / "micro.yaml", seeds=[0, 1],
+                               methods=["fedavg"])
+    cfg = yaml.safe_load(f.read_text())
+    cfg["studies"]["micro"]["train"]["batch_clients"] = True
+    f.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    base = "results/micro/breastmnist/dir/fedavg"
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", f"{base}/seed0/summary.json",
+                           f"{base}/seed1/summary.json", "--configfile", str(f)], cwd=work, capture_output=True,
+                          text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "train_seeds_together_micro" in out and "rule train_federated" not in out
+    seeds = [json.loads((work / base / f"seed{s}" / "summary.json").read_text())["seed"] for s in (0, 1)]
+    assert seeds == [0, 1]
+    assert all((work / base / f"seed{s}" / "model.pt").is_file() for s in (0, 1))
+    cfg["studies"]["micro"]["settings"]["dir"]["train"] = {"seeds_together": False}
+    f.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    bad = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", str(f)], cwd=work,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "seeds_together" in bad.stdout + bad.stderr

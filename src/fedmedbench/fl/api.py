@@ -83,6 +83,7 @@ class TrainConfig:
     input_norm: str = "single"  # single | double: the early-stopping code's second Normalize(0.5, 0.5)
     on_nonfinite: str = "error"  # error | continue: keep stepping through a NaN loss (early-stopping code)
     batch_clients: bool = False  # a round's clients trained together, one batched step for all (fl/methods/_together.py)
+    seeds_together: bool = False  # the study's seeds of a job side by side in one process (fl/runs_together.py)
 
     @classmethod
     def from_spec(cls, spec: RunSpec) -> TrainConfig:

@@ -33,7 +33,6 @@ import traceback
 from collections.abc import Callable
 from io import BytesIO
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -49,9 +48,6 @@ from fedmedbench.fl.inline_grid import InlineGrid
 from fedmedbench.fl.job import Job, job_for
 from fedmedbench.fl.replies import examples_value
 from fedmedbench.fl.spec import RunSpec
-
-if TYPE_CHECKING:
-    from fedmedbench.fl.runs_together import RoundPool
 
 NODE_WAIT_S = 180.0
 
@@ -304,7 +300,7 @@ class FlowerTransport:
 BACKENDS = ("inline", "ray")
 
 
-def run(spec: RunSpec, log: Callable[[str], None] = print, pool: RoundPool | None = None) -> fed.Federation:
+def run(spec: RunSpec, log: Callable[[str], None] = print, pool: fed.SharedRounds | None = None) -> fed.Federation:
     """Run (or resume) one federated job to completion and write its outputs (``pool``: side by side with other
     runs, their rounds' clients trained in one call: ``fl/runs_together.py``)."""
     if spec.backend not in BACKENDS:

@@ -16,7 +16,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -35,9 +35,6 @@ from fedmedbench.fl.tasks.base import get_task_class, task_for  # noqa: F401  (t
 from fedmedbench.fl.tracking import for_run as tracker_for_run
 from fedmedbench.fl.training import steps_for_epochs
 from fedmedbench.io import read_json
-
-if TYPE_CHECKING:
-    from fedmedbench.fl.runs_together import RoundPool
 
 
 def resolve_data_shapes(spec: RunSpec) -> RunSpec:
@@ -133,7 +130,7 @@ def client_train(
 
 def clients_train_together(job: Job, steps: dict[int, int], rnd: int, arrays: Arrays,
                            broadcast: dict[str, Arrays] | None = None,
-                           pool: RoundPool | None = None) -> dict[int, ClientResult]:
+                           pool: SharedRounds | None = None) -> dict[int, ClientResult]:
     """The clients of ``steps`` (partition id -> steps) trained together (``train.batch_clients``:
     ``Method.fit_together``), or one by one where this round's clients cannot be. ``pool``: several runs side
     by side, whose rounds train in one batched call (``fl/runs_together.py``)."""
@@ -193,11 +190,21 @@ class Transport(Protocol):
         """Personalized evaluation metrics by partition id."""
 
 
+class SharedRounds(Protocol):
+    """Where several runs side by side hand in their rounds, trained in one call (``fl/runs_together.RoundPool``)."""
+
+    def train(self, ctxs: list[ClientContext], hooks: list[Any]) -> list[tuple[Arrays, dict[str, float]]]:
+        """This run's round trained with the others' (an empty one: this run is present, training one by one)."""
+
+    def withdraw(self) -> None:
+        """This run hands in no more rounds."""
+
+
 class TogetherTransport:
     """Training of each round's clients together, in this process (``train.batch_clients``); evaluation
     through the transport it wraps."""
 
-    def __init__(self, inner: Transport, job: Job, pool: RoundPool | None = None) -> None:
+    def __init__(self, inner: Transport, job: Job, pool: SharedRounds | None = None) -> None:
         self.inner, self.job, self.pool = inner, job, pool
 
     def train(self, rnd, steps, arrays, broadcast):
@@ -208,7 +215,7 @@ class TogetherTransport:
 
 
 def with_clients_together(transport: Transport, job: Job, log: Callable[[str], None] = print,
-                          pool: RoundPool | None = None) -> Transport:
+                          pool: SharedRounds | None = None) -> Transport:
     """``transport``, training its clients together where ``train.batch_clients`` asks and the run allows
     (else said once in the log); with ``pool``, in one call with the pool's other runs."""
     reason = why_not_together(job) if job.train.batch_clients else "train.batch_clients is off"
