@@ -204,9 +204,17 @@ def test_what_cannot_be_batched_trains_one_by_one_and_says_why(setup, monkeypatc
     def nudge(model, xb, yb):
         return {n: torch.full_like(p, 1e-3) for n, p in model.named_parameters()}
 
-    monkeypatch.setattr(FedAvg, "hooks", lambda self, ctx: StepHooks(perturb=nudge))
-    one = run(spec(setup, "own-one", rounds=1))
-    both = run(spec(setup, "own-both", rounds=1, batch_clients=True))
+    made: list[tuple[int, int]] = []  # (round, client) of every hooks() call: a method's hooks may move its state
+
+    def own_hooks(self, ctx):
+        made.append((ctx.rnd, ctx.pid))
+        return StepHooks(perturb=nudge)
+
+    monkeypatch.setattr(FedAvg, "hooks", own_hooks)
+    one = run(spec(setup, "own-one", rounds=2))
+    made_one, made[:] = list(made), []
+    both = run(spec(setup, "own-both", rounds=2, batch_clients=True))
+    assert made == made_one and len(made) == len(set(made)) == 8  # once per client and round, as one by one
     for k, a in one.arrays.items():
         assert torch.equal(torch.as_tensor(both.arrays[k]), torch.as_tensor(a)), k
 

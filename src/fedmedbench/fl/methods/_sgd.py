@@ -409,11 +409,28 @@ class ServerOptMethod(Method):
     def fit_together(self, ctxs: list[ClientContext], trainer: Trainer | None = None) -> list[ClientResult] | None:
         from fedmedbench.fl.methods import _together
 
-        hooks = [self.hooks(ctx) for ctx in ctxs]
+        hooks = [self.hooks(ctx) for ctx in ctxs]  # once a round: a method's hooks may move its clients' state
         if _together.round_why_not(hooks):  # e.g. a perturbation of the method's own
-            return None
+            if trainer is not None:
+                trainer([], [])  # present, with nothing to train together: runs beside this one go on
+            return self.one_by_one(ctxs, hooks)
         trained = (trainer or _together.train_together)(ctxs, hooks)
         return [self.client_result(ctx, h, metrics, arrays) for ctx, h, (arrays, metrics) in zip(ctxs, hooks, trained, strict=True)]
+
+    def one_by_one(self, ctxs: list[ClientContext], hooks: list[StepHooks]) -> list[ClientResult]:
+        """The round's clients (sharing one model, which holds the global weights) trained one after another
+        with the hooks already made, as ``client_fit`` trains each: the model put back to the global weights
+        before every client but the first."""
+        model = ctxs[0].model
+        start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        out = []
+        for i, (ctx, h) in enumerate(zip(ctxs, hooks, strict=True)):
+            if i:
+                with torch.no_grad():
+                    for k, v in model.state_dict().items():
+                        v.copy_(start[k])
+            out.append(self.client_result(ctx, h, local_loop_metrics(ctx, h), ctx.result_arrays()))
+        return out
 
 
 def trained_params(ctx: ClientContext, arrays: Arrays) -> Tensors:
