@@ -69,6 +69,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/checkpoint_growth.py --at 1 100 250 500 --out $(BENCH_OUT)
 	$(BIN)/python bench/host_overhead.py --rounds 6 --repeats 2 --out $(BENCH_OUT)
 	$(BIN)/python bench/state_write_gil.py --writes 10 --out $(BENCH_OUT)
+	$(BIN)/python bench/seeds_side_by_side.py --seeds 3 --rounds 3 --out $(BENCH_OUT)
 	@if [ -d benchmarks ]; then $(BIN)/python bench/demo_breakdown.py --out $(BENCH_OUT); fi
 
 # every GPU measurement of docs/benchmarks.md §6 (a CUDA build of torch and a GPU needed)

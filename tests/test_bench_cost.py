@@ -771,3 +771,16 @@ def test_grid_cost_runs_seeds_side_by_side_end_to_end_and_names_the_lever(tmp_pa
     assert "runs_together=2" in row["levers"]
     bad = _bench("grid_cost.py", "--config", str(MICRO), "--runs-together", "0")
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == "grid_cost: --runs-together 0: give 1 or more runs"
+
+
+def test_seeds_side_by_side_counts_fewer_ops_a_job_round_than_alone_and_the_same_weights(tmp_path):
+    """bench/seeds_side_by_side.py on a 2-wide ConvNeXtV2 at 32 px: two seeds side by side launch fewer ATen ops a
+    job-round than one alone (their training is one call) and end on the same weights to float32 rounding."""
+    out = tmp_path / "rows.jsonl"
+    done = _bench("seeds_side_by_side.py", "--seeds", "2", "--rounds", "2", "--width", "2", "--image-size", "32",
+                  "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = json.loads(out.read_text().splitlines()[-1])
+    assert row["bench"] == "seeds_side_by_side" and row["seeds"] == 2 and row["max_weight_difference"] <= 1e-4
+    assert 0 < row["ops_per_job_round_side_by_side"] < 0.8 * row["ops_per_job_round_alone"]
+    assert row["alone_s_per_round"] > 0 and row["side_by_side_s_per_job_round"] > 0
