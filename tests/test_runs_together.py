@@ -106,3 +106,27 @@ def test_an_empty_round_marks_a_run_present_without_training():
     pool = RoundPool(1)
     with pool.member("x"):
         assert pool.train([], []) == []
+
+
+def test_a_run_drawing_from_the_global_generators_mid_run_draws_as_alone(setup, monkeypatch):
+    """A method whose client step draws from torch's global generator every round (here a random gradient
+    correction): side by side, each run's draws continue its own stream, as alone, not the other runs'."""
+    import numpy as np
+
+    from fedmedbench.fl.methods._sgd import StepHooks, trainable
+    from fedmedbench.fl.methods.fedavg import FedAvg
+
+    def noisy(self, ctx):
+        np.random.rand()  # NumPy's and torch's global generators both move
+        return StepHooks(correction={n: torch.randn(p.shape) * 1e-2 for n, p in trainable(ctx.model).items()})
+
+    monkeypatch.setattr(FedAvg, "hooks", noisy)
+    alone = [seeded(spec(setup, f"noisy-alone{s}", batch_clients=True), s) for s in (0, 1)]
+    for s in alone:
+        engine.run(s, log=lambda m: None)
+    side = [seeded(spec(setup, f"noisy-side{s}", batch_clients=True), s) for s in (0, 1)]
+    run_together(side, log=lambda m: None)
+    for a, b in zip(alone, side, strict=True):
+        want, got = final_model(a), final_model(b)
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], atol=ATOL, rtol=RTOL, msg=k)

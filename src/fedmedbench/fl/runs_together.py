@@ -10,7 +10,9 @@ kernels are N times larger and launched once.
 Each run is a thread running :func:`fedmedbench.fl.engine.run` as it would alone, with its own outputs,
 checkpoints and resumption. The threads take turns on one baton: one runs host code at a time and hands the
 baton on only while it waits for the shared call, so a run's random draws (its global seeding and model
-building among them) happen in its own order, undisturbed by the others. The shared call is made by the
+building among them) happen in its own order, undisturbed by the others; a run's place in the process-wide
+generators (Python's, NumPy's, torch's) is put back when it takes the baton again, so a run that draws from them
+mid-run draws as it would alone. The shared call is made by the
 run that hands in last. What a run gets back equals what it would train alone with ``batch_clients`` to
 float32 rounding (the stacked convolutions sum in another order; ``tests/test_runs_together.py``). Runs
 whose rounds cannot share a call (another round after a resumption, another train block or network, a
@@ -87,12 +89,14 @@ class RoundPool:
             if len(self._entries) == self._members:
                 self._train_all()
             else:
+                state = _global_generators()  # another run's draws move them while this one waits
                 self._baton.release()
                 waited = True
                 while not entry.done:
                     self._cond.wait()
         if waited:
             self._baton.acquire()
+            _set_global_generators(state)
         if entry.error is not None:
             if entry.partners:
                 raise RuntimeError(f"the clients of runs {', '.join(entry.partners)}, trained in one call: "
@@ -120,6 +124,31 @@ class RoundPool:
         for e in entries:
             e.done = True
         self._cond.notify_all()
+
+
+def _global_generators() -> tuple:
+    """The states of the process-wide generators a run may draw from (Python's, NumPy's, torch's CPU and CUDA)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
+
+
+def _set_global_generators(state: tuple) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    py, numpy_state, cpu, cuda = state
+    random.setstate(py)
+    np.random.set_state(numpy_state)
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def _train_call(call: list[_Entry]) -> None:
