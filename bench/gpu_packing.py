@@ -52,7 +52,9 @@ def worker(args: argparse.Namespace) -> None:
 
     limit_threads(args.threads)
     specs = {"ultraflwr": ultraflwr_spec, "fedst": fedst_spec}
-    per_round = time_spec(specs.get(args.study, medmnist_spec)(args))
+    spec = specs.get(args.study, medmnist_spec)(args)
+    # N seeds side by side in the process: a job's share of each round's wall time
+    per_round = grid_cost.job_seconds_a_round(spec, args.runs_together) if args.runs_together > 1 else time_spec(spec)
     peak = torch.cuda.max_memory_reserved() / 2**20 if torch.cuda.is_available() else 0.0
     print(json.dumps({"per_round": per_round, "peak_reserved_mib": round(peak)}), flush=True)
 
@@ -132,6 +134,8 @@ def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: P
         cmd += ["--npz", str(npz), "--partition", str(part)]
     if args.batch_clients is not None:
         cmd.append("--batch-clients" if args.batch_clients else "--no-batch-clients")
+    if args.runs_together > 1:
+        cmd += ["--runs-together", str(args.runs_together)]
     t0 = time.perf_counter()
     procs = [subprocess.Popen([*cmd, "--index", str(i)], stdout=subprocess.PIPE, text=True, env=os.environ.copy())
              for i in range(n)]
@@ -171,6 +175,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cuda (cpu only to try the script)")
     ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
                     help="train.batch_clients in every job, or not (default: the config's)")
+    ap.add_argument("--runs-together", type=positive, default=1, metavar="N",
+                    help="the MedMNIST studies: each process runs N seeds of its job side by side (train.seeds_together; "
+                    "with --batch-clients), a job's seconds a round its share of the wall time (default 1)")
     ap.add_argument("--surgical-dir", type=Path, help="ultraflwr, fedst: the exports or stand-in to train on")
     ap.add_argument("--surgical-epochs", type=int, default=2, help="ultraflwr: local epochs a round (at least 2)")
     ap.add_argument("--image-cache", type=Path, help="ultraflwr, fedst: the decoded frames' folder (engine.image_cache; "
@@ -195,8 +202,9 @@ def main() -> None:
         workdir = Path(tmp)
         if args.study in SURGICAL:
             export, names = SURGICAL[args.study]
-            if args.batch_clients is not None:  # a MedMNIST train key: the surgical jobs have no such setting
-                sys.exit(f"gpu_packing: --[no-]batch-clients applies to the MedMNIST studies, not {args.study}")
+            if args.batch_clients is not None or args.runs_together > 1:  # MedMNIST train keys: not the surgical jobs'
+                sys.exit(f"gpu_packing: --[no-]batch-clients and --runs-together apply to the MedMNIST studies, not "
+                         f"{args.study}")
             first = args.surgical_dir and surgical_input(config, args.study, args.surgical_dir)
             if not first or not first.is_file():
                 sys.exit(f"gpu_packing: --surgical-dir {args.surgical_dir}: no {export}/ exports there"
@@ -225,7 +233,7 @@ def main() -> None:
     done = [r for r in results if "failed_exit_codes" not in r]
     for r in done:
         r["throughput_vs_one"] = round(r["rounds_per_s"] / (done[0]["rounds_per_s"] / done[0]["jobs"]), 2)
-    emit([{**row, "threads_per_job": args.threads, "mps": os.environ.get("FMB_MPS") == "1",
+    emit([{**row, "runs_together": args.runs_together, "threads_per_job": args.threads, "mps": os.environ.get("FMB_MPS") == "1",
            "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu", "results": results}], args.out)
     if len(done) < len(results):
         failed = results[-1]

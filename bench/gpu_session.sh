@@ -159,6 +159,10 @@ step "jobs per GPU, clients together" "$PY" bench/gpu_packing.py --jobs 1 4 8 --
 # instead of taking turns on the GPU
 step "jobs per GPU, clients together, MPS" bash bench/with_mps.sh "$PY" bench/gpu_packing.py --jobs 1 4 8 --rounds 4 \
   --threads 2 --batch-clients --out "$OUT"
+# processes of three seeds side by side each (train.seeds_together), packed: about 3 x 9 GiB a process, so 4 of them
+# may not fit an 80 GB card (the counts before a failing one are kept)
+step "seeds side by side per GPU" "$PY" bench/gpu_packing.py --jobs 1 2 4 --rounds 4 --threads 2 --batch-clients \
+  --runs-together 3 --out "$OUT"
 # the surgical grids, ultraflwr first: their stand-ins are built from the start (ultraflwr's in seconds, fedst's in minutes)
 # ultraflwr: 2 local epochs a round, scaled up to the paper's 20 epochs and all frames; the strategies differ
 # only in which tensors are averaged, so FedAvg stands for all of them

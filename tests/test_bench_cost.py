@@ -133,7 +133,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     ran = calls.read_text().splitlines()
     stand_ins = [c for c in ran if "surgical_stand_in.py" in c]  # built in the background from the start
     steps = [c for c in ran if c not in stand_ins]
-    assert len(stand_ins) == 2 and len(steps) == 32 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
+    assert len(stand_ins) == 2 and len(steps) == 33 and all(f"--out {tmp_path / 'rows.jsonl'}" in c for c in steps[1:])
     assert "tests/test_cuda.py tests/test_device_arrays.py" in steps[0]
     assert [c.split(" --out")[0] for c in steps[1:3]] == [  # fedst's frame scoring, both ways
         "bench/segmetrics_device.py --device cuda --frames 64 --numpy-frames 16",
@@ -153,7 +153,8 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     assert ["--runs-together 3" in c for c in earlystop] == [False] * 5 + [True]  # seeds side by side
     assert "--batch-clients" in earlystop[5]
     packing = [c for c in steps if "gpu_packing.py" in c and "--study" not in c]  # the earlystop ones
-    assert ["--no-batch-clients" in c for c in packing] == [True, False, False] and "--batch-clients" in packing[1]
+    assert ["--no-batch-clients" in c for c in packing] == [True, False, False, False] and "--batch-clients" in packing[1]
+    assert ["--runs-together 3" in c for c in packing] == [False, False, False, True]
     assert packing[2] == packing[1]  # again under MPS, started and stopped around it
     assert (tmp_path / "mps.log").read_text().split() == ["start", "quit"]
     for study in ("fedst", "ultraflwr"):  # each surgical grid is timed on its stand-in, once that is built
@@ -187,7 +188,7 @@ def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="gpu_packing.py")
     assert done.returncode == 1 and "FAILED (rc 3)" in done.stdout
-    assert len(calls.read_text().splitlines()) == 34  # the failure stopped no later step
+    assert len(calls.read_text().splitlines()) == 35  # the failure stopped no later step
     calls.unlink()
     done = _run_session(tmp_path, str(fake), fail="ultraflwr.yaml --out", steps="ultraflwr")
     ran = calls.read_text().splitlines()  # a failed build fails its step, and the timings that read it run and fail
@@ -719,11 +720,21 @@ def test_a_torch_profile_is_written_whole_with_its_ops_by_host_time(blood_dir, t
 
 def test_gpu_packing_refuses_batch_clients_for_a_surgical_study_in_one_line(tmp_path):
     """--[no-]batch-clients is a MedMNIST train key: for ultraflwr or fedst it would be silently ignored."""
-    for study in ("ultraflwr", "fedst"):
+    for study, option in (("ultraflwr", ["--no-batch-clients"]), ("fedst", ["--runs-together", "2"])):
         done = _bench("gpu_packing.py", "--config", str(STUDIES / f"{study}.yaml"), "--study", study, "--device", "cpu",
-                      "--jobs", "1", "--surgical-dir", str(tmp_path), "--no-batch-clients")
+                      "--jobs", "1", "--surgical-dir", str(tmp_path), *option)
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-        assert done.stderr.strip() == f"gpu_packing: --[no-]batch-clients applies to the MedMNIST studies, not {study}"
+        assert done.stderr.strip() == ("gpu_packing: --[no-]batch-clients and --runs-together apply to the MedMNIST "
+                                       f"studies, not {study}")
+
+
+def test_gpu_packing_runs_each_jobs_seeds_side_by_side(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    done = _bench("gpu_packing.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", "--jobs", "1",
+                  "--rounds", "2", "--threads", "1", "--batch-clients", "--runs-together", "2", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = json.loads(out.read_text().splitlines()[-1])
+    assert row["runs_together"] == 2 and row["results"][0]["jobs"] == 1 and row["results"][0]["s_per_round"]
 
 
 def test_ultraflwr_timings_run_two_to_the_configs_local_epochs():
