@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from test_clients_together import ATOL, RTOL, spec, write_data
@@ -99,7 +100,7 @@ def test_a_failing_call_fails_every_run_in_it_naming_them(setup, monkeypatch):
     a, b = spec(setup, "fail-a", batch_clients=True), seeded(spec(setup, "fail-b", batch_clients=True), 1)
     with pytest.raises(RuntimeError, match="2 of 2 runs failed") as info:
         run_together([a, b], log=lambda m: None)
-    assert "trained in one call" in str(info.value) and "boom" in str(info.value)
+    assert "made in one call" in str(info.value) and "boom" in str(info.value)
 
 
 def test_an_empty_round_marks_a_run_present_without_training():
@@ -130,3 +131,42 @@ def test_a_run_drawing_from_the_global_generators_mid_run_draws_as_alone(setup, 
         want, got = final_model(a), final_model(b)
         for k in want:
             torch.testing.assert_close(got[k], want[k], atol=ATOL, rtol=RTOL, msg=k)
+
+
+def test_runs_side_by_side_predict_the_shared_test_and_validation_sets_in_one_pass(setup, monkeypatch):
+    """Each evaluated round, the runs' global models predict the global test set in one batched pass and the
+    validation set in another: every metric of every round equals the run alone to float32 rounding."""
+    import pandas as pd
+
+    passes: list[int] = []
+    real = _together.predict_together
+
+    def counted(models, *args):
+        passes.append(len(models))
+        return real(models, *args)
+
+    monkeypatch.setattr(_together, "predict_together", counted)
+    alone = [seeded(spec(setup, f"eval-alone{s}", batch_clients=True), s) for s in (0, 1, 2)]
+    for s in alone:
+        engine.run(s, log=lambda m: None)
+    assert passes == []
+    side = [seeded(spec(setup, f"eval-side{s}", batch_clients=True), s) for s in (0, 1, 2)]
+    run_together(side, log=lambda m: None)
+    assert passes == [3, 3] * 3  # 3 rounds: the test set, then the validation set, each one pass of 3 models
+    for a, b in zip(alone, side, strict=True):
+        want, got = (pd.read_csv(Path(x.run_dir) / "metrics.csv") for x in (a, b))
+        cols = [c for c in want.columns if c.startswith(("global_", "val_", "local_mean_"))]
+        assert cols and len(want) == len(got) == 3
+        for c in cols:
+            np.testing.assert_allclose(got[c].to_numpy(), want[c].to_numpy(), rtol=1e-5, atol=1e-6, err_msg=c)
+
+
+def test_a_tensors_fingerprint_is_its_values_not_its_object():
+    from fedmedbench.fl.runs_together import fingerprint
+
+    a = torch.arange(12, dtype=torch.uint8).view(3, 4)
+    assert fingerprint(a) == fingerprint(a.clone()) == fingerprint(a)  # the second read is the cached digest
+    assert fingerprint(a) != fingerprint(a.view(4, 3).clone()) != fingerprint(a.float())
+    b = a.clone()
+    b[0, 0] = 9
+    assert fingerprint(b) != fingerprint(a)

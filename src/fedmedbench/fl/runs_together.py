@@ -23,12 +23,17 @@ its clients one by one withdraws. An error in a shared call fails every run of t
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 if TYPE_CHECKING:
+    import numpy as np
+
     from fedmedbench.fl import federation as fed
     from fedmedbench.fl.api import Arrays, ClientContext
     from fedmedbench.fl.spec import RunSpec
@@ -36,20 +41,24 @@ if TYPE_CHECKING:
 
 @dataclass
 class _Entry:
-    """One run's round handed in: its clients, their step hooks and, once the call is done, the results."""
+    """What one run hands in: its round's clients to train (``kind`` train: contexts and step hooks) or a model's
+    predictions to make (predict: model, images, labels, batch size, device); ``key``: what entries made in one
+    call share (None: only present). Once the call is done, its result or error."""
 
     name: str
-    ctxs: list[ClientContext]
-    hooks: list[Any]
-    result: list[tuple[Arrays, dict[str, float]]] | None = None
+    kind: str
+    key: tuple | None
+    payload: tuple
+    result: Any = None
     error: BaseException | None = None
     done: bool = False
     partners: list[str] = field(default_factory=list)
 
 
 class RoundPool:
-    """The meeting point of ``members`` runs: each round, every run still going hands in its clients
-    (:meth:`train`), and the last to do so trains them all in one call."""
+    """The meeting point of ``members`` runs: each run still going hands in its next piece of work (a round's
+    clients: :meth:`train`; a model's predictions: :meth:`predict`), and the last to do so makes them all, those
+    that share a key in one call."""
 
     def __init__(self, members: int) -> None:
         self._cond = threading.Condition()
@@ -60,34 +69,63 @@ class RoundPool:
 
     @contextmanager
     def member(self, name: str) -> Iterator[None]:
-        """A run's whole life in the pool (its thread's): the baton taken first, left behind at the end."""
+        """A run's whole life in the pool (its thread's): the baton taken first, left behind at the end; the
+        thread's predictions go through the pool meanwhile."""
+        from fedmedbench.fl import training
+
         self._baton.acquire()
         with self._cond:
             self._names[threading.get_ident()] = name
+        training.shared_predictions.pool = self
         try:
             yield
         finally:
+            training.shared_predictions.pool = None
             self.withdraw()
             self._baton.release()
 
     def withdraw(self) -> None:
-        """This run hands in no more rounds (it ended, failed, or trains its clients one by one)."""
+        """This run hands in no more work (it ended, failed, or trains its clients one by one): from here on it
+        predicts alone too."""
+        from fedmedbench.fl import training
+
+        training.shared_predictions.pool = None
         with self._cond:
             if self._names.pop(threading.get_ident(), None) is None:
                 return
             self._members -= 1
             if self._entries and len(self._entries) == self._members:
-                self._train_all()
+                self._run_all()
 
     def train(self, ctxs: list[ClientContext], hooks: list[Any]) -> list[tuple[Arrays, dict[str, float]]]:
         """This run's round (``Method.fit_together``'s trainer): its clients trained in one call with the other
         runs' rounds; an empty round only marks this run as present (its clients train one by one)."""
-        entry = _Entry(self._names.get(threading.get_ident(), "?"), list(ctxs), list(hooks))
+        from fedmedbench.fl.methods import _together
+
+        key = _together.merge_key(ctxs[0]) if ctxs else None
+        return self._hand_in("train", key, (list(ctxs), list(hooks))) or []
+
+    def predict(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int,
+                device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+        """``training.predict_samples`` of this run's model, made in one batched pass with the other runs' models
+        predicting the same images (the global test or validation set of their seeds)."""
+        if threading.get_ident() not in self._names:  # withdrawn: nobody waits for it
+            from fedmedbench.fl.training import predict_alone
+
+            return predict_alone(model, x, y, batch_size, device)
+        shapes = tuple((n, tuple(p.shape)) for n, p in model.named_parameters())
+        shareable = not any(True for _ in model.buffers())  # batch statistics: each model predicts alone
+        key = (fingerprint(x), fingerprint(y), batch_size, str(device), type(model), shapes,
+               None if shareable else threading.get_ident())
+        return self._hand_in("predict", key, (model, x, y, batch_size, device))
+
+    def _hand_in(self, kind: str, key: tuple | None, payload: tuple) -> Any:
+        entry = _Entry(self._names.get(threading.get_ident(), "?"), kind, key, payload)
         waited = False
         with self._cond:
             self._entries.append(entry)
             if len(self._entries) == self._members:
-                self._train_all()
+                self._run_all()
             else:
                 state = _global_generators()  # another run's draws move them while this one waits
                 self._baton.release()
@@ -99,31 +137,52 @@ class RoundPool:
             _set_global_generators(state)
         if entry.error is not None:
             if entry.partners:
-                raise RuntimeError(f"the clients of runs {', '.join(entry.partners)}, trained in one call: "
+                what = "clients" if kind == "train" else "predictions"
+                raise RuntimeError(f"the {what} of runs {', '.join(entry.partners)}, made in one call: "
                                    f"{type(entry.error).__name__}: {entry.error}") from entry.error
             raise entry.error
-        return entry.result if entry.result is not None else []
+        return entry.result
 
-    def _train_all(self) -> None:
-        """Every handed-in round trained (the caller holds the condition and the baton); waiters woken."""
+    def _run_all(self) -> None:
+        """Every handed-in piece made (the caller holds the condition and the baton); waiters woken."""
         from fedmedbench.fl.methods import _together
 
         entries, self._entries = self._entries, []
         groups: dict[tuple, list[_Entry]] = {}
         for e in entries:
-            if e.ctxs:
-                groups.setdefault(_together.merge_key(e.ctxs[0]), []).append(e)
+            if e.key is not None:
+                groups.setdefault((e.kind, e.key), []).append(e)
         calls = []
-        for group in groups.values():
-            if len(group) > 1 and _together.round_why_not([h for e in group for h in e.hooks]):
+        for (kind, _), group in groups.items():
+            if kind == "train" and len(group) > 1 and _together.round_why_not([h for e in group for h in e.payload[1]]):
                 calls.extend([e] for e in group)  # e.g. perturbations that cannot mix: one call a run
             else:
                 calls.append(group)
         for call in calls:
-            _train_call(call)
+            _call(call)
         for e in entries:
             e.done = True
         self._cond.notify_all()
+
+
+def fingerprint(t: torch.Tensor) -> str:
+    """A digest of a tensor's shape, type and values (computed once per tensor object): runs predicting on the
+    same images, each loaded by its own job, share a call."""
+    import hashlib
+
+    known = _digests.get(id(t))
+    if known is not None and known[0]() is t:
+        return known[1]
+    host = t.detach().cpu().contiguous()
+    h = hashlib.blake2b(f"{tuple(host.shape)}{host.dtype}".encode(), digest_size=16)
+    h.update(host.view(torch.uint8).numpy().tobytes() if host.numel() else b"")
+    key = id(t)
+    _digests[key] = (weakref.ref(t, lambda _, key=key: _digests.pop(key, None)), h.hexdigest())
+    return _digests[key][1]
+
+
+#: id of a tensor -> (a weak reference to it, its digest); an entry leaves with its tensor
+_digests: dict[int, tuple[weakref.ref, str]] = {}
 
 
 def _global_generators() -> tuple:
@@ -151,19 +210,29 @@ def _set_global_generators(state: tuple) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
-def _train_call(call: list[_Entry]) -> None:
-    """One ``train_together`` call for the rounds of ``call``, its results split back per run."""
+def _call(call: list[_Entry]) -> None:
+    """One call for the entries of ``call`` (one kind, one key), its results split back per run."""
     from fedmedbench.fl.methods import _together
+    from fedmedbench.fl.training import predict_alone
 
     try:
-        trained = _together.train_together([c for e in call for c in e.ctxs], [h for e in call for h in e.hooks])
+        if call[0].kind == "train":
+            trained = _together.train_together([c for e in call for c in e.payload[0]],
+                                               [h for e in call for h in e.payload[1]])
+            start = 0
+            for e in call:
+                n = len(e.payload[0])
+                e.result, start = trained[start:start + n], start + n
+        elif len(call) == 1:  # nothing to share: predicted as alone
+            call[0].result = predict_alone(*call[0].payload)
+        else:
+            _, x, y, bs, device = call[0].payload
+            for e, out in zip(call, _together.predict_together([e.payload[0] for e in call], x, y, bs, device),
+                              strict=True):
+                e.result = out
     except Exception as exc:  # noqa: BLE001 - handed to every run of the call, which raises it
         for e in call:
             e.error, e.partners = exc, [x.name for x in call] if len(call) > 1 else []
-        return
-    start = 0
-    for e in call:
-        e.result, start = trained[start:start + len(e.ctxs)], start + len(e.ctxs)
 
 
 def run_together(specs: Sequence[RunSpec], log: Callable[[str], None] = print) -> list[fed.Federation]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import threading
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -248,7 +249,11 @@ def local_sgd(
     return losses.mean(rnd, hint="lower train.lr or enable train.grad_clip")
 
 
-@torch.no_grad()
+#: per thread: where a run side by side with others hands its predictions, to be made with theirs in one batched
+#: pass (``pool``: ``fl/runs_together.RoundPool``); unset, a run predicts alone
+shared_predictions = threading.local()
+
+
 def predict_samples(model: nn.Module, x_u8: torch.Tensor, y: torch.Tensor, batch_size: int,
                     device: torch.device) -> tuple[np.ndarray, np.ndarray]:
     """Class probabilities (N x C) and per-sample cross-entropy (N), float64. ``x_u8``: uint8 images,
@@ -256,6 +261,16 @@ def predict_samples(model: nn.Module, x_u8: torch.Tensor, y: torch.Tensor, batch
 
     Both stay on the device until the last batch and are read once: a read per batch would make
     the host wait for each batch before queuing the next."""
+    pool = getattr(shared_predictions, "pool", None)
+    if pool is not None:
+        return pool.predict(model, x_u8, y, batch_size, device)
+    return predict_alone(model, x_u8, y, batch_size, device)
+
+
+@torch.no_grad()
+def predict_alone(model: nn.Module, x_u8: torch.Tensor, y: torch.Tensor, batch_size: int,
+                  device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`predict_samples` in this thread, whatever runs beside it."""
     to_device(model, device).eval()
     probs, losses = [], []
     floats = torch.is_floating_point(x_u8)

@@ -37,7 +37,14 @@ from torch.func import functional_call
 from fedmedbench.fl.api import Arrays, ClientContext, TrainConfig
 from fedmedbench.fl.methods._perturb import Perturbation, Stack, batch_why_not
 from fedmedbench.fl.methods._sgd import StepHooks, Tensors, mean_loss, trainable
-from fedmedbench.fl.training import NonFiniteLossError, StepLosses, batch_indices, forward_precision, to_float
+from fedmedbench.fl.training import (
+    NonFiniteLossError,
+    StepLosses,
+    batch_indices,
+    forward_precision,
+    to_device,
+    to_float,
+)
 
 
 def model_why_not(model: nn.Module, cfg: TrainConfig) -> str | None:
@@ -267,3 +274,31 @@ def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray
         out.append((arrays, {"train_loss": loss, **losses.epoch_metrics()}))
     return out
 
+
+
+def predict_together(models: Sequence[nn.Module], x_u8: torch.Tensor, y: torch.Tensor, batch_size: int,
+                     device: torch.device) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``predict_samples`` of each of ``models`` (one network, buffer-free, other weights) on the same images, in
+    one batched forward a batch (their weights stacked, ``vmap`` over them): per model its class probabilities
+    and per-sample cross-entropy, as ``predict_samples`` gives them to float32 rounding."""
+    base = models[0]
+    for m in models:
+        to_device(m, device).eval()
+    names = [n for n, _ in base.named_parameters()]
+    stacked = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]) for n in names}
+    forward = torch.func.vmap(lambda p, xb: functional_call(base, p, (xb,)), in_dims=(0, None))
+    k, floats = len(models), torch.is_floating_point(x_u8)
+    probs, losses = [], []
+    with torch.no_grad():
+        for start in range(0, y.shape[0], batch_size):
+            chunk = x_u8[start : start + batch_size]
+            xb = chunk.to(device, non_blocking=True) if floats else to_float(chunk, device)
+            yb = y[start : start + batch_size].to(device, non_blocking=True)
+            logits = forward(stacked, xb).float()  # (K, B, C)
+            ce = nn.functional.cross_entropy(logits.flatten(0, 1), yb.repeat(k), reduction="none")
+            losses.append(ce.view(k, -1).double())
+            probs.append(torch.softmax(logits, dim=2))
+    if not probs:
+        return [(np.zeros((0, 1)), np.zeros(0)) for _ in models]
+    p_all, l_all = torch.cat(probs, dim=1).cpu().numpy(), torch.cat(losses, dim=1).cpu().numpy()
+    return [(p_all[i], l_all[i]) for i in range(k)]
