@@ -130,3 +130,70 @@ def test_a_run_drawing_from_the_global_generators_mid_run_draws_as_alone(setup, 
         want, got = final_model(a), final_model(b)
         for k in want:
             torch.testing.assert_close(got[k], want[k], atol=ATOL, rtol=RTOL, msg=k)
+
+
+def test_an_error_outside_the_call_fails_the_runs_that_wait_instead_of_leaving_them_waiting(setup, monkeypatch):
+    """An error while the last run to hand in groups the rounds (before any train_together call) reaches every run
+    of that round: none is left waiting for a call that never comes."""
+    import threading
+
+    def broken(ctx):
+        raise ValueError("no key")
+
+    monkeypatch.setattr(_together, "merge_key", broken)
+    a, b = spec(setup, "outside-a", batch_clients=True), seeded(spec(setup, "outside-b", batch_clients=True), 1)
+    raised: list[BaseException] = []
+
+    def go():
+        try:
+            run_together([a, b], log=lambda m: None)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            raised.append(exc)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "a run was left waiting for its round"
+    assert len(raised) == 1 and "2 of 2 runs failed" in str(raised[0]) and "no key" in str(raised[0])
+
+
+def test_an_interrupt_stops_the_process_while_runs_wait(tmp_path):
+    """Ctrl-C (SIGINT) ends a job of runs side by side as it ends a run alone: the process exits at once rather
+    than waiting for every run to finish."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "side.py"
+    script.write_text(
+        "import time\n"
+        "from fedmedbench.fl import engine, runs_together\n"
+        "def endless(spec, log, pool=None):\n"
+        "    print('ready', flush=True)\n"
+        "    while True:\n"
+        "        time.sleep(0.01)\n"
+        "        pool.train([], [])\n"
+        "engine.run = endless\n"
+        "engine.job_name = str\n"
+        "runs_together.run_together(['a', 'b'])\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+
+
+def test_every_line_a_run_side_by_side_logs_names_its_run(setup):
+    """The runs of a job share its log: each line says whose it is (a round's line among them), once."""
+    said: list[str] = []
+    a, b = (seeded(spec(setup, f"named-{s}", batch_clients=True, rounds=2), s) for s in (0, 1))
+    run_together([a, b], log=said.append)
+    names = [engine.job_name(s) for s in (a, b)]
+    assert said and all(sum(line.startswith(n) for n in names) == 1 for line in said), said
+    assert all(line.count(n) <= 1 for line in said for n in names)
+    assert all(sum(line.startswith(f"{n}: round {r}/2 ") for line in said) == 1 for n in names for r in (1, 2))

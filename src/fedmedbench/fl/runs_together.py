@@ -105,25 +105,37 @@ class RoundPool:
         return entry.result if entry.result is not None else []
 
     def _train_all(self) -> None:
-        """Every handed-in round trained (the caller holds the condition and the baton); waiters woken."""
-        from fedmedbench.fl.methods import _together
-
+        """Every handed-in round trained (the caller holds the condition and the baton); waiters woken, whatever
+        fails (an error is each untrained round's to raise)."""
         entries, self._entries = self._entries, []
-        groups: dict[tuple, list[_Entry]] = {}
-        for e in entries:
-            if e.ctxs:
-                groups.setdefault(_together.merge_key(e.ctxs[0]), []).append(e)
-        calls = []
-        for group in groups.values():
-            if len(group) > 1 and _together.round_why_not([h for e in group for h in e.hooks]):
-                calls.extend([e] for e in group)  # e.g. perturbations that cannot mix: one call a run
-            else:
-                calls.append(group)
-        for call in calls:
-            _train_call(call)
-        for e in entries:
-            e.done = True
-        self._cond.notify_all()
+        try:
+            for call in _calls(entries):
+                _train_call(call)
+        except BaseException as exc:  # noqa: BLE001 - every round still untrained fails with it, none waits on
+            for e in entries:
+                if e.ctxs and e.result is None and e.error is None:
+                    e.error = exc
+        finally:
+            for e in entries:
+                e.done = True
+            self._cond.notify_all()
+
+
+def _calls(entries: list[_Entry]) -> list[list[_Entry]]:
+    """The handed-in rounds grouped into calls: rounds that can share one ``train_together`` call together."""
+    from fedmedbench.fl.methods import _together
+
+    groups: dict[tuple, list[_Entry]] = {}
+    for e in entries:
+        if e.ctxs:
+            groups.setdefault(_together.merge_key(e.ctxs[0]), []).append(e)
+    calls = []
+    for group in groups.values():
+        if len(group) > 1 and _together.round_why_not([h for e in group for h in e.hooks]):
+            calls.extend([e] for e in group)  # e.g. perturbations that cannot mix: one call a run
+        else:
+            calls.append(group)
+    return calls
 
 
 def _global_generators() -> tuple:
@@ -176,13 +188,15 @@ def run_together(specs: Sequence[RunSpec], log: Callable[[str], None] = print) -
     errors: list[BaseException | None] = [None] * len(specs)
 
     def one(i: int) -> None:
-        with pool.member(engine.job_name(specs[i])):
+        name = engine.job_name(specs[i])
+        with pool.member(name):
             try:
-                done[i] = engine.run(specs[i], log, pool=pool)
+                done[i] = engine.run(specs[i], _named(log, name), pool=pool)
             except BaseException as exc:  # noqa: BLE001 - reported below, once every run has ended
                 errors[i] = exc
 
-    threads = [threading.Thread(target=one, args=(i,), name=f"run{i}") for i in range(len(specs))]
+    # daemons: an interrupt of the main thread (Ctrl-C) ends the process as it ends a run alone, not after every run
+    threads = [threading.Thread(target=one, args=(i,), name=f"run{i}", daemon=True) for i in range(len(specs))]
     for t in threads:
         t.start()
     for t in threads:
@@ -192,3 +206,8 @@ def run_together(specs: Sequence[RunSpec], log: Callable[[str], None] = print) -
         names = ", ".join(engine.job_name(s) for s, _ in failed)
         raise RuntimeError(f"{len(failed)} of {len(specs)} runs failed ({names}): {failed[0][1]}") from failed[0][1]
     return [f for f in done if f is not None]
+
+
+def _named(log: Callable[[str], None], name: str) -> Callable[[str], None]:
+    """``log`` with each line naming its run (the runs of a job share one log), where the line does not already."""
+    return lambda line: log(line if line.startswith(name) else f"{name}: {line}")
