@@ -14,10 +14,11 @@ building among them) happen in its own order, undisturbed by the others; a run's
 generators (Python's, NumPy's, torch's) is put back when it takes the baton again, so a run that draws from them
 mid-run draws as it would alone. The shared call is made by the
 run that hands in last. What a run gets back equals what it would train alone with ``batch_clients`` to
-float32 rounding (the stacked convolutions sum in another order; ``tests/test_runs_together.py``). Runs
-whose rounds cannot share a call (another round after a resumption, another train block or network, a
-method's perturbations that cannot mix) are trained in separate calls at the same point; a run that trains
-its clients one by one withdraws. An error in a shared call fails every run of that call, each saying so.
+float32 rounding (the stacked convolutions sum in another order; ``tests/test_runs_together.py``). A run
+resumed a round ahead of the others (its checkpoint written before a kill, theirs not) waits for them to
+reach its round. Runs whose rounds cannot share a call (another train block or network, a method's
+perturbations that cannot mix) are trained in separate calls at the same point; a run that trains its
+clients one by one withdraws. An error in a shared call fails every run of that call, each saying so.
 """
 
 from __future__ import annotations
@@ -105,9 +106,12 @@ class RoundPool:
         return entry.result if entry.result is not None else []
 
     def _train_all(self) -> None:
-        """Every handed-in round trained (the caller holds the condition and the baton); waiters woken, whatever
-        fails (an error is each untrained round's to raise)."""
-        entries, self._entries = self._entries, []
+        """Every handed-in round of the earliest round number trained (the caller holds the condition and the
+        baton); their waiters woken, whatever fails (an error is each untrained round's to raise)."""
+        first = min((e.ctxs[0].rnd for e in self._entries if e.ctxs), default=None)
+        entries = [e for e in self._entries if not e.ctxs or e.ctxs[0].rnd == first]
+        # a round ahead of the earliest (a run resumed from a later checkpoint) waits for the others to reach it
+        self._entries = [e for e in self._entries if e.ctxs and e.ctxs[0].rnd != first]
         try:
             for call in _calls(entries):
                 _train_call(call)
