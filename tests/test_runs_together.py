@@ -31,9 +31,9 @@ def counting_calls(monkeypatch) -> list[int]:
     calls: list[int] = []
     real = _together.train_together
 
-    def counted(ctxs, hooks):
+    def counted(ctxs, hooks, **kw):
         calls.append(len(ctxs))
-        return real(ctxs, hooks)
+        return real(ctxs, hooks, **kw)
 
     monkeypatch.setattr(_together, "train_together", counted)
     return calls
@@ -92,7 +92,7 @@ def test_runs_of_unequal_lengths_leave_the_pool_as_they_end(setup, monkeypatch):
 
 
 def test_a_failing_call_fails_every_run_in_it_naming_them(setup, monkeypatch):
-    def broken(ctxs, hooks):
+    def broken(ctxs, hooks, **kw):
         raise ValueError("boom")
 
     monkeypatch.setattr(_together, "train_together", broken)
@@ -218,3 +218,32 @@ def test_a_run_resumed_a_round_ahead_waits_for_the_others_to_train_with_them(set
     assert calls == [4, 8, 8]  # b's round 1 alone; rounds 2 and 3 of both in one call each
     for k, v in final_model(full).items():
         torch.testing.assert_close(final_model(a)[k], v, atol=ATOL, rtol=RTOL, msg=k)
+
+
+def test_a_run_whose_loss_is_not_finite_fails_alone_in_a_shared_call(setup, monkeypatch):
+    """A non-finite loss of one run's client (train.on_nonfinite: error) fails that run as it would alone, with
+    its own error; the runs trained in the same call go on to their outputs, as alone."""
+    from fedmedbench.fl.federation import client_generator
+    from fedmedbench.fl.training import NonFiniteLossError
+
+    alone = spec(setup, "finite-alone", batch_clients=True)
+    engine.run(alone, log=lambda m: None)
+    diverging = {client_generator(1, r, p).initial_seed() for r in (1, 2, 3) for p in range(5)}  # seed 1's clients
+    real = _together.mean_loss
+
+    def nan_for_seed1(ctx, losses):
+        if ctx.generator.initial_seed() in diverging:
+            raise NonFiniteLossError(f"non-finite training loss (nan) at round {ctx.rnd}, step 1")
+        return real(ctx, losses)
+
+    monkeypatch.setattr(_together, "mean_loss", nan_for_seed1)
+    calls = counting_calls(monkeypatch)
+    a, b = spec(setup, "finite-a", batch_clients=True), seeded(spec(setup, "finite-b", batch_clients=True), 1)
+    with pytest.raises(RuntimeError, match=r"^1 of 2 runs failed \(job t/bloodmnist/fls/fedavg/seed1\): client \d: "
+                                           r"non-finite training loss") as info:
+        run_together([a, b], log=lambda m: None)
+    assert isinstance(info.value.__cause__, NonFiniteLossError)
+    assert calls == [8, 4, 4]  # round 1 together (seed 1 fails there), then seed 0 on its own
+    for k, v in final_model(alone).items():
+        torch.testing.assert_close(final_model(a)[k], v, atol=ATOL, rtol=RTOL, msg=k)
+    assert not (Path(b.run_dir) / "model.pt").exists()

@@ -18,7 +18,8 @@ float32 rounding (the stacked convolutions sum in another order; ``tests/test_ru
 resumed a round ahead of the others (its checkpoint written before a kill, theirs not) waits for them to
 reach its round. Runs whose rounds cannot share a call (another train block or network, a method's
 perturbations that cannot mix) are trained in separate calls at the same point; a run that trains its
-clients one by one withdraws. An error in a shared call fails every run of that call, each saying so.
+clients one by one withdraws. A client's non-finite loss fails its own run only, as alone; any other error
+in a shared call fails every run of that call, each saying so.
 """
 
 from __future__ import annotations
@@ -172,14 +173,17 @@ def _train_call(call: list[_Entry]) -> None:
     from fedmedbench.fl.methods import _together
 
     try:
-        trained = _together.train_together([c for e in call for c in e.ctxs], [h for e in call for h in e.hooks])
+        trained = _together.train_together([c for e in call for c in e.ctxs], [h for e in call for h in e.hooks],
+                                           each_own_error=True)
     except Exception as exc:  # noqa: BLE001 - handed to every run of the call, which raises it
         for e in call:
             e.error, e.partners = exc, [x.name for x in call] if len(call) > 1 else []
         return
     start = 0
     for e in call:
-        e.result, start = trained[start:start + len(e.ctxs)], start + len(e.ctxs)
+        mine, start = trained[start:start + len(e.ctxs)], start + len(e.ctxs)
+        e.error = next((r for r in mine if isinstance(r, BaseException)), None)  # a loss not finite: its own
+        e.result = None if e.error is not None else mine
 
 
 def run_together(specs: Sequence[RunSpec], log: Callable[[str], None] = print) -> list[fed.Federation]:
