@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from test_clients_together import ATOL, RTOL, spec, write_data
@@ -24,6 +26,13 @@ def seeded(s, seed: int):
 
 def final_model(s) -> dict[str, torch.Tensor]:
     return torch.load(Path(s.run_dir) / "model.pt", weights_only=True)
+
+
+def same_rows(a, b, name: str) -> bool:
+    """The metric rows of two runs equal but for their timing (float32 rounding: tolerance)."""
+    x, y = (pd.read_csv(Path(s.run_dir) / name).drop(columns=["elapsed_s"], errors="ignore") for s in (a, b))
+    pd.testing.assert_frame_equal(x, y, check_exact=False, rtol=1e-4, atol=1e-5)
+    return len(x) > 0
 
 
 def counting_calls(monkeypatch) -> list[int]:
@@ -58,6 +67,11 @@ def test_runs_side_by_side_train_as_each_alone_in_one_call_a_round(setup, monkey
         for k in want:
             torch.testing.assert_close(got[k], want[k], atol=ATOL, rtol=RTOL, msg=k)
         assert f.spec.run_dir == b.run_dir
+        assert same_rows(a, b, "metrics.csv") and same_rows(a, b, "client_metrics.csv")
+        sa, sb = (json.loads((Path(s.run_dir) / "summary.json").read_text()) for s in (a, b))
+        timing = {"wall_time_s", "final"}  # the final row: in same_rows
+        assert sa.keys() == sb.keys() and {k: v for k, v in sa.items() if k not in timing} == {
+            k: v for k, v in sb.items() if k not in timing}  # the run hash among them
     moved = max(float((final_model(alone[0])[k] - final_model(alone[1])[k]).abs().max()) for k in final_model(alone[0]))
     assert moved > 1e-3  # the seeds train apart: the tolerance is far below what tells them apart
 
