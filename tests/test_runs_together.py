@@ -261,3 +261,19 @@ def test_a_run_whose_loss_is_not_finite_fails_alone_in_a_shared_call(setup, monk
     for k, v in final_model(alone).items():
         torch.testing.assert_close(final_model(a)[k], v, atol=ATOL, rtol=RTOL, msg=k)
     assert not (Path(b.run_dir) / "model.pt").exists()
+
+
+def test_every_failed_run_leaves_its_error_in_the_log(setup, monkeypatch):
+    """Two runs failing with their own errors: the raised error names both runs and carries the first; the log
+    has each run's error with its traceback (not only the first's)."""
+    def failing(s, log, pool=None):
+        raise ValueError(f"bad input of seed {s.seed}")
+
+    monkeypatch.setattr(engine, "run", failing)
+    said: list[str] = []
+    a, b = spec(setup, "errors-a"), seeded(spec(setup, "errors-b"), 1)
+    with pytest.raises(RuntimeError, match=r"^2 of 2 runs failed .*: bad input of seed [01]$"):
+        run_together([a, b], log=said.append)
+    for s in (a, b):
+        mine = [line for line in said if line.startswith(f"{engine.job_name(s)}: ")]
+        assert len(mine) == 1 and f"ValueError: bad input of seed {s.seed}" in mine[0] and "Traceback" in mine[0]

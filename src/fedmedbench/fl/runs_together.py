@@ -25,6 +25,7 @@ in a shared call fails every run of that call, each saying so.
 from __future__ import annotations
 
 import threading
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -210,6 +211,8 @@ def run_together(specs: Sequence[RunSpec], log: Callable[[str], None] = print) -
     for t in threads:
         t.join()
     failed = [(s, e) for s, e in zip(specs, errors, strict=True) if e is not None]
+    for s, e in failed:  # each run's own error in the log: the one raised below carries only the first
+        log(f"{engine.job_name(s)}: failed: {''.join(traceback.format_exception(e)).rstrip()}")
     if failed:
         names = ", ".join(engine.job_name(s) for s, _ in failed)
         raise RuntimeError(f"{len(failed)} of {len(specs)} runs failed ({names}): {failed[0][1]}") from failed[0][1]
