@@ -203,10 +203,22 @@ def test_an_interrupt_stops_the_process_while_runs_wait(tmp_path):
 
 
 def test_every_line_a_run_side_by_side_logs_names_its_run(setup):
-    """The runs of a job share its log: each line says whose it is (a round's line among them), once."""
+    """The runs of a job share its log: each line says whose it is (a round's line among them), once; a job
+    log's console still gets every run's round lines."""
     said: list[str] = []
+    shown: list[str] = []
+
+    class JobLog:  # as runlog.JobLog: a line to the log, or to the log and the console
+        def __call__(self, line: str) -> None:
+            said.append(line)
+
+        def console(self, line: str) -> None:
+            shown.append(line)
+
     a, b = (seeded(spec(setup, f"named-{s}", batch_clients=True, rounds=2), s) for s in (0, 1))
-    run_together([a, b], log=said.append)
+    run_together([a, b], log=JobLog())
+    assert sorted(shown) == sorted(line for s in (a, b) for line in shown if line.startswith(
+        f"{s.study}/{s.dataset}/{s.setting}/{s.method}/seed{s.seed}: round ")) and len(shown) == 4
     names = [engine.job_name(s) for s in (a, b)]
     assert said and all(sum(line.startswith(n) for n in names) == 1 for line in said), said
     assert all(line.count(n) <= 1 for line in said for n in names)

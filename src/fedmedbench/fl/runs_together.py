@@ -220,5 +220,11 @@ def run_together(specs: Sequence[RunSpec], log: Callable[[str], None] = print) -
 
 
 def _named(log: Callable[[str], None], name: str) -> Callable[[str], None]:
-    """``log`` with each line naming its run (the runs of a job share one log), where the line does not already."""
-    return lambda line: log(line if line.startswith(name) else f"{name}: {line}")
+    """``log`` with each line naming its run (the runs of a job share one log), where the line does not already;
+    its ``console`` (a job log's round lines to the console, which name their run) kept."""
+    def named(line: str) -> None:
+        log(line if line.startswith(name) else f"{name}: {line}")
+
+    if hasattr(log, "console"):
+        named.console = log.console
+    return named
