@@ -334,3 +334,20 @@ def test_seeds_side_by_side_write_each_seeds_run_as_the_workflow_does(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", str(f)], cwd=work,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "seeds_together" in bad.stdout + bad.stderr
+
+
+def test_seeds_together_leaves_a_shown_run_to_show_shared_run(tmp_path):
+    """The demo's quickstart with seeds_together: its centralized run, pooled alike in both settings, trains once
+    (all seeds in one job, at home in iid) and is shown in dir0.1 seed by seed; the other methods: one job each."""
+    f = _seeds_together_config(tmp_path / "demo.yaml", ROOT / "config" / "config.yaml")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-F",
+                           "results/quickstart/bloodmnist/dir0.1/centralized/seed1/summary.json",
+                           "results/quickstart/bloodmnist/dir0.1/fedavg/seed0/summary.json", "--configfile", str(f)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    base = "results/quickstart/bloodmnist"
+    assert _outputs(out, "show_shared_run") == [f"{base}/dir0.1/centralized/seed1"]
+    assert sorted(_outputs(out, "train_seeds_together_quickstart")) == [f"{base}/dir0.1/fedavg/seed0",
+                                                                        f"{base}/iid/centralized/seed0"]
+    assert _outputs(out, "train_federated") == []

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from test_clients_together import ATOL, RTOL, spec, write_data
@@ -27,14 +29,21 @@ def final_model(s) -> dict[str, torch.Tensor]:
     return torch.load(Path(s.run_dir) / "model.pt", weights_only=True)
 
 
+def same_rows(a, b, name: str) -> bool:
+    """The metric rows of two runs equal but for their timing (float32 rounding: tolerance)."""
+    x, y = (pd.read_csv(Path(s.run_dir) / name).drop(columns=["elapsed_s"], errors="ignore") for s in (a, b))
+    pd.testing.assert_frame_equal(x, y, check_exact=False, rtol=1e-4, atol=1e-5)
+    return len(x) > 0
+
+
 def counting_calls(monkeypatch) -> list[int]:
     """The number of clients of every train_together call."""
     calls: list[int] = []
     real = _together.train_together
 
-    def counted(ctxs, hooks):
+    def counted(ctxs, hooks, **kw):
         calls.append(len(ctxs))
-        return real(ctxs, hooks)
+        return real(ctxs, hooks, **kw)
 
     monkeypatch.setattr(_together, "train_together", counted)
     return calls
@@ -59,6 +68,11 @@ def test_runs_side_by_side_train_as_each_alone_in_one_call_a_round(setup, monkey
         for k in want:
             torch.testing.assert_close(got[k], want[k], atol=ATOL, rtol=RTOL, msg=k)
         assert f.spec.run_dir == b.run_dir
+        assert same_rows(a, b, "metrics.csv") and same_rows(a, b, "client_metrics.csv")
+        sa, sb = (json.loads((Path(s.run_dir) / "summary.json").read_text()) for s in (a, b))
+        timing = {"wall_time_s", "final"}  # the final row: in same_rows
+        assert sa.keys() == sb.keys() and {k: v for k, v in sa.items() if k not in timing} == {
+            k: v for k, v in sb.items() if k not in timing}  # the run hash among them
     moved = max(float((final_model(alone[0])[k] - final_model(alone[1])[k]).abs().max()) for k in final_model(alone[0]))
     assert moved > 1e-3  # the seeds train apart: the tolerance is far below what tells them apart
 
@@ -93,7 +107,7 @@ def test_runs_of_unequal_lengths_leave_the_pool_as_they_end(setup, monkeypatch):
 
 
 def test_a_failing_call_fails_every_run_in_it_naming_them(setup, monkeypatch):
-    def broken(ctxs, hooks):
+    def broken(ctxs, hooks, **kw):
         raise ValueError("boom")
 
     monkeypatch.setattr(_together, "train_together", broken)
@@ -170,3 +184,146 @@ def test_a_tensors_fingerprint_is_its_values_not_its_object():
     b = a.clone()
     b[0, 0] = 9
     assert fingerprint(b) != fingerprint(a)
+def test_an_error_outside_the_call_fails_the_runs_that_wait_instead_of_leaving_them_waiting(setup, monkeypatch):
+    """An error while the last run to hand in groups the rounds (before any train_together call) reaches every run
+    of that round: none is left waiting for a call that never comes."""
+    import threading
+
+    def broken(ctx):
+        raise ValueError("no key")
+
+    monkeypatch.setattr(_together, "merge_key", broken)
+    a, b = spec(setup, "outside-a", batch_clients=True), seeded(spec(setup, "outside-b", batch_clients=True), 1)
+    raised: list[BaseException] = []
+
+    def go():
+        try:
+            run_together([a, b], log=lambda m: None)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            raised.append(exc)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "a run was left waiting for its round"
+    assert len(raised) == 1 and "2 of 2 runs failed" in str(raised[0]) and "no key" in str(raised[0])
+
+
+def test_an_interrupt_stops_the_process_while_runs_wait(tmp_path):
+    """Ctrl-C (SIGINT) ends a job of runs side by side as it ends a run alone: the process exits at once rather
+    than waiting for every run to finish."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "side.py"
+    script.write_text(
+        "import time\n"
+        "from fedmedbench.fl import engine, runs_together\n"
+        "def endless(spec, log, pool=None):\n"
+        "    print('ready', flush=True)\n"
+        "    while True:\n"
+        "        time.sleep(0.01)\n"
+        "        pool.train([], [])\n"
+        "engine.run = endless\n"
+        "engine.job_name = str\n"
+        "runs_together.run_together(['a', 'b'])\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+
+
+def test_every_line_a_run_side_by_side_logs_names_its_run(setup):
+    """The runs of a job share its log: each line says whose it is (a round's line among them), once; a job
+    log's console still gets every run's round lines."""
+    said: list[str] = []
+    shown: list[str] = []
+
+    class JobLog:  # as runlog.JobLog: a line to the log, or to the log and the console
+        def __call__(self, line: str) -> None:
+            said.append(line)
+
+        def console(self, line: str) -> None:
+            shown.append(line)
+
+    a, b = (seeded(spec(setup, f"named-{s}", batch_clients=True, rounds=2), s) for s in (0, 1))
+    run_together([a, b], log=JobLog())
+    assert sorted(shown) == sorted(line for s in (a, b) for line in shown if line.startswith(
+        f"{s.study}/{s.dataset}/{s.setting}/{s.method}/seed{s.seed}: round ")) and len(shown) == 4
+    names = [engine.job_name(s) for s in (a, b)]
+    assert said and all(sum(line.startswith(n) for n in names) == 1 for line in said), said
+    assert all(line.count(n) <= 1 for line in said for n in names)
+    assert all(sum(line.startswith(f"{n}: round {r}/2 ") for line in said) == 1 for n in names for r in (1, 2))
+
+
+def test_a_run_resumed_a_round_ahead_waits_for_the_others_to_train_with_them(setup, monkeypatch):
+    """After a killed job, one run may resume a round ahead of another (its checkpoint written, the other's not):
+    its round waits for the other to reach it, so the runs go on in one call a round (not two) and each still
+    ends as alone."""
+    from fedmedbench.fl import checkpoint
+
+    full = spec(setup, "ahead-full", batch_clients=True)
+    engine.run(full, log=lambda m: None)
+    first = engine.run(spec(setup, "ahead-a", batch_clients=True, rounds=1), log=lambda m: None)
+    a = spec(setup, "ahead-a", batch_clients=True)  # the same run, 3 rounds, its checkpoint after round 1
+    checkpoint.save(a.run_dir, first.final_state, a.run_hash())
+    b = seeded(spec(setup, "ahead-b", batch_clients=True), 1)
+    calls = counting_calls(monkeypatch)
+    said: list[str] = []
+    run_together([a, b], log=said.append)
+    assert any("resuming from checkpoint at round 1/3" in line for line in said)
+    assert calls == [4, 8, 8]  # b's round 1 alone; rounds 2 and 3 of both in one call each
+    for k, v in final_model(full).items():
+        torch.testing.assert_close(final_model(a)[k], v, atol=ATOL, rtol=RTOL, msg=k)
+
+
+def test_a_run_whose_loss_is_not_finite_fails_alone_in_a_shared_call(setup, monkeypatch):
+    """A non-finite loss of one run's client (train.on_nonfinite: error) fails that run as it would alone, with
+    its own error; the runs trained in the same call go on to their outputs, as alone."""
+    from fedmedbench.fl.federation import client_generator
+    from fedmedbench.fl.training import NonFiniteLossError
+
+    alone = spec(setup, "finite-alone", batch_clients=True)
+    engine.run(alone, log=lambda m: None)
+    diverging = {client_generator(1, r, p).initial_seed() for r in (1, 2, 3) for p in range(5)}  # seed 1's clients
+    real = _together.mean_loss
+
+    def nan_for_seed1(ctx, losses):
+        if ctx.generator.initial_seed() in diverging:
+            raise NonFiniteLossError(f"non-finite training loss (nan) at round {ctx.rnd}, step 1")
+        return real(ctx, losses)
+
+    monkeypatch.setattr(_together, "mean_loss", nan_for_seed1)
+    calls = counting_calls(monkeypatch)
+    a, b = spec(setup, "finite-a", batch_clients=True), seeded(spec(setup, "finite-b", batch_clients=True), 1)
+    with pytest.raises(RuntimeError, match=r"^1 of 2 runs failed \(job t/bloodmnist/fls/fedavg/seed1\): client \d: "
+                                           r"non-finite training loss") as info:
+        run_together([a, b], log=lambda m: None)
+    assert isinstance(info.value.__cause__, NonFiniteLossError)
+    assert calls == [8, 4, 4]  # round 1 together (seed 1 fails there), then seed 0 on its own
+    for k, v in final_model(alone).items():
+        torch.testing.assert_close(final_model(a)[k], v, atol=ATOL, rtol=RTOL, msg=k)
+    assert not (Path(b.run_dir) / "model.pt").exists()
+
+
+def test_every_failed_run_leaves_its_error_in_the_log(setup, monkeypatch):
+    """Two runs failing with their own errors: the raised error names both runs and carries the first; the log
+    has each run's error with its traceback (not only the first's)."""
+    def failing(s, log, pool=None):
+        raise ValueError(f"bad input of seed {s.seed}")
+
+    monkeypatch.setattr(engine, "run", failing)
+    said: list[str] = []
+    a, b = spec(setup, "errors-a"), seeded(spec(setup, "errors-b"), 1)
+    with pytest.raises(RuntimeError, match=r"^2 of 2 runs failed .*: bad input of seed [01]$"):
+        run_together([a, b], log=said.append)
+    for s in (a, b):
+        mine = [line for line in said if line.startswith(f"{engine.job_name(s)}: ")]
+        assert len(mine) == 1 and f"ValueError: bad input of seed {s.seed}" in mine[0] and "Traceback" in mine[0]

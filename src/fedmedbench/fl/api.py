@@ -179,8 +179,9 @@ class ClientResult:
 
 
 #: what trains a round's clients together: (their contexts, their step hooks) -> per client (trained state,
-#: metrics), in order (``_together.train_together``; ``fl/runs_together.py`` merges several runs' rounds)
-Trainer = Callable[[list[ClientContext], list[Any]], list[tuple[Arrays, dict[str, float]]]]
+#: metrics), in order (``_together.train_together``; ``fl/runs_together.py`` merges several runs' rounds, where
+#: hooks None says the round's clients train one by one)
+Trainer = Callable[[list[ClientContext], list[Any] | None], list[tuple[Arrays, dict[str, float]]]]
 
 
 class Method:

@@ -139,7 +139,7 @@ def clients_train_together(job: Job, steps: dict[int, int], rnd: int, arrays: Ar
     results = job.method.fit_together([ctx for ctx, _ in pairs], None if pool is None else pool.train)
     if results is None:
         if pool is not None:
-            pool.train([], [])  # this round trains one by one: the other runs' call goes on without it
+            pool.train([ctx for ctx, _ in pairs], None)  # this round trains one by one: the others go on without it
         return {pid: client_train(job, pid, rnd, arrays, k, broadcast) for pid, k in steps.items()}
     for ctx, store in pairs:
         store.save(ctx.pid, rnd, ctx.state)
@@ -193,8 +193,8 @@ class Transport(Protocol):
 class SharedRounds(Protocol):
     """Where several runs side by side hand in their rounds, trained in one call (``fl/runs_together.RoundPool``)."""
 
-    def train(self, ctxs: list[ClientContext], hooks: list[Any]) -> list[tuple[Arrays, dict[str, float]]]:
-        """This run's round trained with the others' (an empty one: this run is present, training one by one)."""
+    def train(self, ctxs: list[ClientContext], hooks: list[Any] | None) -> list[tuple[Arrays, dict[str, float]]]:
+        """This run's round trained with the others' (no hooks: this run is present, training one by one)."""
 
     def withdraw(self) -> None:
         """This run hands in no more rounds."""

@@ -14,15 +14,19 @@ building among them) happen in its own order, undisturbed by the others; a run's
 generators (Python's, NumPy's, torch's) is put back when it takes the baton again, so a run that draws from them
 mid-run draws as it would alone. The shared call is made by the
 run that hands in last. What a run gets back equals what it would train alone with ``batch_clients`` to
-float32 rounding (the stacked convolutions sum in another order; ``tests/test_runs_together.py``). Runs
-whose rounds cannot share a call (another round after a resumption, another train block or network, a
-method's perturbations that cannot mix) are trained in separate calls at the same point; a run that trains
-its clients one by one withdraws. An error in a shared call fails every run of that call, each saying so.
+float32 rounding (the stacked convolutions sum in another order; ``tests/test_runs_together.py``). Their
+global models' predictions of a shared evaluation set (the same images) are made the same way, in one batched
+pass. A run resumed a round ahead of the others (its checkpoint written before a kill, theirs not) waits for
+them to reach its round. Runs whose rounds cannot share a call (another train block or network, a method's
+perturbations that cannot mix) are trained in separate calls at the same point; a run that trains its clients
+one by one withdraws. A client's non-finite loss fails its own run only, as alone; any other error in a shared
+call fails every run of that call, each saying so.
 """
 
 from __future__ import annotations
 
 import threading
+import traceback
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -46,9 +50,11 @@ class _Entry:
     call share (None: only present). Once the call is done, its result or error."""
 
     name: str
+    thread: int
     kind: str
     key: tuple | None
     payload: tuple
+    rnd: int | None = None  # a round's clients: its round
     result: Any = None
     error: BaseException | None = None
     done: bool = False
@@ -66,6 +72,7 @@ class RoundPool:
         self._members = members
         self._entries: list[_Entry] = []
         self._names: dict[int, str] = {}  # thread -> its run's name, while it is a member
+        self._rounds: dict[int, int] = {}  # thread -> the round of the clients it last handed in
 
     @contextmanager
     def member(self, name: str) -> Iterator[None]:
@@ -97,13 +104,15 @@ class RoundPool:
             if self._entries and len(self._entries) == self._members:
                 self._run_all()
 
-    def train(self, ctxs: list[ClientContext], hooks: list[Any]) -> list[tuple[Arrays, dict[str, float]]]:
+    def train(self, ctxs: list[ClientContext], hooks: list[Any] | None) -> list[tuple[Arrays, dict[str, float]]]:
         """This run's round (``Method.fit_together``'s trainer): its clients trained in one call with the other
-        runs' rounds; an empty round only marks this run as present (its clients train one by one)."""
+        runs' rounds; without ``hooks`` it only marks this run as present at the round (its clients train one
+        by one)."""
         from fedmedbench.fl.methods import _together
 
-        key = _together.merge_key(ctxs[0]) if ctxs else None
-        return self._hand_in("train", key, (list(ctxs), list(hooks))) or []
+        key = _together.merge_key(ctxs[0]) if ctxs and hooks is not None else None
+        rnd = ctxs[0].rnd if ctxs else None
+        return self._hand_in("train", key, (list(ctxs), list(hooks or [])), rnd) or []
 
     def predict(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int,
                 device: torch.device) -> tuple[np.ndarray, np.ndarray]:
@@ -119,10 +128,13 @@ class RoundPool:
                None if shareable else threading.get_ident())
         return self._hand_in("predict", key, (model, x, y, batch_size, device))
 
-    def _hand_in(self, kind: str, key: tuple | None, payload: tuple) -> Any:
-        entry = _Entry(self._names.get(threading.get_ident(), "?"), kind, key, payload)
+    def _hand_in(self, kind: str, key: tuple | None, payload: tuple, rnd: int | None = None) -> Any:
+        me = threading.get_ident()
+        entry = _Entry(self._names.get(me, "?"), me, kind, key, payload, rnd)
         waited = False
         with self._cond:
+            if rnd is not None:
+                self._rounds[me] = rnd
             self._entries.append(entry)
             if len(self._entries) == self._members:
                 self._run_all()
@@ -144,25 +156,46 @@ class RoundPool:
         return entry.result
 
     def _run_all(self) -> None:
-        """Every handed-in piece made (the caller holds the condition and the baton); waiters woken."""
-        from fedmedbench.fl.methods import _together
+        """Every handed-in piece made but a round ahead of another run's (the caller holds the condition and the
+        baton); their waiters woken, whatever fails (an error is each unmade piece's to raise)."""
+        now = [e for e in self._entries if not self._ahead(e)]
+        # a round ahead (a run resumed from a later checkpoint) waits for the others to reach it
+        self._entries = [e for e in self._entries if self._ahead(e)]
+        try:
+            for call in _calls(now):
+                _call(call)
+        except BaseException as exc:  # noqa: BLE001 - every piece still unmade fails with it, none waits on
+            for e in now:
+                if e.result is None and e.error is None:
+                    e.error = exc
+        finally:
+            for e in now:
+                e.done = True
+            self._cond.notify_all()
 
-        entries, self._entries = self._entries, []
-        groups: dict[tuple, list[_Entry]] = {}
-        for e in entries:
-            if e.key is not None:
-                groups.setdefault((e.kind, e.key), []).append(e)
-        calls = []
-        for (kind, _), group in groups.items():
-            if kind == "train" and len(group) > 1 and _together.round_why_not([h for e in group for h in e.payload[1]]):
-                calls.extend([e] for e in group)  # e.g. perturbations that cannot mix: one call a run
-            else:
-                calls.append(group)
-        for call in calls:
-            _call(call)
-        for e in entries:
-            e.done = True
-        self._cond.notify_all()
+    def _ahead(self, e: _Entry) -> bool:
+        """Whether ``e`` is a round's clients ahead of a run still going, which last handed in an earlier round."""
+        if e.key is None or e.kind != "train":
+            return False
+        return any(r < e.rnd for t, r in self._rounds.items() if t != e.thread and t in self._names)
+
+
+def _calls(entries: list[_Entry]) -> list[list[_Entry]]:
+    """The handed-in pieces grouped into calls: those of one kind and key together, but rounds whose clients'
+    step hooks cannot share a batched step (e.g. perturbations that cannot mix), one call a run."""
+    from fedmedbench.fl.methods import _together
+
+    groups: dict[tuple, list[_Entry]] = {}
+    for e in entries:
+        if e.key is not None:
+            groups.setdefault((e.kind, e.key), []).append(e)
+    calls = []
+    for (kind, _), group in groups.items():
+        if kind == "train" and len(group) > 1 and _together.round_why_not([h for e in group for h in e.payload[1]]):
+            calls.extend([e] for e in group)
+        else:
+            calls.append(group)
+    return calls
 
 
 def fingerprint(t: torch.Tensor) -> str:
@@ -218,11 +251,13 @@ def _call(call: list[_Entry]) -> None:
     try:
         if call[0].kind == "train":
             trained = _together.train_together([c for e in call for c in e.payload[0]],
-                                               [h for e in call for h in e.payload[1]])
+                                               [h for e in call for h in e.payload[1]], each_own_error=True)
             start = 0
             for e in call:
                 n = len(e.payload[0])
-                e.result, start = trained[start:start + n], start + n
+                mine, start = trained[start:start + n], start + n
+                e.error = next((r for r in mine if isinstance(r, BaseException)), None)  # a loss not finite: its own
+                e.result = None if e.error is not None else mine
         elif len(call) == 1:  # nothing to share: predicted as alone
             call[0].result = predict_alone(*call[0].payload)
         else:
@@ -245,19 +280,34 @@ def run_together(specs: Sequence[RunSpec], log: Callable[[str], None] = print) -
     errors: list[BaseException | None] = [None] * len(specs)
 
     def one(i: int) -> None:
-        with pool.member(engine.job_name(specs[i])):
+        name = engine.job_name(specs[i])
+        with pool.member(name):
             try:
-                done[i] = engine.run(specs[i], log, pool=pool)
+                done[i] = engine.run(specs[i], _named(log, name), pool=pool)
             except BaseException as exc:  # noqa: BLE001 - reported below, once every run has ended
                 errors[i] = exc
 
-    threads = [threading.Thread(target=one, args=(i,), name=f"run{i}") for i in range(len(specs))]
+    # daemons: an interrupt of the main thread (Ctrl-C) ends the process as it ends a run alone, not after every run
+    threads = [threading.Thread(target=one, args=(i,), name=f"run{i}", daemon=True) for i in range(len(specs))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     failed = [(s, e) for s, e in zip(specs, errors, strict=True) if e is not None]
+    for s, e in failed:  # each run's own error in the log: the one raised below carries only the first
+        log(f"{engine.job_name(s)}: failed: {''.join(traceback.format_exception(e)).rstrip()}")
     if failed:
         names = ", ".join(engine.job_name(s) for s, _ in failed)
         raise RuntimeError(f"{len(failed)} of {len(specs)} runs failed ({names}): {failed[0][1]}") from failed[0][1]
     return [f for f in done if f is not None]
+
+
+def _named(log: Callable[[str], None], name: str) -> Callable[[str], None]:
+    """``log`` with each line naming its run (the runs of a job share one log), where the line does not already;
+    its ``console`` (a job log's round lines to the console, which name their run) kept."""
+    def named(line: str) -> None:
+        log(line if line.startswith(name) else f"{name}: {line}")
+
+    if hasattr(log, "console"):
+        named.console = log.console
+    return named

@@ -412,7 +412,7 @@ class ServerOptMethod(Method):
         hooks = [self.hooks(ctx) for ctx in ctxs]  # once a round: a method's hooks may move its clients' state
         if _together.round_why_not(hooks):  # e.g. a perturbation of the method's own
             if trainer is not None:
-                trainer([], [])  # present, with nothing to train together: runs beside this one go on
+                trainer(ctxs, None)  # present at the round, with nothing to train together: runs beside this one go on
             return self.one_by_one(ctxs, hooks)
         trained = (trainer or _together.train_together)(ctxs, hooks)
         return [self.client_result(ctx, h, metrics, arrays) for ctx, h, (arrays, metrics) in zip(ctxs, hooks, trained, strict=True)]

@@ -78,12 +78,15 @@ def round_why_not(hooks: Sequence[StepHooks]) -> str | None:
     return batch_why_not([h.perturb for h in hooks])  # what the batched form reads off the first client
 
 
-def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) -> list[tuple[Arrays, dict[str, float]]]:
+def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks],
+                   each_own_error: bool = False) -> list[tuple[Arrays, dict[str, float]]]:
     """Every client of ``ctxs`` trained as :func:`fedmedbench.fl.methods._sgd.local_loop` would train it, all
     in one batched loop; per client its trained state (as ``ctx.result_arrays`` gives it) and its metrics (as
     ``local_loop_metrics``). Each client starts from its ``ctx.model`` (its run's global weights): one model for
     a round's clients, one per run where several runs' rounds are trained together (``fl/runs_together.py``);
-    every client of the call has the same round, train block and network (:func:`merge_key`)."""
+    every client of the call has the same round, train block and network (:func:`merge_key`). A client's
+    non-finite loss raises its ``NonFiniteLossError``; with ``each_own_error`` that error takes its place in the
+    list instead (several runs in one call: a run fails only of its own clients)."""
     plan = BatchPlan.of(ctxs, ctxs[0].train.batch_size)
     ctxs, hooks = [ctxs[c] for c in plan.order], [hooks[c] for c in plan.order]  # longest first
     model, cfg, device = ctxs[0].model, ctxs[0].train, ctxs[0].device
@@ -175,7 +178,7 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks]) ->
         flat = torch.cat(step_losses).double().cpu().numpy()
         for s, row in enumerate(np.split(flat, np.cumsum(plan.active)[:-1])):
             values[s, : len(row)] = row
-    out = _results(ctxs, stacked, values, plan)
+    out = _results(ctxs, stacked, values, plan, each_own_error)
     back = [None] * k  # the callers' order
     for pos, c in enumerate(plan.order):
         back[c] = out[pos]
@@ -253,8 +256,8 @@ class BatchPlan:
         return torch.from_numpy(index).to(data_device), torch.from_numpy(weight).to(device)
 
 
-def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray,
-             plan: BatchPlan) -> list[tuple[Arrays, dict[str, float]]]:
+def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray, plan: BatchPlan,
+             each_own_error: bool = False) -> list[tuple[Arrays, dict[str, float]] | NonFiniteLossError]:
     """Each client's trained state (views of the stacked tensors, where the job keeps its arrays) and its
     step losses as ``local_loop_metrics`` reports them."""
     where = ctxs[0].array_device
@@ -269,7 +272,10 @@ def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray
         try:
             loss = mean_loss(ctx, losses)
         except NonFiniteLossError as exc:  # one by one, the engine names the client that raised
-            raise NonFiniteLossError(f"client {ctx.pid}: {exc}") from None
+            if not each_own_error:
+                raise NonFiniteLossError(f"client {ctx.pid}: {exc}") from None
+            out.append(NonFiniteLossError(f"client {ctx.pid}: {exc}"))
+            continue
         arrays: Arrays = {n: rows[n][c] if n in rows else fixed[n].clone().to(where) for n in state}
         out.append((arrays, {"train_loss": loss, **losses.epoch_metrics()}))
     return out
