@@ -327,3 +327,22 @@ def test_every_failed_run_leaves_its_error_in_the_log(setup, monkeypatch):
     for s in (a, b):
         mine = [line for line in said if line.startswith(f"{engine.job_name(s)}: ")]
         assert len(mine) == 1 and f"ValueError: bad input of seed {s.seed}" in mine[0] and "Traceback" in mine[0]
+
+
+def test_runs_whose_untrained_parameters_differ_train_in_separate_calls(setup, monkeypatch):
+    """The batched step takes parameters that are not trained from the first run's model: runs whose frozen
+    parameters differ (their own random draws) cannot share it, and each trains as alone."""
+    real_model_with = engine.fed.Job.model_with
+
+    def frozen_stem(self, arrays):
+        model = real_model_with(self, arrays)
+        model.stem.bias.requires_grad_(False)
+        with torch.no_grad():
+            model.stem.bias.fill_(0.01 * (self.spec.seed + 1))  # a frozen value of each run's own
+        return model
+
+    monkeypatch.setattr(engine.fed.Job, "model_with", frozen_stem)
+    calls = counting_calls(monkeypatch)
+    side = [seeded(spec(setup, f"frozen-side{s}", batch_clients=True), s) for s in (0, 1)]
+    run_together(side, log=lambda m: None)
+    assert calls == [4, 4] * 3  # two calls a round: the runs' frozen stems differ

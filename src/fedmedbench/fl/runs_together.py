@@ -110,7 +110,10 @@ class RoundPool:
         by one)."""
         from fedmedbench.fl.methods import _together
 
-        key = _together.merge_key(ctxs[0]) if ctxs and hooks is not None else None
+        key = None
+        if ctxs and hooks is not None:  # the stacked step reads untrained parameters off the first run's model
+            frozen = tuple(fingerprint(p) for p in ctxs[0].model.parameters() if not p.requires_grad)
+            key = (*_together.merge_key(ctxs[0]), frozen)
         rnd = ctxs[0].rnd if ctxs else None
         return self._hand_in("train", key, (list(ctxs), list(hooks or [])), rnd) or []
 
