@@ -59,6 +59,15 @@ def test_pair_override_is_checked_by_the_schema_and_the_study():
         grid.check_config("s", st)
 
 
+def test_seeds_together_without_clients_together_is_refused_naming_the_key():
+    st = _study()
+    st["train"]["seeds_together"] = True
+    with pytest.raises(ValueError, match=r"'studies\.s\.train\.seeds_together': .*batch_clients: true"):
+        grid.check_config("s", st)
+    st["train"]["batch_clients"] = True
+    grid.check_config("s", st)
+
+
 def test_centralized_trains_once_where_its_pooled_inputs_are_the_same():
     st = _study(methods=["fedavg", "local", "centralized"])
     st["settings"].update({
@@ -280,10 +289,11 @@ def test_the_slurm_profiles_packed_training_groups_the_earlystop_grid_by_eight()
 
 
 def _seeds_together_config(path: Path, base: Path, **study_over) -> Path:
-    """``base`` with its first study's train.seeds_together on (and ``study_over`` set on that study)."""
+    """``base`` with its first study's train.seeds_together on, with its clients together (and ``study_over`` set
+    on that study)."""
     cfg = yaml.safe_load(base.read_text())
     study = next(iter(cfg["studies"].values()))
-    study["train"]["seeds_together"] = True
+    study["train"].update(seeds_together=True, batch_clients=True)
     study.update(study_over)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -317,8 +327,6 @@ def test_seeds_side_by_side_write_each_seeds_run_as_the_workflow_does(tmp_path):
     f = _seeds_together_config(work / "cfg.yaml", ROOT / "tests" / "fixtures" / "micro.yaml", seeds=[0, 1],
                                methods=["fedavg"])
     cfg = yaml.safe_load(f.read_text())
-    cfg["studies"]["micro"]["train"]["batch_clients"] = True
-    f.write_text(yaml.safe_dump(cfg, sort_keys=False))
     base = "results/micro/breastmnist/dir/fedavg"
     proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", f"{base}/seed0/summary.json",
                            f"{base}/seed1/summary.json", "--configfile", str(f)], cwd=work, capture_output=True,

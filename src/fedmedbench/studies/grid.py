@@ -110,7 +110,11 @@ def shared_runs(study: dict[str, Any]) -> dict[tuple[str, str, str], str]:
 
 
 def check_config(sname: str, study: dict[str, Any]) -> None:
-    """A per-(setting, method) override must name one of the study's methods (else it would change nothing)."""
+    """A per-(setting, method) override must name one of the study's methods (else it would change nothing);
+    seeds side by side share their rounds' batched training, so they need their clients together."""
+    if study["train"].get("seeds_together") and not study["train"].get("batch_clients"):
+        config_error(f"studies.{sname}.train.seeds_together",
+                     "seeds side by side share their rounds' batched training: set train.batch_clients: true too")
     for setting, s in study["settings"].items():
         for method in s.get("method_train") or {}:
             if method not in study["methods"]:
