@@ -289,3 +289,28 @@ def test_clients_together_on_the_gpu_equal_one_by_one(tmp_path, method):
     for k, a in one.arrays.items():
         torch.testing.assert_close(torch.as_tensor(both.arrays[k]).cpu(), torch.as_tensor(a).cpu(),
                                    atol=ATOL * 10, rtol=RTOL, msg=k)
+
+
+def test_seeds_side_by_side_on_the_gpu_equal_each_alone(tmp_path):
+    """train.seeds_together on CUDA: two seeds side by side (their clients trained, their global models evaluated
+    in shared calls, each run's CUDA generator put back) end on the weights and metrics of each run alone."""
+    import pandas as pd
+    from test_clients_together import ATOL, RTOL, spec, write_data
+    from test_runs_together import final_model, seeded
+
+    from fedmedbench.fl import engine
+    from fedmedbench.fl.runs_together import run_together
+
+    d = write_data(tmp_path, 28, 200)
+    alone = [seeded(spec(d, f"alone{s}", batch_clients=True, device="cuda", deterministic=True), s) for s in (0, 1)]
+    for s in alone:
+        engine.run(s, log=lambda m: None)
+    side = [seeded(spec(d, f"side{s}", batch_clients=True, device="cuda", deterministic=True), s) for s in (0, 1)]
+    run_together(side, log=lambda m: None)
+    for a, b in zip(alone, side, strict=True):
+        want, got = final_model(a), final_model(b)
+        for k in want:
+            torch.testing.assert_close(got[k].cpu(), want[k].cpu(), atol=ATOL * 10, rtol=RTOL, msg=k)
+        rows_a, rows_b = (pd.read_csv(f"{x.run_dir}/metrics.csv") for x in (a, b))
+        for c in (c for c in rows_a.columns if c.startswith(("global_", "val_"))):
+            np.testing.assert_allclose(rows_b[c].to_numpy(), rows_a[c].to_numpy(), rtol=1e-4, atol=1e-5, err_msg=c)
