@@ -184,6 +184,18 @@ def test_a_tensors_fingerprint_is_its_values_not_its_object():
     b = a.clone()
     b[0, 0] = 9
     assert fingerprint(b) != fingerprint(a)
+
+
+def test_a_tensor_written_in_place_is_fingerprinted_again():
+    """A resident model's untrained parameters are written in place each round: the digest cached for the tensor
+    object must follow its new values, else runs whose values now differ would share a call."""
+    from fedmedbench.fl.runs_together import fingerprint
+
+    frozen = torch.nn.Parameter(torch.zeros(3), requires_grad=False)
+    before = fingerprint(frozen)
+    with torch.no_grad():
+        frozen.fill_(0.5)
+    assert fingerprint(frozen) == fingerprint(torch.full((3,), 0.5)) != before
 def test_an_error_outside_the_call_fails_the_runs_that_wait_instead_of_leaving_them_waiting(setup, monkeypatch):
     """An error while the last run to hand in groups the rounds (before any train_together call) reaches every run
     of that round: none is left waiting for a call that never comes."""
