@@ -196,6 +196,14 @@ def test_a_tensor_written_in_place_is_fingerprinted_again():
     with torch.no_grad():
         frozen.fill_(0.5)
     assert fingerprint(frozen) == fingerprint(torch.full((3,), 0.5)) != before
+
+
+def test_a_scalar_tensor_has_a_fingerprint_of_its_value():
+    """A model's untrained scalar parameter (a 0-dim tensor) is fingerprinted like any other, by its value."""
+    from fedmedbench.fl.runs_together import fingerprint
+
+    assert fingerprint(torch.tensor(1.0)) == fingerprint(torch.tensor(1.0)) != fingerprint(torch.tensor(2.0))
+    assert fingerprint(torch.tensor(1.0)) != fingerprint(torch.tensor([1.0]))  # its shape in the digest
 def test_an_error_outside_the_call_fails_the_runs_that_wait_instead_of_leaving_them_waiting(setup, monkeypatch):
     """An error while the last run to hand in groups the rounds (before any train_together call) reaches every run
     of that round: none is left waiting for a call that never comes."""

@@ -213,7 +213,7 @@ def fingerprint(t: torch.Tensor) -> str:
         return known[2]
     host = t.detach().cpu().contiguous()
     h = hashlib.blake2b(f"{tuple(host.shape)}{host.dtype}".encode(), digest_size=16)
-    h.update(host.view(torch.uint8).numpy().tobytes() if host.numel() else b"")
+    h.update(host.reshape(-1).view(torch.uint8).numpy().tobytes() if host.numel() else b"")  # 0-dim too
     key = id(t)
     _digests[key] = (weakref.ref(t, lambda _, key=key: _digests.pop(key, None)), version, h.hexdigest())
     return _digests[key][2]
