@@ -283,21 +283,23 @@ def test_every_line_a_run_side_by_side_logs_names_its_run(setup):
     assert all(sum(line.startswith(f"{n}: round {r}/2 ") for line in said) == 1 for n in names for r in (1, 2))
 
 
-def test_a_run_resumed_a_round_ahead_waits_for_the_others_to_train_with_them(setup, monkeypatch):
+@pytest.mark.parametrize("ahead_last", [False, True])
+def test_a_run_resumed_a_round_ahead_waits_for_the_others_to_train_with_them(setup, monkeypatch, ahead_last):
     """After a killed job, one run may resume a round ahead of another (its checkpoint written, the other's not):
     its round waits for the other to reach it, so the runs go on in one call a round (not two) and each still
-    ends as alone."""
+    ends as alone; so too where the run ahead is the last to hand in its round (it makes the other's, then waits)."""
     from fedmedbench.fl import checkpoint
 
-    full = spec(setup, "ahead-full", batch_clients=True)
+    tag = "-last" if ahead_last else ""
+    full = spec(setup, f"ahead-full{tag}", batch_clients=True)
     engine.run(full, log=lambda m: None)
-    first = engine.run(spec(setup, "ahead-a", batch_clients=True, rounds=1), log=lambda m: None)
-    a = spec(setup, "ahead-a", batch_clients=True)  # the same run, 3 rounds, its checkpoint after round 1
+    first = engine.run(spec(setup, f"ahead-a{tag}", batch_clients=True, rounds=1), log=lambda m: None)
+    a = spec(setup, f"ahead-a{tag}", batch_clients=True)  # the same run, 3 rounds, its checkpoint after round 1
     checkpoint.save(a.run_dir, first.final_state, a.run_hash())
-    b = seeded(spec(setup, "ahead-b", batch_clients=True), 1)
+    b = seeded(spec(setup, f"ahead-b{tag}", batch_clients=True), 1)
     calls = counting_calls(monkeypatch)
     said: list[str] = []
-    run_together([a, b], log=said.append)
+    run_together([b, a] if ahead_last else [a, b], log=said.append)
     assert any("resuming from checkpoint at round 1/3" in line for line in said)
     assert calls == [4, 8, 8]  # b's round 1 alone; rounds 2 and 3 of both in one call each
     for k, v in final_model(full).items():

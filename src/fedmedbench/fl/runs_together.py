@@ -141,7 +141,7 @@ class RoundPool:
             self._entries.append(entry)
             if len(self._entries) == self._members:
                 self._run_all()
-            else:
+            if not entry.done:  # the others' pieces to make first, or this round ahead of theirs (left unmade)
                 state = _global_generators()  # another run's draws move them while this one waits
                 self._baton.release()
                 waited = True
