@@ -187,6 +187,9 @@ def job_seconds_a_round(spec: RunSpec, runs_together: int) -> list[float]:
     (``runs_together`` > 1: each round's wall time shared by them, a job's share)."""
     if runs_together <= 1:
         return time_spec(spec)
+    if not spec.train.get("batch_clients"):  # each run withdraws: they take turns, each timed as if alone
+        raise SystemExit(f"grid_cost: --runs-together {runs_together} needs train.batch_clients (--batch-clients): "
+                         "without it the runs take turns, and a round's wall time over them is not a job's share")
     specs = [dataclasses.replace(spec, seed=seed, run_dir=f"{spec.run_dir}-seed{seed}") for seed in range(runs_together)]
     return [s / runs_together for s in time_specs_together(specs)]
 

@@ -767,10 +767,24 @@ def test_grid_cost_times_a_job_side_by_side_with_its_other_seeds_at_its_share_of
     monkeypatch.setattr(grid_cost, "time_specs_together", together)
     monkeypatch.setattr(grid_cost, "time_spec", lambda spec: [5.0, 1.0, 1.1])
     spec = RunSpec(run_dir=str(tmp_path / "run-fedavg"), study="s", dataset="d", setting="x", method="fedavg", seed=0,
-                   partition_path="p.json", sources={}, image_size=28)
+                   partition_path="p.json", sources={}, image_size=28, train={"batch_clients": True})
     assert grid_cost.job_seconds_a_round(spec, 3) == pytest.approx([2.0, 1.0, 1.1])
     assert seen == [[(i, f"{tmp_path}/run-fedavg-seed{i}") for i in range(3)]]
     assert grid_cost.job_seconds_a_round(spec, 1) == [5.0, 1.0, 1.1]
+
+
+def test_grid_cost_refuses_runs_side_by_side_without_clients_together(tmp_path, monkeypatch):
+    """Without train.batch_clients every run withdraws from the pool and they run one after another, each round
+    timed as alone: that wall time over N would be N times too small a cost, so it is refused, naming the option."""
+    import grid_cost
+
+    from fedmedbench.fl.spec import RunSpec
+
+    monkeypatch.setattr(grid_cost, "time_specs_together", lambda specs: [6.0, 3.0, 3.3])
+    spec = RunSpec(run_dir=str(tmp_path / "run-fedavg"), study="s", dataset="d", setting="x", method="fedavg", seed=0,
+                   partition_path="p.json", sources={}, image_size=28, train={"batch_clients": False})
+    with pytest.raises(SystemExit, match=r"^grid_cost: --runs-together 3 needs train\.batch_clients \(--batch-clients\)"):
+        grid_cost.job_seconds_a_round(spec, 3)
 
 
 def test_grid_cost_runs_seeds_side_by_side_end_to_end_and_names_the_lever(tmp_path):

@@ -68,6 +68,25 @@ def test_seeds_together_without_clients_together_is_refused_naming_the_key():
     grid.check_config("s", st)
 
 
+@pytest.mark.parametrize(("where", "key"), [
+    (("settings", "dir", "train"), r"settings\.dir\.train\.batch_clients"),
+    (("method_train", "fedavg"), r"method_train\.fedavg\.batch_clients"),
+    (("settings", "iid", "method_train", "fedavg"), r"settings\.iid\.method_train\.fedavg\.batch_clients")])
+def test_seeds_together_with_an_override_turning_clients_together_off_is_refused_naming_it(where, key):
+    """An override of one setting's or method's train block that turns batch_clients off: those jobs' seeds would
+    only take turns in one process; the error names the override's key."""
+    st = _study()
+    st["train"].update(seeds_together=True, batch_clients=True)
+    block = st
+    for k in where:
+        block = block.setdefault(k, {})
+    block["batch_clients"] = False
+    with pytest.raises(ValueError, match=rf"'studies\.s\.{key}': train\.seeds_together is on"):
+        grid.check_config("s", st)
+    block["batch_clients"] = True
+    grid.check_config("s", st)
+
+
 def test_centralized_trains_once_where_its_pooled_inputs_are_the_same():
     st = _study(methods=["fedavg", "local", "centralized"])
     st["settings"].update({

@@ -184,6 +184,26 @@ def test_a_tensors_fingerprint_is_its_values_not_its_object():
     b = a.clone()
     b[0, 0] = 9
     assert fingerprint(b) != fingerprint(a)
+
+
+def test_a_tensor_written_in_place_is_fingerprinted_again():
+    """A resident model's untrained parameters are written in place each round: the digest cached for the tensor
+    object must follow its new values, else runs whose values now differ would share a call."""
+    from fedmedbench.fl.runs_together import fingerprint
+
+    frozen = torch.nn.Parameter(torch.zeros(3), requires_grad=False)
+    before = fingerprint(frozen)
+    with torch.no_grad():
+        frozen.fill_(0.5)
+    assert fingerprint(frozen) == fingerprint(torch.full((3,), 0.5)) != before
+
+
+def test_a_scalar_tensor_has_a_fingerprint_of_its_value():
+    """A model's untrained scalar parameter (a 0-dim tensor) is fingerprinted like any other, by its value."""
+    from fedmedbench.fl.runs_together import fingerprint
+
+    assert fingerprint(torch.tensor(1.0)) == fingerprint(torch.tensor(1.0)) != fingerprint(torch.tensor(2.0))
+    assert fingerprint(torch.tensor(1.0)) != fingerprint(torch.tensor([1.0]))  # its shape in the digest
 def test_an_error_outside_the_call_fails_the_runs_that_wait_instead_of_leaving_them_waiting(setup, monkeypatch):
     """An error while the last run to hand in groups the rounds (before any train_together call) reaches every run
     of that round: none is left waiting for a call that never comes."""
@@ -263,21 +283,23 @@ def test_every_line_a_run_side_by_side_logs_names_its_run(setup):
     assert all(sum(line.startswith(f"{n}: round {r}/2 ") for line in said) == 1 for n in names for r in (1, 2))
 
 
-def test_a_run_resumed_a_round_ahead_waits_for_the_others_to_train_with_them(setup, monkeypatch):
+@pytest.mark.parametrize("ahead_last", [False, True])
+def test_a_run_resumed_a_round_ahead_waits_for_the_others_to_train_with_them(setup, monkeypatch, ahead_last):
     """After a killed job, one run may resume a round ahead of another (its checkpoint written, the other's not):
     its round waits for the other to reach it, so the runs go on in one call a round (not two) and each still
-    ends as alone."""
+    ends as alone; so too where the run ahead is the last to hand in its round (it makes the other's, then waits)."""
     from fedmedbench.fl import checkpoint
 
-    full = spec(setup, "ahead-full", batch_clients=True)
+    tag = "-last" if ahead_last else ""
+    full = spec(setup, f"ahead-full{tag}", batch_clients=True)
     engine.run(full, log=lambda m: None)
-    first = engine.run(spec(setup, "ahead-a", batch_clients=True, rounds=1), log=lambda m: None)
-    a = spec(setup, "ahead-a", batch_clients=True)  # the same run, 3 rounds, its checkpoint after round 1
+    first = engine.run(spec(setup, f"ahead-a{tag}", batch_clients=True, rounds=1), log=lambda m: None)
+    a = spec(setup, f"ahead-a{tag}", batch_clients=True)  # the same run, 3 rounds, its checkpoint after round 1
     checkpoint.save(a.run_dir, first.final_state, a.run_hash())
-    b = seeded(spec(setup, "ahead-b", batch_clients=True), 1)
+    b = seeded(spec(setup, f"ahead-b{tag}", batch_clients=True), 1)
     calls = counting_calls(monkeypatch)
     said: list[str] = []
-    run_together([a, b], log=said.append)
+    run_together([b, a] if ahead_last else [a, b], log=said.append)
     assert any("resuming from checkpoint at round 1/3" in line for line in said)
     assert calls == [4, 8, 8]  # b's round 1 alone; rounds 2 and 3 of both in one call each
     for k, v in final_model(full).items():

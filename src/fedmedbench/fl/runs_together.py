@@ -141,7 +141,7 @@ class RoundPool:
             self._entries.append(entry)
             if len(self._entries) == self._members:
                 self._run_all()
-            else:
+            if not entry.done:  # the others' pieces to make first, or this round ahead of theirs (left unmade)
                 state = _global_generators()  # another run's draws move them while this one waits
                 self._baton.release()
                 waited = True
@@ -202,23 +202,25 @@ def _calls(entries: list[_Entry]) -> list[list[_Entry]]:
 
 
 def fingerprint(t: torch.Tensor) -> str:
-    """A digest of a tensor's shape, type and values (computed once per tensor object): runs predicting on the
-    same images, each loaded by its own job, share a call."""
+    """A digest of a tensor's shape, type and values (computed once per tensor object and version: a tensor
+    written in place, as a resident model's are each round, is read again): runs predicting on the same images,
+    each loaded by its own job, share a call."""
     import hashlib
 
+    version = None if t.is_inference() else t._version  # an inference tensor keeps no version counter
     known = _digests.get(id(t))
-    if known is not None and known[0]() is t:
-        return known[1]
+    if known is not None and known[0]() is t and known[1] == version:
+        return known[2]
     host = t.detach().cpu().contiguous()
     h = hashlib.blake2b(f"{tuple(host.shape)}{host.dtype}".encode(), digest_size=16)
-    h.update(host.view(torch.uint8).numpy().tobytes() if host.numel() else b"")
+    h.update(host.reshape(-1).view(torch.uint8).numpy().tobytes() if host.numel() else b"")  # 0-dim too
     key = id(t)
-    _digests[key] = (weakref.ref(t, lambda _, key=key: _digests.pop(key, None)), h.hexdigest())
-    return _digests[key][1]
+    _digests[key] = (weakref.ref(t, lambda _, key=key: _digests.pop(key, None)), version, h.hexdigest())
+    return _digests[key][2]
 
 
-#: id of a tensor -> (a weak reference to it, its digest); an entry leaves with its tensor
-_digests: dict[int, tuple[weakref.ref, str]] = {}
+#: id of a tensor -> (a weak reference to it, its version when read, its digest); an entry leaves with its tensor
+_digests: dict[int, tuple[weakref.ref, int | None, str]] = {}
 
 
 def _global_generators() -> tuple:

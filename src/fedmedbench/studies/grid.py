@@ -66,6 +66,17 @@ def run_train(study: dict[str, Any], setting: str, method: str) -> dict[str, Any
             **(s.get("method_train") or {}).get(method, {})}
 
 
+def _train_key(study: dict[str, Any], setting: str, method: str, name: str) -> str:
+    """Where ``run_train`` reads ``name`` for this pair: the most specific block that sets it."""
+    s = study["settings"][setting]
+    for where, block in ((f"settings.{setting}.method_train.{method}", (s.get("method_train") or {}).get(method, {})),
+                         (f"method_train.{method}", study.get("method_train", {}).get(method, {})),
+                         (f"settings.{setting}.train", s.get("train", {}))):
+        if name in block:
+            return f"{where}.{name}"
+    return f"train.{name}"
+
+
 def run_model(study: dict[str, Any], method: str) -> dict[str, Any]:
     """The study's model block with the method's override (``method_model``) on top."""
     return {**study["model"], **study["method_model"].get(method, {})}
@@ -111,10 +122,18 @@ def shared_runs(study: dict[str, Any]) -> dict[tuple[str, str, str], str]:
 
 def check_config(sname: str, study: dict[str, Any]) -> None:
     """A per-(setting, method) override must name one of the study's methods (else it would change nothing);
-    seeds side by side share their rounds' batched training, so they need their clients together."""
-    if study["train"].get("seeds_together") and not study["train"].get("batch_clients"):
-        config_error(f"studies.{sname}.train.seeds_together",
-                     "seeds side by side share their rounds' batched training: set train.batch_clients: true too")
+    seeds side by side share their rounds' batched training, so they need their clients together (no setting's
+    or method's override turning ``batch_clients`` off)."""
+    if study["train"].get("seeds_together"):
+        if not study["train"].get("batch_clients"):
+            config_error(f"studies.{sname}.train.seeds_together",
+                         "seeds side by side share their rounds' batched training: set train.batch_clients: true too")
+        for setting in study["settings"]:
+            for method in study["methods"]:
+                if not run_train(study, setting, method).get("batch_clients"):
+                    config_error(f"studies.{sname}.{_train_key(study, setting, method, 'batch_clients')}",
+                                 "train.seeds_together is on: this override would have the seeds only take turns in "
+                                 "one job; drop it or set train.seeds_together: false")
     for setting, s in study["settings"].items():
         for method in s.get("method_train") or {}:
             if method not in study["methods"]:

@@ -290,8 +290,8 @@ def predict_together(models: Sequence[nn.Module], x_u8: torch.Tensor, y: torch.T
     base = models[0]
     for m in models:
         to_device(m, device).eval()
-    names = [n for n, _ in base.named_parameters()]
-    stacked = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]) for n in names}
+    params = [dict(m.named_parameters()) for m in models]  # each model's walked once, not once a parameter
+    stacked = {n: torch.stack([p[n].detach() for p in params]) for n in params[0]}
     forward = torch.func.vmap(lambda p, xb: functional_call(base, p, (xb,)), in_dims=(0, None))
     k, floats = len(models), torch.is_floating_point(x_u8)
     probs, losses = [], []
