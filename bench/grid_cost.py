@@ -46,7 +46,7 @@ RESULTS = ROOT / "bench" / "grid_cost_results.jsonl"
 from _flop_floor import dense_peak, device_name, floor_fields, forward_flops, round_flops  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
-from _timing import steady_s_per_round, time_spec, time_specs_together, waiting_steps  # noqa: E402
+from _timing import progress, steady_s_per_round, time_spec, time_specs_together, waiting_steps  # noqa: E402
 
 from fedmedbench import io  # noqa: E402
 from fedmedbench import partition as P  # noqa: E402
@@ -182,14 +182,24 @@ def scaled_job(jobs: list[dict], pair: str, method: str) -> dict:
     return {**match, "method": method}
 
 
+def side_by_side_why_not(spec: RunSpec) -> str | None:
+    """Why the job's runs side by side would not share their rounds (each trains its clients one by one), or None."""
+    if not spec.train.get("batch_clients"):
+        return "train.batch_clients is off"
+    from fedmedbench.fl import federation as fed
+
+    return fed.why_not_together(fed.Job(fed.resolve_data_shapes(spec)))
+
+
 def job_seconds_a_round(spec: RunSpec, runs_together: int) -> list[float]:
     """Seconds of each round of the job, alone, or side by side with runs of its other seeds in one process
     (``runs_together`` > 1: each round's wall time shared by them, a job's share)."""
     if runs_together <= 1:
         return time_spec(spec)
-    if not spec.train.get("batch_clients"):  # each run withdraws: they take turns, each timed as if alone
-        raise SystemExit(f"grid_cost: --runs-together {runs_together} needs train.batch_clients (--batch-clients): "
-                         "without it the runs take turns, and a round's wall time over them is not a job's share")
+    reason = side_by_side_why_not(spec)
+    if reason:  # its runs would withdraw and take turns, each timed as alone: a round's wall time over N is no share
+        progress(f"--runs-together {runs_together}: {spec.method} cannot share its rounds ({reason}): timed alone")
+        return time_spec(spec)
     specs = [dataclasses.replace(spec, seed=seed, run_dir=f"{spec.run_dir}-seed{seed}") for seed in range(runs_together)]
     return [s / runs_together for s in time_specs_together(specs)]
 

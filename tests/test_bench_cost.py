@@ -766,6 +766,7 @@ def test_grid_cost_times_a_job_side_by_side_with_its_other_seeds_at_its_share_of
 
     monkeypatch.setattr(grid_cost, "time_specs_together", together)
     monkeypatch.setattr(grid_cost, "time_spec", lambda spec: [5.0, 1.0, 1.1])
+    monkeypatch.setattr(grid_cost, "side_by_side_why_not", lambda spec: None)  # a job whose rounds can be shared
     spec = RunSpec(run_dir=str(tmp_path / "run-fedavg"), study="s", dataset="d", setting="x", method="fedavg", seed=0,
                    partition_path="p.json", sources={}, image_size=28, train={"batch_clients": True})
     assert grid_cost.job_seconds_a_round(spec, 3) == pytest.approx([2.0, 1.0, 1.1])
@@ -773,18 +774,24 @@ def test_grid_cost_times_a_job_side_by_side_with_its_other_seeds_at_its_share_of
     assert grid_cost.job_seconds_a_round(spec, 1) == [5.0, 1.0, 1.1]
 
 
-def test_grid_cost_refuses_runs_side_by_side_without_clients_together(tmp_path, monkeypatch):
-    """Without train.batch_clients every run withdraws from the pool and they run one after another, each round
-    timed as alone: that wall time over N would be N times too small a cost, so it is refused, naming the option."""
+def test_grid_cost_times_a_job_alone_where_its_runs_side_by_side_would_take_turns(tmp_path, monkeypatch):
+    """Without train.batch_clients, or with a model or method whose clients train one by one, runs side by side
+    withdraw and take turns, each round timed as alone: their wall time over N would be N times too small a cost,
+    so such a job is timed alone (its cost side by side), never divided."""
     import grid_cost
+    from test_clients_together import spec as together_spec
+    from test_clients_together import write_data
 
     from fedmedbench.fl.spec import RunSpec
 
     monkeypatch.setattr(grid_cost, "time_specs_together", lambda specs: [6.0, 3.0, 3.3])
+    monkeypatch.setattr(grid_cost, "time_spec", lambda spec: [5.0, 1.0, 1.1])
     spec = RunSpec(run_dir=str(tmp_path / "run-fedavg"), study="s", dataset="d", setting="x", method="fedavg", seed=0,
                    partition_path="p.json", sources={}, image_size=28, train={"batch_clients": False})
-    with pytest.raises(SystemExit, match=r"^grid_cost: --runs-together 3 needs train\.batch_clients \(--batch-clients\)"):
-        grid_cost.job_seconds_a_round(spec, 3)
+    assert grid_cost.job_seconds_a_round(spec, 3) == [5.0, 1.0, 1.1]
+    d = write_data(tmp_path, 28, 200)
+    assert "buffers" in grid_cost.side_by_side_why_not(together_spec(d, "bn", model="cnn_small", batch_clients=True))
+    assert grid_cost.side_by_side_why_not(together_spec(d, "ln", batch_clients=True)) is None
 
 
 def test_grid_cost_runs_seeds_side_by_side_end_to_end_and_names_the_lever(tmp_path):
