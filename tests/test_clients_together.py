@@ -389,3 +389,18 @@ def test_a_parameter_without_a_gradient_stops_clients_together_with_a_message(se
     run(spec(setup, "spare-one", model="unused_param_test", rounds=1))  # one by one: trains
     with pytest.raises(ValueError, match=r"parameter 'spare' gets no gradient.*batch_clients: false"):
         run(spec(setup, "spare-both", model="unused_param_test", batch_clients=True, rounds=1))
+
+
+def test_a_model_that_draws_in_training_trains_one_by_one_and_says_why():
+    """Dropout or drop path in training draws per sample, which vmap over stacked clients cannot: such a model is
+    refused up front (rate 0 draws nothing and is let through)."""
+    import timm
+
+    from fedmedbench.fl.api import TrainConfig
+
+    cfg = TrainConfig(rounds=1, local_epochs=1, batch_size=8, lr=0.1)
+    dims = {"dims": (8, 16, 32, 64), "num_classes": 3}
+    assert together.model_why_not(timm.create_model("convnextv2_atto", **dims), cfg) is None
+    assert "draws at random" in together.model_why_not(timm.create_model("convnextv2_atto", drop_path_rate=0.1, **dims), cfg)
+    assert "draws at random" in together.model_why_not(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.2)), cfg)
+    assert together.model_why_not(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.0)), cfg) is None

@@ -125,7 +125,7 @@ class RoundPool:
             from fedmedbench.fl.training import predict_alone
 
             return predict_alone(model, x, y, batch_size, device)
-        shapes = tuple((n, tuple(p.shape)) for n, p in model.named_parameters())
+        shapes = tuple((n, tuple(p.shape), p.dtype) for n, p in model.named_parameters())
         shareable = not any(True for _ in model.buffers())  # batch statistics: each model predicts alone
         key = (fingerprint(x), fingerprint(y), batch_size, str(device), type(model), shapes,
                None if shareable else threading.get_ident())

@@ -55,7 +55,16 @@ def model_why_not(model: nn.Module, cfg: TrainConfig) -> str | None:
         return "train.channels_last / train.compile apply to one client's model"
     if any(True for _ in model.buffers()):
         return "the model has buffers (batch statistics would mix clients' padding)"
+    if any(_draws_in_training(m) for m in model.modules()):
+        return "the model draws at random in training (dropout, drop path): not under vmap's stacked clients"
     return None
+
+
+def _draws_in_training(module: nn.Module) -> bool:
+    """Whether a layer draws random numbers in training mode (dropout of p > 0, timm's DropPath of a rate > 0)."""
+    if isinstance(module, nn.modules.dropout._DropoutNd):
+        return module.p > 0
+    return type(module).__name__ == "DropPath" and float(getattr(module, "drop_prob", 0.0) or 0.0) > 0
 
 
 def hooks_why_not(hooks: StepHooks) -> str | None:
