@@ -116,3 +116,15 @@ def test_seeded_generators_draw_as_the_runs_so_far():
     for (seed, rnd), expected in VALIDATION_DRAWS.items():
         assert _seed_and_draws(validation_generator(seed, rnd)) == expected, (seed, rnd)
         assert _seed_and_draws(seeded_generator(seed, rnd, 2**31 - 1)) == expected, (seed, rnd)
+
+
+#: (run seed, round) -> the GPAF server generator's seed and first three draws, as its runs so far drew them
+SERVER_DRAWS = {(0, 1): (1488179704, [1693505914, 1015508590, 1088521370]),
+                (7, 12): (2622202218, [1640882864, 1603378906, 774920155])}
+
+
+def test_the_gpaf_server_generator_draws_as_its_runs_so_far():
+    from fedmedbench.fl.methods.gpaf import server_generator
+
+    for (seed, rnd), expected in SERVER_DRAWS.items():
+        assert _seed_and_draws(server_generator(seed, rnd)) == expected, (seed, rnd)

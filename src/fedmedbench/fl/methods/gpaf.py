@@ -67,6 +67,7 @@ from torch import nn
 from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
 from fedmedbench.fl.arrays import load_arrays, model_tensors, weighted_average
 from fedmedbench.fl.augment import batch_images
+from fedmedbench.fl.determinism import seeded_generator
 from fedmedbench.fl.methods._shared import seeded, tensors_of
 from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import (
@@ -117,10 +118,13 @@ def vae_loss(x_hat: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, logvar: tor
     return F.mse_loss(x_hat, x, reduction="sum") / n + kl_weight * kl * mu[0].numel()
 
 
+#: the third key of the server's generator (apart from every client id)
+SERVER_STREAM = 0x6A7AF
+
+
 def server_generator(seed: int, rnd: int) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed(int(np.random.SeedSequence([seed, rnd, 0x6A7AF]).generate_state(1)[0]))
-    return g
+    """The server's draws of round ``rnd`` (generator training): (run seed, round) fix them, as on resume."""
+    return seeded_generator(seed, rnd, SERVER_STREAM)
 
 
 def optimizer_state_cpu(opt: torch.optim.Optimizer) -> dict:
