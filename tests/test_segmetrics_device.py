@@ -1,6 +1,6 @@
 """The torch scores (segmetrics_device) against MedPy's (segmetrics): Dice, IoU and HD95 to the bit, ASSD within
-1e-12 relative (float64 on both sides, only the summation order of its mean differs), on hand-made masks and
-seeded random blobs; the meter and the fedst evaluation take them on request."""
+1e-12 relative (float64 on both sides; only torch's square roots and the summation order of its mean differ), on
+hand-made masks and seeded random blobs; the meter and the fedst evaluation take them on request."""
 
 from __future__ import annotations
 

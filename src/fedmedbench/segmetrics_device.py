@@ -36,7 +36,8 @@ import torch
 
 from fedmedbench.segmetrics import ASSD_RULES, Spacing, empty_mask_scores
 
-#: how far (relative) ASSD may lie from MedPy's: its sums are added in another order; every other score is the same bits
+#: how far (relative) ASSD may lie from MedPy's: its square roots are torch's and its sums are added in another
+#: order; every other score is the same bits
 ASSD_RTOL = 1e-12
 #: largest number of float64 values one step of the nearest-border search holds (128 MiB)
 CHUNK = 2**24
