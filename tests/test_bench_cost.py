@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -96,8 +97,10 @@ def test_with_mps_runs_the_command_between_the_daemons_start_and_quit(tmp_path):
                           text=True, env=env, timeout=60)
     assert done.returncode == 3 and "mps=1" in done.stdout
     assert (tmp_path / "mps.log").read_text().split() == ["start", "quit"]
-    bare = {**os.environ, "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(["bash", str(WITH_MPS), "true"], capture_output=True, text=True, env=bare, timeout=60)
+    (tmp_path / "empty").mkdir()  # a PATH without it, even where NVIDIA's utilities sit in /usr/bin
+    bare = {**os.environ, "PATH": str(tmp_path / "empty")}
+    done = subprocess.run([shutil.which("bash"), str(WITH_MPS), "true"], capture_output=True, text=True, env=bare,
+                          timeout=60)
     assert done.returncode == 2 and "nvidia-cuda-mps-control is not on the PATH" in done.stderr
 
 
