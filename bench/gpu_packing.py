@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import grid_cost  # noqa: E402
 from _report import emit  # noqa: E402
-from _timing import steady_s_per_round, time_spec  # noqa: E402
+from _timing import steady_s_per_round  # noqa: E402
 
 #: the surgical studies this bench packs: their exports' folder under --surgical-dir, and the config key of
 #: their methods' names
@@ -53,8 +53,8 @@ def worker(args: argparse.Namespace) -> None:
     limit_threads(args.threads)
     specs = {"ultraflwr": ultraflwr_spec, "fedst": fedst_spec}
     spec = specs.get(args.study, medmnist_spec)(args)
-    # N seeds side by side in the process: a job's share of each round's wall time
-    per_round = grid_cost.job_seconds_a_round(spec, args.runs_together) if args.runs_together > 1 else time_spec(spec)
+    # alone, or N seeds side by side in the process: a job's share of each round's wall time
+    per_round = grid_cost.job_seconds_a_round(spec, args.runs_together)
     peak = torch.cuda.max_memory_reserved() / 2**20 if torch.cuda.is_available() else 0.0
     print(json.dumps({"per_round": per_round, "peak_reserved_mib": round(peak)}), flush=True)
 
