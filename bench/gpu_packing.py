@@ -171,7 +171,7 @@ def main() -> None:
     ap.add_argument("--method", default="fedavg")
     ap.add_argument("--jobs", type=positive, nargs="+", default=[1, 2, 4, 8], help="job counts to run, in order")
     ap.add_argument("--rounds", type=positive, default=4)
-    ap.add_argument("--threads", type=int, default=2, help="torch threads per job")
+    ap.add_argument("--threads", type=positive, default=2, help="torch threads per job")
     ap.add_argument("--device", default="cuda", help="cuda (cpu only to try the script)")
     ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
                     help="train.batch_clients in every job, or not (default: the config's)")

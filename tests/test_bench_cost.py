@@ -819,3 +819,10 @@ def test_seeds_side_by_side_counts_fewer_ops_a_job_round_than_alone_and_the_same
     assert row["bench"] == "seeds_side_by_side" and row["seeds"] == 2 and row["max_weight_difference"] <= 1e-4
     assert 0 < row["ops_per_job_round_side_by_side"] < 0.8 * row["ops_per_job_round_alone"]
     assert row["alone_s_per_round"] > 0 and row["side_by_side_s_per_job_round"] > 0
+
+
+def test_gpu_packing_takes_threads_from_one_before_any_job_starts():
+    """--threads 0 would stop every job in its own traceback (torch takes no 0 threads): one line instead."""
+    done = _bench("gpu_packing.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", "--threads", "0")
+    assert done.returncode == 2 and "--threads: '0' is not a whole number from 1" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
