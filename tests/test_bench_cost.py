@@ -826,3 +826,10 @@ def test_gpu_packing_takes_threads_from_one_before_any_job_starts():
     done = _bench("gpu_packing.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", "--threads", "0")
     assert done.returncode == 2 and "--threads: '0' is not a whole number from 1" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("option", [["--width", "0"], ["--image-size", "0"], ["--threads", "0"]])
+def test_seeds_side_by_side_refuses_a_zero_size_in_one_line(option):
+    done = _bench("seeds_side_by_side.py", "--seeds", "2", "--rounds", "2", *option)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == "seeds_side_by_side: give --width, --image-size and --threads of 1 or more"
