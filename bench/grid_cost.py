@@ -302,6 +302,17 @@ def result_row(row: dict) -> dict:
     return {k: row.get(k) for k in keys}
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number from 1 (0 jobs, rounds or threads time nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1")
+    return value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, nargs="+",
@@ -322,7 +333,7 @@ def main() -> None:
                     help="the MedMNIST studies: time each job side by side with N-1 runs of its other seeds in one "
                     "process, their rounds' clients trained in one call (fl/runs_together.py; needs train.batch_clients); "
                     "a job's seconds a round are its share of the wall time (default 1: alone)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds timed per method (the first is left out when > 1)")
+    ap.add_argument("--rounds", type=positive, default=3, help="rounds timed per method (the first is left out when > 1)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--surgical-dir", type=Path,
@@ -361,6 +372,10 @@ def main() -> None:
         raise SystemExit(f"grid_cost: --runs-together {args.runs_together}: give 1 or more runs")
     import torch
 
+    if args.packing <= 0:
+        raise SystemExit(f"grid_cost: --packing {args.packing:g}: give a throughput above 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("grid_cost: --device cuda, but torch sees no CUDA device")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     limit_threads(args.threads)
     with waiting_steps() if args.waiting_steps else nullcontext():

@@ -833,3 +833,19 @@ def test_seeds_side_by_side_refuses_a_zero_size_in_one_line(option):
     done = _bench("seeds_side_by_side.py", "--seeds", "2", "--rounds", "2", *option)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip() == "seeds_side_by_side: give --width, --image-size and --threads of 1 or more"
+
+
+@pytest.mark.parametrize(("option", "line"), [(["--rounds", "0"], "--rounds: '0' is not a whole number from 1"),
+                                              (["--packing", "0"], "grid_cost: --packing 0: give a throughput above 0")])
+def test_grid_cost_refuses_zero_rounds_or_packing_in_one_line(option, line, tmp_path):
+    """--rounds 0 timed nothing and failed reading an empty metrics file; --packing 0 divided by zero at the end."""
+    done = _bench("grid_cost.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu",
+                  "--results", str(tmp_path / "rows.jsonl"), *option)
+    assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr
+    assert line in done.stderr.strip().splitlines()[-1] and not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for a machine without CUDA")
+def test_grid_cost_refuses_cuda_without_a_device_in_one_line():
+    done = _bench("grid_cost.py", "--config", str(MICRO), "--study", "micro", "--device", "cuda")
+    assert done.returncode == 1 and done.stderr.strip() == "grid_cost: --device cuda, but torch sees no CUDA device"
