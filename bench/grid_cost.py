@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 RESULTS = ROOT / "bench" / "grid_cost_results.jsonl"
 
 from _flop_floor import dense_peak, device_name, floor_fields, forward_flops, round_flops  # noqa: E402
-from _report import emit, git_head  # noqa: E402
+from _report import append_lines, emit, git_head  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
 from _timing import progress, steady_s_per_round, time_spec, time_specs_together, waiting_steps  # noqa: E402
 
@@ -420,8 +420,7 @@ def emit_summary(row: dict, path: Path | None) -> None:
     if path is not None:
         import json
 
-        with Path(path).open("a") as fh:
-            fh.write(json.dumps(result_row(row)) + "\n")
+        append_lines(path, [json.dumps(result_row(row))])
 
 
 def costed_studies(config: dict) -> list[str]:

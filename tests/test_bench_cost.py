@@ -849,3 +849,19 @@ def test_grid_cost_refuses_zero_rounds_or_packing_in_one_line(option, line, tmp_
 def test_grid_cost_refuses_cuda_without_a_device_in_one_line():
     done = _bench("grid_cost.py", "--config", str(MICRO), "--study", "micro", "--device", "cuda")
     assert done.returncode == 1 and done.stderr.strip() == "grid_cost: --device cuda, but torch sees no CUDA device"
+
+
+def test_a_result_line_is_added_whole_or_not_at_all(tmp_path):
+    """bench/_report.py's append_lines (every bench's --out, grid_cost's summary rows): a process killed while writing
+    leaves the file as it was; a file whose last line lacks its newline gets one before the new line."""
+    from _report import append_lines
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"a": 1}')
+    append_lines(rows, ['{"b": 2}'])
+    assert rows.read_text() == '{"a": 1}\n{"b": 2}\n' and [p.name for p in tmp_path.iterdir()] == ["rows.jsonl"]
+    code = f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1] / 'bench')!r}); " \
+           f"from _report import append_lines; append_lines({str(rows)!r}, ['{{\"c\": 3}}'])"
+    killed = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FEDMEDBENCH_FAULT_KILL_BEFORE_RENAME": "*rows.jsonl"},
+                            capture_output=True, text=True, timeout=60)
+    assert killed.returncode == -9 and rows.read_text() == '{"a": 1}\n{"b": 2}\n'
