@@ -161,7 +161,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=grid_cost.positive, nargs="+", default=[1, 2, 4, 8], help="job counts to run, in order")
     ap.add_argument("--rounds", type=grid_cost.positive, default=4)
     ap.add_argument("--threads", type=grid_cost.positive, default=2, help="torch threads per job")
-    ap.add_argument("--device", default="cuda", help="cuda (cpu only to try the script)")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cuda (cpu only to try the script)")
     ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
                     help="train.batch_clients in every job, or not (default: the config's)")
     ap.add_argument("--runs-together", type=grid_cost.positive, default=1, metavar="N",

@@ -865,3 +865,8 @@ def test_a_result_line_is_added_whole_or_not_at_all(tmp_path):
     killed = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FEDMEDBENCH_FAULT_KILL_BEFORE_RENAME": "*rows.jsonl"},
                             capture_output=True, text=True, timeout=60)
     assert killed.returncode == -9 and rows.read_text() == '{"a": 1}\n{"b": 2}\n'
+
+
+def test_gpu_packing_refuses_an_unknown_device_before_any_job_starts():
+    done = _bench("gpu_packing.py", "--config", str(MICRO), "--study", "micro", "--device", "gpu", "--jobs", "1")
+    assert done.returncode == 2 and "--device: invalid choice: 'gpu'" in done.stderr and "Traceback" not in done.stderr
