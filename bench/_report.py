@@ -12,8 +12,19 @@ def emit(rows: list[dict], out: Path | None) -> None:
     for row in rows:
         print(json.dumps(row), flush=True)
     if out:
-        with out.open("a") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in rows)
+        append_lines(out, [json.dumps(r) for r in rows])
+
+
+def append_lines(path: Path, lines: list[str]) -> None:
+    """Add ``lines`` to the end of ``path`` through a temp file and a rename: a run stopped while writing leaves the
+    file as it was, never a half line that would break every later read of it."""
+    from fedmedbench import io
+
+    path = Path(path)
+    before = path.read_text() if path.exists() else ""
+    if before and not before.endswith("\n"):
+        before += "\n"
+    io.write_text(path, before + "".join(line + "\n" for line in lines))
 
 
 def git_head() -> str:

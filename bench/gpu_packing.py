@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import grid_cost  # noqa: E402
 from _report import emit  # noqa: E402
-from _timing import steady_s_per_round, time_spec  # noqa: E402
+from _timing import steady_s_per_round  # noqa: E402
 
 #: the surgical studies this bench packs: their exports' folder under --surgical-dir, and the config key of
 #: their methods' names
@@ -53,8 +53,8 @@ def worker(args: argparse.Namespace) -> None:
     limit_threads(args.threads)
     specs = {"ultraflwr": ultraflwr_spec, "fedst": fedst_spec}
     spec = specs.get(args.study, medmnist_spec)(args)
-    # N seeds side by side in the process: a job's share of each round's wall time
-    per_round = grid_cost.job_seconds_a_round(spec, args.runs_together) if args.runs_together > 1 else time_spec(spec)
+    # alone, or N seeds side by side in the process: a job's share of each round's wall time
+    per_round = grid_cost.job_seconds_a_round(spec, args.runs_together)
     peak = torch.cuda.max_memory_reserved() / 2**20 if torch.cuda.is_available() else 0.0
     print(json.dumps({"per_round": per_round, "peak_reserved_mib": round(peak)}), flush=True)
 
@@ -153,29 +153,18 @@ def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: P
             "peak_reserved_mib": max(peaks)}
 
 
-def positive(text: str) -> int:
-    """An argparse type: a whole number from 1 (0 jobs or rounds time nothing)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1")
-    return value
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, default=ROOT / "config" / "studies" / "earlystop.yaml")
     ap.add_argument("--study", default="earlystop")
     ap.add_argument("--method", default="fedavg")
-    ap.add_argument("--jobs", type=positive, nargs="+", default=[1, 2, 4, 8], help="job counts to run, in order")
-    ap.add_argument("--rounds", type=positive, default=4)
-    ap.add_argument("--threads", type=int, default=2, help="torch threads per job")
-    ap.add_argument("--device", default="cuda", help="cuda (cpu only to try the script)")
+    ap.add_argument("--jobs", type=grid_cost.positive, nargs="+", default=[1, 2, 4, 8], help="job counts to run, in order")
+    ap.add_argument("--rounds", type=grid_cost.positive, default=4)
+    ap.add_argument("--threads", type=grid_cost.positive, default=2, help="torch threads per job")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cuda (cpu only to try the script)")
     ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
                     help="train.batch_clients in every job, or not (default: the config's)")
-    ap.add_argument("--runs-together", type=positive, default=1, metavar="N",
+    ap.add_argument("--runs-together", type=grid_cost.positive, default=1, metavar="N",
                     help="the MedMNIST studies: each process runs N seeds of its job side by side (train.seeds_together; "
                     "with --batch-clients), a job's seconds a round its share of the wall time (default 1)")
     ap.add_argument("--surgical-dir", type=Path, help="ultraflwr, fedst: the exports or stand-in to train on")

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 RESULTS = ROOT / "bench" / "grid_cost_results.jsonl"
 
 from _flop_floor import dense_peak, device_name, floor_fields, forward_flops, round_flops  # noqa: E402
-from _report import emit, git_head  # noqa: E402
+from _report import append_lines, emit, git_head  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
 from _timing import progress, steady_s_per_round, time_spec, time_specs_together, waiting_steps  # noqa: E402
 
@@ -302,6 +302,17 @@ def result_row(row: dict) -> dict:
     return {k: row.get(k) for k in keys}
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number from 1 (0 jobs, rounds or threads time nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1")
+    return value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, nargs="+",
@@ -322,7 +333,7 @@ def main() -> None:
                     help="the MedMNIST studies: time each job side by side with N-1 runs of its other seeds in one "
                     "process, their rounds' clients trained in one call (fl/runs_together.py; needs train.batch_clients); "
                     "a job's seconds a round are its share of the wall time (default 1: alone)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds timed per method (the first is left out when > 1)")
+    ap.add_argument("--rounds", type=positive, default=3, help="rounds timed per method (the first is left out when > 1)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--surgical-dir", type=Path,
@@ -361,6 +372,10 @@ def main() -> None:
         raise SystemExit(f"grid_cost: --runs-together {args.runs_together}: give 1 or more runs")
     import torch
 
+    if args.packing <= 0:
+        raise SystemExit(f"grid_cost: --packing {args.packing:g}: give a throughput above 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("grid_cost: --device cuda, but torch sees no CUDA device")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     limit_threads(args.threads)
     with waiting_steps() if args.waiting_steps else nullcontext():
@@ -405,8 +420,7 @@ def emit_summary(row: dict, path: Path | None) -> None:
     if path is not None:
         import json
 
-        with Path(path).open("a") as fh:
-            fh.write(json.dumps(result_row(row)) + "\n")
+        append_lines(path, [json.dumps(result_row(row))])
 
 
 def costed_studies(config: dict) -> list[str]:

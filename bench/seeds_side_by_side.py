@@ -132,6 +132,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.seeds < 2 or args.rounds < 2:
         raise SystemExit("seeds_side_by_side: give --seeds 2 or more and --rounds 2 or more")
+    if min(args.width, args.image_size, args.threads) < 1:  # a 0-wide model or image fails deep in the model build
+        raise SystemExit("seeds_side_by_side: give --width, --image-size and --threads of 1 or more")
     limit_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="fmb-seeds-") as tmp:
         row = measure(args.seeds, args.rounds, args.width, args.image_size, args.threads, Path(tmp))

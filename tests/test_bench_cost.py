@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -96,8 +97,10 @@ def test_with_mps_runs_the_command_between_the_daemons_start_and_quit(tmp_path):
                           text=True, env=env, timeout=60)
     assert done.returncode == 3 and "mps=1" in done.stdout
     assert (tmp_path / "mps.log").read_text().split() == ["start", "quit"]
-    bare = {**os.environ, "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(["bash", str(WITH_MPS), "true"], capture_output=True, text=True, env=bare, timeout=60)
+    (tmp_path / "empty").mkdir()  # a PATH without it, even where NVIDIA's utilities sit in /usr/bin
+    bare = {**os.environ, "PATH": str(tmp_path / "empty")}
+    done = subprocess.run([shutil.which("bash"), str(WITH_MPS), "true"], capture_output=True, text=True, env=bare,
+                          timeout=60)
     assert done.returncode == 2 and "nvidia-cuda-mps-control is not on the PATH" in done.stderr
 
 
@@ -816,3 +819,54 @@ def test_seeds_side_by_side_counts_fewer_ops_a_job_round_than_alone_and_the_same
     assert row["bench"] == "seeds_side_by_side" and row["seeds"] == 2 and row["max_weight_difference"] <= 1e-4
     assert 0 < row["ops_per_job_round_side_by_side"] < 0.8 * row["ops_per_job_round_alone"]
     assert row["alone_s_per_round"] > 0 and row["side_by_side_s_per_job_round"] > 0
+
+
+def test_gpu_packing_takes_threads_from_one_before_any_job_starts():
+    """--threads 0 would stop every job in its own traceback (torch takes no 0 threads): one line instead."""
+    done = _bench("gpu_packing.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", "--threads", "0")
+    assert done.returncode == 2 and "--threads: '0' is not a whole number from 1" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("option", [["--width", "0"], ["--image-size", "0"], ["--threads", "0"]])
+def test_seeds_side_by_side_refuses_a_zero_size_in_one_line(option):
+    done = _bench("seeds_side_by_side.py", "--seeds", "2", "--rounds", "2", *option)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == "seeds_side_by_side: give --width, --image-size and --threads of 1 or more"
+
+
+@pytest.mark.parametrize(("option", "line"), [(["--rounds", "0"], "--rounds: '0' is not a whole number from 1"),
+                                              (["--packing", "0"], "grid_cost: --packing 0: give a throughput above 0")])
+def test_grid_cost_refuses_zero_rounds_or_packing_in_one_line(option, line, tmp_path):
+    """--rounds 0 timed nothing and failed reading an empty metrics file; --packing 0 divided by zero at the end."""
+    done = _bench("grid_cost.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu",
+                  "--results", str(tmp_path / "rows.jsonl"), *option)
+    assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr
+    assert line in done.stderr.strip().splitlines()[-1] and not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for a machine without CUDA")
+def test_grid_cost_refuses_cuda_without_a_device_in_one_line():
+    done = _bench("grid_cost.py", "--config", str(MICRO), "--study", "micro", "--device", "cuda")
+    assert done.returncode == 1 and done.stderr.strip() == "grid_cost: --device cuda, but torch sees no CUDA device"
+
+
+def test_a_result_line_is_added_whole_or_not_at_all(tmp_path):
+    """bench/_report.py's append_lines (every bench's --out, grid_cost's summary rows): a process killed while writing
+    leaves the file as it was; a file whose last line lacks its newline gets one before the new line."""
+    from _report import append_lines
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"a": 1}')
+    append_lines(rows, ['{"b": 2}'])
+    assert rows.read_text() == '{"a": 1}\n{"b": 2}\n' and [p.name for p in tmp_path.iterdir()] == ["rows.jsonl"]
+    code = f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1] / 'bench')!r}); " \
+           f"from _report import append_lines; append_lines({str(rows)!r}, ['{{\"c\": 3}}'])"
+    killed = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FEDMEDBENCH_FAULT_KILL_BEFORE_RENAME": "*rows.jsonl"},
+                            capture_output=True, text=True, timeout=60)
+    assert killed.returncode == -9 and rows.read_text() == '{"a": 1}\n{"b": 2}\n'
+
+
+def test_gpu_packing_refuses_an_unknown_device_before_any_job_starts():
+    done = _bench("gpu_packing.py", "--config", str(MICRO), "--study", "micro", "--device", "gpu", "--jobs", "1")
+    assert done.returncode == 2 and "--device: invalid choice: 'gpu'" in done.stderr and "Traceback" not in done.stderr
