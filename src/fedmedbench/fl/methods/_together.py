@@ -88,7 +88,7 @@ def round_why_not(hooks: Sequence[StepHooks]) -> str | None:
 
 
 def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks],
-                   each_own_error: bool = False) -> list[tuple[Arrays, dict[str, float]]]:
+                   each_own_error: bool = False) -> list[tuple[Arrays, dict[str, float]] | NonFiniteLossError]:
     """Every client of ``ctxs`` trained as :func:`fedmedbench.fl.methods._sgd.local_loop` would train it, all
     in one batched loop; per client its trained state (as ``ctx.result_arrays`` gives it) and its metrics (as
     ``local_loop_metrics``). Each client starts from its ``ctx.model`` (its run's global weights): one model for
@@ -288,7 +288,6 @@ def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray
         arrays: Arrays = {n: rows[n][c] if n in rows else fixed[n].clone().to(where) for n in state}
         out.append((arrays, {"train_loss": loss, **losses.epoch_metrics()}))
     return out
-
 
 
 def predict_together(models: Sequence[nn.Module], x_u8: torch.Tensor, y: torch.Tensor, batch_size: int,
