@@ -123,14 +123,11 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks],
     step_losses = []
     for s in range(plan.steps):
         n, width = plan.active[s], plan.widths[s]
-        if n == k:  # every client steps: the stacked tensors themselves
-            leaves, idx, w_s, corr = weights, index[s], sample_w[s], corrections
-            if width < plan.width:
-                idx, w_s = idx[:, :width], w_s[:, :width]
-        else:  # the first n clients step: leaves that are views of their rows, updated in place
-            leaves = [w.detach()[:n].requires_grad_(True) for w in weights]
-            idx, w_s = index[s, :n, :width], sample_w[s, :n, :width]
-            corr = None if corrections is None else [c[:n] for c in corrections]
+        idx, w_s = index[s, :n, :width], sample_w[s, :n, :width]  # the stepping clients' batches
+        corr = None if corrections is None else stack.first(corrections, n)
+        # every client steps: the stacked tensors themselves; else leaves that are views of the first n rows,
+        # updated in place
+        leaves = weights if n == k else [w.detach()[:n].requires_grad_(True) for w in weights]
         current = dict(zip(names, leaves, strict=True))
         xb = to_float(x_all[idx], device)
         yb = y_all[idx].to(device, non_blocking=True)
