@@ -1,7 +1,7 @@
 """The sampled clients of a round trained together (``train.batch_clients``).
 
 On one process, local training of K clients is K loops of small steps, each dispatching the model's
-forward, backward, clipping and optimizer ops (about 800 for ConvNeXtV2-nano): on a GPU the round
+forward, backward, clipping and optimizer ops (several hundred a step for ConvNeXtV2-nano): on a GPU the round
 is bound by launching them, not by arithmetic. Here the K clients' weights are stacked (K, ...) and
 every step runs one forward and backward over all of them (``torch.func.functional_call`` under
 ``vmap``), one per-client gradient clipping and one multi-tensor SGD step: a round costs the ops of
