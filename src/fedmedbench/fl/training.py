@@ -256,7 +256,7 @@ shared_predictions = threading.local()
 
 def predict_samples(model: nn.Module, x_u8: torch.Tensor, y: torch.Tensor, batch_size: int,
                     device: torch.device) -> tuple[np.ndarray, np.ndarray]:
-    """Class probabilities (N x C) and per-sample cross-entropy (N), float64. ``x_u8``: uint8 images,
+    """Class probabilities (N x C, float32) and per-sample cross-entropy (N, float64). ``x_u8``: uint8 images,
     or float images already on the model's [-1, 1] scale (an augmented read, fl/augment.py).
 
     Both stay on the device until the last batch and are read once: a read per batch would make

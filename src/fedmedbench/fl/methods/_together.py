@@ -1,7 +1,7 @@
 """The sampled clients of a round trained together (``train.batch_clients``).
 
 On one process, local training of K clients is K loops of small steps, each dispatching the model's
-forward, backward, clipping and optimizer ops (about 800 for ConvNeXtV2-nano): on a GPU the round
+forward, backward, clipping and optimizer ops (several hundred a step for ConvNeXtV2-nano): on a GPU the round
 is bound by launching them, not by arithmetic. Here the K clients' weights are stacked (K, ...) and
 every step runs one forward and backward over all of them (``torch.func.functional_call`` under
 ``vmap``), one per-client gradient clipping and one multi-tensor SGD step: a round costs the ops of
@@ -88,7 +88,7 @@ def round_why_not(hooks: Sequence[StepHooks]) -> str | None:
 
 
 def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks],
-                   each_own_error: bool = False) -> list[tuple[Arrays, dict[str, float]]]:
+                   each_own_error: bool = False) -> list[tuple[Arrays, dict[str, float]] | NonFiniteLossError]:
     """Every client of ``ctxs`` trained as :func:`fedmedbench.fl.methods._sgd.local_loop` would train it, all
     in one batched loop; per client its trained state (as ``ctx.result_arrays`` gives it) and its metrics (as
     ``local_loop_metrics``). Each client starts from its ``ctx.model`` (its run's global weights): one model for
@@ -123,14 +123,11 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks],
     step_losses = []
     for s in range(plan.steps):
         n, width = plan.active[s], plan.widths[s]
-        if n == k:  # every client steps: the stacked tensors themselves
-            leaves, idx, w_s, corr = weights, index[s], sample_w[s], corrections
-            if width < plan.width:
-                idx, w_s = idx[:, :width], w_s[:, :width]
-        else:  # the first n clients step: leaves that are views of their rows, updated in place
-            leaves = [w.detach()[:n].requires_grad_(True) for w in weights]
-            idx, w_s = index[s, :n, :width], sample_w[s, :n, :width]
-            corr = None if corrections is None else [c[:n] for c in corrections]
+        idx, w_s = index[s, :n, :width], sample_w[s, :n, :width]  # the stepping clients' batches
+        corr = None if corrections is None else stack.first(corrections, n)
+        # every client steps: the stacked tensors themselves; else leaves that are views of the first n rows,
+        # updated in place
+        leaves = weights if n == k else [w.detach()[:n].requires_grad_(True) for w in weights]
         current = dict(zip(names, leaves, strict=True))
         xb = to_float(x_all[idx], device)
         yb = y_all[idx].to(device, non_blocking=True)
@@ -288,7 +285,6 @@ def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray
         arrays: Arrays = {n: rows[n][c] if n in rows else fixed[n].clone().to(where) for n in state}
         out.append((arrays, {"train_loss": loss, **losses.epoch_metrics()}))
     return out
-
 
 
 def predict_together(models: Sequence[nn.Module], x_u8: torch.Tensor, y: torch.Tensor, batch_size: int,
