@@ -456,11 +456,30 @@ def check_methods(configs: dict[Path, dict], studies: list[str] | None, methods:
                          f"({', '.join(sorted(known))})")
 
 
+#: options that set a MedMNIST study's run (train keys, its grid's jobs): a surgical study's timing has none of them
+MEDMNIST_OPTIONS = {"setting": "--setting", "scale_by": "--scale-by", "autocast": "--autocast",
+                    "torch_profile": "--torch-profile", "batch_clients": "--[no-]batch-clients",
+                    "runs_together": "--runs-together"}
+
+
+def check_medmnist_options(configs: dict[Path, dict], studies: list[str] | None, args: argparse.Namespace) -> None:
+    """Exit with one line when an option only the MedMNIST studies take is given while fedst or ultraflwr is
+    costed too: their rows would be timed without it, and read as if with it."""
+    given = [flag for key, flag in MEDMNIST_OPTIONS.items()
+             if getattr(args, key) not in (None, 1 if key == "runs_together" else None)]
+    surgical = sorted({s for config in configs.values() for s in costed_studies(config)
+                       if s in ("fedst", "ultraflwr") and (not studies or s in studies)})
+    if given and surgical:
+        raise SystemExit(f"grid_cost: {' and '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the "
+                         f"MedMNIST studies only, not {' or '.join(surgical)} (costed here too: choose with --study)")
+
+
 def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
     """One row per study of each config, as each is timed."""
     configs = {path: load_config(path) for path in args.config}
     check_studies(configs, args.study)
     check_methods(configs, args.study, args.methods)
+    check_medmnist_options(configs, args.study, args)
     for config in configs.values():  # every study's --setting and --scale-by pairs, before the first is timed
         for study in config.get("studies", {}):
             if not args.study or study in args.study:

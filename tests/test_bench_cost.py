@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -870,3 +871,34 @@ def test_a_result_line_is_added_whole_or_not_at_all(tmp_path):
 def test_gpu_packing_refuses_an_unknown_device_before_any_job_starts():
     done = _bench("gpu_packing.py", "--config", str(MICRO), "--study", "micro", "--device", "gpu", "--jobs", "1")
     assert done.returncode == 2 and "--device: invalid choice: 'gpu'" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("config", "option", "line"), [
+    ("fedst", ["--autocast", "bf16"], "--autocast applies to the MedMNIST studies only, not fedst"),
+    ("ultraflwr", ["--setting", "qty0.01", "--runs-together", "2"],
+     "--setting and --runs-together apply to the MedMNIST studies only, not ultraflwr"),
+    ("ultraflwr", ["--no-batch-clients"], "--[no-]batch-clients applies to the MedMNIST studies only, not ultraflwr"),
+    ("fedst", ["--scale-by", "dermamnist/dir0.01"], "--scale-by applies"),
+    ("fedst", ["--torch-profile", "p.txt"], "--torch-profile applies"),
+])
+def test_grid_cost_refuses_a_medmnist_option_where_a_surgical_study_is_costed_in_one_line(config, option, line, tmp_path):
+    """The surgical studies' timings take none of these: their rows were timed without them, silently."""
+    done = _bench("grid_cost.py", "--config", str(STUDIES / f"{config}.yaml"), "--device", "cpu",
+                  "--surgical-dir", str(tmp_path), "--results", str(tmp_path / "rows.jsonl"), *option)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and line in done.stderr, done.stderr
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+def test_grid_cost_leaves_the_surgical_study_out_with_study_and_takes_the_option(tmp_path):
+    """A config with both kinds: --study naming only the MedMNIST ones lets the option through."""
+    args = SimpleNamespace(setting=None, scale_by=None, autocast="bf16", torch_profile=None, batch_clients=None,
+                           runs_together=1)
+    import grid_cost
+
+    configs = {STUDIES / "fedst.yaml": grid_cost.load_config(STUDIES / "fedst.yaml"),
+               MICRO: grid_cost.load_config(MICRO)}
+    grid_cost.check_medmnist_options(configs, ["micro"], args)  # no exit
+    with pytest.raises(SystemExit):
+        grid_cost.check_medmnist_options(configs, None, args)
+    grid_cost.check_medmnist_options(configs, None, SimpleNamespace(**{**vars(args), "autocast": None}))

@@ -404,3 +404,53 @@ def test_a_model_that_draws_in_training_trains_one_by_one_and_says_why():
     assert "draws at random" in together.model_why_not(timm.create_model("convnextv2_atto", drop_path_rate=0.1, **dims), cfg)
     assert "draws at random" in together.model_why_not(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.2)), cfg)
     assert together.model_why_not(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.0)), cfg) is None
+
+
+def test_a_batched_perturbation_that_would_skip_its_clients_callback_is_an_error(setup):
+    """A perturbation with its own per-step callback whose batched form does not override after_step: trained
+    together, the callback would never run. The round stops with the class to mend instead."""
+    from fedmedbench.fl.methods._perturb import BatchedPerturbation, Perturbation
+    from fedmedbench.fl.methods._sgd import StepHooks
+
+    class Counting(Perturbation):
+        def __init__(self) -> None:
+            self.steps = 0
+
+        def advance(self) -> None:
+            self.steps += 1
+
+        @classmethod
+        def batched(cls, perturbs, stack):
+            return Silent()
+
+    class Silent(BatchedPerturbation):
+        def e(self, weights, grads, n):
+            return None
+
+    f = fed.Federation(spec(setup, "silent", batch_clients=True, rounds=1), log=lambda m: None)
+    model = f.job.resident
+    arrays = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    ctxs = [fed._client_context(f.job, pid, 1, arrays, 2, model=model)[0] for pid in (0, 1)]
+    perturbs = [Counting(), Counting()]
+    hooks = [StepHooks(perturb=p, after_step=p.advance) for p in perturbs]
+    assert together.round_why_not(hooks) is None  # the callback is the perturbation's own: let through ...
+    with pytest.raises(TypeError, match=r"Counting.batched gives a Silent, which does not override "
+                                        r"BatchedPerturbation.after_step"):
+        together.train_together(ctxs, hooks)  # ... and stopped before a step skips it
+
+
+def test_a_round_that_falls_back_to_one_by_one_says_why_once_in_the_log(setup, monkeypatch):
+    """Hooks that the batched step cannot take train the round one by one: the run's log says so, once a reason."""
+    from fedmedbench.fl.methods._sgd import StepHooks
+    from fedmedbench.fl.methods.fedavg import FedAvg
+
+    def nudge(model, xb, yb):
+        return {n: torch.full_like(p, 1e-3) for n, p in model.named_parameters()}
+
+    monkeypatch.setattr(FedAvg, "hooks", lambda self, ctx: StepHooks(perturb=nudge))
+    said: list[str] = []
+    f = fed.Federation(spec(setup, "said", batch_clients=True, rounds=3), log=said.append)
+    f.run(fed.with_clients_together(fed.InProcessTransport(f.job), f.job, log=said.append))
+    lines = [m for m in said if "one by one" in m]
+    assert lines == ["train.batch_clients: a round's clients trained one by one (a weight perturbation of the "
+                     "method's own)"], said

@@ -124,6 +124,9 @@ class ClientContext:
     #: where the job's reused model keeps its state entries (``result_arrays`` reads them without a
     #: ``state_dict()`` walk); None when ``model`` is built for this call
     slots: StateSlots | None = None
+    #: a line for the job's log, each text said once a run (clients trained together: a round that falls back
+    #: to one by one says why); None: not logged
+    note: Callable[[str], None] | None = None
 
     def result_arrays(self, model: torch.nn.Module | None = None, keys: list[str] | None = None) -> Arrays:
         """What the client sends: copies of the model's state (``ctx.model`` by default) where the job

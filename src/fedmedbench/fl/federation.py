@@ -130,12 +130,16 @@ def client_train(
 
 def clients_train_together(job: Job, steps: dict[int, int], rnd: int, arrays: Arrays,
                            broadcast: dict[str, Arrays] | None = None,
-                           pool: SharedRounds | None = None) -> dict[int, ClientResult]:
+                           pool: SharedRounds | None = None,
+                           note: Callable[[str], None] | None = None) -> dict[int, ClientResult]:
     """The clients of ``steps`` (partition id -> steps) trained together (``train.batch_clients``:
     ``Method.fit_together``), or one by one where this round's clients cannot be. ``pool``: several runs side
-    by side, whose rounds train in one batched call (``fl/runs_together.py``)."""
+    by side, whose rounds train in one batched call (``fl/runs_together.py``); ``note``: the clients'
+    ``ClientContext.note`` (where a round says why it trains one by one)."""
     model = job.model_with(arrays)
     pairs = [_client_context(job, pid, rnd, arrays, k, broadcast, model=model) for pid, k in steps.items()]
+    for ctx, _ in pairs:
+        ctx.note = note
     results = job.method.fit_together([ctx for ctx, _ in pairs], None if pool is None else pool.train)
     if results is None:
         if pool is not None:
@@ -204,11 +208,19 @@ class TogetherTransport:
     """Training of each round's clients together, in this process (``train.batch_clients``); evaluation
     through the transport it wraps."""
 
-    def __init__(self, inner: Transport, job: Job, pool: SharedRounds | None = None) -> None:
-        self.inner, self.job, self.pool = inner, job, pool
+    def __init__(self, inner: Transport, job: Job, pool: SharedRounds | None = None,
+                 log: Callable[[str], None] = print) -> None:
+        self.inner, self.job, self.pool, self.log = inner, job, pool, log
+        self.said: set[str] = set()
+
+    def note(self, line: str) -> None:
+        """``line`` into the run's log, the first time it comes (a reason a round trains one by one recurs)."""
+        if line not in self.said:
+            self.said.add(line)
+            self.log(line)
 
     def train(self, rnd, steps, arrays, broadcast):
-        return clients_train_together(self.job, steps, rnd, arrays, broadcast, self.pool)
+        return clients_train_together(self.job, steps, rnd, arrays, broadcast, self.pool, self.note)
 
     def evaluate(self, rnd, pids, arrays):
         return self.inner.evaluate(rnd, pids, arrays)
@@ -225,7 +237,7 @@ def with_clients_together(transport: Transport, job: Job, log: Callable[[str], N
         if job.train.batch_clients:
             log(f"train.batch_clients: clients trained one by one ({reason})")
         return transport
-    return TogetherTransport(transport, job, pool)
+    return TogetherTransport(transport, job, pool, log)
 
 
 class InProcessTransport:

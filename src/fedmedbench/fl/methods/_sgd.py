@@ -410,7 +410,10 @@ class ServerOptMethod(Method):
         from fedmedbench.fl.methods import _together
 
         hooks = [self.hooks(ctx) for ctx in ctxs]  # once a round: a method's hooks may move its clients' state
-        if _together.round_why_not(hooks):  # e.g. a perturbation of the method's own
+        reason = _together.round_why_not(hooks)  # e.g. a perturbation of the method's own
+        if reason:
+            if ctxs[0].note is not None:
+                ctxs[0].note(f"train.batch_clients: a round's clients trained one by one ({reason})")
             if trainer is not None:
                 trainer(ctxs, None)  # present at the round, with nothing to train together: runs beside this one go on
             return self.one_by_one(ctxs, hooks)

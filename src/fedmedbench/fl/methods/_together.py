@@ -35,7 +35,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedmedbench.fl.api import Arrays, ClientContext, TrainConfig
-from fedmedbench.fl.methods._perturb import Perturbation, Stack, batch_why_not
+from fedmedbench.fl.methods._perturb import BatchedPerturbation, Perturbation, Stack, batch_why_not
 from fedmedbench.fl.methods._sgd import StepHooks, Tensors, mean_loss, trainable
 from fedmedbench.fl.training import (
     NonFiniteLossError,
@@ -108,6 +108,11 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks],
     perturbs = [h.perturb for h in hooks]
     kind = next((type(p) for p in perturbs if p is not None), None)
     perturb = kind.batched(perturbs, stack) if kind is not None else None
+    if any(h.after_step is not None for h in hooks) and (
+            perturb is None or type(perturb).after_step is BatchedPerturbation.after_step):
+        raise TypeError("the clients' StepHooks.after_step would be skipped: " + (
+            "no batched perturbation calls it" if perturb is None else f"{kind.__name__}.batched gives a "
+            f"{type(perturb).__name__}, which does not override BatchedPerturbation.after_step"))
     decay = cfg.weight_decay + hooks[0].extra_weight_decay
     loss_weight = hooks[0].loss_weight
     x_all, y_all = plan.pooled(ctxs)
