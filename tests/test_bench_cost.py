@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import shutil
@@ -902,3 +903,29 @@ def test_grid_cost_leaves_the_surgical_study_out_with_study_and_takes_the_option
     with pytest.raises(SystemExit):
         grid_cost.check_medmnist_options(configs, None, args)
     grid_cost.check_medmnist_options(configs, None, SimpleNamespace(**{**vars(args), "autocast": None}))
+
+
+def test_the_side_by_side_timing_trains_both_seeds_rounds_in_one_call(tmp_path, monkeypatch):
+    """What --runs-together times is the runs sharing their rounds: every batched call holds both seeds' clients
+    (were they taking turns, each call would hold one run's), and each seed writes its own rows."""
+    import _timing
+    from test_clients_together import spec as together_spec
+    from test_clients_together import write_data
+
+    from fedmedbench.fl.methods import _together
+
+    sizes: list[int] = []
+    plain = _together.train_together
+
+    def counted(ctxs, hooks, each_own_error=False):
+        sizes.append(len(ctxs))
+        return plain(ctxs, hooks, each_own_error)
+
+    monkeypatch.setattr(_together, "train_together", counted)
+    d = write_data(tmp_path, 28, 200)
+    spec = together_spec(d, "run", batch_clients=True, rounds=2)
+    specs = [dataclasses.replace(spec, seed=seed, run_dir=f"{spec.run_dir}-seed{seed}") for seed in range(2)]
+    seconds = _timing.time_specs_together(specs, log=lambda m: None)
+    assert len(seconds) == 2 and all(s > 0 for s in seconds)
+    assert sizes == [2 * spec.clients_per_round] * 2, sizes  # one call a round, both runs' four clients
+    assert all((Path(s.run_dir) / "metrics.csv").exists() for s in specs)
