@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _cli import positive  # noqa: E402
 from _report import emit  # noqa: E402
 
 from fedmedbench.compat import limit_threads  # noqa: E402
@@ -129,11 +130,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clips", type=Path, required=True, help="a clips folder (sites.json, <site>/clips.parquet)")
     ap.add_argument("--site", nargs="*", default=["A", "C"], help="sites whose training steps to time (none: --site alone)")
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=positive, default=40)
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 2, 4])
     ap.add_argument("--compute-ms", type=float, nargs="+", default=[0.0])
-    ap.add_argument("--size", type=int, nargs=2, default=[480, 480])
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (the job's)")
+    ap.add_argument("--size", type=positive, nargs=2, default=[480, 480])
+    ap.add_argument("--threads", type=positive, default=2, help="torch threads (the job's)")
     ap.add_argument("--metrics", action="store_true", help="also time the evaluation's per-frame scores")
     ap.add_argument("--image-cache", type=Path, help="also time the steps writing, then reading, decoded clips here")
     ap.add_argument("--server", metavar="SITE", help="also time the server's SERQ batches on this site's clips (sim)")

@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _cli import positive  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 
 from fedmedbench import io  # noqa: E402
@@ -45,10 +46,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--method", default="scaffold")
     ap.add_argument("--model", default="cnn_small")
-    ap.add_argument("--clients", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--clients", type=positive, default=10)
+    ap.add_argument("--rounds", type=positive, default=2)
     ap.add_argument("--size", type=int, default=28, choices=SIZES)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=positive, default=2)
     ap.add_argument("--out", type=Path, default=None, help="append the result row to this JSON-lines file")
     ap.add_argument("--surgical-dir", type=Path, default=None, help="time an ultraflwr job on this surgical data folder")
     ap.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[1] / "config/studies/ultraflwr.yaml",

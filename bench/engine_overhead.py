@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _cli import positive  # noqa: E402
 from _report import emit  # noqa: E402
 from _timing import waiting_steps  # noqa: E402
 
@@ -285,16 +286,16 @@ def measure(model: str, clients: int, per_round: int, rounds: int, threads: int,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="cnn_small")
-    ap.add_argument("--clients", type=int, default=100)
-    ap.add_argument("--per-round", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--clients", type=positive, default=100)
+    ap.add_argument("--per-round", type=positive, default=10)
+    ap.add_argument("--rounds", type=positive, default=5)
     ap.add_argument("--local-epochs", type=float, default=5)
-    ap.add_argument("--repeats", type=int, default=2, help="alternating runs per side; the best of each counts")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=positive, default=2, help="alternating runs per side; the best of each counts")
+    ap.add_argument("--threads", type=positive, default=2)
     ap.add_argument("--backend", default="inline", choices=engine.BACKENDS)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--resident", action="store_true", help="also time the device-resident loop (always on cuda)")
-    ap.add_argument("--eval-every", type=int, help="evaluate every N rounds on every side (default: last round only)")
+    ap.add_argument("--eval-every", type=positive, help="evaluate every N rounds on every side (default: last round only)")
     ap.add_argument("--study-config", type=Path,
                     help="take local training (batch, lr, momentum, ...) and the model from this study config")
     ap.add_argument("--study", default="earlystop", help="the study of --study-config")

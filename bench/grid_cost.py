@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 #: where each study's summary row is appended (``--results``)
 RESULTS = ROOT / "bench" / "grid_cost_results.jsonl"
 
+from _cli import positive  # noqa: E402
 from _flop_floor import dense_peak, device_name, floor_fields, forward_flops, round_flops  # noqa: E402
 from _report import append_lines, emit, git_head  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
@@ -300,17 +301,6 @@ def result_row(row: dict) -> dict:
             "floor_s_per_round_30", "floor_s_per_round_10", "measured_over_floor_30", "measured_over_floor_10",
             "floor_gpu_hours_30", "floor_gpu_hours_10", "levers")
     return {k: row.get(k) for k in keys}
-
-
-def positive(text: str) -> int:
-    """An argparse type: a whole number from 1 (0 jobs, rounds or threads time nothing)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1")
-    return value
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import engine_overhead as eo  # noqa: E402
 import host_overhead as ho  # noqa: E402
+from _cli import positive  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 
 from fedmedbench.compat import limit_threads  # noqa: E402
@@ -78,8 +79,8 @@ def main() -> None:
     ap.add_argument("--method", default="fedavg")
     ap.add_argument("--config", type=Path, default=ROOT / "config" / "studies" / "earlystop.yaml")
     ap.add_argument("--width", type=int, default=8, help="first stage width of the thin model (0: the real one)")
-    ap.add_argument("--image-size", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--image-size", type=positive, default=32)
+    ap.add_argument("--threads", type=positive, default=2)
     ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
                     help="train.batch_clients: the round's clients together, or not (default: the config's)")
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")

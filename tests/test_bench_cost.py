@@ -929,3 +929,20 @@ def test_the_side_by_side_timing_trains_both_seeds_rounds_in_one_call(tmp_path, 
     assert len(seconds) == 2 and all(s > 0 for s in seconds)
     assert sizes == [2 * spec.clients_per_round] * 2, sizes  # one call a round, both runs' four clients
     assert all((Path(s.run_dir) / "metrics.csv").exists() for s in specs)
+
+
+@pytest.mark.parametrize(("script", "option"), [
+    ("engine_overhead.py", "--repeats"), ("engine_overhead.py", "--rounds"), ("host_overhead.py", "--repeats"),
+    ("tracking_cost.py", "--repeats"), ("segmetrics_device.py", "--batch"), ("segmetrics_device.py", "--repeats"),
+    ("segmetrics_device.py", "--frames"), ("yolo_loading.py", "--samples"), ("yolo_read_ahead.py", "--epochs"),
+    ("clip_loading.py", "--steps"), ("disk_per_job.py", "--clients"), ("ops_per_round.py", "--image-size"),
+])
+def test_a_bench_takes_its_counts_from_one_in_one_line(script, option, tmp_path):
+    """0 repeats, rounds, steps or samples ended in a traceback (min() of nothing, a division by zero, an empty
+    metrics file) or, for segmetrics_device's --repeats, a row with an infinite time: one line naming the option."""
+    surgical = ["--surgical-dir", str(tmp_path)] if script.startswith("yolo_") else []
+    clips = ["--clips", str(tmp_path)] if script == "clip_loading.py" else []
+    done = _bench(script, *surgical, *clips, option, "0", "--out", str(tmp_path / "rows.jsonl"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"argument {option}: '0' is not a whole number from 1" in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "rows.jsonl").exists()
