@@ -14,3 +14,12 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1")
     return value
+
+
+def check_cuda(script: str, device: str) -> None:
+    """Exit with one line when ``--device cuda`` is asked for on a machine where torch sees no CUDA device (else the
+    first tensor moved there stops the bench in a traceback)."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"{script}: --device cuda, but torch sees no CUDA device")

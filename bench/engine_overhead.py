@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cli import positive  # noqa: E402
+from _cli import check_cuda, positive  # noqa: E402
 from _report import emit  # noqa: E402
 from _timing import waiting_steps  # noqa: E402
 
@@ -310,6 +310,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")
     args = ap.parse_args()
     limit_threads(args.threads)
+    check_cuda("engine_overhead", args.device)
     if args.deterministic:
         use_deterministic_kernels()  # before the first kernel: cuBLAS reads its workspace setting once
     train, model = None, args.model

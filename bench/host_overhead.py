@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import engine_overhead as eo  # noqa: E402
-from _cli import positive  # noqa: E402
+from _cli import check_cuda, positive  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
@@ -286,6 +286,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (rounds 2 .. R are measured)")
+    check_cuda("host_overhead", args.device)
     limit_threads(args.threads)
     undo = [as_on_a_gpu() if args.device == "cpu" else (lambda: None), thin_timm(args.width or None),
             checkpoint_writes_in_the_round() if args.checkpoint_writes == "in-round" else (lambda: None)]

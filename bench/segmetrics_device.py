@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from _cli import positive  # noqa: E402
+from _cli import check_cuda, positive  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 from scipy.ndimage import shift, zoom  # noqa: E402
 
@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    check_cuda("segmetrics_device", args.device)
     device = torch.device(args.device)
     gt, pred = frames(args.frames, args.size, args.noise, args.seed)
     k = args.numpy_frames or args.frames

@@ -946,3 +946,12 @@ def test_a_bench_takes_its_counts_from_one_in_one_line(script, option, tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"argument {option}: '0' is not a whole number from 1" in done.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for a machine without CUDA")
+@pytest.mark.parametrize("script", ["engine_overhead.py", "host_overhead.py", "segmetrics_device.py"])
+def test_a_bench_refuses_cuda_without_a_device_in_one_line(script, tmp_path):
+    done = _bench(script, "--device", "cuda", "--out", str(tmp_path / "rows.jsonl"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == f"{script.removesuffix('.py')}: --device cuda, but torch sees no CUDA device"
+    assert not (tmp_path / "rows.jsonl").exists()
