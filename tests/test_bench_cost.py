@@ -955,3 +955,23 @@ def test_a_bench_refuses_cuda_without_a_device_in_one_line(script, tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip() == f"{script.removesuffix('.py')}: --device cuda, but torch sees no CUDA device"
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+def test_demo_breakdown_adds_its_rows_whole_or_not_at_all(tmp_path):
+    """--out went through open('a'): a run stopped while writing left a half line, and a file without its last newline
+    had the first row glued to it."""
+    bench = tmp_path / "benchmarks"
+    for rule, seconds in (("train", 12.5), ("report", 1.5)):
+        (bench / rule).mkdir(parents=True)
+        (bench / rule / "job.tsv").write_text(f"s\tcpu_time\tmax_rss\n{seconds}\t{seconds / 2}\t100\n")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"a": 1}')
+    done = _bench("demo_breakdown.py", "--benchmarks", str(bench), "--out", str(rows))
+    assert done.returncode == 0, done.stderr
+    lines = rows.read_text().splitlines()
+    assert lines[0] == '{"a": 1}' and [json.loads(x)["rule"] for x in lines[1:]] == ["train", "report"]
+    before = rows.read_text()
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parent / "src"), "FEDMEDBENCH_FAULT_KILL_BEFORE_RENAME": "*rows.jsonl"}
+    killed = subprocess.run([sys.executable, str(BENCH / "demo_breakdown.py"), "--benchmarks", str(bench), "--out",
+                             str(rows)], env=env, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9 and rows.read_text() == before
