@@ -975,3 +975,20 @@ def test_demo_breakdown_adds_its_rows_whole_or_not_at_all(tmp_path):
     killed = subprocess.run([sys.executable, str(BENCH / "demo_breakdown.py"), "--benchmarks", str(bench), "--out",
                              str(rows)], env=env, capture_output=True, text=True, timeout=120)
     assert killed.returncode == -9 and rows.read_text() == before
+
+
+@pytest.mark.parametrize(("study", "option", "line"), [
+    ("micro", ["--surgical-dir", "."], "--surgical-dir applies to the surgical studies (ultraflwr, fedst) only, not micro"),
+    ("micro", ["--image-cache", "c", "--surgical-epochs", "3"],
+     "--surgical-epochs and --image-cache apply to the surgical studies (ultraflwr, fedst) only, not micro"),
+    ("fedst", ["--surgical-epochs", "3"], "--surgical-epochs applies to ultraflwr only, not fedst"),
+])
+def test_gpu_packing_refuses_a_surgical_option_for_a_study_that_ignores_it_in_one_line(study, option, line, tmp_path):
+    """A MedMNIST study's jobs read no --surgical-dir, --surgical-epochs or --image-cache, fedst's no --surgical-epochs:
+    the row was timed without them, silently."""
+    config = MICRO if study == "micro" else STUDIES / f"{study}.yaml"
+    done = _bench("gpu_packing.py", "--config", str(config), "--study", study, "--device", "cpu", "--jobs", "1",
+                  "--out", str(tmp_path / "rows.jsonl"), *option)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == f"gpu_packing: {line}"
+    assert not (tmp_path / "rows.jsonl").exists()
