@@ -992,3 +992,19 @@ def test_gpu_packing_refuses_a_surgical_option_for_a_study_that_ignores_it_in_on
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip() == f"gpu_packing: {line}"
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize(("option", "line"), [
+    (["--model", "cnn_small", "--study-config", "config/studies/earlystop.yaml"],
+     "engine_overhead: --model with --study-config: the model is the study's (give one of them)"),
+    (["--study", "gpaf"], "engine_overhead: --study names a study of --study-config, and none is given"),
+    (["--study-config", "nosuch.yaml"], "nosuch.yaml: no such study config"),
+    (["--study-config", str(MICRO), "--study", "nosuch"], f"{MICRO}: no study 'nosuch' (its studies: micro)"),
+])
+def test_engine_overhead_refuses_a_model_or_study_it_would_ignore_or_not_find_in_one_line(option, line, tmp_path):
+    """--model was silently replaced by the study config's model and --study silently ignored without a study config;
+    a missing config or study was a traceback."""
+    done = _bench("engine_overhead.py", "--rounds", "1", "--out", str(tmp_path / "rows.jsonl"), *option)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == line
+    assert not (tmp_path / "rows.jsonl").exists()
