@@ -1008,3 +1008,16 @@ def test_engine_overhead_refuses_a_model_or_study_it_would_ignore_or_not_find_in
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip() == line
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize(("option", "line"), [
+    (["--method", "nosuch"], "ops_per_round: --method nosuch: not one of "),
+    (["--config", "nosuch.yaml"], "nosuch.yaml: no such study config"),
+    (["--width", "-1"], "argument --width: -1: give 0 (the real model) or a width from 1"),
+])
+def test_ops_per_round_refuses_an_unknown_method_a_missing_config_or_a_negative_width_in_one_line(option, line,
+                                                                                                   tmp_path):
+    done = _bench("ops_per_round.py", "--image-size", "8", "--out", str(tmp_path / "rows.jsonl"), *option)
+    assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr
+    assert line in done.stderr.strip().splitlines()[-1], done.stderr
+    assert not (tmp_path / "rows.jsonl").exists()
