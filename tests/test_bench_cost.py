@@ -1021,3 +1021,18 @@ def test_ops_per_round_refuses_an_unknown_method_a_missing_config_or_a_negative_
     assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr
     assert line in done.stderr.strip().splitlines()[-1], done.stderr
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize(("option", "line"), [
+    (["--surgical-dir", ".", "--method", "fedavg", "--rounds", "3"],
+     "disk_per_job: --method and --rounds apply to the MedMNIST job, not the ultraflwr job of --surgical-dir"),
+    (["--image-cache", "c"], "disk_per_job: --image-cache applies to the ultraflwr job only: give --surgical-dir"),
+    (["--method", "nosuch"], "disk_per_job: --method nosuch: no such method ("),
+])
+def test_disk_per_job_refuses_an_option_its_job_ignores_or_an_unknown_method_in_one_line(option, line, tmp_path):
+    """--method, --model, --clients and --rounds were silently dropped with --surgical-dir, --config and --image-cache
+    without it; an unknown method was a traceback from the engine."""
+    done = _bench("disk_per_job.py", "--out", str(tmp_path / "rows.jsonl"), *option)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().startswith(line), done.stderr
+    assert not (tmp_path / "rows.jsonl").exists()
