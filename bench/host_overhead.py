@@ -286,6 +286,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (rounds 2 .. R are measured)")
+    if args.width < 0:  # a negative stage width fails deep in the model build
+        ap.error(f"argument --width: {args.width}: give 0 (the real model) or a width from 1")
     check_cuda("host_overhead", args.device)
     limit_threads(args.threads)
     undo = [as_on_a_gpu() if args.device == "cpu" else (lambda: None), thin_timm(args.width or None),

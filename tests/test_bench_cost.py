@@ -1036,3 +1036,14 @@ def test_disk_per_job_refuses_an_option_its_job_ignores_or_an_unknown_method_in_
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().startswith(line), done.stderr
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize(("option", "line"), [
+    (["--width", "-1"], "argument --width: -1: give 0 (the real model) or a width from 1"),
+    (["--study-config", "nosuch.yaml", "--image-size", "8"], "nosuch.yaml: no such study config"),
+])
+def test_host_overhead_refuses_a_negative_width_or_a_missing_study_config_in_one_line(option, line, tmp_path):
+    done = _bench("host_overhead.py", "--rounds", "2", "--out", str(tmp_path / "rows.jsonl"), *option)
+    assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr
+    assert line in done.stderr.strip().splitlines()[-1], done.stderr
+    assert not (tmp_path / "rows.jsonl").exists()
