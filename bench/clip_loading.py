@@ -126,6 +126,20 @@ def time_metrics(clips: Path, site: str, size: tuple[int, int], workers: int, fr
             "loader_workers": workers, "ms_per_frame": round(per_frame * 1000, 1)}
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Exit with one line, before anything is timed, on a site without clips or a negative thread count or wait
+    (else a traceback part way through, the rows timed so far lost)."""
+    if min(args.workers) < 0:
+        sys.exit(f"clip_loading: --workers {min(args.workers)}: give 0 (decode in the loop) or more threads")
+    if min(args.compute_ms) < 0:
+        sys.exit(f"clip_loading: --compute-ms {min(args.compute_ms):g}: give 0 or more milliseconds")
+    for option, site in [*(("--site", s) for s in args.site), *([("--server", args.server)] if args.server else [])]:
+        if not (args.clips / site / "clips.parquet").is_file():
+            sites = sorted(p.parent.name for p in args.clips.glob("*/clips.parquet"))
+            sys.exit(f"clip_loading: {option} {site}: no {args.clips}/{site}/clips.parquet (--clips holds "
+                     f"{', '.join(sites) if sites else 'no sites'})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clips", type=Path, required=True, help="a clips folder (sites.json, <site>/clips.parquet)")
@@ -140,6 +154,7 @@ def main() -> None:
     ap.add_argument("--server", metavar="SITE", help="also time the server's SERQ batches on this site's clips (sim)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    check_args(args)
     limit_threads(args.threads)
     rows = [time_site(args.clips, site, args.steps, w, c, tuple(args.size))
             for site in args.site for c in args.compute_ms for w in args.workers]

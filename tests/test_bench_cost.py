@@ -1047,3 +1047,23 @@ def test_host_overhead_refuses_a_negative_width_or_a_missing_study_config_in_one
     assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr
     assert line in done.stderr.strip().splitlines()[-1], done.stderr
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize(("option", "line"), [
+    (["--site", "A", "Z"], "clip_loading: --site Z: no {clips}/Z/clips.parquet (--clips holds A)"),
+    (["--site", "--server", "Z"], "clip_loading: --server Z: no {clips}/Z/clips.parquet (--clips holds A)"),
+    (["--workers", "0", "-1"], "clip_loading: --workers -1: give 0 (decode in the loop) or more threads"),
+    (["--compute-ms", "-5"], "clip_loading: --compute-ms -5: give 0 or more milliseconds"),
+])
+def test_clip_loading_refuses_a_site_without_clips_or_a_negative_count_before_timing_in_one_line(option, line,
+                                                                                               tmp_path):
+    """A site without clips stopped the bench in a traceback after the sites before it were timed (their rows lost);
+    a negative thread count or wait failed part way through."""
+    clips = tmp_path / "clips"
+    (clips / "A").mkdir(parents=True)
+    (clips / "A" / "clips.parquet").write_text("")  # never read: the check comes before any timing
+    done = _bench("clip_loading.py", "--clips", str(clips), "--steps", "1", "--out", str(tmp_path / "rows.jsonl"),
+                  *option)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == line.format(clips=clips)
+    assert not (tmp_path / "rows.jsonl").exists()
