@@ -1067,3 +1067,15 @@ def test_clip_loading_refuses_a_site_without_clips_or_a_negative_count_before_ti
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip() == line.format(clips=clips)
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize("script", ["yolo_loading.py", "yolo_read_ahead.py"])
+def test_a_yolo_bench_refuses_a_client_the_export_lacks_in_one_line(script, tmp_path):
+    manifest = tmp_path / "yolo" / "combined" / "a" / "manifest.json"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"classes": ["tool"], "pooled": {}, "clients": [{"client": 0}, {"client": 1}]}))
+    device = ["--device", "cpu"] if script == "yolo_read_ahead.py" else []
+    done = _bench(script, "--surgical-dir", str(tmp_path), "--client", "5", *device, "--out", str(tmp_path / "rows.jsonl"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == f"--client 5: not a client of {manifest} (0, 1)"
+    assert not (tmp_path / "rows.jsonl").exists()
