@@ -89,7 +89,7 @@ def max_rel_diff(a: dict[str, float], b: dict[str, float]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--frames", type=positive, default=32)
-    ap.add_argument("--size", type=positive, default=480)
+    ap.add_argument("--size", type=positive, default=480, help="frame side in pixels, a multiple of 32 (the blobs' grid)")
     ap.add_argument("--batch", type=positive, default=8, help="frames per torch call (fedst eval.batch_size)")
     ap.add_argument("--noise", type=float, default=0.01)
     ap.add_argument("--assd", default="medpy_0_5", choices=ASSD_RULES)
@@ -100,6 +100,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     check_cuda("segmetrics_device", args.device)
+    if args.size % 32:  # frames() draws its blobs on a grid of size // 32 cells of 32 px: another side is not drawn
+        ap.error(f"argument --size: {args.size}: give a multiple of 32")
+    if args.numpy_frames and args.numpy_frames > args.frames:  # the row would claim more frames scored than were
+        ap.error(f"argument --numpy-frames: {args.numpy_frames}: give at most --frames ({args.frames})")
     device = torch.device(args.device)
     gt, pred = frames(args.frames, args.size, args.noise, args.seed)
     k = args.numpy_frames or args.frames
