@@ -23,3 +23,14 @@ def check_cuda(script: str, device: str) -> None:
 
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"{script}: --device cuda, but torch sees no CUDA device")
+
+
+def above_zero(text: str) -> float:
+    """An argparse type: a number above 0 (0 or fewer local epochs, or a peak of 0 FLOP/s, means nothing here)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number above 0")
+    return value

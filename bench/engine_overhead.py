@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cli import check_cuda, positive  # noqa: E402
+from _cli import above_zero, check_cuda, positive  # noqa: E402
 from _report import emit  # noqa: E402
 from _timing import waiting_steps  # noqa: E402
 
@@ -294,7 +294,7 @@ def main() -> None:
     ap.add_argument("--clients", type=positive, default=100)
     ap.add_argument("--per-round", type=positive, default=10)
     ap.add_argument("--rounds", type=positive, default=5)
-    ap.add_argument("--local-epochs", type=float, default=5)
+    ap.add_argument("--local-epochs", type=above_zero, default=5)
     ap.add_argument("--repeats", type=positive, default=2, help="alternating runs per side; the best of each counts")
     ap.add_argument("--threads", type=positive, default=2)
     ap.add_argument("--backend", default="inline", choices=engine.BACKENDS)

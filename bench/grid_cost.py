@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 #: where each study's summary row is appended (``--results``)
 RESULTS = ROOT / "bench" / "grid_cost_results.jsonl"
 
-from _cli import positive  # noqa: E402
+from _cli import above_zero, positive  # noqa: E402
 from _flop_floor import dense_peak, device_name, floor_fields, forward_flops, round_flops  # noqa: E402
 from _report import append_lines, emit, git_head  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
@@ -325,7 +325,7 @@ def main() -> None:
                     "a job's seconds a round are its share of the wall time (default 1: alone)")
     ap.add_argument("--rounds", type=positive, default=3, help="rounds timed per method (the first is left out when > 1)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=positive, default=2)
     ap.add_argument("--surgical-dir", type=Path,
                     help="the pipeline's surgical data folder (default: resources/surgical/<surgical.origin>)")
     ap.add_argument("--surgical-epochs", type=int, default=2,
@@ -348,7 +348,7 @@ def main() -> None:
     ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
                     help="the MedMNIST studies with train.batch_clients (a round's clients trained together) or "
                     "without (default: the config's)")
-    ap.add_argument("--peak-tflops", type=float,
+    ap.add_argument("--peak-tflops", type=above_zero,
                     help="the device's dense peak the floor is taken against (default: bench/_flop_floor.py's "
                          "figure for the card; a CPU's measured matrix-product rate)")
     ap.add_argument("--packing", type=float, default=1.0,

@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import engine_overhead as eo  # noqa: E402
-from _cli import check_cuda, positive  # noqa: E402
+from _cli import above_zero, check_cuda, positive  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
@@ -272,7 +272,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6, help="rounds per run (at least 2: round 1 holds the set-up)")
     ap.add_argument("--repeats", type=positive, default=2, help="alternating timed runs per side; the best counts")
     ap.add_argument("--width", type=int, default=8, help="first stage width of the thin model (0: the real one)")
-    ap.add_argument("--local-epochs", type=float, default=5)
+    ap.add_argument("--local-epochs", type=above_zero, default=5)
     ap.add_argument("--image-size", type=positive, default=64,
                     help="synthetic DermaMNIST's side in pixels (32 with --width 2 --threads 1: every op tiny, the "
                          "round host-bound as on a GPU)")

@@ -1094,3 +1094,18 @@ def test_segmetrics_device_refuses_a_size_it_cannot_draw_or_more_numpy_frames_th
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert line in done.stderr.strip().splitlines()[-1], done.stderr
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize(("script", "option", "value", "line"), [
+    ("engine_overhead.py", "--local-epochs", "-1", "argument --local-epochs: '-1' is not a number above 0"),
+    ("host_overhead.py", "--local-epochs", "0", "argument --local-epochs: '0' is not a number above 0"),
+    ("grid_cost.py", "--peak-tflops", "0", "argument --peak-tflops: '0' is not a number above 0"),
+    ("grid_cost.py", "--threads", "0", "argument --threads: '0' is not a whole number from 1"),
+])
+def test_a_bench_refuses_a_value_it_would_not_use_as_given_in_one_line(script, option, value, line, tmp_path):
+    """engine_overhead trained one step a client and wrote local_epochs -1; grid_cost took --peak-tflops 0 as
+    not given (the CPU's measured rate instead) and --threads 0 as 1, each row naming the value given."""
+    done = _bench(script, option, value, "--out", str(tmp_path / "rows.jsonl"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert line in done.stderr.strip().splitlines()[-1], done.stderr
+    assert not (tmp_path / "rows.jsonl").exists()
