@@ -1109,3 +1109,34 @@ def test_a_bench_refuses_a_value_it_would_not_use_as_given_in_one_line(script, o
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert line in done.stderr.strip().splitlines()[-1], done.stderr
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize(("config", "option", "line"), [
+    ("micro", ["--surgical-dir", "."], "--surgical-dir applies to fedst or ultraflwr only, not micro (costed here)"),
+    ("micro", ["--no-image-cache", "--loader-workers", "2"],
+     "--no-image-cache and --loader-workers apply to fedst or ultraflwr only, not micro (costed here)"),
+    ("fedst", ["--surgical-epochs", "3"], "--surgical-epochs applies to ultraflwr only, not fedst (costed here)"),
+    ("fedst", ["--yolo-workers", "4"], "--yolo-workers applies to ultraflwr only, not fedst (costed here)"),
+])
+def test_grid_cost_refuses_a_surgical_option_no_costed_study_takes_in_one_line(config, option, line, tmp_path):
+    """The MedMNIST timings read none of these, fedst's no YOLO epochs or workers: the rows were timed without them."""
+    path = MICRO if config == "micro" else STUDIES / f"{config}.yaml"
+    done = _bench("grid_cost.py", "--config", str(path), "--device", "cpu", "--results", str(tmp_path / "rows.jsonl"),
+                  *option)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == f"grid_cost: {line}"
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+def test_grid_cost_takes_a_surgical_option_where_a_costed_study_takes_it(tmp_path):
+    """With both kinds costed, an option of the surgical studies passes the check; --study leaving them out refuses it."""
+    import grid_cost
+
+    configs = {STUDIES / "ultraflwr.yaml": grid_cost.load_config(STUDIES / "ultraflwr.yaml"),
+               MICRO: grid_cost.load_config(MICRO)}
+    args = SimpleNamespace(surgical_dir=None, surgical_epochs=3, yolo_workers=None, image_cache=None,
+                           no_image_cache=False, loader_workers=None)
+    grid_cost.check_surgical_options(configs, None, args)  # no exit
+    grid_cost.check_surgical_options(configs, ["ultraflwr"], args)
+    with pytest.raises(SystemExit):
+        grid_cost.check_surgical_options(configs, ["micro"], args)
