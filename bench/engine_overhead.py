@@ -316,6 +316,8 @@ def main() -> None:
     args = ap.parse_args()
     limit_threads(args.threads)
     check_cuda("engine_overhead", args.device)
+    if args.per_round > args.clients:  # else the federation stops every side in a traceback, the data made
+        sys.exit(f"engine_overhead: --per-round {args.per_round}: more than --clients {args.clients}")
     if args.deterministic:
         use_deterministic_kernels()  # before the first kernel: cuBLAS reads its workspace setting once
     if args.study_config and args.model:

@@ -1000,10 +1000,11 @@ def test_gpu_packing_refuses_a_surgical_option_for_a_study_that_ignores_it_in_on
     (["--study", "gpaf"], "engine_overhead: --study names a study of --study-config, and none is given"),
     (["--study-config", "nosuch.yaml"], "nosuch.yaml: no such study config"),
     (["--study-config", str(MICRO), "--study", "nosuch"], f"{MICRO}: no study 'nosuch' (its studies: micro)"),
+    (["--clients", "4", "--per-round", "8"], "engine_overhead: --per-round 8: more than --clients 4"),
 ])
-def test_engine_overhead_refuses_a_model_or_study_it_would_ignore_or_not_find_in_one_line(option, line, tmp_path):
+def test_engine_overhead_refuses_a_model_study_or_sample_it_cannot_use_in_one_line(option, line, tmp_path):
     """--model was silently replaced by the study config's model and --study silently ignored without a study config;
-    a missing config or study was a traceback."""
+    a missing config or study, or more clients a round than clients, was a traceback."""
     done = _bench("engine_overhead.py", "--rounds", "1", "--out", str(tmp_path / "rows.jsonl"), *option)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip() == line
