@@ -102,6 +102,8 @@ def main() -> None:
     check_cuda("segmetrics_device", args.device)
     if args.size % 32:  # frames() draws its blobs on a grid of size // 32 cells of 32 px: another side is not drawn
         ap.error(f"argument --size: {args.size}: give a multiple of 32")
+    if not 0 <= args.noise <= 1:  # a share of the pixels: below 0 relabels none, above 1 all, the row naming another
+        ap.error(f"argument --noise: {args.noise:g}: give a share of the pixels from 0 to 1")
     if args.numpy_frames and args.numpy_frames > args.frames:  # the row would claim more frames scored than were
         ap.error(f"argument --numpy-frames: {args.numpy_frames}: give at most --frames ({args.frames})")
     device = torch.device(args.device)

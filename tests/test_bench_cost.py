@@ -1086,10 +1086,11 @@ def test_a_yolo_bench_refuses_a_client_the_export_lacks_in_one_line(script, tmp_
     (["--size", "100"], "argument --size: 100: give a multiple of 32"),
     (["--size", "16"], "argument --size: 16: give a multiple of 32"),
     (["--numpy-frames", "3"], "argument --numpy-frames: 3: give at most --frames (2)"),
+    (["--noise", "-0.1"], "argument --noise: -0.1: give a share of the pixels from 0 to 1"),
 ])
-def test_segmetrics_device_refuses_a_size_it_cannot_draw_or_more_numpy_frames_than_frames(option, line, tmp_path):
+def test_segmetrics_device_refuses_frames_it_cannot_draw_or_score_as_named(option, line, tmp_path):
     """--size 100 scored 96 px frames and --size 16 empty ones, each row naming the size asked for; --numpy-frames above
-    --frames named more frames than were scored."""
+    --frames named more frames than were scored; --noise -0.1 relabelled no pixel."""
     done = _bench("segmetrics_device.py", "--frames", "2", "--device", "cpu", "--out", str(tmp_path / "rows.jsonl"),
                   *option)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
