@@ -128,11 +128,16 @@ def time_metrics(clips: Path, site: str, size: tuple[int, int], workers: int, fr
 
 def check_args(args: argparse.Namespace) -> None:
     """Exit with one line, before anything is timed, on a site without clips or a negative thread count or wait
-    (else a traceback part way through, the rows timed so far lost)."""
+    (else a traceback part way through, the rows timed so far lost), or on --image-cache or --metrics with no --site
+    (they would time nothing)."""
     if min(args.workers) < 0:
         sys.exit(f"clip_loading: --workers {min(args.workers)}: give 0 (decode in the loop) or more threads")
     if min(args.compute_ms) < 0:
         sys.exit(f"clip_loading: --compute-ms {min(args.compute_ms):g}: give 0 or more milliseconds")
+    idle = [flag for flag, given in (("--image-cache", args.image_cache), ("--metrics", args.metrics)) if given]
+    if idle and not args.site:  # both time the --site sites only (the server's clips are timed cold)
+        sys.exit(f"clip_loading: {' and '.join(idle)} {'times' if len(idle) == 1 else 'time'} the --site sites, "
+                 "and none is given")
     for option, site in [*(("--site", s) for s in args.site), *([("--server", args.server)] if args.server else [])]:
         if not (args.clips / site / "clips.parquet").is_file():
             sites = sorted(p.parent.name for p in args.clips.glob("*/clips.parquet"))

@@ -1055,11 +1055,12 @@ def test_host_overhead_refuses_a_negative_width_or_a_missing_study_config_in_one
     (["--site", "--server", "Z"], "clip_loading: --server Z: no {clips}/Z/clips.parquet (--clips holds A)"),
     (["--workers", "0", "-1"], "clip_loading: --workers -1: give 0 (decode in the loop) or more threads"),
     (["--compute-ms", "-5"], "clip_loading: --compute-ms -5: give 0 or more milliseconds"),
+    (["--site", "--server", "A", "--metrics"], "clip_loading: --metrics times the --site sites, and none is given"),
 ])
 def test_clip_loading_refuses_a_site_without_clips_or_a_negative_count_before_timing_in_one_line(option, line,
                                                                                                tmp_path):
     """A site without clips stopped the bench in a traceback after the sites before it were timed (their rows lost);
-    a negative thread count or wait failed part way through."""
+    a negative thread count or wait failed part way through; --metrics or --image-cache without a site timed nothing."""
     clips = tmp_path / "clips"
     (clips / "A").mkdir(parents=True)
     (clips / "A" / "clips.parquet").write_text("")  # never read: the check comes before any timing
