@@ -75,8 +75,13 @@ def export_manifest(surgical: Path, group: str, setting: str) -> Path:
 
 
 def client_manifest(args) -> Path:
-    """The export's manifest that :func:`add_client_args`' options name."""
-    return export_manifest(args.surgical_dir, args.group, args.setting)
+    """The export's manifest that :func:`add_client_args`' options name, or an exit naming ``--client`` where the
+    export has no such client (else a traceback after the export is staged)."""
+    manifest = export_manifest(args.surgical_dir, args.group, args.setting)
+    clients = [int(c["client"]) for c in json.loads(manifest.read_text()).get("clients", [])]
+    if args.client not in clients:
+        raise SystemExit(f"--client {args.client}: not a client of {manifest} ({', '.join(map(str, clients))})")
+    return manifest
 
 
 @contextmanager

@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _cli import positive  # noqa: E402
 from _report import emit  # noqa: E402
 
 from fedmedbench.compat import limit_threads  # noqa: E402
@@ -125,20 +126,40 @@ def time_metrics(clips: Path, site: str, size: tuple[int, int], workers: int, fr
             "loader_workers": workers, "ms_per_frame": round(per_frame * 1000, 1)}
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Exit with one line, before anything is timed, on a site without clips or a negative thread count or wait
+    (else a traceback part way through, the rows timed so far lost), or on --image-cache or --metrics with no --site
+    (they would time nothing)."""
+    if min(args.workers) < 0:
+        sys.exit(f"clip_loading: --workers {min(args.workers)}: give 0 (decode in the loop) or more threads")
+    if min(args.compute_ms) < 0:
+        sys.exit(f"clip_loading: --compute-ms {min(args.compute_ms):g}: give 0 or more milliseconds")
+    idle = [flag for flag, given in (("--image-cache", args.image_cache), ("--metrics", args.metrics)) if given]
+    if idle and not args.site:  # both time the --site sites only (the server's clips are timed cold)
+        sys.exit(f"clip_loading: {' and '.join(idle)} {'times' if len(idle) == 1 else 'time'} the --site sites, "
+                 "and none is given")
+    for option, site in [*(("--site", s) for s in args.site), *([("--server", args.server)] if args.server else [])]:
+        if not (args.clips / site / "clips.parquet").is_file():
+            sites = sorted(p.parent.name for p in args.clips.glob("*/clips.parquet"))
+            sys.exit(f"clip_loading: {option} {site}: no {args.clips}/{site}/clips.parquet (--clips holds "
+                     f"{', '.join(sites) if sites else 'no sites'})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clips", type=Path, required=True, help="a clips folder (sites.json, <site>/clips.parquet)")
     ap.add_argument("--site", nargs="*", default=["A", "C"], help="sites whose training steps to time (none: --site alone)")
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=positive, default=40)
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 2, 4])
     ap.add_argument("--compute-ms", type=float, nargs="+", default=[0.0])
-    ap.add_argument("--size", type=int, nargs=2, default=[480, 480])
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (the job's)")
+    ap.add_argument("--size", type=positive, nargs=2, default=[480, 480])
+    ap.add_argument("--threads", type=positive, default=2, help="torch threads (the job's)")
     ap.add_argument("--metrics", action="store_true", help="also time the evaluation's per-frame scores")
     ap.add_argument("--image-cache", type=Path, help="also time the steps writing, then reading, decoded clips here")
     ap.add_argument("--server", metavar="SITE", help="also time the server's SERQ batches on this site's clips (sim)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    check_args(args)
     limit_threads(args.threads)
     rows = [time_site(args.clips, site, args.steps, w, c, tuple(args.size))
             for site in args.site for c in args.compute_ms for w in args.workers]

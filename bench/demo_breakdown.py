@@ -12,9 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import append_lines  # noqa: E402
 
 
 def breakdown(root: Path) -> pd.DataFrame:
@@ -39,10 +45,9 @@ def main() -> None:
     table = breakdown(args.benchmarks)
     print(table.to_markdown())
     print(f"\n{int(table['jobs'].sum())} jobs, {table['total_s'].sum():.0f} job-seconds")
-    if args.out:
-        with args.out.open("a") as fh:
-            for rule, r in table.iterrows():
-                fh.write(json.dumps({"bench": "demo_rule", "rule": rule, **r.to_dict()}) + "\n")
+    if args.out:  # through a temp file and a rename: a stopped run leaves the file as it was
+        append_lines(args.out, [json.dumps({"bench": "demo_rule", "rule": rule, **r.to_dict()})
+                                for rule, r in table.iterrows()])
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _cli import positive  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 
 from fedmedbench import io  # noqa: E402
@@ -43,25 +44,28 @@ def folder_bytes(path: Path) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--method", default="scaffold")
-    ap.add_argument("--model", default="cnn_small")
-    ap.add_argument("--clients", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--method", help="the MedMNIST job's method (default scaffold)")
+    ap.add_argument("--model", help="the MedMNIST job's model (default cnn_small)")
+    ap.add_argument("--clients", type=positive, help="the MedMNIST job's clients (default 10)")
+    ap.add_argument("--rounds", type=positive, help="the MedMNIST job's rounds (default 2)")
     ap.add_argument("--size", type=int, default=28, choices=SIZES)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=positive, default=2)
     ap.add_argument("--out", type=Path, default=None, help="append the result row to this JSON-lines file")
     ap.add_argument("--surgical-dir", type=Path, default=None, help="time an ultraflwr job on this surgical data folder")
-    ap.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[1] / "config/studies/ultraflwr.yaml",
-                    help="the ultraflwr study config (with --surgical-dir)")
-    ap.add_argument("--image-cache", default=None, help="engine.image_cache for the ultraflwr job")
+    ap.add_argument("--config", type=Path, help="the ultraflwr study config (with --surgical-dir; default "
+                    "config/studies/ultraflwr.yaml)")
+    ap.add_argument("--image-cache", default=None, help="engine.image_cache for the ultraflwr job (with --surgical-dir)")
     args = ap.parse_args()
+    check_options(args)
     limit_threads(args.threads)
     if args.surgical_dir:
         import grid_cost
 
-        config = grid_cost.load_config(args.config)
+        config = grid_cost.load_config(args.config or Path(__file__).resolve().parents[1] / "config/studies/ultraflwr.yaml")
         emit([ultraflwr_job(config, args.surgical_dir, args.size, args.threads, args.image_cache)], args.out)
         return
+    args.method, args.model = args.method or "scaffold", args.model or "cnn_small"
+    args.clients, args.rounds = args.clients or 10, args.rounds or 2
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         n = 20 * args.clients
@@ -83,6 +87,23 @@ def main() -> None:
                "size": args.size, "rounds": args.rounds, "bytes_with_checkpoint": with_checkpoint, "bytes_left": left,
                "model_bytes": model, "left_over_model": round(left / model, 3),
                "files_left": sorted(p.name for p in run.iterdir())}], args.out)
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Exit with one line when an option of the other kind of job is given (the row would read as if it were used),
+    or the MedMNIST job's method is not one the engine has."""
+    medmnist = [f"--{k}" for k in ("method", "model", "clients", "rounds") if getattr(args, k) is not None]
+    surgical = [f"--{k.replace('_', '-')}" for k in ("config", "image_cache") if getattr(args, k) is not None]
+    if args.surgical_dir and medmnist:
+        sys.exit(f"disk_per_job: {' and '.join(medmnist)} {'applies' if len(medmnist) == 1 else 'apply'} to the "
+                 "MedMNIST job, not the ultraflwr job of --surgical-dir")
+    if not args.surgical_dir and surgical:
+        sys.exit(f"disk_per_job: {' and '.join(surgical)} {'applies' if len(surgical) == 1 else 'apply'} to the "
+                 "ultraflwr job only: give --surgical-dir")
+    from fedmedbench.fl.registry import available_methods
+
+    if args.method is not None and args.method not in available_methods():
+        sys.exit(f"disk_per_job: --method {args.method}: no such method ({', '.join(available_methods())})")
 
 
 def ultraflwr_job(config: dict, surgical: Path, size: int, threads: int, image_cache: str | None = None) -> dict:

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _cli import above_zero, check_cuda, positive  # noqa: E402
 from _report import emit  # noqa: E402
 from _timing import waiting_steps  # noqa: E402
 
@@ -77,7 +78,12 @@ def study_train(config: Path, study: str) -> tuple[dict, str]:
     batch 256, momentum 0.9, lr 1e-3 and double input normalisation; rounds and epochs come from the bench."""
     import yaml
 
-    st = yaml.safe_load(config.read_text())["studies"][study]
+    if not Path(config).is_file():
+        raise SystemExit(f"{config}: no such study config")
+    studies = (yaml.safe_load(Path(config).read_text()) or {}).get("studies") or {}
+    if study not in studies:
+        raise SystemExit(f"{config}: no study {study!r} (its studies: {', '.join(studies) or 'none'})")
+    st = studies[study]
     train = {k: v for k, v in st["train"].items() if k not in ("rounds", "local_epochs")}
     return train, st["model"]["name"]
 
@@ -284,20 +290,20 @@ def measure(model: str, clients: int, per_round: int, rounds: int, threads: int,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="cnn_small")
-    ap.add_argument("--clients", type=int, default=100)
-    ap.add_argument("--per-round", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--local-epochs", type=float, default=5)
-    ap.add_argument("--repeats", type=int, default=2, help="alternating runs per side; the best of each counts")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", help="the model of every side (default cnn_small; with --study-config, the study's)")
+    ap.add_argument("--clients", type=positive, default=100)
+    ap.add_argument("--per-round", type=positive, default=10)
+    ap.add_argument("--rounds", type=positive, default=5)
+    ap.add_argument("--local-epochs", type=above_zero, default=5)
+    ap.add_argument("--repeats", type=positive, default=2, help="alternating runs per side; the best of each counts")
+    ap.add_argument("--threads", type=positive, default=2)
     ap.add_argument("--backend", default="inline", choices=engine.BACKENDS)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--resident", action="store_true", help="also time the device-resident loop (always on cuda)")
-    ap.add_argument("--eval-every", type=int, help="evaluate every N rounds on every side (default: last round only)")
+    ap.add_argument("--eval-every", type=positive, help="evaluate every N rounds on every side (default: last round only)")
     ap.add_argument("--study-config", type=Path,
                     help="take local training (batch, lr, momentum, ...) and the model from this study config")
-    ap.add_argument("--study", default="earlystop", help="the study of --study-config")
+    ap.add_argument("--study", help="the study of --study-config (default earlystop)")
     ap.add_argument("--profile", type=Path, help="profile one more engine run (cProfile) into this file")
     ap.add_argument("--torch-profile", type=Path,
                     help="profile one more engine run with torch.profiler (ops, copies, syncs) into this file")
@@ -309,9 +315,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")
     args = ap.parse_args()
     limit_threads(args.threads)
+    check_cuda("engine_overhead", args.device)
+    if args.per_round > args.clients:  # else the federation stops every side in a traceback, the data made
+        sys.exit(f"engine_overhead: --per-round {args.per_round}: more than --clients {args.clients}")
     if args.deterministic:
         use_deterministic_kernels()  # before the first kernel: cuBLAS reads its workspace setting once
-    train, model = None, args.model
+    if args.study_config and args.model:
+        sys.exit("engine_overhead: --model with --study-config: the model is the study's (give one of them)")
+    if args.study and not args.study_config:
+        sys.exit("engine_overhead: --study names a study of --study-config, and none is given")
+    args.study = args.study or "earlystop"
+    train, model = None, args.model or "cnn_small"
     if args.study_config:
         train, model = study_train(args.study_config, args.study)
     if args.compile:

@@ -122,6 +122,19 @@ def check_medmnist_args(config: dict, args: argparse.Namespace) -> None:
                  f"({', '.join(methods)})")
 
 
+def check_surgical_options(args: argparse.Namespace) -> None:
+    """Exit with one line when an option only the surgical studies' jobs take is given for a study that ignores it
+    (the row would read as if timed with it)."""
+    surgical_only = {"--surgical-dir": args.surgical_dir, "--surgical-epochs": args.surgical_epochs,
+                     "--image-cache": args.image_cache}
+    takes = {"ultraflwr": set(surgical_only), "fedst": {"--surgical-dir", "--image-cache"}}.get(args.study, set())
+    given = [flag for flag, value in surgical_only.items() if value is not None and flag not in takes]
+    if given:
+        kind = "ultraflwr" if args.study in SURGICAL else "the surgical studies (ultraflwr, fedst)"
+        sys.exit(f"gpu_packing: {' and '.join(given)} {'applies' if len(given) == 1 else 'apply'} to {kind} only, "
+                 f"not {args.study}")
+
+
 def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: Path) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--device", args.device, "--config", str(args.config), "--study", args.study,
            "--method", args.method, "--rounds", str(args.rounds), "--threads", str(args.threads),
@@ -168,7 +181,7 @@ def main() -> None:
                     help="the MedMNIST studies: each process runs N seeds of its job side by side (train.seeds_together; "
                     "with --batch-clients), a job's seconds a round its share of the wall time (default 1)")
     ap.add_argument("--surgical-dir", type=Path, help="ultraflwr, fedst: the exports or stand-in to train on")
-    ap.add_argument("--surgical-epochs", type=int, default=2, help="ultraflwr: local epochs a round (at least 2)")
+    ap.add_argument("--surgical-epochs", type=int, help="ultraflwr: local epochs a round (at least 2; default 2)")
     ap.add_argument("--image-cache", type=Path, help="ultraflwr, fedst: the decoded frames' folder (engine.image_cache; "
                     "default: the config's)")
     ap.add_argument("--out", type=Path)
@@ -181,6 +194,9 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
+    check_surgical_options(args)
+    if args.surgical_epochs is None:
+        args.surgical_epochs = 2
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():

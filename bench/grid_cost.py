@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 #: where each study's summary row is appended (``--results``)
 RESULTS = ROOT / "bench" / "grid_cost_results.jsonl"
 
+from _cli import above_zero, positive  # noqa: E402
 from _flop_floor import dense_peak, device_name, floor_fields, forward_flops, round_flops  # noqa: E402
 from _report import append_lines, emit, git_head  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
@@ -302,17 +303,6 @@ def result_row(row: dict) -> dict:
     return {k: row.get(k) for k in keys}
 
 
-def positive(text: str) -> int:
-    """An argparse type: a whole number from 1 (0 jobs, rounds or threads time nothing)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1")
-    return value
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, nargs="+",
@@ -335,11 +325,11 @@ def main() -> None:
                     "a job's seconds a round are its share of the wall time (default 1: alone)")
     ap.add_argument("--rounds", type=positive, default=3, help="rounds timed per method (the first is left out when > 1)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=positive, default=2)
     ap.add_argument("--surgical-dir", type=Path,
                     help="the pipeline's surgical data folder (default: resources/surgical/<surgical.origin>)")
-    ap.add_argument("--surgical-epochs", type=int, default=2,
-                    help="ultraflwr: local epochs per timed round (at least 2; scaled up to the config's)")
+    ap.add_argument("--surgical-epochs", type=int,
+                    help="ultraflwr: local epochs per timed round (at least 2, the default; scaled up to the config's)")
     ap.add_argument("--yolo-workers", type=int,
                     help="ultraflwr: dataloader workers of local training (ultraflwr.train.workers) and of the "
                          "evaluation (engine.loader_workers); default: the config's")
@@ -358,7 +348,7 @@ def main() -> None:
     ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
                     help="the MedMNIST studies with train.batch_clients (a round's clients trained together) or "
                     "without (default: the config's)")
-    ap.add_argument("--peak-tflops", type=float,
+    ap.add_argument("--peak-tflops", type=above_zero,
                     help="the device's dense peak the floor is taken against (default: bench/_flop_floor.py's "
                          "figure for the card; a CPU's measured matrix-product rate)")
     ap.add_argument("--packing", type=float, default=1.0,
@@ -474,12 +464,35 @@ def check_medmnist_options(configs: dict[Path, dict], studies: list[str] | None,
                          f"MedMNIST studies only, not {' or '.join(surgical)} (costed here too: choose with --study)")
 
 
+#: the options only the surgical studies' timings take, and which of them take each
+SURGICAL_OPTIONS = {"surgical_dir": ("--surgical-dir", ("fedst", "ultraflwr")),
+                    "surgical_epochs": ("--surgical-epochs", ("ultraflwr",)),
+                    "yolo_workers": ("--yolo-workers", ("ultraflwr",)),
+                    "image_cache": ("--image-cache", ("fedst", "ultraflwr")),
+                    "no_image_cache": ("--no-image-cache", ("fedst", "ultraflwr")),
+                    "loader_workers": ("--loader-workers", ("fedst", "ultraflwr"))}
+
+
+def check_surgical_options(configs: dict[Path, dict], studies: list[str] | None, args: argparse.Namespace) -> None:
+    """Exit with one line when an option only fedst's or ultraflwr's timing takes is given and no study costed here
+    takes it: every row would be timed without it, silently."""
+    costed = {s for config in configs.values() for s in costed_studies(config) if not studies or s in studies}
+    unused = [(flag, takers) for key, (flag, takers) in SURGICAL_OPTIONS.items()
+              if getattr(args, key) not in (None, False) and not costed & set(takers)]
+    if unused:
+        flags = " and ".join(flag for flag, _ in unused)
+        takers = " or ".join(sorted({t for _, ts in unused for t in ts}))
+        raise SystemExit(f"grid_cost: {flags} {'applies' if len(unused) == 1 else 'apply'} to {takers} only, not "
+                         f"{' or '.join(sorted(costed))} (costed here)")
+
+
 def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
     """One row per study of each config, as each is timed."""
     configs = {path: load_config(path) for path in args.config}
     check_studies(configs, args.study)
     check_methods(configs, args.study, args.methods)
     check_medmnist_options(configs, args.study, args)
+    check_surgical_options(configs, args.study, args)
     for config in configs.values():  # every study's --setting and --scale-by pairs, before the first is timed
         for study in config.get("studies", {}):
             if not args.study or study in args.study:
@@ -505,7 +518,8 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
             if name not in costed_studies(config) or (args.study and name not in args.study):
                 continue
             cache = "" if args.no_image_cache else str(args.image_cache.resolve()) if args.image_cache else None
-            extra = ({"epochs": args.surgical_epochs, "workers": args.yolo_workers, "image_cache": cache,
+            epochs = 2 if args.surgical_epochs is None else args.surgical_epochs
+            extra = ({"epochs": epochs, "workers": args.yolo_workers, "image_cache": cache,
                       "loader_workers": args.loader_workers} if name == "ultraflwr"
                      else {"workers": args.loader_workers, "image_cache": cache})
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:

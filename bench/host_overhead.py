@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import engine_overhead as eo  # noqa: E402
+from _cli import above_zero, check_cuda, positive  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
@@ -269,13 +270,13 @@ def measure(rounds: int, repeats: int, width: int | None, threads: int, local_ep
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=6, help="rounds per run (at least 2: round 1 holds the set-up)")
-    ap.add_argument("--repeats", type=int, default=2, help="alternating timed runs per side; the best counts")
+    ap.add_argument("--repeats", type=positive, default=2, help="alternating timed runs per side; the best counts")
     ap.add_argument("--width", type=int, default=8, help="first stage width of the thin model (0: the real one)")
-    ap.add_argument("--local-epochs", type=float, default=5)
-    ap.add_argument("--image-size", type=int, default=64,
+    ap.add_argument("--local-epochs", type=above_zero, default=5)
+    ap.add_argument("--image-size", type=positive, default=64,
                     help="synthetic DermaMNIST's side in pixels (32 with --width 2 --threads 1: every op tiny, the "
                          "round host-bound as on a GPU)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=positive, default=2)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: the engine's real GPU path, timed on the GPU (use --width 0 for the real model)")
     ap.add_argument("--study-config", type=Path, default=Path(__file__).resolve().parents[1] / "config/studies/earlystop.yaml")
@@ -285,6 +286,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (rounds 2 .. R are measured)")
+    if args.width < 0:  # a negative stage width fails deep in the model build
+        ap.error(f"argument --width: {args.width}: give 0 (the real model) or a width from 1")
+    check_cuda("host_overhead", args.device)
     limit_threads(args.threads)
     undo = [as_on_a_gpu() if args.device == "cpu" else (lambda: None), thin_timm(args.width or None),
             checkpoint_writes_in_the_round() if args.checkpoint_writes == "in-round" else (lambda: None)]

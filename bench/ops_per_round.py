@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import engine_overhead as eo  # noqa: E402
 import host_overhead as ho  # noqa: E402
+from _cli import positive  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 
 from fedmedbench.compat import limit_threads  # noqa: E402
@@ -44,10 +45,13 @@ STUDIES = ("earlystop",)
 def count_round(study: str, method: str, config: Path, width: int | None, image_size: int, threads: int,
                 workdir: Path, batch_clients: bool | None = None) -> dict:
     """The ops of round 2 of the study's paper job (round 1 a warm-up), per phase."""
+    train, model = eo.study_train(config, study)  # first: a missing config or study is one line
     st = yaml.safe_load(config.read_text())["studies"][study]
+    if method not in st["methods"]:
+        raise SystemExit(f"ops_per_round: --method {method}: not one of {config}'s studies.{study}.methods "
+                         f"({', '.join(st['methods'])})")
     setting = st["settings"]["dir0.1"]
     npz, part = eo.make_data(workdir, int(setting["num_clients"]), image_size=image_size)
-    train, model = eo.study_train(config, study)
     if batch_clients is not None:  # else the config's
         train = {**train, "batch_clients": batch_clients}
     spec = eo.make_spec(workdir, npz, part, model, 2, int(st["clients_per_round"]), threads, "inline",
@@ -78,12 +82,14 @@ def main() -> None:
     ap.add_argument("--method", default="fedavg")
     ap.add_argument("--config", type=Path, default=ROOT / "config" / "studies" / "earlystop.yaml")
     ap.add_argument("--width", type=int, default=8, help="first stage width of the thin model (0: the real one)")
-    ap.add_argument("--image-size", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--image-size", type=positive, default=32)
+    ap.add_argument("--threads", type=positive, default=2)
     ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
                     help="train.batch_clients: the round's clients together, or not (default: the config's)")
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")
     args = ap.parse_args()
+    if args.width < 0:  # a negative stage width fails deep in the model build
+        ap.error(f"argument --width: {args.width}: give 0 (the real model) or a width from 1")
     limit_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="fmb-ops-") as tmp:
         row = count_round(args.study, args.method, args.config, args.width or None, args.image_size, args.threads,

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _cli import check_cuda, positive  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 from scipy.ndimage import shift, zoom  # noqa: E402
 
@@ -87,17 +88,24 @@ def max_rel_diff(a: dict[str, float], b: dict[str, float]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--frames", type=int, default=32)
-    ap.add_argument("--size", type=int, default=480)
-    ap.add_argument("--batch", type=int, default=8, help="frames per torch call (fedst eval.batch_size)")
+    ap.add_argument("--frames", type=positive, default=32)
+    ap.add_argument("--size", type=positive, default=480, help="frame side in pixels, a multiple of 32 (the blobs' grid)")
+    ap.add_argument("--batch", type=positive, default=8, help="frames per torch call (fedst eval.batch_size)")
     ap.add_argument("--noise", type=float, default=0.01)
     ap.add_argument("--assd", default="medpy_0_5", choices=ASSD_RULES)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--repeats", type=int, default=3, help="timed torch passes (the best is kept)")
-    ap.add_argument("--numpy-frames", type=int, default=None, help="frames the NumPy path scores (default all)")
+    ap.add_argument("--repeats", type=positive, default=3, help="timed torch passes (the best is kept)")
+    ap.add_argument("--numpy-frames", type=positive, default=None, help="frames the NumPy path scores (default all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    check_cuda("segmetrics_device", args.device)
+    if args.size % 32:  # frames() draws its blobs on a grid of size // 32 cells of 32 px: another side is not drawn
+        ap.error(f"argument --size: {args.size}: give a multiple of 32")
+    if not 0 <= args.noise <= 1:  # a share of the pixels: below 0 relabels none, above 1 all, the row naming another
+        ap.error(f"argument --noise: {args.noise:g}: give a share of the pixels from 0 to 1")
+    if args.numpy_frames and args.numpy_frames > args.frames:  # the row would claim more frames scored than were
+        ap.error(f"argument --numpy-frames: {args.numpy_frames}: give at most --frames ({args.frames})")
     device = torch.device(args.device)
     gt, pred = frames(args.frames, args.size, args.noise, args.seed)
     k = args.numpy_frames or args.frames

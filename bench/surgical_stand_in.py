@@ -175,6 +175,8 @@ def _claim(out: Path) -> None:
     and exports name their files by absolute path, so the set is built in place, not renamed into it).
     Only an empty folder or an earlier stand-in is replaced."""
     if out.exists():
+        if not out.is_dir():
+            raise SystemExit(f"--out {out}: a file, not a folder: choose another --out")
         if any(out.iterdir()) and not (out / "stand_in.json").exists() and not (out / BUILDING).exists():
             raise SystemExit(f"{out} exists and holds no stand-in (no stand_in.json): choose another --out")
         shutil.rmtree(out)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _cli import positive  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 
 from fedmedbench import io  # noqa: E402
@@ -60,8 +61,8 @@ def job_seconds(spec: RunSpec) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--repeats", type=positive, default=3)
+    ap.add_argument("--rounds", type=positive, default=4)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

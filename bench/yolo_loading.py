@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from _cli import positive  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 from _surgical_cost import add_client_args, client_manifest, data_label, stand_in  # noqa: E402
 
@@ -90,10 +91,10 @@ def draw(images: Path, samples: int, imgsz: int, pixel_thread: bool = False) -> 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_client_args(ap)
-    ap.add_argument("--samples", type=int, default=96)
-    ap.add_argument("--imgsz", type=int, default=640)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads, and threads writing the cache")
-    ap.add_argument("--repeats", type=int, default=1, help="draws of each side, alternating; the fastest counted")
+    ap.add_argument("--samples", type=positive, default=96)
+    ap.add_argument("--imgsz", type=positive, default=640)
+    ap.add_argument("--threads", type=positive, default=1, help="torch threads, and threads writing the cache")
+    ap.add_argument("--repeats", type=positive, default=1, help="draws of each side, alternating; the fastest counted")
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")
     args = ap.parse_args()
     limit_threads(args.threads)

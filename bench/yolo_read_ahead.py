@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from _cli import positive  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 from _surgical_cost import add_client_args, client_manifest, data_label, stand_in  # noqa: E402
 
@@ -30,12 +31,12 @@ from fedmedbench.fl.tasks.detection.staging import read_manifest, stage_export  
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_client_args(ap)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--imgsz", type=int, default=640)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--epochs", type=positive, default=2)
+    ap.add_argument("--repeats", type=positive, default=2)
+    ap.add_argument("--imgsz", type=positive, default=640)
+    ap.add_argument("--batch", type=positive, default=8)
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--threads", type=int, default=1, help="torch threads of the training")
+    ap.add_argument("--threads", type=positive, default=1, help="torch threads of the training")
     ap.add_argument("--pixel-thread", action="store_true", help="also time read ahead with the pixel thread")
     ap.add_argument("--out", type=Path, help="append the result as one JSON line")
     args = ap.parse_args()

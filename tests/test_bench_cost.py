@@ -929,3 +929,217 @@ def test_the_side_by_side_timing_trains_both_seeds_rounds_in_one_call(tmp_path, 
     assert len(seconds) == 2 and all(s > 0 for s in seconds)
     assert sizes == [2 * spec.clients_per_round] * 2, sizes  # one call a round, both runs' four clients
     assert all((Path(s.run_dir) / "metrics.csv").exists() for s in specs)
+
+
+@pytest.mark.parametrize(("script", "option"), [
+    ("engine_overhead.py", "--repeats"), ("engine_overhead.py", "--rounds"), ("host_overhead.py", "--repeats"),
+    ("tracking_cost.py", "--repeats"), ("segmetrics_device.py", "--batch"), ("segmetrics_device.py", "--repeats"),
+    ("segmetrics_device.py", "--frames"), ("yolo_loading.py", "--samples"), ("yolo_read_ahead.py", "--epochs"),
+    ("clip_loading.py", "--steps"), ("disk_per_job.py", "--clients"), ("ops_per_round.py", "--image-size"),
+])
+def test_a_bench_takes_its_counts_from_one_in_one_line(script, option, tmp_path):
+    """0 repeats, rounds, steps or samples ended in a traceback (min() of nothing, a division by zero, an empty
+    metrics file) or, for segmetrics_device's --repeats, a row with an infinite time: one line naming the option."""
+    surgical = ["--surgical-dir", str(tmp_path)] if script.startswith("yolo_") else []
+    clips = ["--clips", str(tmp_path)] if script == "clip_loading.py" else []
+    done = _bench(script, *surgical, *clips, option, "0", "--out", str(tmp_path / "rows.jsonl"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"argument {option}: '0' is not a whole number from 1" in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for a machine without CUDA")
+@pytest.mark.parametrize("script", ["engine_overhead.py", "host_overhead.py", "segmetrics_device.py"])
+def test_a_bench_refuses_cuda_without_a_device_in_one_line(script, tmp_path):
+    done = _bench(script, "--device", "cuda", "--out", str(tmp_path / "rows.jsonl"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == f"{script.removesuffix('.py')}: --device cuda, but torch sees no CUDA device"
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+def test_demo_breakdown_adds_its_rows_whole_or_not_at_all(tmp_path):
+    """--out went through open('a'): a run stopped while writing left a half line, and a file without its last newline
+    had the first row glued to it."""
+    bench = tmp_path / "benchmarks"
+    for rule, seconds in (("train", 12.5), ("report", 1.5)):
+        (bench / rule).mkdir(parents=True)
+        (bench / rule / "job.tsv").write_text(f"s\tcpu_time\tmax_rss\n{seconds}\t{seconds / 2}\t100\n")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"a": 1}')
+    done = _bench("demo_breakdown.py", "--benchmarks", str(bench), "--out", str(rows))
+    assert done.returncode == 0, done.stderr
+    lines = rows.read_text().splitlines()
+    assert lines[0] == '{"a": 1}' and [json.loads(x)["rule"] for x in lines[1:]] == ["train", "report"]
+    before = rows.read_text()
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parent / "src"), "FEDMEDBENCH_FAULT_KILL_BEFORE_RENAME": "*rows.jsonl"}
+    killed = subprocess.run([sys.executable, str(BENCH / "demo_breakdown.py"), "--benchmarks", str(bench), "--out",
+                             str(rows)], env=env, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9 and rows.read_text() == before
+
+
+@pytest.mark.parametrize(("study", "option", "line"), [
+    ("micro", ["--surgical-dir", "."], "--surgical-dir applies to the surgical studies (ultraflwr, fedst) only, not micro"),
+    ("micro", ["--image-cache", "c", "--surgical-epochs", "3"],
+     "--surgical-epochs and --image-cache apply to the surgical studies (ultraflwr, fedst) only, not micro"),
+    ("fedst", ["--surgical-epochs", "3"], "--surgical-epochs applies to ultraflwr only, not fedst"),
+])
+def test_gpu_packing_refuses_a_surgical_option_for_a_study_that_ignores_it_in_one_line(study, option, line, tmp_path):
+    """A MedMNIST study's jobs read no --surgical-dir, --surgical-epochs or --image-cache, fedst's no --surgical-epochs:
+    the row was timed without them, silently."""
+    config = MICRO if study == "micro" else STUDIES / f"{study}.yaml"
+    done = _bench("gpu_packing.py", "--config", str(config), "--study", study, "--device", "cpu", "--jobs", "1",
+                  "--out", str(tmp_path / "rows.jsonl"), *option)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == f"gpu_packing: {line}"
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize(("option", "line"), [
+    (["--model", "cnn_small", "--study-config", "config/studies/earlystop.yaml"],
+     "engine_overhead: --model with --study-config: the model is the study's (give one of them)"),
+    (["--study", "gpaf"], "engine_overhead: --study names a study of --study-config, and none is given"),
+    (["--study-config", "nosuch.yaml"], "nosuch.yaml: no such study config"),
+    (["--study-config", str(MICRO), "--study", "nosuch"], f"{MICRO}: no study 'nosuch' (its studies: micro)"),
+    (["--clients", "4", "--per-round", "8"], "engine_overhead: --per-round 8: more than --clients 4"),
+])
+def test_engine_overhead_refuses_a_model_study_or_sample_it_cannot_use_in_one_line(option, line, tmp_path):
+    """--model was silently replaced by the study config's model and --study silently ignored without a study config;
+    a missing config or study, or more clients a round than clients, was a traceback."""
+    done = _bench("engine_overhead.py", "--rounds", "1", "--out", str(tmp_path / "rows.jsonl"), *option)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == line
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize(("option", "line"), [
+    (["--method", "nosuch"], "ops_per_round: --method nosuch: not one of "),
+    (["--config", "nosuch.yaml"], "nosuch.yaml: no such study config"),
+    (["--width", "-1"], "argument --width: -1: give 0 (the real model) or a width from 1"),
+])
+def test_ops_per_round_refuses_an_unknown_method_a_missing_config_or_a_negative_width_in_one_line(option, line,
+                                                                                                   tmp_path):
+    done = _bench("ops_per_round.py", "--image-size", "8", "--out", str(tmp_path / "rows.jsonl"), *option)
+    assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr
+    assert line in done.stderr.strip().splitlines()[-1], done.stderr
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize(("option", "line"), [
+    (["--surgical-dir", ".", "--method", "fedavg", "--rounds", "3"],
+     "disk_per_job: --method and --rounds apply to the MedMNIST job, not the ultraflwr job of --surgical-dir"),
+    (["--image-cache", "c"], "disk_per_job: --image-cache applies to the ultraflwr job only: give --surgical-dir"),
+    (["--method", "nosuch"], "disk_per_job: --method nosuch: no such method ("),
+])
+def test_disk_per_job_refuses_an_option_its_job_ignores_or_an_unknown_method_in_one_line(option, line, tmp_path):
+    """--method, --model, --clients and --rounds were silently dropped with --surgical-dir, --config and --image-cache
+    without it; an unknown method was a traceback from the engine."""
+    done = _bench("disk_per_job.py", "--out", str(tmp_path / "rows.jsonl"), *option)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().startswith(line), done.stderr
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize(("option", "line"), [
+    (["--width", "-1"], "argument --width: -1: give 0 (the real model) or a width from 1"),
+    (["--study-config", "nosuch.yaml", "--image-size", "8"], "nosuch.yaml: no such study config"),
+])
+def test_host_overhead_refuses_a_negative_width_or_a_missing_study_config_in_one_line(option, line, tmp_path):
+    done = _bench("host_overhead.py", "--rounds", "2", "--out", str(tmp_path / "rows.jsonl"), *option)
+    assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr
+    assert line in done.stderr.strip().splitlines()[-1], done.stderr
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize(("option", "line"), [
+    (["--site", "A", "Z"], "clip_loading: --site Z: no {clips}/Z/clips.parquet (--clips holds A)"),
+    (["--site", "--server", "Z"], "clip_loading: --server Z: no {clips}/Z/clips.parquet (--clips holds A)"),
+    (["--workers", "0", "-1"], "clip_loading: --workers -1: give 0 (decode in the loop) or more threads"),
+    (["--compute-ms", "-5"], "clip_loading: --compute-ms -5: give 0 or more milliseconds"),
+    (["--site", "--server", "A", "--metrics"], "clip_loading: --metrics times the --site sites, and none is given"),
+])
+def test_clip_loading_refuses_a_site_without_clips_or_a_negative_count_before_timing_in_one_line(option, line,
+                                                                                               tmp_path):
+    """A site without clips stopped the bench in a traceback after the sites before it were timed (their rows lost);
+    a negative thread count or wait failed part way through; --metrics or --image-cache without a site timed nothing."""
+    clips = tmp_path / "clips"
+    (clips / "A").mkdir(parents=True)
+    (clips / "A" / "clips.parquet").write_text("")  # never read: the check comes before any timing
+    done = _bench("clip_loading.py", "--clips", str(clips), "--steps", "1", "--out", str(tmp_path / "rows.jsonl"),
+                  *option)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == line.format(clips=clips)
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize("script", ["yolo_loading.py", "yolo_read_ahead.py"])
+def test_a_yolo_bench_refuses_a_client_the_export_lacks_in_one_line(script, tmp_path):
+    manifest = tmp_path / "yolo" / "combined" / "a" / "manifest.json"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"classes": ["tool"], "pooled": {}, "clients": [{"client": 0}, {"client": 1}]}))
+    device = ["--device", "cpu"] if script == "yolo_read_ahead.py" else []
+    done = _bench(script, "--surgical-dir", str(tmp_path), "--client", "5", *device, "--out", str(tmp_path / "rows.jsonl"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == f"--client 5: not a client of {manifest} (0, 1)"
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize(("option", "line"), [
+    (["--size", "100"], "argument --size: 100: give a multiple of 32"),
+    (["--size", "16"], "argument --size: 16: give a multiple of 32"),
+    (["--numpy-frames", "3"], "argument --numpy-frames: 3: give at most --frames (2)"),
+    (["--noise", "-0.1"], "argument --noise: -0.1: give a share of the pixels from 0 to 1"),
+])
+def test_segmetrics_device_refuses_frames_it_cannot_draw_or_score_as_named(option, line, tmp_path):
+    """--size 100 scored 96 px frames and --size 16 empty ones, each row naming the size asked for; --numpy-frames above
+    --frames named more frames than were scored; --noise -0.1 relabelled no pixel."""
+    done = _bench("segmetrics_device.py", "--frames", "2", "--device", "cpu", "--out", str(tmp_path / "rows.jsonl"),
+                  *option)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert line in done.stderr.strip().splitlines()[-1], done.stderr
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize(("script", "option", "value", "line"), [
+    ("engine_overhead.py", "--local-epochs", "-1", "argument --local-epochs: '-1' is not a number above 0"),
+    ("host_overhead.py", "--local-epochs", "0", "argument --local-epochs: '0' is not a number above 0"),
+    ("grid_cost.py", "--peak-tflops", "0", "argument --peak-tflops: '0' is not a number above 0"),
+    ("grid_cost.py", "--threads", "0", "argument --threads: '0' is not a whole number from 1"),
+])
+def test_a_bench_refuses_a_value_it_would_not_use_as_given_in_one_line(script, option, value, line, tmp_path):
+    """engine_overhead trained one step a client and wrote local_epochs -1; grid_cost took --peak-tflops 0 as
+    not given (the CPU's measured rate instead) and --threads 0 as 1, each row naming the value given."""
+    done = _bench(script, option, value, "--out", str(tmp_path / "rows.jsonl"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert line in done.stderr.strip().splitlines()[-1], done.stderr
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+@pytest.mark.parametrize(("config", "option", "line"), [
+    ("micro", ["--surgical-dir", "."], "--surgical-dir applies to fedst or ultraflwr only, not micro (costed here)"),
+    ("micro", ["--no-image-cache", "--loader-workers", "2"],
+     "--no-image-cache and --loader-workers apply to fedst or ultraflwr only, not micro (costed here)"),
+    ("fedst", ["--surgical-epochs", "3"], "--surgical-epochs applies to ultraflwr only, not fedst (costed here)"),
+    ("fedst", ["--yolo-workers", "4"], "--yolo-workers applies to ultraflwr only, not fedst (costed here)"),
+])
+def test_grid_cost_refuses_a_surgical_option_no_costed_study_takes_in_one_line(config, option, line, tmp_path):
+    """The MedMNIST timings read none of these, fedst's no YOLO epochs or workers: the rows were timed without them."""
+    path = MICRO if config == "micro" else STUDIES / f"{config}.yaml"
+    done = _bench("grid_cost.py", "--config", str(path), "--device", "cpu", "--results", str(tmp_path / "rows.jsonl"),
+                  *option)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == f"grid_cost: {line}"
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+def test_grid_cost_takes_a_surgical_option_where_a_costed_study_takes_it(tmp_path):
+    """With both kinds costed, an option of the surgical studies passes the check; --study leaving them out refuses it."""
+    import grid_cost
+
+    configs = {STUDIES / "ultraflwr.yaml": grid_cost.load_config(STUDIES / "ultraflwr.yaml"),
+               MICRO: grid_cost.load_config(MICRO)}
+    args = SimpleNamespace(surgical_dir=None, surgical_epochs=3, yolo_workers=None, image_cache=None,
+                           no_image_cache=False, loader_workers=None)
+    grid_cost.check_surgical_options(configs, None, args)  # no exit
+    grid_cost.check_surgical_options(configs, ["ultraflwr"], args)
+    with pytest.raises(SystemExit):
+        grid_cost.check_surgical_options(configs, ["micro"], args)

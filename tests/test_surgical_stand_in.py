@@ -366,3 +366,12 @@ def test_fedst_cost_times_pretraining_first_and_without_weight_files(monkeypatch
 def test_a_missing_config_is_named(tmp_path):
     with pytest.raises(SystemExit, match="nope.yaml: no such config file"):
         grid_cost.load_config(tmp_path / "nope.yaml")
+
+
+def test_a_stand_in_refuses_an_out_that_is_a_file_in_one_line(tmp_path):
+    """--out naming a file stopped the build in a NotADirectoryError traceback; the file is left as it was."""
+    config = grid_cost.load_config(STUDIES / "ultraflwr.yaml")
+    (tmp_path / "notes.txt").write_text("keep me")
+    with pytest.raises(SystemExit, match=f"--out {tmp_path / 'notes.txt'}: a file, not a folder"):
+        SI.build(config, tmp_path / "notes.txt", 0.01, spec_file=_tiny_spec(tmp_path))
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
