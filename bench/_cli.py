@@ -16,6 +16,17 @@ def positive(text: str) -> int:
     return value
 
 
+def whole(text: str) -> int:
+    """An argparse type: a whole number from 0 (worker counts: 0 loads in the job's own process)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 0")
+    return value
+
+
 def check_cuda(script: str, device: str) -> None:
     """Exit with one line when ``--device cuda`` is asked for on a machine where torch sees no CUDA device (else the
     first tensor moved there stops the bench in a traceback)."""

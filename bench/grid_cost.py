@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 #: where each study's summary row is appended (``--results``)
 RESULTS = ROOT / "bench" / "grid_cost_results.jsonl"
 
-from _cli import above_zero, positive  # noqa: E402
+from _cli import above_zero, positive, whole  # noqa: E402
 from _flop_floor import dense_peak, device_name, floor_fields, forward_flops, round_flops  # noqa: E402
 from _report import append_lines, emit, git_head  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
@@ -330,7 +330,7 @@ def main() -> None:
                     help="the pipeline's surgical data folder (default: resources/surgical/<surgical.origin>)")
     ap.add_argument("--surgical-epochs", type=int,
                     help="ultraflwr: local epochs per timed round (at least 2, the default; scaled up to the config's)")
-    ap.add_argument("--yolo-workers", type=int,
+    ap.add_argument("--yolo-workers", type=whole,
                     help="ultraflwr: dataloader workers of local training (ultraflwr.train.workers) and of the "
                          "evaluation (engine.loader_workers); default: the config's")
     ap.add_argument("--image-cache", type=Path,
@@ -338,7 +338,7 @@ def main() -> None:
                          "default: the config's")
     ap.add_argument("--no-image-cache", action="store_true",
                     help="fedst, ultraflwr: decode every read, whatever the config's engine.image_cache says")
-    ap.add_argument("--loader-workers", type=int,
+    ap.add_argument("--loader-workers", type=whole,
                     help="engine.loader_workers: fedst's threads decoding clips ahead of use; ultraflwr's evaluation "
                          "workers and, from 1, the training batches read ahead in a thread (after --yolo-workers); "
                          "default: the config's")

@@ -51,11 +51,15 @@ def make_spec(workdir: Path, rounds: int) -> RunSpec:
                    train={"rounds": rounds, "local_epochs": 1, "batch_size": 32, "lr": 0.05}, device="cpu", threads=1)
 
 
-def job_seconds(spec: RunSpec) -> float:
+def job_seconds(spec: RunSpec, variant: str) -> float:
+    """Seconds of the job in a fresh process; a job that fails stops the bench in one line naming its variant
+    (its own output, above, says why: e.g. a tracking package not installed)."""
     shutil.rmtree(spec.run_dir, ignore_errors=True)
     src = str(Path(__file__).resolve().parents[1] / "src")
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", CHILD.format(src=src), json.dumps(spec.to_dict())], check=True)
+    done = subprocess.run([sys.executable, "-c", CHILD.format(src=src), json.dumps(spec.to_dict())])
+    if done.returncode != 0:
+        raise SystemExit(f"tracking_cost: the {variant} job failed (exit {done.returncode}); its output is above")
     return time.perf_counter() - t0
 
 
@@ -71,10 +75,11 @@ def main() -> None:
         store = f"sqlite:///{work}/mlflow.db"
         variants = {"off": {}, "tensorboard": {"tensorboard": True}, "mlflow_existing_store": {"mlflow": store}}
         times: dict[str, list[float]] = {name: [] for name in ["mlflow_new_store", *variants]}
-        times["mlflow_new_store"].append(job_seconds(RunSpec.from_dict({**base.to_dict(), "tracking": {"mlflow": store}})))
+        times["mlflow_new_store"].append(job_seconds(RunSpec.from_dict({**base.to_dict(), "tracking": {"mlflow": store}}),
+                                                     "mlflow_new_store"))
         for _ in range(args.repeats):  # interleaved: a slower moment of the machine hits every variant alike
             for name, block in variants.items():
-                times[name].append(job_seconds(RunSpec.from_dict({**base.to_dict(), "tracking": block})))
+                times[name].append(job_seconds(RunSpec.from_dict({**base.to_dict(), "tracking": block}), name))
     off = statistics.median(times["off"])
     rows = [{"bench": "tracking_cost", "variant": name, "rounds": args.rounds, "job_s": [round(t, 2) for t in ts],
              "median_s": round(statistics.median(ts), 2), "added_s": round(statistics.median(ts) - off, 2),

@@ -1143,3 +1143,28 @@ def test_grid_cost_takes_a_surgical_option_where_a_costed_study_takes_it(tmp_pat
     grid_cost.check_surgical_options(configs, ["ultraflwr"], args)
     with pytest.raises(SystemExit):
         grid_cost.check_surgical_options(configs, ["micro"], args)
+
+
+@pytest.mark.parametrize("option", ["--yolo-workers", "--loader-workers"])
+def test_grid_cost_takes_worker_counts_from_zero_in_one_line(option, tmp_path):
+    """A negative worker count ended in a traceback inside the timing (--yolo-workers -1: the run's parameter check,
+    after the stand-in was read): one line naming the option instead (0 stays: loading in the job's own process)."""
+    done = _bench("grid_cost.py", "--config", str(STUDIES / "ultraflwr.yaml"), "--device", "cpu",
+                  "--surgical-dir", str(tmp_path), option, "-1", "--results", str(tmp_path / "rows.jsonl"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"argument {option}: '-1' is not a whole number from 0" in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "rows.jsonl").exists()
+
+
+def test_tracking_cost_names_the_variant_whose_job_failed_in_one_line(tmp_path):
+    """A job that fails in its own process (e.g. MLflow not installed) ended the bench in a CalledProcessError
+    traceback: one line naming the variant, the job's own output above it."""
+    import tracking_cost
+
+    from fedmedbench.fl.spec import RunSpec
+
+    spec = RunSpec(run_dir=str(tmp_path / "run"), study="bench", dataset="bloodmnist", setting="iid", method="fedavg",
+                   seed=0, partition_path=str(tmp_path / "missing.json"), sources={"base": str(tmp_path / "none.npz")},
+                   image_size=28, train={"rounds": 1}, device="cpu", threads=1)
+    with pytest.raises(SystemExit, match=r"^tracking_cost: the tensorboard job failed \(exit 1\); its output is above$"):
+        tracking_cost.job_seconds(spec, "tensorboard")
