@@ -318,6 +318,8 @@ def main() -> None:
     check_cuda("engine_overhead", args.device)
     if args.per_round > args.clients:  # else the federation stops every side in a traceback, the data made
         sys.exit(f"engine_overhead: --per-round {args.per_round}: more than --clients {args.clients}")
+    if args.waiting_steps and args.device == "cpu":  # batch indices already live where a CPU's data is
+        sys.exit("engine_overhead: --waiting-steps changes only how steps wait for a GPU: give --device cuda")
     if args.deterministic:
         use_deterministic_kernels()  # before the first kernel: cuBLAS reads its workspace setting once
     if args.study_config and args.model:

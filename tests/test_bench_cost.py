@@ -1168,3 +1168,13 @@ def test_tracking_cost_names_the_variant_whose_job_failed_in_one_line(tmp_path):
                    image_size=28, train={"rounds": 1}, device="cpu", threads=1)
     with pytest.raises(SystemExit, match=r"^tracking_cost: the tensorboard job failed \(exit 1\); its output is above$"):
         tracking_cost.job_seconds(spec, "tensorboard")
+
+
+def test_engine_overhead_refuses_waiting_steps_on_the_cpu_in_one_line(tmp_path):
+    """On the CPU a step's batch indices are already where its data is, so --waiting-steps timed the same path
+    twice and wrote a row as if the steps had waited."""
+    done = _bench("engine_overhead.py", "--device", "cpu", "--waiting-steps", "--out", str(tmp_path / "rows.jsonl"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == ("engine_overhead: --waiting-steps changes only how steps wait for a GPU: "
+                                   "give --device cuda")
+    assert not (tmp_path / "rows.jsonl").exists()
