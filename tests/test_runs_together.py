@@ -368,3 +368,27 @@ def test_runs_whose_untrained_parameters_differ_train_in_separate_calls(setup, m
     side = [seeded(spec(setup, f"frozen-side{s}", batch_clients=True), s) for s in (0, 1)]
     run_together(side, log=lambda m: None)
     assert calls == [4, 4] * 3  # two calls a round: the runs' frozen stems differ
+
+
+def test_runs_whose_models_normalise_their_input_otherwise_predict_apart(setup, monkeypatch):
+    """A model's input normalisation is a hook on it (train.input_norm), not a parameter: runs of one network whose
+    hooks differ predict the same images in separate passes, each as alone."""
+    passes: list[int] = []
+    real = _together.predict_together
+
+    def counted(models, *args):
+        passes.append(len(models))
+        return real(models, *args)
+
+    monkeypatch.setattr(_together, "predict_together", counted)
+    alone = spec(setup, "norm-alone", batch_clients=True, rounds=1, input_norm="single")
+    engine.run(alone, log=lambda m: None)
+    a = seeded(spec(setup, "norm-double", batch_clients=True, rounds=1), 1)
+    b = spec(setup, "norm-single", batch_clients=True, rounds=1, input_norm="single")
+    run_together([a, b], log=lambda m: None)
+    assert passes == []  # every pass of one model: predicted alone
+    want, got = (pd.read_csv(Path(x.run_dir) / "metrics.csv") for x in (alone, b))
+    cols = [c for c in want.columns if c.startswith(("global_", "val_"))]
+    assert cols
+    for c in cols:
+        np.testing.assert_allclose(got[c].to_numpy(), want[c].to_numpy(), rtol=1e-5, atol=1e-6, err_msg=c)

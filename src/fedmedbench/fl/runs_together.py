@@ -127,7 +127,7 @@ class RoundPool:
             return predict_alone(model, x, y, batch_size, device)
         shapes = tuple((n, tuple(p.shape), p.dtype) for n, p in model.named_parameters())
         shareable = not any(True for _ in model.buffers())  # batch statistics: each model predicts alone
-        key = (fingerprint(x), fingerprint(y), batch_size, str(device), type(model), shapes,
+        key = (fingerprint(x), fingerprint(y), batch_size, str(device), type(model), shapes, _hooks(model),
                None if shareable else threading.get_ident())
         return self._hand_in("predict", key, (model, x, y, batch_size, device))
 
@@ -199,6 +199,13 @@ def _calls(entries: list[_Entry]) -> list[list[_Entry]]:
         else:
             calls.append(group)
     return calls
+
+
+def _hooks(model: torch.nn.Module) -> tuple:
+    """The forward hooks of ``model``'s layers (``train.input_norm``'s among them): the batched pass runs the first
+    model's, so models predict together only where theirs are the same functions."""
+    return tuple((name, tuple(m._forward_pre_hooks.values()), tuple(m._forward_hooks.values()))
+                 for name, m in model.named_modules() if m._forward_pre_hooks or m._forward_hooks)
 
 
 def fingerprint(t: torch.Tensor) -> str:
