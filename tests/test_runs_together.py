@@ -209,10 +209,12 @@ def test_an_error_outside_the_call_fails_the_runs_that_wait_instead_of_leaving_t
     of that round: none is left waiting for a call that never comes."""
     import threading
 
-    def broken(ctx):
+    from fedmedbench.fl import runs_together
+
+    def broken(entries):
         raise ValueError("no key")
 
-    monkeypatch.setattr(_together, "merge_key", broken)
+    monkeypatch.setattr(runs_together, "_calls", broken)  # the grouping, in the thread of the last to hand in
     a, b = spec(setup, "outside-a", batch_clients=True), seeded(spec(setup, "outside-b", batch_clients=True), 1)
     raised: list[BaseException] = []
 
