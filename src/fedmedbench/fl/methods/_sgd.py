@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext, Trainer
-from fedmedbench.fl.arrays import snapshot, weighted_average
+from fedmedbench.fl.arrays import load_arrays, snapshot, weighted_average
 from fedmedbench.fl.augment import batch_images
 from fedmedbench.fl.training import (
     StepLosses,
@@ -425,13 +425,11 @@ class ServerOptMethod(Method):
         with the hooks already made, as ``client_fit`` trains each: the model put back to the global weights
         before every client but the first."""
         model = ctxs[0].model
-        start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        start = snapshot(model.state_dict())
         out = []
         for i, (ctx, h) in enumerate(zip(ctxs, hooks, strict=True)):
             if i:
-                with torch.no_grad():
-                    for k, v in model.state_dict().items():
-                        v.copy_(start[k])
+                load_arrays(model, start)  # in place: the hooks' references to the model's tensors hold
             out.append(self.client_result(ctx, h, local_loop_metrics(ctx, h), ctx.result_arrays()))
         return out
 
