@@ -87,8 +87,7 @@ class RoundPool:
         try:
             yield
         finally:
-            training.shared_predictions.pool = None
-            self.withdraw()
+            self.withdraw()  # its predictions alone from here on too
             self._baton.release()
 
     def withdraw(self) -> None:
