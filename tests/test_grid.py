@@ -87,6 +87,20 @@ def test_seeds_together_with_an_override_turning_clients_together_off_is_refused
     grid.check_config("s", st)
 
 
+def test_seeds_together_names_the_override_that_wins_where_several_set_clients_together():
+    """The error names the block run_train reads batch_clients from: a method's override over its setting's,
+    a pair's over the method's."""
+    st = _study()
+    st["train"].update(seeds_together=True, batch_clients=True)
+    st["method_train"] = {"fedavg": {"batch_clients": False}}
+    st["settings"]["iid"]["method_train"] = {"fedavg": {"batch_clients": True}}
+    st["settings"]["dir"]["train"] = {"batch_clients": True}
+    with pytest.raises(ValueError, match=r"'studies\.s\.method_train\.fedavg\.batch_clients': train\.seeds_together"):
+        grid.check_config("s", st)
+    st["settings"]["dir"]["method_train"] = {"fedavg": {"batch_clients": True}}
+    grid.check_config("s", st)
+
+
 def test_centralized_trains_once_where_its_pooled_inputs_are_the_same():
     st = _study(methods=["fedavg", "local", "centralized"])
     st["settings"].update({
