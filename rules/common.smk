@@ -362,13 +362,24 @@ def seeds_together_studies():
 
 
 def each_seed(study, of):
-    """An input or params function giving ``of`` for every seed of ``study`` (its wildcards plus the seed)."""
+    """An input function giving ``of`` for every seed of ``study`` (its wildcards plus the seed)."""
     seeds = config["studies"][study]["seeds"]
 
     def per_seed(wildcards):
         return [of({**dict(wildcards), "seed": seed}) for seed in seeds]
 
     return per_seed
+
+
+def seed_specs(study):
+    """A params function: the run spec of every seed of ``study`` by its run folder's name (``seed<k>``), so a
+    rerun's reason names the run and key that changed (``seed0.train.lr 0.05 -> 0.1``)."""
+    seeds = config["studies"][study]["seeds"]
+
+    def specs(wildcards):
+        return {f"seed{seed}": run_spec({**dict(wildcards), "seed": seed}) for seed in seeds}
+
+    return specs
 
 
 def seed_outputs(study, name):

@@ -55,7 +55,7 @@ for together_study in seeds_together_studies():
         wildcard_constraints:
             study=together_study,
         params:
-            specs=each_seed(together_study, run_spec),
+            specs=seed_specs(together_study),
         log:
             "logs/train_seeds_together/{study}/{dataset}/{setting}/{method}.log",
         benchmark:

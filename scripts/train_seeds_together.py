@@ -15,7 +15,7 @@ with log_to(snakemake.log[0]) as log:
     log_every = snakemake.config["studies"][snakemake.wildcards.study]["log_every"]
     # as scripts/train_federated.py: threads, log_every, backend, keep_checkpoints, resume from the job and config
     specs = [weights.pin(for_job(p, snakemake.threads, snakemake.config, log_every=log_every), snakemake.input.weights)
-             for p in snakemake.params.specs]
+             for p in snakemake.params.specs.values()]
     with ExitStack() as locks:
         for spec in specs:
             locks.enter_context(run_lock(spec.run_dir))  # a second process refuses each of these runs

@@ -87,6 +87,20 @@ def test_seeds_together_with_an_override_turning_clients_together_off_is_refused
     grid.check_config("s", st)
 
 
+def test_seeds_together_names_the_override_that_wins_where_several_set_clients_together():
+    """The error names the block run_train reads batch_clients from: a method's override over its setting's,
+    a pair's over the method's."""
+    st = _study()
+    st["train"].update(seeds_together=True, batch_clients=True)
+    st["method_train"] = {"fedavg": {"batch_clients": False}}
+    st["settings"]["iid"]["method_train"] = {"fedavg": {"batch_clients": True}}
+    st["settings"]["dir"]["train"] = {"batch_clients": True}
+    with pytest.raises(ValueError, match=r"'studies\.s\.method_train\.fedavg\.batch_clients': train\.seeds_together"):
+        grid.check_config("s", st)
+    st["settings"]["dir"]["method_train"] = {"fedavg": {"batch_clients": True}}
+    grid.check_config("s", st)
+
+
 def test_centralized_trains_once_where_its_pooled_inputs_are_the_same():
     st = _study(methods=["fedavg", "local", "centralized"])
     st["settings"].update({
@@ -339,7 +353,8 @@ def test_seeds_together_plans_one_job_per_method_for_all_its_seeds(tmp_path):
 
 def test_seeds_side_by_side_write_each_seeds_run_as_the_workflow_does(tmp_path):
     """The micro study with two seeds and seeds_together: one job trains both, each seed's files in its folder,
-    its summary naming its seed; a setting cannot override the switch (the schema refuses it)."""
+    its summary naming its seed; a changed hyper-parameter's rerun reason names each run's key; a setting cannot
+    override the switch (the schema refuses it)."""
     from helpers import copy_workflow
 
     work = copy_workflow(tmp_path / "wf")
@@ -356,6 +371,14 @@ def test_seeds_side_by_side_write_each_seeds_run_as_the_workflow_does(tmp_path):
     seeds = [json.loads((work / base / f"seed{s}" / "summary.json").read_text())["seed"] for s in (0, 1)]
     assert seeds == [0, 1]
     assert all((work / base / f"seed{s}" / "model.pt").is_file() for s in (0, 1))
+    # a changed hyper-parameter reruns the job, its reason naming each run's changed key (not the specs dumped)
+    cfg["studies"]["micro"]["train"]["lr"] = 0.1
+    f.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    rerun = subprocess.run([sys.executable, "-m", "snakemake", "-n", f"{base}/seed0/summary.json", "--configfile",
+                            str(f)], cwd=work, capture_output=True, text=True, timeout=300)
+    assert ("reason: Params have changed since last execution: seed0.train.lr 0.05 -> 0.1; seed1.train.lr 0.05 -> 0.1"
+            in rerun.stdout + rerun.stderr), (rerun.stdout + rerun.stderr)[-3000:]
+    cfg["studies"]["micro"]["train"]["lr"] = 0.05
     cfg["studies"]["micro"]["settings"]["dir"]["train"] = {"seeds_together": False}
     f.write_text(yaml.safe_dump(cfg, sort_keys=False))
     bad = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", str(f)], cwd=work,

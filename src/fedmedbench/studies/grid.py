@@ -58,23 +58,27 @@ def trained_runs(study: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in runs(study) if (r["dataset"], r["setting"], r["method"]) not in shown]
 
 
-def run_train(study: dict[str, Any], setting: str, method: str) -> dict[str, Any]:
-    """The study's ``train`` block, then the setting's, then the method's (``method_train``), then the
-    pair's (``settings.<setting>.method_train.<method>``): the most specific key wins."""
+def _train_blocks(study: dict[str, Any], setting: str, method: str) -> list[tuple[str, dict[str, Any]]]:
+    """The train blocks of one (setting, method) pair with their keys, least specific first: the study's
+    ``train``, the setting's, the method's (``method_train``), the pair's (``settings.<setting>.method_train``)."""
     s = study["settings"][setting]
-    return {**study["train"], **s.get("train", {}), **study["method_train"].get(method, {}),
-            **(s.get("method_train") or {}).get(method, {})}
+    return [("train", study["train"]), (f"settings.{setting}.train", s.get("train", {})),
+            (f"method_train.{method}", study["method_train"].get(method, {})),
+            (f"settings.{setting}.method_train.{method}", (s.get("method_train") or {}).get(method, {}))]
+
+
+def run_train(study: dict[str, Any], setting: str, method: str) -> dict[str, Any]:
+    """The pair's train blocks merged (:func:`_train_blocks`): the most specific key wins."""
+    out: dict[str, Any] = {}
+    for _, block in _train_blocks(study, setting, method):
+        out.update(block)
+    return out
 
 
 def _train_key(study: dict[str, Any], setting: str, method: str, name: str) -> str:
     """Where ``run_train`` reads ``name`` for this pair: the most specific block that sets it."""
-    s = study["settings"][setting]
-    for where, block in ((f"settings.{setting}.method_train.{method}", (s.get("method_train") or {}).get(method, {})),
-                         (f"method_train.{method}", study.get("method_train", {}).get(method, {})),
-                         (f"settings.{setting}.train", s.get("train", {}))):
-        if name in block:
-            return f"{where}.{name}"
-    return f"train.{name}"
+    where = [key for key, block in _train_blocks(study, setting, method) if name in block]
+    return f"{where[-1] if where else 'train'}.{name}"
 
 
 def run_model(study: dict[str, Any], method: str) -> dict[str, Any]:
