@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import grid_cost  # noqa: E402
+from _cli import positive  # noqa: E402
 from _report import emit  # noqa: E402
 from _timing import steady_s_per_round  # noqa: E402
 
@@ -171,13 +172,13 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=ROOT / "config" / "studies" / "earlystop.yaml")
     ap.add_argument("--study", default="earlystop")
     ap.add_argument("--method", default="fedavg")
-    ap.add_argument("--jobs", type=grid_cost.positive, nargs="+", default=[1, 2, 4, 8], help="job counts to run, in order")
-    ap.add_argument("--rounds", type=grid_cost.positive, default=4)
-    ap.add_argument("--threads", type=grid_cost.positive, default=2, help="torch threads per job")
+    ap.add_argument("--jobs", type=positive, nargs="+", default=[1, 2, 4, 8], help="job counts to run, in order")
+    ap.add_argument("--rounds", type=positive, default=4)
+    ap.add_argument("--threads", type=positive, default=2, help="torch threads per job")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cuda (cpu only to try the script)")
     ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
                     help="train.batch_clients in every job, or not (default: the config's)")
-    ap.add_argument("--runs-together", type=grid_cost.positive, default=1, metavar="N",
+    ap.add_argument("--runs-together", type=positive, default=1, metavar="N",
                     help="the MedMNIST studies: each process runs N seeds of its job side by side (train.seeds_together; "
                     "with --batch-clients), a job's seconds a round its share of the wall time (default 1)")
     ap.add_argument("--surgical-dir", type=Path, help="ultraflwr, fedst: the exports or stand-in to train on")

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 #: where each study's summary row is appended (``--results``)
 RESULTS = ROOT / "bench" / "grid_cost_results.jsonl"
 
-from _cli import above_zero, positive, whole  # noqa: E402
+from _cli import above_zero, check_cuda, positive, whole  # noqa: E402
 from _flop_floor import dense_peak, device_name, floor_fields, forward_flops, round_flops  # noqa: E402
 from _report import append_lines, emit, git_head  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
@@ -364,8 +364,7 @@ def main() -> None:
 
     if args.packing <= 0:
         raise SystemExit(f"grid_cost: --packing {args.packing:g}: give a throughput above 0")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("grid_cost: --device cuda, but torch sees no CUDA device")
+    check_cuda("grid_cost", args.device)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     limit_threads(args.threads)
     with waiting_steps() if args.waiting_steps else nullcontext():
