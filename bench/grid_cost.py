@@ -362,7 +362,7 @@ def main() -> None:
         raise SystemExit(f"grid_cost: --runs-together {args.runs_together}: give 1 or more runs")
     import torch
 
-    if args.packing <= 0:
+    if not 0 < args.packing < float("inf"):  # NaN too: every row's GPU-hours would be NaN
         raise SystemExit(f"grid_cost: --packing {args.packing:g}: give a throughput above 0")
     check_cuda("grid_cost", args.device)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device

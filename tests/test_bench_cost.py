@@ -838,9 +838,11 @@ def test_seeds_side_by_side_refuses_a_zero_size_in_one_line(option):
 
 
 @pytest.mark.parametrize(("option", "line"), [(["--rounds", "0"], "--rounds: '0' is not a whole number from 1"),
-                                              (["--packing", "0"], "grid_cost: --packing 0: give a throughput above 0")])
+                                              (["--packing", "0"], "grid_cost: --packing 0: give a throughput above 0"),
+                                              (["--packing", "nan"], "grid_cost: --packing nan: give a throughput above 0")])
 def test_grid_cost_refuses_zero_rounds_or_packing_in_one_line(option, line, tmp_path):
-    """--rounds 0 timed nothing and failed reading an empty metrics file; --packing 0 divided by zero at the end."""
+    """--rounds 0 timed nothing and failed reading an empty metrics file; --packing 0 divided by zero at the end, and
+    --packing nan wrote a row of NaN GPU-hours."""
     done = _bench("grid_cost.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu",
                   "--results", str(tmp_path / "rows.jsonl"), *option)
     assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr
