@@ -216,10 +216,17 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
     first = timed_job(jobs, setting)
     others = [scaled_job(jobs, pair, timed[0]) for pair in scale_by or []]  # checked before anything is timed
     part, sources = make_data(workdir, config, study, first["setting"], first["dataset"])
+    alone: dict[str, str] = {}  # the jobs --runs-together could not time side by side, and why
+
+    def seconds_a_round(spec: RunSpec, label: str) -> list[float]:
+        if runs_together > 1 and (reason := side_by_side_why_not(spec)):
+            alone[label] = reason
+        return job_seconds_a_round(spec, runs_together)
+
     s_per_round: dict[str, float] = {}
     for method in timed:
         spec = job_spec(workdir, config, study, {**first, "method": method}, part, sources, rounds, device, threads)
-        per_round = job_seconds_a_round(spec, runs_together)
+        per_round = seconds_a_round(spec, method)
         s_per_round[method] = steady_s_per_round(per_round)
         row.setdefault("first_round_s", {})[method] = round(per_round[0], 2)
     if torch_profile is not None:  # one more run of the first timed method under torch.profiler
@@ -235,8 +242,8 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
         pdir = workdir / f"{other['dataset']}_{other['setting']}"
         pdir.mkdir(parents=True, exist_ok=True)
         opart, osources = make_data(pdir, config, study, other["setting"], other["dataset"])
-        per_round = job_seconds_a_round(job_spec(pdir, config, study, other, opart, osources, rounds, device, threads),
-                                        runs_together)
+        per_round = seconds_a_round(job_spec(pdir, config, study, other, opart, osources, rounds, device, threads),
+                                    f"{other['dataset']}/{other['setting']}")
         ref_rates[other["dataset"], other["setting"]] = steady_s_per_round(per_round)
     seconds = grid_seconds(jobs, s_per_round, pair_factors(ref_rates, base))
     if len(ref_rates) > 1:
@@ -246,6 +253,8 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
                s_per_round={k: round(v, 3) for k, v in s_per_round.items()},
                untimed_methods_at_mean=sorted(set(st["methods"]) - set(s_per_round)),
                device_hours=round(seconds / 3600, 1))
+    if alone:
+        row["timed_alone"] = alone
     row.update(classification_work(config, study, first, part, spec))
     row["measured_s_per_round"] = round(seconds / row["job_rounds"], 4)  # over the grid's rounds, each method's own
     return row
@@ -395,7 +404,7 @@ def levers(row: dict, args: argparse.Namespace) -> list[str]:
         out.append(f"autocast={row['autocast']}")
     if row.get("loader_workers"):
         out.append(f"loader_workers={row['loader_workers']}")
-    if row.get("runs_together", 1) > 1:
+    if row.get("runs_together", 1) > 1 and not set(row["s_per_round"]) <= set(row.get("timed_alone", {})):
         out.append(f"runs_together={row['runs_together']}")
     if args.packing != 1:
         out.append(f"packing={args.packing:g}")

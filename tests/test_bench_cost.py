@@ -800,14 +800,35 @@ def test_grid_cost_times_a_job_alone_where_its_runs_side_by_side_would_take_turn
 
 
 def test_grid_cost_runs_seeds_side_by_side_end_to_end_and_names_the_lever(tmp_path):
+    """The micro study on a model without buffers (ConvNeXtV2-atto at 64 px): its runs share their rounds (the small
+    CNN's batch statistics would have them timed alone)."""
+    import yaml
+
+    config = yaml.safe_load(MICRO.read_text())
+    config["studies"]["micro"].update(model={"name": "timm:convnextv2_atto"}, size=64)
+    (tmp_path / "micro.yaml").write_text(yaml.safe_dump(config))
     results = tmp_path / "grid_cost_results.jsonl"
-    done = _bench("grid_cost.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", "--rounds", "2",
-                  "--threads", "1", "--runs-together", "2", "--batch-clients", "--results", str(results))
+    done = _bench("grid_cost.py", "--config", str(tmp_path / "micro.yaml"), "--study", "micro", "--device", "cpu",
+                  "--rounds", "2", "--threads", "1", "--runs-together", "2", "--batch-clients", "--results", str(results))
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "cannot share its rounds" not in done.stderr, done.stderr
     row = json.loads(results.read_text().splitlines()[-1])
     assert "runs_together=2" in row["levers"]
     bad = _bench("grid_cost.py", "--config", str(MICRO), "--runs-together", "0")
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == "grid_cost: --runs-together 0: give 1 or more runs"
+
+
+def test_grid_cost_names_a_job_timed_alone_and_claims_no_side_by_side_lever(tmp_path):
+    """--runs-together where the runs cannot share their rounds (no batch_clients) times each job alone: the row named
+    runs_together=2 among its levers as if the seeds had shared them; now it names the job timed alone and why."""
+    out, results = tmp_path / "rows.jsonl", tmp_path / "grid_cost_results.jsonl"
+    done = _bench("grid_cost.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", "--rounds", "2",
+                  "--threads", "1", "--runs-together", "2", "--no-batch-clients", "--out", str(out),
+                  "--results", str(results))
+    assert done.returncode == 0, done.stdout + done.stderr
+    row, summary = (json.loads(p.read_text().splitlines()[-1]) for p in (out, results))
+    assert row["timed_alone"] == {"fedavg": "train.batch_clients is off"}
+    assert not any(lever.startswith("runs_together") for lever in summary["levers"]), summary["levers"]
 
 
 def test_seeds_side_by_side_counts_fewer_ops_a_job_round_than_alone_and_the_same_weights(tmp_path):
