@@ -55,9 +55,10 @@ def worker(args: argparse.Namespace) -> None:
     specs = {"ultraflwr": ultraflwr_spec, "fedst": fedst_spec}
     spec = specs.get(args.study, medmnist_spec)(args)
     # alone, or N seeds side by side in the process: a job's share of each round's wall time
+    alone = grid_cost.side_by_side_why_not(spec) if args.runs_together > 1 else None  # then timed alone
     per_round = grid_cost.job_seconds_a_round(spec, args.runs_together)
     peak = torch.cuda.max_memory_reserved() / 2**20 if torch.cuda.is_available() else 0.0
-    print(json.dumps({"per_round": per_round, "peak_reserved_mib": round(peak)}), flush=True)
+    print(json.dumps({"per_round": per_round, "peak_reserved_mib": round(peak), "timed_alone": alone}), flush=True)
 
 
 def ultraflwr_spec(args: argparse.Namespace):
@@ -157,14 +158,18 @@ def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: P
     wall = time.perf_counter() - t0
     if any(p.returncode for p in procs):  # e.g. out of GPU memory: the counts before it are kept
         return {"jobs": n, "failed_exit_codes": [p.returncode for p in procs], "wall_s": round(wall, 1)}
-    per_job, peaks = [], []
+    per_job, peaks, alone = [], [], set()
     for out in outs:
         reply = json.loads(out.strip().splitlines()[-1])
         per_job.append(steady_s_per_round(reply["per_round"]))
         peaks.append(reply["peak_reserved_mib"])
-    return {"jobs": n, "s_per_round": [round(x, 3) for x in per_job], "mean_s_per_round": round(sum(per_job) / n, 3),
-            "rounds_per_s": round(sum(1 / x for x in per_job), 3), "wall_s": round(wall, 1),
-            "peak_reserved_mib": max(peaks)}
+        alone.update([reply["timed_alone"]] if reply.get("timed_alone") else [])
+    result = {"jobs": n, "s_per_round": [round(x, 3) for x in per_job], "mean_s_per_round": round(sum(per_job) / n, 3),
+              "rounds_per_s": round(sum(1 / x for x in per_job), 3), "wall_s": round(wall, 1),
+              "peak_reserved_mib": max(peaks)}
+    if alone:  # --runs-together: the seeds could not share their rounds and were timed one by one (why)
+        result["timed_alone"] = "; ".join(sorted(alone))
+    return result
 
 
 def main() -> None:

@@ -733,13 +733,38 @@ def test_gpu_packing_refuses_batch_clients_for_a_surgical_study_in_one_line(tmp_
                                        f"studies, not {study}")
 
 
+def _micro_without_buffers(tmp_path: Path) -> Path:
+    """The micro study on a model without buffers (ConvNeXtV2-atto at 64 px), whose seeds can share their rounds
+    (the small CNN's batch statistics would have each run timed alone)."""
+    import yaml
+
+    config = yaml.safe_load(MICRO.read_text())
+    config["studies"]["micro"].update(model={"name": "timm:convnextv2_atto"}, size=64)
+    (tmp_path / "micro.yaml").write_text(yaml.safe_dump(config))
+    return tmp_path / "micro.yaml"
+
+
 def test_gpu_packing_runs_each_jobs_seeds_side_by_side(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    done = _bench("gpu_packing.py", "--config", str(_micro_without_buffers(tmp_path)), "--study", "micro", "--device",
+                  "cpu", "--jobs", "1", "--rounds", "2", "--threads", "1", "--batch-clients", "--runs-together", "2",
+                  "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "cannot share its rounds" not in done.stderr, done.stderr
+    row = json.loads(out.read_text().splitlines()[-1])
+    assert row["runs_together"] == 2 and row["results"][0]["jobs"] == 1 and row["results"][0]["s_per_round"]
+    assert "timed_alone" not in row["results"][0]
+
+
+def test_gpu_packing_names_jobs_timed_alone_where_their_seeds_cannot_share_rounds(tmp_path):
+    """The small CNN has batch statistics: each process's runs were timed one by one while the row read as side by
+    side; now each count's result says so, and why."""
     out = tmp_path / "rows.jsonl"
     done = _bench("gpu_packing.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", "--jobs", "1",
                   "--rounds", "2", "--threads", "1", "--batch-clients", "--runs-together", "2", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
-    row = json.loads(out.read_text().splitlines()[-1])
-    assert row["runs_together"] == 2 and row["results"][0]["jobs"] == 1 and row["results"][0]["s_per_round"]
+    result = json.loads(out.read_text().splitlines()[-1])["results"][0]
+    assert "buffers" in result["timed_alone"], result
 
 
 def test_ultraflwr_timings_run_two_to_the_configs_local_epochs():
@@ -800,15 +825,9 @@ def test_grid_cost_times_a_job_alone_where_its_runs_side_by_side_would_take_turn
 
 
 def test_grid_cost_runs_seeds_side_by_side_end_to_end_and_names_the_lever(tmp_path):
-    """The micro study on a model without buffers (ConvNeXtV2-atto at 64 px): its runs share their rounds (the small
-    CNN's batch statistics would have them timed alone)."""
-    import yaml
-
-    config = yaml.safe_load(MICRO.read_text())
-    config["studies"]["micro"].update(model={"name": "timm:convnextv2_atto"}, size=64)
-    (tmp_path / "micro.yaml").write_text(yaml.safe_dump(config))
+    """On a model without buffers, whose runs share their rounds (the small CNN's would be timed alone)."""
     results = tmp_path / "grid_cost_results.jsonl"
-    done = _bench("grid_cost.py", "--config", str(tmp_path / "micro.yaml"), "--study", "micro", "--device", "cpu",
+    done = _bench("grid_cost.py", "--config", str(_micro_without_buffers(tmp_path)), "--study", "micro", "--device", "cpu",
                   "--rounds", "2", "--threads", "1", "--runs-together", "2", "--batch-clients", "--results", str(results))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "cannot share its rounds" not in done.stderr, done.stderr
