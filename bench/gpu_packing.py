@@ -185,7 +185,8 @@ def main() -> None:
                     help="train.batch_clients in every job, or not (default: the config's)")
     ap.add_argument("--runs-together", type=positive, default=1, metavar="N",
                     help="the MedMNIST studies: each process runs N seeds of its job side by side (train.seeds_together; "
-                    "with --batch-clients), a job's seconds a round its share of the wall time (default 1)")
+                    "with --batch-clients), a job's seconds a round its share of the wall time; seeds that cannot share their rounds "
+                    "are timed alone, named in the count's timed_alone (default 1)")
     ap.add_argument("--surgical-dir", type=Path, help="ultraflwr, fedst: the exports or stand-in to train on")
     ap.add_argument("--surgical-epochs", type=int, help="ultraflwr: local epochs a round (at least 2; default 2)")
     ap.add_argument("--image-cache", type=Path, help="ultraflwr, fedst: the decoded frames' folder (engine.image_cache; "

@@ -331,7 +331,8 @@ def main() -> None:
     ap.add_argument("--runs-together", type=int, default=1, metavar="N",
                     help="the MedMNIST studies: time each job side by side with N-1 runs of its other seeds in one "
                     "process, their rounds' clients trained in one call (fl/runs_together.py; needs train.batch_clients); "
-                    "a job's seconds a round are its share of the wall time (default 1: alone)")
+                    "a job's seconds a round are its share of the wall time; a job whose runs cannot share their rounds is timed "
+                    "alone, named in the row's timed_alone (default 1: alone)")
     ap.add_argument("--rounds", type=positive, default=3, help="rounds timed per method (the first is left out when > 1)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--threads", type=positive, default=2)
