@@ -6,6 +6,7 @@ import collections
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -997,6 +998,16 @@ def test_a_bench_refuses_cuda_without_a_device_in_one_line(script, tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip() == f"{script.removesuffix('.py')}: --device cuda, but torch sees no CUDA device"
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+def test_a_result_file_that_is_a_folder_is_named_in_one_line(tmp_path):
+    """--out or --results naming a folder ended a finished timing in an IsADirectoryError traceback."""
+    from _report import append_lines
+
+    line = f"{tmp_path}: a folder, not a JSON-lines file (the rows are printed above)"
+    with pytest.raises(SystemExit, match=f"^{re.escape(line)}$"):
+        append_lines(tmp_path, ['{"a": 1}'])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_demo_breakdown_adds_its_rows_whole_or_not_at_all(tmp_path):
