@@ -21,6 +21,8 @@ def append_lines(path: Path, lines: list[str]) -> None:
     from fedmedbench import io
 
     path = Path(path)
+    if path.is_dir():  # emit has printed the rows: say where they did not go, not a traceback
+        raise SystemExit(f"{path}: a folder, not a JSON-lines file (the rows are printed above)")
     before = path.read_text() if path.exists() else ""
     if before and not before.endswith("\n"):
         before += "\n"

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import grid_cost  # noqa: E402
+from _cli import positive  # noqa: E402
 from _report import emit  # noqa: E402
 from _timing import steady_s_per_round  # noqa: E402
 
@@ -54,9 +55,10 @@ def worker(args: argparse.Namespace) -> None:
     specs = {"ultraflwr": ultraflwr_spec, "fedst": fedst_spec}
     spec = specs.get(args.study, medmnist_spec)(args)
     # alone, or N seeds side by side in the process: a job's share of each round's wall time
+    alone = grid_cost.side_by_side_why_not(spec) if args.runs_together > 1 else None  # then timed alone
     per_round = grid_cost.job_seconds_a_round(spec, args.runs_together)
     peak = torch.cuda.max_memory_reserved() / 2**20 if torch.cuda.is_available() else 0.0
-    print(json.dumps({"per_round": per_round, "peak_reserved_mib": round(peak)}), flush=True)
+    print(json.dumps({"per_round": per_round, "peak_reserved_mib": round(peak), "timed_alone": alone}), flush=True)
 
 
 def ultraflwr_spec(args: argparse.Namespace):
@@ -156,14 +158,18 @@ def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: P
     wall = time.perf_counter() - t0
     if any(p.returncode for p in procs):  # e.g. out of GPU memory: the counts before it are kept
         return {"jobs": n, "failed_exit_codes": [p.returncode for p in procs], "wall_s": round(wall, 1)}
-    per_job, peaks = [], []
+    per_job, peaks, alone = [], [], set()
     for out in outs:
         reply = json.loads(out.strip().splitlines()[-1])
         per_job.append(steady_s_per_round(reply["per_round"]))
         peaks.append(reply["peak_reserved_mib"])
-    return {"jobs": n, "s_per_round": [round(x, 3) for x in per_job], "mean_s_per_round": round(sum(per_job) / n, 3),
-            "rounds_per_s": round(sum(1 / x for x in per_job), 3), "wall_s": round(wall, 1),
-            "peak_reserved_mib": max(peaks)}
+        alone.update([reply["timed_alone"]] if reply.get("timed_alone") else [])
+    result = {"jobs": n, "s_per_round": [round(x, 3) for x in per_job], "mean_s_per_round": round(sum(per_job) / n, 3),
+              "rounds_per_s": round(sum(1 / x for x in per_job), 3), "wall_s": round(wall, 1),
+              "peak_reserved_mib": max(peaks)}
+    if alone:  # --runs-together: the seeds could not share their rounds and were timed one by one (why)
+        result["timed_alone"] = "; ".join(sorted(alone))
+    return result
 
 
 def main() -> None:
@@ -171,15 +177,16 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=ROOT / "config" / "studies" / "earlystop.yaml")
     ap.add_argument("--study", default="earlystop")
     ap.add_argument("--method", default="fedavg")
-    ap.add_argument("--jobs", type=grid_cost.positive, nargs="+", default=[1, 2, 4, 8], help="job counts to run, in order")
-    ap.add_argument("--rounds", type=grid_cost.positive, default=4)
-    ap.add_argument("--threads", type=grid_cost.positive, default=2, help="torch threads per job")
+    ap.add_argument("--jobs", type=positive, nargs="+", default=[1, 2, 4, 8], help="job counts to run, in order")
+    ap.add_argument("--rounds", type=positive, default=4)
+    ap.add_argument("--threads", type=positive, default=2, help="torch threads per job")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cuda (cpu only to try the script)")
     ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
                     help="train.batch_clients in every job, or not (default: the config's)")
-    ap.add_argument("--runs-together", type=grid_cost.positive, default=1, metavar="N",
+    ap.add_argument("--runs-together", type=positive, default=1, metavar="N",
                     help="the MedMNIST studies: each process runs N seeds of its job side by side (train.seeds_together; "
-                    "with --batch-clients), a job's seconds a round its share of the wall time (default 1)")
+                    "with --batch-clients), a job's seconds a round its share of the wall time; seeds that cannot share their rounds "
+                    "are timed alone, named in the count's timed_alone (default 1)")
     ap.add_argument("--surgical-dir", type=Path, help="ultraflwr, fedst: the exports or stand-in to train on")
     ap.add_argument("--surgical-epochs", type=int, help="ultraflwr: local epochs a round (at least 2; default 2)")
     ap.add_argument("--image-cache", type=Path, help="ultraflwr, fedst: the decoded frames' folder (engine.image_cache; "

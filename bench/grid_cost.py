@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 #: where each study's summary row is appended (``--results``)
 RESULTS = ROOT / "bench" / "grid_cost_results.jsonl"
 
-from _cli import above_zero, positive, whole  # noqa: E402
+from _cli import above_zero, check_cuda, positive, whole  # noqa: E402
 from _flop_floor import dense_peak, device_name, floor_fields, forward_flops, round_flops  # noqa: E402
 from _report import append_lines, emit, git_head  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
@@ -216,10 +216,17 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
     first = timed_job(jobs, setting)
     others = [scaled_job(jobs, pair, timed[0]) for pair in scale_by or []]  # checked before anything is timed
     part, sources = make_data(workdir, config, study, first["setting"], first["dataset"])
+    alone: dict[str, str] = {}  # the jobs --runs-together could not time side by side, and why
+
+    def seconds_a_round(spec: RunSpec, label: str) -> list[float]:
+        if runs_together > 1 and (reason := side_by_side_why_not(spec)):
+            alone[label] = reason
+        return job_seconds_a_round(spec, runs_together)
+
     s_per_round: dict[str, float] = {}
     for method in timed:
         spec = job_spec(workdir, config, study, {**first, "method": method}, part, sources, rounds, device, threads)
-        per_round = job_seconds_a_round(spec, runs_together)
+        per_round = seconds_a_round(spec, method)
         s_per_round[method] = steady_s_per_round(per_round)
         row.setdefault("first_round_s", {})[method] = round(per_round[0], 2)
     if torch_profile is not None:  # one more run of the first timed method under torch.profiler
@@ -235,8 +242,8 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
         pdir = workdir / f"{other['dataset']}_{other['setting']}"
         pdir.mkdir(parents=True, exist_ok=True)
         opart, osources = make_data(pdir, config, study, other["setting"], other["dataset"])
-        per_round = job_seconds_a_round(job_spec(pdir, config, study, other, opart, osources, rounds, device, threads),
-                                        runs_together)
+        per_round = seconds_a_round(job_spec(pdir, config, study, other, opart, osources, rounds, device, threads),
+                                    f"{other['dataset']}/{other['setting']}")
         ref_rates[other["dataset"], other["setting"]] = steady_s_per_round(per_round)
     seconds = grid_seconds(jobs, s_per_round, pair_factors(ref_rates, base))
     if len(ref_rates) > 1:
@@ -246,6 +253,8 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
                s_per_round={k: round(v, 3) for k, v in s_per_round.items()},
                untimed_methods_at_mean=sorted(set(st["methods"]) - set(s_per_round)),
                device_hours=round(seconds / 3600, 1))
+    if alone:
+        row["timed_alone"] = alone
     row.update(classification_work(config, study, first, part, spec))
     row["measured_s_per_round"] = round(seconds / row["job_rounds"], 4)  # over the grid's rounds, each method's own
     return row
@@ -322,7 +331,8 @@ def main() -> None:
     ap.add_argument("--runs-together", type=int, default=1, metavar="N",
                     help="the MedMNIST studies: time each job side by side with N-1 runs of its other seeds in one "
                     "process, their rounds' clients trained in one call (fl/runs_together.py; needs train.batch_clients); "
-                    "a job's seconds a round are its share of the wall time (default 1: alone)")
+                    "a job's seconds a round are its share of the wall time; a job whose runs cannot share their rounds is timed "
+                    "alone, named in the row's timed_alone (default 1: alone)")
     ap.add_argument("--rounds", type=positive, default=3, help="rounds timed per method (the first is left out when > 1)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--threads", type=positive, default=2)
@@ -362,10 +372,9 @@ def main() -> None:
         raise SystemExit(f"grid_cost: --runs-together {args.runs_together}: give 1 or more runs")
     import torch
 
-    if args.packing <= 0:
+    if not 0 < args.packing < float("inf"):  # NaN too: every row's GPU-hours would be NaN
         raise SystemExit(f"grid_cost: --packing {args.packing:g}: give a throughput above 0")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("grid_cost: --device cuda, but torch sees no CUDA device")
+    check_cuda("grid_cost", args.device)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     limit_threads(args.threads)
     with waiting_steps() if args.waiting_steps else nullcontext():
@@ -396,7 +405,7 @@ def levers(row: dict, args: argparse.Namespace) -> list[str]:
         out.append(f"autocast={row['autocast']}")
     if row.get("loader_workers"):
         out.append(f"loader_workers={row['loader_workers']}")
-    if row.get("runs_together", 1) > 1:
+    if row.get("runs_together", 1) > 1 and not set(row["s_per_round"]) <= set(row.get("timed_alone", {})):
         out.append(f"runs_together={row['runs_together']}")
     if args.packing != 1:
         out.append(f"packing={args.packing:g}")

@@ -6,6 +6,7 @@ import collections
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -733,13 +734,38 @@ def test_gpu_packing_refuses_batch_clients_for_a_surgical_study_in_one_line(tmp_
                                        f"studies, not {study}")
 
 
+def _micro_without_buffers(tmp_path: Path) -> Path:
+    """The micro study on a model without buffers (ConvNeXtV2-atto at 64 px), whose seeds can share their rounds
+    (the small CNN's batch statistics would have each run timed alone)."""
+    import yaml
+
+    config = yaml.safe_load(MICRO.read_text())
+    config["studies"]["micro"].update(model={"name": "timm:convnextv2_atto"}, size=64)
+    (tmp_path / "micro.yaml").write_text(yaml.safe_dump(config))
+    return tmp_path / "micro.yaml"
+
+
 def test_gpu_packing_runs_each_jobs_seeds_side_by_side(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    done = _bench("gpu_packing.py", "--config", str(_micro_without_buffers(tmp_path)), "--study", "micro", "--device",
+                  "cpu", "--jobs", "1", "--rounds", "2", "--threads", "1", "--batch-clients", "--runs-together", "2",
+                  "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "cannot share its rounds" not in done.stderr, done.stderr
+    row = json.loads(out.read_text().splitlines()[-1])
+    assert row["runs_together"] == 2 and row["results"][0]["jobs"] == 1 and row["results"][0]["s_per_round"]
+    assert "timed_alone" not in row["results"][0]
+
+
+def test_gpu_packing_names_jobs_timed_alone_where_their_seeds_cannot_share_rounds(tmp_path):
+    """The small CNN has batch statistics: each process's runs were timed one by one while the row read as side by
+    side; now each count's result says so, and why."""
     out = tmp_path / "rows.jsonl"
     done = _bench("gpu_packing.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", "--jobs", "1",
                   "--rounds", "2", "--threads", "1", "--batch-clients", "--runs-together", "2", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
-    row = json.loads(out.read_text().splitlines()[-1])
-    assert row["runs_together"] == 2 and row["results"][0]["jobs"] == 1 and row["results"][0]["s_per_round"]
+    result = json.loads(out.read_text().splitlines()[-1])["results"][0]
+    assert "buffers" in result["timed_alone"], result
 
 
 def test_ultraflwr_timings_run_two_to_the_configs_local_epochs():
@@ -800,14 +826,29 @@ def test_grid_cost_times_a_job_alone_where_its_runs_side_by_side_would_take_turn
 
 
 def test_grid_cost_runs_seeds_side_by_side_end_to_end_and_names_the_lever(tmp_path):
+    """On a model without buffers, whose runs share their rounds (the small CNN's would be timed alone)."""
     results = tmp_path / "grid_cost_results.jsonl"
-    done = _bench("grid_cost.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", "--rounds", "2",
-                  "--threads", "1", "--runs-together", "2", "--batch-clients", "--results", str(results))
+    done = _bench("grid_cost.py", "--config", str(_micro_without_buffers(tmp_path)), "--study", "micro", "--device", "cpu",
+                  "--rounds", "2", "--threads", "1", "--runs-together", "2", "--batch-clients", "--results", str(results))
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "cannot share its rounds" not in done.stderr, done.stderr
     row = json.loads(results.read_text().splitlines()[-1])
     assert "runs_together=2" in row["levers"]
     bad = _bench("grid_cost.py", "--config", str(MICRO), "--runs-together", "0")
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1] == "grid_cost: --runs-together 0: give 1 or more runs"
+
+
+def test_grid_cost_names_a_job_timed_alone_and_claims_no_side_by_side_lever(tmp_path):
+    """--runs-together where the runs cannot share their rounds (no batch_clients) times each job alone: the row named
+    runs_together=2 among its levers as if the seeds had shared them; now it names the job timed alone and why."""
+    out, results = tmp_path / "rows.jsonl", tmp_path / "grid_cost_results.jsonl"
+    done = _bench("grid_cost.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", "--rounds", "2",
+                  "--threads", "1", "--runs-together", "2", "--no-batch-clients", "--out", str(out),
+                  "--results", str(results))
+    assert done.returncode == 0, done.stdout + done.stderr
+    row, summary = (json.loads(p.read_text().splitlines()[-1]) for p in (out, results))
+    assert row["timed_alone"] == {"fedavg": "train.batch_clients is off"}
+    assert not any(lever.startswith("runs_together") for lever in summary["levers"]), summary["levers"]
 
 
 def test_seeds_side_by_side_counts_fewer_ops_a_job_round_than_alone_and_the_same_weights(tmp_path):
@@ -838,9 +879,11 @@ def test_seeds_side_by_side_refuses_a_zero_size_in_one_line(option):
 
 
 @pytest.mark.parametrize(("option", "line"), [(["--rounds", "0"], "--rounds: '0' is not a whole number from 1"),
-                                              (["--packing", "0"], "grid_cost: --packing 0: give a throughput above 0")])
+                                              (["--packing", "0"], "grid_cost: --packing 0: give a throughput above 0"),
+                                              (["--packing", "nan"], "grid_cost: --packing nan: give a throughput above 0")])
 def test_grid_cost_refuses_zero_rounds_or_packing_in_one_line(option, line, tmp_path):
-    """--rounds 0 timed nothing and failed reading an empty metrics file; --packing 0 divided by zero at the end."""
+    """--rounds 0 timed nothing and failed reading an empty metrics file; --packing 0 divided by zero at the end, and
+    --packing nan wrote a row of NaN GPU-hours."""
     done = _bench("grid_cost.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu",
                   "--results", str(tmp_path / "rows.jsonl"), *option)
     assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr
@@ -955,6 +998,16 @@ def test_a_bench_refuses_cuda_without_a_device_in_one_line(script, tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip() == f"{script.removesuffix('.py')}: --device cuda, but torch sees no CUDA device"
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+def test_a_result_file_that_is_a_folder_is_named_in_one_line(tmp_path):
+    """--out or --results naming a folder ended a finished timing in an IsADirectoryError traceback."""
+    from _report import append_lines
+
+    line = f"{tmp_path}: a folder, not a JSON-lines file (the rows are printed above)"
+    with pytest.raises(SystemExit, match=f"^{re.escape(line)}$"):
+        append_lines(tmp_path, ['{"a": 1}'])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_demo_breakdown_adds_its_rows_whole_or_not_at_all(tmp_path):
