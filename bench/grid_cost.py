@@ -455,17 +455,17 @@ def check_methods(configs: dict[Path, dict], studies: list[str] | None, methods:
                          f"({', '.join(sorted(known))})")
 
 
-#: options that set a MedMNIST study's run (train keys, its grid's jobs): a surgical study's timing has none of them
-MEDMNIST_OPTIONS = {"setting": "--setting", "scale_by": "--scale-by", "autocast": "--autocast",
-                    "torch_profile": "--torch-profile", "batch_clients": "--[no-]batch-clients",
-                    "runs_together": "--runs-together"}
+#: options that set a MedMNIST study's run (train keys, its grid's jobs), with the value that leaves it as the
+#: config has it: a surgical study's timing takes none of them
+MEDMNIST_OPTIONS = {"setting": ("--setting", None), "scale_by": ("--scale-by", None), "autocast": ("--autocast", None),
+                    "torch_profile": ("--torch-profile", None), "batch_clients": ("--[no-]batch-clients", None),
+                    "runs_together": ("--runs-together", 1)}
 
 
 def check_medmnist_options(configs: dict[Path, dict], studies: list[str] | None, args: argparse.Namespace) -> None:
     """Exit with one line when an option only the MedMNIST studies take is given while fedst or ultraflwr is
     costed too: their rows would be timed without it, and read as if with it."""
-    given = [flag for key, flag in MEDMNIST_OPTIONS.items()
-             if getattr(args, key) not in (None, 1 if key == "runs_together" else None)]
+    given = [flag for key, (flag, unset) in MEDMNIST_OPTIONS.items() if getattr(args, key) != unset]
     surgical = sorted({s for config in configs.values() for s in costed_studies(config)
                        if s in ("fedst", "ultraflwr") and (not studies or s in studies)})
     if given and surgical:
