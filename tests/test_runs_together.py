@@ -49,6 +49,19 @@ def counting_calls(monkeypatch) -> list[int]:
     return calls
 
 
+def counting_passes(monkeypatch) -> list[int]:
+    """The number of models of every predict_together pass."""
+    passes: list[int] = []
+    real = _together.predict_together
+
+    def counted(models, *args):
+        passes.append(len(models))
+        return real(models, *args)
+
+    monkeypatch.setattr(_together, "predict_together", counted)
+    return passes
+
+
 @pytest.mark.parametrize(("method", "params"), [("fedavg", {}), ("scaffold", {}), ("fedsmoo", {"rho": 0.05, "lamb": 0.01})])
 def test_runs_side_by_side_train_as_each_alone_in_one_call_a_round(setup, monkeypatch, method, params):
     """Three seeds of one method: one train_together call a round for all their clients (3 x 4), and each run's
@@ -152,14 +165,7 @@ def test_runs_side_by_side_predict_the_shared_test_and_validation_sets_in_one_pa
     validation set in another: every metric of every round equals the run alone to float32 rounding."""
     import pandas as pd
 
-    passes: list[int] = []
-    real = _together.predict_together
-
-    def counted(models, *args):
-        passes.append(len(models))
-        return real(models, *args)
-
-    monkeypatch.setattr(_together, "predict_together", counted)
+    passes = counting_passes(monkeypatch)
     alone = [seeded(spec(setup, f"eval-alone{s}", batch_clients=True), s) for s in (0, 1, 2)]
     for s in alone:
         engine.run(s, log=lambda m: None)
@@ -375,14 +381,7 @@ def test_runs_whose_untrained_parameters_differ_train_in_separate_calls(setup, m
 def test_runs_whose_models_normalise_their_input_otherwise_predict_apart(setup, monkeypatch):
     """A model's input normalisation is a hook on it (train.input_norm), not a parameter: runs of one network whose
     hooks differ predict the same images in separate passes, each as alone."""
-    passes: list[int] = []
-    real = _together.predict_together
-
-    def counted(models, *args):
-        passes.append(len(models))
-        return real(models, *args)
-
-    monkeypatch.setattr(_together, "predict_together", counted)
+    passes = counting_passes(monkeypatch)
     alone = spec(setup, "norm-alone", batch_clients=True, rounds=1, input_norm="single")
     engine.run(alone, log=lambda m: None)
     a = seeded(spec(setup, "norm-double", batch_clients=True, rounds=1), 1)
