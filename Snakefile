@@ -11,8 +11,8 @@ min_version("9.0")
 import os
 
 from fedmedbench.compat import patch_snakemake_params_reason
-from fedmedbench.configcheck import check_files
-from fedmedbench.diagnostics import CONFIGFILES_ENV, exit_on_config_error
+from fedmedbench.config.check import check_files
+from fedmedbench.workflow.diagnostics import CONFIGFILES_ENV, exit_on_config_error
 
 CONFIG_FILES = [str(f) for f in workflow.overwrite_configfiles or ["config/config.yaml"]]
 os.environ[CONFIGFILES_ENV] = os.pathsep.join(CONFIG_FILES)

@@ -18,7 +18,7 @@ def emit(rows: list[dict], out: Path | None) -> None:
 def append_lines(path: Path, lines: list[str]) -> None:
     """Add ``lines`` to the end of ``path`` through a temp file and a rename: a run stopped while writing leaves the
     file as it was, never a half line that would break every later read of it."""
-    from fedmedbench import io
+    from fedmedbench.workflow import io
 
     path = Path(path)
     if path.is_dir():  # emit has printed the rows: say where they did not go, not a traceback

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedmedbench.fl import engine
+from fedmedbench.fl.engine import flower as engine
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.tasks.base import _task_cached
 
@@ -35,9 +35,9 @@ def time_spec(spec: RunSpec, log: Callable[[str], None] = progress) -> list[floa
 
 
 def time_specs_together(specs: list[RunSpec], log: Callable[[str], None] = progress) -> list[float]:
-    """The runs side by side in one process (``fl/runs_together.py``), each in a fresh run folder; seconds of
+    """The runs side by side in one process (``fl/engine/runs_together.py``), each in a fresh run folder; seconds of
     each round of all of them (they go in step: each round's latest end), from the metric rows' elapsed_s."""
-    from fedmedbench.fl.runs_together import run_together
+    from fedmedbench.fl.engine.runs_together import run_together
 
     _task_cached.cache_clear()
     for spec in specs:

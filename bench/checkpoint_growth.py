@@ -35,9 +35,9 @@ from _report import emit, git_head  # noqa: E402
 
 import fedmedbench  # noqa: E402
 from fedmedbench.compat import limit_threads  # noqa: E402
-from fedmedbench.fl import checkpoint  # noqa: E402
-from fedmedbench.fl.arrays import model_arrays  # noqa: E402
-from fedmedbench.metrics import CLASSIFICATION_METRICS  # noqa: E402
+from fedmedbench.fl.api.arrays import model_arrays  # noqa: E402
+from fedmedbench.fl.state import checkpoint  # noqa: E402
+from fedmedbench.metrics.classification import CLASSIFICATION_METRICS  # noqa: E402
 
 #: the columns of an earlystop round (the classification metrics on the global test and validation
 #: sets, their client mean/std, 5 local epochs' losses, the data-free rule's fields) and of one client's row

@@ -36,7 +36,7 @@ from _report import emit  # noqa: E402
 
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.fl.tasks.segmentation import FrameCache, augment, load_clipset  # noqa: E402
-from fedmedbench.segmetrics import SegmentationMeter  # noqa: E402
+from fedmedbench.metrics.segmentation import SegmentationMeter  # noqa: E402
 
 
 def time_site(clips: Path, site: str, steps: int, workers: int, compute_ms: float, size: tuple[int, int],

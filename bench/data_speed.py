@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import emit  # noqa: E402
 
 from fedmedbench import compat  # noqa: E402
-from fedmedbench import partition as P  # noqa: E402
 from fedmedbench.data import domains, synthetic  # noqa: E402
+from fedmedbench.partition import schemes as P  # noqa: E402
 
 #: every scheme with typical parameters (100 clients, 10 classes)
 SCHEME_CASES = {

@@ -29,13 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cli import positive  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 
-from fedmedbench import io  # noqa: E402
-from fedmedbench import partition as P  # noqa: E402
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.data import synthetic  # noqa: E402
 from fedmedbench.data.medmnist import SIZES  # noqa: E402
-from fedmedbench.fl import checkpoint, engine, scratch  # noqa: E402
+from fedmedbench.fl.engine import flower as engine
 from fedmedbench.fl.spec import RunSpec  # noqa: E402
+from fedmedbench.fl.state import checkpoint, scratch  # noqa: E402
+from fedmedbench.partition import schemes as P  # noqa: E402
+from fedmedbench.workflow import io  # noqa: E402
 
 
 def folder_bytes(path: Path) -> int:
@@ -100,7 +101,7 @@ def check_options(args: argparse.Namespace) -> None:
     if not args.surgical_dir and surgical:
         sys.exit(f"disk_per_job: {' and '.join(surgical)} {'applies' if len(surgical) == 1 else 'apply'} to the "
                  "ultraflwr job only: give --surgical-dir")
-    from fedmedbench.fl.registry import available_methods
+    from fedmedbench.fl.api.registry import available_methods
 
     if args.method is not None and args.method not in available_methods():
         sys.exit(f"disk_per_job: --method {args.method}: no such method ({', '.join(available_methods())})")

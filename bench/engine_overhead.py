@@ -41,18 +41,18 @@ from _cli import above_zero, check_cuda, positive  # noqa: E402
 from _report import emit  # noqa: E402
 from _timing import waiting_steps  # noqa: E402
 
-from fedmedbench import io  # noqa: E402
-from fedmedbench import partition as P  # noqa: E402
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.data import synthetic  # noqa: E402
-from fedmedbench.fl import engine  # noqa: E402
-from fedmedbench.fl import federation as fed  # noqa: E402
 from fedmedbench.fl.api import TrainConfig  # noqa: E402
-from fedmedbench.fl.arrays import load_arrays, model_arrays, weighted_average  # noqa: E402
+from fedmedbench.fl.api.arrays import load_arrays, model_arrays, weighted_average  # noqa: E402
 from fedmedbench.fl.determinism import use_deterministic_kernels  # noqa: E402
+from fedmedbench.fl.engine import federation as fed  # noqa: E402
+from fedmedbench.fl.engine import flower as engine  # noqa: E402
 from fedmedbench.fl.spec import RunSpec  # noqa: E402
 from fedmedbench.fl.tasks.base import _task_cached, task_for  # noqa: E402
 from fedmedbench.fl.training import local_sgd  # noqa: E402
+from fedmedbench.partition import schemes as P  # noqa: E402
+from fedmedbench.workflow import io  # noqa: E402
 
 #: DermaMNIST's official split sizes (the earlystop study's per-round work at 64 px)
 DERMA_COUNTS = {"train": 7007, "val": 1003, "test": 2005}

@@ -40,7 +40,7 @@ import json, sys
 sys.path.insert(0, {src!r})
 from fedmedbench.compat import limit_threads
 from fedmedbench.studies.fedst.deploy import deploy_eval
-from fedmedbench.fl import engine
+from fedmedbench.fl.engine import flower as engine
 from fedmedbench.fl.spec import RunSpec
 limit_threads({threads})
 fed = engine.run(RunSpec.from_dict(json.loads(sys.argv[1])), log=lambda m: None)

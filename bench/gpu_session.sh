@@ -145,7 +145,7 @@ step "earlystop clients together, bf16" "$PY" bench/grid_cost.py --config config
 step "earlystop round profile, clients together" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml \
   --rounds 2 --methods fedavg --batch-clients --threads "$THREADS" \
   --torch-profile "$(dirname "$OUT")/earlystop_together_profile.txt" --out "$OUT"
-# three seeds of a method side by side in one process (fl/runs_together.py): one batched call of their 30 clients a
+# three seeds of a method side by side in one process (fl/engine/runs_together.py): one batched call of their 30 clients a
 # round; a job's seconds a round are its third of the wall time (against "clients together" above, one job alone)
 step "earlystop seeds side by side" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml \
   --rounds 3 --methods fedavg fedsmoo --batch-clients --runs-together 3 --threads "$THREADS" --out "$OUT"

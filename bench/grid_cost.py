@@ -49,21 +49,21 @@ from _report import append_lines, emit, git_head  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
 from _timing import progress, steady_s_per_round, time_spec, time_specs_together, waiting_steps  # noqa: E402
 
-from fedmedbench import io  # noqa: E402
-from fedmedbench import partition as P  # noqa: E402
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.data import synthetic  # noqa: E402
 from fedmedbench.data.medmnist import dataset_info  # noqa: E402
-from fedmedbench.fl import method_params  # noqa: E402
+from fedmedbench.fl.api import method_params  # noqa: E402
 from fedmedbench.fl.spec import RunSpec  # noqa: E402
+from fedmedbench.partition import schemes as P  # noqa: E402
 from fedmedbench.studies import grid  # noqa: E402
+from fedmedbench.workflow import io  # noqa: E402
 
 
 def load_config(path: Path) -> dict:
     """The config with the schema's defaults filled in (as Snakemake sees it; jsonschema's own
     default-filling validator where Snakemake is not installed, e.g. on a bare GPU node)."""
-    from fedmedbench.configcheck import check_file
-    from fedmedbench.diagnostics import exit_on_config_error, validate_config
+    from fedmedbench.config.check import check_file
+    from fedmedbench.workflow.diagnostics import exit_on_config_error, validate_config
 
     if not Path(path).is_file():
         raise SystemExit(f"{path}: no such config file")
@@ -187,7 +187,7 @@ def side_by_side_why_not(spec: RunSpec) -> str | None:
     """Why the job's runs side by side would not share their rounds (each trains its clients one by one), or None."""
     if not spec.train.get("batch_clients"):
         return "train.batch_clients is off"
-    from fedmedbench.fl import federation as fed
+    from fedmedbench.fl.engine import federation as fed
 
     return fed.why_not_together(fed.Job(fed.resolve_data_shapes(spec)))
 
@@ -268,7 +268,7 @@ def classification_work(config: dict, study: str, job: dict, part: Path, spec: R
 
     import torch
 
-    from fedmedbench.fl.federation import resolve_data_shapes
+    from fedmedbench.fl.engine.federation import resolve_data_shapes
     from fedmedbench.models import build_model
 
     st = config["studies"][study]
@@ -330,7 +330,7 @@ def main() -> None:
                     "under torch.profiler, its ops by host and by device time into this file")
     ap.add_argument("--runs-together", type=int, default=1, metavar="N",
                     help="the MedMNIST studies: time each job side by side with N-1 runs of its other seeds in one "
-                    "process, their rounds' clients trained in one call (fl/runs_together.py; needs train.batch_clients); "
+                    "process, their rounds' clients trained in one call (fl/engine/runs_together.py; needs train.batch_clients); "
                     "a job's seconds a round are its share of the wall time; a job whose runs cannot share their rounds is timed "
                     "alone, named in the row's timed_alone (default 1: alone)")
     ap.add_argument("--rounds", type=positive, default=3, help="rounds timed per method (the first is left out when > 1)")

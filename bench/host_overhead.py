@@ -57,8 +57,8 @@ from _report import emit, git_head  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from fedmedbench.compat import limit_threads  # noqa: E402
-from fedmedbench.fl import federation as fed  # noqa: E402
-from fedmedbench.fl import job as job_module  # noqa: E402
+from fedmedbench.fl.engine import federation as fed  # noqa: E402
+from fedmedbench.fl.engine import job as job_module  # noqa: E402
 from fedmedbench.fl.methods import _sgd, _together  # noqa: E402
 from fedmedbench.fl.tasks.classification import ClassificationTask  # noqa: E402
 
@@ -169,7 +169,7 @@ def as_on_a_gpu() -> Callable[[], None]:
 def checkpoint_writes_in_the_round() -> Callable[[], None]:
     """The engine's checkpoint written in the round, as before ``checkpoint.BackgroundWriter``: what the
     background thread's serialisation and writes cost a host-bound round shows as the difference."""
-    from fedmedbench.fl import checkpoint
+    from fedmedbench.fl.state import checkpoint
 
     def submit(self, fn, *args) -> None:
         self.wait()

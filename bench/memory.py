@@ -27,7 +27,7 @@ CHILD = """
 import json, sys
 sys.path.insert(0, {src!r})
 from fedmedbench.compat import limit_threads
-from fedmedbench.fl import engine
+from fedmedbench.fl.engine import flower as engine
 from fedmedbench.fl.spec import RunSpec
 limit_threads({threads})
 engine.run(RunSpec.from_dict(json.loads(sys.argv[1])), log=lambda m: None)

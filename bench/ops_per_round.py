@@ -36,7 +36,7 @@ from _cli import positive  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 
 from fedmedbench.compat import limit_threads  # noqa: E402
-from fedmedbench.fl import method_params  # noqa: E402
+from fedmedbench.fl.api import method_params  # noqa: E402
 
 #: studies this bench can run (the classification studies whose workload engine_overhead builds)
 STUDIES = ("earlystop",)

@@ -29,12 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import emit, git_head  # noqa: E402
 
-from fedmedbench import io  # noqa: E402
-from fedmedbench import partition as P  # noqa: E402
 from fedmedbench.compat import limit_threads  # noqa: E402
 from fedmedbench.data import synthetic  # noqa: E402
-from fedmedbench.fl import engine  # noqa: E402
+from fedmedbench.fl.engine import flower as engine  # noqa: E402
 from fedmedbench.fl.spec import RunSpec  # noqa: E402
+from fedmedbench.partition import schemes as P  # noqa: E402
+from fedmedbench.workflow import io  # noqa: E402
 
 
 def make_data(workdir: Path, clients: int, per_client: int, size: int) -> tuple[Path, Path]:
@@ -50,19 +50,19 @@ def make_data(workdir: Path, clients: int, per_client: int, size: int) -> tuple[
 
 def direct_client_states() -> None:
     """Client states written as they are saved: the engine's in-process deferral turned off."""
-    from fedmedbench.fl import client_state
+    from fedmedbench.fl.state import client_state
 
     class Direct(client_state.ClientStateStore):
         deferred = property(lambda self: False, lambda self, value: None)
 
-    from fedmedbench.fl import checkpoint
+    from fedmedbench.fl.state import checkpoint
 
     checkpoint.ClientStateStore = Direct  # the class Job's store (checkpoint.client_store) is made of
 
 
 def time_store_calls() -> dict[str, list[float]]:
     """Seconds the round's own thread spends in the client-state store's ``load`` and ``save`` (per call)."""
-    from fedmedbench.fl.client_state import ClientStateStore
+    from fedmedbench.fl.state.client_state import ClientStateStore
 
     spent: dict[str, list[float]] = {"load": [], "save": []}
     for name in spent:

@@ -6,7 +6,7 @@ a round, evaluation every round) with its clients together (``train.batch_client
 on the CPU (device arrays, device-cached client data: ``host_overhead.py``), on a thin ConvNeXtV2-nano (stage
 widths ``--width``, ``--image-size`` px): the arithmetic is small, so a round's time is mostly what it costs the
 host to launch its ops, as on a GPU. N seeds are timed alone, one after another, then side by side
-(``fl/runs_together.py``); a job's seconds a round side by side are the round's wall time over N. The runs' final
+(``fl/engine/runs_together.py``); a job's seconds a round side by side are the round's wall time over N. The runs' final
 weights side by side are checked against alone (float32 rounding of the stacked sums). The ATen ops of a steady
 round a job (a launch each or more on a GPU; R rounds' count less R - 1's, over the runs) are counted both ways:
 on a CPU each op computes as it is dispatched, so the seconds show little, the ops what a GPU launches.
@@ -54,7 +54,7 @@ class _Ops:
     def __enter__(self) -> _Ops:
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        from fedmedbench.fl import engine
+        from fedmedbench.fl.engine import flower as engine
 
         counter, run = self, engine.run
 

@@ -1,8 +1,8 @@
 """Per-frame milliseconds of fedst's frame scoring (Dice, IoU, HD95, ASSD of 3 foreground classes), both ways.
 
-* ``numpy``: :meth:`fedmedbench.segmetrics.SegmentationMeter.add`, MedPy/SciPy on the CPU one frame after
+* ``numpy``: :meth:`fedmedbench.metrics.segmentation.SegmentationMeter.add`, MedPy/SciPy on the CPU one frame after
   another (the evaluation spreads it over ``engine.loader_workers`` threads; one here);
-* ``torch``: :meth:`~fedmedbench.segmetrics.SegmentationMeter.add_on_device`, a batch at a time with torch on
+* ``torch``: :meth:`~fedmedbench.metrics.segmentation.SegmentationMeter.add_on_device`, a batch at a time with torch on
   ``--device`` (``eval.metrics_device``), label maps already there (where the model's argmax leaves them).
 
 The frames are synthetic 480x480 4-class label maps: smooth random blobs as ground truth and, as prediction,
@@ -31,8 +31,8 @@ from _cli import check_cuda, positive  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 from scipy.ndimage import shift, zoom  # noqa: E402
 
-from fedmedbench.segmetrics import ASSD_RULES, SegmentationMeter  # noqa: E402
-from fedmedbench.segmetrics_device import ASSD_RTOL  # noqa: E402
+from fedmedbench.metrics.segmentation import ASSD_RULES, SegmentationMeter  # noqa: E402
+from fedmedbench.metrics.segmentation_device import ASSD_RTOL  # noqa: E402
 
 CLASSES = {1: "shaft", 2: "wrist", 3: "clasper"}
 

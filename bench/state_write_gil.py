@@ -31,8 +31,8 @@ import torch  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 
 import fedmedbench  # noqa: E402, F401  (before timm: the torchvision hook)
-from fedmedbench.fl.state_file import write_state  # noqa: E402
-from fedmedbench.io import write_torch  # noqa: E402
+from fedmedbench.fl.state.file_format import write_state  # noqa: E402
+from fedmedbench.workflow.io import write_torch  # noqa: E402
 
 
 def nano_state() -> dict:

@@ -38,7 +38,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from fedmedbench import io  # noqa: E402
 from fedmedbench.data.surgical import synthetic_layouts  # noqa: E402
 from fedmedbench.data.surgical.export_clips import export_sites  # noqa: E402
 from fedmedbench.data.surgical.export_yolo import export_group  # noqa: E402
@@ -46,6 +45,7 @@ from fedmedbench.data.surgical.group_io import write_group  # noqa: E402
 from fedmedbench.data.surgical.index import build_index  # noqa: E402
 from fedmedbench.data.surgical.recurate import build_group  # noqa: E402
 from fedmedbench.data.surgical.schema import read_index  # noqa: E402
+from fedmedbench.workflow import io  # noqa: E402
 
 SPEC_FILE = ROOT / "bench" / "surgical_stand_in.yaml"
 #: present while a stand-in is written (removed once stand_in.json is)

@@ -25,16 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cli import positive  # noqa: E402
 from _report import emit, git_head  # noqa: E402
 
-from fedmedbench import io  # noqa: E402
-from fedmedbench import partition as P  # noqa: E402
 from fedmedbench.data import synthetic  # noqa: E402
 from fedmedbench.fl.spec import RunSpec  # noqa: E402
+from fedmedbench.partition import schemes as P  # noqa: E402
+from fedmedbench.workflow import io  # noqa: E402
 
 CHILD = """
 import json, sys
 sys.path.insert(0, {src!r})
 from fedmedbench.compat import limit_threads
-from fedmedbench.fl import engine
+from fedmedbench.fl.engine import flower as engine
 from fedmedbench.fl.spec import RunSpec
 limit_threads(1)
 engine.run(RunSpec.from_dict(json.loads(sys.argv[1])), log=lambda m: None)

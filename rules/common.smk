@@ -10,15 +10,15 @@ import fedmedbench.data.medmnist as MEDMNIST
 import fedmedbench.data.synthetic as SYNTHETIC
 import fedmedbench.data.user as USER
 import fedmedbench.studies.grid as GRID
-import fedmedbench.partition as PARTITION
-import fedmedbench.partition_replay as REPLAY
-from fedmedbench.configcheck import coerce_numbers, config_error, ignored_settings, refuse_non_finite
+import fedmedbench.partition.schemes as PARTITION
+import fedmedbench.partition.replay as REPLAY
+from fedmedbench.config.check import coerce_numbers, config_error, ignored_settings, refuse_non_finite
 from fedmedbench.data.medmnist import SIZES
 from fedmedbench.data.medmnist import SUPPORTED_FLAGS as OFFICIAL_FLAGS
-from fedmedbench.diagnostics import validate_config
+from fedmedbench.workflow.diagnostics import validate_config
 from fedmedbench.report.html import table_caption, table_rounding
 import fedmedbench.report.landing as LANDING
-from fedmedbench.fl import method_params
+from fedmedbench.fl.api import method_params
 
 SOFTWARE_ENV = "../envs/environment.yaml"
 

@@ -34,7 +34,7 @@ rule train_federated:
 
 
 # A study with train.seeds_together: one job per study/dataset/setting/method trains all its seeds side by side in
-# one process (fl/runs_together.py), each seed's outputs where train_federated writes them; one rule per such study
+# one process (fl/engine/runs_together.py), each seed's outputs where train_federated writes them; one rule per such study
 # (its seeds are the outputs).
 for together_study in seeds_together_studies():
     n_seeds = len(config["studies"][together_study]["seeds"])

@@ -1,7 +1,7 @@
 """Snakemake entry: mean ± std over seeds -> CSV, Markdown and LaTeX tables."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.report import tables
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     runs = tables.load_summaries(snakemake.input)

@@ -1,9 +1,10 @@
 """Snakemake entry: client partition JSON + per-client label-count CSV + heatmap PNG."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
-from fedmedbench import io, partition
+from fedmedbench.workflow import io
+from fedmedbench.partition import schemes as partition
 from fedmedbench.data import medmnist, user
 from fedmedbench.report import figures
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     w, p = snakemake.wildcards, snakemake.params

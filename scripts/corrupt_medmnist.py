@@ -1,8 +1,8 @@
 """Snakemake entry: a MedMNIST-C client domain (medmnistc corruptions) of a MedMNIST file."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
-from fedmedbench import io
+from fedmedbench.workflow import io
 from fedmedbench.data import domains, medmnist
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     w = snakemake.wildcards

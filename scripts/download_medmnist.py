@@ -1,7 +1,7 @@
 """Snakemake entry: official MedMNIST npz (verified local folder or MD5-checked download)."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.data import medmnist
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     w, data = snakemake.wildcards, snakemake.config["data"]

@@ -1,9 +1,9 @@
 """Snakemake entry: stopping points of every early-stopping rule, per run and tau."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
-from fedmedbench import io
+from fedmedbench.workflow import io
 from fedmedbench.report import figures
 from fedmedbench.studies.earlystop import report as earlystop
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     p = snakemake.params

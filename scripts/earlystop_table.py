@@ -1,8 +1,8 @@
 """Snakemake entry: early-stopping Table 1 (delta acc per setting) or Table 2 (bad configuration)."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
-from fedmedbench import io
+from fedmedbench.workflow import io
 from fedmedbench.studies.earlystop import report as earlystop
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]):
     p, rule = snakemake.params, snakemake.rule

@@ -2,7 +2,7 @@
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.data.surgical.export_clips import export_sites
 from fedmedbench.data.surgical.schema import read_index
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     indices = {name: read_index(path) for name, path in snakemake.input.items()}

@@ -5,7 +5,7 @@ weight files' hashes, FedST's pinned initial model), so the deployed run reprodu
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.deploy.export import export_run
 from fedmedbench.fl.spec import for_job
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 from fedmedbench.weights import fetch as weights
 
 with log_to(snakemake.log[0]) as log:

@@ -2,9 +2,9 @@
 fine-tuning on the server vs synthetic data at the sites), Fig. 6 test Dice vs communication interval,
 Fig. 7 each method with and without synthetic data mixed into the sites (iterations doubled)."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
-from fedmedbench import io
+from fedmedbench.workflow import io
 from fedmedbench.studies.fedst import report as R
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     p, clients, rule = snakemake.params, list(snakemake.input.clients), snakemake.rule

@@ -2,7 +2,7 @@
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.compat import limit_threads
 from fedmedbench.studies.fedst.pretrain import pretrain
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 from fedmedbench.weights import fetch as weights
 
 with log_to(snakemake.log[0]) as log:

@@ -2,9 +2,9 @@
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from pathlib import Path
 
-from fedmedbench import io
+from fedmedbench.workflow import io
 from fedmedbench.studies.fedst import report as R
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 TITLES = {
     "table2": "Table II: sites A-D and average, personalised models on each site's test clips",

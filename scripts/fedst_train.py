@@ -1,14 +1,14 @@
 """Snakemake entry: one FedST-study run on Flower, then the deployed model's evaluation
 (out-of-federation site, unseen binary set, communication, FPS) into deploy.json."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
-from fedmedbench import io
+from fedmedbench.workflow import io
 from fedmedbench.compat import limit_threads
 from fedmedbench.studies.fedst.deploy import deploy_eval
 from fedmedbench.studies.fedst.runs import pin_initial_model
-from fedmedbench.fl import engine
+from fedmedbench.fl.engine import flower as engine
 from fedmedbench.fl.spec import for_job
-from fedmedbench.runlock import run_lock
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlock import run_lock
+from fedmedbench.workflow.runlog import log_to
 from fedmedbench.weights import fetch as weights
 
 with log_to(snakemake.log[0]) as log:

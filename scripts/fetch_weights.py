@@ -1,6 +1,6 @@
 """Snakemake entry: fetch one named weight set into resources/weights/<name>/ (docs/weights.md)."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 from fedmedbench.weights import layout
 from fedmedbench.weights.fetch import fetch
 

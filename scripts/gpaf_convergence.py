@@ -1,8 +1,8 @@
 """Snakemake entry: rounds to reach a target accuracy (table) and the GPAF convergence figure."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
-from fedmedbench import io
+from fedmedbench.workflow import io
 from fedmedbench.studies.gpaf import report as gpaf
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     w, r, out = snakemake.wildcards, snakemake.params.report, snakemake.output

@@ -1,9 +1,9 @@
 """Snakemake entry: the clients' imaging domains side by side (GPAF Fig. 2), figure and intensity profiles."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
-from fedmedbench import io
+from fedmedbench.workflow import io
 from fedmedbench.data import medmnist
 from fedmedbench.studies.gpaf import domains as report
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     w, p = snakemake.wildcards, snakemake.params

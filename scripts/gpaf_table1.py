@@ -2,7 +2,7 @@
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.report import paper_values
 from fedmedbench.studies.gpaf import report as gpaf
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     w, p = snakemake.wildcards, snakemake.params

@@ -1,9 +1,9 @@
 """Snakemake entry: t-SNE of client, global (and GPAF generator) latent features per class, one panel per method."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
-from fedmedbench import io
+from fedmedbench.workflow import io
 from fedmedbench.compat import limit_threads
 from fedmedbench.studies.gpaf import report as gpaf
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     limit_threads(snakemake.threads)

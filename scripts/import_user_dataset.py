@@ -1,7 +1,7 @@
 """Snakemake entry: a user's own MedMNIST-layout npz, checked against its `datasets:` entry, copied in."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.data import user
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0], config_key=f"datasets.{snakemake.wildcards.dataset}") as log:
     w, entry = snakemake.wildcards, snakemake.params.entry

@@ -3,7 +3,7 @@ import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.data.surgical import facts
 from fedmedbench.data.surgical.index import build_index
 from fedmedbench.data.surgical.schema import read_index
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     cfg = snakemake.params.dataset

@@ -1,8 +1,8 @@
 """Snakemake entry: convergence curves (mean ± std over seeds) for a study."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
-from fedmedbench import io
+from fedmedbench.workflow import io
 from fedmedbench.report import figures
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]):
     curves = figures.load_curves(snakemake.input)

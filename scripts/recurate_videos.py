@@ -3,7 +3,7 @@ import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.data.surgical.group_io import write_group
 from fedmedbench.data.surgical.recurate import build_group
 from fedmedbench.data.surgical.schema import read_index
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     loaded = {name: read_index(path) for name, path in snakemake.input.items()}

@@ -2,9 +2,9 @@
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from pathlib import Path
 
-from fedmedbench import io
+from fedmedbench.workflow import io
 from fedmedbench.report.html import markdown_to_html
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     w = snakemake.wildcards

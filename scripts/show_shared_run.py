@@ -2,7 +2,7 @@
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from pathlib import Path
 
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 from fedmedbench.studies import grid
 
 with log_to(snakemake.log[0]) as log:

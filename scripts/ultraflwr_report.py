@@ -1,7 +1,7 @@
 """Snakemake entry for the UltraFlwr report rules (Table I, Tables II/III, Figure 3, communication)."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 from fedmedbench.studies.ultraflwr import report as U
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     rule, p, out = snakemake.rule, snakemake.params, snakemake.output

@@ -2,12 +2,12 @@
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
 import pandas as pd
 
-from fedmedbench import io
+from fedmedbench.workflow import io
 from fedmedbench.compat import limit_threads
-from fedmedbench.fl import engine
+from fedmedbench.fl.engine import flower as engine
 from fedmedbench.fl.spec import for_job
-from fedmedbench.runlock import run_lock
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlock import run_lock
+from fedmedbench.workflow.runlog import log_to
 from fedmedbench.weights import fetch as weights
 
 with log_to(snakemake.log[0]) as log:

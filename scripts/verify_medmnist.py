@@ -1,9 +1,9 @@
 """Snakemake entry: check the MD5 of an official MedMNIST npz, however it got into resources/medmnist/
 (downloaded, copied from data.medmnist_root, or placed there by hand), and write its .verified marker."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
-from fedmedbench import io
+from fedmedbench.workflow import io
 from fedmedbench.data import medmnist
-from fedmedbench.runlog import log_to
+from fedmedbench.workflow.runlog import log_to
 
 with log_to(snakemake.log[0]) as log:
     w = snakemake.wildcards

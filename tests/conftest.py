@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedmedbench import io
 from fedmedbench.data import synthetic
+from fedmedbench.workflow import io
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +26,7 @@ def blood_dir(tmp_path_factory):
     """A folder with a small synthetic BloodMNIST (b.npz) and a 4-client FL-Simulator Dirichlet partition (p.json)."""
     from helpers import split_labels
 
-    from fedmedbench import partition as P
+    from fedmedbench.partition import schemes as P
 
     d = tmp_path_factory.mktemp("blood")
     arrays = synthetic.generate("bloodmnist", 28, seed=0, counts={"train": 240, "val": 40, "test": 80})
@@ -40,7 +40,7 @@ def breast_domains_dir(tmp_path_factory):
     """A folder with a small synthetic BreastMNIST (b.npz) and a 2-client domain partition (p.json): the GPAF study's shape."""
     from helpers import split_labels
 
-    from fedmedbench import partition as P
+    from fedmedbench.partition import schemes as P
 
     d = tmp_path_factory.mktemp("breast_domains")
     arrays = synthetic.generate("breastmnist", 28, seed=0, counts={"train": 180, "val": 30, "test": 60})

@@ -23,19 +23,19 @@ from helpers import split_labels
 from helpers import surgical as SF
 from snakemake.utils import validate
 
-from fedmedbench import io
-from fedmedbench import partition as P
 from fedmedbench.data import medmnist, synthetic
 from fedmedbench.data.medmnist import DataError
 from fedmedbench.data.surgical.badfiles import BadFileError, DatasetNotFoundError
 from fedmedbench.data.surgical.index import build_index
 from fedmedbench.data.surgical.schema import read_index
-from fedmedbench.fl import checkpoint
 from fedmedbench.fl.api import ClientContext, ClientData, TrainConfig
-from fedmedbench.fl.arrays import model_arrays
+from fedmedbench.fl.api.arrays import model_arrays
 from fedmedbench.fl.methods._sgd import StepHooks, local_loop
+from fedmedbench.fl.state import checkpoint
 from fedmedbench.fl.training import NonFiniteLossError
 from fedmedbench.models import build_model
+from fedmedbench.partition import schemes as P
+from fedmedbench.workflow import io
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = str(ROOT / "config" / "schema.yaml")
@@ -412,7 +412,7 @@ def test_client_raising_inside_training_is_covered_by_the_engine_test():
 
 def _fill_disk_while_writing_states(monkeypatch) -> None:
     """State files (server.pt, client states) get half their bytes written, then the disk is full."""
-    from fedmedbench.fl import state_file
+    from fedmedbench.fl.state import file_format as state_file
 
     class FullDisk:
         def __init__(self, fh) -> None:
@@ -657,7 +657,7 @@ def test_endless_download_stream_is_cut_at_the_file_bound(tmp_path):
 
 
 def test_medmnist_root_with_synthetic_origin_is_warned_about():
-    from fedmedbench.configcheck import ignored_settings
+    from fedmedbench.config.check import ignored_settings
 
     warnings = ignored_settings({"data": {"origin": "synthetic", "medmnist_root": "/data/medmnist"}})
     assert len(warnings) == 1 and "data.medmnist_root" in warnings[0] and "ignored" in warnings[0]
@@ -690,7 +690,7 @@ def test_a_derived_copy_is_tied_to_its_source(tmp_path, breast_arrays):
 def test_a_missing_source_is_a_config_error_naming_the_config_file(tmp_path):
     """Planning reports a missing user dataset source as one line naming the config file that sets the path."""
     from fedmedbench.data import user
-    from fedmedbench.diagnostics import as_config_error, config_error_line
+    from fedmedbench.workflow.diagnostics import as_config_error, config_error_line
 
     config = tmp_path / "mine.yaml"
     config.write_text("datasets:\n  mine:\n    path: gone.npz\n")
@@ -705,7 +705,7 @@ def test_a_missing_source_is_a_config_error_naming_the_config_file(tmp_path):
 
 
 def test_duplicate_yaml_key_is_rejected_with_its_line(tmp_path):
-    from fedmedbench.configcheck import ConfigFileError, check_file
+    from fedmedbench.config.check import ConfigFileError, check_file
 
     path = tmp_path / "dup.yaml"
     path.write_text("device: cpu\nstudies:\n  s:\n    seeds: [0]\n    seeds: [1]\n")
@@ -714,7 +714,7 @@ def test_duplicate_yaml_key_is_rejected_with_its_line(tmp_path):
 
 
 def test_invalid_yaml_names_file_and_line(tmp_path):
-    from fedmedbench.configcheck import ConfigFileError, check_file
+    from fedmedbench.config.check import ConfigFileError, check_file
 
     path = tmp_path / "broken.yaml"
     path.write_text("device: cpu\nstudies:\n  x: [1\n  y: 2\n")
@@ -723,7 +723,7 @@ def test_invalid_yaml_names_file_and_line(tmp_path):
 
 
 def test_exponent_floats_are_numbers_where_the_schema_wants_one(tmp_path):
-    from fedmedbench.configcheck import check_file, coerce_numbers
+    from fedmedbench.config.check import check_file, coerce_numbers
 
     path = tmp_path / "c.yaml"
     path.write_text("studies:\n  micro:\n    train: {lr: 5e-2}\n")
@@ -754,7 +754,7 @@ def _alias_bomb(path: Path, as_mappings: bool) -> Path:
 def test_alias_bomb_is_refused_at_once(tmp_path, as_mappings):
     import time
 
-    from fedmedbench.configcheck import MAX_EXPANDED_NODES, ConfigFileError, check_file
+    from fedmedbench.config.check import MAX_EXPANDED_NODES, ConfigFileError, check_file
 
     start = time.monotonic()
     with pytest.raises(ConfigFileError, match=rf"bomb\.yaml: its anchors and aliases .* more than {MAX_EXPANDED_NODES:,}"):
@@ -770,7 +770,7 @@ def test_alias_bomb_stops_planning_with_the_file_named(tmp_path, as_mappings):
     import subprocess
     import sys
 
-    from fedmedbench.configcheck import MAX_EXPANDED_NODES
+    from fedmedbench.config.check import MAX_EXPANDED_NODES
 
     bomb = _alias_bomb(tmp_path / "bomb.yaml", as_mappings=as_mappings)
     try:
@@ -787,8 +787,8 @@ def test_alias_bomb_stops_planning_with_the_file_named(tmp_path, as_mappings):
 def test_a_config_nested_past_pythons_recursion_limit_is_one_line(tmp_path, capsys):
     """PyYAML composes recursively: 5,000 nested lists were a RecursionError (from the profile's check, Snakemake's
     'Couldn't parse config file' about its own profile)."""
-    from fedmedbench.argcheck import check_command_line
-    from fedmedbench.configcheck import ConfigFileError, check_file
+    from fedmedbench.config.check import ConfigFileError, check_file
+    from fedmedbench.config.cmdline import check_command_line
 
     deep = tmp_path / "deep.yaml"
     deep.write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
@@ -804,7 +804,7 @@ def test_a_config_nested_past_pythons_recursion_limit_is_one_line(tmp_path, caps
 
 
 def test_yaml_merge_keys_are_accepted_and_duplicates_still_refused(tmp_path):
-    from fedmedbench.configcheck import ConfigFileError, check_file
+    from fedmedbench.config.check import ConfigFileError, check_file
 
     path = tmp_path / "merge.yaml"
     path.write_text("base: &base {lr: 0.1, batch_size: 32}\ntrain:\n  <<: *base\n  lr: 0.01\n")
@@ -821,7 +821,7 @@ def test_yaml_merge_keys_are_accepted_and_duplicates_still_refused(tmp_path):
     (["studies", "micro", "train", "lr"], "1e999"),  # YAML 1.1 text, made a number by coerce_numbers
 ])
 def test_non_finite_numbers_are_refused_naming_the_key(path, text):
-    from fedmedbench.configcheck import coerce_numbers, refuse_non_finite
+    from fedmedbench.config.check import coerce_numbers, refuse_non_finite
 
     cfg = _cfg(path, yaml.safe_load(text))  # as Snakemake's YAML 1.1 reader hands it over
     coerce_numbers(cfg, SCHEMA)
@@ -836,8 +836,8 @@ def test_nan_passes_the_schema_alone():
 
 def test_a_target_read_as_a_config_file_says_to_put_targets_first(tmp_path, capsys):
     """``snakemake --configfile c.yaml all`` reads 'all' as a second config file (Snakemake stops on it before the
-    workflow runs); the strict reader and ``python -m fedmedbench.configcheck`` say what happened."""
-    from fedmedbench.configcheck import ConfigFileError, check_file, main
+    workflow runs); the strict reader and ``python -m fedmedbench.config.check`` say what happened."""
+    from fedmedbench.config.check import ConfigFileError, check_file, main
 
     with pytest.raises(ConfigFileError, match=r"all: cannot read the config file .*; if 'all' is a target, put "
                                               r"targets before --configfile \(snakemake all --configfile FILE\)"):
@@ -856,7 +856,7 @@ def test_a_target_read_as_a_config_file_says_to_put_targets_first(tmp_path, caps
 def test_a_target_after_configfile_is_one_line_before_snakemake_reads_it(tmp_path, capsys):
     """Snakemake opens every word after ``--configfile`` while it parses its command line, before the workflow runs;
     the check the workflow profile runs first names the word and says where targets go (no traceback)."""
-    from fedmedbench.argcheck import check_command_line, configfiles
+    from fedmedbench.config.cmdline import check_command_line, configfiles
 
     study = str(ROOT / "config" / "studies" / "gpaf.yaml")
     assert configfiles(["--cores", "1", "--configfile", study, "all"]) == [study, "all"]
@@ -900,7 +900,7 @@ def test_the_workflow_profile_checks_the_command_line_first(monkeypatch):
     """Snakemake reads the workflow profile (through YTE) before the --configfile files: that is where the check runs."""
     import yte
 
-    import fedmedbench.argcheck as argcheck
+    import fedmedbench.config.cmdline as argcheck
 
     calls = []
     monkeypatch.setattr(argcheck, "check_command_line", lambda: calls.append(1))
@@ -1064,7 +1064,7 @@ class _Killed(Exception):
 
 def _run_until(spec, stop_after: int | None = None):
     """Run a job in-process; with ``stop_after`` it dies right after that round's checkpoint (as a kill would)."""
-    from fedmedbench.fl import federation as fed
+    from fedmedbench.fl.engine import federation as fed
 
     spec = fed.resolve_data_shapes(spec)
     if getattr(spec, "resume", "auto") != "auto":
@@ -1127,7 +1127,7 @@ def test_replaced_client_state_is_detected_by_its_hash(tiny_run):
 
 
 def test_corrupt_client_state_says_what_to_do(tiny_run, tmp_path):
-    from fedmedbench.fl.client_state import ClientStateError, ClientStateStore
+    from fedmedbench.fl.state.client_state import ClientStateError, ClientStateStore
 
     spec, state_file = _interrupted(tiny_run, "corrupt")
     state_file.write_bytes(b"garbage")
@@ -1141,7 +1141,7 @@ def test_corrupt_client_state_says_what_to_do(tiny_run, tmp_path):
 
 
 def test_a_run_killed_before_its_first_checkpoint_says_there_was_none(tiny_run):
-    from fedmedbench.fl import federation as fed
+    from fedmedbench.fl.engine import federation as fed
 
     spec = fed.resolve_data_shapes(_spec(tiny_run, "early_kill", method="fedavg", rounds=2))
     folder = checkpoint.checkpoint_dir(spec.run_dir)
@@ -1171,7 +1171,7 @@ def test_resume_restart_starts_again_and_matches_an_uninterrupted_run(tiny_run, 
 def test_model_pt_bytes_are_identical_across_identical_runs(tiny_run):
     import hashlib
 
-    from fedmedbench.fl import engine
+    from fedmedbench.fl.engine import flower as engine
 
     digests = []
     for name in ("same-a", "same-b"):
@@ -1182,7 +1182,7 @@ def test_model_pt_bytes_are_identical_across_identical_runs(tiny_run):
 
 
 def test_finished_run_keeps_results_not_resume_state(tiny_run):
-    from fedmedbench.fl import engine
+    from fedmedbench.fl.engine import flower as engine
 
     spec = _spec(tiny_run, "finished", rounds=2)
     engine.run(spec, log=lambda m: None)
@@ -1269,11 +1269,11 @@ def test_a_run_another_process_trains_is_refused_naming_it(tmp_path):
     import subprocess
     import sys
 
-    from fedmedbench.runlock import LOCK_NAME, RunLockedError, run_lock
+    from fedmedbench.workflow.runlock import LOCK_NAME, RunLockedError, run_lock
 
     run_dir = tmp_path / "results" / "s" / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom fedmedbench.runlock import run_lock\n"
+        [sys.executable, "-c", "import sys, time\nfrom fedmedbench.workflow.runlock import run_lock\n"
          "with run_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)\n", str(run_dir)],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     try:
@@ -1419,7 +1419,7 @@ REPLY_CASES = [
 
 def _hostile(monkeypatch, edit, pid: int = 1, rnd: int = 1) -> None:
     """Client ``pid`` edits its reply of round ``rnd`` before sending it (through the real ClientApp)."""
-    from fedmedbench.fl import federation as fed
+    from fedmedbench.fl.engine import federation as fed
 
     honest = fed.client_train
 
@@ -1434,8 +1434,8 @@ def _hostile(monkeypatch, edit, pid: int = 1, rnd: int = 1) -> None:
 
 @pytest.mark.parametrize("name,edit,needle", REPLY_CASES, ids=[c[0] for c in REPLY_CASES])
 def test_a_bad_reply_is_refused_naming_the_client_and_key(tiny_run, monkeypatch, name, edit, needle):
-    from fedmedbench.fl import engine
-    from fedmedbench.fl.replies import ReplyError
+    from fedmedbench.fl.engine import flower as engine
+    from fedmedbench.fl.engine.replies import ReplyError
 
     spec = _spec(tiny_run, f"hostile-{name}", method="fedavg", rounds=2)
     _hostile(monkeypatch, edit)
@@ -1448,8 +1448,8 @@ def test_a_bad_reply_is_refused_naming_the_client_and_key(tiny_run, monkeypatch,
 def test_a_reply_whose_num_examples_is_a_list_is_refused_naming_the_client(tiny_run, monkeypatch):
     """A metric record may hold a list: client 1's ClientApp sends ``num-examples = [30]`` (the project's own client
     writes numbers only, so the record is edited as it is built). The server refused it with a bare TypeError."""
-    from fedmedbench.fl import engine
-    from fedmedbench.fl.replies import ReplyError
+    from fedmedbench.fl.engine import flower as engine
+    from fedmedbench.fl.engine.replies import ReplyError
 
     honest_record = engine._metrics_record
 
@@ -1473,8 +1473,8 @@ def test_a_reply_whose_num_examples_is_a_list_is_refused_naming_the_client(tiny_
 def test_a_nan_reply_in_the_last_round_stops_the_run_and_saves_no_model(tiny_run, monkeypatch):
     """Round 2 of 2: client 2 sends NaN weights; the run stops naming the round and client 2, writes no model.pt,
     and the honest clients are not blamed."""
-    from fedmedbench.fl import engine
-    from fedmedbench.fl.replies import ReplyError
+    from fedmedbench.fl.engine import flower as engine
+    from fedmedbench.fl.engine.replies import ReplyError
 
     spec = _spec(tiny_run, "nan-last", method="fedavg", rounds=2)
     _hostile(monkeypatch, lambda r: r.arrays["classifier.2.weight"].fill_(float("nan")), pid=2, rnd=2)
@@ -1491,7 +1491,7 @@ def test_a_non_finite_global_model_names_the_round_and_the_clients_to_blame():
     non-finite (as under on_nonfinite: continue, where replies are not refused), or the server step."""
     from types import SimpleNamespace
 
-    from fedmedbench.fl.replies import NonFiniteModelError, check_global
+    from fedmedbench.fl.engine.replies import NonFiniteModelError, check_global
 
     good = SimpleNamespace(arrays={"w": torch.ones(3)}, extras={})
     bad = SimpleNamespace(arrays={"w": torch.tensor([1, float("nan"), 1])}, extras={})
@@ -1504,9 +1504,9 @@ def test_a_non_finite_global_model_names_the_round_and_the_clients_to_blame():
 
 
 def test_a_server_step_that_makes_the_model_non_finite_stops_the_run(tiny_run, monkeypatch):
-    from fedmedbench.fl import engine
+    from fedmedbench.fl.engine import flower as engine
+    from fedmedbench.fl.engine.replies import NonFiniteModelError
     from fedmedbench.fl.methods.fedavg import FedAvg
-    from fedmedbench.fl.replies import NonFiniteModelError
 
     honest = FedAvg.aggregate
 
@@ -1525,7 +1525,7 @@ def test_a_server_step_that_makes_the_model_non_finite_stops_the_run(tiny_run, m
 
 def test_where_the_server_does_not_know_a_size_num_examples_is_bounded():
     """Deployment where the server has no size for a site: a whole number in 1..MAX_EXAMPLES."""
-    from fedmedbench.fl.replies import MAX_EXAMPLES, ReplyCheck, ReplyError
+    from fedmedbench.fl.engine.replies import MAX_EXAMPLES, ReplyCheck, ReplyError
 
     check = ReplyCheck(4, {"arrays": ["w"]}, {"w": ((2,), "float32")}, sizes=None)
     arrays = {"w": torch.zeros(2)}
@@ -1540,7 +1540,7 @@ def test_where_the_server_does_not_know_a_size_num_examples_is_bounded():
 def test_a_non_numeric_num_examples_reaches_the_reply_check():
     """What the server reads from a reply's metrics is kept as it came unless it is a number, so the reply check
     refuses it naming the client (``float([30])`` was a bare TypeError before any check)."""
-    from fedmedbench.fl.replies import ReplyCheck, ReplyError, examples_value
+    from fedmedbench.fl.engine.replies import ReplyCheck, ReplyError, examples_value
 
     assert [examples_value(v) for v in (30, 30.0, np.int64(30), 29.5)] == [30, 30, 30, 29.5]
     assert type(examples_value(np.float32(30.0))) is int
@@ -1556,7 +1556,7 @@ def test_a_non_numeric_num_examples_reaches_the_reply_check():
 
 def test_tensor_replies_are_checked_record_by_record():
     """Shapes, dtypes, undeclared keys and records, and NaN in an extra record, on tensors as fl/ holds them."""
-    from fedmedbench.fl.replies import ReplyCheck, ReplyError
+    from fedmedbench.fl.engine.replies import ReplyCheck, ReplyError
 
     check = ReplyCheck(1, {"arrays": ["w", "n"], "delta_c": ["w"]}, {"w": ((2, 3), "float32"), "n": ((), "int64")},
                        sizes={0: 5})
@@ -1586,7 +1586,7 @@ def test_a_deployed_sites_bad_reply_is_refused_naming_the_site(tiny_run, tmp_pat
 
     from fedmedbench.deploy.export import server_spec
     from fedmedbench.deploy.site_data import export_sites
-    from fedmedbench.fl.replies import ReplyError
+    from fedmedbench.fl.engine.replies import ReplyError
     from fedmedbench.fl.spec import RunSpec
 
     spec = _spec(tiny_run, "deploy-src", method="fedavg", rounds=1)
@@ -1604,7 +1604,7 @@ def test_a_deployed_sites_bad_reply_is_refused_naming_the_site(tiny_run, tmp_pat
 def test_a_reply_without_its_arrays_or_size_is_refused_naming_the_client():
     from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
-    from fedmedbench.fl import engine
+    from fedmedbench.fl.engine import flower as engine
 
     allowed = engine.AllowedContent(["w"], ())
     allowed.check(RecordDict({"arrays": ArrayRecord(), "metrics": MetricRecord({"num-examples": 3.0})}), 4)
@@ -1618,8 +1618,8 @@ def test_a_reply_without_its_arrays_or_size_is_refused_naming_the_client():
 def test_under_on_nonfinite_continue_a_nan_reply_is_averaged_as_the_reference_does(tiny_run, monkeypatch):
     """The early-stopping reference trains on through NaN: there the finiteness checks are off (the key, shape,
     dtype and size checks stay), and the run completes with the NaN model the reference would have."""
-    from fedmedbench.fl import engine
-    from fedmedbench.fl.replies import ReplyError
+    from fedmedbench.fl.engine import flower as engine
+    from fedmedbench.fl.engine.replies import ReplyError
 
     spec = _spec(tiny_run, "nan-continue", method="fedavg", rounds=1)
     spec = dataclasses.replace(spec, train={**spec.train, "on_nonfinite": "continue"})
@@ -1635,7 +1635,7 @@ def test_under_on_nonfinite_continue_a_nan_reply_is_averaged_as_the_reference_do
 
 def test_checking_replies_leaves_the_runs_random_draws_alone(tiny_run):
     """The model replies are checked against is built mid-run: torch's global generator is left as it was."""
-    from fedmedbench.fl import federation as fed
+    from fedmedbench.fl.engine import federation as fed
 
     spec = fed.resolve_data_shapes(_spec(tiny_run, "rng", method="fedavg", rounds=1))
     f = fed.Federation(spec, log=lambda m: None)

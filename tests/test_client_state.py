@@ -11,11 +11,12 @@ import torch
 from test_device_arrays import make_spec
 from test_state_file import same_state
 
-from fedmedbench.fl import checkpoint, engine
-from fedmedbench.fl import federation as fed
-from fedmedbench.fl.client_state import ClientStateError, ClientStateStore, copy_state, sha256_file
-from fedmedbench.fl.state_file import read_state, write_state
-from fedmedbench.io import write_torch
+from fedmedbench.fl.engine import federation as fed
+from fedmedbench.fl.engine import flower as engine
+from fedmedbench.fl.state import checkpoint
+from fedmedbench.fl.state.client_state import ClientStateError, ClientStateStore, copy_state, sha256_file
+from fedmedbench.fl.state.file_format import read_state, write_state
+from fedmedbench.workflow.io import write_torch
 
 
 def test_a_deferred_save_holds_a_copy_until_the_checkpoint_writes_it(tmp_path):

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fedmedbench.fl import federation as fed
 from fedmedbench.fl.api import ClientData
+from fedmedbench.fl.engine import federation as fed
 from fedmedbench.fl.methods import _together as together
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.training import batch_indices
@@ -47,9 +47,9 @@ if "ln_net_test" not in MODELS:
 def write_data(d, size: int, train: int):
     from helpers import split_labels
 
-    from fedmedbench import io
-    from fedmedbench import partition as P
     from fedmedbench.data import synthetic
+    from fedmedbench.partition import schemes as P
+    from fedmedbench.workflow import io
 
     arrays = synthetic.generate("bloodmnist", size, seed=0, counts={"train": train, "val": 40, "test": 60})
     io.write_npz(d / "b.npz", arrays)
@@ -260,7 +260,7 @@ def test_the_engine_trains_clients_together_through_its_flower_grid(setup):
     train.batch_clients gives the weights of the batched rounds, and says nothing about one by one."""
     from pathlib import Path
 
-    from fedmedbench.fl import engine
+    from fedmedbench.fl.engine import flower as engine
 
     s = spec(setup, "engine-both", method="scaffold", batch_clients=True, rounds=2)
     said: list[str] = []

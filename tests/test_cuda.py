@@ -20,13 +20,13 @@ from test_device_arrays import make_spec, numpy_average
 from test_gpaf_device_path import GPAF_STUDY_RUNS, breast_spec
 from test_metrics import _sklearn
 
-from fedmedbench.fl import engine
-from fedmedbench.fl import job as job_module
-from fedmedbench.fl.arrays import weighted_average
+from fedmedbench.fl.api.arrays import weighted_average
 from fedmedbench.fl.determinism import CUBLAS_WORKSPACE_CONFIG
-from fedmedbench.fl.job import Job
+from fedmedbench.fl.engine import flower as engine
+from fedmedbench.fl.engine import job as job_module
+from fedmedbench.fl.engine.job import Job
 from fedmedbench.fl.methods._sgd import div
-from fedmedbench.metrics import grouped_classification_metrics
+from fedmedbench.metrics.classification import grouped_classification_metrics
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -186,7 +186,7 @@ def test_an_earlystop_client_on_gpu_data_does_not_wait_for_the_gpu_per_step(meth
 
     from test_methods import context, tiny_data, tiny_model
 
-    from fedmedbench.fl.registry import get_method
+    from fedmedbench.fl.api.registry import get_method
 
     def fit(steps: int):
         model = tiny_model()
@@ -206,7 +206,7 @@ def test_a_gpaf_study_client_on_gpu_data_does_not_wait_for_the_gpu_per_step(name
 
     from helpers.clients import client_ctx, fresh_global, toy_data, toy_spec, train_config
 
-    from fedmedbench.fl.registry import get_method
+    from fedmedbench.fl.api.registry import get_method
 
     method = get_method(name, {"server_epochs": 1} if name == "gpaf" else {})
     spec, cfg = toy_spec("moon" if name == "centralized" else name), train_config(grad_clip=1.0)
@@ -259,8 +259,8 @@ def test_segmentation_scores_on_the_gpu_are_medpys():
     Dice, IoU and HD95 to the bit, ASSD within 1e-12 relative, on blobs, scattered labels and anisotropic spacing."""
     from test_segmetrics_device import PARTS, assert_same, blobs
 
-    from fedmedbench import segmetrics as S
-    from fedmedbench.segmetrics_device import batch_scores
+    from fedmedbench.metrics import segmentation as S
+    from fedmedbench.metrics.segmentation_device import batch_scores
 
     rng = np.random.default_rng(0)
     pred, gt = blobs(rng, 4, (96, 120)), blobs(rng, 4, (96, 120))
@@ -298,8 +298,8 @@ def test_seeds_side_by_side_on_the_gpu_equal_each_alone(tmp_path):
     from test_clients_together import ATOL, RTOL, spec, write_data
     from test_runs_together import final_model, seeded
 
-    from fedmedbench.fl import engine
-    from fedmedbench.fl.runs_together import run_together
+    from fedmedbench.fl.engine import flower as engine
+    from fedmedbench.fl.engine.runs_together import run_together
 
     d = write_data(tmp_path, 28, 200)
     alone = [seeded(spec(d, f"alone{s}", batch_clients=True, device="cuda", deterministic=True), s) for s in (0, 1)]

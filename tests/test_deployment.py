@@ -21,16 +21,16 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Message
 from helpers import split_labels
 from helpers.deployment import BIN, REPO, Federation, run_deployed
 
-from fedmedbench import io
-from fedmedbench import partition as P
 from fedmedbench.data import synthetic
 from fedmedbench.deploy import __main__ as deploy_cli
 from fedmedbench.deploy import apps, credentials
 from fedmedbench.deploy.export import export_run
 from fedmedbench.deploy.site_data import SiteDataError, export_sites, load_site, site_folder
-from fedmedbench.fl import engine
-from fedmedbench.fl import federation as fed
+from fedmedbench.fl.engine import federation as fed
+from fedmedbench.fl.engine import flower as engine
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.partition import schemes as P
+from fedmedbench.workflow import io
 
 SITES = 3
 pytestmark = pytest.mark.slow

@@ -19,11 +19,12 @@ from test_fedst_fl import clips, make_spec, study_cfg  # noqa: F401  (clips: the
 from fedmedbench.deploy import apps
 from fedmedbench.deploy.export import server_spec
 from fedmedbench.deploy.site_data import SiteDataError, export_sites, load_site, site_folder
-from fedmedbench.fl import checkpoint, engine
-from fedmedbench.fl import federation as fed
-from fedmedbench.fl.client_state import ClientStateStore
-from fedmedbench.fl.registry import get_method
+from fedmedbench.fl.api.registry import get_method
+from fedmedbench.fl.engine import federation as fed
+from fedmedbench.fl.engine import flower as engine
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.state import checkpoint
+from fedmedbench.fl.state.client_state import ClientStateStore
 from fedmedbench.fl.tasks.detection import components as C
 
 pytestmark = pytest.mark.slow

@@ -14,9 +14,9 @@ from snakemake.utils import validate
 from test_config import MICRO, SCHEMA
 from test_device_arrays import make_spec
 
-from fedmedbench.fl import engine
 from fedmedbench.fl.determinism import CUBLAS_WORKSPACE_CONFIG
-from fedmedbench.fl.job import Job
+from fedmedbench.fl.engine import flower as engine
+from fedmedbench.fl.engine.job import Job
 from fedmedbench.fl.spec import RunSpec, for_job, result_params
 
 
@@ -108,7 +108,7 @@ def test_seeded_generators_draw_as_the_runs_so_far():
     """One seeding for the clients' and the validation reads' generators; each draws what it drew before."""
     from fedmedbench.fl.augment import validation_generator
     from fedmedbench.fl.determinism import seeded_generator
-    from fedmedbench.fl.federation import client_generator
+    from fedmedbench.fl.engine.federation import client_generator
 
     for keys, expected in CLIENT_DRAWS.items():
         assert _seed_and_draws(seeded_generator(*keys)) == expected, keys

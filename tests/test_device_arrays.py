@@ -13,13 +13,14 @@ import pytest
 import torch
 from helpers import Killed, kill_after_round
 
-from fedmedbench.fl import checkpoint, engine
-from fedmedbench.fl import federation as fed
-from fedmedbench.fl import job as job_module
-from fedmedbench.fl.arrays import host_copies, model_arrays, model_tensors, snapshot, weighted_average
-from fedmedbench.fl.job import Job, copy_into
+from fedmedbench.fl.api.arrays import host_copies, model_arrays, model_tensors, snapshot, weighted_average
+from fedmedbench.fl.engine import federation as fed
+from fedmedbench.fl.engine import flower as engine
+from fedmedbench.fl.engine import job as job_module
+from fedmedbench.fl.engine.job import Job, copy_into
 from fedmedbench.fl.spec import RunSpec
-from fedmedbench.fl.state_file import read_state
+from fedmedbench.fl.state import checkpoint
+from fedmedbench.fl.state.file_format import read_state
 from fedmedbench.fl.stopping import DataFreeMonitor
 
 

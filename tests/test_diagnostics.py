@@ -14,9 +14,9 @@ import pytest
 import yaml
 from helpers import copy_workflow
 
-from fedmedbench import diagnostics
-from fedmedbench.configcheck import ConfigError
-from fedmedbench.rerun_reason import params_diff
+from fedmedbench.config.check import ConfigError
+from fedmedbench.workflow import diagnostics
+from fedmedbench.workflow.rerun_reason import params_diff
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "config" / "schema.yaml"

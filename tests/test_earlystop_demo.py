@@ -14,12 +14,12 @@ import pandas as pd
 import yaml
 from snakemake.utils import validate
 
-from fedmedbench import io
-from fedmedbench import partition as P
 from fedmedbench.data import medmnist, synthetic
-from fedmedbench.fl import federation as fed
+from fedmedbench.fl.engine import federation as fed
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.partition import schemes as P
 from fedmedbench.studies.earlystop import report as earlystop
+from fedmedbench.workflow import io
 
 ROOT = Path(__file__).resolve().parents[1]
 

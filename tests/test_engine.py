@@ -16,14 +16,14 @@ import pytest
 import torch
 from helpers import split_labels
 
-from fedmedbench import io
-from fedmedbench import partition as P
 from fedmedbench.data import synthetic
-from fedmedbench.fl import federation as fed
-from fedmedbench.fl.arrays import weighted_average
-from fedmedbench.fl.registry import get_method
+from fedmedbench.fl.api.arrays import weighted_average
+from fedmedbench.fl.api.registry import get_method
+from fedmedbench.fl.engine import federation as fed
 from fedmedbench.fl.spec import RunSpec
-from fedmedbench.fl.state_file import read_state
+from fedmedbench.fl.state.file_format import read_state
+from fedmedbench.partition import schemes as P
+from fedmedbench.workflow import io
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def make_spec(workdir: Path, name: str, method="fedavg", rounds=3, model="cnn_sm
 
 
 def run_in_subprocess(spec: RunSpec) -> subprocess.Popen:
-    code = ("import json,sys; from fedmedbench.fl.spec import RunSpec; from fedmedbench.fl import engine; "
+    code = ("import json,sys; from fedmedbench.fl.spec import RunSpec; from fedmedbench.fl.engine import flower as engine; "
             "engine.run(RunSpec.from_dict(json.loads(sys.argv[1])))")
     return subprocess.Popen([sys.executable, "-c", code, json.dumps(spec.to_dict())], start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -140,7 +140,7 @@ def test_client_failure_fails_the_job_with_its_traceback(workdir, backend):
 
 @pytest.mark.slow
 def test_local_method_keeps_models_on_clients(workdir):
-    from fedmedbench.fl import engine
+    from fedmedbench.fl.engine import flower as engine
 
     spec = make_spec(workdir, "local", method="local", rounds=2)
     engine.run(spec, log=lambda m: None)
@@ -161,7 +161,7 @@ def test_local_method_keeps_models_on_clients(workdir):
 def test_only_parameters_and_declared_extras_leave_a_client(workdir, monkeypatch, method, extras, model):
     """Every reply of a real Flower run is recorded; only shared-model arrays, metrics and the
     method's declared extras may appear (the engine also enforces this on every reply)."""
-    from fedmedbench.fl import engine
+    from fedmedbench.fl.engine import flower as engine
 
     seen = []
     original = engine.FlowerTransport.inspect
@@ -196,7 +196,7 @@ def test_orphaned_ray_dirs_of_dead_jobs_are_removed(tmp_path):
     import os
     import subprocess
 
-    from fedmedbench.fl.engine import remove_orphaned_ray_dirs
+    from fedmedbench.fl.engine.flower import remove_orphaned_ray_dirs
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -210,7 +210,7 @@ def test_orphaned_ray_dirs_of_dead_jobs_are_removed(tmp_path):
 @pytest.mark.slow
 def test_inline_and_ray_backends_give_bit_identical_runs(workdir):
     """The backend only changes how messages travel: same weights, same metrics."""
-    from fedmedbench.fl import engine
+    from fedmedbench.fl.engine import flower as engine
 
     runs = {}
     for backend in ("inline", "ray"):
@@ -227,7 +227,7 @@ def test_inline_and_ray_backends_give_bit_identical_runs(workdir):
 
 
 def test_unknown_backend_is_named(workdir):
-    from fedmedbench.fl import engine
+    from fedmedbench.fl.engine import flower as engine
 
     spec = make_spec(workdir, "badbackend")
     spec.backend = "grpc"
@@ -240,7 +240,7 @@ def test_inline_grid_delivers_like_flower(workdir):
     from flwr.app import ConfigRecord, Message, MessageType, RecordDict
     from flwr.clientapp import ClientApp
 
-    from fedmedbench.fl.inline_grid import InlineGrid
+    from fedmedbench.fl.engine.inline_grid import InlineGrid
 
     app = ClientApp()
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 from helpers.clients import client_ctx, fresh_global, server_ctx, toy_data, toy_spec
 
-from fedmedbench.fl.arrays import weighted_average
+from fedmedbench.fl.api.arrays import weighted_average
+from fedmedbench.fl.api.registry import get_method
 from fedmedbench.fl.methods.feddg import (
     BANK,
     FedDG,
@@ -16,7 +17,6 @@ from fedmedbench.fl.methods.feddg import (
     interpolate_amplitude,
     low_freq_mask,
 )
-from fedmedbench.fl.registry import get_method
 
 SPEC = toy_spec("feddg")
 

@@ -136,7 +136,7 @@ def test_a_new_pretrained_model_changes_the_run_hash(tmp_path):
     ({"decoder": "light", "decoder_dim": 60, "heads": 8, "temporal": False}, True),  # no RSC
 ])
 def test_rsc_heads_must_divide_the_decoder_map_it_reads(model, ok):
-    from fedmedbench.configcheck import ConfigError
+    from fedmedbench.config.check import ConfigError
 
     cfg = copy.deepcopy(DEMO)
     validate(cfg, SCHEMA)

@@ -15,9 +15,9 @@ import torch
 from PIL import Image
 
 import fedmedbench  # noqa: F401
-from fedmedbench.fl import federation as fed
-from fedmedbench.fl.job import Job
-from fedmedbench.fl.registry import get_method
+from fedmedbench.fl.api.registry import get_method
+from fedmedbench.fl.engine import federation as fed
+from fedmedbench.fl.engine.job import Job
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.studies.fedst import deploy
 from fedmedbench.studies.fedst import runs as FS
@@ -151,8 +151,8 @@ def test_fedst_keeps_query_embeddings_and_selection_on_site_and_averages_the_res
     for k in ("encoder.backbone.stages.3.blocks.0.attn.kv.k.weight", "decoder.head.weight"):
         assert np.allclose(state.arrays[k], (last[0].arrays[k] + last[1].arrays[k]) / 2, atol=1e-6)
     # personal entries: different on the two sites, stored only in each site's own state
-    from fedmedbench.fl import checkpoint
-    from fedmedbench.fl.client_state import ClientStateStore
+    from fedmedbench.fl.state import checkpoint
+    from fedmedbench.fl.state.client_state import ClientStateStore
 
     store = ClientStateStore(checkpoint.checkpoint_dir(spec.run_dir) / "clients")
     s0, s1 = (store.load(p, before_round=99)["personal"] for p in (0, 1))
@@ -228,7 +228,7 @@ def test_local_train_sends_nothing_and_fedavg_sends_everything(clips, tmp_path):
 @pytest.mark.slow
 def test_personal_parameters_never_leave_a_site_over_flower(clips, tmp_path, monkeypatch):
     """A real Flower run: every reply is recorded; no personal key is in any message."""
-    from fedmedbench.fl import engine
+    from fedmedbench.fl.engine import flower as engine
 
     seen = []
     original = engine.FlowerTransport.inspect
@@ -392,7 +392,7 @@ def test_feddp_inconsistency_weights_disagreeing_pixels():
 
 def test_every_site_and_the_upperbound_take_exactly_local_steps(clips, tmp_path, monkeypatch):
     """The paper's 100 iterations per round, whatever a site's size (here 3 vs the engine's 1)."""
-    from fedmedbench.fl.arrays import model_arrays
+    from fedmedbench.fl.api.arrays import model_arrays
     from fedmedbench.fl.tasks import segmentation
 
     seen = []
@@ -416,7 +416,7 @@ def test_every_site_and_the_upperbound_take_exactly_local_steps(clips, tmp_path,
 def test_upperbound_takes_the_sum_of_the_sites_steps_as_option(clips, tmp_path, monkeypatch):
     """``seg_centralized.steps: sum_of_sites``: local_steps x the number of sites per round (the
     federation's total); the default takes local_steps, each site model's schedule."""
-    from fedmedbench.fl.arrays import model_arrays
+    from fedmedbench.fl.api.arrays import model_arrays
     from fedmedbench.fl.tasks import segmentation
 
     seen = []
@@ -435,7 +435,7 @@ def test_upperbound_takes_the_sum_of_the_sites_steps_as_option(clips, tmp_path, 
 
 def test_fedrep_trains_the_head_first_then_the_body(clips, tmp_path, monkeypatch):
     """FedRep's reference split: 4/5 of the round on the decoder (head) alone, then 1/5 on the rest."""
-    from fedmedbench.fl.arrays import model_arrays
+    from fedmedbench.fl.api.arrays import model_arrays
     from fedmedbench.fl.methods import fedrep
     from fedmedbench.fl.tasks import segmentation
 
@@ -460,7 +460,7 @@ def test_fedrep_trains_the_head_first_then_the_body(clips, tmp_path, monkeypatch
         return captured["model"]
 
     monkeypatch.setattr(type(m), "prepare", lambda self, ctx: prepare(ctx))
-    from fedmedbench.fl import registry
+    from fedmedbench.fl.api import registry
 
     monkeypatch.setattr(registry, "get_method", lambda *a, **k: m)
     monkeypatch.setattr(fed, "get_method", lambda *a, **k: m, raising=False)
@@ -732,7 +732,7 @@ def test_serq_moving_average_and_which_model_each_step_trains(clips):
     """Eq. 10: F_hat = (1 - mu) F_hat_prev + mu F_g; Eq. 12 trains the global model only (v_pre fixed)."""
     from types import SimpleNamespace
 
-    from fedmedbench.fl.arrays import load_arrays, model_arrays
+    from fedmedbench.fl.api.arrays import load_arrays, model_arrays
     from fedmedbench.fl.methods.fedst import SERQ_DEFAULTS, serq_round
     from fedmedbench.fl.tasks.segmentation import load_clipset
     from fedmedbench.models.fedst import build_fedst_net
@@ -793,7 +793,7 @@ def _tiny_server(clips, **over):
 def test_fig5_server_finetuning_is_plain_segmentation_loss_on_synthetic_batches(clips):
     """Fig. 5 (blue): the averaged model takes serq.steps L_seg steps on synthetic clips; no
     descriptor, no v_pre, no feature term (lambda2/lambda3 change nothing); BN statistics kept."""
-    from fedmedbench.fl.arrays import model_arrays
+    from fedmedbench.fl.api.arrays import model_arrays
     from fedmedbench.fl.methods.fedst import finetune_round
 
     cfg, new_model, ctx = _tiny_server(clips)
@@ -851,7 +851,7 @@ def test_synmix_puts_every_synthetic_clip_into_each_site_and_once_into_the_pool(
 def test_serq_server_keeps_its_own_rho_across_rounds(clips):
     """Algorithm 1 line 9: v_g^{t+1} = gamma_g^{t+1} with rho_g^t; lines 11-12: the server trains
     all of v_g, sends gamma_g only and keeps the updated rho_g for the next round."""
-    from fedmedbench.fl.arrays import load_arrays, model_arrays
+    from fedmedbench.fl.api.arrays import load_arrays, model_arrays
     from fedmedbench.fl.methods._seg_shared import personal_keys
     from fedmedbench.fl.methods.fedst import serq_round
     from fedmedbench.fl.tasks.segmentation import load_clipset
@@ -993,8 +993,8 @@ def test_evaluation_at_native_units_or_native_resolution_on_request(clips):
     from PIL import Image
 
     from fedmedbench.fl.tasks.segmentation import evaluate_clips, load_clipset
+    from fedmedbench.metrics.segmentation import SegmentationMeter
     from fedmedbench.models.fedst import build_fedst_net
-    from fedmedbench.segmetrics import SegmentationMeter
 
     torch.manual_seed(0)
     net = build_fedst_net({"temporal": False, "selection": "none", "num_classes": 4}).eval()

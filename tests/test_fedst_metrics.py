@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from medpy.metric import binary as mb
 
-from fedmedbench.segmetrics import SegmentationMeter, binary_scores, empty_penalty
+from fedmedbench.metrics.segmentation import SegmentationMeter, binary_scores, empty_penalty
 
 
 def square(shape, y0, x0, size):
@@ -32,7 +32,7 @@ def test_scores_match_medpy_and_hand_computed_values():
 def test_hd95_and_assd_are_medpys_to_the_bit_from_one_pair_of_surface_distances(monkeypatch):
     """Random blobs of several shapes: HD95 and ASSD equal MedPy's hd95 and assd exactly, and each class
     pair costs 2 surface-distance passes (one each way), not the 4 that calling hd95 and assd makes."""
-    from fedmedbench import segmetrics
+    from fedmedbench.metrics import segmentation as segmetrics
 
     rng = np.random.default_rng(3)
     compared = 0
@@ -58,8 +58,8 @@ def test_hd95_and_assd_are_medpys_to_the_bit_from_one_pair_of_surface_distances(
 def test_surface_distances_on_the_box_around_both_masks_are_medpys_on_the_image_to_the_bit(monkeypatch):
     """HD95 and ASSD come from the smallest box both masks lie in: small parts in a large frame, parts touching each edge and corner, single pixels, parts far apart, and blobs; each equals MedPy's
     hd95 and assd on the whole image exactly, and the distance passes see the box, not the image."""
-    from fedmedbench import segmetrics
-    from fedmedbench.segmetrics import box_around
+    from fedmedbench.metrics import segmentation as segmetrics
+    from fedmedbench.metrics.segmentation import box_around
 
     shape = (48, 64)
     cases = [(square(shape, 10, 12, 5), square(shape, 12, 15, 6)),      # small, near each other
@@ -251,7 +251,7 @@ def test_distances_in_native_pixels_scale_each_axis():
 def test_native_spacing_reads_each_mask_files_size(tmp_path):
     from PIL import Image
 
-    from fedmedbench.segmetrics import native_spacing
+    from fedmedbench.metrics.segmentation import native_spacing
 
     Image.new("L", (1920, 1080)).save(tmp_path / "a.png")  # EndoVis2017 frames: 1920 wide, 1080 tall
     Image.new("L", (1280, 1024)).save(tmp_path / "b.png")  # EndoVis2018

@@ -197,7 +197,7 @@ def _sent_on_the_paper_grid(methods, method_params=None):
     import yaml
     from snakemake.utils import validate
 
-    from fedmedbench.fl.registry import get_method
+    from fedmedbench.fl.api.registry import get_method
     from fedmedbench.studies.fedst import runs as FS
     from fedmedbench.studies.fedst.deploy import communication_mb
 
@@ -228,7 +228,7 @@ def test_sent_mib_per_method_on_the_paper_grid_vs_table_ix():
 
     import yaml
 
-    from fedmedbench.fl.registry import get_method
+    from fedmedbench.fl.api.registry import get_method
 
     root = Path(__file__).resolve().parents[1]
     paper = yaml.safe_load((root / "config" / "paper_values" / "fedst.yaml").read_text())["tables"]["table9"]["rows"]
@@ -256,7 +256,7 @@ def test_sent_mib_per_method_on_the_paper_grid_vs_table_ix():
 def test_feddp_averages_parameters_only_buffers_stay_on_the_site():
     """FedDP's aggregation walks ``named_parameters``: the light decoder's BatchNorm statistics
     stay on the site (kept with its queries); FedAvg shares them."""
-    from fedmedbench.fl.registry import get_method
+    from fedmedbench.fl.api.registry import get_method
 
     torch.manual_seed(0)
     net = build_fedst_net({"temporal": False, "selection": "none", "decoder": "light", "decoder_dim": 16})

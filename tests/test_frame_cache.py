@@ -17,7 +17,7 @@ import torch
 from helpers import surgical as F
 
 from fedmedbench.data.surgical.fsutil import sorted_images
-from fedmedbench.fl import federation as fed
+from fedmedbench.fl.engine import federation as fed
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.tasks.detection import frame_cache as FC
 from fedmedbench.fl.tasks.detection.sized_frames import SizedFrameLoader, read_sized_frames

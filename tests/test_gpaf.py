@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from helpers.clients import client_ctx, fresh_global, server_ctx, toy_data, toy_spec
 
-from fedmedbench.fl.arrays import load_arrays, weighted_average
+from fedmedbench.fl.api.arrays import load_arrays, weighted_average
+from fedmedbench.fl.api.registry import get_method
 from fedmedbench.fl.methods.gpaf import GPAF, adversarial_value, server_generator
-from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.training import to_float
 from fedmedbench.models.vae import LatentClassifier, LatentDiscriminator, reparameterize
 
@@ -269,7 +269,7 @@ def test_default_server_step_is_the_authors_loop(data, monkeypatch):
 
 
 def test_label_alpha_follows_the_settings_alpha():
-    from fedmedbench.fl import method_params
+    from fedmedbench.fl.api import method_params
 
     study = {"gpaf": {"label_alpha": "partition", "server_epochs": 3}}
     assert method_params.resolve("gpaf", study, {"params": {"alpha": 0.1}})["label_alpha"] == 0.1

@@ -157,7 +157,7 @@ def test_device_of_a_domain_is_the_device_its_stored_file_was_made_with():
 def hand_made_run(tmp_path) -> tuple[dict, dict, dict]:
     """Base and 'degraded' files (the stored shift a stand-in: 255 - x), a partition of two clients: (base arrays,
     shifted arrays, sources); the partition is ``tmp_path / 'p.json'``."""
-    from fedmedbench.io import write_json
+    from fedmedbench.workflow.io import write_json
 
     rng = np.random.default_rng(0)
     base = {f"{s}_images": rng.integers(0, 256, (n, 8, 8), dtype=np.uint8) for s, n in (("train", 6), ("val", 2), ("test", 2))}
@@ -298,7 +298,7 @@ def test_methods_train_on_the_augmented_reads_and_stay_repeatable(name):
 
     from helpers.clients import client_ctx, fresh_global, toy_data, toy_spec
 
-    from fedmedbench.fl.registry import get_method
+    from fedmedbench.fl.api.registry import get_method
 
     method = get_method(name)
     spec = toy_spec(name, model="gpaf_cnn_moon" if name == "moon" else "gpaf_cnn")

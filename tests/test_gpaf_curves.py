@@ -14,14 +14,14 @@ import torch.nn.functional as F
 from helpers.clients import client_ctx, fresh_global, toy_data, toy_spec, train_config
 from torch import nn
 
-from fedmedbench import io
 from fedmedbench.data import synthetic
-from fedmedbench.fl import federation as fed
 from fedmedbench.fl.api import ClientResult, Method
-from fedmedbench.fl.arrays import model_arrays
-from fedmedbench.fl.registry import METHODS, get_method
+from fedmedbench.fl.api.arrays import model_arrays
+from fedmedbench.fl.api.registry import METHODS, get_method
+from fedmedbench.fl.engine import federation as fed
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.training import batch_indices, epoch_means, to_float
+from fedmedbench.workflow import io
 
 # ---------------------------------------------------------------- a client's per-epoch losses
 

@@ -19,10 +19,10 @@ from helpers import Killed, kill_after_round
 from helpers.clients import client_ctx, fresh_global, toy_data, toy_spec, train_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fedmedbench.fl import engine
-from fedmedbench.fl import job as job_module
+from fedmedbench.fl.api.registry import get_method
+from fedmedbench.fl.engine import flower as engine
+from fedmedbench.fl.engine import job as job_module
 from fedmedbench.fl.methods.gpaf import GPAF, server_generator
-from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.training import NonFiniteLossError
 from fedmedbench.models.vae import LatentDiscriminator

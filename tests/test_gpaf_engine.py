@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedmedbench.fl.spec import RunSpec
-from fedmedbench.fl.state_file import read_state
+from fedmedbench.fl.state.file_format import read_state
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -34,7 +34,7 @@ def spec_for(workdir: Path, method: str, name: str, **params) -> RunSpec:
 
 
 def run(spec: RunSpec) -> str:
-    code = ("import json,sys; from fedmedbench.fl.spec import RunSpec; from fedmedbench.fl import engine; "
+    code = ("import json,sys; from fedmedbench.fl.spec import RunSpec; from fedmedbench.fl.engine import flower as engine; "
             "engine.run(RunSpec.from_dict(json.loads(sys.argv[1])))")
     env = {**os.environ, "PYTHONPATH": str(SRC)}  # Ray actors import this checkout
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec.to_dict())], capture_output=True, text=True,
@@ -100,7 +100,7 @@ def test_client_models_of_an_earlier_round_come_with_that_rounds_global_model(wo
 
     import numpy as np
 
-    from fedmedbench.fl.arrays import weighted_average
+    from fedmedbench.fl.api.arrays import weighted_average
 
     spec = dataclasses.replace(spec_for(workdir, "fedavg", "kept_round1"), client_models_round=1)
     assert spec.run_hash() != spec_for(workdir, "fedavg", "kept_round1").run_hash()

@@ -124,7 +124,7 @@ def test_table1_default_is_macro_averaged():
     """Table 1's recall/precision default to macro averages and F1 to 2PR/(P+R) of them, pinned on a hand-made
     confusion matrix; the printed rows fit macro averages on the 156 test images within 2 pp, binary class-1
     ones never within 3."""
-    from fedmedbench.metrics import classification_metrics
+    from fedmedbench.metrics.classification import classification_metrics
 
     schema = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())["definitions"]["gpaf_report"]["properties"]
     assert schema["table_eval"]["default"] == "best_validation"

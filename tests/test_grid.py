@@ -144,7 +144,7 @@ def test_domain_settings_never_share(tmp_path):
 
 
 def test_pooled_methods_are_the_registered_centralized_ones():
-    from fedmedbench.fl.registry import get_method
+    from fedmedbench.fl.api.registry import get_method
 
     schema = yaml.safe_load(Path(SCHEMA).read_text())
     names = schema["definitions"]["method_name"]["enum"]

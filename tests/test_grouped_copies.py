@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fedmedbench.fl.arrays import host_copies, host_tensors, snapshot
-from fedmedbench.fl.client_state import copy_state
+from fedmedbench.fl.api.arrays import host_copies, host_tensors, snapshot
 from fedmedbench.fl.methods import _sgd
-from fedmedbench.fl.state_file import read_state, write_state
+from fedmedbench.fl.state.client_state import copy_state
+from fedmedbench.fl.state.file_format import read_state, write_state
 
 SPECIAL = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-45, -3.5])
 

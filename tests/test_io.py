@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from fedmedbench import io
+from fedmedbench.workflow import io
 
 
 def test_atomic_write_success_and_permissions(tmp_path):

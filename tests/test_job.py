@@ -12,17 +12,17 @@ from flwr.clientapp import ClientApp
 from flwr.common.serde import message_from_proto, message_to_proto
 from helpers import split_labels
 
-from fedmedbench import io
-from fedmedbench import partition as P
 from fedmedbench.data import synthetic
-from fedmedbench.fl import engine
-from fedmedbench.fl import federation as fed
-from fedmedbench.fl import job as job_module
-from fedmedbench.fl.arrays import model_arrays
-from fedmedbench.fl.inline_grid import InlineGrid
-from fedmedbench.fl.job import Job
+from fedmedbench.fl.api.arrays import model_arrays
+from fedmedbench.fl.engine import federation as fed
+from fedmedbench.fl.engine import flower as engine
+from fedmedbench.fl.engine import job as job_module
+from fedmedbench.fl.engine.inline_grid import InlineGrid
+from fedmedbench.fl.engine.job import Job
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.training import NonFiniteLossError, StepLosses, batch_indices, index_device
+from fedmedbench.partition import schemes as P
+from fedmedbench.workflow import io
 
 
 @pytest.fixture(scope="module")

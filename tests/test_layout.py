@@ -1,4 +1,5 @@
-"""Package layout: importing one module of ``fl/`` loads only what it needs, and
+"""Package layout: folders named by job (a few modules at the root and in ``fl/``, each folder saying what it
+holds), no import circle anywhere in ``src/``, importing one module of ``fl/`` loads only what it needs, and
 docs/architecture.md names every module and rule of the tree."""
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ DOC = ROOT / "docs" / "architecture.md"
 #: the modules whose import registers a task
 TASK_MODULES = {"fedmedbench.fl.tasks.classification", "fedmedbench.fl.tasks.segmentation.task", "fedmedbench.fl.tasks.detection.task"}
 #: core modules: importing one loads no method and no task module
-CORE = ("fedmedbench.fl", "fedmedbench.fl.api", "fedmedbench.fl.arrays", "fedmedbench.fl.registry", "fedmedbench.fl.spec", "fedmedbench.fl.tasks", "fedmedbench.fl.tasks.base",
-        "fedmedbench.fl.job", "fedmedbench.fl.federation", "fedmedbench.fl.engine", "fedmedbench.fl.checkpoint",
-        "fedmedbench.fl.client_state", "fedmedbench.fl.data", "fedmedbench.fl.training", "fedmedbench.fl.stopping",
-        "fedmedbench.fl.method_params", "fedmedbench.fl.inline_grid")
+CORE = ("fedmedbench.fl", "fedmedbench.fl.api", "fedmedbench.fl.api.arrays", "fedmedbench.fl.api.registry", "fedmedbench.fl.spec", "fedmedbench.fl.tasks", "fedmedbench.fl.tasks.base",
+        "fedmedbench.fl.engine.job", "fedmedbench.fl.engine.federation", "fedmedbench.fl.engine.flower", "fedmedbench.fl.state.checkpoint",
+        "fedmedbench.fl.state.client_state", "fedmedbench.fl.data", "fedmedbench.fl.training", "fedmedbench.fl.stopping",
+        "fedmedbench.fl.api.method_params", "fedmedbench.fl.engine.inline_grid")
 
 # One clean interpreter loads the third-party libraries once, then imports each module in a forked
 # child of its own (a fresh sys.modules per module, without paying torch's start-up every time).
@@ -81,7 +82,7 @@ def loaded() -> dict[str, list[str]]:
 
 
 def test_module_names_cover_fl():
-    assert "fedmedbench.fl.registry" in FL_MODULES and "fedmedbench.fl.tasks.detection.yolo" in FL_MODULES
+    assert "fedmedbench.fl.api.registry" in FL_MODULES and "fedmedbench.fl.tasks.detection.yolo" in FL_MODULES
     assert len(METHOD_MODULES) > 10
 
 
@@ -168,14 +169,89 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circle_among_fl_modules():
     graph = {m: _module_level_imports(m) for m in FL_MODULES}
-    assert graph["fedmedbench.fl.registry"] >= {"fedmedbench.fl.api"}
+    assert graph["fedmedbench.fl.api.registry"] >= {"fedmedbench.fl.api.method"}
     assert graph["fedmedbench.fl.spec"] == set(), "spec.py is read while the workflow plans: it imports nothing of fl/"
     assert _cycles(graph) == []
 
 
+SRC_MODULES = _modules(SRC)
+
+
+def _static_imports(name: str) -> set[str]:
+    """The package's modules ``name`` imports anywhere in its text (inside functions too), except under
+    ``if TYPE_CHECKING:``; ``from pkg import mod`` counts as ``pkg.mod``, ``from pkg import name`` as ``pkg``."""
+    path = SRC.parent / (name.replace(".", "/") + ".py")
+    if not path.exists():
+        path = path.with_suffix("") / "__init__.py"
+    package = name.split(".")[: None if path.name == "__init__.py" else -1]
+    found: set[str] = set()
+
+    class Imports(ast.NodeVisitor):
+        def visit_If(self, node: ast.If) -> None:
+            if "TYPE_CHECKING" in ast.unparse(node.test):
+                for stmt in node.orelse:
+                    self.visit(stmt)
+                return
+            self.generic_visit(node)
+
+        def visit_Import(self, node: ast.Import) -> None:
+            found.update(a.name for a in node.names)
+
+        def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+            base = ".".join([*package[: len(package) - node.level + 1], node.module or ""]) if node.level else node.module
+            base = (base or "").rstrip(".")
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in SRC_MODULES else base for a in node.names)
+
+    Imports().visit(ast.parse(path.read_text()))
+    return found & set(SRC_MODULES) - {name}
+
+
+def test_no_import_circle_anywhere_in_src():
+    """A circle of imports (even one closed inside a function) means two modules each need the other: one of
+    them holds something of the other's job."""
+    graph = {m: _static_imports(m) for m in SRC_MODULES}
+    assert "fedmedbench.metrics.scoring" in graph["fedmedbench.metrics.segmentation_device"]
+    assert _cycles(graph) == []
+
+
+def test_the_src_circle_finder_sees_imports_inside_functions_but_not_type_only_ones():
+    assert "fedmedbench.fl.augment" in _static_imports("fedmedbench.fl.api.method")  # inside a method
+    assert "fedmedbench.fl.api.method" not in _static_imports("fedmedbench.fl.augment")  # under TYPE_CHECKING
+    assert "fedmedbench.fl.methods._together" in _static_imports("fedmedbench.fl.methods._sgd")  # `from pkg import mod`
+
+
+#: at most this many modules side by side: the package root holds entry points, ``fl/`` the pieces every
+#: method and job shares; everything else lives in a folder named by its job
+MAX_MODULES = {SRC: 5, SRC / "fl": 10}
+
+
+@pytest.mark.parametrize("folder", list(MAX_MODULES), ids=lambda p: str(p.relative_to(SRC.parent)))
+def test_a_folder_holds_few_modules_side_by_side(folder):
+    assert len(list(folder.glob("*.py"))) <= MAX_MODULES[folder], sorted(p.name for p in folder.glob("*.py"))
+
+
+def test_every_subpackage_says_what_it_holds():
+    """A newcomer finds where a thing goes from the folder names and their ``__init__`` docstrings."""
+    silent = [str(p.relative_to(SRC)) for p in SRC.rglob("__init__.py")
+              if p.parent != SRC and len(ast.get_docstring(ast.parse(p.read_text())) or "") < 40]
+    assert silent == []
+
+
+def test_the_method_api_is_one_import_path():
+    """A user's method file imports everything from ``fedmedbench.fl.api`` (README, examples/methods)."""
+    import fedmedbench.fl.api as api
+
+    for name in api.__all__:
+        assert getattr(api, name) is not None, name
+    assert api.Method.__module__ == "fedmedbench.fl.api.method"
+    assert api.register_method.__module__ == "fedmedbench.fl.api.registry"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        api.nope  # noqa: B018
+
+
 def test_the_circle_finder_sees_type_only_imports_and_finds_a_circle():
-    assert "fedmedbench.fl.spec" in _module_level_imports("fedmedbench.fl.api")  # under TYPE_CHECKING
-    assert "fedmedbench.fl.training" not in _module_level_imports("fedmedbench.fl.api")  # inside a method
+    assert "fedmedbench.fl.spec" in _module_level_imports("fedmedbench.fl.api.method")  # under TYPE_CHECKING
+    assert "fedmedbench.fl.training" not in _module_level_imports("fedmedbench.fl.api.method")  # inside a method
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert _cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
 
@@ -215,7 +291,7 @@ def test_workflow_plans_without_torch():
     """Every Snakemake invocation (and each SLURM job, which runs Snakemake twice) parses the workflow:
     importing torch there would cost seconds per invocation."""
     names = _workflow_imports()
-    assert {"fedmedbench.studies.fedst.runs", "fedmedbench.fl.spec", "fedmedbench.configcheck"} <= set(names), names
+    assert {"fedmedbench.studies.fedst.runs", "fedmedbench.fl.spec", "fedmedbench.config.check"} <= set(names), names
     probe = ("import sys\nfor n in sys.argv[1:]: __import__(n)\n"
              "print(sorted(m for m in ('torch', 'flwr', 'timm', 'ultralytics', 'sklearn') if m in sys.modules))")
     res = subprocess.run([sys.executable, "-c", probe, *names], capture_output=True, text=True, timeout=300,
@@ -229,7 +305,7 @@ def test_workflow_plans_without_torch():
 ARRAY_KIND_CHECK = re.compile(r"\bis_tensor\w*\(|\bisinstance\(.*?\b(?:torch\.Tensor|np\.ndarray|numpy\.ndarray)\b")
 #: where ``fl/`` may ask it: at the message boundary, where checkpoint files walk a state's nested values, and
 #: where Ultralytics' label caches are written as files without pickle (their values are NumPy, not model arrays)
-ARRAY_KIND_BOUNDARY = {"fl/engine.py", "fl/inline_grid.py", "fl/checkpoint.py", "fl/state_file.py", "fl/client_state.py",
+ARRAY_KIND_BOUNDARY = {"fl/engine/flower.py", "fl/engine/inline_grid.py", "fl/state/checkpoint.py", "fl/state/file_format.py", "fl/state/client_state.py",
                        "fl/tasks/detection/label_cache.py"}
 MAX_ARRAY_KIND_CHECKS = 6
 

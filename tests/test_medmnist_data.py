@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedmedbench import io
 from fedmedbench.data import medmnist, synthetic
 from fedmedbench.data.medmnist import DataError
+from fedmedbench.workflow import io
 
 
 @pytest.mark.parametrize("flag,size", [("breastmnist", 28), ("pathmnist", 28), ("dermamnist", 64), ("bloodmnist", 64)])

@@ -21,10 +21,10 @@ import pytest
 import torch
 import yaml
 
-from fedmedbench.fl import method_params as MP
-from fedmedbench.fl.method_source import METHODS_PACKAGE, builtin_sources
-from fedmedbench.fl.params import Param
-from fedmedbench.fl.registry import (
+from fedmedbench.fl.api import method_params as MP
+from fedmedbench.fl.api.method_source import METHODS_PACKAGE, builtin_sources
+from fedmedbench.fl.api.params import Param
+from fedmedbench.fl.api.registry import (
     METHODS,
     USER_MODULE_PREFIX,
     DuplicateMethodError,
@@ -116,7 +116,7 @@ def test_a_parameter_typo_or_bad_value_fails_at_planning_naming_its_key():
 
 def user_file(folder: Path, name: str, body: str = "") -> Path:
     path = folder / f"{name}.py"
-    path.write_text("from fedmedbench.fl.api import Method, Param\nfrom fedmedbench.fl.registry import register_method\n\n\n"
+    path.write_text("from fedmedbench.fl.api import Method, Param\nfrom fedmedbench.fl.api.registry import register_method\n\n\n"
                     f"@register_method({name!r})\nclass Mine(Method):\n    params = (Param('k', int, 2, 'a k', low=1),)\n{body}")
     return path
 
@@ -160,7 +160,7 @@ def test_a_user_methods_parameters_come_from_its_file(tmp_path):
 
 def test_an_installed_package_registers_methods_through_its_entry_point(tmp_path, monkeypatch):
     """A real distribution on sys.path (its dist-info with entry_points.txt), found by importlib.metadata."""
-    from fedmedbench.fl.method_source import entry_point_sources
+    from fedmedbench.fl.api.method_source import entry_point_sources
 
     user_file(tmp_path, "ep_method")
     dist = tmp_path / "ep_pkg-0.1.dist-info"
@@ -190,7 +190,7 @@ def test_built_in_run_hashes_are_unchanged_and_a_user_files_content_is_hashed(tm
 
 
 def test_a_job_refuses_a_method_file_edited_after_planning(tmp_path):
-    from fedmedbench.fl.job import check_method_file
+    from fedmedbench.fl.engine.job import check_method_file
 
     path = user_file(tmp_path, "mine_j")
     cfg = {"methods": {"mine_j": str(path)}}

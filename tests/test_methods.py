@@ -12,13 +12,13 @@ import pytest
 import torch
 from torch import nn
 
-from fedmedbench.fl import checkpoint
-from fedmedbench.fl import federation as fed
 from fedmedbench.fl.api import ClientContext, ClientData, ClientResult, ServerContext, TrainConfig
-from fedmedbench.fl.arrays import model_arrays
+from fedmedbench.fl.api.arrays import model_arrays
+from fedmedbench.fl.api.registry import get_method
+from fedmedbench.fl.engine import federation as fed
 from fedmedbench.fl.methods._sgd import flat_norm, sam_perturbation
-from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.state import checkpoint
 from fedmedbench.fl.training import to_float
 
 N_CLASSES = 3
@@ -442,9 +442,9 @@ def test_unknown_parameter_and_bad_values_are_named():
 def fed_setup(tmp_path_factory):
     from helpers import split_labels
 
-    from fedmedbench import io
-    from fedmedbench import partition as P
     from fedmedbench.data import synthetic
+    from fedmedbench.partition import schemes as P
+    from fedmedbench.workflow import io
 
     d = tmp_path_factory.mktemp("methods")
     arrays = synthetic.generate("bloodmnist", 28, seed=0, counts={"train": 240, "val": 40, "test": 80})
@@ -596,7 +596,7 @@ def test_double_input_normalisation_as_the_reference_dataset():
 
 def test_nonfinite_loss_stops_by_default_and_continues_as_the_reference_on_request():
     from fedmedbench.fl.training import NonFiniteLossError
-    from fedmedbench.metrics import classification_metrics
+    from fedmedbench.metrics.classification import classification_metrics
 
     def broken():
         m = tiny_model()
@@ -729,7 +729,7 @@ CLASSIFICATION_METHODS = [*ALL, "local", "centralized", "moon", "feddg", "gpaf"]
 
 def checked_replies(monkeypatch) -> list[tuple[int, int, list[str], list[str]]]:
     """(round, client, model keys, extra records) of every reply the server checked (and accepted)."""
-    from fedmedbench.fl import replies
+    from fedmedbench.fl.engine import replies
 
     seen = []
     original = replies.ReplyCheck.check
@@ -769,7 +769,7 @@ def test_every_methods_honest_replies_pass_the_servers_checks(fed_setup, method,
 
 
 def test_every_built_in_method_has_an_honest_reply_test():
-    from fedmedbench.fl.registry import available_methods
+    from fedmedbench.fl.api.registry import available_methods
     from fedmedbench.studies.fedst.runs import METHODS as SEGMENTATION_METHODS
 
     assert set(available_methods()) == {*CLASSIFICATION_METHODS, *SEGMENTATION_METHODS, "ultraflwr"}

@@ -20,8 +20,8 @@ import torch
 from test_methods import context, tiny_data, tiny_model
 from torch import nn
 
-from fedmedbench.fl.arrays import model_arrays
-from fedmedbench.fl.registry import get_method
+from fedmedbench.fl.api.arrays import model_arrays
+from fedmedbench.fl.api.registry import get_method
 
 ALL = ["fedavg", "fedprox", "feddyn", "scaffold", "fedsam", "fedspeed", "fedsmoo", "fedgamma", "fedlesam", "fedwmsam"]
 

@@ -7,7 +7,11 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
-from fedmedbench.metrics import CLASSIFICATION_METRICS, classification_metrics, grouped_classification_metrics
+from fedmedbench.metrics.classification import (
+    CLASSIFICATION_METRICS,
+    classification_metrics,
+    grouped_classification_metrics,
+)
 
 
 def test_known_values():
@@ -59,7 +63,7 @@ def test_empty_set_is_nan():
 
 
 def _sklearn(y, probs, n_classes):
-    """The oracle: scikit-learn, one call per metric (the definitions of fedmedbench.metrics)."""
+    """The oracle: scikit-learn, one call per metric (the definitions of fedmedbench.metrics.classification)."""
     pred = probs.argmax(1)
     labels = np.arange(n_classes)
     avg = dict(average="binary", pos_label=1) if n_classes == 2 else dict(average="macro", labels=labels)

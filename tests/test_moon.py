@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from helpers.clients import client_ctx, fresh_global, toy_data, toy_spec
 
+from fedmedbench.fl.api.registry import get_method
 from fedmedbench.fl.methods import moon as moon_module
 from fedmedbench.fl.methods.moon import model_contrastive_loss, moon_loss
-from fedmedbench.fl.registry import get_method
 
 SPEC = toy_spec("moon")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedmedbench import partition as P
+from fedmedbench.partition import schemes as P
 
 N_CLASSES = 7
 

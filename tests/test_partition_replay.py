@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 import yaml
 
-from fedmedbench import io
-from fedmedbench import partition as P
-from fedmedbench import partition_replay as R
+from fedmedbench.partition import replay as R
+from fedmedbench.partition import schemes as P
+from fedmedbench.workflow import io
 
 RECORDED = json.loads((Path(__file__).parent / "fixtures" / "earlystop_reference_draws.json").read_text())
 SCHEME = {"Dirichlet": "fls", "Pathological": "fls_pathological", "Quantity": "fls_quantity", "iid": "iid"}
@@ -83,7 +83,7 @@ def test_a_late_first_round_gives_the_same_clients():
 
 def test_federation_samples_the_reference_clients(tmp_path):
     from fedmedbench.data import synthetic
-    from fedmedbench.fl import federation as fed
+    from fedmedbench.fl.engine import federation as fed
     from fedmedbench.fl.spec import RunSpec
 
     case = next(c for c in RECORDED["cases"] if c["rule"] == "Dirichlet")

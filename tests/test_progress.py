@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from fedmedbench.fl.federation import console_line, progress_line
+from fedmedbench.fl.engine.federation import console_line, progress_line
 from fedmedbench.fl.spec import RunSpec
 
 
@@ -34,7 +34,7 @@ def test_console_line_without_evaluation_shows_train_loss_and_long_eta():
 def test_log_console_reaches_the_console_and_the_log(tmp_path):
     log_file = tmp_path / "job.log"
     code = textwrap.dedent(f"""
-        from fedmedbench.runlog import log_to
+        from fedmedbench.workflow.runlog import log_to
         with log_to({str(log_file)!r}) as log:
             print("library chatter")
             log("only in the log")
@@ -51,7 +51,7 @@ def test_log_console_reaches_the_console_and_the_log(tmp_path):
 
 def test_round_clock_leaves_start_up_out_of_the_eta():
     """58 s of start-up then a 2 s round: 2 s/round and 18 s left for 10 rounds (not 60 s/round, 9 min)."""
-    from fedmedbench.fl.federation import RoundClock
+    from fedmedbench.fl.engine.federation import RoundClock
 
     now = [0.0]
     clock = RoundClock(lambda: now[0])
@@ -74,11 +74,11 @@ def test_engine_eta_excludes_the_time_before_round_one(tmp_path, monkeypatch):
     """A run whose start-up takes 1000 s (a shifted clock) still reports its rounds' own seconds."""
     from helpers import split_labels
 
-    from fedmedbench import io
-    from fedmedbench import partition as P
     from fedmedbench.data import synthetic
-    from fedmedbench.fl import engine
-    from fedmedbench.fl import federation as fed
+    from fedmedbench.fl.engine import federation as fed
+    from fedmedbench.fl.engine import flower as engine
+    from fedmedbench.partition import schemes as P
+    from fedmedbench.workflow import io
 
     arrays = synthetic.generate("breastmnist", 28, seed=0, counts={"train": 60, "val": 20, "test": 20})
     io.write_npz(tmp_path / "b.npz", arrays)

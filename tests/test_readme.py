@@ -84,7 +84,7 @@ def test_example_config_values_are_the_defaults_or_say_they_are_not(page):
 
 
 def test_the_own_dataset_example_is_a_valid_config():
-    from fedmedbench.diagnostics import validate_config
+    from fedmedbench.workflow.diagnostics import validate_config
 
     block = next(b for b in _yaml_blocks(README) if "datasets:\n  mydata:" in b)
     validate_config(yaml.safe_load(block), ROOT / "config" / "schema.yaml")

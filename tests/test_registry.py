@@ -6,9 +6,8 @@ import importlib.util
 
 import pytest
 
-from fedmedbench.fl import registry
-from fedmedbench.fl.api import Method
-from fedmedbench.fl.registry import (
+from fedmedbench.fl.api import Method, registry
+from fedmedbench.fl.api.registry import (
     DuplicateMethodError,
     available_methods,
     builtin_method_modules,

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedmedbench.fl import checkpoint
-from fedmedbench.fl.arrays import model_arrays
-from fedmedbench.fl.state_file import read_state, write_state
-from fedmedbench.io import torch_bytes, write_bytes
+from fedmedbench.fl.api.arrays import model_arrays
+from fedmedbench.fl.state import checkpoint
+from fedmedbench.fl.state.file_format import read_state, write_state
+from fedmedbench.workflow.io import torch_bytes, write_bytes
 
 ARRAYS = model_arrays(torch.nn.Linear(3, 2))
 

@@ -1,4 +1,4 @@
-"""Several runs side by side in one process (fl/runs_together.py): each run's outputs are what it trains alone."""
+"""Several runs side by side in one process (fl/engine/runs_together.py): each run's outputs are what it trains alone."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from test_clients_together import ATOL, RTOL, spec, write_data
 
-from fedmedbench.fl import engine
+from fedmedbench.fl.engine import flower as engine
+from fedmedbench.fl.engine.runs_together import RoundPool, run_together
 from fedmedbench.fl.methods import _together
-from fedmedbench.fl.runs_together import RoundPool, run_together
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +182,7 @@ def test_runs_side_by_side_predict_the_shared_test_and_validation_sets_in_one_pa
 
 
 def test_a_tensors_fingerprint_is_its_values_not_its_object():
-    from fedmedbench.fl.runs_together import fingerprint
+    from fedmedbench.fl.engine.runs_together import fingerprint
 
     a = torch.arange(12, dtype=torch.uint8).view(3, 4)
     assert fingerprint(a) == fingerprint(a.clone()) == fingerprint(a)  # the second read is the cached digest
@@ -195,7 +195,7 @@ def test_a_tensors_fingerprint_is_its_values_not_its_object():
 def test_a_tensor_written_in_place_is_fingerprinted_again():
     """A resident model's untrained parameters are written in place each round: the digest cached for the tensor
     object must follow its new values, else runs whose values now differ would share a call."""
-    from fedmedbench.fl.runs_together import fingerprint
+    from fedmedbench.fl.engine.runs_together import fingerprint
 
     frozen = torch.nn.Parameter(torch.zeros(3), requires_grad=False)
     before = fingerprint(frozen)
@@ -206,7 +206,7 @@ def test_a_tensor_written_in_place_is_fingerprinted_again():
 
 def test_a_scalar_tensor_has_a_fingerprint_of_its_value():
     """A model's untrained scalar parameter (a 0-dim tensor) is fingerprinted like any other, by its value."""
-    from fedmedbench.fl.runs_together import fingerprint
+    from fedmedbench.fl.engine.runs_together import fingerprint
 
     assert fingerprint(torch.tensor(1.0)) == fingerprint(torch.tensor(1.0)) != fingerprint(torch.tensor(2.0))
     assert fingerprint(torch.tensor(1.0)) != fingerprint(torch.tensor([1.0]))  # its shape in the digest
@@ -215,7 +215,7 @@ def test_an_error_outside_the_call_fails_the_runs_that_wait_instead_of_leaving_t
     of that round: none is left waiting for a call that never comes."""
     import threading
 
-    from fedmedbench.fl import runs_together
+    from fedmedbench.fl.engine import runs_together
 
     def broken(entries):
         raise ValueError("no key")
@@ -247,7 +247,7 @@ def test_an_interrupt_stops_the_process_while_runs_wait(tmp_path):
     script = tmp_path / "side.py"
     script.write_text(
         "import time\n"
-        "from fedmedbench.fl import engine, runs_together\n"
+        "from fedmedbench.fl.engine import flower as engine, runs_together\n"
         "def endless(spec, log, pool=None):\n"
         "    print('ready', flush=True)\n"
         "    while True:\n"
@@ -296,7 +296,7 @@ def test_a_run_resumed_a_round_ahead_waits_for_the_others_to_train_with_them(set
     """After a killed job, one run may resume a round ahead of another (its checkpoint written, the other's not):
     its round waits for the other to reach it, so the runs go on in one call a round (not two) and each still
     ends as alone; so too where the run ahead is the last to hand in its round (it makes the other's, then waits)."""
-    from fedmedbench.fl import checkpoint
+    from fedmedbench.fl.state import checkpoint
 
     tag = "-last" if ahead_last else ""
     full = spec(setup, f"ahead-full{tag}", batch_clients=True)
@@ -317,7 +317,7 @@ def test_a_run_resumed_a_round_ahead_waits_for_the_others_to_train_with_them(set
 def test_a_run_whose_loss_is_not_finite_fails_alone_in_a_shared_call(setup, monkeypatch):
     """A non-finite loss of one run's client (train.on_nonfinite: error) fails that run as it would alone, with
     its own error; the runs trained in the same call go on to their outputs, as alone."""
-    from fedmedbench.fl.federation import client_generator
+    from fedmedbench.fl.engine.federation import client_generator
     from fedmedbench.fl.training import NonFiniteLossError
 
     alone = spec(setup, "finite-alone", batch_clients=True)

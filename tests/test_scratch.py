@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedmedbench.fl import scratch
+from fedmedbench.fl.state import scratch
 
 
 def _run_with_work(tmp_path: Path) -> tuple[Path, Path]:

@@ -11,8 +11,8 @@ import pytest
 import torch
 from scipy.ndimage import zoom
 
-from fedmedbench import segmetrics as S
-from fedmedbench import segmetrics_device as D
+from fedmedbench.metrics import segmentation as S
+from fedmedbench.metrics import segmentation_device as D
 
 ASSD_RTOL = 1e-12
 PARTS = {1: "shaft", 2: "wrist", 3: "clasper"}
@@ -219,7 +219,7 @@ def test_the_planned_and_the_evaluated_scoring_defaults_are_one_source(monkeypat
     from test_name_lists import SCHEMA
 
     from fedmedbench.fl.tasks.segmentation.evaluation import scoring
-    from fedmedbench.segscoring import SCORING_DEFAULTS
+    from fedmedbench.metrics.scoring import SCORING_DEFAULTS
     from fedmedbench.studies.fedst.runs import scoring_config
 
     def blocks(node):

@@ -21,7 +21,7 @@ import pytest
 import torch
 from helpers import copy_workflow
 
-from fedmedbench.fl.state_file import read_state
+from fedmedbench.fl.state.file_format import read_state
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "cluster" / "slurm.sh"

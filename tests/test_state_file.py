@@ -1,4 +1,4 @@
-"""Client-state files (``fl/state_file.py``): what ``torch.load`` of a ``torch.save`` file would return,
+"""Client-state files (``fl/state/file_format.py``): what ``torch.load`` of a ``torch.save`` file would return,
 bit for bit, in safetensors' layout, with the bytes written from the tensors' memory."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedmedbench.fl.client_state import ClientStateError, ClientStateStore
-from fedmedbench.fl.state_file import DTYPES, ZIP_MAGIC, StateFileError, read_state, write_state
-from fedmedbench.io import write_torch
+from fedmedbench.fl.state.client_state import ClientStateError, ClientStateStore
+from fedmedbench.fl.state.file_format import DTYPES, ZIP_MAGIC, StateFileError, read_state, write_state
+from fedmedbench.workflow.io import write_torch
 
 
 def _bytes(t: torch.Tensor) -> bytes:

@@ -10,9 +10,9 @@ from test_job import spec  # noqa: F401 - the job tests' run spec, a fixture her
 from torch import nn
 
 from fedmedbench.fl.api import ClientContext
-from fedmedbench.fl.arrays import model_arrays
-from fedmedbench.fl.job import Job
-from fedmedbench.fl.state_slots import StateSlots
+from fedmedbench.fl.api.arrays import model_arrays
+from fedmedbench.fl.engine.job import Job
+from fedmedbench.fl.state.slots import StateSlots
 
 
 class Tied(nn.Module):

@@ -13,11 +13,12 @@ import pandas as pd
 import pytest
 from helpers import split_labels
 
-from fedmedbench import io
-from fedmedbench import partition as P
 from fedmedbench.data import synthetic
-from fedmedbench.fl import engine, tracking
+from fedmedbench.fl import tracking
+from fedmedbench.fl.engine import flower as engine
 from fedmedbench.fl.spec import RunSpec, for_job, result_params
+from fedmedbench.partition import schemes as P
+from fedmedbench.workflow import io
 
 
 @pytest.fixture(scope="module")

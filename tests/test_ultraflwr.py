@@ -12,9 +12,9 @@ import pytest
 import torch
 from helpers import surgical as F
 
-from fedmedbench.fl import federation as fed
 from fedmedbench.fl.api import ClientResult, ServerContext, TrainConfig
-from fedmedbench.fl.registry import get_method
+from fedmedbench.fl.api.registry import get_method
+from fedmedbench.fl.engine import federation as fed
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.tasks.detection import components as C
 from fedmedbench.fl.tasks.detection.yolo import build_yolo, train_yolo
@@ -377,7 +377,7 @@ def test_select_keeps_the_last_of_tied_epochs_as_ultralytics_best_pt(metric):
 @pytest.mark.parametrize("weighting,expected", [("frames", 0.25 * 1 + 0.75 * 5), ("uniform", 3.0)])
 def test_fedavg_weighting_frames_vs_uniform(weighting, expected):
     """FedAvg by training frames (McMahan) vs equal weights (UltraFlwr's clients all report 10 examples)."""
-    from fedmedbench.fl.arrays import weighted_average
+    from fedmedbench.fl.api.arrays import weighted_average
     from fedmedbench.fl.methods.ultraflwr import fedavg_weights
 
     arrays = [{"w": torch.tensor([1.0])}, {"w": torch.tensor([5.0])}]
@@ -534,7 +534,7 @@ def test_hue_augmentation_follows_ultralytics_83():
     import cv2
     from ultralytics.data.augment import RandomHSV
 
-    from fedmedbench.fl.tasks.detection.yolo import RandomHSV83, hue_lut_83
+    from fedmedbench.fl.tasks.detection.hsv import RandomHSV83, hue_lut_83
 
     assert hue_lut_83(1.5)[[0, 100, 130, 179]].tolist() == [0, 150, 15, 88]  # 130 x 1.5 = 195 -> 15
     hsv = np.array([[[5, 200, 200], [100, 200, 200], [170, 200, 200]]], np.uint8)
@@ -560,7 +560,8 @@ def test_the_training_set_takes_its_hsv_step_by_the_chosen_rule_also_after_the_m
     from ultralytics.data.augment import Compose, RandomHSV
     from ultralytics.models.yolo.detect import DetectionTrainer
 
-    from fedmedbench.fl.tasks.detection.yolo import RandomHSV83, study_trainer, with_83_hue
+    from fedmedbench.fl.tasks.detection.hsv import RandomHSV83, with_83_hue
+    from fedmedbench.fl.tasks.detection.yolo import study_trainer
 
     def stub(self, img_path, mode="train", batch=None):
         ds = SimpleNamespace(build_transforms=lambda hyp: Compose([RandomHSV(0.1, 0.2, 0.3), "format"]))
@@ -648,7 +649,7 @@ def test_final_aggregation_options(monkeypatch, final):
     from types import SimpleNamespace
 
     from fedmedbench.fl.api import ClientContext
-    from fedmedbench.fl.arrays import load_arrays
+    from fedmedbench.fl.api.arrays import load_arrays
     from fedmedbench.fl.tasks.detection import yolo as Y
 
     base = build_yolo("yolo11n.yaml", 3, seed=0)
@@ -690,7 +691,7 @@ def test_head_init_restarts_what_the_start_weights_do_not_supply(coco_like, monk
     from types import SimpleNamespace
 
     from fedmedbench.fl.api import ClientContext
-    from fedmedbench.fl.arrays import load_arrays
+    from fedmedbench.fl.api.arrays import load_arrays
     from fedmedbench.fl.tasks.detection import yolo as Y
     from fedmedbench.weights.models import read_yolo_checkpoint
 
@@ -1220,7 +1221,7 @@ def test_a_finished_run_leaves_its_results_not_its_stage(export, tmp_path):
     import dataclasses
     import os
 
-    from fedmedbench.fl import engine
+    from fedmedbench.fl.engine import flower as engine
 
     frames = sorted(p for p in export.parent.rglob("*") if p.is_file() and not p.is_symlink())
     for keep in (False, True):

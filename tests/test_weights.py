@@ -256,11 +256,11 @@ def test_training_job_starts_round_0_from_the_fetched_weights(server, files, tmp
     import safetensors.torch
     from helpers import split_labels
 
-    from fedmedbench import io
-    from fedmedbench import partition as P
     from fedmedbench.data import synthetic
-    from fedmedbench.fl import federation as fed
+    from fedmedbench.fl.engine import federation as fed
     from fedmedbench.fl.spec import RunSpec
+    from fedmedbench.partition import schemes as P
+    from fedmedbench.workflow import io
 
     path, manifest = _fetched(server, tmp_path, "convnext", hub_entry(server))
     arrays = synthetic.generate("bloodmnist", 64, seed=0, counts={"train": 80, "val": 16, "test": 16})
@@ -374,7 +374,7 @@ def test_head_of_another_class_count_is_reinitialised_and_listed(tmp_path):
 def test_captions_say_how_models_started():
     import pandas as pd
 
-    from fedmedbench.fl.federation import init_note
+    from fedmedbench.fl.engine.federation import init_note
     from fedmedbench.fl.spec import RunSpec
     from fedmedbench.report.tables import caption
 

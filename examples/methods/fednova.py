@@ -15,9 +15,16 @@ from __future__ import annotations
 
 import torch
 
-from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
-from fedmedbench.fl.arrays import weighted_average
-from fedmedbench.fl.registry import register_method
+from fedmedbench.fl.api import (
+    Arrays,
+    ClientContext,
+    ClientResult,
+    Method,
+    Param,
+    ServerContext,
+    register_method,
+    weighted_average,
+)
 
 
 @register_method("fednova")

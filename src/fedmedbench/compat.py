@@ -26,7 +26,7 @@ What it does, and why:
 * Snakemake's rerun reason "Params have changed since last execution" prints every changed
   param value before and now in full (a run's spec: 1-2 kB). The Snakefile calls
   :func:`patch_snakemake_params_reason`, after which it names the changed keys, old -> new
-  (``fedmedbench.rerun_reason``); which jobs rerun is unchanged.
+  (``fedmedbench.workflow.rerun_reason``); which jobs rerun is unchanged.
 
 Two patches live beside what they serve, applied only while a detection job trains or validates:
 Ultralytics' network calls (``fl/tasks/detection/yolo.py``, ``ultralytics_offline``) and its pickled
@@ -301,7 +301,7 @@ def patch_snakemake_params_reason() -> None:
     """Snakemake's params-changed reason as the changed keys, old -> new (called by the Snakefile)."""
     from snakemake.persistence import ParamsChange
 
-    from fedmedbench.rerun_reason import params_diff
+    from fedmedbench.workflow.rerun_reason import params_diff
 
     def __str__(self: ParamsChange) -> str:  # noqa: N807 - the method replaced
         return params_diff(self.only_old, self.only_new) if self else "No params change"

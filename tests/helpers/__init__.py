@@ -48,7 +48,7 @@ class Killed(Exception):
 def kill_after_round(monkeypatch, rnd: int) -> Callable[[], None]:
     """Make every engine run die (``Killed``) right after round ``rnd`` is finished and its checkpoint taken, as
     a process killed then would; returns the undo (runs resume from that checkpoint afterwards)."""
-    from fedmedbench.fl import federation as fed
+    from fedmedbench.fl.engine import federation as fed
 
     finish = fed.Federation.finish_round
 

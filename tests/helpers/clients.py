@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from fedmedbench.fl.api import ClientContext, ClientData, Method, ServerContext, TrainConfig
-from fedmedbench.fl.arrays import load_arrays, model_arrays
-from fedmedbench.fl.federation import client_generator
+from fedmedbench.fl.api.arrays import load_arrays, model_arrays
+from fedmedbench.fl.engine.federation import client_generator
 from fedmedbench.fl.spec import RunSpec
 
 

@@ -2,7 +2,7 @@
 
 Each node has the node config a SuperNode would have (its own ``partition-id``, ``data-dir``
 and ``state-dir``); the server runs :func:`fedmedbench.deploy.apps.run_server` on an
-:class:`~fedmedbench.fl.inline_grid.InlineGrid` with ``wire=True``.
+:class:`~fedmedbench.fl.engine.inline_grid.InlineGrid` with ``wire=True``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fedmedbench.deploy import apps
 from fedmedbench.deploy.site_data import site_folder
-from fedmedbench.fl.inline_grid import InlineGrid
+from fedmedbench.fl.engine.inline_grid import InlineGrid
 from fedmedbench.fl.spec import RunSpec
 
 

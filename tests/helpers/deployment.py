@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from fedmedbench import io
 from fedmedbench.deploy import credentials
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.workflow import io
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmedbench.io import atomic_path, file_digest
+from fedmedbench.workflow.io import atomic_path, file_digest
 
 #: 2D single-label flags (multi-label ChestMNIST and the 3D sets are out of scope).
 SUPPORTED_FLAGS = (

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmedbench.configcheck import ConfigError, config_error
+from fedmedbench.config.check import ConfigError, config_error
 from fedmedbench.data.medmnist import SPLITS, DataError, DatasetInfo, dataset_info, load_npz, md5sum
-from fedmedbench.io import atomic_path, file_digest, write_json
+from fedmedbench.workflow.io import atomic_path, file_digest, write_json
 
 #: user dataset names: lower-case letters, digits and '-' (no '_': file names are ``<name>_<size>.npz``)
 NAME_PATTERN = r"^[a-z][a-z0-9-]*$"

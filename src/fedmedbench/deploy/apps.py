@@ -2,8 +2,8 @@
 
 ``server_app`` runs on the coordinating machine (started by the SuperLink for ``flwr run``):
 it reads the run's spec from the file named by the run config's ``server-spec-file`` and
-drives the same :class:`~fedmedbench.fl.federation.Federation` round logic as a simulation,
-over :class:`~fedmedbench.fl.engine.FlowerTransport` with a per-round reply timeout (a site
+drives the same :class:`~fedmedbench.fl.engine.federation.Federation` round logic as a simulation,
+over :class:`~fedmedbench.fl.engine.flower.FlowerTransport` with a per-round reply timeout (a site
 that dies mid-round fails the round with a clear error; it never shrinks the average).
 
 ``client_app`` runs at each site under its SuperNode. Everything that touches the site's
@@ -31,7 +31,6 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fedmedbench import io
 from fedmedbench.deploy.site_data import (
     MODEL_FILES,
     PATH_FIELDS,
@@ -40,10 +39,11 @@ from fedmedbench.deploy.site_data import (
     read_manifest,
     set_field,
 )
-from fedmedbench.fl import engine
-from fedmedbench.fl import federation as fed
-from fedmedbench.fl.registry import get_method
+from fedmedbench.fl.api.registry import get_method
+from fedmedbench.fl.engine import federation as fed
+from fedmedbench.fl.engine import flower as engine
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.workflow import io
 
 #: run-config keys of the app: the server's own settings (a site reads none of them)
 SERVER_RUN_CONFIG = ("server-spec-file", "round-timeout-s")

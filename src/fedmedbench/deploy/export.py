@@ -13,9 +13,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from fedmedbench import io
 from fedmedbench.deploy.site_data import PATH_FIELDS, export_sites, get_field, set_field
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.workflow import io
 
 
 def server_spec(spec: RunSpec) -> dict:

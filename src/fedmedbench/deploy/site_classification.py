@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedmedbench import io
 from fedmedbench.data.medmnist import load_npz
 from fedmedbench.deploy.site_data import Site, list_files
-from fedmedbench.fl.api import ClientData, TrainConfig
+from fedmedbench.fl.api.method import ClientData, TrainConfig
 from fedmedbench.fl.data import FederatedData
+from fedmedbench.workflow import io
 
 DATA_FILE = "data.npz"
 PARTS = ("train", "val", "test")

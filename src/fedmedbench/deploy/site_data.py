@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from fedmedbench import io
+from fedmedbench.workflow import io
 
 MANIFEST = "manifest.json"
 MODEL_DIR = "model"

@@ -27,7 +27,7 @@ import torch
 import yaml
 
 from fedmedbench.deploy.site_data import MANIFEST, Site, list_files
-from fedmedbench.fl.scratch import scratch_dir
+from fedmedbench.fl.state.scratch import scratch_dir
 from fedmedbench.fl.tasks.detection.staging import read_manifest
 from fedmedbench.fl.tasks.detection.task import EVAL_DEFAULTS, DetectionClient, cd_from_pairs
 

@@ -30,13 +30,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from fedmedbench.fl.api import ClientContext, ClientData
 from fedmedbench.fl.determinism import seeded_generator
 from fedmedbench.fl.training import on_device, to_float
+
+if TYPE_CHECKING:
+    from fedmedbench.fl.api.method import ClientContext, ClientData
 
 #: what ``client_augmentation`` may be (the schema's enum mirrors it): none = the stored images as they
 #: are; reference = the GPAF authors' per-read domain noise and transforms on the clients' training and

@@ -2,7 +2,7 @@
 
 A run has data *sources* (name -> MedMNIST-format npz: ``base`` or one per imaging
 domain) and a partition JSON whose indices are pool indices into each source (see
-``fedmedbench.partition``). Arrays are kept as uint8 tensors and converted to
+``fedmedbench.partition.schemes``). Arrays are kept as uint8 tensors and converted to
 float per batch, so 100 clients cost the dataset once, not 100 times.
 
 With ``client_augmentation: reference`` (``RunSpec.client_augmentation``: the mode, the config's
@@ -22,10 +22,10 @@ import torch
 
 from fedmedbench.data.domains import device_of
 from fedmedbench.data.medmnist import SPLITS, load_npz
-from fedmedbench.fl.api import ClientData
+from fedmedbench.fl.api.method import ClientData
 from fedmedbench.fl.augment import CLIENT_AUGMENTATIONS, VALIDATION_AUGMENTATIONS
-from fedmedbench.io import read_json
-from fedmedbench.partition import check_partition, check_partition_keys
+from fedmedbench.partition.schemes import check_partition, check_partition_keys
+from fedmedbench.workflow.io import read_json
 
 
 @lru_cache(maxsize=16)

@@ -46,7 +46,7 @@ class RunSpec:
     pretrained_path: str | None = None
     train: dict[str, Any] = field(default_factory=dict)
     clients_per_round: int | None = None  # None = all clients every round
-    #: whose draws pick each round's clients: project, reference, reference_cache_build (partition_replay.py)
+    #: whose draws pick each round's clients: project, reference, reference_cache_build (partition/replay.py)
     random_draws: str = "project"
     method_params: dict[str, Any] = field(default_factory=dict)
     #: a user's method (config ``methods``): the file that registers it, loaded by the job (not hashed: where
@@ -55,9 +55,9 @@ class RunSpec:
     method_sha256: str | None = None
     device: str = "auto"
     threads: int = 1
-    #: Flower backend: inline (in-process grid, default) or ray (run_simulation); see fl/engine.py
+    #: Flower backend: inline (in-process grid, default) or ray (run_simulation); see fl/engine/flower.py
     backend: str = "inline"
-    #: copy client data to an accelerator once per job while it fits (fl/job.py); never changes results
+    #: copy client data to an accelerator once per job while it fits (fl/engine/job.py); never changes results
     cache_on_device: bool = True
     #: deterministic GPU kernels (fl/determinism.py): a rerun or a resumed run gives the same bits; the same
     #: arithmetic, so not hashed; no effect on the CPU

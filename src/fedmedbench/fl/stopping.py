@@ -143,7 +143,7 @@ class DataFreeMonitor:
         arrays are read from their device once): per-tensor sums of squares in torch, added in key order."""
         import torch
 
-        from fedmedbench.fl.arrays import snapshot
+        from fedmedbench.fl.api.arrays import snapshot
 
         if not theta0:
             return 0.0

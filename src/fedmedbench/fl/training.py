@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedmedbench.metrics import classification_metrics
+from fedmedbench.metrics.classification import classification_metrics
 
 
 class NonFiniteLossError(FloatingPointError):

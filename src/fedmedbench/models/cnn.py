@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from fedmedbench.models import register_model
+from fedmedbench.models.registry import register_model
 
 
 class SmallCNN(nn.Module):

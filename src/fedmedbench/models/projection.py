@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedmedbench.models import register_model
+from fedmedbench.models.registry import register_model
 from fedmedbench.models.vae import LATENT_DIM, ConvEncoder
 
 #: the projection's output size in the GPAF authors' MOON configuration

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedmedbench.models import register_model
+from fedmedbench.models.registry import register_model
 
 LATENT_DIM = 64
 LOGVAR_RANGE = (-10.0, 10.0)  # clamp: keeps exp(logvar) finite early in training

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedmedbench import io
 from fedmedbench.report import origin as origin_note
+from fedmedbench.workflow import io
 
 KEYS = ["dataset", "setting", "method"]
 

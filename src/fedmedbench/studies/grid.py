@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fedmedbench.configcheck import config_error
-from fedmedbench.fl import method_params
+from fedmedbench.config.check import config_error
+from fedmedbench.fl.api import method_params
 
 #: methods trained on the pooled data of all clients as one (``Method.centralized``; checked in tests)
 POOLED_METHODS = ("centralized",)
@@ -149,7 +149,7 @@ def show_run(home_dir: str | Path, out_dir: str | Path, setting: str) -> None:
     """Write a shown run's files from its home run: the same metrics and model, the summary under the shown
     setting with ``trained_in`` naming the home setting (tables list it in the shown setting's rows). Its
     per-client rows (client_metrics.csv) are those of the home setting's clients."""
-    from fedmedbench import io
+    from fedmedbench.workflow import io
 
     home_dir, out_dir = Path(home_dir), Path(out_dir)
     summary = json.loads((home_dir / "summary.json").read_text())

@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from fedmedbench import io
 from fedmedbench.weights import layout
+from fedmedbench.workflow import io
 
 
 class FetchError(RuntimeError):

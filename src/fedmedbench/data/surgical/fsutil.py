@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 
 from fedmedbench.data.surgical.badfiles import DatasetNotFoundError
-from fedmedbench.io import naming_full_disk
+from fedmedbench.workflow.io import naming_full_disk
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 

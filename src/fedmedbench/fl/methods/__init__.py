@@ -1,1 +1,1 @@
-"""Built-in methods, one file each; they register when first looked up (``fl/registry.py``)."""
+"""Built-in methods, one file each; they register when first looked up (``fl/api/registry.py``)."""

@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from fedmedbench.fl.methods._sgd import Tensors, gradient_at, sam_perturbation
+from fedmedbench.fl.methods._step import Tensors, gradient_at, sam_perturbation
 
 
 class Stack:

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
-from fedmedbench.fl.arrays import load_arrays, model_arrays, weighted_average
+from fedmedbench.fl.api.arrays import load_arrays, model_arrays, weighted_average
+from fedmedbench.fl.api.method import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
 from fedmedbench.weights.safeload import read_state_dict
 
 #: parameter groups a method can keep on its sites (regular expressions on state_dict keys)

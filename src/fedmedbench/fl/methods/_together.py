@@ -34,9 +34,9 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from fedmedbench.fl.api import Arrays, ClientContext, TrainConfig
+from fedmedbench.fl.api.method import Arrays, ClientContext, TrainConfig
 from fedmedbench.fl.methods._perturb import BatchedPerturbation, Perturbation, Stack, batch_why_not
-from fedmedbench.fl.methods._sgd import StepHooks, Tensors, mean_loss, trainable
+from fedmedbench.fl.methods._step import StepHooks, Tensors, mean_loss, trainable
 from fedmedbench.fl.training import (
     NonFiniteLossError,
     StepLosses,
@@ -92,7 +92,7 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks],
     """Every client of ``ctxs`` trained as :func:`fedmedbench.fl.methods._sgd.local_loop` would train it, all
     in one batched loop; per client its trained state (as ``ctx.result_arrays`` gives it) and its metrics (as
     ``local_loop_metrics``). Each client starts from its ``ctx.model`` (its run's global weights): one model for
-    a round's clients, one per run where several runs' rounds are trained together (``fl/runs_together.py``);
+    a round's clients, one per run where several runs' rounds are trained together (``fl/engine/runs_together.py``);
     every client of the call has the same round, train block and network (:func:`merge_key`). A client's
     non-finite loss raises its ``NonFiniteLossError``; with ``each_own_error`` that error takes its place in the
     list instead (several runs in one call: a run fails only of its own clients)."""

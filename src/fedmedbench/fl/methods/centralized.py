@@ -6,8 +6,8 @@ the federated methods take on average (sampled fraction x local epochs x batches
 of every client), so comparisons are at equal compute.
 """
 
-from fedmedbench.fl.api import Method
-from fedmedbench.fl.registry import register_method
+from fedmedbench.fl.api.method import Method
+from fedmedbench.fl.api.registry import register_method
 
 
 @register_method("centralized")

@@ -49,10 +49,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedmedbench.fl.api import Param
-from fedmedbench.fl.arrays import load_arrays, weighted_average
+from fedmedbench.fl.api.arrays import load_arrays, weighted_average
+from fedmedbench.fl.api.method import Param
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.methods._seg_shared import SegMethod
-from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import on_device
 
 

@@ -6,8 +6,8 @@ code: ``train.aggregation``) and apply the global learning rate ``global_lr`` to
 the averaged update of the parameters (1.0 = plain averaging).
 """
 
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.methods._sgd import ServerOptMethod
-from fedmedbench.fl.registry import register_method
 
 
 @register_method("fedavg")

@@ -49,10 +49,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from fedmedbench.fl.api import Arrays, ClientContext, ClientData, ClientResult, Method, Param, ServerContext
-from fedmedbench.fl.arrays import weighted_average
+from fedmedbench.fl.api.arrays import weighted_average
+from fedmedbench.fl.api.method import (
+    Arrays,
+    ClientContext,
+    ClientData,
+    ClientResult,
+    Method,
+    Param,
+    ServerContext,
+)
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.augment import batch_images
-from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import (
     StepLosses,
     batch_indices,

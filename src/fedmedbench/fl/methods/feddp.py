@@ -41,10 +41,10 @@ import re
 import torch
 import torch.nn.functional as F
 
-from fedmedbench.fl.api import ClientResult, Param
-from fedmedbench.fl.arrays import load_arrays, model_arrays, weighted_average
+from fedmedbench.fl.api.arrays import load_arrays, model_arrays, weighted_average
+from fedmedbench.fl.api.method import ClientResult, Param
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.methods._seg_shared import SegMethod, client_weights, tensors
-from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.tasks.segmentation import train_steps
 
 SITES = "feddp_site_queries"

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Param, ServerContext
+from fedmedbench.fl.api.method import Arrays, ClientContext, ClientResult, Param, ServerContext
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
     StepHooks,
@@ -31,7 +32,6 @@ from fedmedbench.fl.methods._sgd import (
     trained_params,
     vectors64,
 )
-from fedmedbench.fl.registry import register_method
 
 
 def dyn_hooks(ctx: ClientContext, lamb: float) -> StepHooks:

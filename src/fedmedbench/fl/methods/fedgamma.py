@@ -6,10 +6,10 @@ Server: SCAFFOLD's (global lr on the averaged update; c += sum delta_c_i / N).
 So FedGAMMA is SCAFFOLD whose local steps take the gradient at the SAM point.
 """
 
-from fedmedbench.fl.api import Param
+from fedmedbench.fl.api.method import Param
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.methods.fedsam import SAMMixin
 from fedmedbench.fl.methods.scaffold import Scaffold
-from fedmedbench.fl.registry import register_method
 
 
 @register_method("fedgamma")

@@ -27,10 +27,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedmedbench.fl.api import Param
-from fedmedbench.fl.arrays import weighted_average
+from fedmedbench.fl.api.arrays import weighted_average
+from fedmedbench.fl.api.method import Param
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.methods._seg_shared import SegMethod, client_weights
-from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.tasks.segmentation import train_steps
 
 

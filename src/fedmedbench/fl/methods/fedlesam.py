@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from fedmedbench.fl.api import ClientContext, Param, ServerContext
+from fedmedbench.fl.api.method import ClientContext, Param, ServerContext
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.methods._perturb import FixedPerturbation
 from fedmedbench.fl.methods._sgd import (
     PERTURBATION_FORMS,
@@ -40,7 +41,6 @@ from fedmedbench.fl.methods._sgd import (
     trainable,
     vectors64,
 )
-from fedmedbench.fl.registry import register_method
 
 ESTIMATES = ("previous_global", "last_update")
 

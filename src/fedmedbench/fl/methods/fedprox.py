@@ -6,9 +6,9 @@ decay mu*theta and a constant correction -mu*theta_g. With mu = 0 this is FedAvg
 Server: FedAvg.
 """
 
-from fedmedbench.fl.api import ClientContext, Param
+from fedmedbench.fl.api.method import ClientContext, Param
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.methods._sgd import ServerOptMethod, StepHooks, mul, to_tensors, trainable
-from fedmedbench.fl.registry import register_method
 
 
 @register_method("fedprox")

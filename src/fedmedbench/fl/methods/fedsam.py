@@ -5,10 +5,10 @@ then the gradient at theta + e is used for the SGD step at theta.
 Server: FedAvg.
 """
 
-from fedmedbench.fl.api import ClientContext, Param
+from fedmedbench.fl.api.method import ClientContext, Param
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.methods._perturb import SamAscent
 from fedmedbench.fl.methods._sgd import ServerOptMethod, StepHooks
-from fedmedbench.fl.registry import register_method
 
 
 class SAMMixin:

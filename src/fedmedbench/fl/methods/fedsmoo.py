@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from fedmedbench.fl.api import ClientContext, ClientResult, Param, ServerContext
+from fedmedbench.fl.api.method import ClientContext, ClientResult, Param, ServerContext
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.methods._perturb import BatchedPerturbation, Perturbation
 from fedmedbench.fl.methods._sgd import (
     ServerOptMethod,
@@ -36,7 +37,6 @@ from fedmedbench.fl.methods._sgd import (
     vectors64,
 )
 from fedmedbench.fl.methods.feddyn import dyn_client_update, dyn_hooks, dyn_server_update
-from fedmedbench.fl.registry import register_method
 
 
 class DualAscent(Perturbation):

@@ -5,11 +5,11 @@ dual variable h_i (as FedDyn: lambda*(h_i - theta_g) and decay lambda); h_i += u
 Server: FedDyn's: h += sum of updates / N, theta = mean(theta_i) + h.
 """
 
-from fedmedbench.fl.api import ClientContext, ClientResult, Param, ServerContext
+from fedmedbench.fl.api.method import ClientContext, ClientResult, Param, ServerContext
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.methods._sgd import ServerOptMethod, StepHooks, trained_params
 from fedmedbench.fl.methods.feddyn import dyn_client_update, dyn_hooks, dyn_server_update
 from fedmedbench.fl.methods.fedsam import SAMMixin
-from fedmedbench.fl.registry import register_method
 
 
 @register_method("fedspeed")

@@ -37,10 +37,10 @@ from typing import Any
 
 import torch
 
-from fedmedbench.fl.api import Param
-from fedmedbench.fl.arrays import load_arrays, model_arrays, weighted_average
+from fedmedbench.fl.api.arrays import load_arrays, model_arrays, weighted_average
+from fedmedbench.fl.api.method import Param
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.methods._seg_shared import SegMethod, client_weights, tensors
-from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.tasks.segmentation import (
     FrameCache,
     draw_rotate_scale,

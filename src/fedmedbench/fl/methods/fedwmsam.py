@@ -28,8 +28,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedmedbench.fl.api import ClientContext, ClientResult, Param, ServerContext
-from fedmedbench.fl.arrays import snapshot
+from fedmedbench.fl.api.arrays import snapshot
+from fedmedbench.fl.api.method import ClientContext, ClientResult, Param, ServerContext
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.methods._perturb import BatchedPerturbation, Perturbation
 from fedmedbench.fl.methods._sgd import (
     LOCAL_ITERATIONS,
@@ -56,7 +57,6 @@ from fedmedbench.fl.methods._sgd import (
     vectors64,
 )
 from fedmedbench.fl.methods.scaffold import control_correction, server_control_update, updated_control
-from fedmedbench.fl.registry import register_method
 
 
 class MomentumGuided(Perturbation):

@@ -64,12 +64,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
-from fedmedbench.fl.arrays import load_arrays, model_tensors, weighted_average
+from fedmedbench.fl.api.arrays import load_arrays, model_tensors, weighted_average
+from fedmedbench.fl.api.method import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.augment import batch_images
 from fedmedbench.fl.determinism import seeded_generator
 from fedmedbench.fl.methods._shared import seeded, tensors_of
-from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import (
     StepLosses,
     batch_indices,

@@ -10,10 +10,10 @@ numbers are the mean over clients).
 
 from __future__ import annotations
 
-from fedmedbench.fl.api import ClientContext, ClientResult, Method
-from fedmedbench.fl.arrays import host_copies, load_arrays, model_arrays
+from fedmedbench.fl.api.arrays import host_copies, load_arrays, model_arrays
+from fedmedbench.fl.api.method import ClientContext, ClientResult, Method
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.augment import batch_reader
-from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import local_sgd
 
 

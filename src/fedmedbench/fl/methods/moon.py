@@ -32,10 +32,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedmedbench.fl.api import ClientContext, ClientResult, Method, Param
+from fedmedbench.fl.api.method import ClientContext, ClientResult, Method, Param
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.augment import batch_images
 from fedmedbench.fl.methods._shared import tensors_of
-from fedmedbench.fl.registry import register_method
 from fedmedbench.fl.training import (
     StepLosses,
     batch_indices,

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from fedmedbench.fl.api import ClientContext, ClientResult, Param, ServerContext
+from fedmedbench.fl.api.method import ClientContext, ClientResult, Param, ServerContext
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.methods._sgd import (
     LOCAL_ITERATIONS,
     ServerOptMethod,
@@ -32,7 +33,6 @@ from fedmedbench.fl.methods._sgd import (
     sub,
     trained_params,
 )
-from fedmedbench.fl.registry import register_method
 
 
 def control_correction(ctx: ClientContext, c_name: str = "c") -> tuple[dict, dict, dict]:

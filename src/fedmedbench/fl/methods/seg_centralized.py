@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from fedmedbench.fl.api import ClientContext, Param
+from fedmedbench.fl.api.method import ClientContext, Param
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.methods._seg_shared import SegMethod
-from fedmedbench.fl.registry import register_method
 
 
 @register_method("seg_centralized")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fedmedbench.fl.api import Param
+from fedmedbench.fl.api.method import Param
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.methods._seg_shared import AGGREGATION_CHOICES, SegMethod
-from fedmedbench.fl.registry import register_method
 
 
 @register_method("seg_fedavg")

@@ -23,9 +23,9 @@ import math
 import numpy as np
 import torch
 
-from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
-from fedmedbench.fl.arrays import load_arrays, moved, weighted_average
-from fedmedbench.fl.registry import register_method
+from fedmedbench.fl.api.arrays import load_arrays, moved, weighted_average
+from fedmedbench.fl.api.method import Arrays, ClientContext, ClientResult, Method, Param, ServerContext
+from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.tasks.detection.ap import AP_RULES
 from fedmedbench.fl.tasks.detection.components import SPLITS, aggregated_keys, parse_strategy
 from fedmedbench.fl.tasks.detection.yolo import (

@@ -1,6 +1,6 @@
 """What a run learns: its data per client and how a model is evaluated.
 
-The round logic (:mod:`fedmedbench.fl.federation`) is task-independent; a
+The round logic (:mod:`fedmedbench.fl.engine.federation`) is task-independent; a
 :class:`Task` supplies the client data a method's ``client_fit`` receives
 (``ctx.data``), the training-set sizes that set step budgets and averaging weights,
 and evaluation. Studies choose one with ``RunSpec.task`` (``classification`` for the

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedmedbench.fl.api import TrainConfig
+from fedmedbench.fl.api.method import TrainConfig
 from fedmedbench.fl.tasks.base import Task, register_task
 
 if TYPE_CHECKING:
@@ -18,13 +18,13 @@ if TYPE_CHECKING:
 
 @register_task("classification")
 class ClassificationTask(Task):
-    """MedMNIST-format npz sources + a partition JSON (``fedmedbench.partition``)."""
+    """MedMNIST-format npz sources + a partition JSON (``fedmedbench.partition.schemes``)."""
 
     primary_metric = "accuracy"
 
     def __init__(self, spec: RunSpec) -> None:
         from fedmedbench.fl.data import FederatedData
-        from fedmedbench.metrics import CLASSIFICATION_METRICS
+        from fedmedbench.metrics.classification import CLASSIFICATION_METRICS
 
         super().__init__(spec)
         self.metric_names = CLASSIFICATION_METRICS
@@ -72,7 +72,7 @@ class ClassificationTask(Task):
         on its own.
         """
         from fedmedbench.fl.training import evaluate, predict_samples
-        from fedmedbench.metrics import grouped_classification_metrics
+        from fedmedbench.metrics.classification import grouped_classification_metrics
 
         if not self._eval_cache:
             gx, gy = self.data.global_test()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmedbench import io
+from fedmedbench.workflow import io
 
 #: free disk left alone (no entry is written below it)
 MIN_FREE = 1 << 30

@@ -155,7 +155,7 @@ def _fmt(v: float, signed: bool, col: str) -> str:
 
 
 def write_markdown_latex(frame: pd.DataFrame, cap: str, md_path, tex_path, label: str) -> None:
-    from fedmedbench import io
+    from fedmedbench.workflow import io
 
     shown = frame.copy()
     for col in shown.columns:

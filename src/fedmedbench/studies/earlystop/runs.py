@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedmedbench.configcheck import config_error
+from fedmedbench.config.check import config_error
 
 
 def check_config(sname: str, study: dict[str, Any]) -> None:

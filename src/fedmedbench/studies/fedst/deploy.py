@@ -16,9 +16,9 @@ def deployed_model(spec, method, final_arrays: dict[str, torch.Tensor], sizes: l
     personal parameters (FedST Sec. IV-B2: "we aggregate the parameters of personalized
     models on the server via weighted averaging"). This is the only point where personal
     parameters are combined; it happens after training, from the sites' final states."""
-    from fedmedbench.fl import checkpoint
-    from fedmedbench.fl.arrays import load_arrays, weighted_average
-    from fedmedbench.fl.client_state import ClientStateStore
+    from fedmedbench.fl.api.arrays import load_arrays, weighted_average
+    from fedmedbench.fl.state import checkpoint
+    from fedmedbench.fl.state.client_state import ClientStateStore
 
     model = method.build_model(spec)
     shared = [k for k in method.shared_keys(model) if k in final_arrays]
@@ -65,8 +65,8 @@ def inference_fps(model: torch.nn.Module, clips, n: int, device: torch.device) -
 
 def deploy_eval(spec, state, outfed_site: str, unseen_site: str, fps_clips: int) -> dict[str, Any]:
     """Out-of-federation (parts) and unseen (binary) metrics of the deployed model, plus cost."""
-    from fedmedbench.fl.federation import new_model, resolve_device
-    from fedmedbench.fl.registry import get_method
+    from fedmedbench.fl.api.registry import get_method
+    from fedmedbench.fl.engine.federation import new_model, resolve_device
     from fedmedbench.fl.tasks.base import task_for
     from fedmedbench.fl.tasks.segmentation import evaluate_clips
 

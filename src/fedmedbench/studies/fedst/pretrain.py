@@ -17,8 +17,8 @@ def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "
     in SERQ) and learns only from the sites' videos. ``loader_workers`` threads decode clips ahead
     of the steps (``engine.loader_workers``), and ``image_cache`` keeps the decoded clips on disk for every
     job (``engine.image_cache``); the same model either way."""
-    from fedmedbench.fl.api import TrainConfig
-    from fedmedbench.fl.federation import resolve_device
+    from fedmedbench.fl.api.method import TrainConfig
+    from fedmedbench.fl.engine.federation import resolve_device
     from fedmedbench.fl.tasks.segmentation import (
         FrameCache,
         input_size,
@@ -27,8 +27,8 @@ def pretrain(params: dict[str, Any], seed: int, out: str | Path, device: str = "
         site_indicators,
         train_steps,
     )
-    from fedmedbench.io import atomic_path
     from fedmedbench.models.fedst import build_fedst_net, dropout_generator
+    from fedmedbench.workflow.io import atomic_path
 
     sites = load_sites(params["clips_root"])["sites"]
     with torch.random.fork_rng(devices=[]):

@@ -14,8 +14,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from fedmedbench.configcheck import config_error
-from fedmedbench.segscoring import SCORING_DEFAULTS
+from fedmedbench.config.check import config_error
+from fedmedbench.metrics.scoring import SCORING_DEFAULTS
 
 #: architecture of the baselines and of FedST in variant ``main``
 BASELINE_MODEL = {"temporal": False, "selection": "none"}
@@ -245,7 +245,7 @@ def run_spec(cfg: dict[str, Any], variant: str, method: str, seed: int, clips_ro
 def scoring_config(cfg: dict[str, Any]) -> dict[str, str]:
     """How frames are scored (``eval``): class rule, ASSD definition, resolution, and ``metrics_device`` only
     off its default ``auto`` (where a frame is scored moves ASSD by float64 rounding only, so runs from before the
-    option keep their hash); unset keys take :data:`fedmedbench.segscoring.SCORING_DEFAULTS`, as the evaluation does."""
+    option keep their hash); unset keys take :data:`fedmedbench.metrics.scoring.SCORING_DEFAULTS`, as the evaluation does."""
     ev = cfg["eval"]
     out = {key: ev.get(key, default) for key, default in SCORING_DEFAULTS.items()}
     if out["metrics_device"] == SCORING_DEFAULTS["metrics_device"]:

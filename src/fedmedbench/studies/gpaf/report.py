@@ -34,9 +34,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from fedmedbench import io  # noqa: E402
 from fedmedbench.report import origin as origin_note  # noqa: E402
 from fedmedbench.report import paper_values  # noqa: E402
+from fedmedbench.workflow import io  # noqa: E402
 
 LABELS = {"fedavg": "FedAvg", "moon": "MOON", "feddg": "FedDG", "gpaf": "GPAF", "centralized": "Centralized",
           "local": "Local"}
@@ -462,10 +462,10 @@ def latent_features(spec_dict: dict, samples_per_client: int, generator_samples:
     """features (N, d), labels (N,), groups (N,) of clients, the global model and (GPAF) the generator."""
     import torch
 
-    from fedmedbench.fl.arrays import load_arrays
+    from fedmedbench.fl.api.arrays import load_arrays
+    from fedmedbench.fl.api.registry import get_method
     from fedmedbench.fl.data import FederatedData
-    from fedmedbench.fl.federation import resolve_data_shapes
-    from fedmedbench.fl.registry import get_method
+    from fedmedbench.fl.engine.federation import resolve_data_shapes
     from fedmedbench.fl.spec import RunSpec
     from fedmedbench.fl.training import to_float
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fedmedbench.configcheck import config_error
+from fedmedbench.config.check import config_error
 
 
 def check_config(sname: str, study: dict[str, Any]) -> None:

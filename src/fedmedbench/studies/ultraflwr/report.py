@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedmedbench import io
+from fedmedbench.workflow import io
 
 #: the paper's Table I (YOLOv11n, 80 classes): parameters saved per client per round
 PAPER_TABLE1 = {"Full Aggregation": 0, "FedBackbone": 1_034_061, "FedNeck": 2_073_798, "FedHead": 2_171_791,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from fedmedbench.configcheck import config_error
+from fedmedbench.config.check import config_error
 
 #: where the study writes
 DIR = "results/ultraflwr"

@@ -11,12 +11,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fedmedbench import io
-from fedmedbench.fl.api import TrainConfig
-from fedmedbench.fl.federation import resolve_data_shapes, resolve_device
+from fedmedbench.fl.api.method import TrainConfig
+from fedmedbench.fl.engine.federation import resolve_data_shapes, resolve_device
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.tasks.detection.task import DetectionTask
 from fedmedbench.fl.tasks.detection.yolo import HEAD_INITS, build_yolo, train_yolo
+from fedmedbench.workflow import io
 
 
 def block_best(curve: list[float], rnd: int, epochs: int) -> float:

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmedbench import io
 from fedmedbench.data.surgical.fsutil import sorted_images
+from fedmedbench.workflow import io
 
 #: free disk kept beyond the files a job would add
 DISK_MARGIN = 0.1

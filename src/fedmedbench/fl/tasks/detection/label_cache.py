@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from fedmedbench.io import atomic_path
+from fedmedbench.workflow.io import atomic_path
 
 #: marks the format (a cache without it is not read)
 FORMAT = "fedmedbench-label-cache-1"

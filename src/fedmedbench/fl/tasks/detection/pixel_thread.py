@@ -96,11 +96,11 @@ class DeferredFormat(_Deferred):
 
 def defer_tail(compose: Any, pixels: _Pixels) -> bool:
     """Replace the steps at the end of ``compose`` (an Ultralytics transform list) that can hand their pixel work
-    over (:class:`~fedmedbench.fl.tasks.detection.yolo.RandomHSV83`, ``RandomFlip``, ending with ``Format``)
+    over (:class:`~fedmedbench.fl.tasks.detection.hsv.RandomHSV83`, ``RandomFlip``, ending with ``Format``)
     by their deferring versions; whether it did (a list not ending so is left as it is)."""
     from ultralytics.data.augment import Format, RandomFlip
 
-    from fedmedbench.fl.tasks.detection.yolo import RandomHSV83
+    from fedmedbench.fl.tasks.detection.hsv import RandomHSV83
 
     kinds = {RandomHSV83: DeferredHSV, RandomFlip: DeferredFlip, Format: DeferredFormat}
     steps = compose.transforms

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from fedmedbench.fl.scratch import scratch_dir
+from fedmedbench.fl.state.scratch import scratch_dir
 from fedmedbench.fl.tasks.base import Task, register_task
 from fedmedbench.fl.tasks.detection.staging import POOLED_SPLITS, SPLITS, read_manifest, stage_export
 

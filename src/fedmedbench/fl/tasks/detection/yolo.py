@@ -25,7 +25,7 @@ Measured pitfalls this wrapper avoids (Ultralytics 8.4):
   The trainer's loss follows 8.3.48 unless ``assigner="installed"`` (:func:`anchors_in_boxes_83`).
 * Ultralytics 8.4's HSV augmentation shifts the hue by up to ``hsv_h`` x 180; 8.3.48's scales it by a factor in
   [1 - hsv_h, 1 + hsv_h] (a red hue near 0 hardly moves, one near 179 by up to 2.7). The training set's HSV step
-  follows 8.3.48 unless ``hsv="installed"`` (:class:`RandomHSV83`); both draw the same random numbers.
+  follows 8.3.48 unless ``hsv="installed"`` (:class:`~fedmedbench.fl.tasks.detection.hsv.RandomHSV83`); both draw the same random numbers.
 * Ultralytics 8.4's trainer fitness is mAP50-95 alone and its early stopping needs a strict improvement;
   8.3.48's is 0.1 mAP50 + 0.9 mAP50-95 and an equal fitness resets the patience count. Early stopping
   (patience 100, the 400-epoch centralized baseline) follows 8.3.48 unless ``fitness="installed"``
@@ -46,11 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from fedmedbench.fl.tasks.detection import label_cache
 from fedmedbench.fl.tasks.detection.ap import ap_rule
+from fedmedbench.fl.tasks.detection.hsv import with_83_hue
 from fedmedbench.fl.tasks.detection.sized_frames import read_sized_frames
 from fedmedbench.weights.safeload import LoadReport
 
@@ -232,55 +232,6 @@ def one_of(key: str, value: Any, choices: tuple) -> Any:
     return value
 
 
-def hue_lut_83(factor: float, dtype=np.uint8) -> np.ndarray:
-    """Ultralytics 8.3.48's hue look-up table (``data/augment.py``, ``RandomHSV``): OpenCV hue h (0..179) becomes
-    ``h x factor mod 180``, ``factor`` drawn in [1 - hsv_h, 1 + hsv_h]."""
-    return (np.arange(0, 256, dtype=np.float64) * factor % 180).astype(dtype)
-
-
-class RandomHSV83:
-    """Ultralytics' ``RandomHSV`` step with 8.3.48's hue rule: the same draws (one uniform triple per image) and
-    the same saturation and value tables as the installed one (its ``lut_sat[0] = 0``, added in 8.3.79 and absent
-    from 8.3.48, sets an entry that is 0 under both: 0 x gain). A module-level class, so that a dataset holding it
-    pickles for dataloader workers started by spawn or forkserver."""
-
-    def __init__(self, hgain: float = 0.5, sgain: float = 0.5, vgain: float = 0.5) -> None:
-        self.hgain, self.sgain, self.vgain = hgain, sgain, vgain
-
-    def __call__(self, labels: dict) -> dict:
-        gains = self.draw(labels["img"])
-        if gains is not None:
-            self.apply(labels["img"], gains)
-        return labels
-
-    def draw(self, img: np.ndarray) -> np.ndarray | None:
-        """The step's random gains for ``img`` (one draw from NumPy's stream), or None where it leaves it as it is."""
-        if img.shape[-1] != 3 or not (self.hgain or self.sgain or self.vgain):
-            return None
-        return np.random.uniform(-1, 1, 3) * [self.hgain, self.sgain, self.vgain] + 1
-
-    @staticmethod
-    def apply(img: np.ndarray, gains: np.ndarray) -> None:
-        """``img`` (BGR) with its hue, saturation and value moved by ``gains``, in place."""
-        import cv2
-
-        x = np.arange(0, 256, dtype=gains.dtype)
-        luts = (hue_lut_83(gains[0], img.dtype), np.clip(x * gains[1], 0, 255).astype(img.dtype),
-                np.clip(x * gains[2], 0, 255).astype(img.dtype))
-        hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)
-        mapped = cv2.merge([cv2.LUT(channel, lut) for channel, lut in zip(cv2.split(hsv), luts, strict=True)])
-        cv2.cvtColor(mapped, cv2.COLOR_HSV2BGR, dst=img)
-
-
-def with_83_hue(compose):
-    """``compose`` (an Ultralytics transform list) with each ``RandomHSV`` step replaced by :class:`RandomHSV83`."""
-    from ultralytics.data.augment import RandomHSV
-
-    compose.transforms = [RandomHSV83(t.hgain, t.sgain, t.vgain) if type(t) is RandomHSV else t
-                          for t in compose.transforms]
-    return compose
-
-
 @dataclass
 class _BuildWith83Hue:
     """A dataset's ``build_transforms`` whose lists take 8.3.48's hue rule (picklable, unlike a closure)."""
@@ -307,7 +258,7 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
     mAP50-95 with 8.3.48's stopping rule (:class:`EarlyStopping83`), ``installed`` = the installed one's; the
     learning-rate warm-up's length by ``warmup`` (8.3.48's :func:`warmup_iterations_83` or the installed one's),
     the loss's candidate anchors by ``assigner`` (8.3.48's :func:`anchors_in_boxes_83` or the installed one's) and
-    the training set's hue augmentation by ``hsv`` (8.3.48's :func:`hue_lut_83` or the installed one's); with
+    the training set's hue augmentation by ``hsv`` (8.3.48's :func:`~fedmedbench.fl.tasks.detection.hsv.hue_lut_83` or the installed one's); with
     ``read_ahead`` the training batches are loaded in a thread while the model trains, the same samples
     (:mod:`~fedmedbench.fl.tasks.detection.read_ahead`); with ``pixel_thread`` (loading in this process) each training
     sample's last pixel steps run in a second thread, the same samples (:mod:`~fedmedbench.fl.tasks.detection.pixel_thread`;

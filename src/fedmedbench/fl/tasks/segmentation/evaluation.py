@@ -1,4 +1,4 @@
-"""Segmentation metrics of a model on a set of clips (:mod:`fedmedbench.segmetrics`)."""
+"""Segmentation metrics of a model on a set of clips (:mod:`fedmedbench.metrics.segmentation`)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,18 @@ import torch
 import torch.nn.functional as F
 
 from fedmedbench.fl.tasks.segmentation.clips import ClipSet
-from fedmedbench.segmetrics import METRICS, RESOLUTIONS, SegmentationMeter, native_masks, native_spacing
-from fedmedbench.segscoring import SCORING_DEFAULTS
+from fedmedbench.metrics.scoring import SCORING_DEFAULTS
+from fedmedbench.metrics.segmentation import (
+    METRICS,
+    RESOLUTIONS,
+    SegmentationMeter,
+    native_masks,
+    native_spacing,
+)
 
 #: where frames are scored: ``auto`` = with torch on the model's device when that is a GPU, else with
-#: NumPy/SciPy (:mod:`fedmedbench.segmetrics`); ``cpu`` = always NumPy/SciPy; ``torch`` = always torch on the
-#: model's device (:mod:`fedmedbench.segmetrics_device`, the CPU included)
+#: NumPy/SciPy (:mod:`fedmedbench.metrics.segmentation`); ``cpu`` = always NumPy/SciPy; ``torch`` = always torch on the
+#: model's device (:mod:`fedmedbench.metrics.segmentation_device`, the CPU included)
 METRICS_DEVICES: tuple[str, ...] = ("auto", "cpu", "torch")
 
 
@@ -26,7 +32,7 @@ def scores_on_device(metrics_device: str, device: torch.device) -> bool:
 def scoring(task_params: dict) -> dict[str, str]:
     """How :func:`evaluate_clips` scores a run's frames (its keyword arguments), from the run's task parameters:
     class rule, ASSD definition, resolution and where, each defaulting as :func:`evaluate_clips` does
-    (:data:`fedmedbench.segscoring.SCORING_DEFAULTS`)."""
+    (:data:`fedmedbench.metrics.scoring.SCORING_DEFAULTS`)."""
     return {key: str(task_params.get(key, default)) for key, default in SCORING_DEFAULTS.items()}
 
 
@@ -36,7 +42,7 @@ def evaluate_clips(model: torch.nn.Module, data: ClipSet, classes: dict[int, str
                    assd: str = SCORING_DEFAULTS["assd"], resolution: str = SCORING_DEFAULTS["resolution"],
                    metrics_device: str = SCORING_DEFAULTS["metrics_device"]) -> dict[str, float]:
     """Metrics of ``model`` on ``data`` (names: ``dice`` .. and ``dice_<class>`` ..); ``class_rule``, ``assd``:
-    :mod:`fedmedbench.segmetrics`; ``resolution`` (:data:`fedmedbench.segmetrics.RESOLUTIONS`): every metric on
+    :mod:`fedmedbench.metrics.segmentation`; ``resolution`` (:data:`fedmedbench.metrics.segmentation.RESOLUTIONS`): every metric on
     the masks at the input size (``input``); the same with HD95/ASSD in each native frame's pixels
     (``native_units``); or each prediction upsampled (bilinear logits) to its mask file's size and scored
     against that file (``native``); ``metrics_device`` (:data:`METRICS_DEVICES`): where the frames are scored."""

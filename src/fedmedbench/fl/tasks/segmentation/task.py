@@ -6,7 +6,7 @@ are ``task_params.sites`` in order (partition id = position). A clip is loaded a
 (T, 3, H, W) with exactly the frames ``clip_paths`` lists (T = num_previous + 1), its mask
 as int64 (H, W).
 
-Evaluation (metrics from :mod:`fedmedbench.segmetrics`): ``local_*`` = a model on one
+Evaluation (metrics from :mod:`fedmedbench.metrics.segmentation`): ``local_*`` = a model on one
 site's test clips; ``global_*`` = on the test clips of all federated sites together.
 Metric names: ``dice``, ``iou``, ``hd95``, ``assd`` (means over the part classes) and
 ``<metric>_<class>`` per class. Out-of-federation and unseen-binary evaluation of the

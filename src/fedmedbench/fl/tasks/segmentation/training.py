@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fedmedbench.fl.api import TrainConfig
+from fedmedbench.fl.api.method import TrainConfig
 from fedmedbench.fl.tasks.segmentation.clips import ClipSet
 from fedmedbench.fl.training import on_device
 

@@ -2,7 +2,7 @@
 
 The declarations are the one source of each parameter's name, type, default, bounds and meaning: the
 method reads its values from them (``Method.p``), the workflow checks a config's ``method_params``
-against them while it plans (:mod:`fedmedbench.fl.method_source` reads them without importing torch),
+against them while it plans (:mod:`fedmedbench.fl.api.method_source` reads them without importing torch),
 and the schema's ``method_params`` blocks are made from them (:func:`json_schema`, kept equal by a test).
 Torch-free.
 """

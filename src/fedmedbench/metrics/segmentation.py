@@ -41,39 +41,20 @@ from concurrent.futures import Future
 import numpy as np
 from medpy.metric import binary as mb
 
-METRICS: tuple[str, ...] = ("dice", "iou", "hd95", "assd")
+from fedmedbench.metrics.scoring import (  # noqa: F401  (the names this module's callers read)
+    ASSD_RULES,
+    CLASS_RULES,
+    HIGHER_IS_BETTER,
+    METRICS,
+    RESOLUTIONS,
+    Spacing,
+    empty_mask_scores,
+    empty_penalty,
+)
+
 #: MedPy's surface distances, the helper its ``hd95`` and ``assd`` each call twice (result -> reference and back):
 #: one pair of them gives both metrics, the same numbers at half the distance transforms
 _SURFACE_DISTANCES = getattr(mb, "__surface_distances", None)
-#: which classes a frame's score covers (module docstring)
-CLASS_RULES: tuple[str, ...] = ("all_classes", "gt_classes")
-#: where a frame is scored: the masks at the input size, the same with distances in native pixels, or the
-#: prediction upsampled to the native mask (``fl.tasks.segmentation.evaluate_clips``)
-RESOLUTIONS: tuple[str, ...] = ("input", "native_units", "native")
-#: how ASSD averages the two directions' surface distances (module docstring)
-ASSD_RULES: tuple[str, ...] = ("medpy_0_5", "medpy_0_4")
-#: larger is better for these (the others are distances)
-HIGHER_IS_BETTER = {"dice": True, "iou": True, "hd95": False, "assd": False}
-
-
-Spacing = tuple[float, ...] | None
-
-
-def empty_penalty(shape: tuple[int, ...], spacing: Spacing = None) -> float:
-    """The distance assigned when exactly one of prediction / ground truth is empty: the image diagonal."""
-    spacing = spacing or (1.0,) * len(shape)
-    return float(math.sqrt(sum((s * d) ** 2 for s, d in zip(shape, spacing, strict=True))))
-
-
-def empty_mask_scores(p_any: bool, g_any: bool, shape: tuple[int, ...], spacing: Spacing = None) -> dict[str, float] | None:
-    """The empty-mask rule (module docstring) for a pair whose prediction / ground truth holds any pixel
-    (``p_any`` / ``g_any``): perfect when both are empty, worst when one is; None when neither is."""
-    if not p_any and not g_any:
-        return {"dice": 1.0, "iou": 1.0, "hd95": 0.0, "assd": 0.0}
-    if p_any != g_any:
-        worst = empty_penalty(shape, spacing)
-        return {"dice": 0.0, "iou": 0.0, "hd95": worst, "assd": worst}
-    return None
 
 
 def binary_scores(pred: np.ndarray, gt: np.ndarray, assd: str = "medpy_0_5", spacing: Spacing = None) -> dict[str, float]:
@@ -210,9 +191,9 @@ class SegmentationMeter:
 
     def add_on_device(self, pred, gt, spacing: list[Spacing] | None = None) -> None:
         """A batch (N, H, W) of label-map tensors scored with torch where they are
-        (:func:`fedmedbench.segmetrics_device.batch_scores`): the scores of :meth:`add` within the tolerance
+        (:func:`fedmedbench.metrics.segmentation_device.batch_scores`): the scores of :meth:`add` within the tolerance
         that module states, the frames kept after those added before."""
-        from fedmedbench.segmetrics_device import batch_scores
+        from fedmedbench.metrics.segmentation_device import batch_scores
 
         if self.binary:
             pred, gt = (pred > 0).byte(), (gt > 0).byte()

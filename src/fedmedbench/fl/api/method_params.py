@@ -3,7 +3,7 @@ and the planning-time check of every method name and ``method_params`` entry aga
 own declarations (``Method.params``), built-in or the user's (config ``methods``).
 
 Kept free of torch so the workflow can resolve and check parameters while it is being planned: the
-declarations are read from the method files' source (:mod:`fedmedbench.fl.method_source`).
+declarations are read from the method files' source (:mod:`fedmedbench.fl.api.method_source`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from fedmedbench.configcheck import config_error
-from fedmedbench.fl.method_source import MethodSource, builtin_sources, entry_point_sources, registered_in
-from fedmedbench.fl.params import json_schema, problems
+from fedmedbench.config.check import config_error
+from fedmedbench.fl.api.method_source import MethodSource, builtin_sources, entry_point_sources, registered_in
+from fedmedbench.fl.api.params import json_schema, problems
 
 #: a value meaning "the setting's Dirichlet alpha" (GPAF's server samples labels from Dir(alpha) with
 #: the alpha of the setting it runs in: the paper's Table 1 has one column per alpha)
@@ -111,7 +111,7 @@ def schema_for(config: dict[str, Any], schema_path: str | Path, known: dict[str,
     own = sorted(config.get("methods") or {})
     if not own:
         return str(schema_path)
-    from fedmedbench import io
+    from fedmedbench.workflow import io
 
     schema = yaml.safe_load(Path(schema_path).read_text())
     schema = copy.deepcopy(schema)

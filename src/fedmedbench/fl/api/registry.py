@@ -1,4 +1,4 @@
-"""Method registry: method name -> the :class:`~fedmedbench.fl.api.Method` class registered under it.
+"""Method registry: method name -> the :class:`~fedmedbench.fl.api.method.Method` class registered under it.
 
 Adding a method = one file whose class is decorated with ``@register_method("<name>")`` and declares
 its hyper-parameters (``params``): a built-in one as ``fl/methods/<name>.py`` (the files of
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedmedbench.fl.api import Method
-from fedmedbench.fl.method_source import (
+from fedmedbench.fl.api.method import Method
+from fedmedbench.fl.api.method_source import (
     ENTRY_POINT_GROUP,
     METHODS_PACKAGE,
     builtin_method_modules,

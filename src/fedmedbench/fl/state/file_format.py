@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from fedmedbench.io import atomic_path, disk_full_error, write_torch
+from fedmedbench.workflow.io import atomic_path, disk_full_error, write_torch
 
 #: torch dtype <-> safetensors dtype name
 DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from fedmedbench.fl.params import TYPES, Param, merged
+from fedmedbench.fl.api.params import TYPES, Param, merged
 
 #: the package whose modules each register the method of their name
 METHODS_PACKAGE = "fedmedbench.fl.methods"

@@ -43,10 +43,10 @@ from typing import Any
 
 import torch
 
-from fedmedbench import io
-from fedmedbench.fl.arrays import snapshot
-from fedmedbench.fl.state_file import read_state, write_state
-from fedmedbench.io import write_bytes
+from fedmedbench.fl.api.arrays import snapshot
+from fedmedbench.fl.state.file_format import read_state, write_state
+from fedmedbench.workflow import io
+from fedmedbench.workflow.io import write_bytes
 
 _NAME = re.compile(r"^r(\d{6})\.pt$")
 #: what to do when a client state is missing or damaged (the run cannot continue bit-identically)
@@ -233,7 +233,7 @@ class ClientStateStore:
 def copy_state(obj: Any) -> Any:
     """A deep copy of a client state as reading its file (:func:`read_state`) returns it: tensors detached on the
     CPU, containers rebuilt, plain values as they are. Plain tensors (no Parameters, no gradients) are copied
-    per (device, dtype) by one transfer (:func:`~fedmedbench.fl.arrays.snapshot`), not one per tensor: a
+    per (device, dtype) by one transfer (:func:`~fedmedbench.fl.api.arrays.snapshot`), not one per tensor: a
     state of model-sized vectors is 160 tensors for ConvNeXtV2-nano, each a synchronising copy from a GPU."""
     plain: list[torch.Tensor] = []
     _plain_tensors(obj, plain)

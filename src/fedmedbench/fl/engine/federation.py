@@ -4,7 +4,7 @@ Server side (:class:`Federation`): initial model, seeded client sampling by
 partition id, step budgets, aggregation through the method, evaluation, metric rows,
 checkpoint/resume, progress lines. Client side (:func:`client_train`,
 :func:`client_evaluate`): what a ClientApp does with a message, using the method's
-client step and the client-state store. Both sides use the run's :class:`~fedmedbench.fl.job.Job`
+client step and the client-state store. Both sides use the run's :class:`~fedmedbench.fl.engine.job.Job`
 (method, task, device and the reused model, resolved once). ``engine`` moves messages between the two.
 """
 
@@ -21,20 +21,21 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from fedmedbench import partition_replay
-from fedmedbench.fl import checkpoint, replies
-from fedmedbench.fl.api import Arrays, ClientContext, ClientResult, ServerContext
-from fedmedbench.fl.arrays import host_copies, host_tensors, model_arrays
-from fedmedbench.fl.client_state import ClientStateStore
+from fedmedbench.fl.api.arrays import host_copies, host_tensors, model_arrays
+from fedmedbench.fl.api.method import Arrays, ClientContext, ClientResult, ServerContext
+from fedmedbench.fl.api.registry import get_method
 from fedmedbench.fl.determinism import seeded_generator
-from fedmedbench.fl.job import Job, resolve_device  # noqa: F401  (resolve_device: imported from here elsewhere)
-from fedmedbench.fl.registry import get_method
+from fedmedbench.fl.engine import replies
+from fedmedbench.fl.engine.job import Job, resolve_device  # noqa: F401  (resolve_device: imported from here elsewhere)
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.state import checkpoint
+from fedmedbench.fl.state.client_state import ClientStateStore
 from fedmedbench.fl.stopping import DataFreeMonitor
 from fedmedbench.fl.tasks.base import get_task_class, task_for  # noqa: F401  (task_for: imported from here elsewhere)
 from fedmedbench.fl.tracking import for_run as tracker_for_run
 from fedmedbench.fl.training import steps_for_epochs
-from fedmedbench.io import read_json
+from fedmedbench.partition import replay as partition_replay
+from fedmedbench.workflow.io import read_json
 
 
 def resolve_data_shapes(spec: RunSpec) -> RunSpec:
@@ -134,7 +135,7 @@ def clients_train_together(job: Job, steps: dict[int, int], rnd: int, arrays: Ar
                            note: Callable[[str], None] | None = None) -> dict[int, ClientResult]:
     """The clients of ``steps`` (partition id -> steps) trained together (``train.batch_clients``:
     ``Method.fit_together``), or one by one where this round's clients cannot be. ``pool``: several runs side
-    by side, whose rounds train in one batched call (``fl/runs_together.py``); ``note``: the clients'
+    by side, whose rounds train in one batched call (``fl/engine/runs_together.py``); ``note``: the clients'
     ``ClientContext.note`` (where a round says why it trains one by one)."""
     model = job.model_with(arrays)
     pairs = [_client_context(job, pid, rnd, arrays, k, broadcast, model=model) for pid, k in steps.items()]
@@ -259,7 +260,7 @@ def clients_without_holdout(partition_path: str | None) -> dict[str, list[int]]:
     if not partition_path or not Path(partition_path).is_file() or Path(partition_path).suffix != ".json":
         return {}
     from fedmedbench.fl.data import load_partition
-    from fedmedbench.partition import clients_without_holdout as empty_parts
+    from fedmedbench.partition.schemes import clients_without_holdout as empty_parts
 
     doc = load_partition(str(partition_path))
     if not all(isinstance(c, dict) and "val" in c and "test" in c for c in doc.get("clients", [])):
@@ -304,7 +305,7 @@ class Federation:
         if not 1 <= per_round <= self.num_clients:
             raise ValueError(f"clients_per_round={per_round} must be between 1 and num_clients={self.num_clients}")
         self.per_round = per_round
-        # the early-stopping authors' per-round draws (partition_replay.py); None = the project's sampler
+        # the early-stopping authors' per-round draws (partition/replay.py); None = the project's sampler
         self.reference_clients = partition_replay.client_sequence(
             spec.random_draws, spec.seed, self.num_clients, per_round,
             read_json(spec.partition_path) if spec.random_draws == "reference_cache_build" else None)
@@ -501,7 +502,7 @@ class Federation:
 
     def check_replies(self, rnd: int, results: dict[int, ClientResult]) -> None:
         """Every client's reply against the server's model and what the method says it sends, before any is
-        averaged (:mod:`~fedmedbench.fl.replies`)."""
+        averaged (:mod:`~fedmedbench.fl.engine.replies`)."""
         if self._reference is None:
             with torch.random.fork_rng(devices=[]):  # a model built mid-run must not move the run's random draws
                 self._reference = self.job.new_model()
@@ -524,7 +525,7 @@ class Federation:
         ``client_models_round``), for analyses such as t-SNE of client features; before the last round
         that round's global arrays come with them (``"global"``). Written before the round's
         checkpoint, so a resumed run still has it."""
-        from fedmedbench.io import write_torch
+        from fedmedbench.workflow.io import write_torch
 
         payload = {str(pid): host_copies(r.arrays) for pid, r in sorted(results.items()) if r.arrays}
         if global_arrays is not None:
@@ -546,7 +547,7 @@ class Federation:
         """Write metrics CSV, per-client CSV, summary JSON and final model (atomically)."""
         import pandas as pd
 
-        from fedmedbench import io
+        from fedmedbench.workflow import io
 
         run_dir = Path(self.spec.run_dir)
         metrics = pd.DataFrame(state.rows)

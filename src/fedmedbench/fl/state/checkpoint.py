@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedmedbench.fl.arrays import host_tensors
-from fedmedbench.fl.client_state import RESTART_HINT, ClientStateStore, copy_state
+from fedmedbench.fl.api.arrays import host_tensors
 from fedmedbench.fl.spec import RESUME_MODES
-from fedmedbench.fl.state_file import read_state, write_state
-from fedmedbench.io import disk_full_error, remove_temp_files, write_bytes, write_torch
+from fedmedbench.fl.state.client_state import RESTART_HINT, ClientStateStore, copy_state
+from fedmedbench.fl.state.file_format import read_state, write_state
+from fedmedbench.workflow.io import disk_full_error, remove_temp_files, write_bytes, write_torch
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from fedmedbench.configcheck import ConfigError, ConfigFileError
+from fedmedbench.config.check import ConfigError, ConfigFileError
 
 #: set to 1 to see Python tracebacks instead of the one-line errors
 DEBUG_ENV = "FEDMEDBENCH_DEBUG"

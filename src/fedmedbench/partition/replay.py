@@ -10,7 +10,7 @@ positions) and the same client set in every round.
 
 ``random_draws`` (study key, names in :data:`DRAWS`):
 
-* ``project`` — the project's own generators (``partition.py`` schemes, ``Federation.sample``).
+* ``project`` — the project's own generators (``partition/schemes.py`` schemes, ``Federation.sample``).
 * ``reference`` — partitions as ``dataset.py``; each round's clients drawn from a freshly seeded
   stream, as in every run that finds the partition already cached (``dataset.py:189-196`` draws
   nothing): all runs of a setting and seed but the first.

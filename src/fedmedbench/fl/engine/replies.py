@@ -1,7 +1,7 @@
 """What the server accepts from a client before averaging it, and the global model it keeps.
 
 A reply is checked against the server's own model: the arrays a method declares a client sends
-(:meth:`~fedmedbench.fl.api.Method.reply_keys`) with the model's shapes and dtypes, finite values,
+(:meth:`~fedmedbench.fl.api.method.Method.reply_keys`) with the model's shapes and dtypes, finite values,
 and ``num-examples`` equal to the client's training size as the server knows it (or, where it does
 not, a whole number in ``1..MAX_EXAMPLES``). Without this a bias of the wrong shape broadcasts into
 the average, a missing key or a transposed weight fails deep inside a method, and a made-up size

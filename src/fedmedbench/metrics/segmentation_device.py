@@ -1,6 +1,6 @@
 """Dice, IoU, HD95 and ASSD of a batch of label maps with torch, on the device the tensors are on.
 
-The same scores as :mod:`fedmedbench.segmetrics` (MedPy + the empty-mask rule), computed for every
+The same scores as :mod:`fedmedbench.metrics.segmentation` (MedPy + the empty-mask rule), computed for every
 frame and class of a batch at once, so a model evaluated on a GPU is scored there instead of one
 mask pair at a time with SciPy on the CPU:
 
@@ -17,11 +17,11 @@ mask pair at a time with SciPy on the CPU:
   (virtual index ``(n-1)*0.95``, its ``_lerp``), found among the squared distances (the square root
   keeps their order) and only its two values rooted, by NumPy: torch's float64 ``sqrt`` on a CPU may
   round a bit off (``sqrt(149)``), NumPy's is correctly rounded as SciPy's is. ASSD by
-  :data:`fedmedbench.segmetrics.ASSD_RULES`, from torch's square roots: only the rounding of those and
+  :data:`fedmedbench.metrics.segmentation.ASSD_RULES`, from torch's square roots: only the rounding of those and
   the summation order of its means differ from NumPy's (float64: within 1e-12 relative).
 
 Every mask is scored on the box holding every set pixel of the batch (the argument of
-:func:`fedmedbench.segmetrics.box_around`, for all pairs at once), and the per-pixel work is done in
+:func:`fedmedbench.metrics.segmentation.box_around`, for all pairs at once), and the per-pixel work is done in
 chunks of at most ``chunk`` float64 values.
 """
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedmedbench.segmetrics import ASSD_RULES, Spacing, empty_mask_scores
+from fedmedbench.metrics.scoring import ASSD_RULES, Spacing, empty_mask_scores
 
 #: how far (relative) ASSD may lie from MedPy's: its square roots are torch's and its sums are added in another
 #: order; every other score is the same bits
@@ -150,7 +150,7 @@ def _padded(values: torch.Tensor, owner: torch.Tensor, groups: int, fill: float)
 def surface_scores(pred: torch.Tensor, gt: torch.Tensor, spacing: torch.Tensor, assd: str = "medpy_0_5",
                    chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray]:
     """HD95 and ASSD (float64 arrays) of each pair of non-empty (P, H, W) bool masks, as
-    :func:`fedmedbench.segmetrics.surface_scores`; ``spacing`` (P, 2) float64 (1 = pixels)."""
+    :func:`fedmedbench.metrics.segmentation.surface_scores`; ``spacing`` (P, 2) float64 (1 = pixels)."""
     if assd not in ASSD_RULES:
         raise ValueError(f"assd must be one of {ASSD_RULES}, got {assd!r}")
     n_pairs = pred.shape[0]
@@ -189,7 +189,7 @@ def surface_scores(pred: torch.Tensor, gt: torch.Tensor, spacing: torch.Tensor, 
 def batch_scores(pred: torch.Tensor, gt: torch.Tensor, classes: Sequence[int], assd: str = "medpy_0_5",
                  spacing: Sequence[Spacing] | None = None, chunk: int = CHUNK) -> list[FrameScores]:
     """Per frame of the (N, H, W) label maps ``pred`` / ``gt`` (same device), the scores of every class in
-    ``classes`` with :mod:`fedmedbench.segmetrics`' empty-mask rule; ``spacing``: each frame's (None: pixels)."""
+    ``classes`` with :mod:`fedmedbench.metrics.segmentation`' empty-mask rule; ``spacing``: each frame's (None: pixels)."""
     if pred.shape != gt.shape or pred.ndim != 3:
         raise ValueError(f"prediction {tuple(pred.shape)} and ground truth {tuple(gt.shape)} must be the same (N, H, W)")
     if assd not in ASSD_RULES:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from fedmedbench.configcheck import ConfigFileError, check_files
+from fedmedbench.config.check import ConfigFileError, check_files
 
 
 def configfiles(argv: Sequence[str]) -> list[str]:

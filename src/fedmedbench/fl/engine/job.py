@@ -1,6 +1,6 @@
 """One training job resolved once: its spec, method, task, device and the models it reuses.
 
-The server (:class:`~fedmedbench.fl.federation.Federation`) and the client functions get a
+The server (:class:`~fedmedbench.fl.engine.federation.Federation`) and the client functions get a
 :class:`Job` instead of looking the method and task up from the spec at every step. It also
 owns what a job reuses across client calls:
 
@@ -28,13 +28,13 @@ from typing import Any
 
 import torch
 
-from fedmedbench.fl.api import Arrays, ClientData, Method, TrainConfig
-from fedmedbench.fl.arrays import load_arrays, moved
-from fedmedbench.fl.checkpoint import client_store
+from fedmedbench.fl.api.arrays import load_arrays, moved
+from fedmedbench.fl.api.method import Arrays, ClientData, Method, TrainConfig
+from fedmedbench.fl.api.registry import get_method
 from fedmedbench.fl.determinism import use_deterministic_kernels
-from fedmedbench.fl.registry import get_method
 from fedmedbench.fl.spec import RunSpec
-from fedmedbench.fl.state_slots import StateSlots
+from fedmedbench.fl.state.checkpoint import client_store
+from fedmedbench.fl.state.slots import StateSlots
 from fedmedbench.fl.tasks.base import Task, task_for
 from fedmedbench.fl.training import to_device
 
@@ -57,7 +57,7 @@ def resolve_device(name: str) -> torch.device:
 def check_method_file(spec: RunSpec) -> None:
     """A user's method file must be the one the run was planned with (its hash is in the run hash)."""
     if spec.method_file is not None and spec.method_sha256 is not None:
-        from fedmedbench.io import file_digest
+        from fedmedbench.workflow.io import file_digest
 
         if file_digest(spec.method_file) != spec.method_sha256:
             raise RuntimeError(f"method '{spec.method}': {spec.method_file} changed after this run was planned; "

@@ -1,8 +1,8 @@
 """The only module that talks to Flower: one training job = one Flower simulation.
 
-A ServerApp (Message API) drives :class:`~fedmedbench.fl.federation.Federation`
-round by round; a ClientApp runs :func:`~fedmedbench.fl.federation.client_train`
-and :func:`~fedmedbench.fl.federation.client_evaluate`. Everything that is not
+A ServerApp (Message API) drives :class:`~fedmedbench.fl.engine.federation.Federation`
+round by round; a ClientApp runs :func:`~fedmedbench.fl.engine.federation.client_train`
+and :func:`~fedmedbench.fl.engine.federation.client_evaluate`. Everything that is not
 message passing lives in ``federation``, so moving from ``run_simulation`` to its
 successor (``flwr run``) changes this file only.
 
@@ -41,13 +41,13 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import SType
 from flwr.serverapp import Grid, ServerApp
 
-from fedmedbench.fl import checkpoint, scratch
-from fedmedbench.fl import federation as fed
-from fedmedbench.fl.api import Arrays, ClientResult
-from fedmedbench.fl.inline_grid import InlineGrid
-from fedmedbench.fl.job import Job, job_for
-from fedmedbench.fl.replies import examples_value
+from fedmedbench.fl.api.method import Arrays, ClientResult
+from fedmedbench.fl.engine import federation as fed
+from fedmedbench.fl.engine.inline_grid import InlineGrid
+from fedmedbench.fl.engine.job import Job, job_for
+from fedmedbench.fl.engine.replies import examples_value
 from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.state import checkpoint, scratch
 
 NODE_WAIT_S = 180.0
 
@@ -302,7 +302,7 @@ BACKENDS = ("inline", "ray")
 
 def run(spec: RunSpec, log: Callable[[str], None] = print, pool: fed.SharedRounds | None = None) -> fed.Federation:
     """Run (or resume) one federated job to completion and write its outputs (``pool``: side by side with other
-    runs, their rounds' clients trained in one call: ``fl/runs_together.py``)."""
+    runs, their rounds' clients trained in one call: ``fl/engine/runs_together.py``)."""
     if spec.backend not in BACKENDS:
         raise ValueError(f"engine.backend = {spec.backend!r}: choose one of {list(BACKENDS)}")
     spec = fed.resolve_data_shapes(spec)

@@ -3,7 +3,7 @@
 ``Arrays`` maps a model's state_dict keys to torch tensors, from the client's model to the server's
 average and back: on the job's device where the inline backend keeps them there (an accelerator, server
 and clients in one process), else on the CPU. NumPy arrays appear only where arrays leave the process
-(Flower messages: ``fl/engine.py``) and in files.
+(Flower messages: ``fl/engine/flower.py``) and in files.
 """
 
 from __future__ import annotations

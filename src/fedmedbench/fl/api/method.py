@@ -13,9 +13,9 @@ A method reads like its paper's algorithm box:
 * ``centralized`` methods are run by the engine on the pooled training data as one
   client, with the same number of optimisation steps per round as the federation.
 
-A method registers its name with :func:`fedmedbench.fl.registry.register_method` and declares its
-hyper-parameters in ``params`` (:class:`~fedmedbench.fl.params.Param`; a subclass adds to its bases');
-the array helpers it uses live in :mod:`fedmedbench.fl.arrays`.
+A method registers its name with :func:`fedmedbench.fl.api.registry.register_method` and declares its
+hyper-parameters in ``params`` (:class:`~fedmedbench.fl.api.params.Param`; a subclass adds to its bases');
+the array helpers it uses live in :mod:`fedmedbench.fl.api.arrays`.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedmedbench.fl.arrays import Arrays, model_tensors, weighted_average
-from fedmedbench.fl.params import Param, merged, resolve
+from fedmedbench.fl.api.arrays import Arrays, model_tensors, weighted_average
+from fedmedbench.fl.api.params import Param, merged, resolve
 
 if TYPE_CHECKING:
     from fedmedbench.fl.spec import RunSpec
-    from fedmedbench.fl.state_slots import StateSlots
+    from fedmedbench.fl.state.slots import StateSlots
 
 __all__ = ["Arrays", "ClientContext", "ClientData", "ClientResult", "Method", "Param", "ServerContext", "TrainConfig"]
 
@@ -83,7 +83,7 @@ class TrainConfig:
     input_norm: str = "single"  # single | double: the early-stopping code's second Normalize(0.5, 0.5)
     on_nonfinite: str = "error"  # error | continue: keep stepping through a NaN loss (early-stopping code)
     batch_clients: bool = False  # a round's clients trained together, one batched step for all (fl/methods/_together.py)
-    seeds_together: bool = False  # the study's seeds of a job side by side in one process (fl/runs_together.py)
+    seeds_together: bool = False  # the study's seeds of a job side by side in one process (fl/engine/runs_together.py)
 
     @classmethod
     def from_spec(cls, spec: RunSpec) -> TrainConfig:
@@ -182,7 +182,7 @@ class ClientResult:
 
 
 #: what trains a round's clients together: (their contexts, their step hooks) -> per client (trained state,
-#: metrics), in order (``_together.train_together``; ``fl/runs_together.py`` merges several runs' rounds, where
+#: metrics), in order (``_together.train_together``; ``fl/engine/runs_together.py`` merges several runs' rounds, where
 #: hooks None says the round's clients train one by one)
 Trainer = Callable[[list[ClientContext], list[Any] | None], list[tuple[Arrays, dict[str, float]]]]
 
@@ -229,7 +229,7 @@ class Method:
     def reply_keys(self, model: torch.nn.Module, rnd: int, train: TrainConfig) -> dict[str, list[str] | None]:
         """What a client's reply holds in round ``rnd``, by record: ``arrays`` and each extra record, as the
         model state keys its entries mirror (the server refuses other keys, shapes or dtypes:
-        :mod:`fedmedbench.fl.replies`), or None where the entries are not the model's (checked for finite
+        :mod:`fedmedbench.fl.engine.replies`), or None where the entries are not the model's (checked for finite
         values only). Default: the shared keys, and extra records not of the model. An extra record may be
         absent from a reply; ``arrays`` always holds exactly its keys."""
         return {"arrays": self.shared_keys(model), **{name: None for name in self.extra_records}}

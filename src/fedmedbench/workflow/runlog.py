@@ -45,7 +45,7 @@ def log_to(path: str | os.PathLike, config_key: str | None = None) -> Iterator[J
     config file that sets it, the log's path) and the script exits with status 1.
     ``FEDMEDBENCH_DEBUG=1`` re-raises instead, so the traceback reaches the console too.
     """
-    from fedmedbench import diagnostics
+    from fedmedbench.workflow import diagnostics
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ method, say) go round by round side by side in one process, and every round thei
 of them, are stacked into one :func:`~fedmedbench.fl.methods._together.train_together` call: a step's
 kernels are N times larger and launched once.
 
-Each run is a thread running :func:`fedmedbench.fl.engine.run` as it would alone, with its own outputs,
+Each run is a thread running :func:`fedmedbench.fl.engine.flower.run` as it would alone, with its own outputs,
 checkpoints and resumption. The threads take turns on one baton: one runs host code at a time and hands the
 baton on only while it waits for the shared call, so a run's random draws (its global seeding and model
 building among them) happen in its own order, undisturbed by the others; a run's place in the process-wide
@@ -38,8 +38,8 @@ import torch
 if TYPE_CHECKING:
     import numpy as np
 
-    from fedmedbench.fl import federation as fed
-    from fedmedbench.fl.api import Arrays, ClientContext
+    from fedmedbench.fl.api.method import Arrays, ClientContext
+    from fedmedbench.fl.engine import federation as fed
     from fedmedbench.fl.spec import RunSpec
 
 
@@ -283,8 +283,8 @@ def _call(call: list[_Entry]) -> None:
 
 def run_together(specs: Sequence[RunSpec], log: Callable[[str], None] = print) -> list[fed.Federation]:
     """Run (or resume) ``specs`` to completion side by side in this process, each writing its own outputs as
-    :func:`fedmedbench.fl.engine.run` does; raises after all have ended if any failed, naming them."""
-    from fedmedbench.fl import engine
+    :func:`fedmedbench.fl.engine.flower.run` does; raises after all have ended if any failed, naming them."""
+    from fedmedbench.fl.engine import flower as engine
 
     pool = RoundPool(len(specs))
     done: list[fed.Federation | None] = [None] * len(specs)

@@ -232,7 +232,7 @@ def ignored_settings(config: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m fedmedbench.configcheck FILE...``: check files before handing them to Snakemake."""
+    """``python -m fedmedbench.config.check FILE...``: check files before handing them to Snakemake."""
     import sys
 
     paths = sys.argv[1:] if argv is None else argv

@@ -435,7 +435,7 @@ def build_partition(
     then also holds ``random_draws: reference`` and ``rng_after_partition`` (the legacy generator's
     state after the partition, where the cache-building run's client draws start).
     """
-    from fedmedbench import partition_replay
+    from fedmedbench.partition import replay as partition_replay
 
     if draws not in partition_replay.DRAWS:
         raise PartitionError(f"random_draws = {draws!r}; choose from {', '.join(partition_replay.DRAWS)}")
