@@ -422,6 +422,39 @@ def test_fedwmsam_alpha_after_a_nan_update_clips_to_the_floor_as_the_reference()
     assert math.isclose(float(ctx.broadcast["alpha"]["alpha"]), 0.99 * 0.3 + 0.01 * 0.1)
 
 
+# ---------------------------------------------------------------- the Method hooks of the base client step
+
+
+def hook_fit(extra=None, correction=None, **cfg) -> dict:
+    """The base ``Method.client_fit`` on the tiny problem with the given hooks; the trained state."""
+    from fedmedbench.fl.api import Method
+
+    class Hooked(Method):
+        if extra is not None:
+            def extra_loss(self, ctx, model, x, y, logits):
+                return extra(model)
+
+        def gradient_correction(self, ctx):
+            return correction
+
+    ctx = context(**cfg)
+    return Hooked().client_fit(ctx).arrays
+
+
+def test_the_gradient_correction_hook_is_the_gradient_of_its_linear_loss_term_bit_for_bit():
+    """``Method.gradient_correction`` d is added to each step's gradient before clipping: the same bits as the
+    loss hook's term <theta, d> (autograd gives d exactly), and not plain SGD's."""
+    model = tiny_model()
+    d = {n: torch.full_like(p, 0.5) * (i + 1) for i, (n, p) in enumerate(model.named_parameters())}
+    plain = hook_fit(grad_clip=0.5)
+    corrected = hook_fit(correction=d, grad_clip=0.5)
+    linear = hook_fit(extra=lambda m: sum((p * d[n]).sum() for n, p in m.named_parameters()), grad_clip=0.5)
+    assert same(corrected, linear) and not same(corrected, plain)
+    assert same(plain, fit("fedavg", grad_clip=0.5)[0].arrays)  # no hook: FedAvg's client step, bit for bit
+    with pytest.raises(KeyError, match=r"gradient correction: \['nope'\] not trainable parameters"):
+        hook_fit(correction={"nope": torch.zeros(1)})
+
+
 def test_unknown_parameter_and_bad_values_are_named():
     with pytest.raises(TypeError, match=r"fedavg.*unknown parameter"):
         get_method("fedavg", {"mu": 1})

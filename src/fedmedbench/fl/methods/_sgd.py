@@ -54,7 +54,9 @@ from fedmedbench.fl.methods._step import (  # noqa: F401  (re-exported: the meth
 )
 from fedmedbench.fl.training import (
     StepLosses,
+    add_to_grads,
     batch_indices,
+    correction_on,
     forward_fn,
     forward_precision,
     index_device,
@@ -104,8 +106,7 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
     forward = forward_fn(model, cfg)
     params = trainable(model)
     opt = make_optimizer(model, cfg, ctx.rnd, hooks.extra_weight_decay)
-    correction = {n: t.to(device) for n, t in (hooks.correction or {}).items()}
-    corrected = {n: params[n] for n in correction}
+    corrected = correction_on(model, hooks.correction, device)  # (parameters, d) or None
     losses = StepLosses() if losses is None else losses  # read once after the last step: no host sync per step
     x_u8, y = ctx.data.train_x, ctx.data.train_y
     for idx in batch_indices(y.shape[0], cfg.batch_size, ctx.steps, ctx.generator, index_device(x_u8, y)):
@@ -124,8 +125,8 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
         with torch.no_grad():
             if e:
                 torch._foreach_sub_(list(shifted.values()), list(e.values()))
-            if correction:
-                _add_to_grads(corrected, correction)
+            if corrected:
+                add_to_grads(*corrected)
         if cfg.grad_clip:
             nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip)
         opt.step()
@@ -133,15 +134,6 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
             hooks.after_step()
         losses.add(loss)
     return mean_loss(ctx, losses)
-
-
-def _add_to_grads(params: Tensors, d: Tensors) -> None:
-    """p.grad += d (p.grad = d where a parameter got no gradient)."""
-    if all(p.grad is not None for p in params.values()):
-        torch._foreach_add_([p.grad for p in params.values()], list(d.values()))
-        return
-    for n, p in params.items():
-        p.grad = d[n].clone() if p.grad is None else p.grad.add_(d[n])
 
 
 def local_loop_metrics(ctx: ClientContext, hooks: StepHooks) -> dict[str, float]:
