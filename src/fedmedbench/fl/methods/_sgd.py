@@ -9,10 +9,11 @@ proximal and dual terms), (3) clip the gradient norm, (4) step SGD with weight d
 order follows the reference implementations (FL-Simulator and its descendants),
 where corrections are part of the loss, hence clipped with it.
 
-Server: :class:`ServerOptMethod` averages client states (uniformly or by examples,
-``train.aggregation``) and applies a global learning rate to the averaged update of
-the parameters; buffers (BatchNorm statistics) are averaged. Corrections act on
-trainable parameters only (``param_keys``), never on buffers.
+Server: :class:`LocalSGDMethod` averages client states (uniformly or by examples,
+``train.aggregation``); :class:`ServerOptMethod` applies a global learning rate to the
+averaged update of the parameters (the adaptive server optimizers, ``_fedopt.py``, their own
+step); buffers (BatchNorm statistics) are averaged. Corrections act on trainable parameters
+only (``param_keys``), never on buffers.
 """
 
 from __future__ import annotations
@@ -225,16 +226,16 @@ def cast_like(t: Tensors, like: Arrays, dtype: torch.dtype | None = None) -> Arr
     return {k: v.to(like[k].dtype) for k, v in t.items()}
 
 
-class ServerOptMethod(Method):
-    """FedAvg-style server: average the client states, global lr on the parameters' update. A subclass's own
-    server arithmetic takes ``vectors64`` of the arrays and gives its result back by ``cast_like``."""
+class LocalSGDMethod(Method):
+    """The family's client (local SGD shaped by the method's :class:`StepHooks`) and server (the client states
+    averaged with the family's weights), with no server step of its own: :class:`ServerOptMethod` adds the global
+    lr, the adaptive server optimizers (``_fedopt.py``) theirs. A subclass's own server arithmetic takes
+    ``vectors64`` of the arrays and gives its result back by ``cast_like``."""
 
     device_data = True  # local_loop indexes batches wherever the data is
-    params = (Param("global_lr", float, 1.0, "server step on the averaged update (1 = plain averaging)", low=0, low_open=True),)
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        self.global_lr = float(self.p["global_lr"])
         self._param_keys: list[str] | None = None
 
     def build_model(self, spec) -> nn.Module:
@@ -264,18 +265,8 @@ class ServerOptMethod(Method):
         """Weighted mean of client arrays (see ``weighted_average``), with this method's client weights."""
         return weighted_average(arrays if arrays is not None else [r.arrays for r in ctx.results], list(self.weights(ctx)))
 
-    def apply_global_lr(self, ctx: ServerContext, averaged: Arrays) -> Arrays:
-        """theta + eta_g * (mean(theta_i) - theta) on parameters; eta_g = 1 returns the mean exactly."""
-        if self.global_lr == 1.0:
-            return averaged
-        out = dict(averaged)
-        for k in self.param_keys(ctx):
-            g = torch.as_tensor(ctx.global_arrays[k]).to(averaged[k].device, torch.float64)
-            out[k] = (g + self.global_lr * (averaged[k].to(torch.float64) - g)).to(averaged[k].dtype)
-        return out
-
     def aggregate(self, ctx: ServerContext) -> Arrays:
-        return self.apply_global_lr(ctx, self.average(ctx))
+        return self.average(ctx)
 
     # -- client side default: plain local SGD ----------------------------------------------
     def hooks(self, ctx: ClientContext) -> StepHooks:
@@ -293,7 +284,7 @@ class ServerOptMethod(Method):
 
     # -- a round's clients together (train.batch_clients): the plain SGD step above, batched ------------
     def why_not_together(self, model: nn.Module, train) -> str | None:
-        if type(self).client_fit is not ServerOptMethod.client_fit:
+        if type(self).client_fit is not LocalSGDMethod.client_fit:
             return f"method '{self.name}' has its own client step"
         from fedmedbench.fl.methods import _together
 
@@ -325,6 +316,29 @@ class ServerOptMethod(Method):
                 load_arrays(model, start)  # in place: the hooks' references to the model's tensors hold
             out.append(self.client_result(ctx, h, local_loop_metrics(ctx, h), ctx.result_arrays()))
         return out
+
+
+class ServerOptMethod(LocalSGDMethod):
+    """FedAvg-style server: average the client states, global lr on the parameters' update."""
+
+    params = (Param("global_lr", float, 1.0, "server step on the averaged update (1 = plain averaging)", low=0, low_open=True),)
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.global_lr = float(self.p["global_lr"])
+
+    def apply_global_lr(self, ctx: ServerContext, averaged: Arrays) -> Arrays:
+        """theta + eta_g * (mean(theta_i) - theta) on parameters; eta_g = 1 returns the mean exactly."""
+        if self.global_lr == 1.0:
+            return averaged
+        out = dict(averaged)
+        for k in self.param_keys(ctx):
+            g = torch.as_tensor(ctx.global_arrays[k]).to(averaged[k].device, torch.float64)
+            out[k] = (g + self.global_lr * (averaged[k].to(torch.float64) - g)).to(averaged[k].dtype)
+        return out
+
+    def aggregate(self, ctx: ServerContext) -> Arrays:
+        return self.apply_global_lr(ctx, self.average(ctx))
 
 
 def trained_params(ctx: ClientContext, arrays: Arrays) -> Tensors:
