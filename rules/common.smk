@@ -194,6 +194,12 @@ def study_origin(study):
     return "; ".join(parts)
 
 
+def study_train_overrides(study):
+    """setting -> method -> the train keys where the pair's runs differ from the study's train, [run, study]
+    (the final-metrics tables' notes)."""
+    return GRID.train_overrides(config["studies"][study])
+
+
 def synthetic_settings(dataset):
     """The generator's settings for one flag: data.synthetic with that flag's per_dataset overrides."""
     syn = {k: v for k, v in config["data"]["synthetic"].items() if k != "per_dataset"}
