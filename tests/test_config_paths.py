@@ -120,3 +120,72 @@ def test_a_list_bomb_without_the_workflow_profile_is_refused_by_the_workflow(tmp
     proc, _ = snakemake("--workflow-profile", "none", "--configfile", str(bomb))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "Traceback" not in out and out.count(f"{bomb}: {BOMB_LINE}") == 1, out
+
+
+# ---------------------------------------------------------------- study names Snakemake or the file system cannot take
+
+
+def _micro_with_study(name: str) -> dict:
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "tests" / "fixtures" / "micro.yaml").read_text())
+    cfg["studies"] = {name: cfg["studies"]["micro"]}
+    return cfg
+
+
+RANDOM_301 = "s" + "".join(__import__("random").Random(0).choices("abcdefghijklmnopqrstuvwxyz0123456789", k=300))
+BAD_NAMES = [
+    ("a" * 5000, "studies.aaaaaaaaaaaaaaaaaaaaaaaa…", "a name of 5,000 characters; at most 64"),  # YAML's own limit is 1024
+    ("ab" * 500, "studies.abababababababababababab…", "a name of 1,000 characters; at most 64"),  # PeriodicWildcardError
+    (RANDOM_301, f"studies.{RANDOM_301[:24]}…", "a name of 301 characters; at most 64"),  # File name too long, at a job
+    ("s" + "ab" * 20, "studies.s" + "ab" * 20, "the name ends in 'ab' repeated 20 times or more"),  # short, periodic
+]
+
+
+@pytest.mark.parametrize("name,key,detail", BAD_NAMES[:3], ids=["5000", "periodic 1000", "random 301"])
+def test_a_study_name_past_the_schema_limit_is_named_in_one_line(name, key, detail):
+    from fedmedbench.config.check import ConfigError
+    from fedmedbench.workflow.diagnostics import validate_config
+
+    with pytest.raises(ConfigError) as err:
+        validate_config(_micro_with_study(name), ROOT / "config" / "schema.yaml")
+    assert err.value.key == key and err.value.detail.startswith(detail)
+    cfg = _micro_with_study("micro")
+    cfg["studies"]["micro"]["settings"][name] = cfg["studies"]["micro"]["settings"].pop("dir")  # a setting's name too
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg, ROOT / "config" / "schema.yaml")
+    assert err.value.key == f"studies.micro.settings.{key.split('.', 1)[1]}" and err.value.detail.startswith(detail)
+
+
+def test_snakemakes_periodic_wildcard_rule_is_the_one_checked():
+    from fedmedbench.config.check import periodic_name
+
+    assert periodic_name("s" + "ab" * 20) == "ab" and periodic_name("s" + "ab" * 19) is None
+    assert periodic_name("x" + "a" * 20) == "a" and periodic_name("micro") is None and periodic_name("dir0.5") is None
+
+
+def test_a_key_past_yamls_limit_says_so(tmp_path):
+    """A plain YAML key of 5,000 characters: PyYAML's message alone ('mapping values are not allowed here') says
+    nothing of why."""
+    from fedmedbench.config.check import ConfigFileError, check_file
+
+    text = (ROOT / "tests" / "fixtures" / "micro.yaml").read_text().replace("  micro:\n", "  " + "a" * 5000 + ":\n")
+    (path := tmp_path / "long.yaml").write_text(text)
+    with pytest.raises(ConfigFileError) as err:
+        check_file(path)
+    assert str(err.value) == (f"{path}:13:5003: a key of 5,000 characters ('{'a' * 24}…'): YAML reads keys of at most "
+                              "1,024 characters, and a study or setting name is at most 64")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,key,detail", BAD_NAMES, ids=["5000", "periodic 1000", "random 301", "periodic 41"])
+def test_snakemake_refuses_a_bad_study_name_at_planning_in_one_line(tmp_path, name, key, detail):
+    import yaml
+
+    (path := tmp_path / "names.yaml").write_text(yaml.safe_dump(_micro_with_study(name), width=10**9))
+    proc, _ = snakemake("--configfile", str(path))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out and "WildcardError in rule" not in out, out[-2000:]
+    lines = [line for line in out.splitlines() if "config error" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"config error in {path} at '{key}': {detail}"), out[-2000:]
+    assert len(lines[0]) < 300

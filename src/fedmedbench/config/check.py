@@ -27,6 +27,11 @@ import yaml
 FLOAT_RE = re.compile(r"^[-+]?(?:\d[\d_]*)?(?:\.\d*)?[eE][-+]?\d+$")
 
 
+#: the longest key YAML reads without a '?' (a "simple key": PyYAML's limit)
+YAML_KEY_LIMIT = 1024
+#: Snakemake refuses a wildcard value that ends in a piece repeated this many times (PeriodicWildcardError)
+PERIODIC_REPEATS = 20
+
 #: the most nodes (mappings, lists, scalars) a config file may hold once its aliases are expanded (the
 #: largest config of the project, config/config.yaml, holds about 1,000)
 MAX_EXPANDED_NODES = 200_000
@@ -149,6 +154,9 @@ def check_file(path: str | Path, hint: Callable[[Path], str] = target_hint) -> A
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        if (key := _long_key(text, exc)) is not None:
+            raise ConfigFileError(f"{where}: a key of {len(key):,} characters ('{key[:24]}…'): YAML reads keys of at most "
+                                  f"{YAML_KEY_LIMIT:,} characters, and a study or setting name is at most 64") from None
         raise ConfigFileError(f"{where}: {exc.problem or exc.context}{hint(path)}").with_traceback(None) from None
     except yaml.YAMLError as exc:
         raise ConfigFileError(f"{path}: not valid YAML ({exc}){hint(path)}") from None
@@ -156,6 +164,25 @@ def check_file(path: str | Path, hint: Callable[[Path], str] = target_hint) -> A
         raise ConfigFileError(_too_deep(path)) from None
     _check_top_level(data, path, hint)
     return data
+
+
+def _long_key(text: str, exc: yaml.MarkedYAMLError) -> str | None:
+    """The key past YAML's length limit on a line the error points at (PyYAML's message does not say so)."""
+    lines = text.splitlines()
+    for mark in (exc.context_mark, exc.problem_mark):
+        if mark is not None and mark.line < len(lines) and ":" in lines[mark.line]:
+            key = lines[mark.line].split(":", 1)[0].strip().lstrip("?-").strip().strip("'\"")
+            if len(key) > YAML_KEY_LIMIT:
+                return key
+    return None
+
+
+def periodic_name(name: str) -> str | None:
+    """The piece ``name`` ends in, repeated :data:`PERIODIC_REPEATS` times or more: Snakemake takes such a wildcard
+    value for a rule applied to its own output and stops planning (``PeriodicWildcardError``). None otherwise."""
+    from snakemake.io import PeriodicityDetector
+
+    return PeriodicityDetector(min_repeat=PERIODIC_REPEATS).is_periodic(name)
 
 
 def _too_deep(path: Path) -> str:

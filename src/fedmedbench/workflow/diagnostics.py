@@ -88,9 +88,25 @@ def as_config_error(exc: BaseException) -> ConfigError | None:
     return None
 
 
+#: how much of a long name a message shows
+NAME_SHOWN = 24
+
+
+def shown_name(name: str) -> str:
+    """A name as a message shows it: a long one cut, so the line stays one line."""
+    return name if len(name) <= NAME_SHOWN else f"{name[:NAME_SHOWN]}…"
+
+
 def schema_error(err: Any) -> ConfigError:
     """A jsonschema ``ValidationError`` as the key it concerns and one line (no schema or config dump)."""
     path = [str(p) for p in err.absolute_path]
+    if "propertyNames" in err.schema_path and isinstance(err.instance, str):  # a name the schema does not take
+        name, key = err.instance, ".".join([*path, shown_name(err.instance)])
+        if err.validator == "maxLength":
+            return ConfigError(key, f"a name of {len(name):,} characters; at most {err.validator_value} (names "
+                               "become folder and file names)")
+        if err.validator == "pattern":
+            return ConfigError(key, f"{shown_name(name)!r} does not match {err.validator_value!r}")
     if err.validator == "additionalProperties" and isinstance(err.instance, dict):
         allowed = sorted(err.schema.get("properties") or {})
         patterns = list(err.schema.get("patternProperties") or {})
