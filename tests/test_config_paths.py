@@ -189,3 +189,31 @@ def test_snakemake_refuses_a_bad_study_name_at_planning_in_one_line(tmp_path, na
     lines = [line for line in out.splitlines() if "config error" in line]
     assert len(lines) == 1 and lines[0].startswith(f"config error in {path} at '{key}': {detail}"), out[-2000:]
     assert len(lines[0]) < 300
+
+
+# ---------------------------------------------------------------- a bad value given with --config
+
+
+def test_a_key_the_command_line_sets_is_named_as_config(monkeypatch, tmp_path):
+    from fedmedbench.config.check import ConfigError
+    from fedmedbench.workflow import diagnostics
+
+    (conf := tmp_path / "c.yaml").write_text("fedst:\n  eval: {batch_size: 2}\ndevice: cpu\n")
+    overrides = {"fedst": {"eval": {"metrics_device": "cuda"}}}
+    assert diagnostics.key_file("fedst.eval.metrics_device", [conf], overrides) == "--config"
+    assert diagnostics.key_file("fedst.eval.batch_size", [conf], {"fedst": {"enabled": True}}) == str(conf)
+    assert diagnostics.key_file("device", [conf], {"device": "cuda"}) == "--config"  # --config is merged last
+    for name in (diagnostics.CONFIG_ARGS_ENV, diagnostics.CONFIGFILES_ENV):
+        monkeypatch.delenv(name, raising=False)  # undone after the test
+    diagnostics.announce([conf], overrides)  # what the Snakefile does; its jobs inherit it
+    line = diagnostics.config_error_line(ConfigError("fedst.eval.metrics_device", "'cuda' is not one of"), [conf])
+    assert line == "config error in --config at 'fedst.eval.metrics_device': 'cuda' is not one of"
+
+
+@pytest.mark.slow
+def test_snakemake_names_config_for_a_bad_value_given_there():
+    proc, _ = snakemake("--config", 'fedst={"eval": {"metrics_device": "cuda"}}')
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out
+    assert [line for line in out.splitlines() if "config error" in line] == [
+        "config error in --config at 'fedst.eval.metrics_device': 'cuda' is not one of ['auto', 'cpu', 'torch']"], out
