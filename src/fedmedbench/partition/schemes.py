@@ -522,6 +522,9 @@ def build_partition(
 DIGEST_KEY = "sha256"
 #: SHA-256 of the labels (pool order) the partition was drawn from
 LABELS_KEY = "labels_sha256"
+#: the partition file's format, a param of rule build_partition: a file of an older format (2: the first that
+#: records ``sha256`` and ``labels_sha256``) is rebuilt by Snakemake, not refused at training
+FILE_FORMAT = 2
 #: what to do with a partition that fails a check of what built it
 REBUILD = "delete it and run snakemake again to rebuild it (its runs are then trained again)"
 
