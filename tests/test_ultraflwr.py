@@ -566,7 +566,7 @@ def test_the_training_set_takes_its_hsv_step_by_the_chosen_rule_also_after_the_m
     from fedmedbench.fl.tasks.detection.yolo import study_trainer
 
     def stub(self, img_path, mode="train", batch=None):
-        ds = SimpleNamespace(build_transforms=lambda hyp: Compose([RandomHSV(0.1, 0.2, 0.3), "format"]))
+        ds = SimpleNamespace(build_transforms=lambda hyp: Compose([RandomHSV(0.1, 0.2, 0.3), "format"]), imgsz=64)
         ds.transforms = ds.build_transforms(None)
         return ds
 
@@ -1566,3 +1566,31 @@ def test_a_local_training_loads_none_of_ultralytics_loggers(export, tmp_path, mo
         assert SETTINGS["mlflow"] is True
     finally:
         dict.__setitem__(SETTINGS, "mlflow", before)
+
+
+def test_a_training_with_the_anchor_grid_kept_ends_with_the_same_weights(export, tmp_path, monkeypatch):
+    """The loss's anchor grid made once (``anchors.anchors_kept``) instead of every step: the same weights,
+    bit for bit, after a local training, with fewer grids made."""
+    from contextlib import nullcontext
+
+    from ultralytics.utils import loss
+
+    from fedmedbench.fl.tasks.detection import yolo as Y
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+
+    spec = _spec(export, tmp_path, "FedAvg")
+    data = DetectionTask(spec).client_data(0)
+    made, make = [], loss.make_anchors
+    monkeypatch.setattr(loss, "make_anchors", lambda *a, **k: made.append(1) or make(*a, **k))
+    states, grids = {}, {}
+    for kept in (True, False):
+        if not kept:
+            monkeypatch.setattr(Y, "anchors_kept", nullcontext)
+        made.clear()
+        model = build_yolo("yolo11n.yaml", spec.num_classes, seed=1)
+        states[kept] = train_yolo(model, data.data_yaml, epochs=1, batch=8, imgsz=64, seed=0,
+                                  device=torch.device("cpu"), workdir=tmp_path / str(kept), select="last").state
+        grids[kept] = len(made)
+    assert states[True].keys() == states[False].keys()
+    assert all(torch.equal(states[True][k], states[False][k]) for k in states[True])
+    assert grids[True] < grids[False]

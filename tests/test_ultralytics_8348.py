@@ -142,8 +142,9 @@ def pipeline_8348():
     return recorded
 
 
-def _record(trainer_cls, work: Path) -> dict:
-    """The probe's recording with ``trainer_cls`` as ``train_yolo`` runs a trainer (offline, no loggers)."""
+def _record(trainer_cls, work: Path, stages: bool = True) -> dict:
+    """The probe's recording with ``trainer_cls`` as ``train_yolo`` runs a trainer (offline, no loggers); without
+    ``stages`` the samples, sample orders and batches only, untraced."""
     from helpers import ultralytics_8348_probe as probe
 
     from fedmedbench.fl.tasks.detection import yolo
@@ -155,9 +156,10 @@ def _record(trainer_cls, work: Path) -> dict:
         yolo.import_before_seeding()
         trainer = probe.make_trainer(trainer_cls, data_yaml, work / "runs")
         rec = {}
-        for part in (probe.probe_full(trainer), probe.probe_stages(trainer), probe.probe_val(trainer),
-                     probe.probe_order(trainer_cls, data_yaml, work / "runs"),
-                     probe.probe_e2e(trainer_cls, data_yaml, work / "runs")):
+        parts = [probe.probe_full(trainer, traced=stages)]
+        parts += [probe.probe_stages(trainer), probe.probe_val(trainer)] if stages else []
+        for part in parts + [probe.probe_order(trainer_cls, data_yaml, work / "runs"),
+                             probe.probe_e2e(trainer_cls, data_yaml, work / "runs")]:
             rec.update(part)
     return rec
 
@@ -180,6 +182,16 @@ def test_the_study_trainers_training_data_are_8348s_bit_for_bit(pipeline_8348, t
     rec = _record(study_trainer(), tmp_path)
     assert _differing(pipeline_8348, rec) == []
     assert len(pipeline_8348.files) == 620  # the comparison covered the recording
+
+
+def test_with_the_pixel_thread_the_samples_and_batches_are_8348s_too(pipeline_8348, tmp_path):
+    """``engine.pixel_thread`` (on by default) runs each sample's last pixel steps in a second thread: the samples,
+    the sample orders and a trainer's batches stay 8.3.48's."""
+    from fedmedbench.fl.tasks.detection.yolo import study_trainer
+
+    rec = _record(study_trainer(pixel_thread=True), tmp_path, stages=False)
+    keys = [k for k in pipeline_8348.files if k.startswith(("full_", "order_", "e2e_")) and not _TRACE.search(k)]
+    assert len(keys) == 116 and [k for k in keys if not np.array_equal(pipeline_8348[k], rec[k])] == []
 
 
 def test_the_installed_pipeline_draws_other_samples_than_8348_as_the_fidelity_table_says(pipeline_8348, tmp_path):
@@ -211,3 +223,37 @@ def test_the_installed_pipeline_draws_other_samples_than_8348_as_the_fidelity_ta
     assert rec["e2e_rng_setup"][0] != ref["e2e_rng_setup"][0] and rec["e2e_rng_setup"][1] == ref["e2e_rng_setup"][1]
     assert not any(equal(f"full_mosaic_{j}_digest") for j in range(6))
     assert not any(equal(f"e2e_b{n}_digests") for n in range(int(ref["e2e_batches"])))
+
+
+# ------------------------------------------------------------------------------------------------------------ EMA
+def test_the_installed_ema_rounds_otherwise_than_8348_by_about_a_millionth():
+    """8.3.48 updates each floating EMA tensor as ``v *= d; v += (1 - d) * m`` (``utils/torch_utils.py:521-531``);
+    the installed Ultralytics with one lerp. After 200 updates of a model that moves every step they differ by up
+    to about 1e-6 (the fidelity table). Kept: where the model does not move (the frozen DFL projection), the lerp
+    leaves the EMA as it is, while 8.3.48's two roundings move it, which UltraFlwr's fp16 ``best.pt`` rounds away."""
+    from ultralytics.utils.torch_utils import ModelEMA
+
+    def update_83(ema, model, d):
+        weights = model.state_dict()
+        for k, v in ema.state_dict().items():
+            if v.dtype.is_floating_point:
+                v *= d
+                v += (1 - d) * weights[k].detach()
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.BatchNorm2d(16), torch.nn.Conv2d(16, 16, 1))
+    frozen = model[2].weight
+    frozen.requires_grad_(False)
+    installed, ref = ModelEMA(model), ModelEMA(model)
+    for update in range(1, 201):
+        with torch.no_grad():
+            for name, t in model.state_dict().items():
+                if t.dtype.is_floating_point and not name.startswith("2."):
+                    t.add_(torch.randn_like(t) * 0.01)
+        installed.update(model)
+        update_83(ref.ema, model, ref.decay(update))
+    a, b = installed.ema.state_dict(), ref.ema.state_dict()
+    moving = [k for k in a if a[k].dtype.is_floating_point and not k.startswith("2.")]
+    largest = max(float((a[k] - b[k]).abs().max()) for k in moving)
+    assert 0 < largest < 2e-6
+    assert torch.equal(a["2.weight"], frozen) and not torch.equal(b["2.weight"], frozen)

@@ -55,6 +55,7 @@ from typing import Any
 import torch
 
 from fedmedbench.fl.tasks.detection import label_cache
+from fedmedbench.fl.tasks.detection.anchors import anchors_kept
 from fedmedbench.fl.tasks.detection.ap import ap_rule
 from fedmedbench.fl.tasks.detection.hsv import with_83_hue
 from fedmedbench.fl.tasks.detection.matching import match_rule
@@ -475,7 +476,7 @@ def train_yolo(
                 val=select == "best", amp=device.type == "cuda", verbose=False, **extra)
     selector = EpochSelector(select, select_metric)
     label_cache.install()  # its dataset caches are never unpickled
-    with without_integrations(), ultralytics_offline(), ap_rule(ap), match_rule(match):
+    with without_integrations(), ultralytics_offline(), ap_rule(ap), match_rule(match), anchors_kept():
         import_before_seeding()
         trainer = trainer_cls(overrides=args)
         trainer.model = model  # used as is by setup_model (no rebuild, our weights)
