@@ -75,6 +75,10 @@ def test_every_variant_and_method_resolves_to_a_spec():
     assert main["task_params"]["class_rule"] == "all_classes"
     endovis = {**cfg, "eval": {**cfg["eval"], "class_rule": "gt_classes"}}
     assert FS.run_spec(endovis, "main", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")["task_params"]["class_rule"] == "gt_classes"
+    # the empty-mask rule reaches the task (default the diagonal; FedDP's pixel as option)
+    assert main["task_params"]["empty_rule"] == "diagonal"
+    feddp_rule = {**cfg, "eval": {**cfg["eval"], "empty_rule": "feddp_pixel"}}
+    assert FS.run_spec(feddp_rule, "main", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")["task_params"]["empty_rule"] == "feddp_pixel"
     # where frames are scored: off its default only (the default keeps earlier runs' hashes)
     assert "metrics_device" not in main["task_params"]
     numpy_path = {**cfg, "eval": {**cfg["eval"], "metrics_device": "cpu"}}
