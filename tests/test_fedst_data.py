@@ -118,8 +118,8 @@ def test_clip_history_is_timed_by_the_sites_listed_frame_rate(tmp_path, monkeypa
     from fedmedbench.data.surgical.export_clips import build_clips
     from fedmedbench.data.surgical.index import build_index
 
-    monkeypatch.setitem(facts.FRAME_RATES, "handmade_30fps", facts.FrameRate(30.0, "assumed, not verified", "test"))
-    monkeypatch.setitem(facts.FRAME_RATES, "handmade_1fps", facts.FrameRate(1.0, "published description", "test"))
+    monkeypatch.setitem(facts.FRAME_RATES, "handmade_30fps", facts.FrameRate(30.0, "unverified", "test"))
+    monkeypatch.setitem(facts.FRAME_RATES, "handmade_1fps", facts.FrameRate(1.0, "release documentation", "test"))
     _handmade_site(tmp_path / "raw", 31)
     meta = build_index("site", {"layout": "frames_masks", "folder": "Site", **option}, tmp_path / "raw",
                        tmp_path / "index", log=lambda m: None)
