@@ -387,7 +387,7 @@ def result_row(row: dict) -> dict:
     """The summary kept in ``grid_cost_results.jsonl``: what each study's grid costs, on what, when, with which code,
     what was timed and how the rest was costed."""
     keys = ("study", "date", "commit", "tree_clean", "changed", "allow_dirty", "note", "device", "device_name",
-            "torch", "grid_gpu_hours", "device_hours", "packing_throughput", "measured_s_per_round", "timed",
+            "torch", "threads", "bench_wall_s", "grid_gpu_hours", "device_hours", "packing_throughput", "measured_s_per_round", "timed",
             "timed_on", "rounds_timed", "s_per_round", "train_s_per_round", "eval_s", "scaled_by",
             "untimed_methods_at_mean", "untimed_strategies_at_mean", "timed_alone", "costing", "jobs", "job_rounds",
             "forward_flops_per_sample", "flops_per_round", "floor_flops", "floor_counts", "dense_peak_tflops",
@@ -486,11 +486,16 @@ def main() -> None:
     check_tree(tree, args.results, args.allow_dirty)  # before anything is timed
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     limit_threads(args.threads)
+    import time
+
+    started = time.perf_counter()
     with waiting_steps() if args.waiting_steps else nullcontext():
         for row in cost_rows(args, device):
             row = with_floor({**row, **provenance(tree, args.allow_dirty, args.note), "threads": args.threads,
-                              "waiting_steps": args.waiting_steps}, device, args.peak_tflops, args.packing,
-                             levers(row, args))
+                              "waiting_steps": args.waiting_steps,
+                              "bench_wall_s": round(time.perf_counter() - started)}, device, args.peak_tflops,
+                             args.packing, levers(row, args))
+            started = time.perf_counter()
             emit([row], args.out)
             emit_summary(row, args.results)
             print(costing_line(row), flush=True)
