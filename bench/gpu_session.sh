@@ -14,7 +14,8 @@
 #     BUDGET=720 STEPS='^grid:' bash bench/gpu_session.sh
 #   each grid timed whole (every method of earlystop and gpaf, both earlystop datasets and its quantity-skewed
 #   settings; fedst's FedST with its evaluating round and FedAvg; ultraflwr's FedAvg, its strategies costed at that
-#   rate), earlystop's clients together against one at a time and its seeds side by side, and fedst's and ultraflwr's
+#   rate), earlystop's clients together against one at a time, against one call a step, and its seeds side by side,
+#   and fedst's and ultraflwr's
 #   jobs sharing a GPU; summary rows to bench/grid_cost_results.jsonl (GRID_RESULTS), which takes rows of committed
 #   code only (ALLOW_DIRTY=1: marked rows of a changed tree).
 # Each step appends its JSON rows to OUT (default bench/gpu_results.jsonl) and its output to
@@ -125,10 +126,15 @@ GRID_FST="${SURGICAL_DIR:-$STAND_IN/grid-fedst}"
 # the three quantity-skewed settings (their rounds take other steps); each job costed at its method's and pair's rate
 STEP_LIMIT=210 grid_step "grid: earlystop, clients together" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml \
   --rounds 3 --batch-clients --scale-by dermamnist/qty0.01 dermamnist/qty0.1 dermamnist/qty1.0 "${GRID_FLAGS[@]}"
-# train.batch_clients decided by measurement: FedAvg one client at a time on dir0.01 (both datasets) and qty0.01
-STEP_LIMIT=60 grid_step "grid: earlystop, one client at a time" "$PY" bench/grid_cost.py \
-  --config config/studies/earlystop.yaml --rounds 3 --no-batch-clients --methods fedavg --scale-by dermamnist/qty0.01 \
-  "${GRID_FLAGS[@]}"
+# train.batch_clients decided by measurement: FedAvg one client at a time on dir0.01 (both datasets) and qty0.01 / 1.0
+STEP_LIMIT=70 grid_step "grid: earlystop, one client at a time" "$PY" bench/grid_cost.py \
+  --config config/studies/earlystop.yaml --rounds 3 --no-batch-clients --methods fedavg \
+  --scale-by dermamnist/qty0.01 dermamnist/qty1.0 "${GRID_FLAGS[@]}"
+# the grouped calls decided by measurement: FedAvg together, one call a step (every client padded to the largest
+# batch, as before) on the same pairs: the quantity-skewed rounds compute 2-3x the samples in fewer calls
+STEP_LIMIT=50 grid_step "grid: earlystop, one call a step" "$PY" bench/grid_cost.py \
+  --config config/studies/earlystop.yaml --rounds 3 --batch-clients --batch-padding inf --methods fedavg \
+  --scale-by dermamnist/qty0.01 dermamnist/qty1.0 "${GRID_FLAGS[@]}"
 # train.seeds_together decided by measurement: three seeds side by side, FedAvg and FedSMOO (launch- and compute-heavy)
 STEP_LIMIT=90 grid_step "grid: earlystop, seeds side by side" "$PY" bench/grid_cost.py \
   --config config/studies/earlystop.yaml --rounds 3 --batch-clients --runs-together 3 --methods fedavg fedsmoo \

@@ -389,7 +389,7 @@ def result_row(row: dict) -> dict:
     keys = ("study", "date", "commit", "tree_clean", "changed", "allow_dirty", "note", "device", "device_name",
             "torch", "threads", "bench_wall_s", "grid_gpu_hours", "device_hours", "packing_throughput", "measured_s_per_round", "timed",
             "timed_on", "rounds_timed", "s_per_round", "train_s_per_round", "eval_s", "scaled_by",
-            "untimed_methods_at_mean", "untimed_strategies_at_mean", "timed_alone", "costing", "jobs", "job_rounds",
+            "untimed_methods_at_mean", "untimed_strategies_at_mean", "timed_alone", "costing", "batch_padding", "jobs", "job_rounds",
             "forward_flops_per_sample", "flops_per_round", "floor_flops", "floor_counts", "dense_peak_tflops",
             "floor_s_per_round_30", "floor_s_per_round_10", "measured_over_floor_30", "measured_over_floor_10",
             "floor_gpu_hours_30", "floor_gpu_hours_10", "levers", "data")
@@ -454,6 +454,10 @@ def main() -> None:
     ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
                     help="the MedMNIST studies with train.batch_clients (a round's clients trained together) or "
                     "without (default: the config's)")
+    ap.add_argument("--batch-padding", type=float, metavar="X",
+                    help="the MedMNIST studies with clients together: a step's clients in the fewest calls that compute "
+                    "at most X times its useful samples (fl/methods/_batch_plan.py PADDING, default 1.10; inf: one "
+                    "call a step, every client padded to the largest batch), for a before/after")
     ap.add_argument("--peak-tflops", type=above_zero,
                     help="the device's dense peak the floor is taken against (default: bench/_flop_floor.py's "
                          "figure for the card; a CPU's measured matrix-product rate)")
@@ -477,6 +481,8 @@ def main() -> None:
 
     if not 0 < args.packing < float("inf"):  # NaN too: every row's GPU-hours would be NaN
         raise SystemExit(f"grid_cost: --packing {args.packing:g}: give a throughput above 0")
+    if args.batch_padding is not None and not args.batch_padding >= 1:  # NaN too
+        raise SystemExit(f"grid_cost: --batch-padding {args.batch_padding:g}: give 1 or more (inf: one call a step)")
     if args.dry_run:
         for line in planned(args):
             print(line)
@@ -521,6 +527,8 @@ def levers(row: dict, args: argparse.Namespace) -> list[str]:
         out.append(f"autocast={row['autocast']}")
     if row.get("loader_workers"):
         out.append(f"loader_workers={row['loader_workers']}")
+    if getattr(args, "batch_padding", None) is not None and row.get("batch_clients"):
+        out.append(f"batch_padding={args.batch_padding:g}")
     if row.get("runs_together", 1) > 1 and not set(row["s_per_round"]) <= set(row.get("timed_alone", {})):
         out.append(f"runs_together={row['runs_together']}")
     if args.packing != 1:
@@ -575,7 +583,7 @@ def check_methods(configs: dict[Path, dict], studies: list[str] | None, methods:
 #: config has it: a surgical study's timing takes none of them
 MEDMNIST_OPTIONS = {"setting": ("--setting", None), "scale_by": ("--scale-by", None), "autocast": ("--autocast", None),
                     "torch_profile": ("--torch-profile", None), "batch_clients": ("--[no-]batch-clients", None),
-                    "runs_together": ("--runs-together", 1)}
+                    "runs_together": ("--runs-together", 1), "batch_padding": ("--batch-padding", None)}
 
 
 def check_medmnist_options(configs: dict[Path, dict], studies: list[str] | None, args: argparse.Namespace) -> None:
@@ -665,11 +673,18 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
                 config["studies"][study]["train"]["batch_clients"] = args.batch_clients
             if args.autocast is not None:  # train.autocast: forward passes in bfloat16 (results change)
                 config["studies"][study]["train"]["autocast"] = args.autocast
+            if args.batch_padding is not None:  # the batched step's grouping of a step's clients (float32 rounding)
+                from fedmedbench.fl.methods import _batch_plan
+
+                _batch_plan.PADDING = args.batch_padding
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
                 row = study_cost(config, study, args.methods, args.rounds, device, args.threads, Path(tmp), args.setting,
                                  args.torch_profile, args.scale_by, args.runs_together)
             train = config["studies"][study]["train"]
-            yield {**row, "batch_clients": bool(train.get("batch_clients")), "autocast": train.get("autocast", "none")}
+            from fedmedbench.fl.methods._batch_plan import PADDING
+
+            yield {**row, "batch_clients": bool(train.get("batch_clients")), "autocast": train.get("autocast", "none"),
+                   **({"batch_padding": PADDING} if train.get("batch_clients") else {})}
         surgical = args.surgical_dir or Path("resources") / "surgical" / config["surgical"]["origin"]
         for name, cost in (("fedst", fedst_cost), ("ultraflwr", ultraflwr_cost)):
             if name not in costed_studies(config) or (args.study and name not in args.study):

@@ -882,7 +882,9 @@ def test_seeds_side_by_side_refuses_a_zero_size_in_one_line(option):
 
 @pytest.mark.parametrize(("option", "line"), [(["--rounds", "0"], "--rounds: '0' is not a whole number from 1"),
                                               (["--packing", "0"], "grid_cost: --packing 0: give a throughput above 0"),
-                                              (["--packing", "nan"], "grid_cost: --packing nan: give a throughput above 0")])
+                                              (["--packing", "nan"], "grid_cost: --packing nan: give a throughput above 0"),
+                                              (["--batch-padding", "0.9"],
+                                               "grid_cost: --batch-padding 0.9: give 1 or more (inf: one call a step)")])
 def test_grid_cost_refuses_zero_rounds_or_packing_in_one_line(option, line, tmp_path):
     """--rounds 0 timed nothing and failed reading an empty metrics file; --packing 0 divided by zero at the end, and
     --packing nan wrote a row of NaN GPU-hours."""
@@ -926,6 +928,7 @@ def test_gpu_packing_refuses_an_unknown_device_before_any_job_starts():
     ("ultraflwr", ["--no-batch-clients"], "--[no-]batch-clients applies to the MedMNIST studies only, not ultraflwr"),
     ("fedst", ["--scale-by", "dermamnist/dir0.01"], "--scale-by applies"),
     ("fedst", ["--torch-profile", "p.txt"], "--torch-profile applies"),
+    ("fedst", ["--batch-padding", "inf"], "--batch-padding applies"),
 ])
 def test_grid_cost_refuses_a_medmnist_option_where_a_surgical_study_is_costed_in_one_line(config, option, line, tmp_path):
     """The surgical studies' timings take none of these: their rows were timed without them, silently."""
@@ -1416,13 +1419,14 @@ def test_the_grid_session_runs_its_steps_in_budget_order_and_each_passes_its_scr
     assert [f"--out {tmp_path / 'si'}/grid-{s}" in " ".join(builds) for s in ("fedst", "ultraflwr")] == [True, True]
     assert "--fraction 0.1 --test-fraction 0.05" in next(c for c in builds if "fedst.yaml" in c)
     timings = [c for c in steps if "grid_cost.py" in c]
-    assert len(steps) == 9 and len(timings) == 7 and all(f"--results {tmp_path / 'grid.jsonl'}" in c for c in timings)
+    assert len(steps) == 10 and len(timings) == 8 and all(f"--results {tmp_path / 'grid.jsonl'}" in c for c in timings)
     assert [c.split("--config config/studies/")[1].split(".yaml")[0] for c in timings] == [
-        "earlystop", "earlystop", "earlystop", "fedst", "ultraflwr", "gpaf", "gpaf"]
-    earlystop = timings[:3]
+        "earlystop", "earlystop", "earlystop", "earlystop", "fedst", "ultraflwr", "gpaf", "gpaf"]
+    earlystop = timings[:4]
     assert "--methods" not in earlystop[0] and "--batch-clients" in earlystop[0]  # all ten, clients together
-    assert "--no-batch-clients" in earlystop[1] and "--runs-together 3" in earlystop[2]
-    assert "--methods fedst seg_fedavg" in timings[3] and "--surgical-steps 20" in timings[3]
+    assert "--no-batch-clients" in earlystop[1] and "--batch-padding inf" in earlystop[2]
+    assert "--runs-together 3" in earlystop[3]
+    assert "--methods fedst seg_fedavg" in timings[4] and "--surgical-steps 20" in timings[4]
     summary = done.stdout.split("== summary")[1]
     assert "grid: fedst data" in summary and "grid: ultraflwr data" in summary and "cuda tests" not in summary
     root = GPU_SESSION.parents[1]
@@ -1435,3 +1439,24 @@ def test_the_grid_session_runs_its_steps_in_budget_order_and_each_passes_its_scr
     calls.unlink()
     done = _run_session(tmp_path, str(fake), steps="ultraflwr")  # a pattern without "grid:": the session's own steps
     assert done.returncode == 0 and "grid:" not in done.stdout and "grid-ultraflwr" not in calls.read_text()
+
+
+def test_grid_cost_batch_padding_sets_the_plans_bound_for_the_timing_and_names_the_lever(tmp_path, monkeypatch):
+    """--batch-padding inf times the clients together as one call a step (every client padded to the largest
+    batch, the plan before the grouped calls): the timed plans see the bound and the row names it."""
+    from types import SimpleNamespace as NS
+
+    import grid_cost
+
+    from fedmedbench.fl.methods import _batch_plan
+
+    seen = []
+    monkeypatch.setattr(_batch_plan, "PADDING", _batch_plan.PADDING)  # put back after the test
+    monkeypatch.setattr(grid_cost, "study_cost", lambda *a, **k: seen.append(_batch_plan.PADDING) or {"s_per_round": {}})
+    args = NS(config=[MICRO], study=["micro"], methods=None, setting=None, scale_by=None, autocast=None,
+              torch_profile=None, batch_clients=True, runs_together=1, batch_padding=float("inf"), surgical_dir=None,
+              surgical_epochs=None, surgical_steps=None, yolo_workers=None, image_cache=None, no_image_cache=False,
+              loader_workers=None, rounds=1, threads=1, packing=1.0, waiting_steps=False)
+    row = next(grid_cost.cost_rows(args, "cpu"))
+    assert seen == [float("inf")] and row["batch_padding"] == float("inf") and row["batch_clients"] is True
+    assert "batch_padding=inf" in grid_cost.levers(row, args)
