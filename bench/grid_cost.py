@@ -227,7 +227,7 @@ def steady_rounds(rounds: int) -> int:
 
 def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int, device: str, threads: int,
                workdir: Path, setting: str | None = None, torch_profile: Path | None = None,
-               scale_by: list[str] | None = None, runs_together: int = 1) -> dict:
+               scale_by: list[str] | None = None, runs_together: int = 1, one_pair: bool = False) -> dict:
     st = config["studies"][study]
     jobs = grid_jobs(config, study)
     row = {"bench": "grid_cost", "study": study, "device": device, "jobs": len(jobs),
@@ -235,7 +235,8 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
     # every method unless --methods names some (names of other studies skipped)
     timed = [m for m in (methods or st["methods"]) if m in st["methods"]] or st["methods"][:1]
     first = timed_job(jobs, setting)
-    others = [scaled_job(jobs, pair, timed[0]) for pair in dataset_pairs(jobs, first, scale_by)]  # checked first
+    pairs = list(scale_by or []) if one_pair else dataset_pairs(jobs, first, scale_by)
+    others = [scaled_job(jobs, pair, timed[0]) for pair in pairs]  # checked before anything is timed
     part, sources = make_data(workdir, config, study, first["setting"], first["dataset"])
     alone: dict[str, str] = {}  # the jobs --runs-together could not time side by side, and why
 
@@ -417,6 +418,9 @@ def main() -> None:
                     help="the MedMNIST studies: also time the first method on these (dataset, setting) pairs and cost "
                     "each job at its method's rate times its pair's ratio to the timed one (untimed pairs: their "
                     "dataset's ratio times their setting's)")
+    ap.add_argument("--one-pair", action="store_true",
+                    help="the MedMNIST studies: time the timed setting's first dataset only (and --scale-by's pairs), "
+                    "not every dataset: the others are costed at its rate (the row's costing says so)")
     ap.add_argument("--autocast", choices=["none", "bf16"], help="the MedMNIST studies' train.autocast (default: the "
                     "config's; bf16 changes results)")
     ap.add_argument("--torch-profile", type=Path, help="the MedMNIST studies: one more run of the first timed method "
@@ -583,7 +587,8 @@ def check_methods(configs: dict[Path, dict], studies: list[str] | None, methods:
 #: config has it: a surgical study's timing takes none of them
 MEDMNIST_OPTIONS = {"setting": ("--setting", None), "scale_by": ("--scale-by", None), "autocast": ("--autocast", None),
                     "torch_profile": ("--torch-profile", None), "batch_clients": ("--[no-]batch-clients", None),
-                    "runs_together": ("--runs-together", 1), "batch_padding": ("--batch-padding", None)}
+                    "runs_together": ("--runs-together", 1), "batch_padding": ("--batch-padding", None),
+                    "one_pair": ("--one-pair", False)}
 
 
 def check_medmnist_options(configs: dict[Path, dict], studies: list[str] | None, args: argparse.Namespace) -> None:
@@ -647,7 +652,7 @@ def planned(args: argparse.Namespace) -> list[str]:
             jobs = grid_jobs(config, study)
             first = timed_job(jobs, args.setting)
             timed = [m for m in (args.methods or st["methods"]) if m in st["methods"]] or st["methods"][:1]
-            pairs = dataset_pairs(jobs, first, args.scale_by)
+            pairs = list(args.scale_by or []) if args.one_pair else dataset_pairs(jobs, first, args.scale_by)
             out.append(f"{study}: would time {', '.join(timed)} on {first['dataset']}/{first['setting']}"
                        + (f", {timed[0]} on {', '.join(pairs)}" if pairs else "") + f", {args.rounds} rounds each"
                        + (f"; {', '.join(sorted(set(st['methods']) - set(timed)))} at their mean"
@@ -679,7 +684,7 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
                 _batch_plan.PADDING = args.batch_padding
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
                 row = study_cost(config, study, args.methods, args.rounds, device, args.threads, Path(tmp), args.setting,
-                                 args.torch_profile, args.scale_by, args.runs_together)
+                                 args.torch_profile, args.scale_by, args.runs_together, args.one_pair)
             train = config["studies"][study]["train"]
             from fedmedbench.fl.methods._batch_plan import PADDING
 

@@ -942,7 +942,7 @@ def test_grid_cost_refuses_a_medmnist_option_where_a_surgical_study_is_costed_in
 def test_grid_cost_leaves_the_surgical_study_out_with_study_and_takes_the_option(tmp_path):
     """A config with both kinds: --study naming only the MedMNIST ones lets the option through."""
     args = SimpleNamespace(setting=None, scale_by=None, autocast="bf16", torch_profile=None, batch_clients=None,
-                           runs_together=1)
+                           runs_together=1, batch_padding=None, one_pair=False)
     import grid_cost
 
     configs = {STUDIES / "fedst.yaml": grid_cost.load_config(STUDIES / "fedst.yaml"),
@@ -1306,6 +1306,10 @@ def test_grid_cost_rows_say_what_they_measured_and_how_the_rest_was_costed(tmp_p
     assert row["untimed_methods_at_mean"] == ["scaffold"] and row["timed"]["steady_rounds"] == 1
     assert "scaffold not timed: at the mean of fedavg" in row["costing"]
     assert "scaffold not timed: at the mean of fedavg" in done.stdout
+    assert "pneumoniamnist/dir" in row["timed"]["pairs"]
+    done = _bench("grid_cost.py", "--config", str(config), "--study", "micro", "--device", "cpu", "--rounds", "1",
+                  "--threads", "1", "--methods", "fedavg", "--one-pair", "--dry-run")
+    assert done.returncode == 0 and "would time fedavg on breastmnist/dir, 1 rounds each" in done.stdout, done.stdout
 
 
 def test_grid_cost_pairs_time_every_dataset_once():
@@ -1456,7 +1460,7 @@ def test_grid_cost_batch_padding_sets_the_plans_bound_for_the_timing_and_names_t
     args = NS(config=[MICRO], study=["micro"], methods=None, setting=None, scale_by=None, autocast=None,
               torch_profile=None, batch_clients=True, runs_together=1, batch_padding=float("inf"), surgical_dir=None,
               surgical_epochs=None, surgical_steps=None, yolo_workers=None, image_cache=None, no_image_cache=False,
-              loader_workers=None, rounds=1, threads=1, packing=1.0, waiting_steps=False)
+              loader_workers=None, rounds=1, threads=1, packing=1.0, waiting_steps=False, one_pair=False)
     row = next(grid_cost.cost_rows(args, "cpu"))
     assert seen == [float("inf")] and row["batch_padding"] == float("inf") and row["batch_clients"] is True
     assert "batch_padding=inf" in grid_cost.levers(row, args)
