@@ -269,6 +269,15 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
         per_round = seconds_a_round(ospec, f"{other['dataset']}/{other['setting']}")
         ref_rates[other["dataset"], other["setting"]] = steady_s_per_round(per_round)
         work[other["dataset"], other["setting"]] = classification_work(config, study, other, opart, ospec)
+    for dataset in dict.fromkeys(j["dataset"] for j in jobs):  # the floor counts every dataset, timed or not
+        if not any(d == dataset for d, _ in work):
+            job = next((j for j in jobs if j["dataset"] == dataset and j["setting"] == first["setting"]),
+                       next(j for j in jobs if j["dataset"] == dataset))
+            pdir = workdir / f"{dataset}_{job['setting']}"
+            pdir.mkdir(parents=True, exist_ok=True)
+            opart, osources = make_data(pdir, config, study, job["setting"], dataset)
+            ospec = job_spec(pdir, config, study, {**job, "method": timed[0]}, opart, osources, rounds, device, threads)
+            work[dataset, job["setting"]] = classification_work(config, study, job, opart, ospec)
     seconds = grid_seconds(jobs, s_per_round, pair_factors(ref_rates, base))
     pairs = [f"{d}/{st_}" for d, st_ in ref_rates]
     untimed = sorted(set(st["methods"]) - set(s_per_round))
@@ -391,7 +400,8 @@ def result_row(row: dict) -> dict:
             "torch", "threads", "bench_wall_s", "grid_gpu_hours", "device_hours", "packing_throughput", "measured_s_per_round", "timed",
             "timed_on", "rounds_timed", "s_per_round", "train_s_per_round", "eval_s", "scaled_by",
             "untimed_methods_at_mean", "untimed_strategies_at_mean", "timed_alone", "costing", "batch_padding", "jobs", "job_rounds",
-            "forward_flops_per_sample", "flops_per_round", "floor_flops", "floor_counts", "dense_peak_tflops",
+            "forward_flops_per_sample", "flops_per_round", "flops_per_round_by_pair", "floor_flops", "floor_counts",
+            "dense_peak_tflops",
             "floor_s_per_round_30", "floor_s_per_round_10", "measured_over_floor_30", "measured_over_floor_10",
             "floor_gpu_hours_30", "floor_gpu_hours_10", "levers", "data")
     return {k: row[k] for k in keys if k in row}

@@ -1310,6 +1310,13 @@ def test_grid_cost_rows_say_what_they_measured_and_how_the_rest_was_costed(tmp_p
     done = _bench("grid_cost.py", "--config", str(config), "--study", "micro", "--device", "cpu", "--rounds", "1",
                   "--threads", "1", "--methods", "fedavg", "--one-pair", "--dry-run")
     assert done.returncode == 0 and "would time fedavg on breastmnist/dir, 1 rounds each" in done.stdout, done.stdout
+    done = _bench("grid_cost.py", "--config", str(config), "--study", "micro", "--device", "cpu", "--rounds", "1",
+                  "--threads", "1", "--methods", "fedavg", "--one-pair", "--results", str(results))
+    assert done.returncode == 0, done.stdout + done.stderr
+    one = json.loads(results.read_text().splitlines()[-1])
+    assert one["timed"]["pairs"] == {"breastmnist/dir": ["fedavg"]}  # pneumoniamnist not timed, yet in the floor:
+    assert set(one["flops_per_round_by_pair"]) == {"breastmnist/dir", "pneumoniamnist/dir"}
+    assert one["floor_flops"] == pytest.approx(row["floor_flops"], rel=1e-3)
 
 
 def test_grid_cost_pairs_time_every_dataset_once():
