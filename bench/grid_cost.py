@@ -502,6 +502,7 @@ def main() -> None:
             print(line)
         return
     check_cuda("grid_cost", args.device)
+    checked_configs(args)  # a bad config or option is said first, whatever the tree's state
     tree = tree_state()
     check_tree(tree, args.results, args.allow_dirty)  # before anything is timed
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device

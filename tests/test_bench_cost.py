@@ -583,7 +583,7 @@ def test_packed_surgical_jobs_are_the_grid_timings_jobs(tmp_path):
     (surgical / "stand_in.json").write_text(json.dumps({"fraction": 0.25, "test_fraction": 0.1, "distinct_frames": 8}))
     root = Path(__file__).resolve().parents[1]
     args = argparse.Namespace(config=root / "config" / "studies" / "fedst.yaml", study="fedst", method="fedst",
-                              rounds=3, surgical_dir=surgical, surgical_epochs=2, image_cache=None, device="cpu",
+                              rounds=3, surgical_dir=surgical, surgical_epochs=2, surgical_steps=None, image_cache=None, device="cpu",
                               threads=2, workdir=tmp_path / "w", index=5)
     spec = gpu_packing.fedst_spec(args)
     assert spec.method == "fedst" and spec.task_params["cache_mb"] == 1024  # 4096 x 0.25
