@@ -40,3 +40,23 @@ def git_head() -> str:
     except OSError:
         return "?"
     return out.stdout.strip() or "?"
+
+
+def tree_state(root: Path | None = None) -> dict:
+    """The source tree a row measured (``root``; default: the checkout of the fedmedbench in use): its commit (short
+    hash, ``?`` without git) and whether its tracked files differ from that commit (``tree_clean``: None where git
+    cannot say). Result records (``*.jsonl``) do not count: a session appends its rows to them as it goes."""
+    if root is None:
+        import fedmedbench
+
+        root = Path(fedmedbench.__file__).parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "."],
+                                cwd=root, capture_output=True, text=True)
+    except OSError:
+        return {"commit": "?", "tree_clean": None, "changed": []}
+    if head.returncode or status.returncode:
+        return {"commit": head.stdout.strip() or "?", "tree_clean": None, "changed": []}
+    changed = [line[3:] for line in status.stdout.splitlines() if not line.rstrip().endswith(".jsonl")]
+    return {"commit": head.stdout.strip(), "tree_clean": not changed, "changed": changed}

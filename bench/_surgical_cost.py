@@ -177,15 +177,32 @@ def image_cache_of(config: dict, image_cache: str | None) -> str | None:
     return (config["engine"].get("image_cache") if image_cache is None else image_cache) or None
 
 
-def fedst_timed_config(cfg: dict, rounds: int, fraction: float) -> dict:
+def fedst_timed_config(cfg: dict, rounds: int, fraction: float, steps: int | None = None) -> dict:
     """The fedst block a timing runs: ``rounds`` rounds evaluated after the last, no weight files (the cost is the
     same), and the clip cache scaled by the stand-in's ``fraction`` of the training clips, so that it holds the
-    same share of the clips the steps draw from as in the paper grid (its hits are what a step saves)."""
+    same share of the clips the steps draw from as in the paper grid (its hits are what a step saves). ``steps``:
+    that many local steps a round instead of the config's, and FedST's server steps (SERQ) cut by the same share
+    (:func:`steps_share`: a round's training scaled back up by it)."""
     cache_mb = max(1, round(int(cfg["data"]["cache_mb"]) * fraction))
+    train, serq = {**cfg["train"], "rounds": rounds}, dict(cfg["serq"])
+    if steps is not None:
+        share = steps_share(cfg, steps)
+        train["local_steps"] = steps
+        serq["steps"] = max(1, round(int(serq["steps"]) * share))
     return {**cfg, "model": {**cfg["model"], "encoder_weights": None}, "data": {**cfg["data"], "cache_mb": cache_mb},
             "indicator": {**cfg["indicator"], "clip_weights": None,
                           "kind": "onehot" if cfg["indicator"]["kind"] == "clip" else cfg["indicator"]["kind"]},
-            "train": {**cfg["train"], "rounds": rounds}, "eval": {**cfg["eval"], "eval_every": rounds}}
+            "train": train, "serq": serq, "eval": {**cfg["eval"], "eval_every": rounds}}
+
+
+def steps_share(cfg: dict, steps: int | None) -> float:
+    """The share of a main round's local steps a timed round of ``steps`` takes (1: the config's)."""
+    main = cfg["train"].get("local_steps")
+    if steps is None or not main:
+        return 1.0
+    if not 1 <= steps <= int(main):
+        raise SystemExit(f"fedst: --surgical-steps {steps}: give 1 to the config's {main} local steps a round")
+    return steps / int(main)
 
 
 def fedst_job(timed_cfg: dict, clips: Path, method: str, run_dir: Path, device: str, threads: int, workers: int,
@@ -198,9 +215,11 @@ def fedst_job(timed_cfg: dict, clips: Path, method: str, run_dir: Path, device: 
 
 
 def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, rounds: int, device: str, threads: int,
-               workdir: Path, surgical: Path, workers: int | None = None, image_cache: str | None = None) -> dict[str, Any]:
+               workdir: Path, surgical: Path, workers: int | None = None, image_cache: str | None = None,
+               steps: int | None = None) -> dict[str, Any]:
     """``workers``: threads decoding clips ahead of use (default: the config's ``engine.loader_workers``);
-    ``image_cache``: the decoded clips kept in this folder (``engine.image_cache``; default: the config's; "": none)."""
+    ``image_cache``: the decoded clips kept in this folder (``engine.image_cache``; default: the config's; "": none);
+    ``steps``: local steps a timed round (:func:`fedst_timed_config`; default: the config's)."""
     from fedmedbench.studies.fedst import runs as FS
 
     cfg = config["fedst"]
@@ -208,7 +227,8 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
     if not (clips / "sites.json").exists():
         raise _missing(clips / "sites.json", clips, "fedst", config_path)
     label = data_label(stand_in(surgical))
-    timed_cfg = fedst_timed_config(cfg, rounds, label["fraction"])
+    share = steps_share(cfg, steps)
+    timed_cfg = fedst_timed_config(cfg, rounds, label["fraction"], steps)
     cache_mb = timed_cfg["data"]["cache_mb"]
     main_steps = FS.train_config(cfg, "main")[1]
     timed = [m for m in (methods or ["fedst"]) if m in cfg["methods"]] or list(cfg["methods"][:1])
@@ -227,7 +247,7 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
         spec = fedst_job(timed_cfg, clips, method, workdir / f"fedst-{method}", device, threads, workers, image_cache)
         with steps_clock():
             train_s, eval_s, how = split_rounds(time_spec(spec))
-        rates[method] = (train_s, eval_s / label["test_fraction"])  # training is a fixed number of steps
+        rates[method] = (train_s / share, eval_s / label["test_fraction"])  # training is a fixed number of steps
         row["split"] = how
     mean = tuple(float(np.mean([r[i] for r in rates.values()])) for i in (0, 1))
     jobs = FS.runs(cfg)
@@ -250,9 +270,21 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
                train_s_per_round={k: round(v[0], 3) for k, v in rates.items()},
                eval_s={k: round(v[1], 3) for k, v in rates.items()},
                untimed_methods_at_mean=sorted(set(cfg["methods"]) - set(rates)),
+               timed={"datasets": [label["data"]], "settings": ["main"], "methods": list(rates),
+                      "pairs": {"main": list(rates)}, "rounds": rounds, "steady_rounds": max(1, rounds - 2),
+                      "evaluations": 1 if rounds >= 3 else 0},
+               costing="each job: its method's training seconds a round (rounds 2..R-1, scaled to the config's "
+                       "local steps) x its rounds, plus one "
+                       "evaluation's seconds (round R less a training round, / test_fraction) x its evaluations; "
+                       "variants scaled by their local steps; pre-training at its timed steps"
+                       + (f"; {', '.join(sorted(set(cfg['methods']) - set(rates)))} not timed: at the mean of "
+                          f"{', '.join(rates)}" if set(cfg["methods"]) - set(rates) else "; every method timed"),
                variants_scaled_by_local_steps=True, pretrain_jobs=len(cfg["seeds"]) if pre_s else 0,
                not_costed="each job's deployment evaluation (out-of-federation site, unseen set, FPS)",
-               scaled="an evaluation by 1 / test_fraction (training runs a fixed number of steps)",
+               local_steps_timed=int(timed_cfg["train"].get("local_steps") or 0),
+               scaled="an evaluation by 1 / test_fraction (training runs a fixed number of steps)"
+                      + (f"; a round's training by {1 / share:g} (its {timed_cfg['train']['local_steps']} local and "
+                         f"{timed_cfg['serq']['steps']} server steps timed)" if share != 1 else ""),
                device_seconds=round(seconds + pre_s), device_hours=round((seconds + pre_s) / 3600, 1))
     return row
 
@@ -355,6 +387,15 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
                train_s_per_round={g: {k: round(v[0], 3) for k, v in r.items()} for g, r in rates.items()},
                eval_s={g: {k: round(v[1], 3) for k, v in r.items()} for g, r in rates.items()},
                untimed_strategies_at_mean=sorted(set(UFR.strategies(uf)) - set(strategies)),
+               timed={"datasets": list(uf["groups"]), "settings": [f"{g}/{ss[0]}" for g, ss in uf["groups"].items()],
+                      "methods": strategies, "pairs": {f"{g}/{ss[0]}": strategies for g, ss in uf["groups"].items()},
+                      "rounds": rounds, "steady_rounds": max(1, rounds - 2), "local_epochs": epochs},
+               costing=f"each job: its group's strategy's round (set-up + {paper_epochs} x a timed epoch / fraction) x "
+                       f"{n_rounds} rounds, plus an evaluation (/ test_fraction) x its evaluations; every setting of a "
+                       "group at its first setting's rate"
+                       + (f"; {', '.join(sorted(set(UFR.strategies(uf)) - set(strategies)))} not timed: at the mean "
+                          f"of {', '.join(strategies)}" if set(UFR.strategies(uf)) - set(strategies)
+                          else "; every strategy timed"),
                scaled=f"a round = set-up + {paper_epochs} x epoch / fraction, an evaluation / test_fraction; "
                       "mosaic stays on in every timed epoch (the paper's last close_mosaic epochs load faster)",
                device_seconds=round(seconds), device_hours=round(seconds / 3600, 1))

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import grid_cost  # noqa: E402
 from _cli import positive  # noqa: E402
-from _report import emit  # noqa: E402
+from _report import emit, tree_state  # noqa: E402
 from _timing import steady_s_per_round  # noqa: E402
 
 #: the surgical studies this bench packs: their exports' folder under --surgical-dir, and the config key of
@@ -81,7 +81,8 @@ def fedst_spec(args: argparse.Namespace):
 
     config = grid_cost.load_config(args.config)
     engine = config["engine"]
-    timed = fedst_timed_config(config["fedst"], args.rounds, data_label(stand_in(args.surgical_dir))["fraction"])
+    timed = fedst_timed_config(config["fedst"], args.rounds, data_label(stand_in(args.surgical_dir))["fraction"],
+                               args.surgical_steps)
     return fedst_job(timed, args.surgical_dir / "clips", args.method, args.workdir / f"job{args.index}", args.device,
                      args.threads, int(engine.get("loader_workers", 0)),
                      image_cache_of(config, str(args.image_cache) if args.image_cache else None))
@@ -124,15 +125,32 @@ def check_medmnist_args(config: dict, args: argparse.Namespace) -> None:
                  f"({', '.join(methods)})")
 
 
+def check_names(config: dict, args: argparse.Namespace) -> None:
+    """Exit with one line when the study, its method or a MedMNIST-only option does not fit the config (the checks
+    before any job starts, without the data)."""
+    if args.study not in SURGICAL:
+        check_medmnist_args(config, args)
+        return
+    _, names = SURGICAL[args.study]
+    if args.batch_clients is not None or args.runs_together > 1:  # MedMNIST train keys: not the surgical jobs'
+        sys.exit(f"gpu_packing: --[no-]batch-clients and --runs-together apply to the MedMNIST studies, not "
+                 f"{args.study}")
+    if args.method not in config[args.study][names]:
+        sys.exit(f"gpu_packing: --method {args.method}: not one of {args.config}'s {args.study}.{names} "
+                 f"({', '.join(config[args.study][names])})")
+
+
 def check_surgical_options(args: argparse.Namespace) -> None:
     """Exit with one line when an option only the surgical studies' jobs take is given for a study that ignores it
     (the row would read as if timed with it)."""
     surgical_only = {"--surgical-dir": args.surgical_dir, "--surgical-epochs": args.surgical_epochs,
-                     "--image-cache": args.image_cache}
-    takes = {"ultraflwr": set(surgical_only), "fedst": {"--surgical-dir", "--image-cache"}}.get(args.study, set())
+                     "--surgical-steps": args.surgical_steps, "--image-cache": args.image_cache}
+    takes = {"ultraflwr": {"--surgical-dir", "--surgical-epochs", "--image-cache"},
+             "fedst": {"--surgical-dir", "--surgical-steps", "--image-cache"}}.get(args.study, set())
     given = [flag for flag, value in surgical_only.items() if value is not None and flag not in takes]
     if given:
-        kind = "ultraflwr" if args.study in SURGICAL else "the surgical studies (ultraflwr, fedst)"
+        kind = ({"fedst": "ultraflwr", "ultraflwr": "fedst"}[args.study] if args.study in SURGICAL
+                else "the surgical studies (ultraflwr, fedst)")
         sys.exit(f"gpu_packing: {' and '.join(given)} {'applies' if len(given) == 1 else 'apply'} to {kind} only, "
                  f"not {args.study}")
 
@@ -145,6 +163,8 @@ def run_jobs(n: int, args: argparse.Namespace, npz: Path, part: Path, workdir: P
         cmd += ["--surgical-dir", str(args.surgical_dir), "--surgical-epochs", str(args.surgical_epochs)]
         if args.image_cache:
             cmd += ["--image-cache", str(args.image_cache)]
+        if args.surgical_steps:
+            cmd += ["--surgical-steps", str(args.surgical_steps)]
     else:
         cmd += ["--npz", str(npz), "--partition", str(part)]
     if args.batch_clients is not None:
@@ -189,9 +209,12 @@ def main() -> None:
                     "are timed alone, named in the count's timed_alone (default 1)")
     ap.add_argument("--surgical-dir", type=Path, help="ultraflwr, fedst: the exports or stand-in to train on")
     ap.add_argument("--surgical-epochs", type=int, help="ultraflwr: local epochs a round (at least 2; default 2)")
+    ap.add_argument("--surgical-steps", type=positive, help="fedst: local steps a round (and FedST's server steps cut "
+                    "by the same share; default: the config's)")
     ap.add_argument("--image-cache", type=Path, help="ultraflwr, fedst: the decoded frames' folder (engine.image_cache; "
                     "default: the config's)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--dry-run", action="store_true", help="check the options against the config, then stop")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--npz", type=Path, help=argparse.SUPPRESS)
@@ -204,12 +227,19 @@ def main() -> None:
     check_surgical_options(args)
     if args.surgical_epochs is None:
         args.surgical_epochs = 2
+    if args.dry_run:
+        check_names(grid_cost.load_config(args.config), args)
+        print(f"gpu_packing: would run {' then '.join(map(str, args.jobs))} {args.study} {args.method} job(s) of "
+              f"{args.rounds} rounds")
+        return
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_packing needs a CUDA device")
     config = grid_cost.load_config(args.config)
-    row = {"bench": "gpu_packing", "study": args.study, "method": args.method, "rounds": args.rounds}
+    tree = tree_state()
+    row = {"bench": "gpu_packing", "study": args.study, "method": args.method, "rounds": args.rounds,
+           "date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": tree["commit"], "tree_clean": tree["tree_clean"]}
     with tempfile.TemporaryDirectory(prefix="fmb-pack-") as tmp:
         workdir = Path(tmp)
         if args.study in SURGICAL:
@@ -230,6 +260,8 @@ def main() -> None:
                 from _surgical_cost import timed_epochs
 
                 row["surgical_epochs"] = timed_epochs(config, args.surgical_epochs)
+            elif args.surgical_steps:
+                row["surgical_steps"] = args.surgical_steps
         else:
             check_medmnist_args(config, args)
             first = grid_cost.grid_jobs(config, args.study)[0]

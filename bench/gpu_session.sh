@@ -9,6 +9,15 @@
 #   A STEPS that is no valid pattern, or matches no step, exits 2.
 #   STEP_LIMIT=S stops a step after S seconds; BUDGET=S stops the session after S seconds: a step runs at most
 #   what is left and none starts with under 30 s left (a GPU allocation of so many minutes).
+#   The paper grids on today's code in about 12 minutes of an H200 (docs/compute.md): the "grid:" steps, which run
+#   only when STEPS names them (a pattern with "grid:" in it):
+#     BUDGET=720 STEPS='^grid:' bash bench/gpu_session.sh
+#   each grid timed whole (every method of earlystop and gpaf, both earlystop datasets and its quantity-skewed
+#   settings; fedst's FedST with its evaluating round and FedAvg; ultraflwr's FedAvg, its strategies costed at that
+#   rate), earlystop's clients together against one at a time, against one call a step, and its seeds side by side,
+#   and fedst's and ultraflwr's
+#   jobs sharing a GPU; summary rows to bench/grid_cost_results.jsonl (GRID_RESULTS), which takes rows of committed
+#   code only (ALLOW_DIRTY=1: marked rows of a changed tree).
 # Each step appends its JSON rows to OUT (default bench/gpu_results.jsonl) and its output to
 # OUT's folder/gpu_session.log (the engine's torch.profiler tables to engine_torch_profile.txt
 # there). A step that fails does not stop the others; the summary at the end lists each step's
@@ -53,6 +62,8 @@ mkdir -p "$(dirname "$OUT")"
 summary=()
 hard_failures=0
 selected() { [ -z "${STEPS:-}" ] || grep -qiE -- "$STEPS" <<<"$1"; }
+# a "grid:" step: only where STEPS has "grid:" in it and matches the step's name (not part of the whole session)
+grid_selected() { [[ "${STEPS:-}" == *grid:* ]] && selected "$1"; }
 step() {  # step NAME COMMAND...: under STEP_LIMIT and what is left of BUDGET
   local name=$1; shift
   selected "$name" || return 0
@@ -75,14 +86,15 @@ step() {  # step NAME COMMAND...: under STEP_LIMIT and what is left of BUDGET
   elif [ "$rc" -ne 0 ]; then status="FAILED (rc $rc)"; hard_failures=$((hard_failures + 1)); fi
   summary+=("$(printf '%-28s %6ss  %s' "$name" $((SECONDS - t0)) "$status")")
 }
+grid_step() { grid_selected "$1" || return 0; step "$@"; }
 # The stand-ins are CPU work (one dataset per process; fedst's with every training frame took 5.5 min on the
 # H100 machine, most of it decoding every frame to index it): each is built in the background from the start, while the GPU steps before its own
 # run, and its step waits for it. The builds use up to 7 + 2 of the 16 cores meanwhile.
-start_build() {  # start_build STUDY ARGS...: the stand-in of config/studies/STUDY.yaml; its exit status lands in STUDY.rc
-  local study=$1; shift
-  mkdir -p "$STAND_IN" && rm -f "$STAND_IN/$study.rc"
-  ( "$PY" bench/surgical_stand_in.py --config "config/studies/$study.yaml" --out "$STAND_IN/$study" "$@" \
-      >"$STAND_IN/$study.log" 2>&1; echo $? >"$STAND_IN/$study.rc" ) &
+start_build() {  # start_build NAME STUDY ARGS...: the stand-in of config/studies/STUDY.yaml in NAME; its exit status in NAME.rc
+  local name=$1 study=$2; shift 2
+  mkdir -p "$STAND_IN" && rm -f "$STAND_IN/$name.rc"
+  ( "$PY" bench/surgical_stand_in.py --config "config/studies/$study.yaml" --out "$STAND_IN/$name" "$@" \
+      >"$STAND_IN/$name.log" 2>&1; echo $? >"$STAND_IN/$name.rc" ) &
 }
 # a stand-in step: the build's output and exit status once it is done (a command, so that a limit can stop it)
 WAIT_BUILD='while [ ! -s "$0/$1.rc" ]; do sleep 2; done; cat "$0/$1.log"; exit "$(cat "$0/$1.rc")"'
@@ -93,10 +105,63 @@ if [ -z "${SURGICAL_DIR:-}" ]; then
   # (FEDST_FRACTION, FEDST_TEST_FRACTION and ULTRAFLWR_FRACTION set other shares: a smaller one builds sooner, where a
   # session has minutes; fedst's clip cache is scaled with it, so a step still hits the cache as often)
   if selected "fedst stand-in"; then
-    start_build fedst --fraction "${FEDST_FRACTION:-0.25}" --test-fraction "${FEDST_TEST_FRACTION:-0.1}" --jobs 8
+    start_build fedst fedst --fraction "${FEDST_FRACTION:-0.25}" --test-fraction "${FEDST_TEST_FRACTION:-0.1}" --jobs 8
   fi
-  if selected "ultraflwr stand-in"; then start_build ultraflwr --fraction "${ULTRAFLWR_FRACTION:-0.02}" --jobs 8; fi
+  if selected "ultraflwr stand-in"; then start_build ultraflwr ultraflwr --fraction "${ULTRAFLWR_FRACTION:-0.02}" --jobs 8; fi
+  # the grid steps' own: fedst's a tenth of the training frames and 5 % of the test frames (built in 68 s on the
+  # H200's machine at f9cec13), ultraflwr's 2 %
+  if grid_selected "grid: fedst"; then
+    start_build grid-fedst fedst --fraction "${FEDST_FRACTION:-0.1}" --test-fraction "${FEDST_TEST_FRACTION:-0.05}" --jobs 8
+  fi
+  if grid_selected "grid: ultraflwr"; then start_build grid-ultraflwr ultraflwr --fraction "${ULTRAFLWR_FRACTION:-0.02}" --jobs 8; fi
 fi
+
+# --- the paper grids on today's code (about 12 minutes of an H200; see the header) ----------------------------------
+GRID_RESULTS=${GRID_RESULTS:-bench/grid_cost_results.jsonl}
+GRID_FLAGS=(--threads "$THREADS" --out "$OUT" --results "$GRID_RESULTS")
+[ "${ALLOW_DIRTY:-0}" = 1 ] && GRID_FLAGS+=(--allow-dirty)
+GRID_UF="${SURGICAL_DIR:-$STAND_IN/grid-ultraflwr}"
+GRID_FST="${SURGICAL_DIR:-$STAND_IN/grid-fedst}"
+# earlystop, the config's clients together: all ten methods on DermaMNIST dir0.01, FedAvg on BloodMNIST dir0.01 and on
+# the three quantity-skewed settings (their rounds take other steps); each job costed at its method's and pair's rate
+STEP_LIMIT=210 grid_step "grid: earlystop, clients together" "$PY" bench/grid_cost.py --config config/studies/earlystop.yaml \
+  --rounds 3 --batch-clients --scale-by dermamnist/qty0.01 dermamnist/qty0.1 dermamnist/qty1.0 "${GRID_FLAGS[@]}"
+# train.batch_clients decided by measurement: FedAvg one client at a time on dir0.01 (both datasets) and qty0.01 / 1.0
+STEP_LIMIT=70 grid_step "grid: earlystop, one client at a time" "$PY" bench/grid_cost.py \
+  --config config/studies/earlystop.yaml --rounds 3 --no-batch-clients --methods fedavg \
+  --scale-by dermamnist/qty0.01 dermamnist/qty1.0 "${GRID_FLAGS[@]}"
+# the grouped calls decided by measurement: FedAvg together, one call a step (every client padded to the largest
+# batch, as before) on the same pairs: the quantity-skewed rounds compute 2-3x the samples in fewer calls
+STEP_LIMIT=50 grid_step "grid: earlystop, one call a step" "$PY" bench/grid_cost.py \
+  --config config/studies/earlystop.yaml --rounds 3 --batch-clients --batch-padding inf --methods fedavg \
+  --scale-by dermamnist/qty0.01 dermamnist/qty1.0 "${GRID_FLAGS[@]}"
+# train.seeds_together decided by measurement: three seeds side by side, FedAvg and FedSMOO (launch- and compute-heavy)
+STEP_LIMIT=90 grid_step "grid: earlystop, seeds side by side" "$PY" bench/grid_cost.py \
+  --config config/studies/earlystop.yaml --rounds 3 --batch-clients --runs-together 3 --methods fedavg fedsmoo \
+  "${GRID_FLAGS[@]}"
+# fedst: FedST (its evaluating third round on 5 % of the test frames, scaled up) and FedAvg, 20 of the 100 local steps a
+# round (and of FedST's server steps), scaled back; the other six methods at their mean
+if [ -z "${SURGICAL_DIR:-}" ]; then grid_step "grid: fedst data" bash -c "$WAIT_BUILD" "$STAND_IN" grid-fedst; fi
+STEP_LIMIT=150 grid_step "grid: fedst" "$PY" bench/grid_cost.py --config config/studies/fedst.yaml --rounds 3 \
+  --surgical-steps 20 --surgical-dir "$GRID_FST" --methods fedst seg_fedavg "${GRID_FLAGS[@]}"
+# fedst jobs sharing the GPU, FedST's (its server steps too): throughput and peak memory (fedst.resources.gpu_mem_mb)
+STEP_LIMIT=80 grid_step "grid: fedst jobs per GPU" "$PY" bench/gpu_packing.py --config config/studies/fedst.yaml \
+  --study fedst --method fedst --surgical-dir "$GRID_FST" --surgical-steps 20 --jobs 1 4 --rounds 2 --threads 2 --out "$OUT"
+# ultraflwr: FedAvg on each group's first setting (the config's loading: frame store, read ahead), 2 local epochs a
+# round scaled to 20; the strategies differ in which tensors are averaged and are costed at its rate
+if [ -z "${SURGICAL_DIR:-}" ]; then grid_step "grid: ultraflwr data" bash -c "$WAIT_BUILD" "$STAND_IN" grid-ultraflwr; fi
+STEP_LIMIT=90 grid_step "grid: ultraflwr" "$PY" bench/grid_cost.py --config config/studies/ultraflwr.yaml --rounds 3 \
+  --surgical-epochs 2 --surgical-dir "$GRID_UF" --methods FedAvg --image-cache "$STAND_IN/grid-frames" "${GRID_FLAGS[@]}"
+STEP_LIMIT=80 grid_step "grid: ultraflwr jobs per GPU" "$PY" bench/gpu_packing.py --config config/studies/ultraflwr.yaml \
+  --study ultraflwr --surgical-dir "$GRID_UF" --method FedAvg --jobs 1 4 --rounds 2 --threads 2 \
+  --image-cache "$STAND_IN/grid-frames" --out "$OUT"
+# gpaf, BreastMNIST (Scenario 1): its five methods, 2 rounds each
+STEP_LIMIT=100 grid_step "grid: gpaf" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf --rounds 2 \
+  "${GRID_FLAGS[@]}"
+# gpaf on PathMNIST (Scenario 2): one round of each method, the training centre's 90k images; past the 12 minutes, it
+# runs where BUDGET leaves time (a session of its own: BUDGET=600 STEPS='grid: gpaf pathmnist')
+grid_step "grid: gpaf pathmnist" "$PY" bench/grid_cost.py --config config/studies/gpaf.yaml --study gpaf_pathmnist \
+  --rounds 1 "${GRID_FLAGS[@]}"
 
 step "cuda tests" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_device_arrays.py
 # fedst's frame scoring (eval.metrics_device): MedPy/SciPy on the CPU against torch on the GPU, ms per 480x480

@@ -45,7 +45,7 @@ RESULTS = ROOT / "bench" / "grid_cost_results.jsonl"
 
 from _cli import above_zero, check_cuda, positive, whole  # noqa: E402
 from _flop_floor import dense_peak, device_name, floor_fields, forward_flops, round_flops  # noqa: E402
-from _report import append_lines, emit, git_head  # noqa: E402
+from _report import append_lines, emit, tree_state  # noqa: E402
 from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
 from _timing import progress, steady_s_per_round, time_spec, time_specs_together, waiting_steps  # noqa: E402
 
@@ -205,16 +205,38 @@ def job_seconds_a_round(spec: RunSpec, runs_together: int) -> list[float]:
     return [s / runs_together for s in time_specs_together(specs)]
 
 
+def dataset_pairs(jobs: list[dict], first: dict, scale_by: list[str] | None) -> list[str]:
+    """The (dataset, setting) pairs timed with the reference method besides ``first``'s: ``scale_by``'s, and each other
+    dataset's job of ``first``'s setting (else its first job) where they lack it: every dataset is timed, on the
+    setting that gives its ratio to the timed one (:func:`pair_factors`)."""
+    pairs = list(scale_by or [])
+    covered = {first["dataset"]}
+    for job in jobs:
+        if job["dataset"] not in covered:
+            same = next((j for j in jobs if j["dataset"] == job["dataset"] and j["setting"] == first["setting"]), job)
+            if f"{same['dataset']}/{same['setting']}" not in pairs:
+                pairs.append(f"{same['dataset']}/{same['setting']}")
+            covered.add(job["dataset"])
+    return pairs
+
+
+def steady_rounds(rounds: int) -> int:
+    """The rounds a job's seconds a round are the mean of (``steady_s_per_round``: all but the first, or the one)."""
+    return rounds - 1 if rounds > 1 else 1
+
+
 def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int, device: str, threads: int,
                workdir: Path, setting: str | None = None, torch_profile: Path | None = None,
-               scale_by: list[str] | None = None, runs_together: int = 1) -> dict:
+               scale_by: list[str] | None = None, runs_together: int = 1, one_pair: bool = False) -> dict:
     st = config["studies"][study]
     jobs = grid_jobs(config, study)
     row = {"bench": "grid_cost", "study": study, "device": device, "jobs": len(jobs),
            "job_rounds": sum(j["rounds"] for j in jobs), "model": st["model"]["name"]}
-    timed = [m for m in (methods or []) if m in st["methods"]] or st["methods"][:1]  # names of other studies skipped
+    # every method unless --methods names some (names of other studies skipped)
+    timed = [m for m in (methods or st["methods"]) if m in st["methods"]] or st["methods"][:1]
     first = timed_job(jobs, setting)
-    others = [scaled_job(jobs, pair, timed[0]) for pair in scale_by or []]  # checked before anything is timed
+    pairs = list(scale_by or []) if one_pair else dataset_pairs(jobs, first, scale_by)
+    others = [scaled_job(jobs, pair, timed[0]) for pair in pairs]  # checked before anything is timed
     part, sources = make_data(workdir, config, study, first["setting"], first["dataset"])
     alone: dict[str, str] = {}  # the jobs --runs-together could not time side by side, and why
 
@@ -236,28 +258,67 @@ def study_cost(config: dict, study: str, methods: list[str] | None, rounds: int,
         torch_profile_engine(spec, torch_profile)
     base = (first["dataset"], first["setting"])
     ref_rates = {base: s_per_round[timed[0]]}
+    work = {base: classification_work(config, study, first, part, spec)}
     for other in others:  # the first timed method on other (dataset, setting) pairs: how their rounds differ
         if (other["dataset"], other["setting"]) in ref_rates:
             continue
         pdir = workdir / f"{other['dataset']}_{other['setting']}"
         pdir.mkdir(parents=True, exist_ok=True)
         opart, osources = make_data(pdir, config, study, other["setting"], other["dataset"])
-        per_round = seconds_a_round(job_spec(pdir, config, study, other, opart, osources, rounds, device, threads),
-                                    f"{other['dataset']}/{other['setting']}")
+        ospec = job_spec(pdir, config, study, other, opart, osources, rounds, device, threads)
+        per_round = seconds_a_round(ospec, f"{other['dataset']}/{other['setting']}")
         ref_rates[other["dataset"], other["setting"]] = steady_s_per_round(per_round)
+        work[other["dataset"], other["setting"]] = classification_work(config, study, other, opart, ospec)
+    for dataset in dict.fromkeys(j["dataset"] for j in jobs):  # the floor counts every dataset, timed or not
+        if not any(d == dataset for d, _ in work):
+            job = next((j for j in jobs if j["dataset"] == dataset and j["setting"] == first["setting"]),
+                       next(j for j in jobs if j["dataset"] == dataset))
+            pdir = workdir / f"{dataset}_{job['setting']}"
+            pdir.mkdir(parents=True, exist_ok=True)
+            opart, osources = make_data(pdir, config, study, job["setting"], dataset)
+            ospec = job_spec(pdir, config, study, {**job, "method": timed[0]}, opart, osources, rounds, device, threads)
+            work[dataset, job["setting"]] = classification_work(config, study, job, opart, ospec)
     seconds = grid_seconds(jobs, s_per_round, pair_factors(ref_rates, base))
+    pairs = [f"{d}/{st_}" for d, st_ in ref_rates]
+    untimed = sorted(set(st["methods"]) - set(s_per_round))
     if len(ref_rates) > 1:
         row["scaled_by"] = {"method": timed[0], "s_per_round": {f"{d}/{st_}": round(v, 3) for (d, st_), v in
                                                                 ref_rates.items()}}
-    row.update(timed_on=f"{first['dataset']}/{first['setting']}", rounds_timed=rounds, runs_together=runs_together,
+    row.update(timed_on=pairs[0], rounds_timed=rounds, runs_together=runs_together,
                s_per_round={k: round(v, 3) for k, v in s_per_round.items()},
-               untimed_methods_at_mean=sorted(set(st["methods"]) - set(s_per_round)),
-               device_hours=round(seconds / 3600, 1))
+               untimed_methods_at_mean=untimed, device_hours=round(seconds / 3600, 1),
+               timed={"datasets": sorted({d for d, _ in ref_rates}), "settings": sorted({s_ for _, s_ in ref_rates}),
+                      "methods": list(s_per_round), "pairs": {pairs[0]: list(s_per_round),
+                                                               **{p: [timed[0]] for p in pairs[1:]}},
+                      "rounds": rounds, "steady_rounds": steady_rounds(rounds), "runs_together": runs_together},
+               costing=(f"each job: its method's seconds a round on {pairs[0]}"
+                        + (f" x its (dataset, setting)'s ratio to {pairs[0]} ({timed[0]}'s seconds a round on "
+                           f"{', '.join(pairs)}; a pair not timed: its dataset's ratio x its setting's, 1 where "
+                           "neither is timed)" if len(pairs) > 1 else " (every dataset and setting at its rate)")
+                        + (f"; {', '.join(untimed)} not timed: at the mean of {', '.join(s_per_round)}"
+                           if untimed else "; every method timed")))
     if alone:
         row["timed_alone"] = alone
-    row.update(classification_work(config, study, first, part, spec))
+    row.update(work[base])
+    row.update(grid_floor_flops(jobs, work, base))
     row["measured_s_per_round"] = round(seconds / row["job_rounds"], 4)  # over the grid's rounds, each method's own
     return row
+
+
+def grid_floor_flops(jobs: list[dict], work: dict[tuple[str, str], dict], base: tuple[str, str]) -> dict:
+    """The grid's FLOPs: each job's rounds at its (dataset, setting)'s FLOPs a round where that pair's work was
+    counted, else its dataset's (a timed pair of it), else the base pair's; ``flops_per_round`` is their mean a
+    job-round (what the floor's seconds a round and the grid's floor are taken from)."""
+    by_dataset = {d: w for (d, _), w in reversed(list(work.items()))}  # a dataset's first timed pair
+    total = 0.0
+    for j in jobs:
+        w = work.get((j["dataset"], j["setting"])) or by_dataset.get(j["dataset"]) or work[base]
+        total += j["rounds"] * w["flops_per_round"]
+    rounds = sum(j["rounds"] for j in jobs)
+    return {"flops_per_round": total / rounds, "floor_flops": float(f"{total:.4g}"),
+            "flops_per_round_by_pair": {f"{d}/{s}": w["flops_per_round"] for (d, s), w in work.items()},
+            "floor_counts": "every job at its dataset's round: the sampled clients' local epochs (3 forward passes a "
+                            "sample) and the validation and test sets on an evaluated round"}
 
 
 def classification_work(config: dict, study: str, job: dict, part: Path, spec: RunSpec) -> dict:
@@ -294,7 +355,7 @@ def with_floor(row: dict, device: str, peak_tflops: float | None, packing: float
     round), the measured time over the floor, and the grid's device-hours with ``packing`` jobs' measured
     throughput (1: one job at a time)."""
     name = device_name(device)
-    out = {**row, "device_name": name, "commit": git_head(), "packing_throughput": packing,
+    out = {**row, "device_name": name, "packing_throughput": packing,
            "grid_gpu_hours": round(row["device_hours"] / packing, 1), "levers": levers}
     if "flops_per_round" in row:
         peak, source = dense_peak(device, name, peak_tflops)
@@ -303,13 +364,54 @@ def with_floor(row: dict, device: str, peak_tflops: float | None, packing: float
     return out
 
 
+def provenance(tree: dict, allow_dirty: bool, note: str | None = None) -> dict:
+    """What a row measured besides its figures: the date (UTC), the commit and whether the tree was clean (its
+    changed files where not), torch's version and, where given, the person's note (e.g. what was cut and why)."""
+    import datetime
+
+    import torch
+
+    out = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"), "commit": tree["commit"],
+           "tree_clean": tree["tree_clean"], "torch": torch.__version__}
+    if not tree["tree_clean"]:
+        out.update(changed=tree["changed"][:20], allow_dirty=allow_dirty)
+    if note:
+        out["note"] = note
+    return out
+
+
+def check_tree(tree: dict, results: Path | None, allow_dirty: bool) -> None:
+    """Exit with one line when this tree's own record (``RESULTS``) would get a row of uncommitted code: a row names
+    a commit, and the code it timed must be that commit's (``--allow-dirty`` writes it, marked)."""
+    if allow_dirty or results is None or tree["tree_clean"]:
+        return
+    if Path(results).resolve() != RESULTS.resolve():
+        return  # another file: the row is written, marked tree_clean false
+    what = (f"changed files: {', '.join(tree['changed'][:5])}{' ...' if len(tree['changed']) > 5 else ''}"
+            if tree["tree_clean"] is False else "git cannot say whether the tree is clean")
+    raise SystemExit(f"grid_cost: {RESULTS.relative_to(ROOT)} takes rows of committed code only ({what}); commit "
+                     "them, give another --results, or --allow-dirty (the row records it)")
+
+
 def result_row(row: dict) -> dict:
-    """The summary kept in ``grid_cost_results.jsonl``: what each study's grid costs, on what, with what."""
-    keys = ("study", "device", "device_name", "commit", "grid_gpu_hours", "device_hours", "packing_throughput",
-            "measured_s_per_round", "forward_flops_per_sample", "flops_per_round", "dense_peak_tflops",
+    """The summary kept in ``grid_cost_results.jsonl``: what each study's grid costs, on what, when, with which code,
+    what was timed and how the rest was costed."""
+    keys = ("study", "date", "commit", "tree_clean", "changed", "allow_dirty", "note", "device", "device_name",
+            "torch", "threads", "bench_wall_s", "grid_gpu_hours", "device_hours", "packing_throughput", "measured_s_per_round", "timed",
+            "timed_on", "rounds_timed", "s_per_round", "train_s_per_round", "eval_s", "scaled_by",
+            "untimed_methods_at_mean", "untimed_strategies_at_mean", "timed_alone", "costing", "batch_padding", "jobs", "job_rounds",
+            "forward_flops_per_sample", "flops_per_round", "flops_per_round_by_pair", "floor_flops", "floor_counts",
+            "dense_peak_tflops",
             "floor_s_per_round_30", "floor_s_per_round_10", "measured_over_floor_30", "measured_over_floor_10",
-            "floor_gpu_hours_30", "floor_gpu_hours_10", "levers")
-    return {k: row.get(k) for k in keys}
+            "floor_gpu_hours_30", "floor_gpu_hours_10", "levers", "data")
+    return {k: row[k] for k in keys if k in row}
+
+
+def costing_line(row: dict) -> str:
+    """What a row timed and at which rate it costed the rest, in one line."""
+    timed = row.get("timed", {})
+    return (f"{row['study']}: timed {', '.join(timed.get('methods', []))} on {', '.join(timed.get('pairs', []))} "
+            f"({timed.get('steady_rounds')} steady round(s) of {timed.get('rounds')}); {row.get('costing', '')}")
 
 
 def main() -> None:
@@ -317,13 +419,18 @@ def main() -> None:
     ap.add_argument("--config", type=Path, nargs="+",
                     default=sorted((ROOT / "config" / "studies").glob("*.yaml")))
     ap.add_argument("--study", nargs="*", help="studies of the config to cost (default: all)")
-    ap.add_argument("--methods", nargs="*", help="methods to time (default: each study's first)")
+    ap.add_argument("--methods", nargs="*", help="methods to time (default: the MedMNIST studies' every method, "
+                    "fedst's fedst, ultraflwr's FedAvg; each row and line says which were costed at which rate)")
     ap.add_argument("--setting", help="the MedMNIST studies: time the jobs of this setting (default: the grid's first "
-                    "job's), e.g. a quantity-skewed one; the grid is costed at its rate")
+                    "job's), e.g. a quantity-skewed one, and the first method on each other dataset's job of it; the "
+                    "grid is costed at their rates")
     ap.add_argument("--scale-by", nargs="+", metavar="DATASET/SETTING",
                     help="the MedMNIST studies: also time the first method on these (dataset, setting) pairs and cost "
                     "each job at its method's rate times its pair's ratio to the timed one (untimed pairs: their "
                     "dataset's ratio times their setting's)")
+    ap.add_argument("--one-pair", action="store_true",
+                    help="the MedMNIST studies: time the timed setting's first dataset only (and --scale-by's pairs), "
+                    "not every dataset: the others are costed at its rate (the row's costing says so)")
     ap.add_argument("--autocast", choices=["none", "bf16"], help="the MedMNIST studies' train.autocast (default: the "
                     "config's; bf16 changes results)")
     ap.add_argument("--torch-profile", type=Path, help="the MedMNIST studies: one more run of the first timed method "
@@ -340,6 +447,9 @@ def main() -> None:
                     help="the pipeline's surgical data folder (default: resources/surgical/<surgical.origin>)")
     ap.add_argument("--surgical-epochs", type=int,
                     help="ultraflwr: local epochs per timed round (at least 2, the default; scaled up to the config's)")
+    ap.add_argument("--surgical-steps", type=positive,
+                    help="fedst: local steps a timed round (and FedST's server steps cut by the same share), the "
+                         "round's training scaled back to the config's (default: the config's)")
     ap.add_argument("--yolo-workers", type=whole,
                     help="ultraflwr: dataloader workers of local training (ultraflwr.train.workers) and of the "
                          "evaluation (engine.loader_workers); default: the config's")
@@ -358,6 +468,10 @@ def main() -> None:
     ap.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
                     help="the MedMNIST studies with train.batch_clients (a round's clients trained together) or "
                     "without (default: the config's)")
+    ap.add_argument("--batch-padding", type=float, metavar="X",
+                    help="the MedMNIST studies with clients together: a step's clients in the fewest calls that compute "
+                    "at most X times its useful samples (fl/methods/_batch_plan.py PADDING, default 1.10; inf: one "
+                    "call a step, every client padded to the largest batch), for a before/after")
     ap.add_argument("--peak-tflops", type=above_zero,
                     help="the device's dense peak the floor is taken against (default: bench/_flop_floor.py's "
                          "figure for the card; a CPU's measured matrix-product rate)")
@@ -366,7 +480,14 @@ def main() -> None:
                          "(bench/gpu_packing.py); grid_gpu_hours = device_hours / this (default 1: one at a time)")
     ap.add_argument("--out", type=Path, help="append the results as JSON lines")
     ap.add_argument("--results", type=Path, default=RESULTS,
-                    help="append each study's summary row here (default: bench/grid_cost_results.jsonl)")
+                    help="append each study's summary row here (default: bench/grid_cost_results.jsonl, which takes "
+                    "rows of committed code only)")
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="write the summary row to bench/grid_cost_results.jsonl from a tree with uncommitted changes "
+                    "(the row records them)")
+    ap.add_argument("--note", help="a line kept in the row: what was cut and why (e.g. fewer rounds on a CPU)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="check the options against the configs and print what would be timed, then stop")
     args = ap.parse_args()
     if args.runs_together < 1:
         raise SystemExit(f"grid_cost: --runs-together {args.runs_together}: give 1 or more runs")
@@ -374,15 +495,31 @@ def main() -> None:
 
     if not 0 < args.packing < float("inf"):  # NaN too: every row's GPU-hours would be NaN
         raise SystemExit(f"grid_cost: --packing {args.packing:g}: give a throughput above 0")
+    if args.batch_padding is not None and not args.batch_padding >= 1:  # NaN too
+        raise SystemExit(f"grid_cost: --batch-padding {args.batch_padding:g}: give 1 or more (inf: one call a step)")
+    if args.dry_run:
+        for line in planned(args):
+            print(line)
+        return
     check_cuda("grid_cost", args.device)
+    checked_configs(args)  # a bad config or option is said first, whatever the tree's state
+    tree = tree_state()
+    check_tree(tree, args.results, args.allow_dirty)  # before anything is timed
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     limit_threads(args.threads)
+    import time
+
+    started = time.perf_counter()
     with waiting_steps() if args.waiting_steps else nullcontext():
         for row in cost_rows(args, device):
-            row = with_floor({**row, "waiting_steps": args.waiting_steps}, device, args.peak_tflops, args.packing,
-                             levers(row, args))
+            row = with_floor({**row, **provenance(tree, args.allow_dirty, args.note), "threads": args.threads,
+                              "waiting_steps": args.waiting_steps,
+                              "bench_wall_s": round(time.perf_counter() - started)}, device, args.peak_tflops,
+                             args.packing, levers(row, args))
+            started = time.perf_counter()
             emit([row], args.out)
             emit_summary(row, args.results)
+            print(costing_line(row), flush=True)
             print(summary_line(row), flush=True)
 
 
@@ -405,6 +542,8 @@ def levers(row: dict, args: argparse.Namespace) -> list[str]:
         out.append(f"autocast={row['autocast']}")
     if row.get("loader_workers"):
         out.append(f"loader_workers={row['loader_workers']}")
+    if getattr(args, "batch_padding", None) is not None and row.get("batch_clients"):
+        out.append(f"batch_padding={args.batch_padding:g}")
     if row.get("runs_together", 1) > 1 and not set(row["s_per_round"]) <= set(row.get("timed_alone", {})):
         out.append(f"runs_together={row['runs_together']}")
     if args.packing != 1:
@@ -459,7 +598,8 @@ def check_methods(configs: dict[Path, dict], studies: list[str] | None, methods:
 #: config has it: a surgical study's timing takes none of them
 MEDMNIST_OPTIONS = {"setting": ("--setting", None), "scale_by": ("--scale-by", None), "autocast": ("--autocast", None),
                     "torch_profile": ("--torch-profile", None), "batch_clients": ("--[no-]batch-clients", None),
-                    "runs_together": ("--runs-together", 1)}
+                    "runs_together": ("--runs-together", 1), "batch_padding": ("--batch-padding", None),
+                    "one_pair": ("--one-pair", False)}
 
 
 def check_medmnist_options(configs: dict[Path, dict], studies: list[str] | None, args: argparse.Namespace) -> None:
@@ -476,6 +616,7 @@ def check_medmnist_options(configs: dict[Path, dict], studies: list[str] | None,
 #: the options only the surgical studies' timings take, and which of them take each
 SURGICAL_OPTIONS = {"surgical_dir": ("--surgical-dir", ("fedst", "ultraflwr")),
                     "surgical_epochs": ("--surgical-epochs", ("ultraflwr",)),
+                    "surgical_steps": ("--surgical-steps", ("fedst",)),
                     "yolo_workers": ("--yolo-workers", ("ultraflwr",)),
                     "image_cache": ("--image-cache", ("fedst", "ultraflwr")),
                     "no_image_cache": ("--no-image-cache", ("fedst", "ultraflwr")),
@@ -495,8 +636,8 @@ def check_surgical_options(configs: dict[Path, dict], studies: list[str] | None,
                          f"{' or '.join(sorted(costed))} (costed here)")
 
 
-def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
-    """One row per study of each config, as each is timed."""
+def checked_configs(args: argparse.Namespace) -> dict[Path, dict]:
+    """The configs, once every option is checked against them (one line and exit where one does not fit)."""
     configs = {path: load_config(path) for path in args.config}
     check_studies(configs, args.study)
     check_methods(configs, args.study, args.methods)
@@ -509,6 +650,37 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
                 timed_job(jobs, args.setting)
                 for pair in args.scale_by or []:
                     scaled_job(jobs, pair, "")
+    return configs
+
+
+def planned(args: argparse.Namespace) -> list[str]:
+    """What a run of these options would time, a line a study (``--dry-run``)."""
+    out = []
+    for config in checked_configs(args).values():
+        for study, st in config.get("studies", {}).items():
+            if args.study and study not in args.study:
+                continue
+            jobs = grid_jobs(config, study)
+            first = timed_job(jobs, args.setting)
+            timed = [m for m in (args.methods or st["methods"]) if m in st["methods"]] or st["methods"][:1]
+            pairs = list(args.scale_by or []) if args.one_pair else dataset_pairs(jobs, first, args.scale_by)
+            out.append(f"{study}: would time {', '.join(timed)} on {first['dataset']}/{first['setting']}"
+                       + (f", {timed[0]} on {', '.join(pairs)}" if pairs else "") + f", {args.rounds} rounds each"
+                       + (f"; {', '.join(sorted(set(st['methods']) - set(timed)))} at their mean"
+                          if set(st["methods"]) - set(timed) else ""))
+        for name in ("fedst", "ultraflwr"):
+            if name in costed_studies(config) and (not args.study or name in args.study):
+                names = timeable_methods(config, name)
+                timed = [m for m in (args.methods or []) if m in names] or names[:1]
+                out.append(f"{name}: would time {', '.join(timed)}, {args.rounds} rounds each"
+                           + (f"; {', '.join(m for m in names if m not in timed)} at their mean"
+                              if set(names) - set(timed) else ""))
+    return out
+
+
+def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
+    """One row per study of each config, as each is timed."""
+    configs = checked_configs(args)
     for path, config in configs.items():
         for study in config.get("studies", {}):
             if args.study and study not in args.study:
@@ -517,11 +689,18 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
                 config["studies"][study]["train"]["batch_clients"] = args.batch_clients
             if args.autocast is not None:  # train.autocast: forward passes in bfloat16 (results change)
                 config["studies"][study]["train"]["autocast"] = args.autocast
+            if args.batch_padding is not None:  # the batched step's grouping of a step's clients (float32 rounding)
+                from fedmedbench.fl.methods import _batch_plan
+
+                _batch_plan.PADDING = args.batch_padding
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
                 row = study_cost(config, study, args.methods, args.rounds, device, args.threads, Path(tmp), args.setting,
-                                 args.torch_profile, args.scale_by, args.runs_together)
+                                 args.torch_profile, args.scale_by, args.runs_together, args.one_pair)
             train = config["studies"][study]["train"]
-            yield {**row, "batch_clients": bool(train.get("batch_clients")), "autocast": train.get("autocast", "none")}
+            from fedmedbench.fl.methods._batch_plan import PADDING
+
+            yield {**row, "batch_clients": bool(train.get("batch_clients")), "autocast": train.get("autocast", "none"),
+                   **({"batch_padding": PADDING} if train.get("batch_clients") else {})}
         surgical = args.surgical_dir or Path("resources") / "surgical" / config["surgical"]["origin"]
         for name, cost in (("fedst", fedst_cost), ("ultraflwr", ultraflwr_cost)):
             if name not in costed_studies(config) or (args.study and name not in args.study):
@@ -530,7 +709,7 @@ def cost_rows(args: argparse.Namespace, device: str) -> Iterator[dict]:
             epochs = 2 if args.surgical_epochs is None else args.surgical_epochs
             extra = ({"epochs": epochs, "workers": args.yolo_workers, "image_cache": cache,
                       "loader_workers": args.loader_workers} if name == "ultraflwr"
-                     else {"workers": args.loader_workers, "image_cache": cache})
+                     else {"workers": args.loader_workers, "image_cache": cache, "steps": args.surgical_steps})
             with tempfile.TemporaryDirectory(prefix="fmb-grid-") as tmp:
                 row = cost(config, path, args.methods, args.rounds, device, args.threads, Path(tmp), surgical, **extra)
             yield row

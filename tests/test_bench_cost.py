@@ -536,7 +536,8 @@ def test_grid_cost_appends_each_studys_summary_with_its_floor_and_levers(tmp_pat
     results = tmp_path / "grid_cost_results.jsonl"
     for packing in ("1", "4"):
         done = _bench("grid_cost.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", "--rounds", "2",
-                      "--threads", "1", "--peak-tflops", "0.001", "--packing", packing, "--results", str(results))
+                      "--threads", "1", "--peak-tflops", "0.001", "--packing", packing, "--results", str(results),
+                      "--methods", "fedavg")
         assert done.returncode == 0, done.stdout + done.stderr
         assert "floor" in done.stdout.splitlines()[-1] and "micro:" in done.stdout.splitlines()[-1]
     one, packed = (json.loads(line) for line in results.read_text().splitlines())
@@ -582,7 +583,7 @@ def test_packed_surgical_jobs_are_the_grid_timings_jobs(tmp_path):
     (surgical / "stand_in.json").write_text(json.dumps({"fraction": 0.25, "test_fraction": 0.1, "distinct_frames": 8}))
     root = Path(__file__).resolve().parents[1]
     args = argparse.Namespace(config=root / "config" / "studies" / "fedst.yaml", study="fedst", method="fedst",
-                              rounds=3, surgical_dir=surgical, surgical_epochs=2, image_cache=None, device="cpu",
+                              rounds=3, surgical_dir=surgical, surgical_epochs=2, surgical_steps=None, image_cache=None, device="cpu",
                               threads=2, workdir=tmp_path / "w", index=5)
     spec = gpu_packing.fedst_spec(args)
     assert spec.method == "fedst" and spec.task_params["cache_mb"] == 1024  # 4096 x 0.25
@@ -829,7 +830,8 @@ def test_grid_cost_runs_seeds_side_by_side_end_to_end_and_names_the_lever(tmp_pa
     """On a model without buffers, whose runs share their rounds (the small CNN's would be timed alone)."""
     results = tmp_path / "grid_cost_results.jsonl"
     done = _bench("grid_cost.py", "--config", str(_micro_without_buffers(tmp_path)), "--study", "micro", "--device", "cpu",
-                  "--rounds", "2", "--threads", "1", "--runs-together", "2", "--batch-clients", "--results", str(results))
+                  "--rounds", "2", "--threads", "1", "--runs-together", "2", "--batch-clients", "--results", str(results),
+                  "--methods", "fedavg")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "cannot share its rounds" not in done.stderr, done.stderr
     row = json.loads(results.read_text().splitlines()[-1])
@@ -844,7 +846,7 @@ def test_grid_cost_names_a_job_timed_alone_and_claims_no_side_by_side_lever(tmp_
     out, results = tmp_path / "rows.jsonl", tmp_path / "grid_cost_results.jsonl"
     done = _bench("grid_cost.py", "--config", str(MICRO), "--study", "micro", "--device", "cpu", "--rounds", "2",
                   "--threads", "1", "--runs-together", "2", "--no-batch-clients", "--out", str(out),
-                  "--results", str(results))
+                  "--results", str(results), "--methods", "fedavg")
     assert done.returncode == 0, done.stdout + done.stderr
     row, summary = (json.loads(p.read_text().splitlines()[-1]) for p in (out, results))
     assert row["timed_alone"] == {"fedavg": "train.batch_clients is off"}
@@ -880,7 +882,9 @@ def test_seeds_side_by_side_refuses_a_zero_size_in_one_line(option):
 
 @pytest.mark.parametrize(("option", "line"), [(["--rounds", "0"], "--rounds: '0' is not a whole number from 1"),
                                               (["--packing", "0"], "grid_cost: --packing 0: give a throughput above 0"),
-                                              (["--packing", "nan"], "grid_cost: --packing nan: give a throughput above 0")])
+                                              (["--packing", "nan"], "grid_cost: --packing nan: give a throughput above 0"),
+                                              (["--batch-padding", "0.9"],
+                                               "grid_cost: --batch-padding 0.9: give 1 or more (inf: one call a step)")])
 def test_grid_cost_refuses_zero_rounds_or_packing_in_one_line(option, line, tmp_path):
     """--rounds 0 timed nothing and failed reading an empty metrics file; --packing 0 divided by zero at the end, and
     --packing nan wrote a row of NaN GPU-hours."""
@@ -924,6 +928,7 @@ def test_gpu_packing_refuses_an_unknown_device_before_any_job_starts():
     ("ultraflwr", ["--no-batch-clients"], "--[no-]batch-clients applies to the MedMNIST studies only, not ultraflwr"),
     ("fedst", ["--scale-by", "dermamnist/dir0.01"], "--scale-by applies"),
     ("fedst", ["--torch-profile", "p.txt"], "--torch-profile applies"),
+    ("fedst", ["--batch-padding", "inf"], "--batch-padding applies"),
 ])
 def test_grid_cost_refuses_a_medmnist_option_where_a_surgical_study_is_costed_in_one_line(config, option, line, tmp_path):
     """The surgical studies' timings take none of these: their rows were timed without them, silently."""
@@ -937,7 +942,7 @@ def test_grid_cost_refuses_a_medmnist_option_where_a_surgical_study_is_costed_in
 def test_grid_cost_leaves_the_surgical_study_out_with_study_and_takes_the_option(tmp_path):
     """A config with both kinds: --study naming only the MedMNIST ones lets the option through."""
     args = SimpleNamespace(setting=None, scale_by=None, autocast="bf16", torch_profile=None, batch_clients=None,
-                           runs_together=1)
+                           runs_together=1, batch_padding=None, one_pair=False)
     import grid_cost
 
     configs = {STUDIES / "fedst.yaml": grid_cost.load_config(STUDIES / "fedst.yaml"),
@@ -1035,6 +1040,7 @@ def test_demo_breakdown_adds_its_rows_whole_or_not_at_all(tmp_path):
     ("micro", ["--image-cache", "c", "--surgical-epochs", "3"],
      "--surgical-epochs and --image-cache apply to the surgical studies (ultraflwr, fedst) only, not micro"),
     ("fedst", ["--surgical-epochs", "3"], "--surgical-epochs applies to ultraflwr only, not fedst"),
+    ("ultraflwr", ["--surgical-steps", "20"], "--surgical-steps applies to fedst only, not ultraflwr"),
 ])
 def test_gpu_packing_refuses_a_surgical_option_for_a_study_that_ignores_it_in_one_line(study, option, line, tmp_path):
     """A MedMNIST study's jobs read no --surgical-dir, --surgical-epochs or --image-cache, fedst's no --surgical-epochs:
@@ -1173,6 +1179,7 @@ def test_a_bench_refuses_a_value_it_would_not_use_as_given_in_one_line(script, o
      "--no-image-cache and --loader-workers apply to fedst or ultraflwr only, not micro (costed here)"),
     ("fedst", ["--surgical-epochs", "3"], "--surgical-epochs applies to ultraflwr only, not fedst (costed here)"),
     ("fedst", ["--yolo-workers", "4"], "--yolo-workers applies to ultraflwr only, not fedst (costed here)"),
+    ("ultraflwr", ["--surgical-steps", "20"], "--surgical-steps applies to fedst only, not ultraflwr (costed here)"),
 ])
 def test_grid_cost_refuses_a_surgical_option_no_costed_study_takes_in_one_line(config, option, line, tmp_path):
     """The MedMNIST timings read none of these, fedst's no YOLO epochs or workers: the rows were timed without them."""
@@ -1231,3 +1238,236 @@ def test_engine_overhead_refuses_waiting_steps_on_the_cpu_in_one_line(tmp_path):
     assert done.stderr.strip() == ("engine_overhead: --waiting-steps changes only how steps wait for a GPU: "
                                    "give --device cuda")
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+def test_batched_rounds_compute_within_the_padding_bound_on_every_quantity_skewed_setting():
+    """bench/batch_padding.py on the earlystop grid's own partitions (both datasets at their official sizes, the
+    authors' draws, each seed's rounds): one call a step computes 1.5x the useful samples and more under quantity
+    skew; the plan the training uses stays within 1.10, a job's round alone and the seeds' rounds together."""
+    import torch
+    from batch_padding import batch_lengths, load_config, setting_padding
+
+    from fedmedbench.fl.training import batch_indices
+
+    for n, steps in ((600, 13), (256, 5), (3, 4)):  # the lengths batch_indices cuts
+        assert batch_lengths(n, 256, steps) == [len(b) for b in batch_indices(n, 256, steps, torch.Generator())]
+    config = load_config(STUDIES / "earlystop.yaml")
+    for dataset in ("dermamnist", "bloodmnist"):
+        for setting in ("qty0.01", "qty0.1", "qty1.0"):
+            row = setting_padding(config, "earlystop", dataset, setting, rounds=40)
+            for together in ("job", "seeds_together"):
+                assert row[f"{together}_one_call_computed_over_useful"] > 1.5, row
+                assert row[f"{together}_grouped_computed_over_useful"] <= 1.10, row
+                assert row[f"{together}_one_call_calls_per_step"] == 1.0 < row[f"{together}_grouped_calls_per_step"]
+    row = setting_padding(config, "earlystop", "dermamnist", "dir0.1", rounds=40)
+    assert row["job_grouped_calls_per_step"] == 1.0  # clients of 70 and 77 samples: one call, as before
+
+
+def _two_dataset_micro(tmp_path: Path) -> Path:
+    """The micro study on two datasets (breastmnist and pneumoniamnist), its setting of 3 clients only."""
+    import yaml
+
+    config = yaml.safe_load(MICRO.read_text())
+    study = config["studies"]["micro"]
+    study.update(datasets=["breastmnist", "pneumoniamnist"], settings={"dir": study["settings"]["dir"]},
+                 methods=["fedavg", "scaffold"], early_stopping={"report": False})
+    (tmp_path / "micro2.yaml").write_text(yaml.safe_dump(config))
+    return tmp_path / "micro2.yaml"
+
+
+def test_grid_cost_rows_say_what_they_measured_and_how_the_rest_was_costed(tmp_path):
+    """By default every method is timed and every dataset on one setting; a summary row names its date, commit and
+    tree state, device, what was timed (datasets, settings, methods, steady rounds) and how the rest was costed, and
+    keeps the rates it costed with; with --methods the untimed ones are named with the rate they were costed at."""
+    import datetime
+
+    config, results = _two_dataset_micro(tmp_path), tmp_path / "results.jsonl"
+    done = _bench("grid_cost.py", "--config", str(config), "--study", "micro", "--device", "cpu", "--rounds", "2",
+                  "--threads", "1", "--peak-tflops", "0.001", "--results", str(results), "--note", "a test row")
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = json.loads(results.read_text().splitlines()[-1])
+    assert row["date"] == datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d") and row["note"] == "a test row"
+    assert row["commit"] and row["tree_clean"] in (True, False, None) and row["device"] == "cpu"
+    assert row["device_name"].startswith("cpu:") and row["torch"]
+    timed = row["timed"]
+    assert timed["datasets"] == ["breastmnist", "pneumoniamnist"] and timed["settings"] == ["dir"]
+    assert timed["methods"] == ["fedavg", "scaffold"] and row["untimed_methods_at_mean"] == []
+    assert timed["pairs"] == {"breastmnist/dir": timed["methods"], "pneumoniamnist/dir": ["fedavg"]}
+    assert (timed["rounds"], timed["steady_rounds"]) == (2, 1) and row["timed_on"] == "breastmnist/dir"
+    assert set(row["s_per_round"]) == set(timed["methods"]) and "pneumoniamnist/dir" in row["scaled_by"]["s_per_round"]
+    assert "every method timed" in row["costing"] and "ratio to breastmnist/dir" in row["costing"]
+    assert f"micro: timed {', '.join(timed['methods'])} on breastmnist/dir, pneumoniamnist/dir" in done.stdout
+    assert set(row["flops_per_round_by_pair"]) == {"breastmnist/dir", "pneumoniamnist/dir"}
+    assert row["floor_flops"] == pytest.approx(row["flops_per_round"] * row["job_rounds"], rel=1e-3)
+    done = _bench("grid_cost.py", "--config", str(config), "--study", "micro", "--device", "cpu", "--rounds", "1",
+                  "--threads", "1", "--methods", "fedavg", "--results", str(results))
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = json.loads(results.read_text().splitlines()[-1])
+    assert row["untimed_methods_at_mean"] == ["scaffold"] and row["timed"]["steady_rounds"] == 1
+    assert "scaffold not timed: at the mean of fedavg" in row["costing"]
+    assert "scaffold not timed: at the mean of fedavg" in done.stdout
+    assert "pneumoniamnist/dir" in row["timed"]["pairs"]
+    done = _bench("grid_cost.py", "--config", str(config), "--study", "micro", "--device", "cpu", "--rounds", "1",
+                  "--threads", "1", "--methods", "fedavg", "--one-pair", "--dry-run")
+    assert done.returncode == 0 and "would time fedavg on breastmnist/dir, 1 rounds each" in done.stdout, done.stdout
+    done = _bench("grid_cost.py", "--config", str(config), "--study", "micro", "--device", "cpu", "--rounds", "1",
+                  "--threads", "1", "--methods", "fedavg", "--one-pair", "--results", str(results))
+    assert done.returncode == 0, done.stdout + done.stderr
+    one = json.loads(results.read_text().splitlines()[-1])
+    assert one["timed"]["pairs"] == {"breastmnist/dir": ["fedavg"]}  # pneumoniamnist not timed, yet in the floor:
+    assert set(one["flops_per_round_by_pair"]) == {"breastmnist/dir", "pneumoniamnist/dir"}
+    assert one["floor_flops"] == pytest.approx(row["floor_flops"], rel=1e-3)
+
+
+def test_grid_cost_pairs_time_every_dataset_once():
+    """The first method is timed on each --scale-by pair and on every other dataset at the timed setting (where the
+    dataset has it), the pair that gives the dataset's ratio: a dataset timed on another setting only would cost its
+    jobs of the timed setting at the timed dataset's rate."""
+    from grid_cost import dataset_pairs
+
+    jobs = [{"dataset": d, "setting": s} for d in ("derma", "blood", "path") for s in ("dir", "qty")]
+    jobs.append({"dataset": "only", "setting": "own"})
+    first = {"dataset": "derma", "setting": "qty"}
+    assert dataset_pairs(jobs, first, None) == ["blood/qty", "path/qty", "only/own"]
+    assert dataset_pairs(jobs, first, ["blood/dir", "derma/dir"]) == ["blood/dir", "derma/dir", "blood/qty", "path/qty",
+                                                                      "only/own"]
+    assert dataset_pairs(jobs, first, ["path/qty"]) == ["path/qty", "blood/qty", "only/own"]
+
+
+def test_the_earlystop_floor_counts_both_datasets():
+    """2 x 300 jobs x 500 rounds: DermaMNIST's rounds (10 clients x 70.07 samples x 5 epochs trained, 3,008
+    evaluated) and BloodMNIST's (119.59 samples a client, 5,133 evaluated) at ConvNeXtV2-nano's 399.2 MFLOP a forward
+    pass: 2.19e18 FLOP, 5.07 GPU-hours at 30 % of the bench's 400 TFLOP/s (3.75 when every job was DermaMNIST's)."""
+    import grid_cost
+    from _flop_floor import floor_fields, round_flops
+
+    from fedmedbench.data.medmnist import dataset_info
+
+    config = grid_cost.load_config(STUDIES / "earlystop.yaml")
+    jobs = grid_cost.grid_jobs(config, "earlystop")
+    assert len(jobs) == 600 and {j["dataset"] for j in jobs} == {"dermamnist", "bloodmnist"}
+    work = {}
+    for dataset in ("dermamnist", "bloodmnist"):
+        n = dataset_info(dataset).n_samples
+        work[dataset, "dir0.01"] = {"flops_per_round": round_flops(399174400, 10 * n["train"] / 100 * 5,
+                                                                   n["val"] + n["test"])}
+    floor = grid_cost.grid_floor_flops(jobs, work, ("dermamnist", "dir0.01"))
+    assert floor["floor_flops"] == pytest.approx(2.19e18, rel=2e-3)
+    hours = floor_fields(floor["flops_per_round"], 400e12, None, sum(j["rounds"] for j in jobs))["floor_gpu_hours_30"]
+    assert hours == pytest.approx(5.07, abs=0.005)
+    derma_only = grid_cost.grid_floor_flops(jobs, {k: v for k, v in work.items() if k[0] == "dermamnist"},
+                                            ("dermamnist", "dir0.01"))
+    assert floor_fields(derma_only["flops_per_round"], 400e12, None, 300_000)["floor_gpu_hours_30"] == pytest.approx(
+        3.75, abs=0.005)
+
+
+def test_a_row_names_its_commit_and_whether_its_tree_was_clean(tmp_path):
+    """A tree whose tracked code differs from its commit is not clean (result records, *.jsonl, do not count); the
+    project's own record takes rows of a clean tree only, or with --allow-dirty; another file takes them marked."""
+    import grid_cost
+    from _report import tree_state
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "rows.jsonl").write_text("{}\n")
+    git("add", ".")
+    git("commit", "-qm", "one")
+    state = tree_state(tmp_path)
+    assert state["tree_clean"] is True and len(state["commit"]) >= 7 and state["changed"] == []
+    (tmp_path / "rows.jsonl").write_text("{}\n{}\n")  # a session's appended rows
+    (tmp_path / "new.py").write_text("")  # untracked
+    assert tree_state(tmp_path)["tree_clean"] is True
+    (tmp_path / "code.py").write_text("x = 2\n")
+    dirty = tree_state(tmp_path)
+    assert dirty["tree_clean"] is False and dirty["changed"] == ["code.py"]
+    assert tree_state(tmp_path / "nowhere")["tree_clean"] is None  # no git there
+    with pytest.raises(SystemExit, match=r"grid_cost_results.jsonl takes rows of committed code only \(changed files: "
+                                         r"code.py\); commit them, give another --results, or --allow-dirty"):
+        grid_cost.check_tree(dirty, grid_cost.RESULTS, allow_dirty=False)
+    with pytest.raises(SystemExit, match="git cannot say"):
+        grid_cost.check_tree({"commit": "?", "tree_clean": None, "changed": []}, grid_cost.RESULTS, allow_dirty=False)
+    grid_cost.check_tree(dirty, grid_cost.RESULTS, allow_dirty=True)
+    grid_cost.check_tree(dirty, tmp_path / "other.jsonl", allow_dirty=False)
+    grid_cost.check_tree(state, grid_cost.RESULTS, allow_dirty=False)
+    fields = grid_cost.provenance(dirty, True, "cut to one round")
+    assert fields["tree_clean"] is False and fields["changed"] == ["code.py"] and fields["allow_dirty"] is True
+    assert fields["note"] == "cut to one round" and "changed" not in grid_cost.provenance(state, False)
+
+
+def test_a_fedst_timing_of_fewer_local_steps_is_scaled_back_to_the_configs():
+    """--surgical-steps 20 of the config's 100: 20 local steps a timed round, FedST's 100 server steps cut to 20, and
+    a round's training scaled by 5; more steps than the config's, or none, is one line."""
+    import grid_cost
+    from _surgical_cost import fedst_timed_config, steps_share
+
+    cfg = grid_cost.load_config(STUDIES / "fedst.yaml")["fedst"]
+    assert cfg["train"]["local_steps"] == 100 and cfg["serq"]["steps"] == 100
+    timed = fedst_timed_config(cfg, 3, 0.1, 20)
+    assert timed["train"]["local_steps"] == 20 and timed["serq"]["steps"] == 20 and timed["train"]["rounds"] == 3
+    assert steps_share(cfg, 20) == 0.2 and steps_share(cfg, None) == 1.0
+    assert fedst_timed_config(cfg, 3, 0.1)["train"]["local_steps"] == 100
+    with pytest.raises(SystemExit, match="--surgical-steps 101: give 1 to the config's 100 local steps a round"):
+        steps_share(cfg, 101)
+
+
+def test_the_grid_session_runs_its_steps_in_budget_order_and_each_passes_its_scripts_checks(tmp_path):
+    """STEPS='^grid:' runs the paper grids' steps only (none of the whole session's), their stand-ins built first and
+    waited for; every timing writes its summary to the grid results; each step's command passes its script's own
+    checks of its options against the configs (--dry-run: nothing timed). A whole session runs none of them."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/bash\n[ \"$1\" = -c ] && exit 0\necho \"$*\" >> {calls}\n")
+    fake.chmod(0o755)
+    done = _run_session(tmp_path, str(fake), steps="^grid:", GRID_RESULTS=str(tmp_path / "grid.jsonl"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    ran = calls.read_text().splitlines()
+    builds = [c for c in ran if "surgical_stand_in.py" in c]
+    steps = [c for c in ran if c not in builds]
+    assert [f"--out {tmp_path / 'si'}/grid-{s}" in " ".join(builds) for s in ("fedst", "ultraflwr")] == [True, True]
+    assert "--fraction 0.1 --test-fraction 0.05" in next(c for c in builds if "fedst.yaml" in c)
+    timings = [c for c in steps if "grid_cost.py" in c]
+    assert len(steps) == 10 and len(timings) == 8 and all(f"--results {tmp_path / 'grid.jsonl'}" in c for c in timings)
+    assert [c.split("--config config/studies/")[1].split(".yaml")[0] for c in timings] == [
+        "earlystop", "earlystop", "earlystop", "earlystop", "fedst", "ultraflwr", "gpaf", "gpaf"]
+    earlystop = timings[:4]
+    assert "--methods" not in earlystop[0] and "--batch-clients" in earlystop[0]  # all ten, clients together
+    assert "--no-batch-clients" in earlystop[1] and "--batch-padding inf" in earlystop[2]
+    assert "--runs-together 3" in earlystop[3]
+    assert "--methods fedst seg_fedavg" in timings[4] and "--surgical-steps 20" in timings[4]
+    summary = done.stdout.split("== summary")[1]
+    assert "grid: fedst data" in summary and "grid: ultraflwr data" in summary and "cuda tests" not in summary
+    root = GPU_SESSION.parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    for c in steps:
+        script, *args = c.split()
+        checked = subprocess.run([sys.executable, str(root / script), *args, "--dry-run"], cwd=root, env=env,
+                                 capture_output=True, text=True, timeout=300)
+        assert checked.returncode == 0 and "would" in checked.stdout, (c, checked.stdout + checked.stderr)
+    calls.unlink()
+    done = _run_session(tmp_path, str(fake), steps="ultraflwr")  # a pattern without "grid:": the session's own steps
+    assert done.returncode == 0 and "grid:" not in done.stdout and "grid-ultraflwr" not in calls.read_text()
+
+
+def test_grid_cost_batch_padding_sets_the_plans_bound_for_the_timing_and_names_the_lever(tmp_path, monkeypatch):
+    """--batch-padding inf times the clients together as one call a step (every client padded to the largest
+    batch, the plan before the grouped calls): the timed plans see the bound and the row names it."""
+    from types import SimpleNamespace as NS
+
+    import grid_cost
+
+    from fedmedbench.fl.methods import _batch_plan
+
+    seen = []
+    monkeypatch.setattr(_batch_plan, "PADDING", _batch_plan.PADDING)  # put back after the test
+    monkeypatch.setattr(grid_cost, "study_cost", lambda *a, **k: seen.append(_batch_plan.PADDING) or {"s_per_round": {}})
+    args = NS(config=[MICRO], study=["micro"], methods=None, setting=None, scale_by=None, autocast=None,
+              torch_profile=None, batch_clients=True, runs_together=1, batch_padding=float("inf"), surgical_dir=None,
+              surgical_epochs=None, surgical_steps=None, yolo_workers=None, image_cache=None, no_image_cache=False,
+              loader_workers=None, rounds=1, threads=1, packing=1.0, waiting_steps=False, one_pair=False)
+    row = next(grid_cost.cost_rows(args, "cpu"))
+    assert seen == [float("inf")] and row["batch_padding"] == float("inf") and row["batch_clients"] is True
+    assert "batch_padding=inf" in grid_cost.levers(row, args)

@@ -133,29 +133,39 @@ class Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_round_together_costs_the_ops_of_its_steps_not_of_its_clients(setup):
-    """Twice the clients, the same steps: one by one dispatches twice the ops, together about the same
-    (the lever on launch-bound GPUs)."""
+def test_a_round_together_costs_the_ops_of_its_steps_not_of_its_clients(setup, monkeypatch):
+    """Twice the clients, the same steps: one by one dispatches twice the ops, one call a step about the same
+    (the lever on launch-bound GPUs). The two clients added have batches of 1 against 16: padded into one call they
+    would compute 34 samples a step for 18 useful ones, so the plan gives them a call of their own, which costs
+    more ops than one call and still far fewer than one by one."""
+    from fedmedbench.fl.methods import _batch_plan
+
     counts = {}
-    for batched in (False, True):
-        s = spec(setup, f"ops-{batched}", batch_clients=batched, rounds=1)
+    for name, batched, padding in (("one by one", False, None), ("one call", True, float("inf")),
+                                   ("grouped", True, None)):
+        monkeypatch.setattr(_batch_plan, "PADDING", padding or together.PADDING)
+        s = spec(setup, f"ops-{name}", batch_clients=batched, rounds=1)
         job = fed.Job(s)
         transport = fed.with_clients_together(fed.InProcessTransport(job), job, log=lambda m: None)
         arrays = fed.Federation(s, log=lambda m: None).initial_state().arrays
-        for clients in (2, 4):
+        for clients in (2, 4):  # clients of 70, 89 (batches of 16), 1 and 1 samples
             steps = {p: 4 for p in range(clients)}
             transport.train(1, steps, arrays, {})  # first use: data loaded, model built
             with Ops() as ops:
                 transport.train(1, steps, arrays, {})
-            counts[batched, clients] = ops.n
-    assert counts[False, 4] > 1.8 * counts[False, 2], counts
-    assert counts[True, 4] < 1.15 * counts[True, 2], counts
-    assert counts[True, 4] < 0.6 * counts[False, 4], counts
+            counts[name, clients] = ops.n
+    assert counts["one by one", 4] > 1.8 * counts["one by one", 2], counts
+    assert counts["one call", 4] < 1.15 * counts["one call", 2], counts
+    assert counts["one call", 4] < 0.6 * counts["one by one", 4], counts
+    assert counts["grouped", 2] == counts["one call", 2], counts  # batches of 16 and 16: one call either way
+    assert counts["one call", 4] < counts["grouped", 4] < 0.85 * counts["one by one", 4], counts
 
 
 def test_the_plan_draws_each_clients_batches_as_one_by_one():
     """Sizes 5 and 3, batch 2: client 0 takes 4 steps, client 1 two; the rows are its generator's
-    permutations cut in batches, padded with zero weight; after its steps client 1 is no longer computed."""
+    permutations cut in batches. At step 1 (batches of 2 and 1) one call would compute 4 samples for 3 useful ones:
+    each client is its own call there; where one call is within the bound (a padding of 1.5) the short batch is
+    padded with zero weight. After its steps client 1 is no longer computed."""
 
     class Ctx:
         def __init__(self, n: int, steps: int, seed: int) -> None:
@@ -163,21 +173,68 @@ def test_the_plan_draws_each_clients_batches_as_one_by_one():
                                    *(torch.zeros(0),) * 4)
             self.steps, self.generator = steps, torch.Generator().manual_seed(seed)
 
-    plan = together.BatchPlan.of([Ctx(5, 4, 1), Ctx(3, 2, 2)], batch_size=2)
     expect0 = [i.numpy() for i in batch_indices(5, 2, 4, torch.Generator().manual_seed(1))]
     expect1 = [i.numpy() for i in batch_indices(3, 2, 2, torch.Generator().manual_seed(2))]
-    assert plan.steps == 4 and plan.width == 2
-    index, weight = plan.tensors(torch.device("cpu"), torch.device("cpu"))
-    for s in range(4):
-        assert index[s, 0, : len(expect0[s])].tolist() == expect0[s].tolist()
-        assert weight[s, 0].tolist() == ([0.5, 0.5] if len(expect0[s]) == 2 else [1.0, 0.0])
     assert [len(e) for e in expect0] == [2, 2, 1, 2]  # the last batch of an epoch is short, then a new permutation
-    assert index[0, 1].tolist() == (expect1[0] + 5).tolist()  # offset by client 0's five samples
-    assert weight[1, 1].tolist() == [1.0, 0.0] and weight[2, 1].tolist() == [0.0, 0.0]
-    assert plan.active == [2, 2, 1, 1] and plan.widths == [2, 2, 1, 2] and plan.order == [0, 1]
+    assert [len(e) for e in expect1] == [2, 1]
+    for padding, step1 in ((together.PADDING, [(0, 1, 2), (1, 2, 1)]), (1.5, [(0, 2, 2)])):
+        plan = together.BatchPlan.of([Ctx(5, 4, 1), Ctx(3, 2, 2)], batch_size=2, padding=padding)
+        assert plan.steps == 4 and plan.active == [2, 2, 1, 1] and plan.order == [0, 1]
+        assert plan.groups == [[(0, 2, 2)], step1, [(0, 1, 1)], [(0, 1, 2)]]
+        index, weight = plan.tensors(torch.device("cpu"), torch.device("cpu"))
+        for s in range(4):
+            rows = [r for g in range(len(plan.groups[s])) for r in plan.block(plan.step(index, s), s, g)]
+            weights = [r for g in range(len(plan.groups[s])) for r in plan.block(plan.step(weight, s), s, g)]
+            assert rows[0][: len(expect0[s])].tolist() == expect0[s].tolist()
+            assert weights[0].tolist() == ([0.5, 0.5] if len(expect0[s]) == 2 else [1.0])
+            if s < 2:  # offset by client 0's five samples
+                assert rows[1][: len(expect1[s])].tolist() == (expect1[s] + 5).tolist()
+        step1_weights = [w.tolist() for g in range(len(step1)) for w in plan.block(plan.step(weight, 1), 1, g)]
+        assert step1_weights == ([[0.5, 0.5], [1.0]] if len(step1) == 2 else [[0.5, 0.5], [1.0, 0.0]])
+        assert (plan.useful, plan.computed) == (10, 10 if len(step1) == 2 else 11)
     # the other way round, the longer client is stacked first: the clients still stepping are a prefix
     swapped = together.BatchPlan.of([Ctx(3, 2, 2), Ctx(5, 4, 1)], batch_size=2)
     assert swapped.order == [1, 0] and swapped.active == [2, 2, 1, 1] and swapped.sizes == [5, 3]
+
+
+def test_the_fewest_groups_of_adjacent_clients_within_the_padding_bound():
+    """One call pads every client to the largest batch; the groups are the fewest runs of adjacent clients within the
+    bound, of as many the least padding; clients of equal batches (or within the bound) stay one call."""
+    groups_of = together.groups_of
+    assert groups_of([256, 256, 256]) == [(0, 3, 256)]
+    assert groups_of([77, 70, 70, 70]) == [(0, 4, 77)]  # 21 padded of 287: within 10 %
+    # one call would pad 695 of 329; two, 47 (over 32.9); three, 10 (of two, [256], [40, 30, 3] pads least)
+    assert groups_of([256, 40, 30, 3]) == [(0, 1, 256), (1, 3, 40), (3, 4, 3)]
+    assert groups_of([256, 40, 30, 3], padding=1.2) == [(0, 1, 256), (1, 4, 40)]
+    assert groups_of([256, 40, 30, 3], padding=1.01) == [(0, 1, 256), (1, 2, 40), (2, 3, 30), (3, 4, 3)]
+    assert groups_of([256, 100, 256]) == [(0, 1, 256), (1, 2, 100), (2, 3, 256)]  # adjacent only: no skipping
+    assert groups_of([9, 1], padding=100.0) == [(0, 2, 9)] and groups_of([]) == []
+    with pytest.raises(ValueError, match="padding 0.5"):
+        groups_of([2, 1], padding=0.5)
+
+
+def test_quantity_skewed_rounds_stop_where_one_by_one_stops(setup):
+    """Quantity skew (clients of 70, 89, 1, 1 and 39 samples, batches of 16 and of 1: steps of several calls): over
+    10 rounds the task-vector norms, which the data-free rule reads, stay within float32 rounding of one by one, and
+    every rule of the study's kind (data-free at each tau and patience, validation loss) stops at the same round."""
+    from fedmedbench.fl.stopping import datafree_stop, growth_rates, validation_stop
+
+    sizes = fed.Job(spec(setup, "skew-sizes")).task.client_sizes()
+    plan = together.BatchPlan.of_draws([[np.arange(16)] * 2, [np.arange(1)] * 2], [70, 1])
+    assert sorted(sizes) == [1, 1, 39, 70, 89] and plan.calls == 2 * plan.steps  # 16 and 1: a call each
+    one = run(spec(setup, "skew-one", rounds=10, lr=0.01))
+    both = run(spec(setup, "skew-both", rounds=10, lr=0.01, batch_clients=True))
+    norms = {name: [r["task_norm"] for r in result.rows] for name, result in (("one", one), ("both", both))}
+    assert norms["both"] == pytest.approx(norms["one"], rel=1e-6)
+    fired = 0
+    for tau in (0.005, 0.01, 0.05, 0.07, 0.1, 0.125, 0.15):
+        for patience in (1, 2, 3):
+            stops = {name: datafree_stop(n, tau, patience) for name, n in norms.items()}
+            assert stops["both"] == stops["one"], (tau, patience, growth_rates(norms["one"]))
+            fired += stops["one"] is not None
+        losses = {name: [r["val_loss"] for r in result.rows] for name, result in (("one", one), ("both", both))}
+        assert validation_stop(losses["both"], 2, "min", tau) == validation_stop(losses["one"], 2, "min", tau)
+    assert fired >= 5  # the rule stops within the rounds at several taus: the comparison is not of two Nones
 
 
 def test_what_cannot_be_batched_trains_one_by_one_and_says_why(setup, monkeypatch):

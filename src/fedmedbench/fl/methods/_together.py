@@ -10,8 +10,10 @@ its longest client, not of all clients.
 Each client keeps its own draws (its generator's permutations, its batches), its own gradient-norm
 clip and its own momentum. The clients are stacked longest first, so that those still stepping are a
 prefix of the stack: a step computes only them (views of the stacked tensors), and a client whose steps
-are done is left where it is. Within a step, clients of unequal batches are padded to the step's largest
-with zero-weight samples. A round with one large client (quantity skew) thus computes about what one by one
+are done is left where it is. Within a step, clients of unequal batches are padded with zero-weight samples
+to their group's largest: a step's clients are one batched call, or, where that would pad past
+``_batch_plan.PADDING`` times the useful samples (quantity skew), the fewest groups of adjacent clients that do
+not, one call each (``_batch_plan.py``). A round with one large client thus computes about what one by one
 computes, not K times its longest client. The per-sample arithmetic is the same; the order of summation within a batched
 convolution is not, so results equal the one-by-one loop to float32 rounding (``tests/
 test_clients_together.py`` states the tolerance), not bit for bit: the option is part of the run hash.
@@ -36,12 +38,12 @@ from torch import nn
 from torch.func import functional_call
 
 from fedmedbench.fl.api.method import Arrays, ClientContext, TrainConfig
+from fedmedbench.fl.methods._batch_plan import PADDING, BatchPlan, groups_of  # noqa: F401 (the plan's names here too)
 from fedmedbench.fl.methods._perturb import BatchedPerturbation, Perturbation, Stack, batch_why_not
 from fedmedbench.fl.methods._step import StepHooks, Tensors, mean_loss, trainable
 from fedmedbench.fl.training import (
     NonFiniteLossError,
     StepLosses,
-    batch_indices,
     forward_precision,
     to_device,
     to_float,
@@ -128,42 +130,41 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks],
     momentum: list[torch.Tensor] | None = None
     step_losses = []
     for s in range(plan.steps):
-        n, width = plan.active[s], plan.widths[s]
-        idx, w_s = index[s, :n, :width], sample_w[s, :n, :width]  # the stepping clients' batches
+        n, groups = plan.active[s], plan.groups[s]
         corr = None if corrections is None else stack.first(corrections, n)
-        # every client steps: the stacked tensors themselves; else leaves that are views of the first n rows,
-        # updated in place
-        leaves = weights if n == k else [w.detach()[:n].requires_grad_(True) for w in weights]
-        current = dict(zip(names, leaves, strict=True))
+        if len(groups) == 1:
+            # every client steps: the stacked tensors themselves; else leaves that are views of the first n rows,
+            # updated in place
+            leaves = weights if n == k else [w.detach()[:n].requires_grad_(True) for w in weights]
+            parts = [leaves]
+        else:  # one call a group: leaves that are views of its rows; the step updates views of the first n rows
+            parts = [[w.detach()[a:b].requires_grad_(True) for w in weights] for a, b, _ in groups]
+            leaves = weights if n == k else [w.detach()[:n] for w in weights]
+        idx, w_s = plan.step(index, s), plan.step(sample_w, s)  # the stepping clients' batches, group after group
         xb = to_float(x_all[idx], device)
         yb = y_all[idx].to(device, non_blocking=True)
+        calls = [(dict(zip(names, part, strict=True)), plan.block(xb, s, g), plan.block(yb, s, g),
+                  plan.block(w_s, s, g)) for g, part in enumerate(parts)]
+
         e = None
         if perturb is not None:
             g = None
             if perturb.needs_gradient:  # the gradient at the current weights on this batch (SAM's ascent)
-                for w in leaves:
-                    w.grad = None
-                with forward_precision(cfg, device):
-                    batched_loss(current, xb, yb, w_s).sum().backward()
-                g = [w.grad for w in leaves]
+                _clear_gradients(parts)
+                _losses(batched_loss, calls, cfg, device).sum().backward()
+                g = _gradients(parts, names)
             with torch.no_grad():
                 e = perturb.e(leaves, g, n)
                 if e is not None:
                     torch._foreach_add_(leaves, e)
-        for w in leaves:
-            w.grad = None
-        with forward_precision(cfg, device):
-            losses = batched_loss(current, xb, yb, w_s)
+        _clear_gradients(parts)
+        losses = _losses(batched_loss, calls, cfg, device)
         # a weight of 1 (every method but FedWMSAM) is no op to launch; x * 1.0 == x bit for bit
         (losses.sum() if loss_weight == 1.0 else (losses * loss_weight).sum()).backward()
         with torch.no_grad():
             if e is not None:
                 torch._foreach_sub_(leaves, e)
-            grads = [w.grad for w in leaves]
-            if any(g is None for g in grads):  # one by one, SGD and clipping would skip it; batched it has no row
-                unused = next(name for name, g in zip(names, grads, strict=True) if g is None)
-                raise ValueError(f"train.batch_clients: the model's parameter {unused!r} gets no gradient, so its "
-                                 "clients cannot be trained together; set train.batch_clients: false")
+            grads = _gradients(parts, names)
             if corr is not None:
                 torch._foreach_add_(grads, corr)
             if cfg.grad_clip:
@@ -197,6 +198,30 @@ def train_together(ctxs: Sequence[ClientContext], hooks: Sequence[StepHooks],
     return back
 
 
+def _losses(batched_loss, calls: list[tuple], cfg: TrainConfig, device: torch.device) -> torch.Tensor:
+    """The stepping clients' losses (n,) in the stack's order: one batched call a group."""
+    with forward_precision(cfg, device):
+        out = [batched_loss(*call) for call in calls]
+    return out[0] if len(out) == 1 else torch.cat(out)
+
+
+def _gradients(parts: list[list[torch.Tensor]], names: list[str]) -> list[torch.Tensor]:
+    """The stepping clients' gradients, (n, ...) per parameter, from each group's leaves."""
+    per_part = [[w.grad for w in part] for part in parts]
+    for grads in per_part:  # one by one, SGD and clipping would skip it; batched it has no row
+        unused = next((name for name, g in zip(names, grads, strict=True) if g is None), None)
+        if unused is not None:
+            raise ValueError(f"train.batch_clients: the model's parameter {unused!r} gets no gradient, so its "
+                             "clients cannot be trained together; set train.batch_clients: false")
+    return per_part[0] if len(per_part) == 1 else [torch.cat(rows) for rows in zip(*per_part, strict=True)]
+
+
+def _clear_gradients(parts: list[list[torch.Tensor]]) -> None:
+    for part in parts:
+        for w in part:
+            w.grad = None
+
+
 def merge_key(ctx: ClientContext) -> tuple:
     """What clients trained in one call share: the round (its learning rate), the train block but for the budget
     of rounds, and the network's trainable tensors (names and shapes)."""
@@ -214,58 +239,6 @@ def _starting_weights(ctxs: Sequence[ClientContext]) -> Tensors:
                 for n, p in trainable(models[0]).items()}
     weights = [trainable(c.model) for c in ctxs]
     return {n: torch.stack([w[n].detach() for w in weights]).requires_grad_(True) for n in weights[0]}
-
-
-class BatchPlan:
-    """Which samples each client trains on at each batched step, drawn as the one-by-one loop draws them.
-
-    The clients are taken longest first (``order``: positions in the callers' list), so that the clients
-    still stepping at a step are a prefix. ``rows[s][c]``: the c-th client's sample indices (into its own
-    training data) at step s, or None once its ``ctx.steps`` are done. Steps: the most any client takes."""
-
-    def __init__(self, rows: list[list[np.ndarray | None]], sizes: list[int], order: list[int]) -> None:
-        self.rows = rows
-        self.sizes = sizes
-        self.order = order
-        self.steps = len(rows)
-        self.width = max((len(r) for step in rows for r in step if r is not None), default=1)
-        #: per step: how many clients step (the first ones), and their largest batch (known on the host)
-        self.active = [sum(r is not None for r in step) for step in rows]
-        self.widths = [max((len(r) for r in step if r is not None), default=1) for step in rows]
-
-    @classmethod
-    def of(cls, ctxs: Sequence[ClientContext], batch_size: int) -> BatchPlan:
-        draws = [[idx.numpy() for idx in batch_indices(c.data.num_train, batch_size, c.steps, c.generator)]
-                 for c in ctxs]
-        order = sorted(range(len(ctxs)), key=lambda c: -len(draws[c]))  # stable: equal ones keep their order
-        draws = [draws[c] for c in order]
-        steps = max((len(d) for d in draws), default=0)
-        rows = [[d[s] if s < len(d) else None for d in draws] for s in range(steps)]
-        return cls(rows, [ctxs[c].data.num_train for c in order], order)
-
-    @staticmethod
-    def pooled(ctxs: Sequence[ClientContext]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The clients' training images and labels back to back, in the plan's order (``ctxs`` ordered as
-        ``order``), where the first client's data are."""
-        xs = [c.data.train_x for c in ctxs]
-        ys = [c.data.train_y for c in ctxs]
-        where = xs[0].device
-        return torch.cat([x.to(where) for x in xs]), torch.cat([y.to(where) for y in ys])
-
-    def tensors(self, data_device: torch.device, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(steps, K, width) indices into the pooled data and (steps, K, width) sample weights (1/b for a
-        client's b samples, 0 for padding and for a client whose steps are done)."""
-        k, offsets = len(self.sizes), np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
-        index = np.zeros((self.steps, k, self.width), dtype=np.int64)
-        weight = np.zeros((self.steps, k, self.width), dtype=np.float32)
-        for s, step in enumerate(self.rows):
-            for c, rows in enumerate(step):
-                index[s, c, :] = offsets[c]
-                if rows is None:
-                    continue
-                index[s, c, : len(rows)] = rows + offsets[c]
-                weight[s, c, : len(rows)] = 1.0 / len(rows)
-        return torch.from_numpy(index).to(data_device), torch.from_numpy(weight).to(device)
 
 
 def _results(ctxs: Sequence[ClientContext], stacked: Tensors, values: np.ndarray, plan: BatchPlan,
