@@ -23,6 +23,7 @@ import torch
 
 from fedmedbench.fl.api.arrays import host_copies, host_tensors, model_arrays
 from fedmedbench.fl.api.method import Arrays, ClientContext, ClientResult, ServerContext
+from fedmedbench.fl.api.method_errors import note_method
 from fedmedbench.fl.api.registry import get_method
 from fedmedbench.fl.determinism import seeded_generator
 from fedmedbench.fl.engine import replies
@@ -119,7 +120,11 @@ def client_train(
 ) -> ClientResult:
     """One client's work in one round (called inside the ClientApp)."""
     ctx, store = _client_context(job, pid, rnd, arrays, steps, broadcast)
-    result = job.method.client_fit(ctx)
+    try:
+        result = job.method.client_fit(ctx)
+    except Exception as exc:
+        note_method(exc, job.method, f"the client step of round {rnd}")
+        raise
     if job.spec.client_validation:
         result.metrics.update(client_validation(job, ctx))
     undeclared = set(result.extras) - set(job.method.extra_records)
@@ -141,7 +146,11 @@ def clients_train_together(job: Job, steps: dict[int, int], rnd: int, arrays: Ar
     pairs = [_client_context(job, pid, rnd, arrays, k, broadcast, model=model) for pid, k in steps.items()]
     for ctx, _ in pairs:
         ctx.note = note
-    results = job.method.fit_together([ctx for ctx, _ in pairs], None if pool is None else pool.train)
+    try:
+        results = job.method.fit_together([ctx for ctx, _ in pairs], None if pool is None else pool.train)
+    except Exception as exc:
+        note_method(exc, job.method, f"the client step of round {rnd} (clients trained together)")
+        raise
     if results is None:
         if pool is not None:
             pool.train([ctx for ctx, _ in pairs], None)  # this round trains one by one: the others go on without it
@@ -382,7 +391,11 @@ class Federation:
             new_model=self.job.new_model, broadcast=self.broadcast(state), seed=self.spec.seed,
             loader_workers=self.spec.loader_workers, image_cache=self.spec.image_cache,
         )
-        new_arrays = self.method.aggregate(ctx)
+        try:
+            new_arrays = self.method.aggregate(ctx)
+        except Exception as exc:
+            note_method(exc, self.method, f"the server step (aggregate) of round {rnd}")
+            raise
         state.server_state["_broadcast"] = {name: host_tensors(a) for name, a in ctx.broadcast.items()}
         return new_arrays
 
