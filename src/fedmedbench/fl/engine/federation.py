@@ -309,6 +309,7 @@ class Federation:
         #: training examples by partition id, as the replies must report them (the pooled client's: unknown)
         self.client_sizes = None if self.method.centralized else dict(enumerate(sizes))
         self._reference: torch.nn.Module | None = None  # the model replies are checked against, built once
+        self._layout: dict[str, tuple[tuple[int, ...], str]] | None = None
         self.client_steps = [steps_for_epochs(n, self.train.local_epochs, self.train.batch_size) for n in sizes]
         per_round = spec.clients_per_round or self.num_clients
         if not 1 <= per_round <= self.num_clients:
@@ -502,6 +503,7 @@ class Federation:
                 raise RuntimeError(f"round {rnd}: results for clients {sorted(results)}, expected {sampled}")
             self.check_replies(rnd, results)
             new_arrays = self.aggregate(state, rnd, results)
+            replies.check_aggregated(rnd, new_arrays, self.model_layout(), self.job.shared_keys(), self.spec.method)
             if self.train.on_nonfinite == "error":
                 replies.check_global(rnd, new_arrays, results, self.spec.method)
             if not (self.spec.save_client_models and rnd == self.keep_round):  # aggregated: drop the clients' arrays
@@ -513,14 +515,23 @@ class Federation:
                 break
         return state
 
-    def check_replies(self, rnd: int, results: dict[int, ClientResult]) -> None:
-        """Every client's reply against the server's model and what the method says it sends, before any is
-        averaged (:mod:`~fedmedbench.fl.engine.replies`)."""
+    def reference(self) -> torch.nn.Module:
+        """A model of the run's architecture, built once: what replies and aggregated models are checked against."""
         if self._reference is None:
             with torch.random.fork_rng(devices=[]):  # a model built mid-run must not move the run's random draws
                 self._reference = self.job.new_model()
-        check = replies.ReplyCheck(rnd, self.method.reply_keys(self._reference, rnd, self.train),
-                                   replies.model_layout(self._reference), self.client_sizes,
+        return self._reference
+
+    def model_layout(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        if self._layout is None:
+            self._layout = replies.model_layout(self.reference())
+        return self._layout
+
+    def check_replies(self, rnd: int, results: dict[int, ClientResult]) -> None:
+        """Every client's reply against the server's model and what the method says it sends, before any is
+        averaged (:mod:`~fedmedbench.fl.engine.replies`)."""
+        check = replies.ReplyCheck(rnd, self.method.reply_keys(self.reference(), rnd, self.train),
+                                   self.model_layout(), self.client_sizes,
                                    finite=self.train.on_nonfinite == "error")
         for pid in sorted(results):
             r = results[pid]
