@@ -159,4 +159,6 @@ def job_error_line(exc: BaseException, log: str | os.PathLike, config_key: str |
     if config_key:
         where = key_file(config_key, config_files())
         text += f" [config key '{config_key}'{f' in {where}' if where else ''}]"
+    if getattr(exc, "no_traceback", False):  # the line says all, and the log is another job's (workflow/runlock.py)
+        return f"error: {text}"
     return f"error: {text} (traceback in {log}; {DEBUG_ENV}=1 prints it here)"
