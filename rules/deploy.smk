@@ -1,6 +1,24 @@
 # Deployment: one self-contained data folder per site and the server's spec, for running a run's
 # federation across real sites with Flower's SuperLink/SuperNodes (docs/deployment.md). Built on
 # demand, not part of `all`. One rule per study family (each builds its runs' specs its own way).
+# A run that cannot be deployed (a centralized method, client_augmentation, FedST's site_finetune) is
+# refused while planning, in one line naming the target (fedmedbench.deploy.deployable).
+from fedmedbench.deploy.deployable import why_not as why_not_deployable
+
+
+def deployable(spec_of, target):
+    """``spec_of`` (a rule's params function) for a deploy target: the run's spec, or one line and exit."""
+
+    def spec(wildcards):
+        s = spec_of(wildcards)
+        source = METHOD_SOURCES.get(s["method"])
+        why = why_not_deployable(s, centralized=source is not None and source.centralized())
+        if why:
+            print(f"error: {target.format(**wildcards)}: {why}", file=sys.stderr, flush=True)
+            raise SystemExit(1)
+        return s
+
+    return spec
 
 
 rule export_site_data:
@@ -13,7 +31,7 @@ rule export_site_data:
     wildcard_constraints:
         study="|".join(config["studies"]) or "^$",
     params:
-        spec=run_spec,
+        spec=deployable(run_spec, "deploy/{study}/{dataset}/{setting}/{method}/seed{seed}"),
     log:
         "logs/export_site_data/{study}/{dataset}/{setting}/{method}/seed{seed}.log",
     benchmark:
@@ -40,7 +58,7 @@ rule export_site_data_ultraflwr:
         strategy="Fed(Backbone|Neck|Head|NeckHead|BackboneHead|BackboneNeck)?(Avg|Median)",
         seedset=r"\d+",
     params:
-        spec=ultraflwr_spec,
+        spec=deployable(ultraflwr_spec, "deploy/ultraflwr/{ugroup}/{usetting}/{strategy}/seed{seedset}"),
     log:
         "logs/export_site_data/ultraflwr/{ugroup}/{usetting}/{strategy}/seed{seedset}.log",
     benchmark:
@@ -68,7 +86,7 @@ rule export_site_data_fedst:
         method="|".join(FS.METHODS),
         seed=r"\d+",
     params:
-        spec=fedst_spec,
+        spec=deployable(fedst_spec, "deploy/fedst/{sites}/{variant}/{method}/seed{seed}"),
     log:
         "logs/export_site_data/fedst/{sites}/{variant}/{method}/seed{seed}.log",
     benchmark:
