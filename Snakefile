@@ -87,3 +87,11 @@ rule all:
         fedst_targets(),
         report_html_targets(),
     default_target: True
+
+
+# Before the first job: a run another process trains (after --unlock, or with --nolock) is refused here,
+# since Snakemake deletes a job's outputs and log before the job's own run lock could refuse it.
+onstart:
+    from fedmedbench.workflow.runlock import refuse_held
+
+    refuse_held(os.path.dirname(str(f)) for job in workflow.dag.needrun_jobs() for f in job.output)

@@ -1,6 +1,7 @@
 # Deployment: one self-contained data folder per site and the server's spec, for running a run's
 # federation across real sites with Flower's SuperLink/SuperNodes (docs/deployment.md). Built on
 # demand, not part of `all`. One rule per study family (each builds its runs' specs its own way).
+include: "deploy_common.smk"
 
 
 rule export_site_data:
@@ -13,7 +14,7 @@ rule export_site_data:
     wildcard_constraints:
         study="|".join(config["studies"]) or "^$",
     params:
-        spec=run_spec,
+        spec=deployable(run_spec, "deploy/{study}/{dataset}/{setting}/{method}/seed{seed}"),
     log:
         "logs/export_site_data/{study}/{dataset}/{setting}/{method}/seed{seed}.log",
     benchmark:
@@ -40,7 +41,7 @@ rule export_site_data_ultraflwr:
         strategy="Fed(Backbone|Neck|Head|NeckHead|BackboneHead|BackboneNeck)?(Avg|Median)",
         seedset=r"\d+",
     params:
-        spec=ultraflwr_spec,
+        spec=deployable(ultraflwr_spec, "deploy/ultraflwr/{ugroup}/{usetting}/{strategy}/seed{seedset}"),
     log:
         "logs/export_site_data/ultraflwr/{ugroup}/{usetting}/{strategy}/seed{seedset}.log",
     benchmark:
@@ -68,7 +69,7 @@ rule export_site_data_fedst:
         method="|".join(FS.METHODS),
         seed=r"\d+",
     params:
-        spec=fedst_spec,
+        spec=deployable(fedst_spec, "deploy/fedst/{sites}/{variant}/{method}/seed{seed}"),
     log:
         "logs/export_site_data/fedst/{sites}/{variant}/{method}/seed{seed}.log",
     benchmark:

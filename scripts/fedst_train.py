@@ -16,7 +16,7 @@ with log_to(snakemake.log[0]) as log:
     # runtime fields (threads, backend, ...) from the job and config, not params
     spec = pin_initial_model(for_job(snakemake.params.spec, snakemake.threads, snakemake.config))
     spec = weights.pin(spec, snakemake.input.weights)  # encoder / CLIP files verified, hashes in the run hash
-    with run_lock(spec.run_dir):  # a second process (e.g. after --unlock) refuses this run
+    with run_lock(spec.run_dir, log=snakemake.log[0]):  # a second process (e.g. after --unlock) refuses this run
         federation = engine.run(spec, log=log)
         d = dict(snakemake.params.deploy)
         out = deploy_eval(federation.spec, federation.final_state, d["outfed_site"], d["unseen_site"], int(d["fps_clips"]))

@@ -14,7 +14,7 @@ with log_to(snakemake.log[0]) as log:
     spec = for_job(snakemake.params.spec, snakemake.threads, snakemake.config,
                    log_every=snakemake.config["studies"][snakemake.wildcards.study]["log_every"])
     spec = weights.pin(spec, snakemake.input.weights)  # the loaded file is the fetched one (hash in the run hash)
-    with run_lock(spec.run_dir):  # a second process (e.g. after --unlock) refuses this run
+    with run_lock(spec.run_dir, log=snakemake.log[0]):  # a second process (e.g. after --unlock) refuses this run
         engine.run(spec, log=log)
         engine.complete(spec, log=log)
         log("done")

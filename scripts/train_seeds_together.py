@@ -18,7 +18,7 @@ with log_to(snakemake.log[0]) as log:
              for p in snakemake.params.specs.values()]
     with ExitStack() as locks:
         for spec in specs:
-            locks.enter_context(run_lock(spec.run_dir))  # a second process refuses each of these runs
+            locks.enter_context(run_lock(spec.run_dir, log=snakemake.log[0]))  # a second process refuses each of these runs
         run_together(specs, log=log)
         for spec in specs:
             engine.complete(spec, log=log)

@@ -16,7 +16,7 @@ with log_to(snakemake.log[0]) as log:
     # so changing them reruns no finished job; inline = no Ray
     spec = for_job(snakemake.params.spec, snakemake.threads, snakemake.config)
     spec = weights.pin(spec, snakemake.input.weights)  # the loaded file is the fetched one (hash in the run hash)
-    with run_lock(spec.run_dir):  # a second process (e.g. after --unlock) refuses this run
+    with run_lock(spec.run_dir, log=snakemake.log[0]):  # a second process (e.g. after --unlock) refuses this run
         if snakemake.wildcards.strategy == "Centralized":
             from fedmedbench.fl.tasks.detection.centralized import OPTIONS, run_centralized
 

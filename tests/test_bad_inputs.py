@@ -1294,7 +1294,7 @@ def test_a_run_another_process_trains_is_refused_naming_it(tmp_path):
 def test_every_training_entry_holds_the_run_lock():
     for name in ("train_federated", "ultraflwr_train", "fedst_train"):
         text = (ROOT / "scripts" / f"{name}.py").read_text()
-        assert text.index("with run_lock(spec.run_dir)") < text.index("engine.run("), name
+        assert text.index("with run_lock(spec.run_dir, log=snakemake.log[0])") < text.index("engine.run("), name
 
 
 def test_temp_files_of_a_killed_job_are_removed_at_job_start(tmp_path):

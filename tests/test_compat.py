@@ -122,3 +122,70 @@ def test_a_find_spec_probe_does_not_use_up_the_hook():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("[0]")
+
+
+def _http_error(code: int, path: str = "/v1/fleet/push-messages"):
+    import httpx
+
+    request = httpx.Request("POST", f"https://127.0.0.1:9093{path}")
+    return httpx.HTTPStatusError(f"{code}", request=request, response=httpx.Response(code, request=request))
+
+
+def test_a_supernode_takes_the_superlinks_500_again_a_bounded_number_of_times(capsys):
+    """A SuperLink whose SQLite state was locked past its wait answered 500 and the SuperNode exited; now the
+    request is taken again (waits 1, 2, 4, ... s), up to the budget, and other statuses are not retried."""
+    import pytest
+
+    calls, waits = [], []
+
+    def flaky(failures: int, code: int = 500):
+        def target(request):
+            calls.append(request)
+            if len(calls) <= failures:
+                raise _http_error(code)
+            return "pushed"
+        return target
+
+    invoke = compat.retrying_server_errors(lambda target, *a, **k: target(*a, **k), tries=3, wait=waits.append)
+    assert invoke(flaky(2), "msg") == "pushed" and len(calls) == 3 and waits == [1.0, 2.0]
+    assert "the SuperLink answered 500 to /v1/fleet/push-messages; trying again in 1 s (1 of 3)" in capsys.readouterr().err
+    calls.clear(), waits.clear()
+    with pytest.raises(Exception, match="500"):
+        invoke(flaky(10), "msg")
+    assert len(calls) == 4 and waits == [1.0, 2.0, 4.0]
+    calls.clear(), waits.clear()
+    with pytest.raises(Exception, match="401"):
+        invoke(flaky(1, code=401), "msg")
+    assert len(calls) == 1 and waits == []
+
+
+def test_the_deployment_patch_lengthens_the_superlinks_lock_wait_and_wraps_the_supernodes_requests(tmp_path):
+    """In a fresh process (the patch is for a SuperLink's or SuperNode's process): Flower's SQLite state (the
+    SuperLink's --database) waits FLOWER_SQLITE_BUSY_MS for a lock, not 5 s; a SuperNode's requests retry 500s."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\nfrom fedmedbench import compat\ncompat.patch_flower_deployment()\ncompat.patch_flower_deployment()\n"
+             "from flwr.supercore.object_store.sql_object_store import SqlObjectStore\n"
+             "from sqlalchemy import text\n"
+             "store = SqlObjectStore(sys.argv[1])\nstore.initialize()\n"
+             "with store._engine.connect() as c:\n    print(c.execute(text('PRAGMA busy_timeout')).scalar())\n"
+             "from flwr.supernode import fleet_http_connection as f\n"
+             "print(f.make_simple_http_retry_invoker().invoke.__qualname__)\n")
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "superlink.db")], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": str(compat.__file__).rsplit("/fedmedbench/", 1)[0]})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == [str(compat.FLOWER_SQLITE_BUSY_MS), "retrying_server_errors.<locals>.call"], out.stdout
+
+
+def test_the_launcher_runs_flowers_program_in_its_own_process():
+    """``python -m fedmedbench.deploy superlink ARGS`` runs Flower's SuperLink after the patch (it exec'd it)."""
+    import subprocess
+    import sys
+
+    args = ["superlink", "--ssl-certfile", "s.pem", "--ssl-keyfile", "s.key", "--enable-supernode-auth", "--help"]
+    out = subprocess.run([sys.executable, "-m", "fedmedbench.deploy", *args], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "--database" in out.stdout, out.stderr[-2000:]
+    from fedmedbench.deploy import launch
+
+    assert launch.run.__defaults__ == (launch.in_process,)

@@ -5,6 +5,7 @@ personalized method's sites send (never their personal parameters)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -114,6 +115,62 @@ def test_ultraflwr_deployed_matches_the_simulation_and_heads_never_leave(detecti
         assert mine["local_map50"] == ref["local_map50"] and np.isnan(mine["cd_map50"])
 
 
+@pytest.fixture(scope="module")
+def detection_federation(detection, tmp_path_factory):
+    """A SuperLink (TLS, SuperNode authentication, its state in a file as docs/deployment.md starts it) and one
+    SuperNode per site; site 1's replies are edited as ``hostile.txt`` says (honest at first)."""
+    d, _ = detection
+    fl = Federation(tmp_path_factory.mktemp("det_federation"))
+    mode = fl.root / "hostile.txt"
+    mode.write_text("honest")
+    try:
+        fl.superlink()
+        for pid in range(SITES):
+            key = fl.register(f"site{pid}")
+            fl.supernode(f"site{pid}", key, f"partition-id={pid} data-dir='{site_folder(d / 'sites', pid)}' "
+                         f"state-dir='{fl.root / f'state{pid}'}'", env=fl.hostile_env(mode) if pid == 1 else None)
+        yield fl, mode
+    finally:
+        fl.stop()
+
+
+def test_ultraflwr_over_a_live_superlink_completes_under_load(detection, detection_federation):
+    """YOLO payloads through a real SuperLink whose state is an SQLite file, twice in a row, on a loaded machine:
+    both runs end with a model of the simulation's layout and no request failed on a locked database (a site's
+    upload failed with "500 ... database is locked", the run failed and the next stayed pending).
+    Not checked here: the live model equals the simulation's only through the in-process deployment
+    (``test_ultraflwr_deployed_matches_the_simulation_…``); over separate ClientApp processes it differs."""
+    _, spec = detection
+    fl, _ = detection_federation
+    sim = torch.load(Path(spec.run_dir) / "model.pt", weights_only=True)
+    for name in ("deployed", "again"):
+        deployed, out = run_deployed(fl, RunSpec.from_dict(server_spec(spec)), name, 900, attempts=1)
+        assert (Path(deployed.run_dir) / "model.pt").is_file(), out.stdout[-4000:] + out.stderr[-2000:]
+        model = torch.load(Path(deployed.run_dir) / "model.pt", weights_only=True)
+        assert {k: v.shape for k, v in model.items()} == {k: v.shape for k, v in sim.items()}
+        assert all(bool(v.isfinite().all()) for v in model.values() if v.is_floating_point())
+    assert "database is locked" not in (fl.root / "superlink.log").read_text()
+
+
+@pytest.mark.skip(reason="the hostile-site hook (tests/helpers/hostile_site) does not take effect in Flower's ClientApp "
+                         "process: the 'nan' run ended with a finite model.pt (works in a plain process)")
+@pytest.mark.parametrize("mode,needle", [("nan", "holds NaN or inf"), ("shape", "has shape (1,), the server's model")])
+def test_a_hostile_site_is_refused_over_a_live_superlink(detection, detection_federation, mode, needle):
+    """Site 1 sends a NaN or a cut model array: round 1 fails naming client 1 and the array; no model is saved."""
+    _, spec = detection
+    fl, mode_file = detection_federation
+    mode_file.write_text(mode)
+    one_round = RunSpec.from_dict({**server_spec(spec), "train": {**spec.train, "rounds": 1}})
+    try:
+        deployed, out = run_deployed(fl, one_round, f"hostile-{mode}", 900, attempts=1)
+    finally:
+        mode_file.write_text("honest")
+    text = out.stdout + out.stderr
+    assert re.search(rf"round 1: client 1 sent a reply the server refuses: model arrays '[^']+' {re.escape(needle)}", text), \
+        text[-4000:]
+    assert not (Path(deployed.run_dir) / "model.pt").exists()
+
+
 # ----------------------------------------------------------------------------- segmentation (FedST)
 
 
@@ -146,10 +203,14 @@ def federation(segmentation, tmp_path_factory):
 
 def test_fedst_over_tls_matches_the_simulation_and_personal_parameters_stay(segmentation, federation):
     """FedST with SERQ through a real SuperLink and two SuperNodes: the global model and each site's
-    personal parameters (kept at the site) are the simulation's, bit for bit."""
+    personal parameters (kept at the site) are the simulation's, bit for bit. On a loaded machine it failed
+    while Flower's SuperLink stored payloads in its SQLite file ("500 ... database is locked", the SuperNodes
+    exited); the sites now start through ``python -m fedmedbench.deploy`` (``compat.patch_flower_deployment``)."""
     d, spec, _ = segmentation
     fl = federation
-    deployed, out = run_deployed(fl, RunSpec.from_dict(server_spec(spec)), "deployed", 240)
+    # a round's limit counts until each reply message is in (not its payload's transfer): ~145 s under a load
+    # average of 13-20 on 2 cores, against 240 s before; a round past it ends the run ("push-object 403 Run is finished")
+    deployed, out = run_deployed(fl, RunSpec.from_dict(server_spec(spec)), "deployed", 600)
     assert (Path(deployed.run_dir) / "model.pt").is_file(), out.stdout[-3000:] + out.stderr[-3000:]
     _same_model(spec.run_dir, deployed.run_dir)
     personal = set(get_method(spec.method, spec.method_params).personal(fed.new_model(spec)))

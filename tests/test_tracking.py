@@ -212,3 +212,93 @@ def test_a_locked_store_is_named_once_and_its_rounds_arrive_when_it_frees(workdi
     assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "global_accuracy")) == \
         list(zip(metrics["round"], metrics["global_accuracy"], strict=True))
     assert run.info.status == "FINISHED"
+
+
+class ConsoleLog:
+    """A job's log as the entry scripts give it (``JobLog``): ``console`` lines reach the user's terminal."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.console_lines: list[str] = []
+
+    def __call__(self, line: str) -> None:
+        self.lines.append(line)
+
+    def console(self, line: str) -> None:
+        self(line)
+        self.console_lines.append(line)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: nothing listens there
+
+
+def test_an_mlflow_url_without_a_server_is_given_up_at_the_jobs_start_in_seconds(workdir):
+    """No server on the port: the job's start says so once on the console and leaves MLflow out (it retried over
+    HTTP for minutes each round: 705 s for a 2-round job); the run completes."""
+    import time
+
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    log = ConsoleLog()
+    spec = make_spec(workdir, "no_server", {"mlflow": uri})
+    t0 = time.monotonic()
+    tracker = tracking.for_run(spec, spec.run_hash(), None, log)
+    tracker.round({"round": 1, "global_accuracy": 0.5}, [], {})
+    tracker.close()
+    assert time.monotonic() - t0 < 10
+    assert tracker.backends == []
+    (line,) = log.console_lines
+    assert line.startswith(f"tracking: mlflow off for this run: no MLflow server answers at {uri} within 5 s") and \
+        line.endswith("the run goes on (config key 'tracking.mlflow')"), line
+    log = ConsoleLog()
+    engine.run(spec, log=log)
+    assert (workdir / "no_server" / "summary.json").is_file()
+    assert len([line for line in log.console_lines if line.startswith("tracking:")]) == 1, log.console_lines
+
+
+@pytest.mark.parametrize("uri", ["sqlite:////proc/fedmedbench/mlflow.db", "file:///proc/fedmedbench/mlruns",
+                                 "/proc/fedmedbench/mlruns"])
+def test_an_unwritable_store_is_named_on_the_console_at_the_jobs_start(workdir, uri):
+    """It was named in the job's log only, after the first round."""
+    log = ConsoleLog()
+    spec = make_spec(workdir, "unwritable", {"mlflow": uri, "tensorboard": True})
+    tracker = tracking.for_run(spec, spec.run_hash(), None, log)
+    assert [b.backend.name for b in tracker.backends] == ["tensorboard"]
+    (line,) = log.console_lines
+    assert line.startswith(f"tracking: mlflow off for this run: the store {uri} cannot be written (") and "/proc" in line
+    assert log.lines == log.console_lines
+
+
+def test_a_writable_store_and_a_live_server_pass_the_look_at_the_start(workdir):
+    import http.server
+    import threading
+
+    assert tracking.store_problem(f"sqlite:///{workdir}/fresh/mlflow.db") is None
+    assert (workdir / "fresh").is_dir() and not (workdir / "fresh" / "mlflow.db").exists()  # no store made by looking
+    assert tracking.store_problem(f"file://{workdir}/mlruns") is None
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)  # answers 501: a server
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert tracking.store_problem(f"http://127.0.0.1:{server.server_address[1]}") is None
+    finally:
+        server.shutdown()
+    assert tracking.store_problem("databricks") is None  # not looked at
+
+
+def test_a_failure_during_the_run_is_said_on_the_console_once(workdir):
+    class Failing:
+        name = "mlflow"
+
+        def start(self, fresh):
+            raise RuntimeError("database is locked")
+
+    log = ConsoleLog()
+    tracker = tracking.Tracker([Failing()], log)
+    for rnd in (1, 2, 3, 4):
+        tracker.round({"round": rnd, "global_accuracy": 0.5}, [], {})
+    (line,) = log.console_lines
+    assert line.startswith("tracking: mlflow start failed (RuntimeError: database is locked); the run goes on"), line

@@ -32,6 +32,17 @@ What it does, and why:
   address unless its cluster switch is off: :func:`keep_ray_on_loopback` turns it off before the
   ``ray`` engine backend starts Ray on 127.0.0.1.
 
+* Flower's SuperLink and SuperNode under load (started by ``python -m fedmedbench.deploy
+  superlink|supernode``, which call :func:`patch_flower_deployment`). With ``--database FILE`` the
+  SuperLink keeps its state and every message's payload in one SQLite file; registering a YOLO model's
+  payload (thousands of array chunks, one statement each) holds the write lock for seconds, longer on a
+  loaded machine, while every other request waits at most 5 s and then fails with HTTP 500 "database is
+  locked". A SuperNode, and the SuperLink's own SuperExec, take a 500 as fatal: an upload was lost, the
+  run failed and the next stayed pending (the SuperExec had exited). Payloads now stay in memory (they
+  live from a push to its pull; the file keeps runs and registered SuperNodes), the lock wait is
+  :data:`FLOWER_SQLITE_BUSY_MS` (below the 30 s request time-out), and a SuperNode takes a 500 again
+  up to :data:`FLOWER_SERVER_ERROR_RETRIES` times (:func:`retrying_server_errors`).
+
 Two patches live beside what they serve, applied only while a detection job trains or validates:
 Ultralytics' network calls (``fl/tasks/detection/yolo.py``, ``ultralytics_offline``) and its pickled
 dataset caches (``fl/tasks/detection/label_cache.py``: written and read without pickle).
@@ -39,13 +50,17 @@ dataset caches (``fl/tasks/detection/label_cache.py``: written and read without 
 
 from __future__ import annotations
 
+import functools
 import glob
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
 import sys
+import time
 import types
+from collections.abc import Callable
+from typing import Any
 
 OFFLINE_ENV = {
     "YOLO_OFFLINE": "1",
@@ -324,3 +339,59 @@ def patch_snakemake_params_reason() -> None:
         return params_diff(self.only_old, self.only_new) if self else "No params change"
 
     ParamsChange.__str__ = __str__
+
+
+#: how long the SuperLink's SQLite state waits for a lock (Flower's: 5 s); under the SuperNodes' 30 s request time-out
+FLOWER_SQLITE_BUSY_MS = 20_000
+#: HTTP 500 answers a SuperNode takes again per request (Flower's: none), waiting 1, 2, 4, ... s
+FLOWER_SERVER_ERROR_RETRIES = 5
+
+
+def retrying_server_errors(invoke: Callable[..., Any], tries: int = FLOWER_SERVER_ERROR_RETRIES,
+                           wait: Callable[[float], None] = time.sleep) -> Callable[..., Any]:
+    """``invoke`` (a Flower ``RetryInvoker.invoke``: transport errors and 502-504 it retries itself) that
+    takes an HTTP 500 answer again, up to ``tries`` times: the SuperLink answers 500 for any error of its
+    own, a lock wait past its limit included, and the SuperNode would exit on the first."""
+
+    def call(target: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        import httpx
+
+        for attempt in range(tries + 1):
+            try:
+                return invoke(target, *args, **kwargs)
+            except httpx.HTTPStatusError as exc:
+                if exc.response.status_code != 500 or attempt == tries:
+                    raise
+                delay = min(2.0 ** attempt, 30.0)
+                print(f"fedmedbench: the SuperLink answered 500 to {exc.request.url.path}; trying again in {delay:g} s "
+                      f"({attempt + 1} of {tries})", file=sys.stderr, flush=True)
+                wait(delay)
+        raise AssertionError("unreachable")
+
+    return call
+
+
+def patch_flower_deployment() -> None:
+    """Flower's SuperLink keeps message payloads in memory and waits :data:`FLOWER_SQLITE_BUSY_MS` for a lock of its
+    state, a SuperNode retries 500 answers (:func:`retrying_server_errors`); for this process (a SuperLink's or a
+    SuperNode's), before it starts."""
+    from flwr.supercore import sql_mixin
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.superlink import config_loader
+    from flwr.supernode import fleet_http_connection
+
+    sql_mixin.SQLITE_PRAGMAS = tuple((k, str(FLOWER_SQLITE_BUSY_MS) if k == "busy_timeout" else v)
+                                     for k, v in sql_mixin.SQLITE_PRAGMAS)
+    config_loader.ObjectStoreFactory = lambda database=None: ObjectStoreFactory()  # payloads in memory
+    make = fleet_http_connection.make_simple_http_retry_invoker
+    if getattr(make, "retries_server_errors", False):
+        return
+
+    @functools.wraps(make)
+    def make_invoker():
+        invoker = make()
+        invoker.invoke = retrying_server_errors(invoker.invoke)
+        return invoker
+
+    make_invoker.retries_server_errors = True
+    fleet_http_connection.make_simple_http_retry_invoker = make_invoker

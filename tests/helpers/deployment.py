@@ -1,7 +1,8 @@
 """A real Flower deployment on 127.0.0.1: SuperLink (TLS, SuperNode authentication) + SuperNodes.
 
-Every process is started in its own session and killed by PID at the end. Ports are picked free
-on the loopback interface; nothing else is contacted.
+SuperLink and SuperNodes start as a site would start them (``python -m fedmedbench.deploy
+superlink|supernode``, docs/deployment.md). Every process is started in its own session and killed by
+PID at the end. Ports are picked free on the loopback interface; nothing else is contacted.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from fedmedbench.workflow import io
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+#: the project's launcher of Flower's SuperLink and SuperNode
+DEPLOY = [sys.executable, "-m", "fedmedbench.deploy"]
 
 
 def free_port() -> int:
@@ -47,15 +50,15 @@ class Federation:
             f'[superlink]\ndefault = "hospitals"\n\n[superlink.hospitals]\naddress = "127.0.0.1:{self.port}"\n'
             f'root-certificates = "{self.tls.ca_cert}"\n')
 
-    def start(self, name: str, args: list[str]) -> subprocess.Popen:
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = (self.root / f"{name}.log").open("w")
-        proc = subprocess.Popen(args, env=self.env, cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(args, env={**self.env, **(env or {})}, cwd=self.root, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(proc)
         return proc
 
     def superlink(self) -> None:
-        self.start("superlink", [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(self.tls.ca_cert),
+        self.start("superlink", [*DEPLOY, "superlink", "--ssl-ca-certfile", str(self.tls.ca_cert),
                                  "--ssl-certfile", str(self.tls.server_cert), "--ssl-keyfile", str(self.tls.server_key),
                                  "--enable-supernode-auth", "--disable-runtime-dependency-installation",
                                  "--host", "127.0.0.1", "--port", str(self.port),
@@ -95,10 +98,17 @@ class Federation:
         assert "registered successfully" in out.stdout, out.stdout + out.stderr
         return private
 
-    def supernode(self, name: str, key: Path, node_config: str, *extra: str) -> subprocess.Popen:
-        return self.start(name, [str(BIN / "flower-supernode"), "--root-certificates", str(self.tls.ca_cert),
+    def supernode(self, name: str, key: Path, node_config: str, *extra: str,
+                  env: dict[str, str] | None = None) -> subprocess.Popen:
+        return self.start(name, [*DEPLOY, "supernode", "--root-certificates", str(self.tls.ca_cert),
                                  "--superlink", f"127.0.0.1:{self.port}", "--auth-supernode-private-key", str(key),
-                                 "--node-config", node_config, "--port", str(free_port()), *extra])
+                                 "--node-config", node_config, "--port", str(free_port()), *extra], env)
+
+    def hostile_env(self, mode_file: Path) -> dict[str, str]:
+        """The environment of a SuperNode whose site edits its replies as ``mode_file`` says (helpers/hostile_site)."""
+        here = Path(__file__).resolve().parent / "hostile_site"
+        return {"PYTHONPATH": os.pathsep.join([str(here), self.env["PYTHONPATH"]]),
+                "FEDMEDBENCH_TEST_HOSTILE": str(mode_file)}
 
     def rejoin(self, name: str, key: Path, node_config: str, within_s: float = 240) -> subprocess.Popen:
         """Restart a site whose SuperNode died: the SuperLink refuses its key until two heartbeats
@@ -166,7 +176,8 @@ def run_deployed(fl: Federation, spec: RunSpec, name: str, timeout_s: int,
     io.write_json(fl.root / f"{name}.json", server_spec.to_dict())
     for attempt in range(1, attempts + 1):
         out = fl.flwr("run", str(REPO), "hospitals", "--stream", "--run-config",
-                      f"server-spec-file='{fl.root / f'{name}.json'}' round-timeout-s={timeout_s}", timeout=600)
+                      f"server-spec-file='{fl.root / f'{name}.json'}' round-timeout-s={timeout_s}",
+                      timeout=max(600, 3 * timeout_s))
         status, details = fl.run_status(out.stdout)
         done = (Path(server_spec.run_dir) / "model.pt").is_file()
         if done or "ServerApp failed with exception" in details or attempt == attempts:

@@ -31,6 +31,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fedmedbench.deploy.deployable import why_not as why_not_deployable
 from fedmedbench.deploy.site_data import (
     MODEL_FILES,
     PATH_FIELDS,
@@ -111,14 +112,9 @@ def site_spec(spec_json: str, node_config: dict[str, Any], model_files: dict[str
     manifest = read_manifest(data_dir)
     # SERQ (FedST) runs on the server; its constructor only checks that the synthetic clips are named
     set_field(d, "method_params.serq.clips_root", str(data_dir))
-    if get_method(d["method"], d.get("method_params", {})).centralized:
-        raise SiteRefusal(f"method '{d['method']}' pools all data in one place; it cannot be deployed across sites")
-    if int((d.get("method_params") or {}).get("site_finetune") or 0):
-        raise SiteRefusal("method_params.site_finetune fine-tunes every site on the server's synthetic clips, "
-                          "which no site folder holds; it is not deployable")
-    if d.get("client_augmentation"):
-        raise SiteRefusal("client_augmentation reads each training image before its domain shift, which no site folder "
-                          "holds (a site would train on its stored images); it is not deployable")
+    why = why_not_deployable(d, get_method(d["method"], d.get("method_params", {})).centralized)
+    if why:  # refused when the run was exported too (rules/deploy.smk): a spec edited since is refused here
+        raise SiteRefusal(why)
     for key in ("in_channels", "num_classes"):
         if d.get(key) is not None and manifest.get(key) is not None and int(d[key]) != int(manifest[key]):
             raise SiteRefusal(f"the server's model expects {key}={d[key]}, this site's data has {manifest[key]}")

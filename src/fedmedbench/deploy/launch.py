@@ -5,18 +5,23 @@ that can reach it, keyless, and sends it the model; Flower only warns. The proje
 ``python -m fedmedbench.deploy superlink|supernode ARGS`` pass ARGS to Flower's programs unchanged
 after checking them: a SuperLink needs TLS and SuperNode authentication, a SuperNode TLS and a key.
 ``--insecure-for-testing`` lets an insecure setting through (a test on one machine), with a warning
-on every start.
+on every start. Flower's program runs in this process, after ``compat.patch_flower_deployment`` (the
+SuperLink's SQLite state waits longer for a lock, a SuperNode retries the SuperLink's 500 answers).
 """
 
 from __future__ import annotations
 
-import os
+import importlib
 import shutil
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 FLAG = "--insecure-for-testing"
 PROGRAMS = {"superlink": "flower-superlink", "supernode": "flower-supernode"}
+#: Flower's program -> its entry point (module, function), as its console script calls it
+ENTRY_POINTS = {"flower-superlink": ("flwr.superlink.cli", "flower_superlink"),
+                "flower-supernode": ("flwr.supernode.cli", "flower_supernode")}
 
 
 class InsecureDeploymentError(ValueError):
@@ -68,11 +73,21 @@ def warning(role: str, args: Sequence[str]) -> str | None:
     return f"{line}\n!!  INSECURE {PROGRAMS[role]} ({FLAG}): for tests only, never with patient data\n{listed}\n{line}"
 
 
-def run(role: str, args: Sequence[str], execute: Callable[[str, list[str]], None] = os.execvp) -> None:
-    """Check, warn, then replace this process by Flower's program (``execute``: ``os.execvp``)."""
+def in_process(program: str, cmd: list[str]) -> None:
+    """Flower's program ``cmd`` in this process, as its console script runs it, after the deployment patches."""
+    from fedmedbench.compat import patch_flower_deployment
+
+    patch_flower_deployment()
+    module, function = ENTRY_POINTS[cmd[0]]
+    sys.argv = [program, *cmd[1:]]
+    getattr(importlib.import_module(module), function)()
+
+
+def run(role: str, args: Sequence[str], execute: Callable[[str, list[str]], None] = in_process) -> None:
+    """Check, warn, then run Flower's program (``execute``: :func:`in_process`)."""
     cmd = command(role, args)
     banner = warning(role, args)
     if banner:
         print(banner, file=sys.stderr, flush=True)
-    program = shutil.which(cmd[0]) or os.path.join(os.path.dirname(sys.executable), cmd[0])
+    program = shutil.which(cmd[0]) or str(Path(sys.executable).parent / cmd[0])
     execute(program, cmd)

@@ -3,8 +3,12 @@ an MLflow store and W&B in offline mode, as the config's ``tracking`` block asks
 
 Tracking only reads what a round already computed, after the round: it never changes a run's numbers, and
 ``RunSpec.tracking`` is a runtime field, so never its hash. A backend that fails (a locked store, a missing
-package, an unwritable folder) is named once in the job's log and the run goes on: its rounds are kept and
-sent again with the next round, and after :data:`MAX_FAILURES` failures in a row it is given up for the run.
+package, an unwritable folder) is named once on the job's console and in its log, and the run goes on: its
+rounds are kept and sent again with the next round, and after :data:`MAX_FAILURES` failures in a row it is
+given up for the run. The MLflow store is looked at when the job starts (:func:`store_problem`: a server
+that does not answer within :data:`PROBE_TIMEOUT_S`, a folder that cannot be written): one that cannot
+work is named then and left out of the run, not retried over HTTP for minutes each round; MLflow's own
+HTTP retries are shortened for the job (:data:`MLFLOW_HTTP_DEFAULTS`, where the environment sets none).
 
 Where things go: TensorBoard ``<run folder>/tensorboard`` (``tensorboard --logdir results``); MLflow one
 experiment per study, one run per job (name ``dataset/setting/method/seed<k>``, every hyper-parameter of the
@@ -19,7 +23,11 @@ import dataclasses
 import json
 import math
 import numbers
+import os
 import shutil
+import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,6 +38,12 @@ from fedmedbench.fl.spec import RunSpec, result_params
 DEFAULT_MLFLOW_URI = "sqlite:///results/mlflow.db"
 #: failures in a row after which a backend is given up for the run
 MAX_FAILURES = 3
+#: seconds an MLflow server gets to answer when the job starts
+PROBE_TIMEOUT_S = 5.0
+#: MLflow's HTTP settings for a job (its defaults: 7 retries with doubling waits and 120 s time-outs per request,
+#: minutes per round when the server is gone); a variable the environment already sets is kept
+MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                        "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
 #: MLflow's largest batch of one request (params, metrics)
 _MLFLOW_PARAMS_PER_BATCH, _MLFLOW_METRICS_PER_BATCH = 100, 1000
 
@@ -49,6 +63,43 @@ def options(tracking: dict[str, Any] | None) -> dict[str, Any]:
         "wandb": "offline" if t.get("wandb") in (True, "offline") else None,
         "client_metrics": bool(t.get("client_metrics", True)),
     }
+
+
+def store_problem(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why the MLflow store at ``uri`` cannot take a job's metrics; None where a quick look finds nothing wrong.
+
+    An ``http(s)`` server must answer (any HTTP status) within ``timeout``; a ``sqlite:`` or ``file:`` store (or
+    a plain path) needs a folder this process can create and write, and a database file it can write. Other
+    schemes (``databricks``, say) are not looked at."""
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout):
+                return None
+        except urllib.error.HTTPError:
+            return None  # a server answered
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            return f"no MLflow server answers at {uri} within {timeout:g} s ({getattr(exc, 'reason', exc)})"
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        if str(db) in (":memory:", ""):
+            return None
+        folder = db.parent
+    elif uri.startswith("file:"):
+        folder = db = Path(urllib.request.url2pathname(uri[len("file:"):].removeprefix("//")))
+    elif "://" not in uri:
+        folder = db = Path(uri)
+    else:
+        return None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+        if db.is_file():
+            with open(db, "r+b"):
+                pass
+    except OSError as exc:
+        return f"the store {uri} cannot be written ({exc.strerror or exc}: {exc.filename or folder})"
+    return None
 
 
 def run_params(spec: RunSpec, train: Any = None) -> dict[str, str]:
@@ -130,6 +181,8 @@ class MLflow:
         self.run_id: str | None = None
 
     def start(self, fresh: bool) -> None:
+        for name, value in MLFLOW_HTTP_DEFAULTS.items():
+            os.environ.setdefault(name, value)
         from mlflow.tracking import MlflowClient
 
         if self.uri.startswith("sqlite:///"):  # SQLite makes the file, not its folder
@@ -211,11 +264,16 @@ class Wandb:
             self.run.finish(exit_code=0 if ok else 1)
 
 
+def _console(log: Callable[[str], None]) -> Callable[[str], None]:
+    """Where a line goes to the job's console as well as its log (``JobLog.console``); else ``log`` itself."""
+    return getattr(log, "console", log)
+
+
 class _Guarded:
-    """A backend whose failures never reach the run: the first is logged, rounds wait for the next try."""
+    """A backend whose failures never reach the run: the first is said (console and log), rounds wait for the next try."""
 
     def __init__(self, backend: Backend, log: Callable[[str], None]) -> None:
-        self.backend, self.log = backend, log
+        self.backend, self.log = backend, _console(log)
         self.started = False
         self.failures = 0  # in a row
         self.given_up = False
@@ -288,7 +346,11 @@ def for_run(spec: RunSpec, run_hash: str, train: Any, log: Callable[[str], None]
     if opts["tensorboard"]:
         backends.append(TensorBoard(spec.run_dir))
     if opts["mlflow"]:
-        backends.append(MLflow(opts["mlflow"], spec, run_hash, params))
+        problem = store_problem(opts["mlflow"])
+        if problem is None:
+            backends.append(MLflow(opts["mlflow"], spec, run_hash, params))
+        else:
+            _console(log)(f"tracking: mlflow off for this run: {problem}; the run goes on (config key 'tracking.mlflow')")
     if opts["wandb"]:
         backends.append(Wandb(spec, run_hash, params))
     return Tracker(backends, log, opts["client_metrics"])

@@ -189,13 +189,17 @@ def exit_on_config_error(files: Sequence[str | os.PathLike]) -> Iterator[None]:
 
 
 def job_error_line(exc: BaseException, log: str | os.PathLike, config_key: str | None = None) -> str:
-    """A failed job's one console line: the error's first line, the config key and file it concerns, the log."""
+    """A failed job's one console line: the error's first line, where it was raised when a note says so (a
+    method's file:line: ``fl/api/method_errors.py``), the config key and file it concerns, the log."""
     lines = str(exc).strip().splitlines() or [""]
     ours = type(exc).__module__.startswith("fedmedbench.") or isinstance(exc, (ValueError, OSError))
     text = lines[0] if ours else f"{type(exc).__name__}: {lines[0]}"  # a KeyError's message alone says little
+    text += "".join(f" [{note}]" for note in getattr(exc, "__notes__", ()) if isinstance(note, str))
     if len(lines) > 1:
         text += f" (+{len(lines) - 1} lines in the log)"
     if config_key:
         where = key_file(config_key, config_files())
         text += f" [config key '{config_key}'{f' in {where}' if where else ''}]"
+    if getattr(exc, "no_traceback", False):  # the line says all, and the log is another job's (workflow/runlock.py)
+        return f"error: {text}"
     return f"error: {text} (traceback in {log}; {DEBUG_ENV}=1 prints it here)"

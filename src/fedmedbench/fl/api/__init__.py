@@ -3,7 +3,7 @@
 ``from fedmedbench.fl.api import Method, Param, register_method, ClientContext, ServerContext, ClientResult``.
 The names live in ``method`` (the :class:`Method` base class, its contexts and results), ``params``
 (:class:`Param`, one hyper-parameter's declaration), ``arrays`` (model arrays: taken, loaded, averaged) and
-``registry`` (method names -> classes); ``method_source`` and ``method_params`` read the declarations without
+``registry`` (method names -> classes); ``method_errors`` notes where a method raised; ``method_source`` and ``method_params`` read the declarations without
 importing torch, for the workflow while it plans. Importing the package loads none of them: each name is
 imported when first used, so planning stays torch-free.
 """

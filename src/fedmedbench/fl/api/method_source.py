@@ -37,6 +37,10 @@ class MethodSource:
     def params(self) -> dict[str, Param]:
         return class_params(str(self.path), self.class_name)
 
+    def centralized(self) -> bool:
+        """``Method.centralized`` as the class (or a base) sets it: trained on the pooled data of all clients."""
+        return bool(class_attribute(str(self.path), self.class_name, "centralized"))
+
 
 def builtin_method_modules() -> tuple[str, ...]:
     """The modules whose import registers a built-in method: one per file of ``fl/methods``, named as
@@ -106,6 +110,23 @@ def class_params(path: str, class_name: str) -> dict[str, Param]:
         return {}
     groups = [class_params(*where) for base in reversed(cls.bases) if (where := _locate(path, base)) is not None]
     return merged([*(g.values() for g in groups), _own_params(path, cls)])
+
+
+def class_attribute(path: str, class_name: str, name: str):
+    """The literal value class ``class_name`` of file ``path`` (or its nearest base that sets it) gives ``name``;
+    None where none sets it."""
+    cls = _find_class(path, class_name)
+    if cls is None:
+        return None
+    for node in cls.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(node, "target", None)
+        if isinstance(target, ast.Name) and target.id == name and getattr(node, "value", None) is not None:
+            return _value(path, node.value)
+    for base in cls.bases:
+        where = _locate(path, base)
+        if where is not None and (value := class_attribute(*where, name)) is not None:
+            return value
+    return None
 
 
 def _find_class(path: str, name: str) -> ast.ClassDef | None:

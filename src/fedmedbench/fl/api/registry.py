@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedmedbench.fl.api.method import Method
+from fedmedbench.fl.api.method_errors import add_note
 from fedmedbench.fl.api.method_source import (
     ENTRY_POINT_GROUP,
     METHODS_PACKAGE,
@@ -70,7 +71,8 @@ def available_methods() -> list[str]:
 
 def load_method_file(name: str, path: str | Path) -> type[Method]:
     """Import the user's file at ``path``, which must register ``name``; a built-in of that name is an error
-    naming both (the built-in is registered first, so the duplicate check sees it)."""
+    naming both (the built-in is registered first, so the duplicate check sees it). An error raised while the
+    file runs keeps its type and carries a note naming the method and the line (``method_errors``)."""
     path = Path(path).resolve()
     module_name = USER_MODULE_PREFIX + name
     loaded = sys.modules.get(module_name)
@@ -84,7 +86,12 @@ def load_method_file(name: str, path: str | Path) -> type[Method]:
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[module_name]
+        add_note(exc, name, [path], "while its file was imported")
+        raise
     return METHODS[name]
 
 

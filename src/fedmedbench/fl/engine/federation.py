@@ -23,6 +23,7 @@ import torch
 
 from fedmedbench.fl.api.arrays import host_copies, host_tensors, model_arrays
 from fedmedbench.fl.api.method import Arrays, ClientContext, ClientResult, ServerContext
+from fedmedbench.fl.api.method_errors import note_method
 from fedmedbench.fl.api.registry import get_method
 from fedmedbench.fl.determinism import seeded_generator
 from fedmedbench.fl.engine import replies
@@ -119,7 +120,11 @@ def client_train(
 ) -> ClientResult:
     """One client's work in one round (called inside the ClientApp)."""
     ctx, store = _client_context(job, pid, rnd, arrays, steps, broadcast)
-    result = job.method.client_fit(ctx)
+    try:
+        result = job.method.client_fit(ctx)
+    except Exception as exc:
+        note_method(exc, job.method, f"the client step of round {rnd}")
+        raise
     if job.spec.client_validation:
         result.metrics.update(client_validation(job, ctx))
     undeclared = set(result.extras) - set(job.method.extra_records)
@@ -141,7 +146,11 @@ def clients_train_together(job: Job, steps: dict[int, int], rnd: int, arrays: Ar
     pairs = [_client_context(job, pid, rnd, arrays, k, broadcast, model=model) for pid, k in steps.items()]
     for ctx, _ in pairs:
         ctx.note = note
-    results = job.method.fit_together([ctx for ctx, _ in pairs], None if pool is None else pool.train)
+    try:
+        results = job.method.fit_together([ctx for ctx, _ in pairs], None if pool is None else pool.train)
+    except Exception as exc:
+        note_method(exc, job.method, f"the client step of round {rnd} (clients trained together)")
+        raise
     if results is None:
         if pool is not None:
             pool.train([ctx for ctx, _ in pairs], None)  # this round trains one by one: the others go on without it
@@ -300,6 +309,7 @@ class Federation:
         #: training examples by partition id, as the replies must report them (the pooled client's: unknown)
         self.client_sizes = None if self.method.centralized else dict(enumerate(sizes))
         self._reference: torch.nn.Module | None = None  # the model replies are checked against, built once
+        self._layout: dict[str, tuple[tuple[int, ...], str]] | None = None
         self.client_steps = [steps_for_epochs(n, self.train.local_epochs, self.train.batch_size) for n in sizes]
         per_round = spec.clients_per_round or self.num_clients
         if not 1 <= per_round <= self.num_clients:
@@ -382,7 +392,11 @@ class Federation:
             new_model=self.job.new_model, broadcast=self.broadcast(state), seed=self.spec.seed,
             loader_workers=self.spec.loader_workers, image_cache=self.spec.image_cache,
         )
-        new_arrays = self.method.aggregate(ctx)
+        try:
+            new_arrays = self.method.aggregate(ctx)
+        except Exception as exc:
+            note_method(exc, self.method, f"the server step (aggregate) of round {rnd}")
+            raise
         state.server_state["_broadcast"] = {name: host_tensors(a) for name, a in ctx.broadcast.items()}
         return new_arrays
 
@@ -489,6 +503,7 @@ class Federation:
                 raise RuntimeError(f"round {rnd}: results for clients {sorted(results)}, expected {sampled}")
             self.check_replies(rnd, results)
             new_arrays = self.aggregate(state, rnd, results)
+            replies.check_aggregated(rnd, new_arrays, self.model_layout(), self.job.shared_keys(), self.spec.method)
             if self.train.on_nonfinite == "error":
                 replies.check_global(rnd, new_arrays, results, self.spec.method)
             if not (self.spec.save_client_models and rnd == self.keep_round):  # aggregated: drop the clients' arrays
@@ -500,14 +515,23 @@ class Federation:
                 break
         return state
 
-    def check_replies(self, rnd: int, results: dict[int, ClientResult]) -> None:
-        """Every client's reply against the server's model and what the method says it sends, before any is
-        averaged (:mod:`~fedmedbench.fl.engine.replies`)."""
+    def reference(self) -> torch.nn.Module:
+        """A model of the run's architecture, built once: what replies and aggregated models are checked against."""
         if self._reference is None:
             with torch.random.fork_rng(devices=[]):  # a model built mid-run must not move the run's random draws
                 self._reference = self.job.new_model()
-        check = replies.ReplyCheck(rnd, self.method.reply_keys(self._reference, rnd, self.train),
-                                   replies.model_layout(self._reference), self.client_sizes,
+        return self._reference
+
+    def model_layout(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        if self._layout is None:
+            self._layout = replies.model_layout(self.reference())
+        return self._layout
+
+    def check_replies(self, rnd: int, results: dict[int, ClientResult]) -> None:
+        """Every client's reply against the server's model and what the method says it sends, before any is
+        averaged (:mod:`~fedmedbench.fl.engine.replies`)."""
+        check = replies.ReplyCheck(rnd, self.method.reply_keys(self.reference(), rnd, self.train),
+                                   self.model_layout(), self.client_sizes,
                                    finite=self.train.on_nonfinite == "error")
         for pid in sorted(results):
             r = results[pid]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -44,6 +45,7 @@ from flwr.common.constant import SType
 from flwr.serverapp import Grid, ServerApp
 
 from fedmedbench.fl.api.method import Arrays, ClientResult
+from fedmedbench.fl.api.method_errors import last_line, notes
 from fedmedbench.fl.engine import federation as fed
 from fedmedbench.fl.engine.inline_grid import InlineGrid
 from fedmedbench.fl.engine.job import Job, job_for
@@ -150,7 +152,9 @@ def make_client_app(spec: RunSpec, job: Job | None = None) -> ClientApp:
                 return handler(msg, context)
             except Exception as exc:  # noqa: BLE001 - re-raised with the full traceback as text
                 pid = context.node_config.get("partition-id", "?")
-                raise RuntimeError(f"client {pid}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}") from exc
+                where = "".join(f" [{n}]" for n in notes(exc))  # the method's file:line
+                raise RuntimeError(f"client {pid}: {last_line(exc)}{where}\n"
+                                   f"{traceback.format_exc()}") from exc
 
         return wrapped
 
@@ -191,10 +195,29 @@ def make_client_app(spec: RunSpec, job: Job | None = None) -> ClientApp:
 # ----------------------------------------------------------------------------- server app
 
 
+#: the first line of a client's error as the ClientApp wrote it (``client <pid>: <error> [<where>]``)
+_CLIENT_LINE = re.compile(r"client [^\s:]+: [^\n]*")
+#: how Flower wraps an exception's text in an error reply: ``<class 'X'>:<'text'>``
+_WRAPPED = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>:<'\s*(.*?)(?:'>)?$", re.S)
+
+
+def first_error_line(reason: str) -> str:
+    """The line of an error reply's reason that says what failed: the client's line where the ClientApp wrote
+    one (its error and the method's file:line), else the wrapped exception's first line."""
+    found = _CLIENT_LINE.search(reason)
+    if found:
+        return found.group(0).removesuffix("'>").rstrip()
+    wrapped = _WRAPPED.match(reason.strip())
+    text = f"{wrapped.group(1)}: {wrapped.group(2)}" if wrapped else reason.strip()
+    return text.splitlines()[0].removesuffix("'>") if text else "(no reason given)"
+
+
 def _check_replies(replies: list[Message], expected: int, what: str) -> None:
     errors = [r for r in replies if r.has_error()]
     if errors:
-        raise ClientFailure(f"{what}: {len(errors)} client(s) failed; first error:\n{errors[0].error.reason}")
+        reason = errors[0].error.reason
+        raise ClientFailure(f"{what}: {len(errors)} client(s) failed; first error: {first_error_line(reason)}\n"
+                            f"{reason}")
     if len(replies) != expected:
         raise ClientFailure(f"{what}: expected {expected} replies, got {len(replies)}")
 

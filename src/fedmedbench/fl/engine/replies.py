@@ -5,8 +5,10 @@ A reply is checked against the server's own model: the arrays a method declares 
 and ``num-examples`` equal to the client's training size as the server knows it (or, where it does
 not, a whole number in ``1..MAX_EXAMPLES``). Without this a bias of the wrong shape broadcasts into
 the average, a missing key or a transposed weight fails deep inside a method, and a made-up size
-reweights everyone. After aggregation a non-finite global model stops the run, naming the round and
-the clients whose replies were non-finite, before anything is checkpointed or saved.
+reweights everyone. After aggregation the new global model must hold every shared key with the model's
+shape (a server step that transposes a weight is named with the round, not found later as a load error),
+and a non-finite one stops the run, naming the round and the clients whose replies were non-finite,
+before anything is checkpointed or saved.
 
 Values are torch tensors, on any device (the engine turns Flower's arrays into tensors before the
 check). ``train.on_nonfinite: continue`` (the early-stopping reference, which keeps
@@ -28,6 +30,10 @@ MAX_EXAMPLES = 10**9
 
 class ReplyError(ValueError):
     """A client's reply the server refuses (names the round, the client, the record and key)."""
+
+
+class ServerStepError(ValueError):
+    """The method's server step returned a global model the server refuses (names the method and the round)."""
 
 
 class NonFiniteModelError(RuntimeError):
@@ -152,3 +158,20 @@ def check_global(rnd: int, arrays: Mapping[str, Any], results: Mapping[int, Any]
              f"every client's reply was finite: method '{method}''s server step made it so")
     raise NonFiniteModelError(f"round {rnd}: the global model is not finite ('{bad}' holds NaN or inf); {cause}. "
                               "The run stops here; nothing of this round is saved")
+
+
+def check_aggregated(rnd: int, arrays: Mapping[str, Any], model: Mapping[str, tuple[tuple[int, ...], str]],
+                     keys: list[str], method: str) -> None:
+    """Stop the run if the method's server step returned a model without a shared key or with a key of
+    another shape than the server's model, naming the method, the round and the key."""
+    step = f"round {rnd}: method '{method}''s server step (aggregate) returned"
+    end = "The run stops here; nothing of this round is saved"
+    missing = [k for k in keys if k not in arrays]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ServerStepError(f"{step} a model without '{missing[0]}'{more}. {end}")
+    for k, value in arrays.items():
+        want = model.get(k)
+        got = tuple(getattr(value, "shape", ()))
+        if want is not None and got != want[0]:
+            raise ServerStepError(f"{step} '{k}' with shape {got}, the server's model has {want[0]}. {end}")
