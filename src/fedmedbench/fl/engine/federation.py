@@ -345,6 +345,7 @@ class Federation:
                          "starting at round 1")
             shutil.rmtree(stale)
         seed_everything(self.spec.seed)
+        partition_replay.cache_build_torch_draws(self.spec.random_draws)  # the run that built the reference's cache
         model = self.job.new_model()
         arrays = model_arrays(model, self.method.shared_keys(model))
         params = [n for n, _ in model.named_parameters() if n in arrays]
