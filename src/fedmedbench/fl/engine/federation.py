@@ -68,6 +68,10 @@ def client_generator(seed: int, rnd: int, pid: int) -> torch.Generator:
     return seeded_generator(seed, rnd, pid)
 
 
+#: the third key of a client's dropout generator (a model with ``set_dropout_generator``, e.g. ``swin_gpaf``)
+DROPOUT_STREAM = 0xD809
+
+
 #: per-epoch training losses a client reports: train_loss_e1, train_loss_e2, ... (local epoch e)
 EPOCH_LOSS = re.compile(r"train_loss_e(\d+)")
 #: prefix of the client-side validation metrics (``RunSpec.client_validation``)
@@ -111,6 +115,8 @@ def _client_context(
         epoch_steps=max(1, math.ceil(steps / epochs)) if job.method.centralized else None,
         array_device=job.array_device, slots=job.slots,
     )
+    if hasattr(ctx.model, "set_dropout_generator"):  # dropout masks from (seed, round, client), not the global stream
+        ctx.model.set_dropout_generator(seeded_generator(job.spec.seed, rnd, pid, DROPOUT_STREAM))
     return ctx, store
 
 
