@@ -167,5 +167,5 @@ def gpaf_resnet18(in_channels: int, num_classes: int, image_size: int) -> nn.Mod
 
 @register_model("gpaf_resnet18_tiny")
 def gpaf_resnet18_tiny(in_channels: int, num_classes: int, image_size: int) -> nn.Module:
-    """The same network with stages 8-16-32-64 wide (the demo's: a CPU trains it in seconds)."""
+    """The same network with stages 8-16-32-64 wide (the demo's, for a quick run on a CPU)."""
     return ResNetEncoderClassifier(in_channels, num_classes, widths=RESNET_WIDTHS["gpaf_resnet18_tiny"])

@@ -56,5 +56,5 @@ def moon_resnet_gpaf(in_channels: int, num_classes: int, image_size: int) -> nn.
 
 @register_model("moon_resnet_gpaf_tiny")
 def moon_resnet_gpaf_tiny(in_channels: int, num_classes: int, image_size: int) -> nn.Module:
-    """Stages 8-16-32-64 wide, the same head (the demo's: a CPU trains it in seconds)."""
+    """Stages 8-16-32-64 wide, the same head (the demo's, for a quick run on a CPU)."""
     return MoonResNet(in_channels, num_classes, widths=(8, 16, 32, 64))

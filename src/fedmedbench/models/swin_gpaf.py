@@ -82,5 +82,5 @@ def swin_gpaf(in_channels: int, num_classes: int, image_size: int) -> nn.Module:
 
 @register_model("swin_gpaf_tiny")
 def swin_gpaf_tiny(in_channels: int, num_classes: int, image_size: int) -> nn.Module:
-    """The same class, embed 24, depths [2, 2], heads [3, 6] (the demo's: a CPU trains it in seconds)."""
+    """The same class, embed 24, depths [2, 2], heads [3, 6] (the demo's, for a quick run on a CPU)."""
     return swin_class()(in_channels, num_classes, image_size, TINY_ARGS)
