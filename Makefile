@@ -10,7 +10,7 @@ CORES  ?= 2
 TEST_WORKERS ?= 2
 PIP    := $(BIN)/python -m pip
 
-.PHONY: demo test bench bench-gpu lint report venv system-deps freeze clean-results
+.PHONY: demo test check bench bench-gpu lint report venv system-deps freeze clean-results
 
 venv: $(STAMP)
 
@@ -56,6 +56,11 @@ report: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
+
+# outputs of the config (CONFIG=file, else config/config.yaml) that are missing, by folder: `snakemake -n` does
+# not rerun a finished job whose outputs (a run's model.pt, or its whole folder) were deleted
+check: $(STAMP)
+	$(BIN)/python -m fedmedbench.workflow.check_outputs $(if $(CONFIG),--configfile $(CONFIG))
 
 # CPU benchmarks (docs/benchmarks.md); results appended to bench/results.jsonl
 BENCH_OUT := bench/results.jsonl
