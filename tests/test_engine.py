@@ -157,7 +157,7 @@ def test_local_method_keeps_models_on_clients(workdir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method,extras,model", [("fedavg", set(), "cnn_small"), ("scaffold", {"extra.delta_c"}, "cnn_small"),
-                                                ("gpaf", set(), "gpaf_cnn")])
+                                                ("gpaf", {"extra.labels"}, "gpaf_cnn")])
 def test_only_parameters_and_declared_extras_leave_a_client(workdir, monkeypatch, method, extras, model):
     """Every reply of a real Flower run is recorded; only shared-model arrays, metrics and the
     method's declared extras may appear (the engine also enforces this on every reply)."""

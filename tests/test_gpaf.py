@@ -16,7 +16,15 @@ from fedmedbench.fl.methods.gpaf import GPAF, adversarial_value, server_generato
 from fedmedbench.fl.training import to_float
 from fedmedbench.models.vae import LatentClassifier, LatentDiscriminator, reparameterize
 
-SPEC = toy_spec("gpaf")
+SPEC = toy_spec("gpaf")  # gpaf_cnn: the paper's VAE client
+#: the paper's readings of GPAF's server (the declared defaults are the authors': tests/test_gpaf_authors.py)
+PAPER = dict(generator_arch="paper", noise_dim=0, server_objective="paper", server_epochs=15, lambda_adv=0.3,
+             generator_kl=0.4, lambda_diver=0.3, label_sampling="dirichlet")
+
+
+def paper(**kw) -> GPAF:
+    """GPAF with the paper's readings (the VAE client comes with SPEC's gpaf_cnn)."""
+    return GPAF(**{**PAPER, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +54,7 @@ def value_on(model, disc, gen_net, x, y_vec, seed=123) -> float:
 
 
 def test_only_encoder_and_classifier_parameters_leave_the_client(data):
-    method = GPAF()
+    method = paper()
     arrays = fresh_global(method, SPEC)
     assert any(k.startswith("generator.") for k in arrays), "the generator travels server -> client"
     ctx = client_ctx(method, SPEC, arrays, data, steps=3)
@@ -67,7 +75,7 @@ def test_only_encoder_and_classifier_parameters_leave_the_client(data):
 
 
 def test_disc_ascends_and_encoder_descends_the_adversarial_loss(data):
-    method = GPAF(lambda_vae=0.0, lambda_cl=0.0, lambda_adv=1.0)  # isolate L_g in E_s's step
+    method = paper(lambda_vae=0.0, lambda_cl=0.0, lambda_adv=1.0)  # isolate L_g in E_s's step
     model = method.build_model(SPEC)
     load_arrays(model, fresh_global(method, SPEC))
     model.train()
@@ -100,7 +108,7 @@ def test_disc_ascends_and_encoder_descends_the_adversarial_loss(data):
 
 @pytest.mark.parametrize("gan_loss", ["nonsaturating", "minimax"])
 def test_encoder_step_lowers_adversarial_loss_for_both_gan_forms(data, gan_loss):
-    method = GPAF(lambda_vae=0.0, lambda_cl=0.0, lambda_adv=1.0, gan_loss=gan_loss)
+    method = paper(lambda_vae=0.0, lambda_cl=0.0, lambda_adv=1.0, gan_loss=gan_loss)
     model = method.build_model(SPEC)
     load_arrays(model, fresh_global(method, SPEC))
     decoder, disc = parts(method, model, data)
@@ -114,7 +122,7 @@ def test_encoder_step_lowers_adversarial_loss_for_both_gan_forms(data, gan_loss)
 
 
 def test_generator_output_changes_the_clients_adversarial_loss_and_update(data):
-    method = GPAF()
+    method = paper()
     arrays = fresh_global(method, SPEC)
     other = dict(arrays)
     for k in arrays:  # a different generator, everything else equal
@@ -128,7 +136,7 @@ def test_generator_output_changes_the_clients_adversarial_loss_and_update(data):
     assert results[0].metrics["loss_d"] != pytest.approx(results[1].metrics["loss_d"], abs=1e-6)
     assert any(not np.array_equal(results[0].arrays[k], results[1].arrays[k]) for k in results[0].arrays)
     # without the adversarial term the generator has no influence on the client
-    quiet = GPAF(lambda_adv=0.0, adv_start_round=99)
+    quiet = paper(lambda_adv=0.0, adv_start_round=99)
     same = [quiet.client_fit(client_ctx(quiet, SPEC, a, data, steps=4)).arrays for a in (arrays, other)]
     assert all(np.array_equal(same[0][k], same[1][k]) for k in same[0])
 
@@ -147,7 +155,7 @@ def kd_on_fixed_batch(method, gen, ensemble, seed=7):
 
 
 def test_kd_loss_decreases_on_a_fixed_ensemble_after_server_training():
-    method = GPAF(server_epochs=15, server_steps_per_epoch=5, server_batch_size=32, label_sampling="uniform")
+    method = paper(server_epochs=15, server_steps_per_epoch=5, server_batch_size=32, label_sampling="uniform")
     model = method.build_model(SPEC)
     ensemble = fixed_ensemble()
     global_clf = fixed_ensemble(1, seed=1)[0]
@@ -160,7 +168,7 @@ def test_kd_loss_decreases_on_a_fixed_ensemble_after_server_training():
 
 
 def test_server_averages_encoder_classifier_and_trains_not_averages_the_generator(data):
-    method = GPAF(server_epochs=3)
+    method = paper(server_epochs=3)
     arrays = fresh_global(method, SPEC)
     results = [method.client_fit(client_ctx(method, SPEC, arrays, toy_data(64 + 32 * i, seed=i), pid=i, steps=3)) for i in range(2)]
     ctx = server_ctx(method, SPEC, arrays, results)
@@ -178,7 +186,7 @@ def test_server_averages_encoder_classifier_and_trains_not_averages_the_generato
 
 
 def test_client_step_is_reproducible_from_its_generator(data):
-    method = GPAF()
+    method = paper()
     arrays = fresh_global(method, SPEC)
     a = method.client_fit(client_ctx(method, SPEC, arrays, data, steps=3))
     torch.manual_seed(999)  # the global RNG must not matter
@@ -188,7 +196,7 @@ def test_client_step_is_reproducible_from_its_generator(data):
 
 @pytest.mark.parametrize("mode", ["dirichlet", "dirichlet_soft", "uniform"])
 def test_label_sampling(mode):
-    method = GPAF(label_sampling=mode, label_alpha=0.1)
+    method = paper(label_sampling=mode, label_alpha=0.1)
     y = method.sample_labels(64, 4, torch.Generator().manual_seed(0))
     assert y.shape == (64, 4)
     np.testing.assert_allclose(y.sum(1).numpy(), 1.0, rtol=1e-5)
@@ -200,8 +208,8 @@ def test_gm_forms_differ_and_are_finite():
     ensemble, f = fixed_ensemble(), fixed_ensemble(1, seed=3)[0]
     z = torch.randn(16, 64)
     y_vec = F.one_hot(torch.randint(0, 2, (16,)), 2).float()
-    lit = GPAF(gm_form="literal").generator_losses(z, y_vec, ensemble, f)["gm"]
-    glob = GPAF(gm_form="global_ce").generator_losses(z, y_vec, ensemble, f)["gm"]
+    lit = paper(gm_form="literal").generator_losses(z, y_vec, ensemble, f)["gm"]
+    glob = paper(gm_form="global_ce").generator_losses(z, y_vec, ensemble, f)["gm"]
     assert torch.isfinite(lit) and torch.isfinite(glob) and not torch.isclose(lit, glob)
     # literal L_GM: cross-entropy of the ensemble prediction against F's prediction
     ens = torch.stack([c(z) for c in ensemble]).mean(0)
@@ -214,13 +222,13 @@ def test_parameter_errors_name_the_key():
         get_method("gpaf", {"lamda_adv": 0.3})
     with pytest.raises(ValueError, match="gm_form"):
         get_method("gpaf", {"gm_form": "kl"})
-    with pytest.raises(ValueError, match="model.name"):
+    with pytest.raises(ValueError, match="method_model.gpaf.name"):
         GPAF().build_model(toy_spec("gpaf", model="cnn_small"))
 
 
 def test_server_epoch_is_fedgen_steps_and_adam_moments_persist(data, monkeypatch):
     """The FedGen option: 15 epochs x 5 generated batches per round (n_teacher_iters); Adam state carried over."""
-    method = GPAF(server_epochs=15, server_steps_per_epoch=5, server_optimizer="persist")
+    method = paper(server_epochs=15, server_steps_per_epoch=5, server_optimizer="persist")
     arrays = fresh_global(method, SPEC)
     results = [method.client_fit(client_ctx(method, SPEC, arrays, toy_data(64, seed=i), pid=i, steps=2)) for i in range(2)]
     calls = []
@@ -233,9 +241,9 @@ def test_server_epoch_is_fedgen_steps_and_adam_moments_persist(data, monkeypatch
     method.aggregate(server_ctx(method, SPEC, arrays, results, rnd=2, state=state))
     assert int(state["gpaf_opt_g"]["state"][0]["step"]) == 150  # the moments went on, not restarted
     fresh_state: dict = {}
-    GPAF(server_epochs=2, server_optimizer="fresh").aggregate(server_ctx(method, SPEC, arrays, results, state=fresh_state))
+    paper(server_epochs=2, server_optimizer="fresh").aggregate(server_ctx(method, SPEC, arrays, results, state=fresh_state))
     assert "gpaf_opt_g" not in fresh_state
-    one = GPAF(server_epochs=2, server_steps_per_epoch=1, server_optimizer="persist")
+    one = paper(server_epochs=2, server_steps_per_epoch=1, server_optimizer="persist")
     calls.clear()
     monkeypatch.setattr(one, "sample_labels", lambda *a: calls.append(1) or real(*a))
     one.aggregate(server_ctx(one, SPEC, arrays, results, state={}))
@@ -243,11 +251,12 @@ def test_server_epoch_is_fedgen_steps_and_adam_moments_persist(data, monkeypatch
 
 
 def test_default_server_step_is_the_authors_loop(data, monkeypatch):
-    """One batch of the clients' batch size per server epoch, 15 epochs, a new Adam each round: update-gpaf
-    server.py _train_generator at 6aea7f8 (one batch of the strategy's batch size and one step per epoch, Adam
-    created in the per-round function); GPAFflower server.py:564 at c2505a7 draws batches of 13."""
+    """One batch of the clients' batch size per server epoch, 40 epochs, a new Adam each round: update-gpaf
+    server.py _train_generator at 6aea7f8 (num_epochs 40, one batch of the strategy's batch size and one D_n and one
+    G_w step per epoch, both Adams created in the per-round function); GPAFflower server.py:564 at c2505a7 draws
+    batches of 13. The paper's 15 epochs is server_epochs: 15."""
     method = GPAF()
-    assert (method.p["server_epochs"], method.p["server_steps_per_epoch"]) == (15, 1)
+    assert (method.p["server_epochs"], method.p["server_steps_per_epoch"], method.p["server_optimizer"]) == (40, 1, "fresh")
     arrays = fresh_global(method, SPEC)
     results = [method.client_fit(client_ctx(method, SPEC, arrays, toy_data(64, seed=i), pid=i, steps=1)) for i in range(2)]
     sizes = []
@@ -257,7 +266,7 @@ def test_default_server_step_is_the_authors_loop(data, monkeypatch):
     ctx = server_ctx(method, SPEC, arrays, results, state=state)
     ctx.train = dataclasses.replace(ctx.train, batch_size=13)
     method.aggregate(ctx)
-    assert sizes == [13] * 15  # 15 generator steps of 13 generated samples
+    assert sizes == [13] * 40  # 40 generator steps of 13 generated samples
     assert "gpaf_opt_g" not in state and "gpaf_opt_dn" not in state  # nothing carried to the next round
     fixed = GPAF(server_batch_size=7, server_epochs=2)
     monkeypatch.setattr(fixed, "sample_labels", lambda n, *a: sizes.append(n) or real(n, *a))
@@ -265,7 +274,7 @@ def test_default_server_step_is_the_authors_loop(data, monkeypatch):
     fixed.aggregate(server_ctx(fixed, SPEC, arrays, results, state={}))
     assert sizes == [7, 7]
     with pytest.raises(ValueError, match="server_batch_size"):
-        GPAF(server_batch_size="clients")
+        paper(server_batch_size="clients")
 
 
 def test_label_alpha_follows_the_settings_alpha():
@@ -280,11 +289,11 @@ def test_label_alpha_follows_the_settings_alpha():
     assert method_params.resolve("gpaf", study, per_setting) == {"label_alpha": 0.1, "server_epochs": 7}
     assert "label_alpha" not in method_params.resolve("moon", {"moon": {"mu": 1.0}}, {"params": {"alpha": 0.1}})
     with pytest.raises(ValueError, match="label_alpha"):
-        GPAF(label_alpha="partition")
+        paper(label_alpha="partition")
     # a small alpha concentrates each server batch on few classes
     g = torch.Generator().manual_seed(0)
-    peaked = [GPAF(label_alpha=0.05).sample_labels(64, 4, g).mean(0).max() for _ in range(20)]
-    flat = [GPAF(label_alpha=100.0).sample_labels(64, 4, g).mean(0).max() for _ in range(20)]
+    peaked = [paper(label_alpha=0.05).sample_labels(64, 4, g).mean(0).max() for _ in range(20)]
+    flat = [paper(label_alpha=100.0).sample_labels(64, 4, g).mean(0).max() for _ in range(20)]
     assert np.mean(peaked) > 0.8 > 0.45 > np.mean(flat)
 
 
@@ -300,7 +309,7 @@ def test_vae_loss_reductions():
 @pytest.mark.parametrize("kl_weight", [0.4, 0.0])
 def test_generator_objective_is_eq7_plus_the_optional_kl_term(kl_weight):
     """J = lambda_1 L_s + lambda_2 L_diver (+ generator_kl KL(G_w(z|y) || N(0, I)), an added term; 0 removes it)."""
-    method = GPAF(server_epochs=2, server_steps_per_epoch=1, generator_kl=kl_weight)
+    method = paper(server_epochs=2, server_steps_per_epoch=1, generator_kl=kl_weight)
     model = method.build_model(SPEC)
     history = method.train_generator(model.generator, fixed_ensemble(), fixed_ensemble(1, seed=1)[0], LatentDiscriminator(64),
                                      server_generator(0, 1), torch.device("cpu"), batch_size=32)
@@ -310,9 +319,11 @@ def test_generator_objective_is_eq7_plus_the_optional_kl_term(kl_weight):
         assert h["kl"] > 0
 
 
-def test_paper_grid_trains_every_method_with_the_authors_batch_and_weight_decay():
-    """The authors' client code: batch 13 (BreastMNIST; 32 in their PathMNIST config) and Adam weight
-    decay 1e-4 on the encoder and classifier (and the baseline client), for every method of the grid."""
+def test_paper_grid_trains_every_method_with_the_authors_batch_and_optimizer():
+    """The authors' client code: batch 13 and 35 local epochs (GPAFflower conf/config.yaml:5, client.py:409; 32 in
+    their PathMNIST config) and Adam with weight decay 1e-4 on the encoder and classifier (models.py:583, 585) and
+    the FedAvg client (client.py:527); MOON's SGD (momentum 0.9, weight decay 1e-5; update-gpaf train_moon) at the
+    lr its client hard-codes; the centralized Swin's AdamW (Swin-Transformer-fed main.py:110-113), batch 16."""
     from pathlib import Path
 
     import yaml
@@ -325,21 +336,27 @@ def test_paper_grid_trains_every_method_with_the_authors_batch_and_weight_decay(
     root = Path(__file__).resolve().parents[1]
     config = yaml.safe_load((root / "config" / "studies" / "gpaf.yaml").read_text())
     validate(config, str(root / "config" / "schema.yaml"), set_default=True)
-    for study, batch in (("gpaf", 13), ("gpaf_pathmnist", 32)):
+    expected = {("gpaf", "moon"): (13, "sgd", 0.9, 1e-5), ("gpaf", "centralized"): (16, "adamw", 0.0, 1e-4)}
+    optimizers = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
+    for study, batch, epochs in (("gpaf", 13, 35), ("gpaf_pathmnist", 32, 3)):
         st = config["studies"][study]
         for setting in st["settings"]:
             for method in st["methods"]:
                 train = TrainConfig(**grid.run_train(st, setting, method))
-                assert (train.batch_size, train.weight_decay, train.optimizer) == (batch, 1e-4, "adam"), (study, method)
+                want = expected.get((study, method), (batch, "adam", 0.0, 1e-4))
+                assert (train.batch_size, train.optimizer, train.momentum, train.weight_decay) == want, (study, method)
+                assert (train.lr, train.local_epochs) == (0.00013914064388085564, epochs)
                 opt = make_optimizer(torch.nn.Linear(2, 2), train, 1)
-                assert isinstance(opt, torch.optim.Adam) and opt.param_groups[0]["weight_decay"] == 1e-4
+                group = opt.param_groups[0]
+                assert type(opt) is optimizers[want[1]] and group["weight_decay"] == want[3]
+                assert group["lr"] == 0.00013914064388085564 and group.get("momentum", 0.0) == want[2]
 
 
 @pytest.mark.parametrize("gan_loss", ["nonsaturating", "minimax"])
 def test_generators_diversity_loss_follows_gan_loss(gan_loss):
     """G_w's side of Eq. 6 takes the configured GAN form: minimax is log(1 - D_n(z)) (<= 0), as printed;
     nonsaturating is -log D_n(z) (>= 0)."""
-    method = GPAF(server_epochs=1, server_steps_per_epoch=1, gan_loss=gan_loss, lambda_s=0.0, generator_kl=0.0,
+    method = paper(server_epochs=1, server_steps_per_epoch=1, gan_loss=gan_loss, lambda_s=0.0, generator_kl=0.0,
                   lambda_diver=1.0)
     model = method.build_model(SPEC)
     dn = LatentDiscriminator(64)

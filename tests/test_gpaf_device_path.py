@@ -97,7 +97,8 @@ def test_a_non_finite_generator_step_fails_the_server_naming_it():
     ensemble = [model.classifier]
     with pytest.raises(NonFiniteLossError, match=r"non-finite GPAF generator loss \(nan\) at round 4, step 1; lower generator_lr"):
         method.train_generator(model.generator, ensemble, model.classifier, LatentDiscriminator(method.p["latent_dim"]),
-                               server_generator(0, 4), torch.device("cpu"), rnd=4, batch_size=32)
+                               server_generator(0, 4), torch.device("cpu"), rnd=4, batch_size=32,
+                               label_probs=np.array([0.5, 0.5]))
 
 
 def breast_spec(d: Path, method: str, params: dict, tag: str, device: str = "cpu", **extra) -> RunSpec:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -120,31 +121,47 @@ def _breast_test_fits(precision_recall) -> np.ndarray:
     return np.array(err)
 
 
-def test_table1_default_is_macro_averaged():
-    """Table 1's recall/precision default to macro averages and F1 to 2PR/(P+R) of them, pinned on a hand-made
-    confusion matrix; the printed rows fit macro averages on the 156 test images within 2 pp, binary class-1
-    ones never within 3."""
+#: F1 readings of the confusion matrix [[30, 12], [10, 104]] (rows true, columns predicted), from scikit-learn and
+#: torchmetrics (tests/fixtures/gpaf_reference.json)
+F1_CHECK = json.loads((ROOT / "tests" / "fixtures" / "gpaf_reference.json").read_text())["f1_confusion_30_12_10_104"]
+
+
+def test_table1_default_is_the_authors_weighted_f1_and_each_reading_on_a_fixed_confusion_matrix():
+    """Default Table 1 columns: weighted F1, recall, precision (GPAFflower models.py:846-851 at c2505a7, scikit-learn
+    average='weighted'): 0.8579 on [[30, 12], [10, 104]]; the options: macro F1 (update-gpaf's torchmetrics) 0.8180,
+    2PR/(P+R) of the macro P and R (what the printed F1 is of the printed P and R) 0.8182."""
     from fedmedbench.metrics.classification import classification_metrics
 
     schema = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())["definitions"]["gpaf_report"]["properties"]
     assert schema["table_eval"]["default"] == "best_validation"
     default = gpaf.table_columns(schema["table_metrics"]["default"], "final_test")
-    assert default == ["global_accuracy", "global_f1_pr_macro", "global_recall_macro", "global_precision_macro"]
-    tn, fp, fn, tp = 30, 12, 20, 94
+    assert default == ["global_accuracy", "global_f1_weighted", "global_recall_weighted", "global_precision_weighted"]
+    tn, fp, fn, tp = 30, 12, 10, 104
     y = np.array([0] * 42 + [1] * 114)
     pred = np.array([0] * tn + [1] * fp + [0] * fn + [1] * tp)
     m = classification_metrics(y, np.eye(2)[pred], 0.0)
     runs = pd.DataFrame([{"dataset": "breastmnist", "setting": "alpha0.5", "method": "gpaf", "seed": 0, "rounds": 10,
                           **{f"global_{k}": v for k, v in m.items()}}])
-    long, _ = gpaf.table1(runs, default, ["gpaf"], SETTINGS)
-    shown = {gpaf.paper_metric(k): long[f"{k}_mean"].iloc[0] for k in default}
-    recall = (tn / 42 + tp / 114) / 2
-    precision = (tn / (tn + fn) + tp / (tp + fp)) / 2
-    f1 = 2 * precision * recall / (precision + recall)
-    assert shown == pytest.approx({"accuracy": 124 / 156, "recall": recall, "precision": precision, "f1": f1}, abs=1e-12)
-    mean_of_class_f1 = (2 * tn / (42 + tn + fn) + 2 * tp / (114 + tp + fp)) / 2  # the f1_macro option
-    assert m["f1_macro"] == pytest.approx(mean_of_class_f1) and abs(mean_of_class_f1 - f1) > 1e-4
-    assert shown["recall"] != pytest.approx(tp / 114)  # not the binary class-1 recall
+    options = ["global_f1_macro", "global_f1_pr_macro", "global_recall_macro", "global_precision_macro"]
+    long, _ = gpaf.table1(runs, default + options, ["gpaf"], SETTINGS)
+    shown = {k: long[f"{k}_mean"].iloc[0] for k in default + options}
+    assert shown["global_f1_weighted"] == pytest.approx(F1_CHECK["sk_f1_weighted"], abs=1e-12)
+    assert round(shown["global_f1_weighted"], 4) == 0.8579
+    assert shown["global_recall_weighted"] == pytest.approx(F1_CHECK["sk_recall_weighted"], abs=1e-12)
+    assert shown["global_recall_weighted"] == pytest.approx(shown["global_accuracy"])  # weighted recall = accuracy
+    assert shown["global_precision_weighted"] == pytest.approx(F1_CHECK["sk_precision_weighted"], abs=1e-12)
+    assert shown["global_f1_macro"] == pytest.approx(F1_CHECK["sk_f1_macro"], abs=1e-12)
+    assert shown["global_f1_macro"] == pytest.approx(F1_CHECK["tm_multiclass2_f1_macro"], abs=1e-7)
+    assert round(shown["global_f1_macro"], 4) == 0.8180
+    assert shown["global_f1_pr_macro"] == pytest.approx(F1_CHECK["f1_2PR_over_PplusR_of_macro_PR"], abs=1e-12)
+    assert round(shown["global_f1_pr_macro"], 4) == 0.8182
+    assert {gpaf.paper_metric(k) for k in ("global_f1_weighted", "global_f1_macro", "global_f1_pr_macro")} == {"f1"}
+    assert "weighted by their true counts" in gpaf.metric_definition(2, (), tuple(default))
+
+
+def test_printed_rows_fit_macro_averages_not_binary_ones():
+    """The printed (accuracy, P, R) fit macro averages on the 156 test images within 2 pp, binary class-1 ones never
+    within 3 (the macro option's evidence)."""
     macro = _breast_test_fits(lambda tn, fp, fn, tp: ((tn / (tn + fn) + tp / (tp + fp)) / 2, (tn / 42 + tp / 114) / 2))
     binary = _breast_test_fits(lambda tn, fp, fn, tp: (tp / (tp + fp), tp / 114))
     assert macro.max() < 2.0 and binary.min() > 3.0, (macro, binary)

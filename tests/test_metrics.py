@@ -79,6 +79,9 @@ def _sklearn(y, probs, n_classes):
             "f1_macro": skm.f1_score(y, pred, **macro),
             "precision_macro": skm.precision_score(y, pred, **macro),
             "recall_macro": skm.recall_score(y, pred, **macro),
+            "f1_weighted": skm.f1_score(y, pred, average="weighted", labels=labels, zero_division=0),
+            "precision_weighted": skm.precision_score(y, pred, average="weighted", labels=labels, zero_division=0),
+            "recall_weighted": skm.recall_score(y, pred, average="weighted", labels=labels, zero_division=0),
         }
     classes = [1] if n_classes == 2 else range(n_classes)
     aucs = [skm.roc_auc_score(y == c, probs[:, c]) for c in classes if 0 < (y == c).sum() < len(y)]

@@ -144,15 +144,41 @@ def test_authors_moon_trains_and_sends_the_projection_head():
 
 
 def test_gpaf_grid_runs_moon_as_the_authors_configured_it():
-    """config/studies/gpaf.yaml (and the demo): mu 0.001, tau 0.5, the 256-d projection head; mu 1 stays an option."""
+    """config/studies/gpaf.yaml (and the demo): mu 0.001, tau 0.5; study gpaf on the authors' ModelMOON with SGD
+    (momentum 0.9, weight decay 1e-5) at lr 1.39e-4, the value update-gpaf's MOONFlowerClient hard-codes (its config's
+    0.03 never reaches it; method_train.moon.lr: 0.03 is the option); gpaf_pathmnist on the 256-d head on GPAF's
+    VAE encoder; mu 1 stays an option."""
     from pathlib import Path
 
     import yaml
 
+    from fedmedbench.studies import grid as study_grid
+
     root = Path(__file__).resolve().parents[1]
     grid = yaml.safe_load((root / "config" / "studies" / "gpaf.yaml").read_text())["studies"]
     demo = yaml.safe_load((root / "config" / "config.yaml").read_text())["studies"]["gpaf"]
-    for study in (grid["gpaf"], grid["gpaf_pathmnist"], demo):
+    for study, model in ((grid["gpaf"], "moon_resnet_gpaf"), (grid["gpaf_pathmnist"], "gpaf_cnn_moon"),
+                         (demo, "moon_resnet_gpaf_tiny")):
         assert study["method_params"]["moon"] == {"mu": 0.001, "temperature": 0.5}
-        assert study["method_model"]["moon"]["name"] == "gpaf_cnn_moon"
+        assert study["method_model"]["moon"]["name"] == model
+    for study in (grid["gpaf"], demo):
+        train = study_grid.run_train({"method_train": {}, **study}, next(iter(study["settings"])), "moon")
+        assert (train["optimizer"], train["momentum"], train["weight_decay"]) == ("sgd", 0.9, 1e-5)
+        assert train["lr"] == 0.00013914064388085564
     assert moon_module.MOON.declared_params()["mu"].default == 1.0  # MOON's own default, the option
+
+
+def test_authors_moon_resnet_contrasts_and_classifies_the_256d_projection():
+    """moon_resnet_gpaf (update-gpaf ModelMOON): h = the ResNet base's pooled 256-d features, z = l2(relu(l1(h))),
+    logits = l3(z); MOON contrasts z."""
+    from fedmedbench.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("moon_resnet_gpaf_tiny", 1, 2, 28).eval()
+    assert (model.l2.out_features, model.l3.in_features, model.classifier is model.l3) == (256, 256, True)
+    x = torch.rand(5, 1, 28, 28)
+    with torch.no_grad():
+        h = torch.flatten(model.features(x), 1)
+        z, logits = moon_module.representation_and_logits(model, x)
+        assert z.shape == (5, 256) and torch.allclose(z, model.l2(torch.relu(model.l1(h))))
+        assert torch.allclose(logits, model(x)) and torch.allclose(logits, model.l3(z))

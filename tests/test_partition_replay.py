@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from fedmedbench.partition import replay as R
@@ -153,3 +154,38 @@ def test_schema_and_study_grid_name_the_readings():
     study = grid["studies"]["earlystop"]
     assert study["random_draws"] == "reference"
     assert all(s["scheme"] in R.REPLAYED_SCHEMES for s in study["settings"].values())
+
+
+#: the reference's start model (yjlee22/earlystop train.py:53, 69-72: timm convnextv2_nano, 3 channels, DermaMNIST's
+#: 7 classes) after torch.manual_seed(seed): as the runs that read the partition cache build it, and as the run that
+#: built it, after dataset.py:64-66's three DataLoader iterators (timm 1.0.31, torch 2.13, CPU)
+START_MODELS = json.loads((Path(__file__).parent / "fixtures" / "earlystop_initial_model.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_cache_building_run_starts_from_the_references_model(tmp_path, seed):
+    from fedmedbench.data import synthetic
+    from fedmedbench.fl.engine import federation as fed
+    from fedmedbench.fl.spec import RunSpec
+
+    labels = {s: np.arange(n) % 7 for s, n in (("train", 70), ("val", 7), ("test", 7))}
+    arrays = synthetic.generate("dermamnist", 64, seed=0, counts={s: len(v) for s, v in labels.items()})
+    for s, v in labels.items():
+        arrays[f"{s}_labels"] = v.reshape(-1, 1).astype(arrays[f"{s}_labels"].dtype)
+    io.write_npz(tmp_path / "d.npz", arrays)
+    io.write_json(tmp_path / "p.json", P.build_partition(labels, "iid", 10, seed, {}, num_classes=7, draws="reference"))
+
+    def head(draws: str) -> torch.Tensor:
+        spec = RunSpec(run_dir=str(tmp_path / draws), study="t", dataset="dermamnist", setting="s", method="fedavg",
+                       seed=seed, partition_path=str(tmp_path / "p.json"), sources={"base": str(tmp_path / "d.npz")},
+                       image_size=64, model="timm:convnextv2_nano", device="cpu", clients_per_round=2, random_draws=draws,
+                       train={"rounds": 1, "local_epochs": 1, "batch_size": 4, "lr": 0.01})
+        return fed.Federation(fed.resolve_data_shapes(spec), log=lambda m: None).initial_state().arrays["head.fc.weight"]
+
+    for draws, run in (("reference", "cache_read"), ("reference_cache_build", "cache_build")):
+        want = START_MODELS[f"DermaMNIST_seed{seed}_{run}"]
+        got = head(draws)
+        assert list(got.shape) == want["head_fc_weight_shape"]
+        np.testing.assert_allclose(got[0, :5].numpy(), want["head_fc_weight_0_first5"], atol=5e-9)
+        assert float(got.double().sum()) == pytest.approx(want["head_fc_weight_sum"], abs=1e-6)

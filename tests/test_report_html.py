@@ -64,7 +64,7 @@ def test_every_table_kind_has_its_own_caption():
     assert table_caption("earlystop", "table2").startswith("Early-stopping paper Table 2")
     assert table_caption("ultraflwr", "table1_params").startswith("UltraFlwr Table I")
     assert "breastmnist" in table_caption("gpaf", "table1_breastmnist_synthetic")
-    # the GPAF table's F1 is what report.gpaf.table_metrics names (2PR/(P+R) by default), not always macro F1
+    # the GPAF table's F1 is what report.gpaf.table_metrics names (weighted by default), not always macro F1
     assert "macro F1" not in table_caption("gpaf", "table1_breastmnist")
     assert "group combined" in table_caption("ultraflwr", "top_strategies_combined_synthetic")
     assert table_caption("fedst", "table7_synthetic") == "FedST paper Table 7 (Dice / IoU in %, or cost)."

@@ -131,7 +131,9 @@ def make_optimizer(model: nn.Module, cfg, rnd: int, extra_weight_decay: float = 
         return torch.optim.SGD(params, lr=cfg.lr_at(rnd), momentum=cfg.momentum, weight_decay=decay, foreach=True)
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.lr_at(rnd), weight_decay=decay)
-    raise ValueError(f"unknown optimizer '{cfg.optimizer}' (train.optimizer): use sgd or adam")
+    if cfg.optimizer == "adamw":  # decoupled weight decay (the GPAF authors' centralized Swin, main.py:111-113)
+        return torch.optim.AdamW(params, lr=cfg.lr_at(rnd), weight_decay=decay)
+    raise ValueError(f"unknown optimizer '{cfg.optimizer}' (train.optimizer): use sgd, adam or adamw")
 
 
 def optimizer_step(loss: torch.Tensor, model: nn.Module, opt: torch.optim.Optimizer, cfg,

@@ -9,6 +9,8 @@ Names (every evaluation returns all of them):
   scikit-learn's ``average="binary"``); for more classes the macro average over all classes.
 * ``f1_macro``, ``precision_macro``, ``recall_macro``: always the macro average over all classes.
   A class never predicted (or never present) counts 0, as scikit-learn's ``zero_division=0``.
+* ``f1_weighted``, ``precision_weighted``, ``recall_weighted``: the per-class values averaged with the classes'
+  true counts as weights (scikit-learn's ``average="weighted"``; ``recall_weighted`` equals ``accuracy``).
 * ``auc``: ROC AUC. 2 classes: of the positive class's score. More classes: one-vs-rest macro
   AUC as MedMNIST's ``Evaluator`` computes it (the AUC of ``y == c`` against ``score[:, c]`` per
   class, averaged); a class whose one-vs-rest AUC is undefined (absent from, or alone in, the
@@ -31,7 +33,8 @@ import numpy as np
 import torch
 
 CLASSIFICATION_METRICS = ("loss", "accuracy", "balanced_accuracy", "f1", "precision", "recall",
-                          "f1_macro", "precision_macro", "recall_macro", "auc")
+                          "f1_macro", "precision_macro", "recall_macro", "f1_weighted", "precision_weighted",
+                          "recall_weighted", "auc")
 
 
 def classification_metrics(y_true, probs, loss: float) -> dict[str, float]:
@@ -101,6 +104,9 @@ def _from_confusion(cm: torch.Tensor) -> dict[str, torch.Tensor]:
         "balanced_accuracy": _ratio((recall * present).sum(dim=1), present.sum(dim=1).to(cm.dtype)),
         "f1_macro": f1.mean(dim=1), "precision_macro": precision.mean(dim=1), "recall_macro": recall.mean(dim=1),
     }
+    share = _ratio(support, n[:, None])  # each class's weight: its share of the true labels
+    out.update(f1_weighted=(f1 * share).sum(dim=1), precision_weighted=(precision * share).sum(dim=1),
+               recall_weighted=(recall * share).sum(dim=1))
     if cm.shape[1] == 2:
         out.update(f1=f1[:, 1], precision=precision[:, 1], recall=recall[:, 1])
     else:

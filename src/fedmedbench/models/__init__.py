@@ -4,7 +4,7 @@ through its own config block. Any timm model is ``timm:<name>``."""
 
 from __future__ import annotations
 
-from fedmedbench.models import cnn, projection, vae  # noqa: F401  (registers their models)
+from fedmedbench.models import cnn, gpaf_authors, moon_resnet, projection, swin_gpaf, vae  # noqa: F401  (registers their models)
 from fedmedbench.models.registry import MODELS, build_model, register_model
 
 __all__ = ["MODELS", "build_model", "register_model"]

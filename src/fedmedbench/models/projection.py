@@ -1,11 +1,12 @@
-"""GPAF's encoder with MOON's projection head (Li, He, Song, CVPR 2021), as the GPAF authors ran MOON.
+"""MOON's projection head (Li, He, Song, CVPR 2021) on the paper's GPAF encoder (study ``gpaf_pathmnist``).
 
 MOON's network (QinbinLi/MOON model.py ``ModelFedCon``) puts a two-layer projection MLP between the
 feature extractor and the last layer: h = features(x), z = l2(relu(l1(h))) with l1: d -> d and
 l2: d -> out_dim, logits = l3(z). The contrastive loss compares z, and the classifier reads z.
 The GPAF authors' MOON runs set ``output_dim: 256`` (sanywright13/update-gpaf
-fedprox/fedprox/conf/config.yaml). ``gpaf_cnn_moon`` is that head on GPAF's encoder (posterior mean,
-d = 64), so MOON trains the same feature extractor as the other methods of the study.
+fedprox/fedprox/conf/config.yaml). ``gpaf_cnn_moon`` is that head on the paper's VAE encoder (posterior mean,
+d = 64), so MOON trains the feature extractor of the other methods of ``gpaf_pathmnist``; the authors' own MOON
+network (a ResNet base) is ``moon_resnet_gpaf`` (``models/moon_resnet.py``, study ``gpaf``).
 """
 
 from __future__ import annotations

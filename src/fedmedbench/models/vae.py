@@ -1,4 +1,4 @@
-"""GPAF's networks (Lakrouni et al., 2025, Sec. 3 and 4.1) and the encoder+classifier its baselines share.
+"""GPAF's networks as the paper describes them (Lakrouni et al., 2025, Sec. 3 and 4.1; ``gpaf_cnn``).
 
 Client side: encoder E_s (two 4x4 stride-2 conv layers with 64 and 128 filters, then
 linear heads for the posterior mean and log-variance of a d-dimensional latent,
@@ -8,9 +8,9 @@ Server side: the conditional generator G_w (MLP with LayerNorm and LeakyReLU tha
 outputs mu(y), log sigma^2(y); z = mu(y) + sigma(y) * eps) and the diversity
 discriminator D_n (the same three-layer MLP as D_s).
 
-``gpaf_cnn`` (encoder + classifier, evaluated on the posterior mean) is registered
-so FedAvg, MOON, FedDG and the centralized baseline train exactly the network whose
-encoder and classifier GPAF shares (``model.name: gpaf_cnn``).
+``gpaf_cnn`` (encoder + classifier, evaluated on the posterior mean) is GPAF's client network in study
+``gpaf_pathmnist`` and the network its baselines train there; study ``gpaf`` trains the authors' networks
+(``models/gpaf_authors.py``). ``GPAFNet`` holds either encoder and classifier with either generator.
 """
 
 from __future__ import annotations
@@ -122,12 +122,16 @@ class ConditionalGenerator(nn.Module):
         )
         self.head = nn.Linear(hidden, 2 * latent_dim)
 
-    def forward(self, y_vec: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(z, mu, logvar) for label vectors ``y_vec`` (B x C, one-hot or soft)."""
+    def forward(self, y_vec: torch.Tensor, generator: torch.Generator | None = None,
+                noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(z, mu, logvar) for label vectors ``y_vec`` (B x C, one-hot or soft); ``noise`` (B x noise_dim) is
+        drawn from ``generator`` unless given."""
         n = y_vec.shape[0]
         inp = y_vec
         if self.noise_dim:
-            inp = torch.cat([y_vec, randn(n, self.noise_dim, generator, y_vec.device)], dim=1)
+            if noise is None:
+                noise = randn(n, self.noise_dim, generator, y_vec.device)
+            inp = torch.cat([y_vec, noise], dim=1)
         mu, logvar = self.head(self.body(inp)).chunk(2, dim=1)
         logvar = logvar.clamp(*LOGVAR_RANGE)
         return reparameterize(mu, logvar, generator), mu, logvar
@@ -143,9 +147,10 @@ def reparameterize(mu: torch.Tensor, logvar: torch.Tensor, generator: torch.Gene
     return mu + torch.exp(0.5 * logvar) * randn(mu.shape[0], mu.shape[1], generator, mu.device)
 
 
-def kl_to_standard_normal(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
-    """KL(N(mu, sigma^2) || N(0, I)), averaged over batch and latent dimensions."""
-    return (-0.5 * (1 + logvar - mu.pow(2) - logvar.exp())).mean()
+def kl_to_standard_normal(mu: torch.Tensor, logvar: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """KL(N(mu, sigma^2) || N(0, I)), averaged (``mean``) or summed (``sum``) over batch and latent dimensions."""
+    kl = -0.5 * (1 + logvar - mu.pow(2) - logvar.exp())
+    return kl.sum() if reduction == "sum" else kl.mean()
 
 
 class EncoderClassifier(nn.Module):
@@ -173,10 +178,9 @@ class GPAFNet(EncoderClassifier):
     server and never averaged. Evaluation (``forward``) uses E_s and C_s only.
     """
 
-    def __init__(self, in_channels: int, num_classes: int, image_size: int, latent_dim: int = LATENT_DIM,
-                 classifier_hidden: int = 128, generator_hidden: int = 256, noise_dim: int = 0):
-        super().__init__(in_channels, num_classes, image_size, latent_dim, classifier_hidden)
-        self.generator = ConditionalGenerator(num_classes, latent_dim, generator_hidden, noise_dim)
+    def __init__(self, encoder: nn.Module, classifier: nn.Module, generator: nn.Module):
+        nn.Module.__init__(self)
+        self.encoder, self.classifier, self.generator = encoder, classifier, generator
 
 
 @register_model("gpaf_cnn")

@@ -15,7 +15,10 @@ positions) and the same client set in every round.
   stream, as in every run that finds the partition already cached (``dataset.py:189-196`` draws
   nothing): all runs of a setting and seed but the first.
 * ``reference_cache_build`` — the same partitions; the clients drawn from the stream left after the
-  partition draws, as in the one run that built the cache.
+  partition draws, as in the one run that built the cache. That run also reads its three splits through
+  ``next(iter(DataLoader(...)))`` (``dataset.py:54-66``, shuffle off) before it builds its model (``train.py:69-72``):
+  each iterator draws one int64 base seed from torch's global generator, so its start model is the one after
+  three such draws (:func:`cache_build_torch_draws`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ import numpy as np
 
 #: readings of ``random_draws`` (default first)
 DRAWS = ("project", "reference", "reference_cache_build")
+#: int64 draws from torch's global generator between the seed and the model in the cache-building run:
+#: one ``_BaseDataLoaderIter`` base seed per ``next(iter(loader))`` of dataset.py:64-66 (SequentialSampler draws none)
+CACHE_BUILD_TORCH_DRAWS = 3
 #: partition schemes whose reference draws are replayed, and the ``dataset.py`` rule of each
 REPLAYED_SCHEMES = {"iid": "iid", "fls": "Dirichlet", "fls_pathological": "Pathological", "fls_quantity": "Quantity"}
 #: inner redraws of one sample's class after which the reference's loop is taken not to end
@@ -203,3 +209,14 @@ def client_sequence(draws: str, seed: int, num_clients: int, per_round: int,
             raise ValueError("random_draws = reference_cache_build needs a partition built with the reference's "
                              "draws (its document has no rng_after_partition); rebuild the partition")
     return ClientSequence(seed, num_clients, per_round, state)
+
+
+def cache_build_torch_draws(draws: str) -> None:
+    """Under ``reference_cache_build``, the cache-building run's torch draws before its model
+    (:data:`CACHE_BUILD_TORCH_DRAWS` int64 base seeds, as three DataLoader iterators take them); nothing otherwise."""
+    if draws != "reference_cache_build":
+        return
+    import torch
+
+    for _ in range(CACHE_BUILD_TORCH_DRAWS):
+        torch.empty((), dtype=torch.int64).random_()

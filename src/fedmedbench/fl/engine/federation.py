@@ -69,6 +69,10 @@ def client_generator(seed: int, rnd: int, pid: int) -> torch.Generator:
     return seeded_generator(seed, rnd, pid)
 
 
+#: the third key of a client's dropout generator (a model with ``set_dropout_generator``, e.g. ``swin_gpaf``)
+DROPOUT_STREAM = 0xD809
+
+
 #: per-epoch training losses a client reports: train_loss_e1, train_loss_e2, ... (local epoch e)
 EPOCH_LOSS = re.compile(r"train_loss_e(\d+)")
 #: prefix of the client-side validation metrics (``RunSpec.client_validation``)
@@ -112,6 +116,8 @@ def _client_context(
         epoch_steps=max(1, math.ceil(steps / epochs)) if job.method.centralized else None,
         array_device=job.array_device, slots=job.slots,
     )
+    if hasattr(ctx.model, "set_dropout_generator"):  # dropout masks from (seed, round, client), not the global stream
+        ctx.model.set_dropout_generator(seeded_generator(job.spec.seed, rnd, pid, DROPOUT_STREAM))
     return ctx, store
 
 
@@ -355,6 +361,7 @@ class Federation:
                          "starting at round 1")
             shutil.rmtree(stale)
         seed_everything(self.spec.seed)
+        partition_replay.cache_build_torch_draws(self.spec.random_draws)  # the run that built the reference's cache
         model = self.job.new_model()
         arrays = model_arrays(model, self.method.shared_keys(model))
         params = [n for n, _ in model.named_parameters() if n in arrays]

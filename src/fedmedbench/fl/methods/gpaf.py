@@ -1,6 +1,16 @@
 """GPAF: Generated Preserved Adversarial Federated learning (Lakrouni, Bah, Sebgui, 2025; Algorithm 1).
 
-Client k in round t, for every mini-batch (x, y) of its ``ctx.steps`` steps (Alg. 1, lines 16-24):
+Two client designs, picked by the network (the study's ``method_model.gpaf.name``):
+
+``gpaf_resnet18``, the authors' client (sanywright13/GPAFflower at c2505a7; study ``gpaf``'s default).
+Client k in round t builds a new D_s (client.py:397, inside ``client_fn``) and for every mini-batch (x, y):
+
+1. z* = G_w(noise, y) for the batch's own labels (G_w frozen, 64-d noise).
+2. D_s (Sigmoid output) descends 0.5 * (BCE(D_s(z*), 1) + BCE(D_s(z1), 0)), z1 ~ q(z|x) (a first encoder pass).
+3. E_s, C_s descend lambda_cl * CE(C_s(z3), y) + lambda_adv * BCE(D_s(z2), 1) (weights 1, 1), z2 and z3 two
+   more encoder passes (models.py:578-803); no decoder, no reconstruction, no KL.
+
+``gpaf_cnn``, the paper's VAE client (Eq. 9-15; study ``gpaf_pathmnist``):
 
 1. z ~ q(z|x) from the encoder E_s (reparameterised), x_hat = U_s(z), logits = C_s(z);
    z* ~ G_w(z|y) from the server's generator for the batch's own labels (G_w frozen).
@@ -9,54 +19,42 @@ Client k in round t, for every mini-batch (x, y) of its ``ctx.steps`` steps (Alg
       L_cl = cross-entropy(C_s(z), y)                                                (Eq. 10)
       L_g  = E[log D_s(z*)] + E[log(1 - D_s(z))]: E_s minimises it                   (Eq. 13)
 3. D_s ascends L_g (at the same point: simultaneous gradient descent-ascent).
-   Only theta_E and theta_C are sent (Eq. 8); U_s and D_s stay in the client state.
+   U_s and D_s stay in the client state.
+
+Either way only theta_E and theta_C are sent (Eq. 8), with the client's label counts under the pooled label draws.
 
 Server in round t (Alg. 1, lines 1-14):
 
 1. theta_E, theta_C = FedAvg of the clients' encoders and classifiers (Eq. 8); the global
    classifier F is initialised with the averaged theta_C.
-2. ``server_epochs`` (15) epochs of ``server_steps_per_epoch`` (1) steps on batches of
-   ``server_batch_size`` ("client": the study's train.batch_size) generated samples, Adam lr 1e-3
-   created anew each round (the authors' loop; FedGen's 5 steps per epoch with moments kept across
-   rounds is ``server_steps_per_epoch: 5, server_optimizer: persist``): labels y ~ Dir(alpha) with the
-   setting's alpha, z = mu(y) + sigma(y) * eps;
-   D_n step on L_diver (Eq. 6); generator step on
-   J = lambda_1 * L_s + lambda_2 * L_diver + lambda_kl * KL(G_w(z|y) || N(0, I))    (Eq. 7)
+2. ``server_epochs`` epochs of ``server_steps_per_epoch`` (1) steps on batches of
+   ``server_batch_size`` ("client": the study's train.batch_size) generated samples, Adam lr 1e-3 for G_w and
+   for D_n created anew each round (FedGen's 5 steps per epoch with moments kept across rounds is
+   ``server_steps_per_epoch: 5, server_optimizer: persist``); labels y as ``label_sampling`` says.
+   ``server_objective: authors`` (update-gpaf at 6aea7f8, default; 40 epochs): D_n step on
+   0.5 * (BCE(D_n(N(0, I)), 1) + BCE(D_n(z), 0)), then G_w step (same noise and labels, a new eps) on
+      CE(mean_k C_k(z), y) + generator_kl (0.7) * KL summed + lambda_diver (0.4) * BCE(D_n(z), 1).
+   ``server_objective: paper`` (Eq. 7; 15 epochs): D_n step on L_diver (Eq. 6); generator step on
+      J = lambda_1 * L_s + lambda_2 * L_diver + lambda_kl * KL(G_w(z|y) || N(0, I))   (Eq. 7)
       L_s  = lambda * L_KD + (1 - lambda) * L_GM                                    (Eq. 5)
       L_KD = CE(softmax(mean_k C_k(z)), y)        (ensemble of client classifiers, Eq. 3)
       L_GM = CE(softmax(mean_k C_k(z)), softmax(F(z)))                              (Eq. 4)
 3. The new E, C and the trained G_w are the next global arrays (G_w is never averaged).
 
-Readings of what the paper leaves open (all configurable through ``method_params.gpaf``;
-docs/gpaf.md gives the reasons):
+G_w: ``generator_arch: authors`` (6aea7f8 ``GlobalGenerator``: noise and label branches, a last Linear after the
+sample; 64-d noise) or ``paper`` (the label vector, plus ``noise_dim`` noise, through one MLP to mu, logvar).
+Labels: ``label_sampling: pooled`` (the authors': the clients' pooled label proportions, with their truncation),
+``pooled_exact``, ``dirichlet`` (the paper's text: p ~ Dir(label_alpha), y ~ Cat(p)), ``dirichlet_soft``, ``uniform``.
 
-* ``gm_form``: ``literal`` (default) is Eq. 4 as printed, a cross-entropy between the
-  ensemble's prediction and F's prediction on z; ``global_ce`` is the text's reading
-  "generated representations are correctly classified by F": CE(F(z), y).
-* ``diversity_prior``: D_n contrasts generated z with samples of the prior p(z) = N(0, I)
-  (Eq. 6, the adversarial-autoencoder construction it cites; the clients' VAEs use the
-  same prior, so this keeps z* where client latents live); ``none`` drops L_diver.
-* ``label_sampling``: ``dirichlet`` (default) draws class proportions p ~ Dir(label_alpha)
-  per server step and hard labels y ~ Cat(p); ``dirichlet_soft`` uses soft label vectors
-  y ~ Dir(label_alpha) directly; ``uniform`` draws classes uniformly.
-* ``generator_kl`` = lambda_kl(s) = 0.4 and ``lambda_diver`` = lambda_adv(s) = 0.3: the paper's
-  "adversarial and KL weights" of server training (Sec. 4.1) read as the weights of
-  L_diver and of a KL term on G_w's Gaussian (Alg. 1 line 3 lists lambda_kl, lambda_adv).
-* ``gan_loss``: ``nonsaturating`` (default) trains E_s on -log D_s(z) and G_w on -log D_n(z), the
-  usual GAN practice with the same fixed point as Eq. 13's log(1 - D_s(z)) and Eq. 6's
-  log(1 - D_n(z)) (``minimax``, both).
-* ``conditional_disc``: D_s(z) as in Eq. 13 (default) or D_s(z, y); the conditional
-  alignment comes from z* being generated for the batch's own labels.
-* ``classify_on``: C_s is trained on the sampled z (``sample``, default) or on mu;
-  evaluation always uses mu (deterministic).
-* ``vae_reduction``: reconstruction and KL are means over pixels and latent dimensions
-  (``mean``, balanced against the cross-entropy; a deviation from the usual summed VAE loss,
-  ``sum``); ``aggregation: weighted`` (FedAvg) or ``uniform`` (Eq. 8's 1/K).
-* ``generator_kl`` is a term Eq. 7 does not print (a deviation; 0 removes it).
+Readings of what the paper leaves open (``method_params.gpaf``; docs/gpaf.md gives the reasons):
+``gm_form`` (Eq. 4 literal or CE(F(z), y)), ``diversity_prior`` (D_n against N(0, I) or none), ``gan_loss``
+(non-saturating or minimax, paper design), ``conditional_disc``, ``classify_on``, ``vae_reduction``,
+``aggregation`` (FedAvg weights or Eq. 8's 1/K).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -69,6 +67,7 @@ from fedmedbench.fl.api.method import Arrays, ClientContext, ClientResult, Metho
 from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.augment import batch_images
 from fedmedbench.fl.determinism import seeded_generator
+from fedmedbench.fl.methods import _gpaf_authors as authors
 from fedmedbench.fl.methods._shared import seeded, tensors_of
 from fedmedbench.fl.training import (
     StepLosses,
@@ -77,8 +76,17 @@ from fedmedbench.fl.training import (
     make_optimizer,
     to_device,
 )
+from fedmedbench.models.gpaf_authors import (
+    RESNET_WIDTHS,
+    NoiseLabelGenerator,
+    ResNetEncoder,
+    ResNetEncoderClassifier,
+    SigmoidDiscriminator,
+)
 from fedmedbench.models.vae import (
+    ConditionalGenerator,
     ConvDecoder,
+    EncoderClassifier,
     GPAFNet,
     LatentDiscriminator,
     kl_to_standard_normal,
@@ -88,6 +96,11 @@ from fedmedbench.models.vae import (
 
 SHARED_PREFIXES = ("encoder.", "classifier.")
 GENERATOR_PREFIX = "generator."
+#: GPAF's client networks by ``model.name``: the authors' client (GPAFflower c2505a7; ``_tiny``: narrow, for
+#: demos) and the paper's VAE
+CLIENT_MODELS = (*RESNET_WIDTHS, "gpaf_cnn")
+#: label draws from the clients' pooled label counts (they send them in the ``labels`` record)
+POOLED = ("pooled", "pooled_exact")
 
 
 def adversarial_value(real_logits: torch.Tensor, fake_logits: torch.Tensor) -> torch.Tensor:
@@ -153,15 +166,19 @@ def read_once(steps: list[dict[str, torch.Tensor]]) -> list[dict[str, float]]:
 class GPAF(Method):
     #: batches are indexed wherever the client's data is (the engine may keep it on the device)
     device_data = True
+    #: the client's training label counts, for the pooled label draws
+    extra_records = ("labels",)
     params = (
         # networks
         Param("latent_dim", int, 64, "d, the latent size of E and G_w", low=1),
         Param("classifier_hidden", int, 128, "hidden units of C", low=1),
         Param("generator_hidden", int, 256, "hidden units of G_w", low=1),
-        Param("noise_dim", int, 0, "extra noise inputs of G_w (0 = none)", low=0),
+        Param("generator_arch", str, "authors", "G_w: noise and label branches (update-gpaf 6aea7f8) or the paper's MLP",
+              choices=("authors", "paper")),
+        Param("noise_dim", int, 64, "Gaussian noise inputs of G_w (0 = none, paper generator only)", low=0),
         # client (Eq. 9-15); encoder/classifier/decoder use the study's train.optimizer and train.lr
         Param("lambda_vae", float, 1.0, "weight of L_v (Eq. 9)", low=0),
-        Param("lambda_adv", float, 0.3, "weight of the client's adversarial alignment (Eq. 13)", low=0),
+        Param("lambda_adv", float, 1.0, "weight of the client's adversarial alignment (authors 1; paper 0.3)", low=0),
         Param("lambda_cl", float, 1.0, "weight of the classification loss", low=0),
         Param("kl_weight", float, 1.0, "KL weight inside L_v", low=0),
         Param("disc_lr", float, 2e-4, "Adam lr of D_s", low=0, low_open=True),
@@ -171,7 +188,9 @@ class GPAF(Method):
         Param("classify_on", str, "sample", "C_s trained on the sampled z or on mu", choices=("sample", "mean")),
         Param("adv_start_round", int, 1, "first round of the adversarial term", low=1),
         # server (Eq. 3-8)
-        Param("server_epochs", int, 15, "generator epochs per round", low=0),
+        Param("server_objective", str, "authors", "G_w's loss: CE + KL sum + BCE (update-gpaf 6aea7f8) or Eq. 7",
+              choices=("authors", "paper")),
+        Param("server_epochs", int, 40, "generator epochs per round (authors 40; paper 15)", low=0),
         Param("server_steps_per_epoch", int, 1, "generated batches per server epoch", low=1),
         Param("server_batch_size", int, "client", "generated samples per server batch; client = the study's train.batch_size",
               low=1, also=("client",)),
@@ -181,12 +200,12 @@ class GPAF(Method):
         Param("dn_lr", float, 1e-3, "Adam lr of D_n", low=0, low_open=True),
         Param("kd_balance", float, 0.5, "lambda in L_s = lambda L_KD + (1 - lambda) L_GM (Eq. 5)", low=0, high=1),
         Param("lambda_s", float, 1.0, "weight of L_s in J (Eq. 7)", low=0),
-        Param("lambda_diver", float, 0.3, "weight of L_diver in J (Eq. 7)", low=0),
-        Param("generator_kl", float, 0.4, "weight of the KL term on G_w's Gaussian (0 removes it)", low=0),
+        Param("lambda_diver", float, 0.4, "weight of G_w's adversarial term (authors 0.4; paper 0.3)", low=0),
+        Param("generator_kl", float, 0.7, "weight of the KL term on G_w's Gaussian (authors 0.7; paper 0.4)", low=0),
         Param("gm_form", str, "literal", "L_GM as Eq. 4 prints it or CE(F(z), y)", choices=("literal", "global_ce")),
         Param("diversity_prior", str, "gaussian", "D_n's prior samples, or none (no L_diver)", choices=("gaussian", "none")),
-        Param("label_sampling", str, "dirichlet", "how the server draws labels",
-              choices=("dirichlet", "dirichlet_soft", "uniform")),
+        Param("label_sampling", str, "pooled", "how the server draws labels",
+              choices=("pooled", "pooled_exact", "dirichlet", "dirichlet_soft", "uniform")),
         Param("label_alpha", float, 1.0, "Dirichlet alpha of the server's labels; partition = the setting's alpha",
               low=0, low_open=True, also=("partition",)),
         Param("aggregation", str, "weighted", "FedAvg weights or Eq. 8's 1/K", choices=("weighted", "uniform")),
@@ -201,12 +220,25 @@ class GPAF(Method):
 
     # --- model -------------------------------------------------------------------
     def build_model(self, spec) -> GPAFNet:
-        if spec.model != "gpaf_cnn":
-            raise ValueError(f"method 'gpaf' trains GPAF's encoder/classifier; set the study's model.name to 'gpaf_cnn' "
-                             f"(got '{spec.model}') so the baselines train the same network")
-        p = self.p
-        return GPAFNet(spec.in_channels, spec.num_classes, spec.image_size, p["latent_dim"], p["classifier_hidden"],
-                       p["generator_hidden"], p["noise_dim"])
+        """E_s + C_s of the client design ``spec.model`` names, with G_w of ``generator_arch``."""
+        p, c = self.p, spec.num_classes
+        if spec.model in RESNET_WIDTHS:
+            base: EncoderClassifier = ResNetEncoderClassifier(spec.in_channels, c, p["latent_dim"], RESNET_WIDTHS[spec.model])
+        elif spec.model == "gpaf_cnn":
+            base = EncoderClassifier(spec.in_channels, c, spec.image_size, p["latent_dim"], p["classifier_hidden"])
+        else:
+            raise ValueError(f"method 'gpaf' trains one of its client networks {list(CLIENT_MODELS)}; set the study's "
+                             f"method_model.gpaf.name (got '{spec.model}')")
+        if p["generator_arch"] == "authors":
+            generator: nn.Module = NoiseLabelGenerator(c, p["latent_dim"], p["generator_hidden"], p["noise_dim"])
+        else:
+            generator = ConditionalGenerator(c, p["latent_dim"], p["generator_hidden"], p["noise_dim"])
+        return GPAFNet(base.encoder, base.classifier, generator)
+
+    @staticmethod
+    def authors_client(model: GPAFNet) -> bool:
+        """Whether ``model`` is the authors' client (ResNet encoder, no decoder) or the paper's VAE."""
+        return isinstance(model.encoder, ResNetEncoder)
 
     @staticmethod
     def client_keys(model: nn.Module) -> list[str]:
@@ -214,12 +246,12 @@ class GPAF(Method):
         return [k for k in model.state_dict() if k.startswith(SHARED_PREFIXES)]
 
     def reply_keys(self, model: nn.Module, rnd: int, train) -> dict[str, list[str] | None]:
-        return {"arrays": self.client_keys(model)}
+        return {"arrays": self.client_keys(model), "labels": None}
 
     # --- client side -------------------------------------------------------------
     def local_parts(self, ctx: ClientContext, model: GPAFNet) -> tuple[ConvDecoder, LatentDiscriminator]:
         """U_s and D_s: from the client state, or freshly initialised (seeded) in the client's first round."""
-        c, size = model.encoder.features[0].in_channels, ctx.data.train_x.shape[-1]
+        c, size = ctx.data.train_x.shape[1], ctx.data.train_x.shape[-1]
         ncls = model.generator.num_classes if self.p["conditional_disc"] else 0
         decoder = seeded(lambda: ConvDecoder(c, size, self.p["latent_dim"]), ctx.generator)
         disc = seeded(lambda: LatentDiscriminator(self.p["latent_dim"], num_classes=ncls), ctx.generator)
@@ -263,18 +295,76 @@ class GPAF(Method):
         opt.step()
         return value.detach()
 
+    def authors_step(self, model: GPAFNet, disc: SigmoidDiscriminator, opt: torch.optim.Optimizer,
+                     opt_d: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, z_star: torch.Tensor | None,
+                     generator: torch.Generator, grad_clip: float | None = None) -> dict[str, torch.Tensor]:
+        """One batch of the authors' client: a D_s step on a first encoder pass, then one E_s + C_s step with the
+        adversarial term on a second pass and the classifier on a third (c2505a7 models.py:639-774); each pass
+        samples z (new eps) and moves the BatchNorm statistics, as theirs. Losses as detached 0-d tensors."""
+        rec: dict[str, torch.Tensor] = {}
+        p_local = None
+        if z_star is not None:
+            with torch.no_grad():
+                z1 = reparameterize(*model.encoder(x), generator)
+            d_loss = authors.client_disc_loss(disc(z_star), disc(z1))
+            opt_d.zero_grad(set_to_none=True)
+            d_loss.backward()
+            opt_d.step()
+            rec["loss_d"] = d_loss.detach()
+            p_local = disc(reparameterize(*model.encoder(x), generator))
+        logits = model.classifier(reparameterize(*model.encoder(x), generator))
+        if p_local is None:
+            cls = F.cross_entropy(logits, y)
+            losses = {"loss_cl": cls, "loss_g": torch.zeros((), device=x.device), "loss_total": self.p["lambda_cl"] * cls}
+        else:
+            losses = authors.client_encoder_loss(p_local, logits, y, self.p["lambda_cl"], self.p["lambda_adv"])
+        opt.zero_grad(set_to_none=True)
+        losses["loss_total"].backward()
+        if grad_clip:
+            nn.utils.clip_grad_norm_([q for g in opt.param_groups for q in g["params"]], grad_clip)
+        opt.step()
+        return {**{k: v.detach() for k, v in losses.items()}, **rec}
+
+    def label_record(self, ctx: ClientContext, num_classes: int) -> dict[str, Arrays]:
+        """The client's training label counts (the ``labels`` record) when the server draws pooled labels."""
+        if self.p["label_sampling"] not in POOLED:
+            return {}
+        counts = torch.bincount(ctx.data.train_y.reshape(-1).long().cpu(), minlength=num_classes)
+        return {"labels": {"counts": counts}}
+
     def client_fit(self, ctx: ClientContext) -> ClientResult:
         model: GPAFNet = to_device(ctx.model, ctx.device).train()
         generator_net = model.generator.eval().requires_grad_(False)
+        if self.authors_client(model):  # a new D_s every round, as the authors' client_fn builds it (client.py:397)
+            disc = seeded(lambda: SigmoidDiscriminator(self.p["latent_dim"]), ctx.generator).to(ctx.device).train()
+            opt = make_optimizer(nn.ModuleList([model.encoder, model.classifier]), ctx.train, ctx.rnd)
+            opt_d = self.disc_optimizer(disc)
+            return self.fit_steps(ctx, model, generator_net, lambda x, y, y_vec, z_star: self.authors_step(
+                model, disc, opt, opt_d, x, y, z_star, ctx.generator, ctx.train.grad_clip))
         decoder, disc = self.local_parts(ctx, model)
         decoder.train()
         disc.train()
         opt = make_optimizer(nn.ModuleList([model.encoder, model.classifier, decoder]), ctx.train, ctx.rnd)
         opt_d = self.disc_optimizer(disc)
+
+        def step(x, y, y_vec, z_star):
+            losses, z = self.model_step(model, decoder, disc, opt, x, y, y_vec, z_star, ctx.generator, ctx.train.grad_clip)
+            if z_star is not None:
+                losses["loss_d"] = self.disc_step(disc, opt_d, z_star, z, y_vec)
+            return losses
+
+        result = self.fit_steps(ctx, model, generator_net, step)
+        ctx.state["decoder"] = tensors_of(decoder)
+        ctx.state["disc"] = tensors_of(disc)
+        return result
+
+    def fit_steps(self, ctx: ClientContext, model: GPAFNet, generator_net: nn.Module, step) -> ClientResult:
+        """The client's ``ctx.steps`` mini-batches, each given to ``step(x, y, y_vec, z_star)`` (z* None before
+        ``adv_start_round``), which returns its losses (``loss_total`` and its terms, detached 0-d tensors)."""
         adversarial = ctx.rnd >= self.p["adv_start_round"]
         ncls = generator_net.num_classes
         total = StepLosses(ctx.steps_per_epoch())  # L_total, read once after the last step: no host sync per step
-        parts: list[dict[str, torch.Tensor]] = []  # its terms (and D_s's L_g), read once too
+        parts: list[dict[str, torch.Tensor]] = []  # its terms (and D_s's loss), read once too
         for idx in batch_indices(ctx.data.num_train, ctx.train.batch_size, ctx.steps, ctx.generator,
                                  index_device(ctx.data.train_x, ctx.data.train_y)):
             x, y = batch_images(ctx.data, idx, ctx.device, ctx.generator), ctx.data.train_y[idx].to(ctx.device, non_blocking=True)
@@ -283,15 +373,11 @@ class GPAF(Method):
             if adversarial:
                 with torch.no_grad():
                     z_star = generator_net(y_vec, ctx.generator)[0]
-            losses, z = self.model_step(model, decoder, disc, opt, x, y, y_vec, z_star, ctx.generator, ctx.train.grad_clip)
-            if adversarial:
-                losses["loss_d"] = self.disc_step(disc, opt_d, z_star, z, y_vec)
+            losses = step(x, y, y_vec, z_star)
             total.add(losses.pop("loss_total"))
             parts.append(losses)
         train_loss = total.mean(ctx.rnd, what="GPAF client", hint="lower train.lr or enable train.grad_clip") if parts \
             else float("nan")
-        ctx.state["decoder"] = tensors_of(decoder)
-        ctx.state["disc"] = tensors_of(disc)
         sums: dict[str, float] = {}
         for losses in read_once(parts):  # each term's mean over the steps, summed in step order
             for k, v in losses.items():
@@ -300,14 +386,20 @@ class GPAF(Method):
         metrics["train_loss"] = train_loss
         metrics.update(total.epoch_metrics())  # L_total per local epoch
         return ClientResult(arrays=ctx.result_arrays(model, self.client_keys(model)), num_examples=ctx.data.num_train,
-                            metrics=metrics)
+                            metrics=metrics, extras=self.label_record(ctx, ncls))
 
     # --- server side -------------------------------------------------------------
-    def sample_labels(self, n: int, num_classes: int, generator: torch.Generator) -> torch.Tensor:
-        """Label vectors (n x C) for generator training: y ~ Dir(alpha) (see ``label_sampling``)."""
+    def sample_labels(self, n: int, num_classes: int, generator: torch.Generator,
+                      probs: np.ndarray | None = None) -> torch.Tensor:
+        """Label vectors (n x C) for generator training (see ``label_sampling``); ``probs``: the pooled label
+        proportions of the round's clients (``pooled``, ``pooled_exact``)."""
+        mode = self.p["label_sampling"]
+        if mode in POOLED:
+            if probs is None:
+                raise ValueError(f"method_params.gpaf.label_sampling {mode!r} needs the clients' label counts")
+            return F.one_hot(authors.draw_labels(n, probs, generator), num_classes).float()
         rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
         alpha = np.full(num_classes, float(self.p["label_alpha"]))
-        mode = self.p["label_sampling"]
         if mode == "dirichlet_soft":
             return torch.from_numpy(rng.dirichlet(alpha, size=n)).float()
         idx = rng.choice(num_classes, size=n, p=rng.dirichlet(alpha)) if mode == "dirichlet" else rng.integers(num_classes, size=n)
@@ -342,13 +434,15 @@ class GPAF(Method):
     def train_generator(self, gen: nn.Module, ensemble: list[nn.Module], global_clf: nn.Module, dn: nn.Module,
                         generator: torch.Generator, device: torch.device,
                         optimizers: tuple[torch.optim.Optimizer, torch.optim.Optimizer] | None = None,
-                        rnd: int = 1, batch_size: int | None = None) -> list[dict[str, float]]:
+                        rnd: int = 1, batch_size: int | None = None,
+                        label_probs: np.ndarray | None = None) -> list[dict[str, float]]:
         """``server_epochs`` epochs of ``server_steps_per_epoch`` D_n and G_w updates each (Alg. 1 lines 4-12).
 
         There is no server data, so an epoch is a number of generated batches of ``batch_size`` (the
         resolved ``server_batch_size``): 1 by default, as the authors' loop draws one batch per epoch;
         FedGen's ``n_teacher_iters`` is 5 (its round trains ensemble_epochs // n_teacher_iters "epochs" of
         n_teacher_iters steps, serverpFedGen.py:97-99, 129, 171-173). One loss record per epoch.
+        ``label_probs``: the pooled label proportions (``label_sampling: pooled``).
         """
         p = self.p
         if batch_size is None:
@@ -365,9 +459,13 @@ class GPAF(Method):
         last_steps: list[dict[str, torch.Tensor]] = []  # each epoch's last step's losses
         for _ in range(p["server_epochs"]):
             for _ in range(p["server_steps_per_epoch"]):
-                y_vec = self.sample_labels(batch_size, gen.num_classes, generator).to(device, non_blocking=True)
+                y_vec = self.sample_labels(batch_size, gen.num_classes, generator, label_probs).to(device, non_blocking=True)
+                if p["server_objective"] == "authors":
+                    rec = self._authors_server_step(gen, ensemble, dn, opt_g, opt_d, y_vec, generator, diversity)
+                    totals.add(rec["J"])
+                    continue
                 z, mu, logvar = gen(y_vec, generator)
-                rec: dict[str, torch.Tensor] = {}
+                rec = {}
                 div = torch.zeros((), device=device)
                 if diversity:  # D_n: prior samples (real) vs generated z (fake), Eq. 6
                     prior = randn(z.shape[0], z.shape[1], generator, device)
@@ -386,6 +484,44 @@ class GPAF(Method):
         gen.eval().requires_grad_(False)
         totals.mean(rnd, what="GPAF generator", hint="lower generator_lr")  # a non-finite step names itself
         return read_once(last_steps)
+
+    def _authors_server_step(self, gen: nn.Module, ensemble: list[nn.Module], dn: nn.Module, opt_g: torch.optim.Optimizer,
+                             opt_d: torch.optim.Optimizer, y_vec: torch.Tensor, generator: torch.Generator,
+                             diversity: bool) -> dict[str, torch.Tensor]:
+        """One epoch of update-gpaf's ``_train_generator`` (6aea7f8): a D_n step (N(0, I) draws real, G_w's z fake),
+        then a G_w step on the same noise and labels with a new eps. Losses as detached 0-d tensors."""
+        rec: dict[str, torch.Tensor] = {}
+        noise = randn(y_vec.shape[0], gen.noise_dim, generator, y_vec.device) if gen.noise_dim else None
+        z = gen(y_vec, generator, noise)[0]
+        if diversity:
+            real = randn(z.shape[0], z.shape[1], generator, z.device)
+            d_loss = authors.dn_loss(dn(real), dn(z.detach()))
+            opt_d.zero_grad(set_to_none=True)
+            d_loss.backward()
+            opt_d.step()
+            rec["dn_loss"] = d_loss.detach()
+        z, mu, logvar = gen(y_vec, generator, noise)
+        ens_logits = torch.stack([c(z) for c in ensemble]).mean(0)
+        losses = authors.generator_loss(ens_logits, y_vec, mu, logvar, dn(z) if diversity else None,
+                                        self.p["generator_kl"], self.p["lambda_diver"])
+        opt_g.zero_grad(set_to_none=True)
+        losses["J"].backward()
+        opt_g.step()
+        return {**rec, **{k: v.detach() for k, v in losses.items()}}
+
+    def label_probs(self, ctx: ServerContext) -> np.ndarray | None:
+        """The pooled label proportions of this round's clients (None unless ``label_sampling`` pools them); a
+        client's batches per epoch are ceil(n_k / B), as its loader's length."""
+        if self.p["label_sampling"] not in POOLED:
+            return None
+        counts, batches = [], []
+        for pid, r in zip(ctx.pids, ctx.results, strict=True):
+            if "labels" not in r.extras:
+                raise ValueError(f"round {ctx.rnd}: client {pid} sent no label counts (method_params.gpaf.label_sampling "
+                                 f"{self.p['label_sampling']!r} needs them)")
+            counts.append(r.extras["labels"]["counts"].detach().cpu().numpy())
+            batches.append(math.ceil(r.num_examples / ctx.train.batch_size))
+        return authors.pooled_label_probs(counts, batches, truncate=self.p["label_sampling"] == "pooled")
 
     @staticmethod
     def _dn_step(dn: nn.Module, opt: torch.optim.Optimizer, prior: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -415,7 +551,7 @@ class GPAF(Method):
         optimizers = self.server_optimizers(model.generator, dn, ctx.state, ctx.rnd)
         batch = ctx.train.batch_size if self.p["server_batch_size"] == "client" else self.p["server_batch_size"]
         history = self.train_generator(model.generator, ensemble, model.classifier, dn, g, ctx.device, optimizers, ctx.rnd,
-                                       batch)
+                                       batch, self.label_probs(ctx))
         ctx.state["gpaf_dn"] = tensors_of(dn)
         if self.p["server_optimizer"] == "persist":
             ctx.state["gpaf_opt_g"], ctx.state["gpaf_opt_dn"] = (optimizer_state_cpu(o) for o in optimizers)

@@ -6,9 +6,10 @@
   contributes is ``report.gpaf.table_eval`` (:func:`table_runs`): ``best_validation`` (default)
   is the authors' logging, the global model on the clients' validation shares in the round with
   the best validation accuracy so far; ``final_test`` the final round on the global test set.
-  Precision and recall are macro averages (the authors' later evaluation code, torchmetrics
-  ``average='macro'``); F1 is 2PR/(P+R) of the shown P and R (``f1_pr_macro``, as the printed
-  rows), the mean of per-class F1s (``f1_macro``) an option; the caption says which
+  F1, recall and precision are support-weighted averages over the classes by default (``*_weighted``:
+  the authors' GPAFflower ``test_gpaf``, scikit-learn ``average='weighted'``); macro averages
+  (``*_macro``, update-gpaf's torchmetrics) and 2PR/(P+R) of the macro P and R (``f1_pr_macro``, what
+  the printed F1 column is of the printed P and R) are options; the caption says which
   (:func:`metric_definition`).
 * :func:`rounds_to_target` — per run the first round whose metric reaches the target; the
   target is given, or ``target_fraction`` x the lowest best accuracy among the federated
@@ -43,6 +44,7 @@ LABELS = {"fedavg": "FedAvg", "moon": "MOON", "feddg": "FedDG", "gpaf": "GPAF", 
 METRIC_LABELS = {"accuracy": "Accuracy", "f1": "F1-Score", "recall": "Recall", "precision": "Precision",
                  "f1_macro": "Macro F1", "recall_macro": "Macro recall", "precision_macro": "Macro precision",
                  "f1_pr_macro": "F1-Score", "f1_pr": "F1-Score (binary P, R)",
+                 "f1_weighted": "F1-Score", "recall_weighted": "Recall", "precision_weighted": "Precision",
                  "balanced_accuracy": "Balanced acc.", "auc": "AUC", "loss": "Loss"}
 SYNTHETIC_NOTE = "SYNTHETIC data (deterministic stand-in for the demo; NOT a reproduction of the paper's numbers)"
 
@@ -154,8 +156,9 @@ def metric_name(metric: str) -> str:
 
 
 def paper_metric(metric: str) -> str:
-    """``global_f1_macro``, ``val_f1_pr_macro`` -> ``f1``: the paper's column a metric of the table sits beside."""
-    name = metric_name(metric).removesuffix("_macro")
+    """``global_f1_macro``, ``val_f1_pr_macro``, ``val_f1_weighted`` -> ``f1``: the paper's column a metric of the
+    table sits beside."""
+    name = metric_name(metric).removesuffix("_macro").removesuffix("_weighted")
     return "f1" if name == F1_FROM_PR else name
 
 
@@ -163,6 +166,10 @@ def metric_definition(n_classes: int, class_names: tuple[str, ...] = (), metrics
     """Caption sentence: which F1/recall/precision the table shows for a dataset with ``n_classes``."""
     names = {metric_name(m) for m in metrics}
     out = []
+    if any(n.endswith("_weighted") for n in names):
+        out.append(f"Weighted F1, recall and precision are means over the {n_classes} classes weighted by their true "
+                   "counts (scikit-learn's average='weighted', as the authors' evaluation; weighted recall equals "
+                   "accuracy).")
     if any(n.endswith("_macro") for n in names):
         out.append(f"Macro recall and precision are unweighted means over the {n_classes} classes, as the "
                    "paper's (its printed accuracy, precision and recall fit macro averages, not binary ones).")
