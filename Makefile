@@ -9,6 +9,10 @@ CORES  ?= 2
 # each test file stays on one process, so its module fixtures are built once (benchmarks §8)
 TEST_WORKERS ?= 2
 PIP    := $(BIN)/python -m pip
+# a config of your own for demo and report: `make demo CONFIG=mine.yaml`, `make report CONFIG=mine.yaml`
+# (the report reads the outputs of the config it is given: the one the workflow ran with; default: the demo)
+CONFIG ?=
+CONFIG_ARG := $(if $(CONFIG),--configfile $(CONFIG))
 
 .PHONY: demo test bench bench-gpu lint report venv system-deps freeze clean-results
 
@@ -47,12 +51,12 @@ system-deps:
 	fi
 
 demo: $(STAMP)
-	$(BIN)/snakemake --cores $(CORES)
-	$(BIN)/snakemake --cores 1 --report results/report.html
+	$(BIN)/snakemake --cores $(CORES) $(CONFIG_ARG)
+	$(BIN)/snakemake --cores 1 --report results/report.html $(CONFIG_ARG)
 	@echo "demo done: tables in results/*/tables, figures in results/*/figures, report in results/report.html"
 
 report: $(STAMP)
-	$(BIN)/snakemake --cores 1 --report results/report.html
+	$(BIN)/snakemake --cores 1 --report results/report.html $(CONFIG_ARG)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
