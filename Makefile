@@ -14,7 +14,7 @@ PIP    := $(BIN)/python -m pip
 CONFIG ?=
 CONFIG_ARG := $(if $(CONFIG),--configfile $(CONFIG))
 
-.PHONY: demo test bench bench-gpu lint report venv system-deps freeze clean-results
+.PHONY: demo test bench bench-gpu lint report track venv system-deps freeze clean-results
 
 venv: $(STAMP)
 
@@ -57,6 +57,12 @@ demo: $(STAMP)
 
 report: $(STAMP)
 	$(BIN)/snakemake --cores 1 --report results/report.html $(CONFIG_ARG)
+
+# finished runs logged into TensorBoard and MLflow (results/mlflow.db) from their files, no training:
+# `make track RUNS=results/mine` (a run folder or any folder above runs; docs/running.md, "Tracking")
+RUNS ?= results
+track: $(STAMP)
+	$(BIN)/python -m fedmedbench.fl.tracking backfill $(RUNS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
