@@ -309,7 +309,13 @@ def test_backfill_of_a_run_from_before_summaries_held_the_spec(tracked, tmp_path
     assert (params["train.lr"], params["train.momentum"]) == ("0.05", "0.0")  # the train block resolved, as live
 
 
-def test_backfill_names_what_is_not_a_finished_run(tmp_path):
+def test_backfill_names_what_is_not_a_finished_run(tracked, tmp_path):
     assert tracking.main(["backfill", str(tmp_path)]) == 1
     with pytest.raises(FileNotFoundError, match="no summary.json"):
         tracking.backfill(tmp_path, {"tensorboard": True}, print)
+    from fedmedbench.studies.grid import show_run
+
+    show_run(tracked[0] / "off", tmp_path / "shown", "iid")  # a run shown in a setting that shares it
+    line = tracking.backfill(tmp_path / "shown", {"tensorboard": True}, print)
+    assert line == "nothing logged: a copy of the run trained in setting dir (logged there)"
+    assert not (tmp_path / "shown" / "tensorboard").exists()

@@ -421,6 +421,8 @@ def backfill(run_dir: str | Path, tracking_block: dict[str, Any], log: Callable[
     if not summary_path.is_file():
         raise FileNotFoundError(f"{run}: no summary.json (not a finished run)")
     summary = json.loads(summary_path.read_text())
+    if summary.get("trained_in", summary.get("setting")) != summary.get("setting"):  # studies/grid.py show_run
+        return f"nothing logged: a copy of the run trained in setting {summary['trained_in']} (logged there)"
     rows = _rows(run / "metrics.csv")
     if not rows:
         raise FileNotFoundError(f"{run / 'metrics.csv'}: missing or empty (no rounds to log)")
