@@ -23,6 +23,7 @@ import dataclasses
 import json
 import math
 import numbers
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -363,7 +364,11 @@ def recorded_spec(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any] | No
     for root in target.parents:
         if (root / ".snakemake" / "metadata").is_dir():
             rel = target.relative_to(root).as_posix()
-            record = root / ".snakemake" / "metadata" / base64.urlsafe_b64encode(rel.encode()).decode()
+            meta = root / ".snakemake" / "metadata"
+            key = base64.urlsafe_b64encode(rel.encode()).decode()
+            step = (os.pathconf(meta, "PC_NAME_MAX") or 255) - 1  # Snakemake's file store: long keys in folders '@...'
+            chunks = [key[i:i + step] for i in range(0, len(key), step)]
+            record = meta.joinpath(*[f"@{c}" for c in chunks[:-1]], chunks[-1])
             if not record.is_file():
                 return None
             for text in json.loads(record.read_text()).get("params") or []:
