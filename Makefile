@@ -14,7 +14,7 @@ PIP    := $(BIN)/python -m pip
 CONFIG ?=
 CONFIG_ARG := $(if $(CONFIG),--configfile $(CONFIG))
 
-.PHONY: demo test bench bench-gpu lint report track venv system-deps freeze clean-results
+.PHONY: demo test check bench bench-gpu lint report track venv system-deps freeze clean-results
 
 venv: $(STAMP)
 
@@ -66,6 +66,11 @@ track: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
+
+# outputs of the config (CONFIG=file, else config/config.yaml) that are missing, by folder: `snakemake -n` does
+# not rerun a finished job whose outputs (a run's model.pt, or its whole folder) were deleted
+check: $(STAMP)
+	$(BIN)/python -m fedmedbench.workflow.check_outputs $(CONFIG_ARG)
 
 # CPU benchmarks (docs/benchmarks.md); results appended to bench/results.jsonl
 BENCH_OUT := bench/results.jsonl

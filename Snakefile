@@ -6,16 +6,16 @@ min_version("9.0")
 
 
 # Config files are re-read strictly first (duplicate keys rejected, errors with file and line).
-# A config error is one line naming the file and key (FEDMEDBENCH_DEBUG=1: with its traceback);
-# jobs learn the config files from the environment, to name them in their errors.
+# A config error is one line naming the file (or --config) and key (FEDMEDBENCH_DEBUG=1: with its traceback);
+# jobs learn the config files and --config from the environment, to name them in their errors.
 import os
 
 from fedmedbench.compat import patch_snakemake_params_reason
 from fedmedbench.config.check import check_files
-from fedmedbench.workflow.diagnostics import CONFIGFILES_ENV, exit_on_config_error
+from fedmedbench.workflow.diagnostics import announce, exit_on_config_error
 
 CONFIG_FILES = [str(f) for f in workflow.overwrite_configfiles or ["config/config.yaml"]]
-os.environ[CONFIGFILES_ENV] = os.pathsep.join(CONFIG_FILES)
+announce(CONFIG_FILES, workflow.config_settings.config)  # an error names the file, or --config, that sets its key
 with exit_on_config_error(CONFIG_FILES):
     check_files(CONFIG_FILES)
 # a job rerun because its params changed names the changed keys, old -> new

@@ -12,7 +12,7 @@ import fedmedbench.data.user as USER
 import fedmedbench.studies.grid as GRID
 import fedmedbench.partition.schemes as PARTITION
 import fedmedbench.partition.replay as REPLAY
-from fedmedbench.config.check import coerce_numbers, config_error, ignored_settings, refuse_non_finite
+from fedmedbench.config.check import PERIODIC_REPEATS, coerce_numbers, config_error, ignored_settings, periodic_name, refuse_non_finite
 from fedmedbench.data.medmnist import SIZES
 from fedmedbench.data.medmnist import SUPPORTED_FLAGS as OFFICIAL_FLAGS
 from fedmedbench.workflow.diagnostics import validate_config
@@ -96,9 +96,19 @@ def client_augmentation(study, setting):
     return GRID.run_client_augmentation(config["studies"][study], setting)
 
 
+def _check_names(sname, study):
+    """Study and setting names become wildcard values: one Snakemake takes for a rule applied to its own output
+    (a repeated ending) stops planning with its PeriodicWildcardError, so it is refused here naming the key."""
+    for key, name in [(f"studies.{sname}", sname), *((f"studies.{sname}.settings.{s}", s) for s in study["settings"])]:
+        if (piece := periodic_name(name)) is not None:
+            _config_error(key, f"the name ends in '{piece}' repeated {PERIODIC_REPEATS} times or more, which Snakemake "
+                          "refuses in a file name (PeriodicWildcardError); choose another name")
+
+
 def _check_config():
     _check_registry()
     for sname, study in config["studies"].items():
+        _check_names(sname, study)
         _check_datasets(sname, study)
         for setname, setting in study["settings"].items():
             key = f"studies.{sname}.settings.{setname}"
@@ -192,6 +202,12 @@ def study_origin(study):
     parts = [ORIGIN] if any(n not in USER_DATASETS for n in names) else []
     parts += [dataset_origin(n, size) for n in names if n in USER_DATASETS]
     return "; ".join(parts)
+
+
+def study_train_overrides(study):
+    """setting -> method -> the train keys where the pair's runs differ from the study's train, [run, study]
+    (the final-metrics tables' notes)."""
+    return GRID.train_overrides(config["studies"][study])
 
 
 def synthetic_settings(dataset):

@@ -22,12 +22,14 @@ rule download_medmnist:
         "../scripts/download_medmnist.py"
 
 
-# The imported copy is tied to its source by `source` (path and content hash).
+# The imported copy is tied to its source by `source` (path and content hash); its own SHA-256 is recorded
+# beside it (record) and checked wherever it is loaded.
 rule import_user_dataset:
     input:
         user_source_file,
     output:
-        "resources/user/{dataset}_{size}.npz",
+        npz="resources/user/{dataset}_{size}.npz",
+        record="resources/user/{dataset}_{size}.import.json",
     params:
         entry=user_dataset,
         source=user_source,

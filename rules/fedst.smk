@@ -66,11 +66,13 @@ rule fedst_tables:
         deploy=fedst_run_files("deploy.json"),
         summary=fedst_run_files("summary.json"),
         paper=paper_values_input("fedst"),
+        clips=FEDST_CLIPS,
     output:
         md=[f"results/fedst/tables/{t}{STAG}.md" for t in FEDST_TABLES],
         csv=[f"results/fedst/tables/{t}{STAG}.csv" for t in FEDST_TABLES],
     params:
-        cfg={k: FEDST[k] for k in ("sites", "outfed_site", "unseen_site", "seeds", "methods", "variants", "indicator", "train")},
+        cfg={k: FEDST[k] for k in ("sites", "outfed_site", "unseen_site", "seeds", "methods", "variants", "indicator", "train",
+                                   "eval", "data", "sent", "rsc_communicated", "method_params")},
         origin=SORIGIN,
         tag=STAG,
         init=fedst_init(),

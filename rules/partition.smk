@@ -19,6 +19,7 @@ rule build_partition:
         scheme_params=setting_value("params"),
         random_draws=study_value("random_draws"),
         user_dataset=user_dataset,
+        file_format=PARTITION.FILE_FORMAT,
     log:
         "logs/build_partition/{study}/{dataset}/{setting}/seed{seed}.log",
     benchmark:

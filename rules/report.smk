@@ -11,6 +11,7 @@ rule aggregate_results:
     params:
         metrics=study_value("report", "metrics"),
         origin=of_study(study_origin),
+        overrides=of_study(study_train_overrides),
     log:
         "logs/aggregate_results/{study}.log",
     threads: 1

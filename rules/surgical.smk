@@ -103,6 +103,7 @@ rule export_clips:
         directory(f"{SURG}/clips"),
     params:
         sites=SURGICAL["sites"],
+        releases=surgical_site_releases(),
         clips=SURGICAL["clips"],
         origin=SORIGIN,
     log:

@@ -102,6 +102,13 @@ def surgical_group_indices(wildcards):
     return {d: surgical_index(d) for d in SURGICAL["groups"][wildcards.sgroup]["datasets"]}
 
 
+def surgical_site_releases():
+    """Each site dataset's release key (facts.release_key: what its FedST Table I counts are listed under)."""
+    from fedmedbench.data.surgical.facts import release_key
+
+    return {d: release_key(SURGICAL["datasets"][d]) for d in sorted({s["dataset"] for s in SURGICAL["sites"].values()})}
+
+
 def surgical_site_indices():
     return {d: surgical_index(d) for d in sorted({s["dataset"] for s in SURGICAL["sites"].values()})}
 

@@ -1,5 +1,6 @@
 """Snakemake entry: FedST study tables II-IX (markdown + csv) from the runs' outputs."""
 import _srcpath  # noqa: F401,I001  (puts src/ on sys.path)
+import json
 from pathlib import Path
 
 from fedmedbench.workflow import io
@@ -23,10 +24,12 @@ with log_to(snakemake.log[0]) as log:
     runs = R.load_runs(list(snakemake.input.clients), list(snakemake.input.deploy))
     sites, methods = list(cfg["sites"]), list(cfg["methods"])
     kind = cfg["indicator"]["kind"]
+    clip_sites = json.loads((Path(snakemake.input.clips) / "sites.json").read_text())["sites"]
+    history = {s: float(clip_sites[s]["history_duplicated_fraction"]) for s in [*sites, cfg["outfed_site"]]}
     tables = {
         "table2": R.table2(runs, sites, methods),
         "table3": R.table_deploy(runs, methods, "outfed"),
-        "table4": R.table_dice_rows(runs, sites, R.ROWS["table4"], kind),
+        "table4": R.table_dice_rows(runs, sites, R.ROWS["table4"], kind, history),
         "table5": R.table_dice_rows(runs, sites, R.ROWS["table5"], kind),
         "table6": R.table_dice_rows(runs, sites, R.ROWS["table6"], kind),
         "table7": R.table_dice_rows(runs, sites, R.ROWS["table7"], kind),
@@ -41,6 +44,13 @@ with log_to(snakemake.log[0]) as log:
         cap += f" Models: {snakemake.params.init}."
         if name in ("table3", "table8"):
             cap += f" Site: {cfg['outfed_site'] if name == 'table3' else cfg['unseen_site']}."
+        if name != "table9":
+            cap += " " + R.scoring_note(cfg["eval"], cfg["data"]["input_size"])
+        else:
+            cap += " " + R.sent_note(cfg)
+        if name == "table4":
+            cap += (" Clip history: the share of each site's history slots (0.2 s apart) that repeat the current frame "
+                    "because its release has no frame there (docs/fedst.md, Sites).")
         frame, paper_note = R.with_paper(frame, name, snakemake.params.origin == "synthetic")
         cap += " " + paper_note
         io.write_csv(csv, frame)

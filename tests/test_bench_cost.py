@@ -613,7 +613,7 @@ def test_grid_cost_refuses_a_study_no_config_has_in_one_line(tmp_path):
 
 @pytest.mark.parametrize("option", [["--assd", "nosuch"], ["--device", "nosuch"]])
 def test_segmetrics_device_refuses_an_unknown_assd_rule_or_device_before_scoring(option):
-    done = _bench("metrics/segmentation_device.py", "--frames", "1", "--size", "32", *option)
+    done = _bench("segmetrics_device.py", "--frames", "1", "--size", "32", *option)
     assert done.returncode == 2 and option[0] in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
@@ -976,8 +976,8 @@ def test_the_side_by_side_timing_trains_both_seeds_rounds_in_one_call(tmp_path, 
 
 @pytest.mark.parametrize(("script", "option"), [
     ("engine_overhead.py", "--repeats"), ("engine_overhead.py", "--rounds"), ("host_overhead.py", "--repeats"),
-    ("tracking_cost.py", "--repeats"), ("metrics/segmentation_device.py", "--batch"), ("metrics/segmentation_device.py", "--repeats"),
-    ("metrics/segmentation_device.py", "--frames"), ("yolo_loading.py", "--samples"), ("yolo_read_ahead.py", "--epochs"),
+    ("tracking_cost.py", "--repeats"), ("segmetrics_device.py", "--batch"), ("segmetrics_device.py", "--repeats"),
+    ("segmetrics_device.py", "--frames"), ("yolo_loading.py", "--samples"), ("yolo_read_ahead.py", "--epochs"),
     ("clip_loading.py", "--steps"), ("disk_per_job.py", "--clients"), ("ops_per_round.py", "--image-size"),
 ])
 def test_a_bench_takes_its_counts_from_one_in_one_line(script, option, tmp_path):
@@ -992,7 +992,7 @@ def test_a_bench_takes_its_counts_from_one_in_one_line(script, option, tmp_path)
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for a machine without CUDA")
-@pytest.mark.parametrize("script", ["engine_overhead.py", "host_overhead.py", "metrics/segmentation_device.py"])
+@pytest.mark.parametrize("script", ["engine_overhead.py", "host_overhead.py", "segmetrics_device.py"])
 def test_a_bench_refuses_cuda_without_a_device_in_one_line(script, tmp_path):
     done = _bench(script, "--device", "cuda", "--out", str(tmp_path / "rows.jsonl"))
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
@@ -1145,7 +1145,7 @@ def test_a_yolo_bench_refuses_a_client_the_export_lacks_in_one_line(script, tmp_
 def test_segmetrics_device_refuses_frames_it_cannot_draw_or_score_as_named(option, line, tmp_path):
     """--size 100 scored 96 px frames and --size 16 empty ones, each row naming the size asked for; --numpy-frames above
     --frames named more frames than were scored; --noise -0.1 relabelled no pixel."""
-    done = _bench("metrics/segmentation_device.py", "--frames", "2", "--device", "cpu", "--out", str(tmp_path / "rows.jsonl"),
+    done = _bench("segmetrics_device.py", "--frames", "2", "--device", "cpu", "--out", str(tmp_path / "rows.jsonl"),
                   *option)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert line in done.stderr.strip().splitlines()[-1], done.stderr

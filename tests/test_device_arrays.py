@@ -99,7 +99,8 @@ def _run(spec: RunSpec, monkeypatch, on: bool) -> tuple[dict, pd.DataFrame, list
                                            ("fedlesam", {"rho": 0.05}),
                                            ("fedlesam", {"rho": 0.05, "estimate": "previous_global"}),
                                            ("fedwmsam", {"rho": 0.05}),
-                                           ("fedwmsam", {"rho": 0.05, "local_iterations": "per_client"})])
+                                           ("fedwmsam", {"rho": 0.05, "local_iterations": "per_client"}),
+                                           ("fedadam", {}), ("fedyogi", {}), ("fedadagrad", {}), ("fedbn", {})])
 def test_a_device_arrays_run_ends_as_the_host_arrays_run(blood_dir, monkeypatch, method, params):
     host, host_rows, host_logs = _run(make_spec(blood_dir, method, "host", method_params=params), monkeypatch, on=False)
     dev, dev_rows, dev_logs = _run(make_spec(blood_dir, method, "dev", method_params=params), monkeypatch, on=True)
@@ -215,10 +216,10 @@ def test_a_client_sends_its_model_and_vectors_as_device_tensors(blood_dir, monke
 
 @pytest.mark.parametrize("method,params", [("feddyn", {"lamb": 0.1}), ("fedsmoo", {"rho": 0.05, "lamb": 0.1}),
                                            ("fedlesam", {"rho": 0.05, "estimate": "previous_global"}),
-                                           ("fedwmsam", {"rho": 0.05})])
+                                           ("fedwmsam", {"rho": 0.05}), ("fedadam", {}), ("fedbn", {})])
 def test_a_device_arrays_run_killed_and_resumed_ends_as_the_host_run(blood_dir, monkeypatch, method, params):
-    """Server state (FedDyn's h, FedWMSAM's momentum and alpha, FedSMOO's s) and client states (h_i, mu_i,
-    c_i, the previous global model) come back from the checkpoint on the CPU and go on where the arrays are."""
+    """Server state (FedDyn's h, FedWMSAM's momentum and alpha, FedSMOO's s, FedAdam's m and v) and client states
+    (h_i, mu_i, c_i, the previous global model, FedBN's batch norm) come back from the checkpoint on the CPU and go on where the arrays are."""
     host, host_rows, _ = _run(make_spec(blood_dir, method, "host-k", method_params=params), monkeypatch, on=False)
     spec = make_spec(blood_dir, method, "dev-k", method_params=params)
     revive = kill_after_round(monkeypatch, 2)

@@ -226,6 +226,53 @@ def test_inline_and_ray_backends_give_bit_identical_runs(workdir):
     pd.testing.assert_frame_equal(ma, mb)
 
 
+LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
+
+
+def listening_addresses(pids: set[int]) -> set[tuple[str, int, str]]:
+    """(address, port, process name) of every TCP socket the processes ``pids`` listen on."""
+    import psutil
+
+    found = set()
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
+            try:
+                name = psutil.Process(conn.pid).name()
+            except psutil.NoSuchProcess:
+                continue
+            found.add((conn.laddr.ip, conn.laddr.port, name))
+    return found
+
+
+@pytest.mark.slow
+def test_ray_listens_on_the_loopback_address_only(workdir, monkeypatch):
+    """Ray has no authentication: while a job runs, its GCS server, raylet, object manager, driver and actors
+    listen on 127.0.0.1 only (Ray's default is every interface), and no dashboard is started."""
+    pytest.importorskip("ray")
+    import psutil
+
+    from fedmedbench.fl.engine import flower as engine
+
+    seen: list[set] = []
+    train = engine.FlowerTransport.train
+
+    def train_and_look(self, *args, **kwargs):
+        if not seen:  # while the first round runs: Ray and its actors are up
+            me = psutil.Process()
+            seen.append(listening_addresses({me.pid} | {p.pid for p in me.children(recursive=True)}))
+        return train(self, *args, **kwargs)
+
+    monkeypatch.setattr(engine.FlowerTransport, "train", train_and_look)
+    spec = make_spec(workdir, "ray-loopback", rounds=1)
+    spec.backend, spec.threads = "ray", 2
+    engine.run(spec, log=lambda m: None)
+    names = {name for _, _, name in seen[0]}
+    assert {"gcs_server", "raylet"} <= names, seen[0]  # Ray's own servers were found
+    beyond = sorted((ip, port, name) for ip, port, name in seen[0] if ip not in LOOPBACK)
+    assert beyond == [], f"Ray ports listening beyond 127.0.0.1: {beyond}"
+    assert not any("dashboard" in name for name in names)
+
+
 def test_unknown_backend_is_named(workdir):
     from fedmedbench.fl.engine import flower as engine
 

@@ -46,12 +46,22 @@ def test_every_variant_and_method_resolves_to_a_spec():
     cfg = demo["fedst"]
     spec = FS.run_spec(cfg, "abl_serq", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")
     assert spec["task_params"]["model"]["temporal"] is False and spec["method_params"]["serq"]["enabled"] is True
-    assert spec["method_params"]["personal"] == ["enc_q", "rsc"]  # Sec. IV-D2: RSC is not communicated
+    # sent: table_ix (Table IX): the decoder and head stay on the site, RSC is shared (rsc_communicated: true)
+    assert spec["method_params"]["personal"] == ["enc_q", "decoder"]
     main = FS.run_spec(cfg, "main", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")
-    assert main["method_params"]["personal"] == ["enc_q", "cs", "rsc"]
-    shared = FS.run_spec({**cfg, "rsc_communicated": True}, "main", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")
-    assert shared["method_params"]["personal"] == ["enc_q", "cs"]  # Sec. III-B reading
-    assert FS.run_spec(cfg, "pers_all", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")["method_params"]["personal"] == ["all"]
+    assert main["method_params"]["personal"] == ["enc_q", "cs", "decoder"]
+    old = FS.run_spec({**cfg, "sent": "table_v", "rsc_communicated": False}, "main", "fedst", 0, "clips", "run", None, "cpu",
+                      1, "synthetic")
+    assert old["method_params"]["personal"] == ["enc_q", "cs", "rsc"]  # Table V row 5 + Sec. IV-D2
+    assert FS.run_spec({**cfg, "rsc_communicated": False}, "main", "fedst", 0, "clips", "run", None, "cpu", 1,
+                       "synthetic")["method_params"]["personal"] == ["enc_q", "cs", "decoder", "rsc"]
+
+    def personal(variant):
+        return FS.run_spec(cfg, variant, "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")["method_params"]["personal"]
+
+    assert personal("pers_all") == ["all"]
+    assert personal("pers_none") == [] and personal("pers_dec_q") == ["dec_q", "cs"]  # Table V's rows name the decoder
+    assert personal("pers_k") == ["enc_k", "cs", "decoder"]  # Table VI's rows follow sent
     base = FS.run_spec(cfg, "main", "fedrep", 0, "clips", "run", None, "cpu", 1, "synthetic")
     assert base["task_params"]["model"]["selection"] == "none" and "serq" not in base["method_params"]
     for v in FS.VARIANTS:
@@ -75,6 +85,10 @@ def test_every_variant_and_method_resolves_to_a_spec():
     assert main["task_params"]["class_rule"] == "all_classes"
     endovis = {**cfg, "eval": {**cfg["eval"], "class_rule": "gt_classes"}}
     assert FS.run_spec(endovis, "main", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")["task_params"]["class_rule"] == "gt_classes"
+    # the empty-mask rule reaches the task (default the diagonal; FedDP's pixel as option)
+    assert main["task_params"]["empty_rule"] == "diagonal"
+    feddp_rule = {**cfg, "eval": {**cfg["eval"], "empty_rule": "feddp_pixel"}}
+    assert FS.run_spec(feddp_rule, "main", "fedst", 0, "clips", "run", None, "cpu", 1, "synthetic")["task_params"]["empty_rule"] == "feddp_pixel"
     # where frames are scored: off its default only (the default keeps earlier runs' hashes)
     assert "metrics_device" not in main["task_params"]
     numpy_path = {**cfg, "eval": {**cfg["eval"], "metrics_device": "cpu"}}
@@ -130,12 +144,14 @@ def test_a_new_pretrained_model_changes_the_run_hash(tmp_path):
 
 
 @pytest.mark.parametrize("model,ok", [
-    ({"heads": 8}, True), ({"heads": 3}, False),  # FPN decoder: 128 channels
-    ({"decoder": "light", "decoder_dim": 64, "heads": 8}, True),
-    ({"decoder": "light", "decoder_dim": 60, "heads": 8}, False),  # 60 / 8 heads: RSC could not be built
-    ({"decoder": "light", "decoder_dim": 60, "heads": 8, "temporal": False}, True),  # no RSC
+    ({"heads": 8}, True), ({"heads": 3}, False),  # encoder level 1: 64 channels
+    ({"temporal_level": 2, "heads": 5}, True), ({"temporal_level": 2, "heads": 3}, False),  # 160 channels
+    ({"temporal_at": "decoder", "heads": 8}, True), ({"temporal_at": "decoder", "heads": 3}, False),  # FPN: 128
+    ({"temporal_at": "decoder", "decoder": "light", "decoder_dim": 64, "heads": 8}, True),
+    ({"temporal_at": "decoder", "decoder": "light", "decoder_dim": 60, "heads": 8}, False),  # RSC could not be built
+    ({"temporal_at": "decoder", "decoder": "light", "decoder_dim": 60, "heads": 8, "temporal": False}, True),  # no RSC
 ])
-def test_rsc_heads_must_divide_the_decoder_map_it_reads(model, ok):
+def test_rsc_heads_must_divide_the_map_it_reads(model, ok):
     from fedmedbench.config.check import ConfigError
 
     cfg = copy.deepcopy(DEMO)
@@ -146,3 +162,15 @@ def test_rsc_heads_must_divide_the_decoder_map_it_reads(model, ok):
     else:
         with pytest.raises(ConfigError, match="fedst.model.heads"):
             FS.check_config(cfg["fedst"], cfg["surgical"])
+
+
+def test_the_listed_pvt_widths_are_timms():
+    """The config check's encoder widths (no torch while planning) are the levels timm builds."""
+    import timm
+
+    import fedmedbench  # noqa: F401  (compat first)
+
+    for name in ("pvt_v2_b0", "pvt_v2_b1"):
+        net = timm.create_model(name, pretrained=False, num_classes=0)
+        assert tuple(f["num_chs"] for f in net.feature_info) == FS.PVT_V2_CHANNELS[name]
+    assert {FS.PVT_V2_CHANNELS[f"pvt_v2_b{i}"] for i in range(1, 6)} == {(64, 128, 320, 512)}

@@ -118,8 +118,8 @@ def test_clip_history_is_timed_by_the_sites_listed_frame_rate(tmp_path, monkeypa
     from fedmedbench.data.surgical.export_clips import build_clips
     from fedmedbench.data.surgical.index import build_index
 
-    monkeypatch.setitem(facts.FRAME_RATES, "handmade_30fps", facts.FrameRate(30.0, "assumed, not verified", "test"))
-    monkeypatch.setitem(facts.FRAME_RATES, "handmade_1fps", facts.FrameRate(1.0, "published description", "test"))
+    monkeypatch.setitem(facts.FRAME_RATES, "handmade_30fps", facts.FrameRate(30.0, "unverified", "test"))
+    monkeypatch.setitem(facts.FRAME_RATES, "handmade_1fps", facts.FrameRate(1.0, "release documentation", "test"))
     _handmade_site(tmp_path / "raw", 31)
     meta = build_index("site", {"layout": "frames_masks", "folder": "Site", **option}, tmp_path / "raw",
                        tmp_path / "index", log=lambda m: None)
@@ -139,32 +139,53 @@ def test_an_unlisted_release_is_refused_naming_the_key(tmp_path):
                     tmp_path / "index", log=lambda m: None)
 
 
+def test_history_at_each_rate_is_real_repeated_or_both():
+    """A regular sequence at 30 fps gives the slots 0.6, 0.4, 0.2 s back; at 2 Hz the frame 0.5 s back twice and
+    the current frame once; at 1 fps (and slower) only repeats."""
+    from fedmedbench.data.surgical.export_clips import history_offsets, history_text
+
+    assert history_offsets(30.0) == pytest.approx([-0.6, -0.4, -0.2])
+    assert history_offsets(2.0) == [-0.5, -0.5, 0.0] and history_offsets(1.0) == [0.0, 0.0, 0.0]
+    assert history_offsets(60.0) == pytest.approx([-0.6, -0.4, -0.2])
+    assert history_text(history_offsets(30.0)) == "real earlier frames (-0.6, -0.4, -0.2 s)"
+    assert history_text([-0.5, -0.5, 0.0]) == "real earlier frames (-0.5, -0.5 s), 1 slot repeated"
+    assert history_text([0.0, 0.0, 0.0]) == "repeated"
+
+
 def test_the_paper_grids_sites_take_their_listed_frame_rates_and_the_doc_states_each():
-    """config/studies/fedst.yaml names each site's release; the rate comes from the one list
-    (Hyst-YT 1 fps from its published description; RARP and Lob-YT 30 fps assumed); docs/fedst.md
-    states every listed rate with how sure it is; the schema's release names are the list's."""
+    """config/studies/fedst.yaml names each site's release; the rate comes from the one list (GraSP: the
+    GraSP_30fps frames at 30 fps, documented; Hyst-YT 1 fps and Lob-YT 30 fps unverified); docs/fedst.md has a
+    row per site with its release key, rate, basis and what its clip history holds; the schema's release
+    names are the list's."""
     import yaml
 
     from fedmedbench.data.surgical.endovis2017 import OFFICIAL_FPS as EV17
     from fedmedbench.data.surgical.endovis2018 import OFFICIAL_FPS as EV18
-    from fedmedbench.data.surgical.facts import FRAME_RATES
+    from fedmedbench.data.surgical.export_clips import history_offsets, history_text
+    from fedmedbench.data.surgical.facts import FRAME_RATES, TABLE_I, release_key
 
     root = Path(__file__).resolve().parents[1]
     surgical = yaml.safe_load((root / "config" / "studies" / "fedst.yaml").read_text())["surgical"]
-    rate = {}
+    key = {}
     for site, cfg in surgical["sites"].items():
         ds = surgical["datasets"][cfg["dataset"]]
         assert ds.get("fps") is None, f"{site}: the rate belongs in facts.FRAME_RATES"
-        rate[site] = FRAME_RATES[ds.get("release") or ds["layout"]]
-    assert {s: r.fps for s, r in rate.items()} == {"A": 2.0, "B": 2.0, "C": 30.0, "D": 1.0, "E": 30.0, "sim": 1.0, "G": 1.0}
-    assert rate["D"].basis == "published description" and "1,973" in rate["D"].source
-    assert rate["C"].basis == rate["E"].basis == "assumed, not verified"
+        key[site] = release_key(ds)
+    rate = {s: FRAME_RATES[k] for s, k in key.items()}
+    assert {s: r.fps for s, r in rate.items()} == {"A": 2.0, "B": 2.0, "C": 30.0, "D": 1.0, "E": 30.0, "sim": 1.0, "G": 30.0}
+    assert {s for s, r in rate.items() if r.basis == "release documentation"} == {"A", "C", "G"}
+    assert {r.basis for r in rate.values()} == {"release documentation", "unverified"}
+    assert "GraSP_30fps" in rate["G"].folder and "30fps" in rate["G"].source and "1,973" in rate["D"].source
     assert EV17 == EV18 == 2.0
+    assert set(TABLE_I) <= set(FRAME_RATES)
     schema = yaml.safe_load((root / "config" / "schema.yaml").read_text())
     assert schema["definitions"]["surgical_dataset"]["properties"]["release"]["enum"] == [*FRAME_RATES, None]
-    doc = (root / "docs" / "fedst.md").read_text()
-    for name, r in FRAME_RATES.items():
-        assert any(f"`{name}`" in line and f"| {r.fps:g} |" in line and r.basis in line for line in doc.splitlines()), name
+    lines = (root / "docs" / "fedst.md").read_text().splitlines()
+    for site, r in rate.items():
+        history = history_text(history_offsets(r.fps))
+        row = [line for line in lines if line.startswith(f"| {site} |") and f"`{key[site]}`" in line]
+        assert len(row) == 1, site
+        assert f"| {r.fps:g} |" in row[0] and r.basis in row[0] and history in row[0], (site, row[0])
 
 
 def test_synthetic_grasp_stand_in_writes_binary_masks(tmp_path):

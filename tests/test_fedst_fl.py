@@ -71,7 +71,8 @@ def study_cfg(**over):
         "loss": {"dice_weight": 0.3, "augment": True, "rotate_deg": 15, "scale": 0.1},
         "pretrain": {"enabled": True, "steps": 1, "lr": 1e-4},
         "serq": {"steps": 1, "lr": 1e-4, "lambda2": 0.3, "lambda3": 0.3, "mu": 0.5, "probe": 2, "batch_size": 2},
-        "method_params": {}, "rsc_communicated": False, "data": {"input_size": [32, 32], "cache_mb": 64},
+        # what FedST sends: Table V's reading (the decoder shared, RSC kept), which most tests here inspect
+        "method_params": {}, "sent": "table_v", "rsc_communicated": False, "data": {"input_size": [32, 32], "cache_mb": 64},
         "eval": {"eval_every": 2, "cross_site_eval": False, "batch_size": 4, "fps_clips": 1},
     }
     cfg.update(over)
@@ -111,21 +112,27 @@ def test_clips_carry_exactly_their_configured_frames(clips):
         load_clipset(clips, "A", "train", 3)
 
 
-def test_fedst_on_feddps_network_shares_all_but_queries_rsc_and_selection_and_repeats_bit_for_bit(clips, tmp_path):
-    """The default network (FPN decoder, RSC on its 1/8 map): what FedST sends, and two runs of
-    the same spec give the same bits (the decoder's dropout draws from the site's generator)."""
-    cfg = study_cfg(model={**study_cfg()["model"], "decoder": "fpn", "temporal_at": "decoder", "heads": 2})
+def test_fedst_on_feddps_network_sends_the_encoder_without_queries_and_rsc_and_repeats_bit_for_bit(clips, tmp_path):
+    """The default network (FPN decoder, encoder stochastic depth 0.1, RSC on the encoder's 1/8 map) and protocol
+    (``sent: table_ix``): the replies carry the encoder without its queries and RSC; queries, selection, decoder and
+    head stay; two runs of the same spec give the same bits (the decoder's dropout and the encoder's drop path draw
+    from the site's generator)."""
+    cfg = study_cfg(sent="table_ix", rsc_communicated=True,
+                    model={**study_cfg()["model"], "decoder": "fpn", "temporal_at": "encoder", "heads": 2})
     spec = make_spec(clips, tmp_path, "fedst", "abl_ts_cs", cfg)
     method = get_method(spec.method, spec.method_params)
     model = fed.new_model(spec)
     params = {n for n, _ in model.named_parameters()}
-    kept = {n for n in params if n.startswith(("rsc.", "cs.")) or (n.startswith("encoder.") and ".attn.q." in n)}
-    assert model.rsc.dim == 128 and {"decoder.p5.weight", "decoder.head.weight"} <= params
-    assert set(method.shared_keys(model)) == params - kept  # GroupNorm / LayerNorm: no buffers
+    sent = {n for n in params if n.startswith("rsc.") or (n.startswith("encoder.") and ".attn.q." not in n)}
+    assert model.rsc.dim == 64 and {"decoder.p5.weight", "decoder.head.weight"} <= params
+    assert model.encoder.drop_paths() and model.cfg.drop_path_rate == 0.1
+    assert set(method.shared_keys(model)) == sent  # GroupNorm / LayerNorm: no buffers
     runs = []
     for i in range(2):
         spec_i = make_spec(clips, tmp_path / f"run{i}", "fedst", "abl_ts_cs", cfg)
-        runs.append(fed.Federation(spec_i, log=lambda m: None).run(Recorder(spec_i)).arrays)
+        transport = Recorder(spec_i)
+        runs.append(fed.Federation(spec_i, log=lambda m: None).run(transport).arrays)
+        assert all(set(r.arrays) == sent for _, _, out in transport.replies for r in out.values())
     assert all(np.array_equal(runs[0][k], runs[1][k]) for k in runs[0])
 
 

@@ -257,3 +257,27 @@ def test_native_spacing_reads_each_mask_files_size(tmp_path):
     Image.new("L", (1280, 1024)).save(tmp_path / "b.png")  # EndoVis2018
     got = native_spacing([str(tmp_path / "a.png"), str(tmp_path / "b.png")], (480, 480))
     assert got == [(1080 / 480, 1920 / 480), (1024 / 480, 1280 / 480)]
+
+
+def test_feddp_pixel_rule_scores_an_empty_prediction_from_one_pixel_at_the_origin():
+    """``empty_rule: feddp_pixel`` (FedDP ``tester_utils.py:101-102``): an empty prediction of a part the ground
+    truth holds gets pixel (0, 0) and MedPy scores the pair; an empty ground truth keeps the diagonal (FedDP has
+    no rule for it); both empty stay perfect. The default is the diagonal."""
+    shape = (20, 30)
+    empty, gt = np.zeros(shape, dtype=bool), square(shape, 10, 12, 4)
+    corner = empty.copy()
+    corner[0, 0] = True
+    got = binary_scores(empty, gt, empty_rule="feddp_pixel")
+    assert got == {"dice": 0.0, "iou": 0.0, "hd95": pytest.approx(mb.hd95(corner, gt)), "assd": pytest.approx(mb.assd(corner, gt))}
+    assert math.hypot(10, 12) <= got["hd95"] < empty_penalty(shape) == binary_scores(empty, gt)["hd95"]
+    on_corner = square(shape, 0, 0, 3)  # the ground truth covers (0, 0): the pixel overlaps it
+    assert binary_scores(empty, on_corner, empty_rule="feddp_pixel")["dice"] == pytest.approx(2 / 10)
+    assert binary_scores(gt, empty, empty_rule="feddp_pixel")["hd95"] == empty_penalty(shape)  # hallucinated part
+    assert binary_scores(empty, empty, empty_rule="feddp_pixel") == {"dice": 1.0, "iou": 1.0, "hd95": 0.0, "assd": 0.0}
+    labels = np.zeros((1, *shape), dtype=np.int64)
+    labels[0][gt] = 2
+    feddp = SegmentationMeter({1: "shaft", 2: "wrist"}, empty_rule="feddp_pixel")
+    feddp.add(np.zeros_like(labels), labels)
+    assert feddp.result()["hd95_wrist"] == pytest.approx(got["hd95"]) and feddp.result()["hd95_shaft"] == 0.0
+    with pytest.raises(ValueError, match="empty_rule"):
+        SegmentationMeter({1: "x"}, empty_rule="pixel")

@@ -50,7 +50,7 @@ def test_receptive_field_limits_what_a_window_sees():
     feats = torch.rand(1, 2, 8, 8, 8)
     base = rsc(feats)
     changed = feats.clone()
-    changed[0, 0, :, 6:, 6:] += 5.0  # previous frame, bottom-right corner only
+    changed[0, 0, :4, 6:, 6:] += 5.0  # previous frame, bottom-right corner only (half the channels: LayerNorm keeps it)
     out = rsc(changed)
     assert torch.allclose(out[..., :4, :4], base[..., :4, :4])   # the top-left windows cannot see it
     assert not torch.allclose(out[..., 6:, 6:], base[..., 6:, 6:])  # the window over it does
@@ -142,55 +142,153 @@ def test_decoder_dropout_zeroes_whole_channels_from_the_given_generator():
     assert torch.equal(drop.eval()(x), x)
 
 
-def test_rsc_reads_the_decoders_fused_map_at_one_eighth_with_cffms_heads():
-    """Default placement (CFFM's head): RSC with 8 heads on the FPN's merged 128-channel map,
-    resized to half its size (1/8 of the input); the head reads the enhanced map."""
+def _hooked(net):
+    """Records what RSC returns and what channel selection reads, each call."""
+    seen = {"rsc_in": [], "rsc_out": [], "cs_in": []}
+
+    def rsc(module, inp, out) -> None:
+        seen["rsc_in"].append(inp[0].detach().clone())
+        seen["rsc_out"].append(out.detach().clone())
+
+    def cs(module, inp, out) -> None:
+        seen["cs_in"].append(inp[0].detach().clone())
+
+    net.rsc.register_forward_hook(rsc)
+    net.cs.register_forward_hook(cs)
+    return seen
+
+
+def test_channel_selection_reads_rscs_output_on_a_hand_made_clip():
+    """Eq. 7-8 (default ``temporal_at: encoder``): encoder -> RSC on the 1/8 map (64 channels) -> channel
+    selection reads F* = RSC's output -> the decoder reads F'. A history frame changes what selection reads."""
     torch.manual_seed(0)
     net = build_fedst_net(TINY).eval()
-    assert net.cfg.temporal_at == "decoder" and net.rsc.heads == 8 and net.rsc.dim == 128
-    seen = []
-    net.rsc.register_forward_hook(lambda m, inp, out: seen.append((inp[0].shape, out.shape)))
+    assert (net.cfg.temporal_at, net.cfg.temporal_level, net.rsc.dim, net.rsc.heads) == ("encoder", 1, 64, 8)
+    seen = _hooked(net)
+    clip = torch.zeros(1, 4, 3, 64, 96)
+    clip[0, :, :, 8:40, 16:48] = torch.linspace(0.2, 0.8, 4)[:, None, None, None]  # a square brightening over time
+    net(clip)
+    assert seen["rsc_in"][0].shape == (1, 4, 64, 8, 12)  # every frame's level-1 map
+    assert torch.equal(seen["cs_in"][0], seen["rsc_out"][0])  # Eq. 7 reads F*
+    f_star = seen["cs_in"][0]
+    assert not torch.allclose(f_star, net.features(clip[:, -1])[1])  # F* is not the current frame's own map
+    changed = clip.clone()
+    changed[0, 0] = 1.0 - changed[0, 0]  # only the oldest history frame
+    net(changed)
+    assert not torch.allclose(seen["cs_in"][1], f_star)
+    # the decoder reads F' at level 1 and the current frame's own maps at the others
+    pyr = net.decoder_inputs(clip)
+    own = net.features(clip[:, -1])
+    assert torch.allclose(pyr[1], net.cs(f_star), atol=1e-6)
+    assert all(torch.allclose(pyr[i], own[i], atol=1e-5) for i in (0, 2, 3))
+    # temporal bypassed (SERQ, synthetic pre-training): selection reads the current frame's map, F* = F_ts
+    calls = len(seen["rsc_out"])
+    net(clip, temporal=False)
+    assert torch.allclose(seen["cs_in"][-1], own[1], atol=1e-6) and len(seen["rsc_out"]) == calls
+
+
+def test_rsc_level_is_an_option_on_the_encoders_pyramid():
+    """``temporal_level: 3``: RSC and channel selection on the deepest map (1/32, 256 channels)."""
+    torch.manual_seed(0)
+    net = build_fedst_net({**TINY, "temporal_level": 3}).eval()
+    assert net.rsc.dim == net.encoder.channels[3] == 256 and net.cs.fc.out_features == 256
+    seen = _hooked(net)
+    assert net.head_input(torch.rand(1, 4, 3, 64, 96)).shape == (1, 128, 16, 24)
+    assert seen["rsc_in"][0].shape == (1, 4, 256, 2, 3) and torch.equal(seen["cs_in"][0], seen["rsc_out"][0])
+    for bad in ({"temporal_at": "middle"}, {"temporal_level": 4}, {"temporal_block": "swin"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            build_fedst_net({**TINY, **bad})
+
+
+def test_rsc_in_the_decoder_stays_an_option_with_selection_after_it():
+    """``temporal_at: decoder`` (CFFM's head): RSC with 8 heads on the FPN's merged 128-channel map halved
+    to 1/8; channel selection reads RSC's output (Eq. 7 on F*); the head reads the gated map."""
+    torch.manual_seed(0)
+    net = build_fedst_net({**TINY, "temporal_at": "decoder"}).eval()
+    assert net.rsc.heads == 8 and net.rsc.dim == 128 and net.cs.fc.out_features == 128
+    seen = _hooked(net)
     clip = torch.rand(2, 4, 3, 64, 96)
     assert net.head_input(clip).shape == (2, 128, 8, 12)
-    assert seen == [(torch.Size([2, 4, 128, 8, 12]), torch.Size([2, 128, 8, 12]))]
-    # what RSC reads: every frame's merged decoder map, bilinearly halved
+    assert seen["rsc_in"][0].shape == (2, 4, 128, 8, 12) and torch.equal(seen["cs_in"][0], seen["rsc_out"][0])
     b, t = clip.shape[:2]
-    merged = net.decoder.merged(net.decoder_inputs(clip.reshape(b * t, 1, 3, 64, 96), temporal=False))
+    merged = net.decoder.merged(net.features(clip.reshape(b * t, 3, 64, 96)))
     half = torch.nn.functional.interpolate(merged, size=(8, 12), mode="bilinear", align_corners=False)
-    assert torch.allclose(net.head_input(clip), net.rsc(half.reshape(b, t, 128, 8, 12)), atol=1e-6)
+    assert torch.allclose(net.head_input(clip), net.cs(net.rsc(half.reshape(b, t, 128, 8, 12))), atol=1e-5)
     # temporal bypassed: the current frame's halved map, F* = F_ts, same scale for the head
-    assert torch.allclose(net.head_input(clip, temporal=False), half.reshape(b, t, 128, 8, 12)[:, -1], atol=1e-6)
+    assert torch.allclose(net.head_input(clip, temporal=False), net.cs(half.reshape(b, t, 128, 8, 12)[:, -1]), atol=1e-5)
 
 
-def test_rsc_at_the_encoder_stays_an_option():
-    """``temporal_at: encoder`` (the earlier placement): RSC on the encoder's deepest map (1/32), its heads as configured."""
+def test_rsc_block_is_cffms_transformer_block_or_eq4_alone():
+    """``cffm``: LayerNorm on every frame, Eq. 3-4 with the residual on the un-normalised current map, then
+    x + MLP(LayerNorm(x)), MLP ratio 4 with GELU; ``eq4``: the attention and its residual only."""
     torch.manual_seed(0)
-    net = build_fedst_net({**TINY, "temporal_at": "encoder", "heads": 1}).eval()
-    assert net.rsc.heads == 1 and net.rsc.dim == net.encoder.channels[-1] == 256
-    seen = []
-    net.rsc.register_forward_hook(lambda m, inp, out: seen.append(inp[0].shape))
-    assert net.head_input(torch.rand(1, 4, 3, 64, 96)).shape == (1, 128, 16, 24)
-    assert seen == [torch.Size([1, 4, 256, 2, 3])]
-    with pytest.raises(ValueError, match="temporal_at"):
-        build_fedst_net({**TINY, "temporal_at": "middle"})
+    rsc = RSCTemporal(dim=8, heads=2, window=2, pools=[2, 1], fields=[2, 2]).eval()
+    eq4 = RSCTemporal(dim=8, heads=2, window=2, pools=[2, 1], fields=[2, 2], block="eq4").eval()
+    eq4.load_state_dict({k: v for k, v in rsc.state_dict().items() if k in eq4.state_dict()})
+    assert sorted(set(rsc.state_dict()) - set(eq4.state_dict())) == [
+        "mlp.0.bias", "mlp.0.weight", "mlp.2.bias", "mlp.2.weight", "norm1.bias", "norm1.weight", "norm2.bias", "norm2.weight"]
+    assert rsc.mlp[0].out_features == 32 and isinstance(rsc.mlp[1], torch.nn.GELU)
+    feats = torch.rand(1, 2, 8, 4, 4) * 3 + 1
+    normed = rsc.norm1(feats.transpose(2, -1)).transpose(2, -1)
+    x = eq4(normed) - normed[:, -1] + feats[:, -1]  # attention on the normalised clip, residual on F_ts
+    tokens = x.permute(0, 2, 3, 1)
+    want = (tokens + rsc.mlp(rsc.norm2(tokens))).permute(0, 3, 1, 2)
+    assert torch.allclose(rsc(feats), want, atol=1e-6)
 
 
 def test_fedst_network_adds_rsc_and_selection_to_the_baselines():
-    """FedST = the baselines' network + RSC (8 heads at 128 channels: 4 x 128 x 129 projections,
-    8 x 49 x 132 position biases, 74 pooling weights) + channel selection (Linear(256 + 512, 256))."""
+    """FedST = the baselines' network + RSC at 64 channels, 8 heads, CFFM's block (4 x 64 x 65 projections,
+    8 x 49 x 132 position biases, 74 pooling weights, 2 LayerNorms, MLP 64 -> 256 -> 64) + channel
+    selection (Linear(64 + 512, 64)); Eq. 4 alone at 128 channels (the decoder placement) is 117,866."""
     torch.manual_seed(0)
     full = dict(window=7, pools=[7, 4, 2, 1], fields=[49, 20, 6, 7])
     fedst = build_fedst_net(full)
     n_rsc = sum(p.numel() for p in fedst.rsc.parameters())
     n_cs = sum(p.numel() for p in fedst.cs.parameters())
-    assert n_rsc == 4 * 128 * 129 + 8 * 49 * (49 + 25 + 9 + 49) + (50 + 17 + 5 + 2) == 117_866
-    assert n_cs == (256 + 512) * 256 + 256
+    bias, pools = 8 * 49 * (49 + 25 + 9 + 49), 50 + 17 + 5 + 2
+    assert n_rsc == 4 * 64 * 65 + bias + pools + 2 * 2 * 64 + (64 * 256 + 256) + (256 * 64 + 64) == 101_802
+    assert n_cs == (64 + 512) * 64 + 64
     assert sum(p.numel() for p in fedst.parameters()) == 5_166_180 + n_rsc + n_cs
+    old = build_fedst_net({**full, "temporal_at": "decoder", "temporal_block": "eq4"})
+    assert sum(p.numel() for p in old.rsc.parameters()) == 4 * 128 * 129 + bias + pools == 117_866
 
 
-def _sent_on_the_paper_grid(methods, method_params=None):
+def test_encoder_drop_path_is_feddps_and_draws_from_the_given_generator():
+    """FedDP's pvt_v2_b0 (``pvtv2.py:288-290,512``): drop_path_rate 0.1 spread linspace(0, 0.1, 8) over the 8
+    blocks, one rate for both branches of a block; the masks come from the site's generator (runs repeat)."""
+    from fedmedbench.models.fedst.encoder import SeededDropPath
+
+    torch.manual_seed(0)
+    net = build_fedst_net({**TINY, "temporal": False, "selection": "none"})
+    rates = []
+    for stage in net.encoder.backbone.stages:
+        for block in stage.blocks:
+            one, two = block.drop_path1, block.drop_path2
+            rate = one.rate if isinstance(one, SeededDropPath) else 0.0
+            assert (two.rate if isinstance(two, SeededDropPath) else 0.0) == rate
+            rates.append(rate)
+    assert rates == pytest.approx(torch.linspace(0, 0.1, 8).tolist(), abs=1e-9) and rates[-1] == pytest.approx(0.1)
+    assert len(net.encoder.drop_paths()) == 14  # block 0 has none (rate 0)
+    assert not build_fedst_net({**TINY, "drop_path_rate": 0.0}).encoder.drop_paths()
+    # in training, the masks repeat with the generator and leave torch's global generator alone
+    clip = torch.rand(4, 1, 3, 64, 64)
+    net.train()
+    outs = []
+    for seed in (1, 1, 2):
+        net.set_generator(torch.Generator().manual_seed(seed))
+        state = torch.get_rng_state()
+        outs.append(net.head_input(clip))
+        assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])
+    drop = SeededDropPath(0.5).train()
+    drop.generator = torch.Generator().manual_seed(0)
+    kept = drop(torch.ones(64, 3)).amax(dim=1)
+    assert set(kept.tolist()) == {0.0, 2.0} and drop.eval()(torch.ones(2, 3)).sum() == 6
+
+
+def _sent_on_the_paper_grid(methods, method_params=None, fedst=None):
     """Per method: (MiB a site sends per round, the paper grid's network), with ``method_params``
-    (method -> parameters) over the grid's."""
+    (method -> parameters) and ``fedst`` (keys of the fedst block) over the grid's."""
     import copy
     from pathlib import Path
 
@@ -199,13 +297,12 @@ def _sent_on_the_paper_grid(methods, method_params=None):
 
     from fedmedbench.fl.api.registry import get_method
     from fedmedbench.studies.fedst import runs as FS
-    from fedmedbench.studies.fedst.deploy import communication_mb
 
     root = Path(__file__).resolve().parents[1]
     grid = yaml.safe_load((root / "config" / "studies" / "fedst.yaml").read_text())
-    validate(grid, str(root / "config" / "schema.yaml"))
     for method, params in (method_params or {}).items():
         grid["fedst"]["method_params"].setdefault(method, {}).update(params)
+    grid["fedst"].update(fedst or {})
     validate(grid, str(root / "config" / "schema.yaml"))
     cfg = copy.deepcopy(grid["fedst"])
     out = {}
@@ -213,44 +310,50 @@ def _sent_on_the_paper_grid(methods, method_params=None):
         spec = FS.run_spec(cfg, "main", method, 0, "clips", "run", None, "cpu", 1, "real")
         torch.manual_seed(0)
         net = build_fedst_net({**spec["task_params"]["model"], "encoder_weights": None})
-        out[method] = (communication_mb(get_method(method, spec["method_params"]), net), net)
+        # what leaves a site: the entries of its reply (the method's shared keys), float32
+        state = net.state_dict()
+        sent = sum(state[k].numel() for k in get_method(method, spec["method_params"]).shared_keys(net)) * 4 / 2**20
+        out[method] = (sent, net)
     return out
 
 
 def test_sent_mib_per_method_on_the_paper_grid_vs_table_ix():
-    """Table IX's communication column (MB = MiB of fp32 transmitted trainable parameters) on
-    FedDP's network: FedAvg / FedAS / FedLD 19.71 (the whole network; FedAS keeps its 516-parameter
-    classifier), FedRep 13.01 (no decoder, no head), FedDP 6.70 under ``sent: paper_text`` (the
-    decoder + head, 1,756,420 parameters); by default FedDP sends what its code sends, everything
-    but the encoder queries (18.97), and FedST (queries, RSC, selection kept) sends as much;
-    Table IX's 12.69 for FedST is below the encoder alone (docs/fedst.md, fidelity table)."""
+    """Table IX's communication column (MB = MiB of fp32 transmitted parameters) on the paper grid's networks:
+    FedAvg / FedAS / FedLD 19.71 (the whole network; FedAS keeps its 516-parameter classifier), FedRep 13.01
+    (no decoder, no head), FedDP 6.70 under ``sent: paper_text`` (its code's reading, the default: 18.97),
+    FedST 12.69 +- 0.05 under ``fedst.sent: table_ix`` (the encoder without its queries + RSC)."""
     from pathlib import Path
 
     import yaml
 
     from fedmedbench.fl.api.registry import get_method
+    from fedmedbench.studies.fedst.deploy import communication_mb
 
     root = Path(__file__).resolve().parents[1]
     paper = yaml.safe_load((root / "config" / "paper_values" / "fedst.yaml").read_text())["tables"]["table9"]["rows"]
     paper = {r["Method"]: r["Cost (MB/round)"] for r in paper}
     sent = _sent_on_the_paper_grid(("seg_fedavg", "fedas", "fedld", "fedrep", "feddp", "fedst"))
     ours = {m: v[0] for m, v in sent.items()}
-    assert round(ours["seg_fedavg"], 2) == paper["FedAvg"] == 19.71
-    assert round(ours["fedld"], 2) == paper["FedLD"] == 19.71
-    assert round(ours["fedas"], 2) == paper["FedAS"] == 19.71
-    assert round(ours["fedrep"], 2) == paper["FedRep"] == 13.01
+    for method, name in (("seg_fedavg", "FedAvg"), ("fedld", "FedLD"), ("fedas", "FedAS"), ("fedrep", "FedRep")):
+        assert round(ours[method], 2) == paper[name], method
+    assert paper["FedAvg"] == 19.71 and paper["FedRep"] == 13.01
+    # FedST: the encoder without its 193,536 query parameters (3,216,224) + RSC (101,802) leave the site
+    net = sent["fedst"][1]
+    fedst = get_method("fedst", {"personal": ["enc_q", "cs", "decoder"], "serq": {"enabled": False}})
+    keys = fedst.shared_keys(net)
+    assert {k.split(".")[0] for k in keys} == {"encoder", "rsc"} and not [k for k in keys if ".attn.q." in k]
+    assert ours["fedst"] == (3_409_760 - 193_536 + 101_802) * 4 / 2**20 == pytest.approx(paper["FedST"], abs=0.05)
+    assert ours["fedst"] == pytest.approx(communication_mb(fedst, net))  # what Table IX's column reports
+    table_v = _sent_on_the_paper_grid(("fedst",), fedst={"sent": "table_v", "rsc_communicated": False})["fedst"][0]
+    assert table_v == pytest.approx((5_166_180 - 193_536) * 4 / 2**20)  # the earlier reading: 18.97
+    # FedDP: its code (default) and the paper's text
     net = sent["feddp"][1]
     paper_text = _sent_on_the_paper_grid(("feddp",), {"feddp": {"sent": "paper_text"}})["feddp"][0]
     assert paper_text == 1_756_420 * 4 / 2**20 and round(paper_text, 2) == paper["FedDP"] == 6.70
     names = [n for n, _ in net.named_parameters()]  # what leaves a FedDP site under each reading
     assert get_method("feddp", {"sent": "paper_text"}).shared_keys(net) == [n for n in names if n.startswith("decoder.")]
     assert get_method("feddp", {}).shared_keys(net) == [n for n in names if ".attn.q." not in n]
-    queries = sum(p.numel() for n, p in net.named_parameters() if ".attn.q." in n)
-    assert queries == 193_536
-    assert ours["feddp"] == pytest.approx((5_166_180 - queries) * 4 / 2**20) == pytest.approx(18.969, abs=1e-3)
-    assert ours["fedst"] == pytest.approx(ours["feddp"])
-    encoder_without_queries = (3_409_760 - queries) * 4 / 2**20
-    assert round(encoder_without_queries, 2) == 12.27 < paper["FedST"] == 12.69 < paper["FedRep"]
+    assert ours["feddp"] == pytest.approx((5_166_180 - 193_536) * 4 / 2**20) == pytest.approx(18.969, abs=1e-3)
 
 
 def test_feddp_averages_parameters_only_buffers_stay_on_the_site():

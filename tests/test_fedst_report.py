@@ -167,3 +167,26 @@ def test_synmix_doubles_the_iterations_and_mixes_the_server_site():
     assert ("synmix", "seg_fedavg", 0) in FS.runs(cfg) and not any(m == "fedrep" for _, m, _ in FS.runs(cfg))
     with pytest.raises(ValueError, match="local_steps"):
         FS.train_config({**cfg, "train": {"rounds": 3, "local_steps": None}}, "synmix")
+
+
+def test_table4_says_per_site_whether_the_clip_history_is_real():
+    """The temporal ablation rows carry each site's clip history (site.json's share of repeated history slots):
+    real, repeated, or the share repeated; rows without the temporal module say so."""
+    history = {"A": 1 / 3, "B": 1 / 3, "C": 0.0, "D": 1.0, "E": 1.0}
+    t = R.table_dice_rows(_runs(), ["A", "B"], R.ROWS["table4"], "onehot", history).set_index("Setting")
+    assert t.loc["FedST (full)", "Clip history"] == "A 33% repeated, B 33% repeated, C real, D repeated, E repeated"
+    assert t.loc["+TS", "Clip history"] == t.loc["FedST (full)", "Clip history"]
+    assert t.loc["FedDP baseline", "Clip history"] == t.loc["SERQ only", "Clip history"] == "no temporal module"
+    assert "Clip history" not in R.table_dice_rows(_runs(), ["A", "B"], R.ROWS["table5"], "onehot").columns
+
+
+def test_captions_name_the_scoring_rule_size_and_each_methods_sent_reading():
+    note = R.scoring_note({"resolution": "input", "empty_rule": "diagonal"}, [480, 480])
+    assert "the input size (480x480)" in note and "image diagonal" in note and "empty_rule: diagonal" in note
+    assert "FedDP's one pixel at (0, 0)" in R.scoring_note({"empty_rule": "feddp_pixel"}, [480, 480])
+    sent = R.sent_note({"sent": "table_ix", "rsc_communicated": True, "method_params": {}})
+    assert "FedST the encoder without its queries + RSC (fedst.sent: table_ix, rsc_communicated: true)" in sent
+    assert "every parameter but the encoder queries (method_params.feddp.sent: reference_code)" in sent
+    old = R.sent_note({"sent": "table_v", "rsc_communicated": False, "method_params": {"feddp": {"sent": "paper_text"}}})
+    assert "the decoder and head (fedst.sent: table_v, rsc_communicated: false)" in old
+    assert "FedDP its decoder and head (method_params.feddp.sent: paper_text)" in old

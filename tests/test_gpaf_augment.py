@@ -157,6 +157,7 @@ def test_device_of_a_domain_is_the_device_its_stored_file_was_made_with():
 def hand_made_run(tmp_path) -> tuple[dict, dict, dict]:
     """Base and 'degraded' files (the stored shift a stand-in: 255 - x), a partition of two clients: (base arrays,
     shifted arrays, sources); the partition is ``tmp_path / 'p.json'``."""
+    from fedmedbench.partition.schemes import seal
     from fedmedbench.workflow.io import write_json
 
     rng = np.random.default_rng(0)
@@ -169,7 +170,7 @@ def hand_made_run(tmp_path) -> tuple[dict, dict, dict]:
         {"id": 0, "source": "base", "train": [0, 1, 2], "val": [6], "test": [8]},
         {"id": 1, "source": "degraded", "train": [3, 4, 5], "val": [7], "test": [9]}],
         "global_test": [{"source": "base", "idx": [8, 9]}]}
-    write_json(tmp_path / "p.json", doc)
+    write_json(tmp_path / "p.json", seal(doc))
     sources = {"base": str(tmp_path / "base.npz"), "degraded": str(tmp_path / "degraded.npz")}
     return base, shifted, sources
 

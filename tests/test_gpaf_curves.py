@@ -21,6 +21,7 @@ from fedmedbench.fl.api.registry import METHODS, get_method
 from fedmedbench.fl.engine import federation as fed
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.training import batch_indices, epoch_means, to_float
+from fedmedbench.partition.schemes import seal
 from fedmedbench.workflow import io
 
 # ---------------------------------------------------------------- a client's per-epoch losses
@@ -92,7 +93,7 @@ def _two_label_folder(d: Path, train_sizes: tuple[int, int]) -> Path:
             assert len(clients[c][split]) == take
         offset += counts[split]
     test = clients[0]["test"] + clients[1]["test"]
-    io.write_json(d / "p.json", {"num_classes": 2, "clients": clients, "global_test": [{"source": "base", "idx": test}]})
+    io.write_json(d / "p.json", seal({"num_classes": 2, "clients": clients, "global_test": [{"source": "base", "idx": test}]}))
     return d
 
 

@@ -49,6 +49,39 @@ def test_most_specific_train_override_wins_for_its_pair_only():
                         ("dir", "centralized"): 0.0}
 
 
+def test_a_table_row_trained_with_overridden_hyper_parameters_carries_a_note_naming_them(tmp_path):
+    """Hand-made run summaries of a study whose train lr is 0.1: FedAvg in setting dir runs at lr 0.01
+    (``settings.dir.method_train``), centralized everywhere with momentum 0.9 (``method_train``). Their rows are
+    marked and the note under the table names the keys with both values; the other row is not marked."""
+    from types import SimpleNamespace
+
+    st = _study(method_train={"centralized": {"momentum": 0.9}})
+    st["settings"]["dir"]["method_train"] = {"fedavg": {"lr": 0.01}}
+    validate({"studies": {"s": st}}, SCHEMA)
+    overrides = grid.train_overrides(st)
+    assert overrides == {"iid": {"centralized": {"momentum": [0.9, 0.0]}},
+                         "dir": {"fedavg": {"lr": [0.01, 0.1]}, "centralized": {"momentum": [0.9, 0.0]}}}
+    paths = []
+    for setting in ("iid", "dir"):
+        for method, acc in (("fedavg", 0.8), ("centralized", 0.9)):
+            paths.append(tmp_path / f"{setting}-{method}.json")
+            paths[-1].write_text(json.dumps({
+                "study": "s", "dataset": "bloodmnist", "setting": setting, "method": method, "seed": 0,
+                "data_origin": "synthetic", "rounds": 2, "rounds_run": 2, "final": {"global_accuracy": acc}}))
+    runs = tables.load_summaries(paths)
+    out = SimpleNamespace(csv=tmp_path / "t.csv", md=tmp_path / "t.md", tex=tmp_path / "t.tex")
+    tables.write_tables(tables.aggregate(runs, ["global_accuracy"]), runs, out, "s", "synthetic", overrides=overrides)
+    md = out.md.read_text()
+    rows = [line.split("|")[2:4] for line in md.splitlines() if line.startswith("| bloodmnist")]
+    assert [[c.strip() for c in r] for r in rows] == [["iid", "fedavg"], ["iid", "centralized †"], ["dir", "fedavg ‡"],
+                                                       ["dir", "centralized †"]]
+    assert md.endswith("\n† momentum 0.9 (study: 0.0)\n\n‡ lr 0.01 (study: 0.1)\n")
+    csv = pd.read_csv(out.csv, keep_default_na=False)
+    assert csv["train_overrides"].tolist() == ["", "momentum 0.9 (study: 0.0)", "lr 0.01 (study: 0.1)",
+                                               "momentum 0.9 (study: 0.0)"]
+    assert "† momentum 0.9 (study: 0.0). ‡ lr 0.01 (study: 0.1)." in out.tex.read_text()
+
+
 def test_pair_override_is_checked_by_the_schema_and_the_study():
     st = _study()
     st["settings"]["iid"]["method_train"] = {"fedavg": {"learning_rate": 0.4}}

@@ -422,6 +422,155 @@ def test_fedwmsam_alpha_after_a_nan_update_clips_to_the_floor_as_the_reference()
     assert math.isclose(float(ctx.broadcast["alpha"]["alpha"]), 0.99 * 0.3 + 0.01 * 0.1)
 
 
+# ---------------------------------------------------------------- the Method hooks of the base client step
+
+
+def hook_fit(extra=None, correction=None, **cfg) -> dict:
+    """The base ``Method.client_fit`` on the tiny problem with the given hooks; the trained state."""
+    from fedmedbench.fl.api import Method
+
+    class Hooked(Method):
+        if extra is not None:
+            def extra_loss(self, ctx, model, x, y, logits):
+                return extra(model)
+
+        def gradient_correction(self, ctx):
+            return correction
+
+    ctx = context(**cfg)
+    return Hooked().client_fit(ctx).arrays
+
+
+def test_the_gradient_correction_hook_is_the_gradient_of_its_linear_loss_term_bit_for_bit():
+    """``Method.gradient_correction`` d is added to each step's gradient before clipping: the same bits as the
+    loss hook's term <theta, d> (autograd gives d exactly), and not plain SGD's."""
+    model = tiny_model()
+    d = {n: torch.full_like(p, 0.5) * (i + 1) for i, (n, p) in enumerate(model.named_parameters())}
+    plain = hook_fit(grad_clip=0.5)
+    corrected = hook_fit(correction=d, grad_clip=0.5)
+    linear = hook_fit(extra=lambda m: sum((p * d[n]).sum() for n, p in m.named_parameters()), grad_clip=0.5)
+    assert same(corrected, linear) and not same(corrected, plain)
+    assert same(plain, fit("fedavg", grad_clip=0.5)[0].arrays)  # no hook: FedAvg's client step, bit for bit
+    with pytest.raises(KeyError, match=r"gradient correction: \['nope'\] not trainable parameters"):
+        hook_fit(correction={"nope": torch.zeros(1)})
+
+
+# ---------------------------------------------------------------- FedAdam, FedYogi, FedAdagrad: the server step
+
+
+class Toy(nn.Module):
+    """One trainable vector w (stepped by the server optimizer) and one buffer (averaged)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(2))
+        self.register_buffer("stat", torch.zeros(1))
+
+
+def fedopt_round(method, state: dict, theta: dict, clients: list[tuple[list[float], float, int]], rnd: int) -> dict:
+    """One server round from the clients' (w, stat, examples), averaged by examples."""
+    results = [ClientResult({"w": torch.tensor(w, dtype=torch.float32), "stat": torch.tensor([s])}, n) for w, s, n in clients]
+    ctx = ServerContext(rnd=rnd, global_arrays=theta, results=results, pids=list(range(len(results))), state=state,
+                        num_clients=len(results), device=torch.device("cpu"), train=train_cfg(aggregation="examples"),
+                        new_model=Toy)
+    return method.aggregate(ctx)
+
+
+def two_rounds(name: str, delta_2: list[float], params=None) -> tuple[list[float], list[float], dict, float]:
+    """Round 1: clients w = (1, -2) with 1 example and (3, 2) with 3 from theta = 0: Delta_1 = (2.5, 1), the
+    buffer's average (1 + 3 * 5) / 4 = 4. Round 2: both clients at theta_1 + ``delta_2``."""
+    method, state = get_method(name, params), {}
+    theta0 = {"w": torch.zeros(2), "stat": torch.zeros(1)}
+    theta1 = fedopt_round(method, state, theta0, [([1.0, -2.0], 1.0, 1), ([3.0, 2.0], 5.0, 3)], rnd=1)
+    w1 = theta1["w"].double()
+    second = (w1 + torch.tensor(delta_2, dtype=torch.float64)).tolist()
+    theta2 = fedopt_round(method, state, theta1, [(second, 0.0, 1), (second, 0.0, 1)], rnd=2)
+    return w1.tolist(), theta2["w"].double().tolist(), state, float(theta1["stat"])
+
+
+def test_fedadam_is_adam_on_the_averaged_update_with_flowers_bias_correction():
+    """m = 0.9 m + 0.1 Delta, v = 0.99 v + 0.01 Delta^2, theta += eta_t m / (sqrt(v) + 1e-9) with Flower's
+    eta_t = 0.1 sqrt(1 - 0.99^(t+1)) / (1 - 0.9^(t+1)); the numbers worked by hand."""
+    w1, w2, state, stat = two_rounds("fedadam", [-1.0, 1.0])
+    eta_1 = 0.1 * math.sqrt(1 - 0.99**2) / (1 - 0.9**2)
+    m1, v1 = [0.25, 0.1], [0.0625, 0.01]  # 0.1 * (2.5, 1); 0.01 * (6.25, 1)
+    expect_1 = [eta_1 * m / (math.sqrt(v) + 1e-9) for m, v in zip(m1, v1, strict=True)]
+    eta_2 = 0.1 * math.sqrt(1 - 0.99**3) / (1 - 0.9**3)
+    m2, v2 = [0.125, 0.19], [0.071875, 0.0199]  # 0.9 m1 + 0.1 (-1, 1); 0.99 v1 + 0.01 (1, 1)
+    expect_2 = [w + eta_2 * m / (math.sqrt(v) + 1e-9) for w, m, v in zip(expect_1, m2, v2, strict=True)]
+    np.testing.assert_allclose(w1, expect_1, rtol=1e-6)
+    np.testing.assert_allclose(w2, expect_2, rtol=1e-6)
+    np.testing.assert_allclose(state["m"]["w"], m2, rtol=1e-6)
+    np.testing.assert_allclose(state["v"]["w"], v2, rtol=1e-6)
+    assert state["m"]["w"].dtype == torch.float64 and stat == 4.0  # the buffer is averaged, not stepped
+    w1_paper, _, _, _ = two_rounds("fedadam", [-1.0, 1.0], {"bias_correction": "none"})
+    np.testing.assert_allclose(w1_paper, [0.1 * m / (math.sqrt(v) + 1e-9) for m, v in zip(m1, v1, strict=True)], rtol=1e-6)
+
+
+def test_fedyogi_moves_v_additively_towards_delta_squared():
+    """v = v - 0.01 Delta^2 sign(v - Delta^2), theta += 0.01 m / (sqrt(v) + 1e-3), no bias correction. Round 2:
+    Delta = (0.125, 0.5): v_1 = 0.0625 > 0.015625 shrinks, v_1 = 0.01 < 0.25 grows (Adam's would give 0.06203125
+    and 0.0124)."""
+    w1, w2, state, stat = two_rounds("fedyogi", [0.125, 0.5])
+    m1, v1 = [0.25, 0.1], [0.0625, 0.01]  # round 1 from v = 0: sign(0 - Delta^2) = -1, so v = 0.01 Delta^2
+    expect_1 = [0.01 * m / (math.sqrt(v) + 1e-3) for m, v in zip(m1, v1, strict=True)]
+    m2 = [0.9 * 0.25 + 0.1 * 0.125, 0.9 * 0.1 + 0.1 * 0.5]
+    v2 = [0.0625 - 0.01 * 0.015625, 0.01 + 0.01 * 0.25]
+    expect_2 = [w + 0.01 * m / (math.sqrt(v) + 1e-3) for w, m, v in zip(expect_1, m2, v2, strict=True)]
+    np.testing.assert_allclose(w1, expect_1, rtol=1e-6)
+    np.testing.assert_allclose(state["v"]["w"], v2, rtol=1e-6)
+    np.testing.assert_allclose(w2, expect_2, rtol=1e-6)
+    assert stat == 4.0
+
+
+def test_fedadagrad_sums_the_squared_updates_without_momentum():
+    """Flower's FedAdagrad: m = Delta (beta_1 = 0), v = v + Delta^2, theta += 0.1 m / (sqrt(v) + 1e-9)."""
+    w1, w2, state, stat = two_rounds("fedadagrad", [-1.0, 1.0])
+    expect_1 = [0.1 * 2.5 / (2.5 + 1e-9), 0.1 * 1.0 / (1.0 + 1e-9)]
+    expect_2 = [expect_1[0] - 0.1 / (math.sqrt(7.25) + 1e-9), expect_1[1] + 0.1 / (math.sqrt(2.0) + 1e-9)]
+    np.testing.assert_allclose(w1, expect_1, rtol=1e-6)
+    np.testing.assert_allclose(state["v"]["w"], [7.25, 2.0], rtol=1e-6)  # (6.25, 1) + (1, 1)
+    np.testing.assert_allclose(w2, expect_2, rtol=1e-6)
+    assert stat == 4.0
+
+
+# ---------------------------------------------------------------- FedBN: batch norm stays on the site
+
+
+def test_fedbn_keeps_each_sites_batch_norm_and_sends_the_rest():
+    """With BatchNorm (cnn_small: two layers), no BatchNorm parameter or buffer is in the global model or in a
+    client's reply; each client trains on with its own batch norm in the next round (its counter adds up the
+    steps of both rounds) under the new global rest, and is evaluated with it."""
+    from helpers.clients import client_ctx, fresh_global, server_ctx, toy_data, toy_spec, train_config
+
+    from fedmedbench.fl.methods.fedbn import batch_norm_keys
+
+    method, spec = get_method("fedbn"), toy_spec("fedbn", model="cnn_small")
+    model = method.build_model(spec)
+    bn = set(batch_norm_keys(model))
+    assert bn == {f"features.{i}.{k}" for i in (1, 5)
+                  for k in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")}
+    g0 = fresh_global(method, spec)
+    assert set(g0) == set(model.state_dict()) - bn
+    cfg = train_config(optimizer="sgd", lr=0.05)
+    states: list[dict] = [{}, {}]
+    r1 = [method.client_fit(client_ctx(method, spec, g0, toy_data(seed=p), pid=p, state=states[p], cfg=cfg))
+          for p in (0, 1)]
+    assert all(set(r.arrays) == set(g0) for r in r1)  # nothing of the batch norm leaves a site
+    assert all(set(s["bn"]) == bn for s in states)
+    assert not torch.equal(states[0]["bn"]["features.1.running_mean"], states[1]["bn"]["features.1.running_mean"])
+    g1 = method.aggregate(server_ctx(method, spec, g0, r1))
+    assert set(g1) == set(g0)
+    mine = {k: v.clone() for k, v in states[0]["bn"].items()}
+    ctx = client_ctx(method, spec, g1, toy_data(seed=0), pid=0, rnd=2, state=states[0], cfg=cfg)
+    own = method.personal_model(ctx).state_dict()
+    assert all(torch.equal(own[k], mine[k]) for k in bn) and all(torch.equal(own[k], g1[k]) for k in g1)
+    r2 = method.client_fit(ctx)
+    assert set(r2.arrays) == set(g0)
+    assert int(states[0]["bn"]["features.1.num_batches_tracked"]) == 8  # 4 steps in round 1 + 4 in round 2
+    assert int(states[1]["bn"]["features.1.num_batches_tracked"]) == 4  # client 1 did not train in round 2
+
+
 def test_unknown_parameter_and_bad_values_are_named():
     with pytest.raises(TypeError, match=r"fedavg.*unknown parameter"):
         get_method("fedavg", {"mu": 1})
@@ -465,7 +614,8 @@ def run_inprocess(d, method, name, rounds=3, params=None, stop=None):
     return f, f.run(fed.InProcessTransport(spec))
 
 
-ALL = ["fedavg", "fedprox", "scaffold", "feddyn", "fedsam", "fedspeed", "fedsmoo", "fedgamma", "fedlesam", "fedwmsam"]
+ALL = ["fedavg", "fedprox", "scaffold", "feddyn", "fedsam", "fedspeed", "fedsmoo", "fedgamma", "fedlesam", "fedwmsam",
+       "fedadam", "fedyogi", "fedadagrad", "fedbn"]
 
 
 @pytest.mark.parametrize("method", ALL)

@@ -81,6 +81,31 @@ def test_empty_masks_follow_the_empty_mask_rule():
     assert [f.in_gt[2] for f in frames] == [True, True, False]
 
 
+def test_feddp_pixel_rule_is_the_same_on_the_device():
+    """``empty_rule: feddp_pixel``: a missed part scored from pixel (0, 0) with torch as with MedPy, per class and
+    frame, at a spacing too; a hallucinated part keeps the diagonal; the meter's two paths agree."""
+    pred, gt = canvas(), canvas()
+    gt[3:6, 3:6] = 2
+    gt[0:2, 0:2] = 1
+    pred[8, 9] = 3
+    pred_b, gt_b = np.stack([pred, pred, canvas()]), np.stack([gt, gt, canvas()])
+    spacing = [None, (2.0, 3.0), None]
+    got = D.batch_scores(torch.as_tensor(pred_b), torch.as_tensor(gt_b), [1, 2, 3], "medpy_0_5", spacing, empty_rule="feddp_pixel")
+    for f in range(3):
+        want = S.frame_scores(pred_b[f], gt_b[f], [1, 2, 3], "medpy_0_5", spacing[f], "feddp_pixel")
+        for c in (1, 2, 3):
+            assert_same(got[f].scores[c], want[c], f"frame {f} class {c}")
+    assert got[0].scores[1]["dice"] == pytest.approx(2 / 5)  # the pixel lies in the shaft at (0, 0)
+    assert got[0].scores[2]["hd95"] < math.hypot(12, 14) == got[0].scores[3]["hd95"]
+    assert [f.pred_any for f in got] == [True, True, False]
+    cpu, dev = S.SegmentationMeter(PARTS, empty_rule="feddp_pixel"), S.SegmentationMeter(PARTS, empty_rule="feddp_pixel")
+    cpu.add(pred_b, gt_b, spacing)
+    dev.add_on_device(torch.as_tensor(pred_b), torch.as_tensor(gt_b), spacing)
+    assert dev.result() == pytest.approx(cpu.result(), rel=ASSD_RTOL)
+    with pytest.raises(ValueError, match="empty_rule"):
+        D.batch_scores(torch.as_tensor(pred_b), torch.as_tensor(gt_b), [1], empty_rule="corner")
+
+
 def test_masks_touching_the_image_border_and_holes():
     """A mask along the image's edge (its edge pixels are border: the outside counts as empty) and a ring
     with a hole (the hole's rim is border too)."""
@@ -209,7 +234,8 @@ def test_a_runs_scoring_defaults_are_evaluate_clips_and_its_values_pass_through(
 
     defaults = {k: p.default for k, p in inspect.signature(evaluate_clips).parameters.items()}
     assert scoring({}) == {k: defaults[k] for k in scoring({})}
-    tp = {"class_rule": "gt_classes", "assd": "medpy_0_4", "resolution": "native", "metrics_device": "torch", "lr": 1}
+    tp = {"class_rule": "gt_classes", "assd": "medpy_0_4", "resolution": "native", "metrics_device": "torch",
+          "empty_rule": "feddp_pixel", "lr": 1}
     assert scoring(tp) == {k: v for k, v in tp.items() if k != "lr"}
 
 

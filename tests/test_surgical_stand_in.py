@@ -20,6 +20,7 @@ import _surgical_cost as SC  # noqa: E402
 import grid_cost  # noqa: E402
 import surgical_stand_in as SI  # noqa: E402
 
+from fedmedbench.data.surgical import facts  # noqa: E402
 from fedmedbench.fl.tasks.detection import yolo  # noqa: E402
 
 STUDIES = BENCH.parent / "config" / "studies"
@@ -27,8 +28,8 @@ SPEC = yaml.safe_load((BENCH / "surgical_stand_in.yaml").read_text())
 
 #: (training, test) frames as published: FedST Table I (site A without the two 300-frame test procedures,
 #: as config/studies/fedst.yaml leaves them out) and UltraFlwr Sec. III-A (all frames of a dataset)
-PUBLISHED = {"endovis2017": (1800, 600), "endovis2018": (2235, 997), "rarp": (2023, 1138), "hystyt": (998, 982),
-             "lobyt": (0, 203), "simulator": (3600, 0), "m2cai16": (2811, 0), "cholectrack20": (31226, 0)}
+PUBLISHED = {**{k: (v.train or 0, v.test or 0) for k, v in facts.TABLE_I.items()},
+             **{k: (v.frames, 0) for k, v in facts.PUBLISHED.items()}}
 LEFT_OUT = {"endovis2017": 2}  # test-only procedures 9 and 10 (excluded by the study config)
 
 

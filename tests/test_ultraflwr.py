@@ -408,6 +408,8 @@ def test_defaults_follow_ultraflwrs_code():
     assert train["assigner"]["default"] == method.assigner == "ultralytics_8_3"
     assert train["hsv"]["default"] == method.hsv == "ultralytics_8_3"
     assert train["ap"]["default"] == method.ap == "ultralytics_8_3"
+    assert train["match"]["default"] == method.match == "ultralytics_8_3"
+    assert train["pipeline"]["default"] == method.pipeline == "ultralytics_8_3"
     sel = EpochSelector()  # the hand-made results above: best mAP50 at epoch 1, best fitness at epoch 2
     for e, (m50, m5095) in enumerate([(0.30, 0.10), (0.60, 0.20), (0.55, 0.30), (0.20, 0.05)]):
         sel(_FakeTrainer(e, 4, m50, m5095))
@@ -564,7 +566,7 @@ def test_the_training_set_takes_its_hsv_step_by_the_chosen_rule_also_after_the_m
     from fedmedbench.fl.tasks.detection.yolo import study_trainer
 
     def stub(self, img_path, mode="train", batch=None):
-        ds = SimpleNamespace(build_transforms=lambda hyp: Compose([RandomHSV(0.1, 0.2, 0.3), "format"]))
+        ds = SimpleNamespace(build_transforms=lambda hyp: Compose([RandomHSV(0.1, 0.2, 0.3), "format"]), imgsz=64)
         ds.transforms = ds.build_transforms(None)
         return ds
 
@@ -980,6 +982,12 @@ def test_study_config_validates_with_no_medmnist_study():
     assert spec["method_params"]["ap"] == spec["task_params"]["ap"] == "ultralytics_8_3"
     spec = UFR.run_spec({**uf, "train": {**t, "ap": "installed"}}, run, "s", None, "cpu", "real")
     assert spec["method_params"]["ap"] == spec["task_params"]["ap"] == "installed"
+    # matching and training samples as Ultralytics 8.3.48 (tests/test_ultralytics_8348.py); 8.4's on request
+    spec = UFR.run_spec(uf, run, "s", None, "cpu", "real")
+    assert spec["method_params"]["match"] == spec["task_params"]["match"] == spec["method_params"]["pipeline"]
+    assert spec["method_params"]["pipeline"] == "ultralytics_8_3"
+    spec = UFR.run_spec({**uf, "train": {**t, "match": "installed", "pipeline": "installed"}}, run, "s", None, "cpu", "real")
+    assert spec["method_params"]["match"] == spec["task_params"]["match"] == spec["method_params"]["pipeline"] == "installed"
     # start weights: every run (UltraFlwr main, the default) or the centralized baseline only (its later branch)
     fed_run = {**run, "strategy": "FedAvg"}
     assert uf["model"]["start"] == "all" and UFR.run_spec(uf, fed_run, "s", "w.pt", "cpu", "real")["pretrained_path"] == "w.pt"
@@ -1084,7 +1092,8 @@ def test_training_workers_are_a_result_parameter_that_reaches_ultralytics(export
     train = {"rounds": 2, "epochs": 1, "batch": 8, "imgsz": 64, "lr0": 0.01, "patience": 100, "split": "ultraflwr",
              "select": "best", "select_metric": "fitness", "weighting": "uniform", "final_aggregation": "skip_all",
              "auto_optimizer": "ultralytics_8_3", "warmup": "ultralytics_8_3", "assigner": "ultralytics_8_3",
-             "hsv": "ultralytics_8_3", "ap": "ultralytics_8_3", "ultralytics": {}}
+             "hsv": "ultralytics_8_3", "ap": "ultralytics_8_3", "match": "ultralytics_8_3", "pipeline": "ultralytics_8_3",
+             "ultralytics": {}}
     conf = {"train": train, "model": {"cfg": "yolo11n.yaml", "head_init": "client"},
             "eval": {"every": 1, "batch": 16, "conf": 0.001, "iou": 0.7, "rect": True}}
     r = {"ugroup": "g", "usetting": "a", "strategy": "FedAvg", "seedset": 0}
@@ -1441,20 +1450,25 @@ def test_ap_extends_the_precision_envelope_to_recall_one_as_ultralytics_8_3():
             pass
 
 
-def test_every_validation_integrates_ap_by_the_chosen_rule(export, tmp_path, monkeypatch):
+def test_every_validation_integrates_ap_and_matches_by_the_chosen_rules(export, tmp_path, monkeypatch):
     """validate_yolo (each reported mAP) and the trainer's own validations (the epoch a client sends)
-    run Ultralytics' ap_per_class with 8.3's compute_ap by default, the installed one on request."""
+    run Ultralytics' ap_per_class with 8.3's compute_ap, on true positives matched by 8.3.48's rule, by default;
+    the installed ones on request."""
+    from ultralytics.engine.validator import BaseValidator
     from ultralytics.utils import metrics
 
     from fedmedbench.fl.tasks.detection.ap import compute_ap_83
     from fedmedbench.fl.tasks.detection.task import DetectionTask
     from fedmedbench.fl.tasks.detection.yolo import validate_yolo
 
-    installed, seen, inner = metrics.compute_ap, [], metrics.ap_per_class
+    installed, seen, inner = (metrics.compute_ap, BaseValidator.match_predictions), [], metrics.ap_per_class
 
     def spy(*args, **kwargs):
-        seen.append(metrics.compute_ap)
+        seen.append((metrics.compute_ap, BaseValidator.match_predictions))
         return inner(*args, **kwargs)
+
+    def is_83(rules) -> bool:
+        return rules[0] is compute_ap_83 and rules[1].__module__.endswith("detection.matching")
 
     monkeypatch.setattr(metrics, "ap_per_class", spy)
     spec = _spec(export, tmp_path, "FedAvg")
@@ -1462,13 +1476,14 @@ def test_every_validation_integrates_ap_by_the_chosen_rule(export, tmp_path, mon
     model = build_yolo("yolo11n.yaml", spec.num_classes, seed=3)
     train_yolo(model, data.data_yaml, epochs=1, batch=8, imgsz=64, seed=0, device=torch.device("cpu"),
                workdir=tmp_path / "t", select="best")
-    assert seen and all(f is compute_ap_83 for f in seen)
+    assert seen and all(is_83(rules) for rules in seen)
     seen.clear()
-    for rule, want in (("ultralytics_8_3", compute_ap_83), ("installed", installed)):
+    for rule in ("ultralytics_8_3", "installed"):
         validate_yolo(model, data.data_yaml, "test", imgsz=64, batch=8, device=torch.device("cpu"),
-                      workdir=tmp_path / rule, ap=rule)
-        assert seen.pop() is want and not seen
-    assert metrics.compute_ap is installed
+                      workdir=tmp_path / rule, ap=rule, match=rule)
+        rules = seen.pop()
+        assert not seen and (is_83(rules) if rule == "ultralytics_8_3" else rules == installed)
+    assert (metrics.compute_ap, BaseValidator.match_predictions) == installed
 
 
 def test_the_global_model_scores_each_clients_test_split_once(tmp_path, monkeypatch):
@@ -1551,3 +1566,31 @@ def test_a_local_training_loads_none_of_ultralytics_loggers(export, tmp_path, mo
         assert SETTINGS["mlflow"] is True
     finally:
         dict.__setitem__(SETTINGS, "mlflow", before)
+
+
+def test_a_training_with_the_anchor_grid_kept_ends_with_the_same_weights(export, tmp_path, monkeypatch):
+    """The loss's anchor grid made once (``anchors.anchors_kept``) instead of every step: the same weights,
+    bit for bit, after a local training, with fewer grids made."""
+    from contextlib import nullcontext
+
+    from ultralytics.utils import loss
+
+    from fedmedbench.fl.tasks.detection import yolo as Y
+    from fedmedbench.fl.tasks.detection.task import DetectionTask
+
+    spec = _spec(export, tmp_path, "FedAvg")
+    data = DetectionTask(spec).client_data(0)
+    made, make = [], loss.make_anchors
+    monkeypatch.setattr(loss, "make_anchors", lambda *a, **k: made.append(1) or make(*a, **k))
+    states, grids = {}, {}
+    for kept in (True, False):
+        if not kept:
+            monkeypatch.setattr(Y, "anchors_kept", nullcontext)
+        made.clear()
+        model = build_yolo("yolo11n.yaml", spec.num_classes, seed=1)
+        states[kept] = train_yolo(model, data.data_yaml, epochs=1, batch=8, imgsz=64, seed=0,
+                                  device=torch.device("cpu"), workdir=tmp_path / str(kept), select="last").state
+        grids[kept] = len(made)
+    assert states[True].keys() == states[False].keys()
+    assert all(torch.equal(states[True][k], states[False][k]) for k in states[True])
+    assert grids[True] < grids[False]

@@ -27,6 +27,10 @@ What it does, and why:
   param value before and now in full (a run's spec: 1-2 kB). The Snakefile calls
   :func:`patch_snakemake_params_reason`, after which it names the changed keys, old -> new
   (``fedmedbench.workflow.rerun_reason``); which jobs rerun is unchanged.
+* Ray binds its servers (GCS, raylet, object manager, workers) to the node's address and has no
+  authentication. On Linux it replaces a loopback ``_node_ip_address`` with the machine's network
+  address unless its cluster switch is off: :func:`keep_ray_on_loopback` turns it off before the
+  ``ray`` engine backend starts Ray on 127.0.0.1.
 
 Two patches live beside what they serve, applied only while a detection job trains or validates:
 Ultralytics' network calls (``fl/tasks/detection/yolo.py``, ``ultralytics_offline``) and its pickled
@@ -295,6 +299,19 @@ def limit_threads(n: int) -> None:
 
 apply_offline_env()
 install_import_hook()
+
+
+#: Ray's switch for clusters beyond one machine (read by ``ray._private.ray_constants`` at import)
+RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def keep_ray_on_loopback() -> None:
+    """Let Ray keep a loopback node address (its cluster switch off, in this process and the ones it starts), so
+    every Ray process of a job listens on 127.0.0.1 only."""
+    os.environ[RAY_CLUSTER_ENV] = "0"
+    import ray._private.ray_constants as ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def patch_snakemake_params_reason() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,11 @@ import yaml
 #: YAML 1.2 floats: PyYAML (YAML 1.1) needs a dot, so 5e-2 or 1E3 would stay strings
 FLOAT_RE = re.compile(r"^[-+]?(?:\d[\d_]*)?(?:\.\d*)?[eE][-+]?\d+$")
 
+
+#: the longest key YAML reads without a '?' (a "simple key": PyYAML's limit)
+YAML_KEY_LIMIT = 1024
+#: Snakemake refuses a wildcard value that ends in a piece repeated this many times (PeriodicWildcardError)
+PERIODIC_REPEATS = 20
 
 #: the most nodes (mappings, lists, scalars) a config file may hold once its aliases are expanded (the
 #: largest config of the project, config/config.yaml, holds about 1,000)
@@ -125,15 +130,16 @@ def target_hint(path: Path) -> str:
             "following word as a config file")
 
 
-def check_file(path: str | Path) -> Any:
-    """Parse ``path`` strictly; a problem raises :class:`ConfigFileError` as ``path:line:column: problem``."""
+def check_file(path: str | Path, hint: Callable[[Path], str] = target_hint) -> Any:
+    """Parse ``path`` strictly; a problem raises :class:`ConfigFileError` as ``path:line:column: problem``
+    (``hint``: what a file that is no config may be, e.g. a target written where config files go)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigFileError(f"{path}: cannot read the config file ({exc.strerror}){target_hint(path)}") from None
+        raise ConfigFileError(f"{path}: cannot read the config file ({exc.strerror}){hint(path)}") from None
     except UnicodeDecodeError as exc:  # a binary file: a figure or a model written after --configfile
-        raise ConfigFileError(f"{path}: not a text file (byte {exc.start} is not UTF-8){target_hint(path)}") from None
+        raise ConfigFileError(f"{path}: not a text file (byte {exc.start} is not UTF-8){hint(path)}") from None
     if path.suffix == ".json":  # JSON has no duplicate-key or float ambiguity worth a second parser here
         try:
             data = json.loads(text)
@@ -141,31 +147,53 @@ def check_file(path: str | Path) -> Any:
             return None
         except RecursionError:
             raise ConfigFileError(_too_deep(path)) from None
-        _check_top_level(data, path)
+        _check_top_level(data, path, hint)
         return None
     try:
         data = _load_bounded(text, path)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise ConfigFileError(f"{where}: {exc.problem or exc.context}{target_hint(path)}").with_traceback(None) from None
+        if (key := _long_key(text, exc)) is not None:
+            raise ConfigFileError(f"{where}: a key of {len(key):,} characters ('{key[:24]}…'): YAML reads keys of at most "
+                                  f"{YAML_KEY_LIMIT:,} characters, and a study or setting name is at most 64") from None
+        raise ConfigFileError(f"{where}: {exc.problem or exc.context}{hint(path)}").with_traceback(None) from None
     except yaml.YAMLError as exc:
-        raise ConfigFileError(f"{path}: not valid YAML ({exc}){target_hint(path)}") from None
+        raise ConfigFileError(f"{path}: not valid YAML ({exc}){hint(path)}") from None
     except RecursionError:
         raise ConfigFileError(_too_deep(path)) from None
-    _check_top_level(data, path)
+    _check_top_level(data, path, hint)
     return data
+
+
+def _long_key(text: str, exc: yaml.MarkedYAMLError) -> str | None:
+    """The key past YAML's length limit on a line the error points at (PyYAML's message does not say so)."""
+    lines = text.splitlines()
+    for mark in (exc.context_mark, exc.problem_mark):
+        if mark is not None and mark.line < len(lines) and ":" in lines[mark.line]:
+            key = lines[mark.line].split(":", 1)[0].strip().lstrip("?-").strip().strip("'\"")
+            if len(key) > YAML_KEY_LIMIT:
+                return key
+    return None
+
+
+def periodic_name(name: str) -> str | None:
+    """The piece ``name`` ends in, repeated :data:`PERIODIC_REPEATS` times or more: Snakemake takes such a wildcard
+    value for a rule applied to its own output and stops planning (``PeriodicWildcardError``). None otherwise."""
+    from snakemake.io import PeriodicityDetector
+
+    return PeriodicityDetector(min_repeat=PERIODIC_REPEATS).is_periodic(name)
 
 
 def _too_deep(path: Path) -> str:
     return f"{path}: its lists or mappings nest too deeply to read (a config of this workflow nests a few levels)"
 
 
-def _check_top_level(data: Any, path: Path) -> None:
+def _check_top_level(data: Any, path: Path, hint: Callable[[Path], str] = target_hint) -> None:
     """Snakemake merges a config file's top-level mapping; anything else is refused naming the file."""
     if data is not None and not isinstance(data, dict):
         raise ConfigFileError(f"{path}: a config file holds settings (key: value) at its top level, "
-                              f"not a {type(data).__name__}{target_hint(path)}")
+                              f"not a {type(data).__name__}{hint(path)}")
 
 
 def check_files(paths: Iterable[str | Path]) -> None:

@@ -4,6 +4,10 @@ The official files are the ``.npz`` archives listed in ``medmnist.INFO`` (URL an
 per flag and size). We never trust a file we did not verify: downloads are streamed
 to a temp file, MD5-checked and only then renamed into place; a user-provided folder
 (``data.medmnist_root``) is verified the same way before use.
+
+A copy that entered the workflow with its SHA-256 recorded beside it (a user dataset's import,
+``<name>_<size>.import.json``) is checked against that record every time it is loaded: a copy
+replaced or edited afterwards is refused naming the file, never trained on.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmedbench.workflow.io import atomic_path, file_digest
+from fedmedbench.workflow.io import atomic_path, file_digest, read_json, write_json
 
 #: 2D single-label flags (multi-label ChestMNIST and the 3D sets are out of scope).
 SUPPORTED_FLAGS = (
@@ -242,11 +246,46 @@ def _check_labels(path: Path, key: str, labels: np.ndarray, num_classes: int | N
             raise DataError(f"{path}: {key} ({split} split) label {labels[i].item()!r} at index {i} is outside {rng}")
 
 
+#: what follows a copy's stem in the name of its import record (``resources/user/<name>_<size>.import.json``)
+IMPORT_RECORD_SUFFIX = ".import.json"
+
+
+def import_record_path(path: str | Path) -> Path:
+    """Where the SHA-256 of an imported copy is recorded: beside it, ``<stem>.import.json``."""
+    path = Path(path)
+    return path.with_name(path.stem + IMPORT_RECORD_SUFFIX)
+
+
+def write_import_record(path: str | Path, source: str | Path) -> str:
+    """Record the SHA-256 of the copy ``path`` (made of ``source``) beside it; return the digest."""
+    digest = file_digest(path)
+    write_json(import_record_path(path), {"file": Path(path).name, "sha256": digest, "source": str(source)})
+    return digest
+
+
+def check_import_record(path: str | Path) -> None:
+    """A copy with an import record still has the recorded SHA-256 (a file without one is not an imported copy)."""
+    record = import_record_path(path)
+    if not record.is_file():
+        return
+    try:
+        entry = read_json(record)
+        recorded, source = entry["sha256"], entry.get("source", "its source")
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DataError(f"{path}: its import record {record} is unreadable; delete both and run snakemake again to "
+                        "import the source again") from None
+    if (actual := file_digest(path)) != recorded:
+        raise DataError(f"{path}: SHA-256 {actual} differs from the {recorded} recorded when it was imported ({record}): "
+                        f"the copy was replaced or edited since; delete it and run snakemake again to import {source} "
+                        "again")
+
+
 def load_npz(path: str | Path, expect_size: int | None = None, expect_channels: int | None = None,
              num_classes: int | None = None) -> dict[str, np.ndarray]:
     """Load and validate a MedMNIST-format npz; errors name the file and the problem.
 
-    Labels must be whole numbers in ``[0, num_classes)`` (``num_classes`` when known).
+    Labels must be whole numbers in ``[0, num_classes)`` (``num_classes`` when known). An imported copy
+    must still have the SHA-256 recorded at its import (:func:`check_import_record`).
 
     Returns a dict ``{split}_images`` (uint8, N x H x W [x 3]) and ``{split}_labels``
     (int64, N), labels flattened from the official (N, 1) shape.
@@ -254,6 +293,7 @@ def load_npz(path: str | Path, expect_size: int | None = None, expect_channels: 
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found")
+    check_import_record(path)
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}

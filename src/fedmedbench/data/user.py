@@ -9,7 +9,9 @@ naming the file and the key. No checksum unless the registry gives one (``md5``)
 The imported copy is tied to its source: the import rule carries the source's resolved path and
 SHA-256 (:func:`source_fingerprint`) as params, so a moved, replaced or edited source is imported
 again, and a missing one stops planning naming it (the copy would otherwise keep training on the
-old data while every table names the new path).
+old data while every table names the new path). The import records the copy's SHA-256 beside it
+(``<name>_<size>.import.json``), checked wherever the copy is loaded (``medmnist.load_npz``): a copy
+replaced afterwards is refused naming the file.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ from pathlib import Path
 import numpy as np
 
 from fedmedbench.config.check import ConfigError, config_error
-from fedmedbench.data.medmnist import SPLITS, DataError, DatasetInfo, dataset_info, load_npz, md5sum
+from fedmedbench.data.medmnist import (
+    SPLITS,
+    DataError,
+    DatasetInfo,
+    dataset_info,
+    load_npz,
+    md5sum,
+    write_import_record,
+)
 from fedmedbench.workflow.io import atomic_path, file_digest, write_json
 
 #: user dataset names: lower-case letters, digits and '-' (no '_': file names are ``<name>_<size>.npz``)
@@ -142,7 +152,8 @@ def validate(path: str | Path, cfg: dict, size: int) -> dict[str, np.ndarray]:
 
 
 def import_file(cfg: dict, size: int, target: str | Path, expect_sha256: str | None = None) -> dict[str, int]:
-    """Check the user's file (MD5 first when given) and copy it, unchanged, into the workflow.
+    """Check the user's file (MD5 first when given) and copy it, unchanged, into the workflow, its SHA-256
+    recorded beside it (``medmnist.import_record_path``: checked wherever the copy is loaded).
 
     ``expect_sha256`` (the hash the workflow planned with) must be the copy's: a source that changed
     between planning and the import is an error, not a copy of other data under the planned hash.
@@ -160,4 +171,5 @@ def import_file(cfg: dict, size: int, target: str | Path, expect_sha256: str | N
         if expect_sha256 is not None and (copied := file_digest(tmp)) != expect_sha256:
             raise DataError(f"{source}: changed while the workflow ran (planned with SHA-256 {expect_sha256}, "
                             f"found {copied}); rerun snakemake to import it again")
+    write_import_record(target, source.resolve())
     return {s: int(arrays[f"{s}_labels"].size) for s in SPLITS}

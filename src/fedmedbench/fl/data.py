@@ -24,7 +24,7 @@ from fedmedbench.data.domains import device_of
 from fedmedbench.data.medmnist import SPLITS, load_npz
 from fedmedbench.fl.api.method import ClientData
 from fedmedbench.fl.augment import CLIENT_AUGMENTATIONS, VALIDATION_AUGMENTATIONS
-from fedmedbench.partition.schemes import check_partition, check_partition_keys
+from fedmedbench.partition.schemes import check_labels, check_partition, check_partition_keys, check_sealed
 from fedmedbench.workflow.io import read_json
 
 
@@ -65,6 +65,7 @@ class FederatedData:
         self.partition = load_partition(str(partition_path))
         self.partition_path = str(partition_path)
         check_partition_keys(self.partition, self.partition_path)
+        check_sealed(self.partition, self.partition_path)  # an edited partition is never trained on
         self._checked: set[str] = set()  # sources whose indices were checked (partition.check_partition)
         self.sources = dict(sources)
         needed = {c["source"] for c in self.partition["clients"]} | {g["source"] for g in self.partition["global_test"]}
@@ -83,6 +84,7 @@ class FederatedData:
     def _take(self, source: str, idx) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = load_pool(self.sources[source])
         if source not in self._checked:  # once per source, when its pool is first loaded
+            check_labels(self.partition, source, y.numpy(), self.sources[source], self.partition_path)
             check_partition(self.partition, {source: len(y)}, self.partition_path)
             self._checked.add(source)
         idx = torch.as_tensor(np.asarray(idx, dtype=np.int64))

@@ -134,13 +134,41 @@ def make_optimizer(model: nn.Module, cfg, rnd: int, extra_weight_decay: float = 
     raise ValueError(f"unknown optimizer '{cfg.optimizer}' (train.optimizer): use sgd or adam")
 
 
-def optimizer_step(loss: torch.Tensor, model: nn.Module, opt: torch.optim.Optimizer, cfg) -> None:
-    """Backward, clip (``train.grad_clip``), step. The loss is not read here (that would wait for the
-    device every step): callers keep it in :class:`StepLosses`, which checks it once per client."""
+def optimizer_step(loss: torch.Tensor, model: nn.Module, opt: torch.optim.Optimizer, cfg,
+                   correction: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None) -> None:
+    """Backward, the gradient correction (``correction``: (parameters, d), :func:`add_to_grads`), clip
+    (``train.grad_clip``), step. The loss is not read here (that would wait for the device every step):
+    callers keep it in :class:`StepLosses`, which checks it once per client."""
     loss.backward()
+    if correction is not None:
+        with torch.no_grad():
+            add_to_grads(*correction)
     if cfg.grad_clip:
         nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     opt.step()
+
+
+def add_to_grads(params: dict[str, torch.Tensor], d: dict[str, torch.Tensor]) -> None:
+    """p.grad += d (p.grad = d where a parameter got no gradient): a step's linear gradient correction, the
+    gradient of a loss term <theta, d>, added after the backward pass and before clipping."""
+    if all(p.grad is not None for p in params.values()):
+        torch._foreach_add_([p.grad for p in params.values()], [d[n] for n in params])
+        return
+    for n, p in params.items():
+        p.grad = d[n].clone() if p.grad is None else p.grad.add_(d[n])
+
+
+def correction_on(model: nn.Module, correction: dict[str, torch.Tensor] | None,
+                  device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
+    """(the corrected parameters, the correction on ``device``) for :func:`optimizer_step`; None without one.
+    A name that is not a trainable parameter of the model fails naming it."""
+    if not correction:
+        return None
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    unknown = sorted(set(correction) - set(params))
+    if unknown:
+        raise KeyError(f"gradient correction: {unknown[:3]} not trainable parameters of the model")
+    return {n: params[n] for n in correction}, {n: t.to(device) for n, t in correction.items()}
 
 
 def epoch_means(values: list[float], steps_per_epoch: int) -> list[float]:
@@ -215,6 +243,10 @@ class StepLosses:
         return epoch_loss_metrics(self.values(), self.steps_per_epoch, key)
 
 
+#: a term added to a local step's loss: (model, images, labels, logits) -> a scalar tensor, or None for none
+ExtraLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], "torch.Tensor | None"]
+
+
 def local_sgd(
     model: nn.Module,
     x_u8: torch.Tensor,
@@ -224,27 +256,33 @@ def local_sgd(
     rnd: int,
     device: torch.device,
     generator: torch.Generator,
-    extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
+    extra_loss: ExtraLoss | None = None,
     losses: StepLosses | None = None,
     images: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    correction: dict[str, torch.Tensor] | None = None,
 ) -> float:
-    """Run ``steps`` optimisation steps of cross-entropy (+ ``extra_loss``); mean loss. The step
-    losses go to ``losses`` when given (e.g. for per-epoch means). ``images(idx)`` gives a batch's float
-    images (default ``to_float`` of ``x_u8[idx]``; an augmented read: fl/augment.py)."""
+    """Run ``steps`` optimisation steps of cross-entropy (+ ``extra_loss(model, x, y, logits)`` where it gives a
+    term); mean loss. ``correction``: a vector by trainable parameter name added to every step's gradient before
+    clipping (:func:`add_to_grads`). The step losses go to ``losses`` when given (e.g. for per-epoch means).
+    ``images(idx)`` gives a batch's float images (default ``to_float`` of ``x_u8[idx]``; an augmented read:
+    fl/augment.py)."""
     place_model(model, cfg, device).train()
     forward = forward_fn(model, cfg)
     opt = make_optimizer(model, cfg, rnd)
     loss_fn = nn.CrossEntropyLoss()
+    corrected = correction_on(model, correction, device)
     losses = StepLosses() if losses is None else losses
     for idx in batch_indices(y.shape[0], cfg.batch_size, steps, generator, index_device(x_u8, y)):
         xb = to_float(x_u8[idx], device, cfg.channels_last) if images is None else images(idx)
         yb = y[idx].to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
         with forward_precision(cfg, device):
-            loss = loss_fn(forward(xb).float(), yb)
-            if extra_loss is not None:
-                loss = loss + extra_loss(model)
-        optimizer_step(loss, model, opt, cfg)
+            logits = forward(xb).float()
+            loss = loss_fn(logits, yb)
+            term = extra_loss(model, xb, yb, logits) if extra_loss is not None else None
+            if term is not None:
+                loss = loss + term
+        optimizer_step(loss, model, opt, cfg, corrected)
         losses.add(loss)
     return losses.mean(rnd, hint="lower train.lr or enable train.grad_clip")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 
 #: keyword of ``evaluate_clips`` -> its default: the class rule (:data:`CLASS_RULES`), the ASSD
-#: definition (:data:`ASSD_RULES`), the resolution (:data:`RESOLUTIONS`) and where frames are
-#: scored (``evaluation.METRICS_DEVICES``)
+#: definition (:data:`ASSD_RULES`), the resolution (:data:`RESOLUTIONS`), where frames are
+#: scored (``evaluation.METRICS_DEVICES``) and the empty-mask rule (:data:`EMPTY_RULES`)
 SCORING_DEFAULTS: dict[str, str] = {"class_rule": "all_classes", "assd": "medpy_0_5", "resolution": "input",
-                                    "metrics_device": "auto"}
+                                    "metrics_device": "auto", "empty_rule": "diagonal"}
 
 METRICS: tuple[str, ...] = ("dice", "iou", "hd95", "assd")
 #: which classes a frame's score covers (``metrics.segmentation``'s docstring)
@@ -22,6 +22,9 @@ CLASS_RULES: tuple[str, ...] = ("all_classes", "gt_classes")
 RESOLUTIONS: tuple[str, ...] = ("input", "native_units", "native")
 #: how ASSD averages the two directions' surface distances (``metrics.segmentation``'s docstring)
 ASSD_RULES: tuple[str, ...] = ("medpy_0_5", "medpy_0_4")
+#: a part empty in exactly one mask (``metrics.segmentation``'s docstring): the image diagonal, or FedDP's
+#: one pixel at (0, 0) in an empty prediction (``scripts/tester_utils.py:101-102``)
+EMPTY_RULES: tuple[str, ...] = ("diagonal", "feddp_pixel")
 #: larger is better for these (the others are distances)
 HIGHER_IS_BETTER = {"dice": True, "iou": True, "hd95": False, "assd": False}
 
@@ -44,3 +47,13 @@ def empty_mask_scores(p_any: bool, g_any: bool, shape: tuple[int, ...], spacing:
         worst = empty_penalty(shape, spacing)
         return {"dice": 0.0, "iou": 0.0, "hd95": worst, "assd": worst}
     return None
+
+
+def check_empty_rule(rule: str) -> None:
+    if rule not in EMPTY_RULES:
+        raise ValueError(f"empty_rule must be one of {EMPTY_RULES}, got {rule!r}")
+
+
+def sets_feddp_pixel(rule: str, p_any: bool, g_any: bool) -> bool:
+    """Whether ``feddp_pixel`` sets pixel (0, 0) of this pair's prediction: it is empty, the ground truth is not."""
+    return rule == "feddp_pixel" and not p_any and g_any

@@ -8,7 +8,11 @@ is what happens when a structure is absent from the prediction or the ground tru
   HD95 = ASSD = 0;
 * exactly one empty (a part is missed, or hallucinated): the worst score, Dice = IoU = 0,
   HD95 = ASSD = the image diagonal in pixels (the largest distance two pixels of the image
-  can have), so a missed part can never look better than any detected one.
+  can have), so a missed part can never look better than any detected one (``empty_rule:
+  diagonal``, the default). ``empty_rule: feddp_pixel`` is FedDP's tester
+  (``scripts/tester_utils.py:101-102``): an empty prediction of a part the ground truth holds
+  gets one pixel at (0, 0) and MedPy scores the pair (Dice, IoU about 0; HD95, ASSD the distances
+  from that corner); an empty ground truth with a prediction keeps the diagonal (FedDP has no rule).
 
 Scores are computed per frame and per foreground class (classes 1..C-1; background is left
 out of the averages as in the EndoVis part-segmentation protocol) and then averaged over
@@ -44,12 +48,15 @@ from medpy.metric import binary as mb
 from fedmedbench.metrics.scoring import (  # noqa: F401  (the names this module's callers read)
     ASSD_RULES,
     CLASS_RULES,
+    EMPTY_RULES,
     HIGHER_IS_BETTER,
     METRICS,
     RESOLUTIONS,
     Spacing,
+    check_empty_rule,
     empty_mask_scores,
     empty_penalty,
+    sets_feddp_pixel,
 )
 
 #: MedPy's surface distances, the helper its ``hd95`` and ``assd`` each call twice (result -> reference and back):
@@ -57,12 +64,16 @@ from fedmedbench.metrics.scoring import (  # noqa: F401  (the names this module'
 _SURFACE_DISTANCES = getattr(mb, "__surface_distances", None)
 
 
-def binary_scores(pred: np.ndarray, gt: np.ndarray, assd: str = "medpy_0_5", spacing: Spacing = None) -> dict[str, float]:
+def binary_scores(pred: np.ndarray, gt: np.ndarray, assd: str = "medpy_0_5", spacing: Spacing = None,
+                  empty_rule: str = "diagonal") -> dict[str, float]:
     """Dice, IoU, HD95, ASSD of one binary mask pair, with the documented empty-mask rule."""
     pred = np.asarray(pred, dtype=bool)
     gt = np.asarray(gt, dtype=bool)
     if pred.shape != gt.shape:
         raise ValueError(f"prediction shape {pred.shape} != ground-truth shape {gt.shape}")
+    if sets_feddp_pixel(empty_rule, bool(pred.any()), bool(gt.any())):
+        pred = pred.copy()
+        pred[(0,) * pred.ndim] = True
     empty = empty_mask_scores(bool(pred.any()), bool(gt.any()), pred.shape, spacing)
     if empty is not None:
         return empty
@@ -124,9 +135,9 @@ def native_masks(mask_paths: Iterable[str]) -> list[np.ndarray]:
 
 
 def frame_scores(pred: np.ndarray, gt: np.ndarray, classes: Iterable[int], assd: str = "medpy_0_5",
-                 spacing: Spacing = None) -> dict[int, dict[str, float]]:
+                 spacing: Spacing = None, empty_rule: str = "diagonal") -> dict[int, dict[str, float]]:
     """Per-class scores of one label map pair (``classes``: the label values to score)."""
-    return {c: binary_scores(pred == c, gt == c, assd, spacing) for c in classes}
+    return {c: binary_scores(pred == c, gt == c, assd, spacing, empty_rule) for c in classes}
 
 
 def gt_classes_frame(scores: dict[int, dict[str, float]], pred_any: Callable[[], bool], shape: tuple[int, ...],
@@ -150,12 +161,15 @@ class SegmentationMeter:
     """
 
     def __init__(self, class_names: dict[int, str], binary: bool = False, class_rule: str = "all_classes",
-                 submit: Callable[..., Future] | None = None, max_pending: int = 64, assd: str = "medpy_0_5") -> None:
+                 submit: Callable[..., Future] | None = None, max_pending: int = 64, assd: str = "medpy_0_5",
+                 empty_rule: str = "diagonal") -> None:
         if class_rule not in CLASS_RULES:
             raise ValueError(f"class_rule must be one of {CLASS_RULES}, got {class_rule!r}")
         if assd not in ASSD_RULES:
             raise ValueError(f"assd must be one of {ASSD_RULES}, got {assd!r}")
+        check_empty_rule(empty_rule)
         self.assd = assd
+        self.empty_rule = empty_rule
         self.binary = binary
         self.class_rule = class_rule
         self.class_names = {1: "instrument"} if binary else dict(class_names)
@@ -184,9 +198,9 @@ class SegmentationMeter:
         if self.binary:
             p, g = (p > 0).astype(np.uint8), (g > 0).astype(np.uint8)
         if self.class_rule == "all_classes":
-            return frame_scores(p, g, self.class_names, self.assd, sp), None
+            return frame_scores(p, g, self.class_names, self.assd, sp, self.empty_rule), None
         present = [c for c in self.class_names if (g == c).any()]
-        scores = frame_scores(p, g, present, self.assd, sp)
+        scores = frame_scores(p, g, present, self.assd, sp, self.empty_rule)
         return scores, gt_classes_frame(scores, lambda: bool(np.isin(p, list(self.class_names)).any()), g.shape, sp)
 
     def add_on_device(self, pred, gt, spacing: list[Spacing] | None = None) -> None:
@@ -198,7 +212,7 @@ class SegmentationMeter:
         if self.binary:
             pred, gt = (pred > 0).byte(), (gt > 0).byte()
         self._drain()
-        for frame in batch_scores(pred, gt, list(self.class_names), self.assd, spacing):
+        for frame in batch_scores(pred, gt, list(self.class_names), self.assd, spacing, empty_rule=self.empty_rule):
             if self.class_rule == "all_classes":
                 self._keep((frame.scores, None))
                 continue

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedmedbench.metrics.scoring import ASSD_RULES, Spacing, empty_mask_scores
+from fedmedbench.metrics.scoring import ASSD_RULES, Spacing, check_empty_rule, empty_mask_scores
 
 #: how far (relative) ASSD may lie from MedPy's: its square roots are torch's and its sums are added in another
 #: order; every other score is the same bits
@@ -187,9 +187,11 @@ def surface_scores(pred: torch.Tensor, gt: torch.Tensor, spacing: torch.Tensor, 
 
 
 def batch_scores(pred: torch.Tensor, gt: torch.Tensor, classes: Sequence[int], assd: str = "medpy_0_5",
-                 spacing: Sequence[Spacing] | None = None, chunk: int = CHUNK) -> list[FrameScores]:
+                 spacing: Sequence[Spacing] | None = None, chunk: int = CHUNK, empty_rule: str = "diagonal") -> list[FrameScores]:
     """Per frame of the (N, H, W) label maps ``pred`` / ``gt`` (same device), the scores of every class in
-    ``classes`` with :mod:`fedmedbench.metrics.segmentation`' empty-mask rule; ``spacing``: each frame's (None: pixels)."""
+    ``classes`` with :mod:`fedmedbench.metrics.segmentation`' empty-mask rule (``empty_rule``); ``spacing``: each
+    frame's (None: pixels)."""
+    check_empty_rule(empty_rule)
     if pred.shape != gt.shape or pred.ndim != 3:
         raise ValueError(f"prediction {tuple(pred.shape)} and ground truth {tuple(gt.shape)} must be the same (N, H, W)")
     if assd not in ASSD_RULES:
@@ -202,6 +204,10 @@ def batch_scores(pred: torch.Tensor, gt: torch.Tensor, classes: Sequence[int], a
     labels = torch.as_tensor(classes, device=pred.device, dtype=pred.dtype).view(1, -1, 1, 1)
     p = (pred[:, None] == labels).reshape(n * len(classes), h, w)
     g = (gt[:, None] == labels.to(gt.dtype)).reshape(n * len(classes), h, w)
+    if empty_rule == "feddp_pixel":  # an empty prediction of a part the ground truth holds: one pixel at (0, 0)
+        # (never in a frame whose ground truth holds no part, the one ``pred_any`` below is read for)
+        miss = ~p.flatten(1).any(dim=1) & g.flatten(1).any(dim=1)
+        p[:, 0, 0] |= miss
     counts = torch.stack((p.sum(dim=(1, 2)), g.sum(dim=(1, 2)), (p & g).sum(dim=(1, 2)), (p | g).sum(dim=(1, 2))), dim=1)
     counts_np = counts.cpu().numpy().tolist()
     both = [i for i, (a, b, _, _) in enumerate(counts_np) if a and b]

@@ -44,16 +44,24 @@ Schemes and their sources:
 
 Indices in the JSON are *pool* indices: positions in the concatenation of the file's
 train, val and test splits (offsets in ``pool``), so one format covers every scheme.
+
+A partition records what built it: the SHA-256 of the labels it was drawn from (``labels_sha256``)
+and of its own content (``sha256``: scheme, parameters, seed and every index list). Training
+checks both where it reads the file (:func:`check_sealed`, :func:`check_labels`): a file edited
+after it was built, or drawn from other data, is refused naming the file, never trained on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from fedmedbench.workflow.io import canonical_json
 
 
 class PartitionError(ValueError):
@@ -493,7 +501,7 @@ def build_partition(
             global_test = [{"source": sources[i], "idx": clients[i]["test"]} for i in range(num_clients)]
         else:
             global_test = [{"source": "base", "idx": np.arange(*pool["test"])}]
-    return {
+    return seal({
         "scheme": scheme,
         "params": params,
         "seed": seed,
@@ -506,7 +514,54 @@ def build_partition(
         ],
         "global_test": [{"source": g["source"], "idx": np.asarray(g["idx"]).tolist()} for g in global_test],
         **extra,
-    }
+        LABELS_KEY: labels_digest(pool_labels(split_labels)),
+    })
+
+
+#: a partition's own digest: SHA-256 of its canonical JSON without this key
+DIGEST_KEY = "sha256"
+#: SHA-256 of the labels (pool order) the partition was drawn from
+LABELS_KEY = "labels_sha256"
+#: the partition file's format, a param of rule build_partition: a file of an older format (2: the first that
+#: records ``sha256`` and ``labels_sha256``) is rebuilt by Snakemake, not refused at training
+FILE_FORMAT = 2
+#: what to do with a partition that fails a check of what built it
+REBUILD = "delete it and run snakemake again to rebuild it (its runs are then trained again)"
+
+
+def labels_digest(labels: Any) -> str:
+    """SHA-256 of class labels in pool order (as 64-bit integers, whatever their stored dtype and shape)."""
+    return hashlib.sha256(np.ascontiguousarray(np.asarray(labels).reshape(-1), dtype=np.int64).tobytes()).hexdigest()
+
+
+def content_digest(doc: dict) -> str:
+    """SHA-256 of a partition document without its ``sha256`` key (its canonical JSON)."""
+    return hashlib.sha256(canonical_json({k: v for k, v in doc.items() if k != DIGEST_KEY})).hexdigest()
+
+
+def seal(doc: dict) -> dict:
+    """``doc`` with the digest of its content recorded (``sha256``)."""
+    doc[DIGEST_KEY] = content_digest(doc)
+    return doc
+
+
+def check_sealed(doc: dict, path: str) -> None:
+    """A partition read back holds the digest recorded when it was built, and still matches it."""
+    recorded = doc.get(DIGEST_KEY)
+    if not isinstance(recorded, str):
+        raise PartitionError(f"{path}: the partition records no '{DIGEST_KEY}' of its content (written by hand or by an "
+                             f"older fedmedbench), so an edit would go unseen; {REBUILD}")
+    if content_digest(doc) != recorded:
+        raise PartitionError(f"{path}: the partition no longer matches the '{DIGEST_KEY}' recorded when it was built "
+                             f"(its index lists, scheme, parameters or seed were edited); {REBUILD}")
+
+
+def check_labels(doc: dict, source: str, labels: Any, data_path: str, path: str) -> None:
+    """The labels of ``source`` (read from ``data_path``) are the ones the partition was drawn from."""
+    recorded = doc.get(LABELS_KEY)
+    if recorded is not None and labels_digest(labels) != recorded:
+        raise PartitionError(f"{path}: drawn from other data than {data_path} (source '{source}': its labels differ from "
+                             f"those the partition was built from); {REBUILD}")
 
 
 def pool_labels(split_labels: dict[str, np.ndarray]) -> np.ndarray:

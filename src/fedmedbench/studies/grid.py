@@ -75,6 +75,19 @@ def run_train(study: dict[str, Any], setting: str, method: str) -> dict[str, Any
     return out
 
 
+def train_overrides(study: dict[str, Any]) -> dict[str, dict[str, dict[str, list[Any]]]]:
+    """setting -> method -> {key: [the pair's value, the study's]} for every train key where the pair's runs
+    (:func:`run_train`) differ from the study's ``train``; pairs that train as the study are left out."""
+    base = study["train"]
+    out: dict[str, dict[str, dict[str, list[Any]]]] = {}
+    for setting in study["settings"]:
+        for method in study["methods"]:
+            diff = {k: [v, base.get(k)] for k, v in run_train(study, setting, method).items() if k not in base or base[k] != v}
+            if diff:
+                out.setdefault(setting, {})[method] = diff
+    return out
+
+
 def _train_key(study: dict[str, Any], setting: str, method: str, name: str) -> str:
     """Where ``run_train`` reads ``name`` for this pair: the most specific block that sets it."""
     where = [key for key, block in _train_blocks(study, setting, method) if name in block]

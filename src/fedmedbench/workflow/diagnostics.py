@@ -3,13 +3,15 @@
 Snakemake prints an exception raised while it reads the workflow with its traceback, and a schema
 error with the whole schema and config; a failed job's traceback reaches the console once from the
 script and again from its log. Here a config error becomes one line (``config error in FILE at
-'KEY': ...``; an unknown key lists the allowed ones) and a job's error one line on the console, its
+'KEY': ...``, or ``in --config`` when the command line sets the key; an unknown key lists the allowed
+ones) and a job's error one line on the console, its
 traceback kept in the job's log. ``FEDMEDBENCH_DEBUG=1`` lets every traceback through as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sys
@@ -25,6 +27,10 @@ from fedmedbench.config.check import ConfigError, ConfigFileError
 DEBUG_ENV = "FEDMEDBENCH_DEBUG"
 #: the config files of the run, joined by os.pathsep (set by the workflow; its jobs inherit it)
 CONFIGFILES_ENV = "FEDMEDBENCH_CONFIGFILES"
+#: the command line's ``--config`` settings as JSON (set by the workflow; its jobs inherit it)
+CONFIG_ARGS_ENV = "FEDMEDBENCH_CONFIG_ARGS"
+#: how an error names a key the command line sets
+COMMAND_LINE = "--config"
 #: a ValueError raised by a module that formats config errors itself
 _CONFIG_MESSAGE = re.compile(r"config error at '(?P<key>[^']+)': (?P<detail>.*)", re.S)
 
@@ -36,6 +42,21 @@ def debug() -> bool:
 def config_files() -> list[str]:
     """The run's config files as the workflow announced them (empty when unknown, e.g. on a cluster node)."""
     return [f for f in os.environ.get(CONFIGFILES_ENV, "").split(os.pathsep) if f]
+
+
+def command_line_config() -> dict:
+    """The run's ``--config`` settings as the workflow announced them (empty when none or unknown)."""
+    try:
+        value = json.loads(os.environ.get(CONFIG_ARGS_ENV) or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def announce(files: Sequence[str | os.PathLike], overrides: Any) -> None:
+    """Tell later errors (also the jobs', which inherit the environment) the run's config files and ``--config``."""
+    os.environ[CONFIGFILES_ENV] = os.pathsep.join(str(f) for f in files)
+    os.environ[CONFIG_ARGS_ENV] = json.dumps(dict(overrides or {}), default=str)
 
 
 def _depth(node: Any, parts: list[str]) -> int:
@@ -52,8 +73,9 @@ def _depth(node: Any, parts: list[str]) -> int:
     return depth
 
 
-def key_file(key: str, files: Sequence[str | os.PathLike]) -> str | None:
-    """The config file that sets ``key`` (or most of its path); the later file wins, as in the merge."""
+def key_file(key: str, files: Sequence[str | os.PathLike], overrides: dict | None = None) -> str | None:
+    """The config file that sets ``key`` (or most of its path), or ``--config`` when the command line's settings
+    (``overrides``; default: as announced) do; the later one wins, as in the merge (``--config`` last)."""
     best, best_depth = None, 0
     for f in files:
         try:
@@ -63,6 +85,9 @@ def key_file(key: str, files: Sequence[str | os.PathLike]) -> str | None:
         depth = _depth(data, key.split("."))
         if depth and depth >= best_depth:
             best, best_depth = _shown(f), depth
+    depth = _depth(command_line_config() if overrides is None else overrides, key.split("."))
+    if depth and depth >= best_depth:
+        best = COMMAND_LINE
     return best
 
 
@@ -88,9 +113,25 @@ def as_config_error(exc: BaseException) -> ConfigError | None:
     return None
 
 
+#: how much of a long name a message shows
+NAME_SHOWN = 24
+
+
+def shown_name(name: str) -> str:
+    """A name as a message shows it: a long one cut, so the line stays one line."""
+    return name if len(name) <= NAME_SHOWN else f"{name[:NAME_SHOWN]}…"
+
+
 def schema_error(err: Any) -> ConfigError:
     """A jsonschema ``ValidationError`` as the key it concerns and one line (no schema or config dump)."""
     path = [str(p) for p in err.absolute_path]
+    if "propertyNames" in err.schema_path and isinstance(err.instance, str):  # a name the schema does not take
+        name, key = err.instance, ".".join([*path, shown_name(err.instance)])
+        if err.validator == "maxLength":
+            return ConfigError(key, f"a name of {len(name):,} characters; at most {err.validator_value} (names "
+                               "become folder and file names)")
+        if err.validator == "pattern":
+            return ConfigError(key, f"{shown_name(name)!r} does not match {err.validator_value!r}")
     if err.validator == "additionalProperties" and isinstance(err.instance, dict):
         allowed = sorted(err.schema.get("properties") or {})
         patterns = list(err.schema.get("patternProperties") or {})

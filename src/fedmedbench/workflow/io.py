@@ -99,6 +99,13 @@ def write_json(target: str | os.PathLike, obj: Any) -> None:
         tmp.write_text(json.dumps(obj, indent=1, sort_keys=False, default=_json_default) + "\n")
 
 
+def canonical_json(obj: Any) -> bytes:
+    """``obj`` as the JSON text it reads back as, keys sorted and no spaces: what a digest of a JSON document is
+    taken of (the same bytes before it is written and after it is read)."""
+    plain = json.loads(json.dumps(obj, default=_json_default))
+    return json.dumps(plain, sort_keys=True, separators=(",", ":")).encode()
+
+
 def write_text(target: str | os.PathLike, text: str) -> None:
     with atomic_path(target) as tmp:
         tmp.write_text(text)

@@ -74,6 +74,32 @@ def build_clips(index: pd.DataFrame, num_previous: int, interval_s: float, toler
     return pd.DataFrame(rows)
 
 
+def history_offsets(fps: float, num_previous: int = 3, interval_s: float = 0.2, tolerance_s: float = 0.1) -> list[float]:
+    """The history slots (oldest first, seconds from the current frame; 0.0 = the current frame repeated) that
+    :func:`build_clips` gives a labelled frame with enough history in a sequence of frames ``1 / fps`` apart."""
+    n = int(math.ceil(num_previous * interval_s * fps)) + 2
+    index = pd.DataFrame({"dataset": "x", "split": "train", "video_id": "v", "frame": range(n),
+                          "timestamp_s": [i / fps for i in range(n)], "image_path": [str(i) for i in range(n)],
+                          "labelled": [i == n - 1 for i in range(n)], "mask_path": ""})
+    return list(build_clips(index, num_previous, interval_s, tolerance_s)["clip_offsets_s"].iloc[0][:-1])
+
+
+def history_text(offsets: list[float]) -> str:
+    """What a clip's history holds, in words: real earlier frames (their offsets), repeated, or both."""
+    real = [o for o in offsets if o != 0.0]
+    if not real:
+        return "repeated"
+    text = f"real earlier frames ({', '.join(f'{o:g}' for o in real)} s)"
+    repeated = len(offsets) - len(real)
+    return text + (f", {repeated} slot{'s' if repeated > 1 else ''} repeated" if repeated else "")
+
+
+def labelled_frames(counts: dict[str, dict[str, int]]) -> dict[str, int]:
+    """A site's labelled frames (its clips) as Table I counts them: train (the train and val splits) and test."""
+    return {"train": sum(counts.get(s, {}).get("clips", 0) for s in ("train", "val")),
+            "test": counts.get("test", {}).get("clips", 0)}
+
+
 def export_sites(indices: dict[str, tuple[pd.DataFrame, dict]], sites: dict[str, dict], clip_cfg: dict,
                  out_dir: str | Path, origin: str) -> dict:
     """Write the clip index and metadata of every site (``surgical.sites``) into ``out_dir`` atomically."""

@@ -5,7 +5,9 @@ A method reads like its paper's algorithm box:
 * :meth:`Method.client_fit` runs on a client for one round: it gets the broadcast
   global arrays already loaded into ``ctx.model``, the client's data, its persistent
   state (``ctx.state``, a dict that survives rounds and resume) and returns what the
-  client sends back (:class:`ClientResult`).
+  client sends back (:class:`ClientResult`). The default is local SGD on cross-entropy,
+  shaped by two hooks: :meth:`Method.extra_loss` (a term added to each step's loss) and
+  :meth:`Method.gradient_correction` (a vector added to each step's gradient).
 * :meth:`Method.aggregate` runs on the server: old global arrays + client results ->
   new global arrays (and it may update ``server_state``, which is checkpointed).
 * ``personalized`` methods evaluate each client's own model (``personal_model``)
@@ -20,6 +22,7 @@ the array helpers it uses live in :mod:`fedmedbench.fl.api.arrays`.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -236,14 +239,33 @@ class Method:
 
     # --- client side -------------------------------------------------------------
     def client_fit(self, ctx: ClientContext) -> ClientResult:
+        """``ctx.steps`` steps of local SGD on cross-entropy + :meth:`extra_loss`, each gradient
+        + :meth:`gradient_correction` before clipping (``train.grad_clip``) and the optimizer step; sends the
+        whole trained state."""
         from fedmedbench.fl.augment import batch_reader
         from fedmedbench.fl.training import StepLosses, local_sgd
 
+        extra = None if type(self).extra_loss is Method.extra_loss else functools.partial(self.extra_loss, ctx)
         losses = StepLosses(ctx.steps_per_epoch())
         loss = local_sgd(ctx.model, ctx.data.train_x, ctx.data.train_y, ctx.steps, ctx.train, ctx.rnd, ctx.device, ctx.generator,
-                         losses=losses, images=batch_reader(ctx))
+                         extra_loss=extra, losses=losses, images=batch_reader(ctx), correction=self.gradient_correction(ctx))
         return ClientResult(arrays=ctx.result_arrays(), num_examples=ctx.data.num_train,
                             metrics={"train_loss": loss, **losses.epoch_metrics()})
+
+    def extra_loss(self, ctx: ClientContext, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                   logits: torch.Tensor) -> torch.Tensor | None:
+        """A term added to the loss of every local step of :meth:`client_fit`, so its gradient joins the
+        cross-entropy's (and is clipped with it): from the model being trained, the batch (``x`` the images as
+        the model reads them, ``y`` the labels) and the model's ``logits`` on it. None (the default): nothing
+        added. FedProx's mu/2 ||theta - theta_g||^2 is one: ``examples/methods/fedprox_hook.py``."""
+        return None
+
+    def gradient_correction(self, ctx: ClientContext) -> Arrays | None:
+        """A vector d by trainable parameter name (``ctx.model.named_parameters()``), added to the gradient of
+        every local step of :meth:`client_fit` after the backward pass, before clipping and the optimizer step:
+        the gradient of a linear loss term <theta, d>, e.g. SCAFFOLD's c - c_i. Made once a round, before the
+        steps (a term that changes with the weights is an :meth:`extra_loss`). None (the default): nothing."""
+        return None
 
     def why_not_together(self, model: torch.nn.Module, train: TrainConfig) -> str | None:
         """Why this method cannot train a round's clients together (``train.batch_clients``); None where it can."""

@@ -19,7 +19,9 @@ Flower facts this module handles (flwr 1.41):
   clients one after another with all the job's threads — no Ray start-up (~9 s per
   job) and no polling floor (~0.2 s per round). ``ray``: Flower's ``run_simulation``
   with one Ray actor per thread of the job (parallel clients, GPU fractions), its temp
-  dir under a per-job folder (removed afterwards), telemetry off (``compat``).
+  dir under a per-job folder (removed afterwards), telemetry off (``compat``). Ray has no
+  authentication: it is started on the loopback address (:data:`RAY_HOST`, dashboard off),
+  so no Ray port listens beyond this machine.
 """
 
 from __future__ import annotations
@@ -298,6 +300,8 @@ class FlowerTransport:
 
 
 BACKENDS = ("inline", "ray")
+#: the only address Ray's processes (GCS, raylet, object manager, actors) listen on
+RAY_HOST = "127.0.0.1"
 
 
 def run(spec: RunSpec, log: Callable[[str], None] = print, pool: fed.SharedRounds | None = None) -> fed.Federation:
@@ -370,10 +374,7 @@ def _run_ray(spec: RunSpec, federation: fed.Federation, server_app: ServerApp, l
     ray_tmp = Path(tempfile.mkdtemp(prefix=f"fmb-ray-{os.getpid()}-", dir=tmp_root))
     backend_config = {
         "client_resources": {"num_cpus": 1, "num_gpus": (1.0 / actors) if use_gpu else 0.0},
-        "init_args": {
-            "num_cpus": actors, "num_gpus": 1 if use_gpu else 0, "_temp_dir": str(ray_tmp),
-            "include_dashboard": False, "logging_level": 40, "log_to_driver": True,
-        },
+        "init_args": ray_init_args(actors, use_gpu, ray_tmp),
     }
     log(f"{job_name(spec)}: {federation.num_nodes} Flower node(s), {actors} Ray actor(s), device {federation.device}")
     try:
@@ -382,6 +383,15 @@ def _run_ray(spec: RunSpec, federation: fed.Federation, server_app: ServerApp, l
     finally:
         _shutdown_ray()
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def ray_init_args(actors: int, use_gpu: bool, temp_dir: Path) -> dict:
+    """``ray.init``'s arguments for one job: on the loopback address only (Ray has no authentication), no dashboard."""
+    from fedmedbench.compat import keep_ray_on_loopback
+
+    keep_ray_on_loopback()
+    return {"num_cpus": actors, "num_gpus": 1 if use_gpu else 0, "_temp_dir": str(temp_dir), "_node_ip_address": RAY_HOST,
+            "include_dashboard": False, "logging_level": 40, "log_to_driver": True}
 
 
 def remove_orphaned_ray_dirs(root: Path) -> list[Path]:

@@ -9,10 +9,11 @@ proximal and dual terms), (3) clip the gradient norm, (4) step SGD with weight d
 order follows the reference implementations (FL-Simulator and its descendants),
 where corrections are part of the loss, hence clipped with it.
 
-Server: :class:`ServerOptMethod` averages client states (uniformly or by examples,
-``train.aggregation``) and applies a global learning rate to the averaged update of
-the parameters; buffers (BatchNorm statistics) are averaged. Corrections act on
-trainable parameters only (``param_keys``), never on buffers.
+Server: :class:`LocalSGDMethod` averages client states (uniformly or by examples,
+``train.aggregation``); :class:`ServerOptMethod` applies a global learning rate to the
+averaged update of the parameters (the adaptive server optimizers, ``_fedopt.py``, their own
+step); buffers (BatchNorm statistics) are averaged. Corrections act on trainable parameters
+only (``param_keys``), never on buffers.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ from fedmedbench.fl.methods._step import (  # noqa: F401  (re-exported: the meth
 )
 from fedmedbench.fl.training import (
     StepLosses,
+    add_to_grads,
     batch_indices,
+    correction_on,
     forward_fn,
     forward_precision,
     index_device,
@@ -104,8 +107,7 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
     forward = forward_fn(model, cfg)
     params = trainable(model)
     opt = make_optimizer(model, cfg, ctx.rnd, hooks.extra_weight_decay)
-    correction = {n: t.to(device) for n, t in (hooks.correction or {}).items()}
-    corrected = {n: params[n] for n in correction}
+    corrected = correction_on(model, hooks.correction, device)  # (parameters, d) or None
     losses = StepLosses() if losses is None else losses  # read once after the last step: no host sync per step
     x_u8, y = ctx.data.train_x, ctx.data.train_y
     for idx in batch_indices(y.shape[0], cfg.batch_size, ctx.steps, ctx.generator, index_device(x_u8, y)):
@@ -124,8 +126,8 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
         with torch.no_grad():
             if e:
                 torch._foreach_sub_(list(shifted.values()), list(e.values()))
-            if correction:
-                _add_to_grads(corrected, correction)
+            if corrected:
+                add_to_grads(*corrected)
         if cfg.grad_clip:
             nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip)
         opt.step()
@@ -133,15 +135,6 @@ def local_loop(ctx: ClientContext, hooks: StepHooks, losses: StepLosses | None =
             hooks.after_step()
         losses.add(loss)
     return mean_loss(ctx, losses)
-
-
-def _add_to_grads(params: Tensors, d: Tensors) -> None:
-    """p.grad += d (p.grad = d where a parameter got no gradient)."""
-    if all(p.grad is not None for p in params.values()):
-        torch._foreach_add_([p.grad for p in params.values()], list(d.values()))
-        return
-    for n, p in params.items():
-        p.grad = d[n].clone() if p.grad is None else p.grad.add_(d[n])
 
 
 def local_loop_metrics(ctx: ClientContext, hooks: StepHooks) -> dict[str, float]:
@@ -233,16 +226,16 @@ def cast_like(t: Tensors, like: Arrays, dtype: torch.dtype | None = None) -> Arr
     return {k: v.to(like[k].dtype) for k, v in t.items()}
 
 
-class ServerOptMethod(Method):
-    """FedAvg-style server: average the client states, global lr on the parameters' update. A subclass's own
-    server arithmetic takes ``vectors64`` of the arrays and gives its result back by ``cast_like``."""
+class LocalSGDMethod(Method):
+    """The family's client (local SGD shaped by the method's :class:`StepHooks`) and server (the client states
+    averaged with the family's weights), with no server step of its own: :class:`ServerOptMethod` adds the global
+    lr, the adaptive server optimizers (``_fedopt.py``) theirs. A subclass's own server arithmetic takes
+    ``vectors64`` of the arrays and gives its result back by ``cast_like``."""
 
     device_data = True  # local_loop indexes batches wherever the data is
-    params = (Param("global_lr", float, 1.0, "server step on the averaged update (1 = plain averaging)", low=0, low_open=True),)
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        self.global_lr = float(self.p["global_lr"])
         self._param_keys: list[str] | None = None
 
     def build_model(self, spec) -> nn.Module:
@@ -272,18 +265,8 @@ class ServerOptMethod(Method):
         """Weighted mean of client arrays (see ``weighted_average``), with this method's client weights."""
         return weighted_average(arrays if arrays is not None else [r.arrays for r in ctx.results], list(self.weights(ctx)))
 
-    def apply_global_lr(self, ctx: ServerContext, averaged: Arrays) -> Arrays:
-        """theta + eta_g * (mean(theta_i) - theta) on parameters; eta_g = 1 returns the mean exactly."""
-        if self.global_lr == 1.0:
-            return averaged
-        out = dict(averaged)
-        for k in self.param_keys(ctx):
-            g = torch.as_tensor(ctx.global_arrays[k]).to(averaged[k].device, torch.float64)
-            out[k] = (g + self.global_lr * (averaged[k].to(torch.float64) - g)).to(averaged[k].dtype)
-        return out
-
     def aggregate(self, ctx: ServerContext) -> Arrays:
-        return self.apply_global_lr(ctx, self.average(ctx))
+        return self.average(ctx)
 
     # -- client side default: plain local SGD ----------------------------------------------
     def hooks(self, ctx: ClientContext) -> StepHooks:
@@ -301,7 +284,7 @@ class ServerOptMethod(Method):
 
     # -- a round's clients together (train.batch_clients): the plain SGD step above, batched ------------
     def why_not_together(self, model: nn.Module, train) -> str | None:
-        if type(self).client_fit is not ServerOptMethod.client_fit:
+        if type(self).client_fit is not LocalSGDMethod.client_fit:
             return f"method '{self.name}' has its own client step"
         from fedmedbench.fl.methods import _together
 
@@ -333,6 +316,29 @@ class ServerOptMethod(Method):
                 load_arrays(model, start)  # in place: the hooks' references to the model's tensors hold
             out.append(self.client_result(ctx, h, local_loop_metrics(ctx, h), ctx.result_arrays()))
         return out
+
+
+class ServerOptMethod(LocalSGDMethod):
+    """FedAvg-style server: average the client states, global lr on the parameters' update."""
+
+    params = (Param("global_lr", float, 1.0, "server step on the averaged update (1 = plain averaging)", low=0, low_open=True),)
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.global_lr = float(self.p["global_lr"])
+
+    def apply_global_lr(self, ctx: ServerContext, averaged: Arrays) -> Arrays:
+        """theta + eta_g * (mean(theta_i) - theta) on parameters; eta_g = 1 returns the mean exactly."""
+        if self.global_lr == 1.0:
+            return averaged
+        out = dict(averaged)
+        for k in self.param_keys(ctx):
+            g = torch.as_tensor(ctx.global_arrays[k]).to(averaged[k].device, torch.float64)
+            out[k] = (g + self.global_lr * (averaged[k].to(torch.float64) - g)).to(averaged[k].dtype)
+        return out
+
+    def aggregate(self, ctx: ServerContext) -> Arrays:
+        return self.apply_global_lr(ctx, self.average(ctx))
 
 
 def trained_params(ctx: ClientContext, arrays: Arrays) -> Tensors:

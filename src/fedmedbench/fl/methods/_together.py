@@ -18,8 +18,9 @@ test_clients_together.py`` states the tolerance), not bit for bit: the option is
 
 What it serves: FL-optimizer methods whose client step is local SGD with an optional linear gradient
 correction, extra weight decay, loss weight and a declared perturbation (``fl/methods/_perturb.py``)
-(``ServerOptMethod.hooks``: the ten of the earlystop study, FedAvg ... FedWMSAM; what a client sends after
-its steps is the method's ``client_result``), on a model without buffers (ConvNeXt's LayerNorm, not
+(``LocalSGDMethod.hooks``: the ten of the earlystop study, FedAvg ... FedWMSAM, and the adaptive server
+optimizers FedAdam, FedYogi, FedAdagrad; what a client sends after its steps is the method's ``client_result``),
+on a model without buffers (ConvNeXt's LayerNorm, not
 BatchNorm, whose batch statistics would mix the padding in). Anything else is trained one by one
 (``Method.why_not_together``, said once in the log).
 """

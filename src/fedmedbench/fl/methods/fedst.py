@@ -4,9 +4,10 @@ federated instrument segmentation in surgical videos"), Algorithm 1.
 Client (RSC, Sec. III-B): the site's model = broadcast shared parameters gamma + its own
 personal parameters rho (the encoder's attention query embeddings, ``enc_q``, plus the
 channel-selection network ``cs``, which the paper calls "a personalized lightweight
-network"); E local steps of CE + lambda1 Dice (Eq. 9) on its clips; rho stays on the
-site (Eq. 5), gamma is sent (Eq. 6). The temporal module and channel selection are parts
-of the network (``task_params.model``: ``temporal``, ``selection``).
+network"; the study's ``fedst.sent: table_ix`` keeps the decoder and head there too, Table IX);
+E local steps of CE + lambda1 Dice (Eq. 9) on its clips; rho stays on the site (Eq. 5), gamma
+is sent (Eq. 6). The temporal module and channel selection are parts of the network
+(``task_params.model``: ``temporal``, ``selection``).
 
 Server (Algorithm 1, lines 8-12): gamma_g = uniform mean of the sites' gamma (line 8,
 ``train.aggregation: uniform``); v_g = gamma_g with the server's rho_g^t (line 9: the initial

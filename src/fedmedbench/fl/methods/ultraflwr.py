@@ -28,6 +28,8 @@ from fedmedbench.fl.api.method import Arrays, ClientContext, ClientResult, Metho
 from fedmedbench.fl.api.registry import register_method
 from fedmedbench.fl.tasks.detection.ap import AP_RULES
 from fedmedbench.fl.tasks.detection.components import SPLITS, aggregated_keys, parse_strategy
+from fedmedbench.fl.tasks.detection.matching import MATCH_RULES
+from fedmedbench.fl.tasks.detection.pipeline import PIPELINES
 from fedmedbench.fl.tasks.detection.yolo import (
     ASSIGNERS,
     AUTO_OPTIMIZERS,
@@ -87,6 +89,8 @@ class UltraFlwr(Method):
         Param("assigner", str, "ultralytics_8_3", "target assigner", choices=ASSIGNERS),
         Param("hsv", str, "ultralytics_8_3", "HSV augmentation rule", choices=HSV_RULES),
         Param("ap", str, "ultralytics_8_3", "how Ultralytics' AP is computed", choices=AP_RULES),
+        Param("match", str, "ultralytics_8_3", "how detections are matched to boxes", choices=MATCH_RULES),
+        Param("pipeline", str, "ultralytics_8_3", "how the training samples are drawn", choices=PIPELINES),
     )
 
     def __init__(self, **params) -> None:
@@ -98,7 +102,7 @@ class UltraFlwr(Method):
         self.weighting, self.final_aggregation = p["weighting"], p["final_aggregation"]
         # where Ultralytics 8.4 (installed) trains differently from UltraFlwr's 8.3.48 (yolo.py's module docstring)
         self.auto_optimizer, self.warmup, self.assigner, self.hsv = p["auto_optimizer"], p["warmup"], p["assigner"], p["hsv"]
-        self.ap = p["ap"]
+        self.ap, self.match, self.pipeline = p["ap"], p["match"], p["pipeline"]
         self.head_init = p["head_init"]
         self.ultralytics = dict(p["ultralytics"] or {})
         self.workers = int(p["workers"])
@@ -155,7 +159,7 @@ class UltraFlwr(Method):
                              select_metric=self.select_metric, extra=self.ultralytics,
                              auto_optimizer=self.auto_optimizer, workers=self.workers, warmup=self.warmup,
                              assigner=self.assigner, hsv=self.hsv, read_ahead=data.read_ahead, ap=self.ap,
-                             pixel_thread=data.pixel_thread)
+                             pixel_thread=data.pixel_thread, match=self.match, pipeline=self.pipeline)
         ctx.state["model"] = outcome.state
         keys = self.reply_keys(ctx.model, ctx.rnd, ctx.train)["arrays"]
         arrays = {k: outcome.state[k].detach().to("cpu", copy=True) for k in keys}

@@ -20,8 +20,13 @@ coarsely over a large area, the current frame at full resolution within its wind
   in the window and context slot), plus the residual F_ts. Scores are scaled by the head
   dimension (standard multi-head attention; Eq. 4 writes sqrt(c) for one head).
 
-Which feature map it enhances, and with how many heads, is :class:`~.net.FedSTNet`'s
-configuration (default as CFFM: the decoder's fused map at 1/8, 8 heads).
+``block`` (what surrounds Eq. 4): ``cffm`` (default) is CFFM's transformer block
+(``cffm_transformer.py:629-830``, ``CffmTransformerBlock3d3``): a LayerNorm on every frame's map
+before the pooling and the attention (``:716``), the residual on the un-normalised current map
+(``:823``), then x + MLP(LayerNorm(x)) with a GELU MLP of ratio 4 (``:699-701,824``; ``Mlp``
+``:10-27``). ``eq4`` is Eq. 4 alone: the attention and its residual. Which feature map it enhances,
+and with how many heads, is :class:`~.net.FedSTNet`'s configuration (default: the encoder's 1/8
+map, 8 heads as CFFM's head).
 """
 
 from __future__ import annotations
@@ -32,10 +37,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+#: ``model.temporal_block`` choices (the module docstring)
+BLOCKS = ("cffm", "eq4")
+#: CFFM's MLP width per channel (``cffm_head.py:78``, ``mlp_ratio=4.``)
+MLP_RATIO = 4
+
 
 class RSCTemporal(nn.Module):
-    def __init__(self, dim: int, heads: int, window: int, pools: list[int], fields: list[int]) -> None:
+    def __init__(self, dim: int, heads: int, window: int, pools: list[int], fields: list[int], block: str = "cffm") -> None:
         super().__init__()
+        if block not in BLOCKS:
+            raise ValueError(f"model.temporal_block = {block!r}: choose one of {list(BLOCKS)}")
         if len(pools) != len(fields):
             raise ValueError(f"temporal.pools ({len(pools)}) and temporal.fields ({len(fields)}) need one entry per frame")
         if dim % heads:
@@ -54,6 +66,11 @@ class RSCTemporal(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.bias = nn.Parameter(torch.zeros(heads, window * window, n_ctx))
         nn.init.trunc_normal_(self.bias, std=0.02)
+        self.block = block
+        if block == "cffm":
+            self.norm1 = nn.LayerNorm(dim)
+            self.norm2 = nn.LayerNorm(dim)
+            self.mlp = nn.Sequential(nn.Linear(dim, MLP_RATIO * dim), nn.GELU(), nn.Linear(MLP_RATIO * dim, dim))
 
     @property
     def num_frames(self) -> int:
@@ -94,7 +111,9 @@ class RSCTemporal(nn.Module):
             raise ValueError(f"RSC expects {self.num_frames} frames per clip (temporal.pools), got {t}")
         s = self.window
         cur = feats[:, -1]
-        padded = F.pad(cur, (0, (-w) % s, 0, (-h) % s))
+        if self.block == "cffm":  # every frame normalised before pooling and attention; the residual is not
+            feats = self.norm1(feats.transpose(2, -1)).transpose(2, -1)
+        padded = F.pad(feats[:, -1], (0, (-w) % s, 0, (-h) % s))
         hh, ww = padded.shape[2:]
         n_wh, n_ww = hh // s, ww // s
         q_tok = padded.reshape(b, c, n_wh, s, n_ww, s).permute(0, 2, 4, 3, 5, 1).reshape(b, n_wh * n_ww, s * s, c)
@@ -110,4 +129,8 @@ class RSCTemporal(nn.Module):
         attn = attn.masked_fill(~valid_t[None, :, None, None, :], float("-inf")).softmax(dim=-1)
         out = self.proj((attn @ v).transpose(2, 3).reshape(b, nw, s * s, c))
         out = out.reshape(b, n_wh, n_ww, s, s, c).permute(0, 5, 1, 3, 2, 4).reshape(b, c, hh, ww)
-        return out[:, :, :h, :w] + cur
+        out = out[:, :, :h, :w] + cur  # Eq. 4
+        if self.block == "cffm":
+            tokens = out.permute(0, 2, 3, 1)
+            out = (tokens + self.mlp(self.norm2(tokens))).permute(0, 3, 1, 2)
+        return out

@@ -111,10 +111,21 @@ ROWS: dict[str, list[tuple[str, str, str, dict[str, str]]]] = {
 }
 
 
-def table_dice_rows(runs: pd.DataFrame, sites: list[str], rows, main_indicator: str) -> pd.DataFrame:
+def history_cell(fractions: dict[str, float]) -> str:
+    """How real each site's clip history is, from the share of its history slots that repeat the current
+    frame (``site.json``'s ``history_duplicated_fraction``): real, repeated, or the share repeated."""
+    def one(f: float) -> str:
+        return "real" if f == 0 else "repeated" if f >= 1 else f"{100 * f:.0f}% repeated"
+
+    return ", ".join(f"{site} {one(f)}" for site, f in fractions.items())
+
+
+def table_dice_rows(runs: pd.DataFrame, sites: list[str], rows, main_indicator: str,
+                    history: dict[str, float] | None = None) -> pd.DataFrame:
     """Dice per site, average and site E for a list of (label, variant, method, flags); a
     variant that is the main run (the configured indicator) reads the main run; one not
-    run says so."""
+    run says so. ``history`` (site -> share of history slots repeating the current frame): a
+    "Clip history" column, filled in the rows that use the temporal module (flag ``TS``)."""
     runs = _with_avg(runs, sites)
     out = []
     for label, variant, method, flags in rows:
@@ -126,6 +137,8 @@ def table_dice_rows(runs: pd.DataFrame, sites: list[str], rows, main_indicator: 
             row[f"Dice {s}"] = _cell(sel[f"c{i}_dice"], "dice") if len(sel) else "not run"
         row["Dice Avg."] = _cell(sel["avg_dice"], "dice") if len(sel) else "not run"
         row["Dice E (out fed)"] = _cell(sel["outfed_dice"], "dice") if len(sel) else "not run"
+        if history is not None:
+            row["Clip history"] = history_cell(history) if flags.get("TS") else "no temporal module"
         out.append(row)
     return pd.DataFrame(out)
 
@@ -184,6 +197,31 @@ def with_paper(frame: pd.DataFrame, name: str, synthetic: bool, root: str | Path
     for c in cols:
         out[c] = frame[c]  # keep the run's "mean ± std" text
     return out, PV.note(paper, synthetic)
+
+
+def scoring_note(ev: dict[str, Any], input_size: list[int] | None) -> str:
+    """Where and by which empty-mask rule the frames were scored (``fedst.eval``, ``fedst.data.input_size``)."""
+    res = ev.get("resolution", "input")
+    size = f"{input_size[0]}x{input_size[1]}" if input_size else "as stored"
+    where = {"input": f"the input size ({size})", "native_units": f"the input size ({size}), HD95/ASSD in native pixels",
+             "native": "each mask file's native size"}[res]
+    rule = {"diagonal": "Dice = IoU = 0, HD95 = ASSD = the image diagonal",
+            "feddp_pixel": "FedDP's one pixel at (0, 0) in an empty prediction, then MedPy"}[ev.get("empty_rule", "diagonal")]
+    return (f"Scored at {where} (fedst.eval.resolution: {res}); a part empty in exactly one of prediction / ground "
+            f"truth: {rule} (fedst.eval.empty_rule: {ev.get('empty_rule', 'diagonal')}).")
+
+
+def sent_note(cfg: dict[str, Any]) -> str:
+    """The reading each method's communication column is computed with (what its replies carry)."""
+    fedst = ("the encoder without its queries" if cfg.get("sent", "table_ix") == "table_ix"
+             else "the encoder without its queries, the decoder and head")
+    fedst += " + RSC" if cfg.get("rsc_communicated", True) else ""
+    feddp = cfg.get("method_params", {}).get("feddp", {}).get("sent", "reference_code")
+    feddp_text = "its decoder and head" if feddp == "paper_text" else "every parameter but the encoder queries"
+    return (f"MB = MiB (2^20 B) of float32 trainable parameters in one site's reply: FedST {fedst} (fedst.sent: "
+            f"{cfg.get('sent', 'table_ix')}, rsc_communicated: {str(cfg.get('rsc_communicated', True)).lower()}); "
+            f"FedDP {feddp_text} (method_params.feddp.sent: {feddp}); FedRep the encoder; FedAS all but its classifier; "
+            "FedAvg, FedLD every parameter.")
 
 
 def caption(title: str, origin: str, seeds: list[int], rounds: int) -> str:

@@ -22,6 +22,16 @@ BASELINE_MODEL = {"temporal": False, "selection": "none"}
 FEDST_MODEL = {"temporal": True, "selection": "cs"}
 #: FedST's personal groups (Sec. III-B: encoder queries rho + the channel-selection network)
 FEDST_PERSONAL = ("enc_q", "cs")
+#: ``fedst.sent``: what a FedST site sends. ``table_ix`` (Table IX's 12.69 MB: the encoder without its
+#: queries + RSC; the decoder and head stay on the site with the queries and the selection network);
+#: ``table_v`` (Table V row 5: only the queries and the selection network stay, the decoder is shared)
+SENT = ("table_ix", "table_v")
+#: groups ``sent: table_ix`` adds to FedST's personal ones
+TABLE_IX_PERSONAL = ("decoder",)
+#: Table V's rows name the decoder's part themselves: ``sent`` does not change them
+TABLE_V_VARIANTS = ("pers_none", "pers_all", "pers_dec_q", "pers_enc_dec_q")
+#: encoder level widths of the PVT-v2 variants (timm's ``feature_info``; ``tests/test_fedst_config.py``)
+PVT_V2_CHANNELS = {"pvt_v2_b0": (32, 64, 160, 256), **{f"pvt_v2_b{i}": (64, 128, 320, 512) for i in range(1, 6)}}
 BASELINES = ("seg_local", "seg_centralized", "seg_fedavg", "fedrep", "feddp", "fedld", "fedas")
 METHODS = (*BASELINES, "fedst")
 
@@ -125,11 +135,10 @@ def check_config(cfg: dict[str, Any], surgical: dict[str, Any]) -> None:
     if m.get("decoder", "fpn") == "fpn" and size is not None and any(int(side) % 32 for side in size):
         config_error("fedst.data.input_size", f"{list(size)}: the FPN decoder (fedst.model.decoder: fpn) needs sides "
                      "divisible by 32 (e.g. [480, 480]); or model.decoder: light")
-    if m.get("temporal") is not False and m.get("temporal_at", "decoder") == "decoder":
-        fpn = m.get("decoder", "fpn") == "fpn"
-        channels, name = (128, "FPN decoder's") if fpn else (int(m.get("decoder_dim", 64)), "light decoder's (model.decoder_dim)")
+    if m.get("temporal") is not False:
+        channels, name = rsc_width(m)
         if channels % int(m.get("heads", 8)):
-            config_error("fedst.model.heads", f"{m.get('heads')} must divide the {name} {channels} channels (RSC at the decoder)")
+            config_error("fedst.model.heads", f"{m.get('heads')} must divide the {name} {channels} channels (RSC's width)")
     if "ind_clip" in cfg["variants"] or cfg["indicator"]["kind"] == "clip":
         if not cfg["indicator"]["clip_weights"]:
             config_error("fedst.indicator.clip_weights", "the CLIP indicator (kind clip or variant ind_clip) needs an open_clip "
@@ -143,6 +152,16 @@ def check_config(cfg: dict[str, Any], surgical: dict[str, Any]) -> None:
     unknown = set(cfg["method_params"]) - set(cfg["methods"])
     if unknown:
         config_error("fedst.method_params", f"{sorted(unknown)} are not among fedst.methods")
+
+
+def rsc_width(m: dict[str, Any]) -> tuple[int, str]:
+    """The channels RSC and channel selection work on (``fedst.model``) and what they are."""
+    if m.get("temporal_at", "encoder") == "decoder":
+        if m.get("decoder", "fpn") == "fpn":
+            return 128, "FPN decoder's"
+        return int(m.get("decoder_dim", 64)), "light decoder's (model.decoder_dim)"
+    level = int(m.get("temporal_level", 1))
+    return PVT_V2_CHANNELS[m.get("encoder", "pvt_v2_b0")][level], f"encoder level {level}'s (model.temporal_level)"
 
 
 def targets(cfg: dict[str, Any], tag: str) -> list[str]:
@@ -198,8 +217,11 @@ def method_params(cfg: dict[str, Any], variant: str, method: str, clips_root: st
     var = {**VARIANTS, **FIG5_VARIANTS}.get(variant, {})
     if method == "fedst":
         personal = list(var.get("personal", params.get("personal", FEDST_PERSONAL)))
-        if not cfg["rsc_communicated"] and "all" not in personal:
-            personal.append("rsc")  # Sec. IV-D2 / Table IX: the temporal module is not communicated
+        if "all" not in personal:
+            if cfg["sent"] == "table_ix" and variant not in TABLE_V_VARIANTS:
+                personal += [g for g in TABLE_IX_PERSONAL if g not in personal]  # Table IX: the decoder stays
+            if not cfg["rsc_communicated"]:
+                personal.append("rsc")  # Sec. IV-D2: the temporal module is not communicated
         params["personal"] = personal
         serq = dict(cfg["serq"])
         serq.update(enabled=bool(var.get("serq", True)), server=var.get("server", "serq"), clips_root=clips_root, site=cfg["server_site"],

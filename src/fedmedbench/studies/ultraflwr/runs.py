@@ -71,7 +71,8 @@ def run_spec(uf: dict[str, Any], r: Mapping[str, Any], surgical_dir: str, pretra
             "split": t["split"], "select": t["select"], "select_metric": t["select_metric"],
             "weighting": t["weighting"], "final_aggregation": t["final_aggregation"],
             "auto_optimizer": t["auto_optimizer"], "warmup": t["warmup"],
-            "assigner": t["assigner"], "hsv": t["hsv"], "ap": t["ap"], "head_init": uf["model"]["head_init"],
+            "assigner": t["assigner"], "hsv": t["hsv"], "ap": t["ap"], "match": t["match"], "pipeline": t["pipeline"],
+            "head_init": uf["model"]["head_init"],
             "ultralytics": {"lr0": t["lr0"], "patience": t["patience"], **t["ultralytics"]},
             **({"workers": int(t["workers"])} if t.get("workers") else {}),  # 0 (the default) keeps earlier runs' hash
         },
@@ -80,7 +81,7 @@ def run_spec(uf: dict[str, Any], r: Mapping[str, Any], surgical_dir: str, pretra
         "eval_every": uf["eval"]["every"],
         "task": "detection",
         "task_params": {"eval_batch": uf["eval"]["batch"], "conf": uf["eval"]["conf"], "iou": uf["eval"]["iou"],
-                        "rect": uf["eval"]["rect"], "ap": t["ap"]},
+                        "rect": uf["eval"]["rect"], "ap": t["ap"], "match": t["match"]},
     }
 
 

@@ -37,13 +37,15 @@ def start_seed(spec: RunSpec, data_seed: int, head_init: str) -> int:
 
 
 #: the ultraflwr method parameters a centralized run takes (the rest are the federated strategy's)
-OPTIONS = ("select", "select_metric", "ultralytics", "auto_optimizer", "head_init", "workers", "warmup", "assigner", "hsv", "ap")
+OPTIONS = ("select", "select_metric", "ultralytics", "auto_optimizer", "head_init", "workers", "warmup", "assigner", "hsv", "ap",
+           "match", "pipeline")
 
 
 def run_centralized(spec: RunSpec, select: str = "best", select_metric: str = "fitness", ultralytics: dict | None = None,
                     log=print, auto_optimizer: str = "ultralytics_8_3", head_init: str = "client",
                     workers: int = 0, warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3",
-                    hsv: str = "ultralytics_8_3", ap: str = "ultralytics_8_3") -> dict:
+                    hsv: str = "ultralytics_8_3", ap: str = "ultralytics_8_3", match: str = "ultralytics_8_3",
+                    pipeline: str = "ultralytics_8_3") -> dict:
     """Train and evaluate every client alone; writes metrics.csv (per round-equivalent and client:
     Ultralytics validation mAP50), client_metrics.csv (row i of the ID/CD matrix per client),
     summary.json and model.pt (client 0... n-1)."""
@@ -62,7 +64,7 @@ def run_centralized(spec: RunSpec, select: str = "best", select_metric: str = "f
                          device=device, workdir=f"{data.workdir}/centralized", select=select,
                          select_metric=select_metric, extra=ultralytics, auto_optimizer=auto_optimizer,
                          workers=workers, warmup=warmup, assigner=assigner, hsv=hsv, read_ahead=data.read_ahead, ap=ap,
-                         pixel_thread=data.pixel_thread)
+                         pixel_thread=data.pixel_thread, match=match, pipeline=pipeline)
         model.load_state_dict(out.state)
         models[str(pid)] = out.state
         metrics = task.evaluate_client(model.to(device), data, device)

@@ -18,7 +18,8 @@ from fedmedbench.fl.state.scratch import scratch_dir
 from fedmedbench.fl.tasks.base import Task, register_task
 from fedmedbench.fl.tasks.detection.staging import POOLED_SPLITS, SPLITS, read_manifest, stage_export
 
-EVAL_DEFAULTS = {"eval_batch": 16, "conf": 0.001, "iou": 0.7, "rect": True, "ap": "ultralytics_8_3"}
+EVAL_DEFAULTS = {"eval_batch": 16, "conf": 0.001, "iou": 0.7, "rect": True, "ap": "ultralytics_8_3",
+                 "match": "ultralytics_8_3"}
 
 
 def cd_from_pairs(row: dict[str, float], pid: int, num_clients: int, metrics=("map50", "map50_95")) -> dict[str, float]:
@@ -103,7 +104,7 @@ class DetectionTask(Task):
         p = self.params
         return validate_yolo(model, data_yaml, split, imgsz=self.spec.image_size, batch=p["eval_batch"], device=device,
                              workdir=workdir, conf=p["conf"], iou=p["iou"], rect=p["rect"],
-                             workers=self.spec.loader_workers, ap=p["ap"])
+                             workers=self.spec.loader_workers, ap=p["ap"], match=p["match"])
 
     def evaluate_client(self, model, data: DetectionClient, device) -> dict[str, float]:
         """Row ``data.pid`` of the ID/CD matrix (``test<j>_*``) with its ID (``local_*``) and CD (``cd_*``)."""

@@ -33,6 +33,12 @@ Measured pitfalls this wrapper avoids (Ultralytics 8.4):
 * Ultralytics 8.4's AP ends the precision envelope at the last recall the detections reach; 8.3.48's extends it
   linearly to precision 0 at recall 1. Every validation (the epoch a client sends, each reported mAP) follows
   8.3.48 unless ``ap="installed"`` (:mod:`.ap`).
+* Ultralytics 8.4 counts a detection whose best box an earlier one took as a true positive where another free box
+  overlaps it enough; 8.3.48 as a false positive. Every validation matches as 8.3.48 unless ``match="installed"``
+  (:mod:`.matching`).
+* Ultralytics 8.4's training samples draw other augmentations than 8.3.48's (a draw while a data set is built,
+  CutMix's and Albumentations' steps, the loader's shuffle seed) and its warp with the mosaic closed is half a
+  pixel off; the samples are 8.3.48's unless ``pipeline="installed"`` (:mod:`.pipeline`).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import copy
 import math
 import os
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,8 +55,16 @@ from typing import Any
 import torch
 
 from fedmedbench.fl.tasks.detection import label_cache
+from fedmedbench.fl.tasks.detection.anchors import anchors_kept
 from fedmedbench.fl.tasks.detection.ap import ap_rule
 from fedmedbench.fl.tasks.detection.hsv import with_83_hue
+from fedmedbench.fl.tasks.detection.matching import match_rule
+from fedmedbench.fl.tasks.detection.pipeline import (
+    PIPELINES,
+    keeps_python_stream,
+    shuffle_as_83,
+    use_83_steps,
+)
 from fedmedbench.fl.tasks.detection.sized_frames import read_sized_frames
 from fedmedbench.weights.safeload import LoadReport
 
@@ -251,14 +265,16 @@ def _use_83_hsv(dataset) -> None:
 
 def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
                   warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3",
-                  hsv: str = "ultralytics_8_3", read_ahead: bool = False, pixel_thread: bool = False) -> type:
+                  hsv: str = "ultralytics_8_3", read_ahead: bool = False, pixel_thread: bool = False,
+                  pipeline: str = "ultralytics_8_3") -> type:
     """Ultralytics' DetectionTrainer as the study runs it: no checkpoints, no final re-validation, no CPU
     gc, validated epochs marked, ``optimizer=auto`` resolved by ``auto_optimizer``, and the fitness that
     early stopping reads (and ``best_fitness``) by ``fitness``: ``ultralytics_8_3`` = 0.1 mAP50 + 0.9
     mAP50-95 with 8.3.48's stopping rule (:class:`EarlyStopping83`), ``installed`` = the installed one's; the
     learning-rate warm-up's length by ``warmup`` (8.3.48's :func:`warmup_iterations_83` or the installed one's),
     the loss's candidate anchors by ``assigner`` (8.3.48's :func:`anchors_in_boxes_83` or the installed one's) and
-    the training set's hue augmentation by ``hsv`` (8.3.48's :func:`~fedmedbench.fl.tasks.detection.hsv.hue_lut_83` or the installed one's); with
+    the training set's hue augmentation by ``hsv`` (8.3.48's :func:`~fedmedbench.fl.tasks.detection.hsv.hue_lut_83` or the installed one's), the
+    training samples' draws and the warp with the mosaic closed by ``pipeline`` (:mod:`.pipeline`); with
     ``read_ahead`` the training batches are loaded in a thread while the model trains, the same samples
     (:mod:`~fedmedbench.fl.tasks.detection.read_ahead`); with ``pixel_thread`` (loading in this process) each training
     sample's last pixel steps run in a second thread, the same samples (:mod:`~fedmedbench.fl.tasks.detection.pixel_thread`;
@@ -266,8 +282,11 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
     from ultralytics.models.yolo.detect import DetectionTrainer
 
     for key, value, choices in (("auto_optimizer", auto_optimizer, AUTO_OPTIMIZERS), ("fitness", fitness, FITNESS_RULES),
-                                ("warmup", warmup, WARMUPS), ("assigner", assigner, ASSIGNERS), ("hsv", hsv, HSV_RULES)):
+                                ("warmup", warmup, WARMUPS), ("assigner", assigner, ASSIGNERS), ("hsv", hsv, HSV_RULES),
+                                ("pipeline", pipeline, PIPELINES)):
         one_of(key, value, choices)
+
+    as_83 = pipeline == "ultralytics_8_3"
 
     class _Trainer(DetectionTrainer):
         def save_model(self):  # weights are captured in fp32 by the callback, no fp16 checkpoints on disk
@@ -282,6 +301,8 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
 
         def get_dataloader(self, dataset_path, batch_size=16, rank=0, mode="train"):
             loader = super().get_dataloader(dataset_path, batch_size, rank, mode)
+            if as_83 and mode == "train":
+                shuffle_as_83(loader)
             if read_ahead and mode == "train":
                 from fedmedbench.fl.tasks.detection.read_ahead import read_ahead as read_batches_ahead
 
@@ -289,10 +310,13 @@ def study_trainer(auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultra
             return loader
 
         def build_dataset(self, img_path, mode="train", batch=None):
-            dataset = super().build_dataset(img_path, mode, batch)
+            with keeps_python_stream() if as_83 else nullcontext():  # 8.3.48 draws nothing while it builds one
+                dataset = super().build_dataset(img_path, mode, batch)
             read_sized_frames(dataset, log=_log)  # frames stored at training size, where the stage links them
             if hsv == "ultralytics_8_3" and mode == "train":
                 _use_83_hsv(dataset)
+            if as_83 and mode == "train":
+                use_83_steps(dataset)
             if pixel_thread and mode == "train" and int(getattr(getattr(self, "args", None), "workers", 0)) == 0:
                 from fedmedbench.fl.tasks.detection.pixel_thread import use_pixel_thread
 
@@ -432,14 +456,15 @@ def train_yolo(
     device: torch.device, workdir: str | Path, select: str = "best", select_metric: str = "fitness",
     extra: dict[str, Any] | None = None, auto_optimizer: str = "ultralytics_8_3", fitness: str = "ultralytics_8_3",
     workers: int = 0, warmup: str = "ultralytics_8_3", assigner: str = "ultralytics_8_3", hsv: str = "ultralytics_8_3",
-    read_ahead: bool = False, ap: str = "ultralytics_8_3", pixel_thread: bool = False,
+    read_ahead: bool = False, ap: str = "ultralytics_8_3", pixel_thread: bool = False, match: str = "ultralytics_8_3",
+    pipeline: str = "ultralytics_8_3",
 ) -> TrainOutcome:
     """Train ``model`` (its current weights) for ``epochs`` with Ultralytics' detection trainer (``workers``
     dataloader processes; 0 = in this process, as UltraFlwr, where ``read_ahead`` loads the next batches in a
     thread while the model trains, and ``pixel_thread`` runs each sample's last pixel steps in another: the same
     samples)."""
     EpochSelector(select, select_metric)  # fail on a bad choice before Ultralytics starts
-    trainer_cls = study_trainer(auto_optimizer, fitness, warmup, assigner, hsv, read_ahead, pixel_thread)
+    trainer_cls = study_trainer(auto_optimizer, fitness, warmup, assigner, hsv, read_ahead, pixel_thread, pipeline)
     extra = dict(extra or {})
     fixed = sorted(set(extra) & set(FIXED_ARGS))
     if fixed:
@@ -451,7 +476,7 @@ def train_yolo(
                 val=select == "best", amp=device.type == "cuda", verbose=False, **extra)
     selector = EpochSelector(select, select_metric)
     label_cache.install()  # its dataset caches are never unpickled
-    with without_integrations(), ultralytics_offline(), ap_rule(ap):
+    with without_integrations(), ultralytics_offline(), ap_rule(ap), match_rule(match), anchors_kept():
         import_before_seeding()
         trainer = trainer_cls(overrides=args)
         trainer.model = model  # used as is by setup_model (no rebuild, our weights)
@@ -527,19 +552,20 @@ def study_validator() -> type:
 def validate_yolo(
     model: torch.nn.Module, data_yaml: str | Path, split: str, *, imgsz: int, batch: int, device: torch.device,
     workdir: str | Path, conf: float = 0.001, iou: float = 0.7, rect: bool = True, workers: int = 0,
-    ap: str = "ultralytics_8_3",
+    ap: str = "ultralytics_8_3", match: str = "ultralytics_8_3",
 ) -> dict[str, float]:
     """mAP50 and mAP50-95 of ``model`` on ``split`` of ``data_yaml`` with Ultralytics' DetectionValidator.
 
     ``rect``: rectangular batches (images padded to the batch's aspect ratio, not to a square), as
     Ultralytics' ``model.val()`` sets by default and UltraFlwr's test scripts therefore use; a bare
-    validator would letterbox every image to ``imgsz`` x ``imgsz``. ``ap``: :data:`.ap.AP_RULES`.
+    validator would letterbox every image to ``imgsz`` x ``imgsz``. ``ap``: :data:`.ap.AP_RULES`; ``match``:
+    :data:`.matching.MATCH_RULES`.
     """
     args = dict(data=str(data_yaml), split=split, imgsz=int(imgsz), batch=int(batch), device=device_arg(device),
                 workers=int(workers), plots=False, save_json=False, verbose=False, conf=conf, iou=iou, rect=bool(rect),
                 project=str(Path(workdir).resolve()), name="val", exist_ok=True)
     label_cache.install()
-    with ultralytics_offline(), ap_rule(ap):
+    with ultralytics_offline(), ap_rule(ap), match_rule(match):
         validator = study_validator()(args=args)
         stats = validator(model=fused_copy(model))
     return {"map50": float(stats["metrics/mAP50(B)"]), "map50_95": float(stats["metrics/mAP50-95(B)"])}

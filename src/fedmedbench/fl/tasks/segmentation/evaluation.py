@@ -40,18 +40,20 @@ def scoring(task_params: dict) -> dict[str, str]:
 def evaluate_clips(model: torch.nn.Module, data: ClipSet, classes: dict[int, str], device: torch.device,
                    batch_size: int, binary: bool = False, class_rule: str = SCORING_DEFAULTS["class_rule"],
                    assd: str = SCORING_DEFAULTS["assd"], resolution: str = SCORING_DEFAULTS["resolution"],
-                   metrics_device: str = SCORING_DEFAULTS["metrics_device"]) -> dict[str, float]:
+                   metrics_device: str = SCORING_DEFAULTS["metrics_device"],
+                   empty_rule: str = SCORING_DEFAULTS["empty_rule"]) -> dict[str, float]:
     """Metrics of ``model`` on ``data`` (names: ``dice`` .. and ``dice_<class>`` ..); ``class_rule``, ``assd``:
     :mod:`fedmedbench.metrics.segmentation`; ``resolution`` (:data:`fedmedbench.metrics.segmentation.RESOLUTIONS`): every metric on
     the masks at the input size (``input``); the same with HD95/ASSD in each native frame's pixels
     (``native_units``); or each prediction upsampled (bilinear logits) to its mask file's size and scored
-    against that file (``native``); ``metrics_device`` (:data:`METRICS_DEVICES`): where the frames are scored."""
+    against that file (``native``); ``metrics_device`` (:data:`METRICS_DEVICES`): where the frames are scored;
+    ``empty_rule`` (:data:`fedmedbench.metrics.scoring.EMPTY_RULES`): a part empty in exactly one mask."""
     if resolution not in RESOLUTIONS:
         raise ValueError(f"fedst eval.resolution must be one of {list(RESOLUTIONS)}, got {resolution!r}")
     on_device = scores_on_device(metrics_device, device)
     model.eval()
     meter = SegmentationMeter(classes, binary=binary, class_rule=class_rule, submit=data.cache.submit,
-                              max_pending=max(batch_size, 4 * data.cache.workers), assd=assd)
+                              max_pending=max(batch_size, 4 * data.cache.workers), assd=assd, empty_rule=empty_rule)
     start = 0
     for x, y in data.batches(batch_size):
         logits = model(x.to(device))
