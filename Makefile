@@ -14,7 +14,7 @@ PIP    := $(BIN)/python -m pip
 CONFIG ?=
 CONFIG_ARG := $(if $(CONFIG),--configfile $(CONFIG))
 
-.PHONY: demo test check bench bench-gpu lint report track venv system-deps freeze clean-results
+.PHONY: demo test test-latest venv-latest check bench bench-gpu lint report track venv system-deps freeze clean-results
 
 venv: $(STAMP)
 
@@ -66,6 +66,25 @@ track: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
+
+# The suite against the newest releases of the stack: each direct dependency (envs/requirements.txt) at its newest
+# release but KEEP_PINS (torch's wheel is machine-specific; `make test-latest KEEP_PINS=` takes its newest too),
+# the rest as new as they fit, in its own venv (envs/newest.py; `make freeze` there would re-pin).
+LATEST    := .venv-latest
+KEEP_PINS ?= torch torchvision
+venv-latest:
+	@$(MAKE) --no-print-directory system-deps
+	test -x $(LATEST)/bin/python || $(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install -q --upgrade pip wheel
+	$(LATEST)/bin/python envs/newest.py --keep $(KEEP_PINS) < envs/requirements.txt > $(LATEST)/requirements-latest.txt
+	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -r $(LATEST)/requirements-latest.txt
+	$(LATEST)/bin/python -m pip uninstall -y -q opencv-python
+	$(LATEST)/bin/python -m pip install -q --force-reinstall --no-deps --upgrade opencv-python-headless
+	$(LATEST)/bin/python -m pip install -q --no-deps -e .
+	$(LATEST)/bin/python -m pip freeze --exclude-editable | grep -iE '^(snakemake|flwr|torch|mlflow-skinny|ultralytics)=='
+
+test-latest: venv-latest
+	$(LATEST)/bin/python -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
 
 # outputs of the config (CONFIG=file, else config/config.yaml) that are missing, by folder: `snakemake -n` does
 # not rerun a finished job whose outputs (a run's model.pt, or its whole folder) were deleted

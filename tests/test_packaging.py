@@ -75,3 +75,36 @@ def test_pyproject_reads_without_a_warning():
         dist = apply_configuration(Distribution(), ROOT / "pyproject.toml")
     assert [str(w.message) for w in caught] == []
     assert dist.metadata.license_expression == "MIT"
+
+
+def _newest_script():
+    """envs/newest.py (`make test-latest`), imported from its file: it is a script, not part of the package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("envs_newest", ENVS / "newest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_newest_requirements_pin_each_direct_dependency_at_its_newest_release_but_the_kept():
+    newest = _newest_script()
+    lines, bare = newest.at_newest(["# a comment", "torch==2.13.0", "flwr[simulation]==1.41.0", "Snake_Make",
+                                    "medpy==0.5.2  # why", ""], {"torch"}, {"flwr": "1.42.0", "Snake_Make": "9.27.1",
+                                                                         "medpy": "0.5.3"}.__getitem__)
+    assert lines == {"torch": "torch==2.13.0", "flwr": "flwr[simulation]==1.42.0", "snake-make": "Snake_Make==9.27.1",
+                     "medpy": "medpy==0.5.3"}
+    assert bare["flwr"] == "flwr[simulation]" and bare["snake-make"] == "Snake_Make"
+
+
+def test_the_newest_requirements_hold_back_the_pin_another_newest_release_depends_on():
+    """pip's account of a conflict (its ResolutionImpossible text): the pin the other package needs is loosened,
+    not the package that needs it; where pip names no dependency, every pin it names is."""
+    newest = _newest_script()
+    report = ("ERROR: Cannot install -r r.txt (line 9) and medmnist==3.0.2 because these package versions have "
+              "conflicting dependencies.\n\nThe conflict is caused by:\n    The user requested medmnist==3.0.2\n"
+              "    medmnistc 0.1.0 depends on medmnist==3.0.1\n")
+    assert newest.held_back(report, {"medmnist", "medmnistc", "flwr"}) == {
+        "medmnist": "medmnistc 0.1.0 depends on it"}
+    unexplained = "The conflict is caused by:\n    The user requested Snake_Make==9.27.1\n    The user requested flwr==1\n"
+    assert newest.held_back(unexplained, {"snake-make", "torch"}) == {"snake-make": "in the conflict"}
