@@ -50,6 +50,17 @@ def test_the_conda_environment_pins_what_the_constraints_pin():
     assert sorted(set(conda) - set(CONSTRAINTS)) == []  # a pin the constraints lack could drift unseen
 
 
+#: envs/requirements.txt lines the conda environment (for running the workflow) leaves out: the test tools
+DEVELOPMENT_ONLY = {"pytest", "pytest-xdist", "ruff"}
+
+
+def test_the_conda_environment_holds_every_direct_dependency_but_the_test_tools():
+    conda = conda_pins((ENVS / "environment.yaml").read_text())
+    direct = {canonical(m.group(1)) for line in (ENVS / "requirements.txt").read_text().splitlines()
+              if (m := re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line))}
+    assert sorted(direct - set(conda) - DEVELOPMENT_ONLY) == []
+
+
 def test_the_requirements_pins_are_the_constraints():
     assert disagreements(pins((ENVS / "requirements.txt").read_text().splitlines()), CONSTRAINTS) == []
 
