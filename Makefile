@@ -89,7 +89,7 @@ test-latest: venv-latest
 # outputs of the config (CONFIG=file, else config/config.yaml) that are missing, by folder: `snakemake -n` does
 # not rerun a finished job whose outputs (a run's model.pt, or its whole folder) were deleted
 check: $(STAMP)
-	$(BIN)/python -m fedmedbench.workflow.check_outputs $(CONFIG_ARG)
+	$(BIN)/python -m fedmedbench.workflow.check_outputs $(if $(CONFIG),--configfile $(CONFIG))
 
 # CPU benchmarks (docs/benchmarks.md); results appended to bench/results.jsonl
 BENCH_OUT := bench/results.jsonl
