@@ -9,8 +9,12 @@ CORES  ?= 2
 # each test file stays on one process, so its module fixtures are built once (benchmarks §8)
 TEST_WORKERS ?= 2
 PIP    := $(BIN)/python -m pip
+# a config of your own for demo and report: `make demo CONFIG=mine.yaml`, `make report CONFIG=mine.yaml`
+# (the report reads the outputs of the config it is given: the one the workflow ran with; default: the demo)
+CONFIG ?=
+CONFIG_ARG := $(if $(CONFIG),--configfile $(CONFIG))
 
-.PHONY: demo test check bench bench-gpu lint report venv system-deps freeze clean-results
+.PHONY: demo test test-latest venv-latest check bench bench-gpu lint report track venv system-deps freeze clean-results
 
 venv: $(STAMP)
 
@@ -47,15 +51,40 @@ system-deps:
 	fi
 
 demo: $(STAMP)
-	$(BIN)/snakemake --cores $(CORES)
-	$(BIN)/snakemake --cores 1 --report results/report.html
+	$(BIN)/snakemake --cores $(CORES) $(CONFIG_ARG)
+	$(BIN)/snakemake --cores 1 --report results/report.html $(CONFIG_ARG)
 	@echo "demo done: tables in results/*/tables, figures in results/*/figures, report in results/report.html"
 
 report: $(STAMP)
-	$(BIN)/snakemake --cores 1 --report results/report.html
+	$(BIN)/snakemake --cores 1 --report results/report.html $(CONFIG_ARG)
+
+# finished runs logged into TensorBoard and MLflow (results/mlflow.db) from their files, no training:
+# `make track RUNS=results/mine` (a run folder or any folder above runs; docs/running.md, "Tracking")
+RUNS ?= results
+track: $(STAMP)
+	$(BIN)/python -m fedmedbench.fl.tracking backfill $(RUNS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
+
+# The suite against the newest releases of the stack: each direct dependency (envs/requirements.txt) at its newest
+# release but KEEP_PINS (torch's wheel is machine-specific; `make test-latest KEEP_PINS=` takes its newest too),
+# the rest as new as they fit, in its own venv (envs/newest.py; `make freeze` there would re-pin).
+LATEST    := .venv-latest
+KEEP_PINS ?= torch torchvision
+venv-latest:
+	@$(MAKE) --no-print-directory system-deps
+	test -x $(LATEST)/bin/python || $(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install -q --upgrade pip wheel
+	$(LATEST)/bin/python envs/newest.py --keep $(KEEP_PINS) < envs/requirements.txt > $(LATEST)/requirements-latest.txt
+	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -r $(LATEST)/requirements-latest.txt
+	$(LATEST)/bin/python -m pip uninstall -y -q opencv-python
+	$(LATEST)/bin/python -m pip install -q --force-reinstall --no-deps --upgrade opencv-python-headless
+	$(LATEST)/bin/python -m pip install -q --no-deps -e .
+	$(LATEST)/bin/python -m pip freeze --exclude-editable | grep -iE '^(snakemake|flwr|torch|mlflow-skinny|ultralytics)=='
+
+test-latest: venv-latest
+	$(LATEST)/bin/python -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
 
 # outputs of the config (CONFIG=file, else config/config.yaml) that are missing, by folder: `snakemake -n` does
 # not rerun a finished job whose outputs (a run's model.pt, or its whole folder) were deleted

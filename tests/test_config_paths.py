@@ -84,6 +84,28 @@ def test_snakemake_refuses_a_profiles_alias_bomb_in_seconds(tmp_path, how):
     assert took < 50
 
 
+def test_of_two_profiles_the_one_snakemake_takes_its_config_files_from_is_named(tmp_path, capsys):
+    """Snakemake >= 9.27 merges every --profile (a later one's keys win), older releases read the last one only:
+    the bomb of the first profile is refused where Snakemake would read it, and named with its profile."""
+    from snakemake.cli import get_argument_parser
+
+    from fedmedbench.config.cmdline import check_command_line
+
+    bomb = mapping_bomb(tmp_path / "bomb.yaml")
+    with_bomb = profile(tmp_path / "with_bomb", f"configfile: {bomb}\n")
+    plain = profile(tmp_path / "plain", "latency-wait: 5\n")
+    merges = isinstance(get_argument_parser().parse_known_args(["--profile", "a", "--profile", "b"])[0].profile, list)
+    for order in ([with_bomb, plain], [plain, with_bomb]):
+        argv = [arg for prof in order for arg in ("--profile", str(prof))]
+        if merges or order[-1] == with_bomb:
+            with pytest.raises(SystemExit):
+                check_command_line(argv)
+            assert capsys.readouterr().err.endswith(f"(configfile of profile {with_bomb / 'config.yaml'})\n")
+        else:
+            check_command_line(argv)
+            assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("configfile", ["[config/studies/gpaf.yaml, all]", "config/studies/gpaf.yaml all"],
                          ids=["a list", "one string"])
 def test_a_target_in_a_profiles_configfile_is_one_line(tmp_path, capsys, configfile):

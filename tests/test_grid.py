@@ -333,19 +333,24 @@ def test_snakemake_caps_a_whole_gpu_request_at_the_profiles_memory_and_packs_the
     assert spans[2][0] >= max(spans[0][1], spans[1][1]) or spans[2][1] <= min(spans[0][0], spans[1][0])  # the other alone
 
 
-def test_the_slurm_profiles_packed_training_groups_the_earlystop_grid_by_eight():
-    """profiles/slurm/config.yaml's commented "packed training" block, as Snakemake options, in a dry run of the
-    earlystop grid on SLURM: 600 training jobs in 75 groups of 8, each asking for no GPU count of its own but for
-    gres gpu:1, which the group takes once (its string resources are its first job's, its counts the sum)."""
+def test_the_slurm_profiles_packed_training_groups_the_earlystop_grid_by_eight(tmp_path):
+    """profiles/slurm/config.yaml with its commented "packed training" block uncommented (and a partition and
+    account set), as a user runs it (--profile), in a dry run of the earlystop grid: 600 training jobs in 75 groups
+    of 8, each asking for no GPU count of its own but for gres gpu:1, which the group takes once (its string
+    resources are its first job's, its counts the sum). The profile's own options hold (its ``jobs``, which
+    Snakemake >= 9.27 requires with a remote executor)."""
     text = (ROOT / "profiles" / "slurm" / "config.yaml").read_text()
-    block = text.split("# >>> packed training\n")[1].split("# <<< packed training")[0]
-    packed = yaml.safe_load("\n".join(line[2:] for line in block.splitlines()))
-    args = ["--groups", *packed["groups"], "--group-components", *packed["group-components"],
-            "--resources", *packed["resources"],
-            "--set-resources", *[f"train_federated:{k}={v}" for k, v in packed["set-resources"]["train_federated"].items()]]
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-F", "--configfile", "config/studies/earlystop.yaml",
-                           "--config", "device=cuda", "--executor", "slurm", "--default-resources", "slurm_partition=p",
-                           "slurm_account=a", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    head, rest = text.split("# >>> packed training\n")
+    block, tail = rest.split("# <<< packed training")
+    uncommented = "\n".join(line[2:] for line in block.splitlines())
+    profile = tmp_path / "slurm"
+    profile.mkdir()
+    (profile / "config.yaml").write_text((head + uncommented + "\n" + tail).replace('slurm_partition: "CHANGE_ME"', "slurm_partition: p")
+                                         .replace('slurm_account: "CHANGE_ME"', "slurm_account: a"))
+    assert yaml.safe_load((profile / "config.yaml").read_text())["groups"] == ["train_federated=train"]
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-F", "--profile", str(profile), "--configfile",
+                           "config/studies/earlystop.yaml", "--config", "device=cuda"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     groups = out.split("Group job train")[1:]

@@ -8,10 +8,14 @@ renders it (the report is a JavaScript page: the categories exist only after it 
 from __future__ import annotations
 
 import copy
+import html
+import json
+import re
 import shutil
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -162,26 +166,37 @@ def test_report_has_every_study_rendered_in_chromium(tmp_path):
         assert f"<h3>{table}</h3>" in dom, table
 
 
-@pytest.mark.slow
-def test_report_landing_text_of_a_user_data_config(tmp_path):
-    """A study on the user's own data: the first page says user data (its file), no paper, no synthetic or
-    official data and no surgical 'data' category, and shows the study's final metrics."""
+@pytest.fixture(scope="module")
+def user_report(tmp_path_factory):
+    """A user-data config run to the end, then its report built by the README's command, ``make report CONFIG=``,
+    in the run's folder (its ``.venv`` the test's interpreter, already installed)."""
     from test_user_dataset import DIGITS, pack_digits
 
-    work = copy_workflow(tmp_path / "wf")
+    work = copy_workflow(tmp_path_factory.mktemp("user_report") / "wf")
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, work / name)
+    (work / ".venv").mkdir()
+    (work / ".venv" / "bin").symlink_to(Path(sys.executable).parent)
+    (work / ".venv" / ".installed-stamp").touch()
     pack_digits(work / "digits.npz")
     cfg = {"device": "cpu", "data": {"origin": "real"}, "threads": {"train": 1},
            "datasets": {"digits": {"path": "digits.npz", "labels": DIGITS, "task": "multi-class", "channels": 1}},
            "studies": {"mine": {"datasets": ["digits"], "seeds": [0], "methods": ["fedavg"],
                                 "settings": {"iid": {"scheme": "iid", "num_clients": 2}}, "train": {"rounds": 1}}}}
     (work / "mine.yaml").write_text(yaml.safe_dump(cfg))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "snakemake", *a, "--configfile", "mine.yaml"],  # noqa: E731
-                                    cwd=work, capture_output=True, text=True, timeout=900)
-    proc = run("--cores", "2")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "mine.yaml"],
+                          cwd=work, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    proc = run("--cores", "1", "--report", "report.html")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    page = (work / "report.html").read_text()
+    proc = subprocess.run(["make", "report", "CONFIG=mine.yaml"], cwd=work, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return work / "results" / "report.html"
+
+
+@pytest.mark.slow
+def test_report_landing_text_of_a_user_data_config(user_report):
+    """A study on the user's own data: the first page says user data (its file), no paper, no synthetic or
+    official data and no surgical 'data' category, and shows the study's final metrics."""
+    page = user_report.read_text()
     desc = page.split("var workflow_desc = ", 1)[1].split("\n    var ", 1)[0]  # the landing text (a JSON string)
     assert "<b>mine</b>: a study of your own (no paper); data: digits, user data (digits.npz)." in desc
     assert "<h3>mine: final_metrics</h3>" in desc and "<td>digits</td><td>iid</td><td>fedavg</td>" in desc
@@ -189,3 +204,47 @@ def test_report_landing_text_of_a_user_data_config(tmp_path):
         assert wrong not in desc, wrong
     # the table's caption claims no paper rounding for a study without a paper
     assert "Values rounded to two decimals" in page and "as the paper prints them" not in page
+
+
+#: run in the rendered report: where the landing text and its table are, and the text as shown (pseudo-elements
+#: included: the report's typography style draws backticks around <code> that no DOM text holds)
+_LAYOUT_PROBE = """<script>
+function fmbProbe() {
+  var landing = document.querySelector('.fmb-landing');
+  if (!landing || document.getElementById('fmb-probe')) return;
+  var text = landing.closest('.prose') || landing, table = landing.querySelector('table');
+  var box = table.parentElement.getBoundingClientRect(), shown = text.innerText;
+  text.querySelectorAll('*').forEach(function (el) {
+    shown += getComputedStyle(el, '::before').content + getComputedStyle(el, '::after').content;
+  });
+  var out = {width: window.innerWidth, text_top: text.getBoundingClientRect().top,
+             table_shown: Math.min(table.getBoundingClientRect().width, box.width), shown: shown};
+  var pre = document.createElement('pre'); pre.id = 'fmb-probe'; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+}
+setTimeout(fmbProbe, 1000);
+new MutationObserver(function () { setTimeout(fmbProbe, 1000); }).observe(document.body, {childList: true, subtree: true});
+</script>"""
+
+
+def rendered_layout(chromium: str, page: Path, width: int = 1200, height: int = 1600) -> dict:
+    """The landing's layout as headless Chromium renders ``page`` in a window of ``width`` x ``height`` px."""
+    probe = page.with_name("probe_" + page.name)
+    head, _ = page.read_text().rsplit("</body>", 1)
+    probe.write_text(head + _LAYOUT_PROBE + "</body></html>\n")
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000",
+                          f"--window-size={width},{height}", "--dump-dom", probe.as_uri()],
+                         capture_output=True, text=True, timeout=180).stdout
+    found = re.search(r'<pre id="fmb-probe">(.*?)</pre>', dom, re.S)
+    assert found, "the landing text was not rendered"
+    return json.loads(html.unescape(found.group(1)))
+
+
+@pytest.mark.slow
+def test_report_landing_layout_in_chromium(user_report):
+    """At 1200 x 1600 the landing text starts at the top (not centred below a blank band), its table spans most
+    of the page (not a narrow column beside the rule graph), and no literal backtick is shown."""
+    layout = rendered_layout(_chromium(), user_report)
+    assert layout["text_top"] < 100, layout
+    assert layout["table_shown"] > 0.6 * layout["width"], layout
+    assert "results/<study>/tables/" in layout["shown"] and "`" not in layout["shown"], layout["shown"]

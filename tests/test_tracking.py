@@ -302,3 +302,110 @@ def test_a_failure_during_the_run_is_said_on_the_console_once(workdir):
         tracker.round({"round": rnd, "global_accuracy": 0.5}, [], {})
     (line,) = log.console_lines
     assert line.startswith("tracking: mlflow start failed (RuntimeError: database is locked); the run goes on"), line
+
+
+# --- after the fact: a finished run's files into the same backends -------------------------------------------------
+
+def _hparams(folder: Path):
+    """The TensorBoard hparams of the run in ``folder``: (hyper-parameters by name, metric names)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata as hp
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    events = EventAccumulator(str(folder), size_guidance={"tensors": 0})
+    events.Reload()
+    content = events.PluginTagToContent(hp.PLUGIN_NAME)
+    start = HParamsPluginData.FromString(content[hp.SESSION_START_INFO_TAG]).session_start_info
+    experiment = HParamsPluginData.FromString(content[hp.EXPERIMENT_TAG]).experiment
+    values = {k: (v.string_value if v.HasField("string_value") else v.bool_value if v.HasField("bool_value")
+                  else v.number_value) for k, v in start.hparams.items()}
+    return values, {m.name.tag for m in experiment.metric_infos}, events
+
+
+def test_a_live_run_ends_with_its_hparams_in_tensorboard(tracked):
+    workdir, uri, _ = tracked
+    values, metrics, _ = _hparams(workdir / "on" / "tensorboard")
+    assert (values["method"], values["train.lr"], values["train.rounds"], values["seed"]) == ("fedavg", 0.05, 2, 0)
+    assert values["train.optimizer"] == "sgd" and "train.grad_clip" not in values  # null: left out
+    assert {"global_accuracy", "train_loss"} <= metrics and not any("/" in m for m in metrics)
+
+
+def test_backfill_logs_a_finished_run_as_live_tracking_would(tracked, tmp_path):
+    """The untracked twin of the tracked run, logged from its files alone: the same params as the live run, each
+    round's metrics and each client's evaluation rows, hparams; a second call adds nothing, force logs again."""
+    from mlflow.tracking import MlflowClient
+
+    workdir, live_uri, _ = tracked
+    off = workdir / "off"
+    model = (off / "model.pt").read_bytes()
+    uri = f"sqlite:///{tmp_path}/after.db"
+    assert {workdir / "on", off} <= set(tracking.finished_runs([str(workdir)]))  # a folder above runs: each run
+    assert tracking.main(["backfill", str(off), "--mlflow", uri, "--tensorboard"]) == 0
+    assert (off / "model.pt").read_bytes() == model  # nothing trained or rewritten
+
+    client, live = MlflowClient(tracking_uri=uri), MlflowClient(tracking_uri=live_uri)
+    (run,) = [r for r in client.search_runs([client.get_experiment_by_name("trk").experiment_id])
+              if r.data.tags["run_dir"] == str(off)]
+    (live_run,) = live.search_runs([live.get_experiment_by_name("trk").experiment_id])
+    summary = json.loads((off / "summary.json").read_text())
+    assert run.info.status == "FINISHED" and run.info.run_name == "breastmnist/dir/fedavg/seed0"
+    assert run.data.tags["run_hash"] == summary["run_hash"] == live_run.data.tags["run_hash"]
+    assert run.data.params == live_run.data.params and len(run.data.params) > 30
+    metrics = pd.read_csv(off / "metrics.csv")
+    history = client.get_metric_history(run.info.run_id, "global_accuracy")
+    assert sorted((m.step, m.value) for m in history) == list(zip(metrics["round"], metrics["global_accuracy"], strict=True))
+    clients = pd.read_csv(off / "client_metrics.csv")
+    local = client.get_metric_history(run.info.run_id, "client1/local_accuracy")
+    assert sorted((m.step, m.value) for m in local) == \
+        list(clients[clients["client"] == 1][["round", "local_accuracy"]].itertuples(index=False, name=None))
+
+    values, names, events = _hparams(off / "tensorboard")
+    assert (values["method"], values["train.lr"], values["partition_path"]) == ("fedavg", 0.05, str(workdir / "p.json"))
+    assert {"global_accuracy", "global_f1"} <= names
+    assert [(e.step, e.value) for e in events.Scalars("global_accuracy")] == \
+        [(r, pytest.approx(v, abs=1e-6)) for r, v in zip(metrics["round"], metrics["global_accuracy"], strict=True)]
+
+    line = tracking.backfill(off, {"tensorboard": True, "mlflow": uri}, print)
+    assert line.startswith("nothing new logged") and f"mlflow already has run {run.info.run_id}" in line
+    tracking.backfill(off, {"mlflow": uri}, print, force=True)
+    assert len([r for r in client.search_runs([run.info.experiment_id]) if r.data.tags["run_dir"] == str(off)]) == 2
+
+
+def test_backfill_of_a_run_from_before_summaries_held_the_spec(tracked, tmp_path):
+    """Its spec from the params Snakemake recorded with its summary.json; without that record, the summary's fields."""
+    import base64
+    import shutil
+
+    workdir, _, _ = tracked
+    root = tmp_path / "wf"
+    run = root / "results" / "trk" / "breastmnist" / "dir" / "fedavg" / "seed0"
+    shutil.copytree(workdir / "off", run)
+    summary = json.loads((run / "summary.json").read_text())
+    spec = summary.pop("spec")
+    (run / "summary.json").write_text(json.dumps(summary))
+    uri = f"sqlite:///{tmp_path}/old.db"
+    line = tracking.backfill(run, {"mlflow": uri}, print)
+    assert "params from the summary fields (no spec recorded)" in line
+    name, params, _ = tracking.run_identity(run, summary)
+    assert (name.method, params["seed"], params["model"]) == ("fedavg", "0", "cnn_small") and "train.lr" not in params
+
+    rel = "results/trk/breastmnist/dir/fedavg/seed0/summary.json"
+    record = root / ".snakemake" / "metadata" / base64.urlsafe_b64encode(rel.encode()).decode()
+    record.parent.mkdir(parents=True)
+    recorded = {**spec, "run_dir": "results/trk/breastmnist/dir/fedavg/seed0"}
+    record.write_text(json.dumps({"rule": "train_federated", "params": ["4", repr(recorded)]}))  # Snakemake: repr of each param
+    got, params, source = tracking.run_identity(run, summary)
+    assert source == "spec" and got.run_dir == recorded["run_dir"]
+    assert (params["train.lr"], params["train.momentum"]) == ("0.05", "0.0")  # the train block resolved, as live
+
+
+def test_backfill_names_what_is_not_a_finished_run(tracked, tmp_path):
+    assert tracking.main(["backfill", str(tmp_path)]) == 1
+    with pytest.raises(FileNotFoundError, match="no summary.json"):
+        tracking.backfill(tmp_path, {"tensorboard": True}, print)
+    from fedmedbench.studies.grid import show_run
+
+    show_run(tracked[0] / "off", tmp_path / "shown", "iid")  # a run shown in a setting that shares it
+    line = tracking.backfill(tmp_path / "shown", {"tensorboard": True}, print)
+    assert line == "nothing logged: a copy of the run trained in setting dir (logged there)"
+    assert not (tmp_path / "shown" / "tensorboard").exists()

@@ -24,24 +24,26 @@ from fedmedbench.config.check import ConfigFileError, check_file
 _running = False
 
 
-def configfiles(argv: Sequence[str], profile: str | None = None) -> list[str]:
-    """The config files ``argv`` gives Snakemake (with ``profile``'s settings as defaults), read by Snakemake's
-    own parser (abbreviations, ``--``)."""
+def configfiles(argv: Sequence[str], profiles: Sequence[str] = ()) -> list[str]:
+    """The config files ``argv`` gives Snakemake (with ``profiles``' settings as defaults, later ones overriding),
+    read by Snakemake's own parser (abbreviations, ``--``)."""
     from snakemake.cli import get_argument_parser
 
-    args, _ = get_argument_parser(profiles=[profile] if profile else None).parse_known_args(list(argv))
+    args, _ = get_argument_parser(profiles=list(profiles) or None).parse_known_args(list(argv))
     return [str(f) for f in args.configfile or []]
 
 
-def user_profile(argv: Sequence[str]) -> tuple[str, Path] | None:
-    """The user profile of ``argv`` (``--profile``, else ``$SNAKEMAKE_PROFILE``) and its config file; None without one."""
+def user_profiles(argv: Sequence[str]) -> list[tuple[str, Path]]:
+    """The user profiles of ``argv`` (each ``--profile`` in order, else ``$SNAKEMAKE_PROFILE``) with their config
+    files. Snakemake >= 9.27 merges every ``--profile`` given (a list), older releases take the last (a string)."""
     from snakemake.cli import get_argument_parser, get_profile_dir
 
     args, _ = get_argument_parser().parse_known_args(list(argv))
-    if not args.profile or args.profile == "none":
-        return None
-    found = get_profile_dir(args.profile)
-    return (args.profile, found[1]) if found else None
+    given = args.profile if isinstance(args.profile, list) else [args.profile] if args.profile else []
+    if "none" in given:  # no profile, or a mix Snakemake refuses itself
+        return []
+    found = [(name, get_profile_dir(name)) for name in given]
+    return [(name, entry[1]) for name, entry in found if entry]
 
 
 def profile_target_hint(path: Path) -> str:
@@ -67,10 +69,11 @@ def check_command_line(argv: Sequence[str] | None = None) -> None:
     try:
         try:
             files, origin = configfiles(argv), None
-            if (profile := user_profile(argv)) is not None:
-                with_profile = configfiles(argv, profile[0])
-                if with_profile != files:  # the command line names none: the profile's are read
-                    files, origin = with_profile, profile[1]
+            if profiles := user_profiles(argv):
+                with_profiles = configfiles(argv, [name for name, _ in profiles])
+                if with_profiles != files:  # the command line names none: those of the last profile naming any
+                    origin = next(path for name, path in reversed(profiles) if configfiles(argv, [name]) != files)
+                    files = with_profiles
         except (Exception, SystemExit):
             return
         try:

@@ -108,8 +108,15 @@ def landing_html(studies: list[StudyEntry], tables: dict[str, str], data_categor
     return "\n".join(out) + "\n"
 
 
-# scoped to the fragment: the report's own page keeps its styles
+# scoped to the fragment: the report's own page keeps its styles. The report's home view centres its content
+# vertically (a blank band above a short text), holds the text in a narrow column (max-w-lg) next to the rule
+# graph, and its typography style prints backticks around <code>; the rules with :has() undo these only on the
+# page that holds this fragment: the text starts at the top, full width, with the rule graph below it.
 _STYLE = ("<style>.fmb-landing table{border-collapse:collapse;margin:.3em 0;font-size:12px}"
           ".fmb-landing th,.fmb-landing td{border:1px solid #bbb;padding:2px 6px;text-align:right;white-space:nowrap}"
           ".fmb-landing th{background:#eee}.fmb-landing td:first-child,.fmb-landing th:first-child{text-align:left}"
-          ".fmb-scroll{overflow-x:auto;max-width:100%}</style>")
+          ".fmb-scroll{overflow-x:auto;max-width:100%}"
+          ".fmb-landing code::before,.fmb-landing code::after{content:none}"
+          "div.items-center:has(.fmb-landing){align-items:flex-start}"
+          "div.items-start:has(> div .fmb-landing){flex-direction:column;align-items:stretch;min-width:0}"
+          "div:has(> .prose .fmb-landing),.prose:has(.fmb-landing){max-width:none;min-width:0}</style>")

@@ -28,7 +28,7 @@ from fedmedbench.fl.api.registry import get_method
 from fedmedbench.fl.determinism import seeded_generator
 from fedmedbench.fl.engine import replies
 from fedmedbench.fl.engine.job import Job, resolve_device  # noqa: F401  (resolve_device: imported from here elsewhere)
-from fedmedbench.fl.spec import RunSpec
+from fedmedbench.fl.spec import RunSpec, result_params
 from fedmedbench.fl.state import checkpoint
 from fedmedbench.fl.state.client_state import ClientStateStore
 from fedmedbench.fl.stopping import DataFreeMonitor
@@ -603,6 +603,7 @@ class Federation:
             "client_models": "client_models.pt" if self.spec.save_client_models else None,
             "client_models_round": self.keep_round if self.spec.save_client_models else None,
             "final": {k: v for k, v in last.items() if k not in ("round", "clients")},
+            "spec": result_params(self.spec.to_dict()),  # what the run hash covers: tracking after the fact reads it
         }
         summary["clients_without_local_scores"] = unscored_clients(state.client_rows, self.task.primary_metric)
         summary.update(clients_without_holdout(self.spec.partition_path))
