@@ -6,7 +6,7 @@ and :func:`~fedmedbench.fl.engine.federation.client_evaluate`. Everything that i
 message passing lives in ``federation``, so moving from ``run_simulation`` to its
 successor (``flwr run``) changes this file only.
 
-Flower facts this module handles (flwr 1.41):
+Flower facts this module handles (flwr 1.41, 1.42):
 
 * ``run_simulation`` swallows ClientApp exceptions into error replies and would
   carry on with missing results: every reply is checked, and an error fails the
