@@ -49,7 +49,7 @@ fi
 missing=$("$PY" -c '
 import importlib.util
 need = ["flwr", "flwr_datasets", "jsonschema", "timm", "medmnist", "sklearn", "pandas", "yaml", "psutil",
-        "ultralytics", "thop", "cv2", "pyarrow", "medpy", "PIL", "matplotlib", "cryptography"]
+        "ultralytics", "thop", "cv2", "pyarrow", "medpy", "PIL", "matplotlib", "cryptography", "httpx"]
 print(" ".join(m for m in need if importlib.util.find_spec(m) is None))')
 if [ -n "$missing" ]; then  # every step would fail on its first import
   echo "gpu_session: $PY lacks: $missing (offline: bench/gpu_wheels.sh downloads their wheels; its header says how to install them)" >&2

@@ -1358,8 +1358,11 @@ def _workflow_params(tmp_path, cfg: dict, tag: str) -> dict:
     from snakemake.api import SnakemakeApi
     try:
         from snakemake.io import Wildcards
-    except ImportError:  # snakemake >= 9.17 keeps it in snakemake.io.container
-        from snakemake.io.container import Wildcards
+    except ImportError:  # snakemake 9.17 keeps it in snakemake.io.container, 9.27 in snakemake.iocontainers
+        try:
+            from snakemake.io.container import Wildcards
+        except ImportError:
+            from snakemake.iocontainers import Wildcards
     from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings
 
     path = tmp_path / f"{tag}.yaml"

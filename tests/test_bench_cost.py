@@ -1197,7 +1197,7 @@ def test_grid_cost_takes_a_surgical_option_where_a_costed_study_takes_it(tmp_pat
 
     configs = {STUDIES / "ultraflwr.yaml": grid_cost.load_config(STUDIES / "ultraflwr.yaml"),
                MICRO: grid_cost.load_config(MICRO)}
-    args = SimpleNamespace(surgical_dir=None, surgical_epochs=3, yolo_workers=None, image_cache=None,
+    args = SimpleNamespace(surgical_dir=None, surgical_epochs=3, surgical_steps=None, yolo_workers=None, image_cache=None,
                            no_image_cache=False, loader_workers=None)
     grid_cost.check_surgical_options(configs, None, args)  # no exit
     grid_cost.check_surgical_options(configs, ["ultraflwr"], args)

@@ -135,16 +135,17 @@ def detection_federation(detection, tmp_path_factory):
 
 
 def test_ultraflwr_over_a_live_superlink_completes_under_load(detection, detection_federation):
-    """YOLO payloads through a real SuperLink whose state is an SQLite file, twice in a row, on a loaded machine:
-    both runs end with a model of the simulation's layout and no request failed on a locked database (a site's
+    """YOLO payloads through a real SuperLink whose state is an SQLite file, two one-round runs in a row, on a loaded
+    machine: both end with a model of the simulation's layout and no request failed on a locked database (a site's
     upload failed with "500 ... database is locked", the run failed and the next stayed pending).
     Not checked here: the live model equals the simulation's only through the in-process deployment
     (``test_ultraflwr_deployed_matches_the_simulation_…``); over separate ClientApp processes it differs."""
     _, spec = detection
     fl, _ = detection_federation
     sim = torch.load(Path(spec.run_dir) / "model.pt", weights_only=True)
+    one_round = RunSpec.from_dict({**server_spec(spec), "train": {**spec.train, "rounds": 1}})
     for name in ("deployed", "again"):
-        deployed, out = run_deployed(fl, RunSpec.from_dict(server_spec(spec)), name, 900, attempts=1)
+        deployed, out = run_deployed(fl, one_round, name, 900, attempts=1)
         assert (Path(deployed.run_dir) / "model.pt").is_file(), out.stdout[-4000:] + out.stderr[-2000:]
         model = torch.load(Path(deployed.run_dir) / "model.pt", weights_only=True)
         assert {k: v.shape for k, v in model.items()} == {k: v.shape for k, v in sim.items()}

@@ -84,6 +84,8 @@ def test_runs_side_by_side_train_as_each_alone_in_one_call_a_round(setup, monkey
         assert same_rows(a, b, "metrics.csv") and same_rows(a, b, "client_metrics.csv")
         sa, sb = (json.loads((Path(s.run_dir) / "summary.json").read_text()) for s in (a, b))
         timing = {"wall_time_s", "final"}  # the final row: in same_rows
+        for s in (sa, sb):  # the spec kept in the summary names the run's own folder
+            s["spec"] = {k: v for k, v in s["spec"].items() if k != "run_dir"}
         assert sa.keys() == sb.keys() and {k: v for k, v in sa.items() if k not in timing} == {
             k: v for k, v in sb.items() if k not in timing}  # the run hash among them
     moved = max(float((final_model(alone[0])[k] - final_model(alone[1])[k]).abs().max()) for k in final_model(alone[0]))
