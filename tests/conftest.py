@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -48,3 +50,18 @@ def breast_domains_dir(tmp_path_factory):
     io.write_json(d / "p.json", P.build_partition(split_labels(arrays), "domain", 2, 0, {"domains": ["a", "b"], "alpha": 1.0},
                                                   num_classes=2))
     return d
+
+
+@pytest.fixture
+def restore_registry():
+    """Methods a test registers (user files, an entry point) leave the registry as it was; built-in modules stay
+    imported, so they stay registered."""
+    from fedmedbench.fl.api.method_source import METHODS_PACKAGE
+    from fedmedbench.fl.api.registry import METHODS, USER_MODULE_PREFIX
+
+    saved = set(METHODS)
+    yield
+    for name in [n for n, cls in METHODS.items() if n not in saved and not cls.__module__.startswith(METHODS_PACKAGE)]:
+        del METHODS[name]
+    for module in [m for m in sys.modules if m.startswith(USER_MODULE_PREFIX)]:
+        del sys.modules[module]

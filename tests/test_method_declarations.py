@@ -22,11 +22,10 @@ import torch
 import yaml
 
 from fedmedbench.fl.api import method_params as MP
-from fedmedbench.fl.api.method_source import METHODS_PACKAGE, builtin_sources
+from fedmedbench.fl.api.method_source import builtin_sources
 from fedmedbench.fl.api.params import Param
 from fedmedbench.fl.api.registry import (
     METHODS,
-    USER_MODULE_PREFIX,
     DuplicateMethodError,
     available_methods,
     get_method,
@@ -40,15 +39,7 @@ FEDNOVA = ROOT / "examples" / "methods" / "fednova.py"
 FEDPROX_HOOK = ROOT / "examples" / "methods" / "fedprox_hook.py"
 
 
-@pytest.fixture(autouse=True)
-def restore_registry():
-    """Methods these tests register (user files, an entry point) leave the registry as it was."""
-    saved = set(METHODS)
-    yield
-    for name in [n for n, cls in METHODS.items() if n not in saved and not cls.__module__.startswith(METHODS_PACKAGE)]:
-        del METHODS[name]  # built-in modules stay imported, so they stay registered
-    for module in [m for m in sys.modules if m.startswith(USER_MODULE_PREFIX)]:
-        del sys.modules[module]
+pytestmark = pytest.mark.usefixtures("restore_registry")
 
 
 def by_task(task: str) -> list[str]:

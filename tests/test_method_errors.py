@@ -13,7 +13,7 @@ from helpers import split_labels
 
 from fedmedbench.data import synthetic
 from fedmedbench.fl.api import method_errors
-from fedmedbench.fl.api.registry import METHODS, USER_MODULE_PREFIX, get_method
+from fedmedbench.fl.api.registry import USER_MODULE_PREFIX, get_method
 from fedmedbench.fl.engine import flower as engine
 from fedmedbench.fl.spec import RunSpec
 from fedmedbench.partition import schemes as P
@@ -21,16 +21,7 @@ from fedmedbench.workflow import io
 from fedmedbench.workflow.diagnostics import job_error_line
 from fedmedbench.workflow.runlog import log_to
 
-
-@pytest.fixture(autouse=True)
-def restore_registry():
-    """The user methods these tests register leave the registry (and the module table) as they found it."""
-    saved = set(METHODS)
-    yield
-    for name in [n for n, cls in METHODS.items() if n not in saved and not cls.__module__.startswith("fedmedbench.fl.methods.")]:
-        del METHODS[name]  # built-in modules stay imported, so they stay registered
-    for module in [m for m in sys.modules if m.startswith(USER_MODULE_PREFIX)]:
-        del sys.modules[module]
+pytestmark = pytest.mark.usefixtures("restore_registry")
 
 
 @pytest.fixture(scope="module")
