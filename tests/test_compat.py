@@ -161,7 +161,8 @@ def test_a_supernode_takes_the_superlinks_500_again_a_bounded_number_of_times(ca
 
 def test_the_deployment_patch_lengthens_the_superlinks_lock_wait_and_wraps_the_supernodes_requests(tmp_path):
     """In a fresh process (the patch is for a SuperLink's or SuperNode's process): Flower's SQLite state (the
-    SuperLink's --database) waits FLOWER_SQLITE_BUSY_MS for a lock, not 5 s; a SuperNode's requests retry 500s."""
+    SuperLink's --database) waits FLOWER_SQLITE_BUSY_MS for a lock, not 5 s; a SuperNode's requests retry 500s,
+    and so do those of the SuperExec the SuperLink starts (through the project's launcher)."""
     import subprocess
     import sys
 
@@ -171,11 +172,21 @@ def test_the_deployment_patch_lengthens_the_superlinks_lock_wait_and_wraps_the_s
              "store = SqlObjectStore(sys.argv[1])\nstore.initialize()\n"
              "with store._engine.connect() as c:\n    print(c.execute(text('PRAGMA busy_timeout')).scalar())\n"
              "from flwr.supernode import fleet_http_connection as f\n"
-             "print(f.make_simple_http_retry_invoker().invoke.__qualname__)\n")
+             "print(f.make_simple_http_retry_invoker().invoke.__qualname__)\n"
+             "import importlib\n"
+             "r = importlib.import_module('flwr.supercore.superexec.run_superexec')\n"
+             "print(r.make_simple_http_retry_invoker().invoke.__qualname__)\n"
+             "s = importlib.import_module('flwr.superlink.cli.flower_superlink')\n"
+             "print(*s._get_superexec_command(runtime_address='127.0.0.1:9091', runtime_certificates=None,"
+             " runtime_root_certificates_path=None, parent_pid=1, runtime_dependency_install=False))\n")
     out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "superlink.db")], capture_output=True, text=True,
                          timeout=300, env={**os.environ, "PYTHONPATH": str(compat.__file__).rsplit("/fedmedbench/", 1)[0]})
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == [str(compat.FLOWER_SQLITE_BUSY_MS), "retrying_server_errors.<locals>.call"], out.stdout
+    busy, supernode, superexec, *command = out.stdout.split()
+    assert busy == str(compat.FLOWER_SQLITE_BUSY_MS) and supernode == superexec == "retrying_server_errors.<locals>.call"
+    # the SuperLink's own SuperExec (it starts the ServerApps, asks the SuperLink for their tasks) starts patched too
+    assert command == [sys.executable, "-m", "fedmedbench.deploy", "superexec", "--insecure",
+                       "--runtime-api-address", "127.0.0.1:9091", "--parent-pid", "1"], out.stdout
 
 
 def test_the_launcher_runs_flowers_program_in_its_own_process():
@@ -189,3 +200,88 @@ def test_the_launcher_runs_flowers_program_in_its_own_process():
     from fedmedbench.deploy import launch
 
     assert launch.run.__defaults__ == (launch.in_process,)
+
+
+def _serverapp_grid(answers: list[int]):
+    """Flower's ServerApp grid (flwr-serverapp's ``HttpGrid``) over a stand-in SuperLink: the statuses in
+    ``answers`` first, then a GetNodes answer naming node 7; returns the grid and the paths requested."""
+    import httpx
+    from flwr.proto.node_pb2 import NodeInfo
+    from flwr.proto.runtime_pb2 import GetNodesResponse
+    from flwr.superlink.grid import HttpGrid
+
+    paths: list[str] = []
+
+    def superlink(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        if answers:
+            return httpx.Response(answers.pop(0), text="database is locked")
+        return httpx.Response(200, content=GetNodesResponse(nodes=[NodeInfo(node_id=7)]).SerializeToString())
+
+    grid = HttpGrid(runtime_api_address="127.0.0.1:9", insecure=True, token="t")
+    grid._runtime_client._client = httpx.Client(transport=httpx.MockTransport(superlink))
+    return grid, paths
+
+
+def test_a_serverapps_request_takes_the_superlinks_500_again(capsys):
+    """A ServerApp's request answered 500 once (the SuperLink's database locked past its wait) failed the run;
+    once its grid is wrapped (``apps.main`` does it first) the request is sent again and succeeds."""
+    import httpx
+    import pytest
+
+    grid, paths = _serverapp_grid([500])
+    with pytest.raises(httpx.HTTPStatusError, match="500"):  # Flower's own invoker: a 500 is fatal
+        grid.get_node_ids()
+    grid, paths = _serverapp_grid([500])
+    waits: list[float] = []
+    assert compat.retry_grid_server_errors(grid, wait=waits.append)
+    assert compat.retry_grid_server_errors(grid, wait=waits.append)  # once wrapped, not twice
+    assert list(grid.get_node_ids()) == [7] and paths == ["/v1/runtime/get-nodes"] * 2 and waits == [1.0]
+    assert "the SuperLink answered 500 to /v1/runtime/get-nodes; trying again in 1 s (1 of 5)" in capsys.readouterr().err
+
+
+def test_a_serverapp_gives_up_on_500_after_the_bound_with_one_line(capsys):
+    """500 on every try: FLOWER_SERVER_ERROR_RETRIES more requests, then the error, with one line saying so; on
+    Flower's exit path (its invoker set to one try) a 500 is not taken again."""
+    import httpx
+    import pytest
+
+    tries = compat.FLOWER_SERVER_ERROR_RETRIES
+    grid, paths = _serverapp_grid([500] * 50)
+    waits: list[float] = []
+    compat.retry_grid_server_errors(grid, wait=waits.append)
+    with pytest.raises(httpx.HTTPStatusError, match="500"):
+        grid.get_node_ids()
+    assert len(paths) == tries + 1 and waits == [1.0, 2.0, 4.0, 8.0, 16.0][:tries]
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "giving up" in line] == [
+        f"fedmedbench: the SuperLink answered 500 to /v1/runtime/get-nodes {tries + 1} times; giving up"]
+    paths.clear(), waits.clear()
+    grid._retry_invoker.max_tries = 1  # what flwr-serverapp's exit handler sets before its last request
+    with pytest.raises(httpx.HTTPStatusError, match="500"):
+        grid.get_node_ids()
+    assert len(paths) == 1 and waits == []
+
+
+def test_the_serverapp_wraps_its_grid_first_and_a_simulations_grid_is_left_alone():
+    import pytest
+    from flwr.app import Context, RecordDict
+
+    from fedmedbench.deploy import apps
+
+    grid, _ = _serverapp_grid([])
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={"server-spec-file": ""})
+    with pytest.raises(ValueError, match="server-spec-file"):  # no spec file: the run stops, after the wrapping
+        apps.main(grid, context)
+    assert getattr(grid._retry_invoker.invoke, "retries_server_errors", False)
+    assert not compat.retry_grid_server_errors(object())
+
+
+def test_the_launcher_runs_the_superlinks_superexec_as_flower_does():
+    """``python -m fedmedbench.deploy superexec ARGS``: Flower's ``flower-superexec`` with ARGS, after the patch."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "fedmedbench.deploy", "superexec", "--help"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and "--runtime-api-address" in out.stdout, out.stderr[-2000:]

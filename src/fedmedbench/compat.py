@@ -40,8 +40,11 @@ What it does, and why:
   locked". A SuperNode, and the SuperLink's own SuperExec, take a 500 as fatal: an upload was lost, the
   run failed and the next stayed pending (the SuperExec had exited). Payloads now stay in memory (they
   live from a push to its pull; the file keeps runs and registered SuperNodes), the lock wait is
-  :data:`FLOWER_SQLITE_BUSY_MS` (below the 30 s request time-out), and a SuperNode takes a 500 again
-  up to :data:`FLOWER_SERVER_ERROR_RETRIES` times (:func:`retrying_server_errors`).
+  :data:`FLOWER_SQLITE_BUSY_MS` (below the 30 s request time-out), and a 500 is taken again up to
+  :data:`FLOWER_SERVER_ERROR_RETRIES` times (:func:`retrying_server_errors`) by a SuperNode, by the
+  SuperExec a SuperLink starts (started through the project's launcher, so it is patched too) and by
+  the ServerApp (its grid, built before this package is loaded: :func:`retry_grid_server_errors`).
+  Each patch names the flwr 1.42 function or attribute it replaces; tests/test_compat.py checks them.
 
 Two patches live beside what they serve, applied only while a detection job trains or validates:
 Ultralytics' network calls (``fl/tasks/detection/yolo.py``, ``ultralytics_offline``) and its pickled
@@ -348,10 +351,12 @@ FLOWER_SERVER_ERROR_RETRIES = 5
 
 
 def retrying_server_errors(invoke: Callable[..., Any], tries: int = FLOWER_SERVER_ERROR_RETRIES,
-                           wait: Callable[[float], None] = time.sleep) -> Callable[..., Any]:
+                           wait: Callable[[float], None] = time.sleep,
+                           held_back: Callable[[], bool] = lambda: False) -> Callable[..., Any]:
     """``invoke`` (a Flower ``RetryInvoker.invoke``: transport errors and 502-504 it retries itself) that
     takes an HTTP 500 answer again, up to ``tries`` times: the SuperLink answers 500 for any error of its
-    own, a lock wait past its limit included, and the SuperNode would exit on the first."""
+    own, a lock wait past its limit included, and the caller would exit on the first. ``held_back()`` true:
+    no retry (Flower's exit handlers ask their invoker for one try only). Giving up is one line, then the error."""
 
     def call(target: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         import httpx
@@ -360,7 +365,11 @@ def retrying_server_errors(invoke: Callable[..., Any], tries: int = FLOWER_SERVE
             try:
                 return invoke(target, *args, **kwargs)
             except httpx.HTTPStatusError as exc:
-                if exc.response.status_code != 500 or attempt == tries:
+                if exc.response.status_code != 500 or held_back():
+                    raise
+                if attempt == tries:
+                    print(f"fedmedbench: the SuperLink answered 500 to {exc.request.url.path} {tries + 1} times; "
+                          "giving up", file=sys.stderr, flush=True)
                     raise
                 delay = min(2.0 ** attempt, 30.0)
                 print(f"fedmedbench: the SuperLink answered 500 to {exc.request.url.path}; trying again in {delay:g} s "
@@ -368,24 +377,14 @@ def retrying_server_errors(invoke: Callable[..., Any], tries: int = FLOWER_SERVE
                 wait(delay)
         raise AssertionError("unreachable")
 
+    call.retries_server_errors = True
     return call
 
 
-def patch_flower_deployment() -> None:
-    """Flower's SuperLink keeps message payloads in memory and waits :data:`FLOWER_SQLITE_BUSY_MS` for a lock of its
-    state, a SuperNode retries 500 answers (:func:`retrying_server_errors`); for this process (a SuperLink's or a
-    SuperNode's), before it starts."""
-    from flwr.supercore import sql_mixin
-    from flwr.supercore.object_store import ObjectStoreFactory
-    from flwr.superlink import config_loader
-    from flwr.supernode import fleet_http_connection
-
-    sql_mixin.SQLITE_PRAGMAS = tuple((k, str(FLOWER_SQLITE_BUSY_MS) if k == "busy_timeout" else v)
-                                     for k, v in sql_mixin.SQLITE_PRAGMAS)
-    config_loader.ObjectStoreFactory = lambda database=None: ObjectStoreFactory()  # payloads in memory
-    make = fleet_http_connection.make_simple_http_retry_invoker
+def _retrying_invoker(make: Callable[[], Any]) -> Callable[[], Any]:
+    """Flower's ``make_simple_http_retry_invoker`` whose invokers retry 500 answers (once wrapped)."""
     if getattr(make, "retries_server_errors", False):
-        return
+        return make
 
     @functools.wraps(make)
     def make_invoker():
@@ -394,4 +393,58 @@ def patch_flower_deployment() -> None:
         return invoker
 
     make_invoker.retries_server_errors = True
-    fleet_http_connection.make_simple_http_retry_invoker = make_invoker
+    return make_invoker
+
+
+def retry_grid_server_errors(grid: Any, wait: Callable[[float], None] = time.sleep) -> bool:
+    """A deployed ServerApp's requests to the SuperLink take a 500 answer again, as a SuperNode's do; True when
+    patched. In flwr 1.42 the ``flwr-serverapp`` process builds its ``HttpGrid`` before it loads this package, and
+    every request of the grid (push, pull, heartbeat, final status) goes through the grid's one ``RetryInvoker``:
+    that invoker is wrapped, unless its exit handler has set it to one try. Any other grid (a simulation's
+    ``InMemoryGrid``, a Flower whose ``HttpGrid`` has no such invoker) is left as it is: False."""
+    invoker = getattr(grid, "_retry_invoker", None) if type(grid).__name__ == "HttpGrid" else None
+    if invoker is None or not hasattr(invoker, "max_tries") or not callable(getattr(invoker, "invoke", None)):
+        return False
+    if not getattr(invoker.invoke, "retries_server_errors", False):
+        invoker.invoke = retrying_server_errors(invoker.invoke, wait=wait, held_back=lambda: invoker.max_tries == 1)
+    return True
+
+
+def patch_flower_deployment() -> None:
+    """Flower's SuperLink keeps message payloads in memory and waits :data:`FLOWER_SQLITE_BUSY_MS` for a lock of its
+    state, starts its SuperExec through the project's launcher; a SuperNode and a SuperExec retry 500 answers
+    (:func:`retrying_server_errors`); for this process (a SuperLink's, SuperNode's or SuperExec's), before it starts."""
+    from flwr.supercore import sql_mixin
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.superlink import config_loader
+    from flwr.supernode import fleet_http_connection
+
+    # the modules, not the functions their packages re-export under the same names
+    run_superexec = importlib.import_module("flwr.supercore.superexec.run_superexec")
+    flower_superlink = importlib.import_module("flwr.superlink.cli.flower_superlink")
+
+    sql_mixin.SQLITE_PRAGMAS = tuple((k, str(FLOWER_SQLITE_BUSY_MS) if k == "busy_timeout" else v)
+                                     for k, v in sql_mixin.SQLITE_PRAGMAS)
+    config_loader.ObjectStoreFactory = lambda database=None: ObjectStoreFactory()  # payloads in memory
+    fleet_http_connection.make_simple_http_retry_invoker = _retrying_invoker(
+        fleet_http_connection.make_simple_http_retry_invoker)
+    run_superexec.make_simple_http_retry_invoker = _retrying_invoker(run_superexec.make_simple_http_retry_invoker)
+    flower_superlink._get_superexec_command = _superexec_through_launcher(flower_superlink._get_superexec_command)
+
+
+def _superexec_through_launcher(command: Callable[..., list[str]]) -> Callable[..., list[str]]:
+    """The SuperExec a SuperLink starts (``flower-superexec ARGS``: it starts the ServerApp processes and asks the
+    SuperLink for their tasks) as ``python -m fedmedbench.deploy superexec ARGS``: Flower's program after
+    :func:`patch_flower_deployment`, so its requests to the SuperLink retry 500 answers too."""
+    if getattr(command, "retries_server_errors", False):
+        return command
+
+    @functools.wraps(command)
+    def through_launcher(*args: Any, **kwargs: Any) -> list[str]:
+        cmd = command(*args, **kwargs)
+        if cmd[:1] != ["flower-superexec"]:
+            return cmd
+        return [sys.executable, "-m", "fedmedbench.deploy", "superexec", *cmd[1:]]
+
+    through_launcher.retries_server_errors = True
+    return through_launcher

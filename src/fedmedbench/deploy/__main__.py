@@ -1,6 +1,6 @@
 """``python -m fedmedbench.deploy credentials``: TLS certificates and SuperNode keys for local use;
 ``python -m fedmedbench.deploy superlink|supernode ARGS``: Flower's SuperLink or SuperNode, started only with TLS
-and node authentication (``deploy/launch.py``)."""
+and node authentication (``deploy/launch.py``); ``superexec ARGS``: the SuperExec such a SuperLink starts itself."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from fedmedbench.deploy import credentials, launch
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in launch.STARTED_BY_SUPERLINK:
+        launch.run_started_by_superlink(argv[0], argv[1:])
+        return
     if argv and argv[0] in launch.PROGRAMS:  # the rest goes to Flower's program unchanged
         try:
             launch.run(argv[0], argv[1:])

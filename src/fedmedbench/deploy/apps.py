@@ -31,6 +31,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fedmedbench import compat
 from fedmedbench.deploy.deployable import why_not as why_not_deployable
 from fedmedbench.deploy.site_data import (
     MODEL_FILES,
@@ -228,6 +229,7 @@ def run_server(grid: Grid, spec: RunSpec, round_timeout_s: float, log=print) -> 
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
+    compat.retry_grid_server_errors(grid)  # the SuperLink's 500 answers taken again, as a SuperNode does
     spec_file = str(context.run_config.get("server-spec-file", ""))
     if not spec_file:
         raise ValueError("run config 'server-spec-file' is empty: pass --run-config \"server-spec-file='<spec.json>'\"")

@@ -7,6 +7,8 @@ after checking them: a SuperLink needs TLS and SuperNode authentication, a Super
 ``--insecure-for-testing`` lets an insecure setting through (a test on one machine), with a warning
 on every start. Flower's program runs in this process, after ``compat.patch_flower_deployment`` (the
 SuperLink's SQLite state waits longer for a lock, a SuperNode retries the SuperLink's 500 answers).
+``superexec`` is not started by hand: a SuperLink started here starts its SuperExec (which starts the
+ServerApp processes) as ``python -m fedmedbench.deploy superexec ARGS``, so that one is patched too.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from pathlib import Path
 
 FLAG = "--insecure-for-testing"
 PROGRAMS = {"superlink": "flower-superlink", "supernode": "flower-supernode"}
+#: what a patched SuperLink starts itself (its arguments are Flower's, passed unchanged)
+STARTED_BY_SUPERLINK = {"superexec": "flower-superexec"}
 #: Flower's program -> its entry point (module, function), as its console script calls it
 ENTRY_POINTS = {"flower-superlink": ("flwr.superlink.cli", "flower_superlink"),
-                "flower-supernode": ("flwr.supernode.cli", "flower_supernode")}
+                "flower-supernode": ("flwr.supernode.cli", "flower_supernode"),
+                "flower-superexec": ("flwr.supercore.cli", "flower_superexec")}
 
 
 class InsecureDeploymentError(ValueError):
@@ -81,6 +86,13 @@ def in_process(program: str, cmd: list[str]) -> None:
     module, function = ENTRY_POINTS[cmd[0]]
     sys.argv = [program, *cmd[1:]]
     getattr(importlib.import_module(module), function)()
+
+
+def run_started_by_superlink(role: str, args: Sequence[str],
+                             execute: Callable[[str, list[str]], None] = in_process) -> None:
+    """Flower's program a patched SuperLink starts (:data:`STARTED_BY_SUPERLINK`), after the patches."""
+    program = STARTED_BY_SUPERLINK[role]
+    execute(shutil.which(program) or str(Path(sys.executable).parent / program), [program, *args])
 
 
 def run(role: str, args: Sequence[str], execute: Callable[[str, list[str]], None] = in_process) -> None:

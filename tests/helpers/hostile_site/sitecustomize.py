@@ -2,8 +2,11 @@
 processes it starts), it edits that site's training replies as the file named by ``FEDMEDBENCH_TEST_HOSTILE``
 says: ``honest``, ``nan`` (a model array of NaN) or ``shape`` (a model array cut to one value).
 
-Flower's ClientApp process loads the App's modules itself (and may load them again), so the edit is made
-each time ``fedmedbench.fl.engine.federation`` is executed, by an import hook, not once at start-up."""
+Flower's SuperNode starts its SuperExec, and that one ``flwr-clientapp`` process per message, each with the
+SuperNode's environment, so this file runs in each; the edit is made when ``fedmedbench.fl.engine.federation``
+is executed (an import hook), which the ClientApp reaches through Flower's app loader. A reply without a model
+array to edit (UltraFlwr's last round sends none: its final aggregation is omitted) fails the ClientApp with a
+line saying so, rather than going out honest."""
 
 import importlib.abc
 import os
@@ -25,6 +28,8 @@ def _hostile(module) -> None:
             result.arrays[key] = result.arrays[key] * float("nan")
         elif key is not None and mode == "shape":
             result.arrays[key] = result.arrays[key].reshape(-1)[:1].clone()
+        elif mode != "honest":
+            raise RuntimeError(f"hostile site: round {rnd}'s reply holds no model array to make '{mode}'")
         return result
 
     module.client_train = client_train
