@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 
@@ -72,3 +73,23 @@ def restore_registry():
         del METHODS[name]
     for module in [m for m in sys.modules if m.startswith(USER_MODULE_PREFIX)]:
         del sys.modules[module]
+
+
+#: the test files that take minutes (live SuperLinks, whole workflows, a real SLURM), longest first as timed file by
+#: file on 2 cores. ``make test`` hands whole files to its two workers in the collection's order (``--dist loadfile
+#: --no-loadscope-reorder``): these start first and the run ends on short files. xdist's own order (most tests
+#: first) left these few-test files for last, one worker on a file of minutes while the other had nothing left.
+LONG_FILES = ("test_deployment_surgical.py", "test_report_html.py", "test_bench_cost.py", "test_deployment.py",
+              "test_slurm.py", "test_deployment_segmentation.py", "test_engine.py", "test_pipeline.py",
+              "test_kill_anywhere.py", "test_surgical_stand_in.py", "test_demo_ordering.py", "test_gpaf_report.py",
+              "test_run_lock.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker (whose collection the scheduler hands out): the long files first, then every other file
+    by its number of tests (xdist's own order); a file's tests keep their order."""
+    if not hasattr(config, "workerinput"):
+        return
+    tests = collections.Counter(item.path.name for item in items)
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -tests[item.path.name]))
