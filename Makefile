@@ -6,7 +6,8 @@ STAMP  := $(VENV)/.installed-stamp
 CORES  ?= 2
 # test processes (0: the tests run in pytest's own process): one process keeps under one core busy
 # (single-threaded Python, start-ups, Flower heartbeats, SLURM polls), so a second uses the other;
-# each test file stays on one process, so its module fixtures are built once (benchmarks §8)
+# each test file stays on one process, so its module fixtures are built once (benchmarks §8); files go to the
+# processes in the collection's order, the longest first (tests/conftest.py: LONG_FILES), not by test count
 TEST_WORKERS ?= 2
 PIP    := $(BIN)/python -m pip
 # a config of your own for demo and report: `make demo CONFIG=mine.yaml`, `make report CONFIG=mine.yaml`
@@ -65,7 +66,7 @@ track: $(STAMP)
 	$(BIN)/python -m fedmedbench.fl.tracking backfill $(RUNS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The suite against the newest releases of the stack: each direct dependency (envs/requirements.txt) at its newest
 # release but KEEP_PINS (torch's wheel is machine-specific; `make test-latest KEEP_PINS=` takes its newest too),
@@ -84,7 +85,7 @@ venv-latest:
 	$(LATEST)/bin/python -m pip freeze --exclude-editable | grep -iE '^(snakemake|flwr|torch|mlflow-skinny|ultralytics)=='
 
 test-latest: venv-latest
-	$(LATEST)/bin/python -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
+	$(LATEST)/bin/python -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # outputs of the config (CONFIG=file, else config/config.yaml) that are missing, by folder: `snakemake -n` does
 # not rerun a finished job whose outputs (a run's model.pt, or its whole folder) were deleted

@@ -60,40 +60,18 @@ from fedmedbench.workflow import io  # noqa: E402
 
 
 def load_config(path: Path) -> dict:
-    """The config with the schema's defaults filled in (as Snakemake sees it; jsonschema's own
-    default-filling validator where Snakemake is not installed, e.g. on a bare GPU node)."""
+    """The config with the schema's defaults filled in, as the workflow sees it (the workflow's own check, which
+    needs no Snakemake: a bare GPU node has none)."""
     from fedmedbench.config.check import check_file
     from fedmedbench.workflow.diagnostics import exit_on_config_error, validate_config
 
     if not Path(path).is_file():
         raise SystemExit(f"{path}: no such config file")
-    schema_path = ROOT / "config" / "schema.yaml"
     with exit_on_config_error([path]):  # a bad value or YAML is one line naming the file and key, as the workflow's
         check_file(path)  # bounded and strict first (a JSON file it checks, but leaves to the reader)
         config = yaml.safe_load(Path(path).read_text()) or {}
-        try:
-            import snakemake.utils  # noqa: F401
-        except ImportError:
-            _validate_with_defaults(config, yaml.safe_load(schema_path.read_text()))
-        else:
-            validate_config(config, schema_path)
+        validate_config(config, ROOT / "config" / "schema.yaml")
     return config
-
-
-def _validate_with_defaults(config: dict, schema: dict) -> None:
-    """jsonschema validation that fills each object's missing properties with their schema defaults."""
-    import jsonschema
-
-    base = jsonschema.Draft202012Validator
-
-    def set_defaults(validator, properties, instance, schema):
-        if isinstance(instance, dict):
-            for name, sub in properties.items():
-                if isinstance(sub, dict) and "default" in sub:
-                    instance.setdefault(name, sub["default"])
-        yield from base.VALIDATORS["properties"](validator, properties, instance, schema)
-
-    jsonschema.validators.extend(base, {"properties": set_defaults})(schema).validate(config)
 
 
 def grid_jobs(config: dict, study: str) -> list[dict]:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import collections
+import os
 import sys
+
+# Before torch is first imported, here and in every process a test starts (they inherit the environment): torch's
+# OpenMP threads sleep while they wait for work instead of spinning (libgomp's default). The suite runs two workers
+# on two cores beside Snakemake jobs, Flower processes and scripts; a spinning thread takes the core that the
+# thread it waits for needs: a 2-round run at 2 threads took 57-72 s beside a busy core, 7.7 s with them asleep.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 import pytest
@@ -65,3 +73,23 @@ def restore_registry():
         del METHODS[name]
     for module in [m for m in sys.modules if m.startswith(USER_MODULE_PREFIX)]:
         del sys.modules[module]
+
+
+#: the test files that take minutes (live SuperLinks, whole workflows, a real SLURM), longest first as timed file by
+#: file on 2 cores. ``make test`` hands whole files to its two workers in the collection's order (``--dist loadfile
+#: --no-loadscope-reorder``): these start first and the run ends on short files. xdist's own order (most tests
+#: first) left these few-test files for last, one worker on a file of minutes while the other had nothing left.
+LONG_FILES = ("test_deployment_surgical.py", "test_report_html.py", "test_bench_cost.py", "test_deployment.py",
+              "test_slurm.py", "test_deployment_segmentation.py", "test_engine.py", "test_pipeline.py",
+              "test_kill_anywhere.py", "test_surgical_stand_in.py", "test_demo_ordering.py", "test_gpaf_report.py",
+              "test_run_lock.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker (whose collection the scheduler hands out): the long files first, then every other file
+    by its number of tests (xdist's own order); a file's tests keep their order."""
+    if not hasattr(config, "workerinput"):
+        return
+    tests = collections.Counter(item.path.name for item in items)
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -tests[item.path.name]))

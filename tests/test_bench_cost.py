@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from helpers.script_runner import ScriptRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
@@ -285,12 +286,29 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 MICRO = Path(__file__).resolve().parent / "fixtures" / "micro.yaml"
 
 
+_scripts: list[ScriptRunner] = []  # started by the first script run, stopped after the file's last test
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _script_runner():
+    yield
+    while _scripts:
+        _scripts.pop().close()
+
+
+def _run_script(script: Path, *args: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``python script ARGS`` in a process of its own, forked from one interpreter that imported torch once
+    (``helpers/script_runner.py``): dozens of runs here, most of them refusals of a second or less."""
+    if not _scripts:
+        _scripts.append(ScriptRunner())
+    return _scripts[0].run(script, *args, env=env, cwd=cwd, timeout=300)
+
+
 def _bench(script: str, *args: str) -> subprocess.CompletedProcess:
     """A bench script run as the GPU session runs it, with this tree's package first on the path."""
     src = str(BENCH.parent / "src")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+    return _run_script(BENCH / script, *args, env=env)
 
 
 def test_gpu_packing_times_its_jobs_end_to_end(tmp_path):
@@ -736,12 +754,13 @@ def test_gpu_packing_refuses_batch_clients_for_a_surgical_study_in_one_line(tmp_
 
 
 def _micro_without_buffers(tmp_path: Path) -> Path:
-    """The micro study on a model without buffers (ConvNeXtV2-atto at 64 px), whose seeds can share their rounds
-    (the small CNN's batch statistics would have each run timed alone)."""
+    """The micro study on a model without buffers, whose seeds can share their rounds (the small CNN's batch
+    statistics would have each run timed alone): timm's 0.1 M-parameter test EfficientNet with group norm, at the
+    micro's 28 px (a ConvNeXtV2-atto needs 64 px and 3.4 M parameters: minutes of training on the CPU)."""
     import yaml
 
     config = yaml.safe_load(MICRO.read_text())
-    config["studies"]["micro"].update(model={"name": "timm:convnextv2_atto"}, size=64)
+    config["studies"]["micro"].update(model={"name": "timm:test_efficientnet_gn"})
     (tmp_path / "micro.yaml").write_text(yaml.safe_dump(config))
     return tmp_path / "micro.yaml"
 
@@ -1444,8 +1463,7 @@ def test_the_grid_session_runs_its_steps_in_budget_order_and_each_passes_its_scr
     env = {**os.environ, "PYTHONPATH": str(root / "src")}
     for c in steps:
         script, *args = c.split()
-        checked = subprocess.run([sys.executable, str(root / script), *args, "--dry-run"], cwd=root, env=env,
-                                 capture_output=True, text=True, timeout=300)
+        checked = _run_script(root / script, *args, "--dry-run", env=env, cwd=root)
         assert checked.returncode == 0 and "would" in checked.stdout, (c, checked.stdout + checked.stderr)
     calls.unlink()
     done = _run_session(tmp_path, str(fake), steps="ultraflwr")  # a pattern without "grid:": the session's own steps

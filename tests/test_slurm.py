@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -66,15 +67,28 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def runs(cluster, tmp_path_factory) -> Runs:
-    """The micro pipeline run locally, then submitted to SLURM. On SLURM the scaffold training job is
-    scancel-ed mid-federation (as pre-emption or a time limit would); Snakemake resubmits it (--retries)."""
+    """The micro pipeline run locally and, beside it, submitted to SLURM (whose jobs mostly wait on the scheduler).
+    On SLURM the scaffold training job is scancel-ed mid-federation (as pre-emption or a time limit would);
+    Snakemake resubmits it (--retries)."""
     tmp = tmp_path_factory.mktemp("slurm-runs")
     local, slurm = workflow_copy(tmp / "local"), workflow_copy(tmp / "slurm")
     shutil.copytree(ROOT / "tests" / "cluster" / "profile", slurm / "profile")
     snake = [sys.executable, "-m", "snakemake", "--configfile", "micro.yaml"]
-    p = subprocess.run([*snake, "--cores", "2"], cwd=local, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
+    with (tmp / "local.log").open("w") as log:
+        reference = subprocess.Popen([*snake, "--cores", "2"], cwd=local, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+    try:
+        runs = _slurm_run(cluster, snake, slurm)
+        assert reference.wait(timeout=900) == 0, (tmp / "local.log").read_text()[-3000:]
+    finally:
+        if reference.poll() is None:  # a failed SLURM run: stop the local one and its jobs
+            os.killpg(reference.pid, signal.SIGKILL)
+            reference.wait()
+    return Runs(local, slurm, *runs)
 
+
+def _slurm_run(cluster: dict[str, str], snake: list[str], slurm: Path) -> tuple[int, str, int | None]:
+    """The SLURM run's exit status and output, and the round at which its scaffold job was cancelled."""
     proc = subprocess.Popen([*snake, "--profile", "profile", "--retries", "2"], cwd=slurm, env=cluster,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ckpt = slurm / SCAFFOLD / "checkpoint" / "server.pt"
@@ -97,7 +111,7 @@ def runs(cluster, tmp_path_factory) -> Runs:
                         break
         time.sleep(0.1)
     out, _ = proc.communicate(timeout=1200)
-    return Runs(local, slurm, proc.returncode, out, cancelled)
+    return proc.returncode, out, cancelled
 
 
 def test_slurm_run_equals_local_run(runs):

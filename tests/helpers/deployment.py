@@ -163,6 +163,25 @@ def _detached_children(parents: set[str]) -> list[int]:
     return found
 
 
+def same_model(a_dir: str | Path, b_dir: str | Path) -> None:
+    """The ``model.pt`` of two run folders hold the same arrays, bit for bit."""
+    import torch
+
+    a = torch.load(f"{a_dir}/model.pt", weights_only=True)
+    b = torch.load(f"{b_dir}/model.pt", weights_only=True)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def kept_state(run_dir: str | Path, pid: int) -> dict:
+    """A client's persistent state after the run (its own model or personal parameters)."""
+    from fedmedbench.fl.state import checkpoint
+    from fedmedbench.fl.state.client_state import ClientStateStore
+
+    return ClientStateStore(checkpoint.checkpoint_dir(run_dir) / "clients").load(pid, before_round=10**6)
+
+
 def run_deployed(fl: Federation, spec: RunSpec, name: str, timeout_s: int,
                  attempts: int = 2) -> tuple[RunSpec, subprocess.CompletedProcess]:
     """``flwr run`` of ``spec`` (its server copy under ``fl.root/name``); returns that spec and the command's output.

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from fedmedbench.config.check import ConfigError, ConfigFileError
+from fedmedbench.config.check import ConfigError, ConfigFileError, load_schema
 
 #: set to 1 to see Python tracebacks instead of the one-line errors
 DEBUG_ENV = "FEDMEDBENCH_DEBUG"
@@ -145,20 +145,36 @@ def schema_error(err: Any) -> ConfigError:
 
 
 def validate_config(config: dict, schema_path: str | os.PathLike) -> None:
-    """Snakemake's schema check (it fills in the defaults); a failure raises the most relevant error as
-    one :class:`ConfigError` (Snakemake's own message holds the whole schema and config)."""
-    from snakemake.utils import validate
+    """The schema check, filling in each object's missing keys with their schema defaults (as
+    ``snakemake.utils.validate`` does, without reading the schema file again: ``config.check.load_schema``);
+    a failure raises the most relevant error as one :class:`ConfigError`."""
+    import jsonschema
 
+    schema = load_schema(schema_path)
     try:
-        validate(config, str(schema_path))
+        _default_filling(jsonschema.Draft202012Validator)(schema).validate(config)
     except Exception as exc:
-        import jsonschema
-
-        schema = yaml.safe_load(Path(schema_path).read_text(encoding="utf-8"))
         best = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(config))
         if best is None:
             raise
         raise schema_error(best) from exc
+
+
+def _default_filling(base: Any) -> Any:
+    """``base`` whose ``properties`` check first sets each missing property that has a schema default (a copy:
+    the schema's own objects never enter the config)."""
+    import copy
+
+    import jsonschema
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if isinstance(sub, dict) and "default" in sub:
+                    instance.setdefault(name, copy.deepcopy(sub["default"]))
+        yield from base.VALIDATORS["properties"](validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(base, {"properties": set_defaults})
 
 
 def config_error_line(err: ConfigError, files: Sequence[str | os.PathLike]) -> str:

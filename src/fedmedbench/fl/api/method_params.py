@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from fedmedbench.config.check import config_error
+from fedmedbench.config.check import config_error, load_schema
 from fedmedbench.fl.api.method_source import MethodSource, builtin_sources, entry_point_sources, registered_in
 from fedmedbench.fl.api.params import json_schema, problems
 
@@ -113,8 +113,7 @@ def schema_for(config: dict[str, Any], schema_path: str | Path, known: dict[str,
         return str(schema_path)
     from fedmedbench.workflow import io
 
-    schema = yaml.safe_load(Path(schema_path).read_text())
-    schema = copy.deepcopy(schema)
+    schema = copy.deepcopy(load_schema(schema_path))
     defs = schema["definitions"]
     defs["method_name"]["enum"] = [*defs["method_name"]["enum"], *own]
     defs["study"]["properties"]["method_params"]["properties"].update(method_params_schema(own, known))
