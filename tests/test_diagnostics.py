@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -32,6 +33,38 @@ def _snakemake(cwd: Path, *args: str, debug: bool = False) -> subprocess.Complet
 
 
 # ---------------------------------------------------------------- config errors
+
+
+@pytest.mark.parametrize("name", ["config.yaml", *(f"studies/{p.name}" for p in sorted((ROOT / "config" / "studies").glob("*.yaml")))])
+def test_the_defaults_filled_in_are_snakemakes(name):
+    """validate_config fills each missing key with its schema default exactly as snakemake.utils.validate does
+    (the same mapping, key order included)."""
+    from snakemake.utils import validate
+
+    from fedmedbench.config.check import coerce_numbers
+
+    raw = yaml.safe_load((ROOT / "config" / name).read_text())
+    coerce_numbers(raw, SCHEMA)
+    ours, theirs = copy.deepcopy(raw), copy.deepcopy(raw)
+    diagnostics.validate_config(ours, SCHEMA)
+    validate(theirs, str(SCHEMA))
+    assert json.dumps(ours) == json.dumps(theirs)
+    assert json.dumps(ours) != json.dumps(raw)  # some default was filled in
+
+
+def test_a_default_enters_the_config_as_a_copy():
+    """Two configs checked in one process never share a default's object, nor change the schema's default."""
+    from fedmedbench.config.check import load_schema
+
+    first, second = copy.deepcopy(MICRO), copy.deepcopy(MICRO)
+    first.pop("tracking", None)
+    second.pop("tracking", None)
+    diagnostics.validate_config(first, SCHEMA)
+    diagnostics.validate_config(second, SCHEMA)
+    assert first["tracking"] == second["tracking"] == {"tensorboard": False, "mlflow": False, "wandb": False,
+                                                       "client_metrics": True}
+    assert first["tracking"] is not second["tracking"]
+    assert load_schema(SCHEMA)["properties"]["tracking"]["default"] == {}
 
 
 def test_unknown_top_level_key_is_one_line_with_the_allowed_keys():
