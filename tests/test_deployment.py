@@ -19,7 +19,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from helpers import split_labels
-from helpers.deployment import BIN, REPO, Federation, run_deployed
+from helpers.deployment import BIN, REPO, Federation, app_folder, run_deployed
 
 from fedmedbench.data import synthetic
 from fedmedbench.deploy import __main__ as deploy_cli
@@ -82,6 +82,29 @@ def test_export_bundle_is_all_or_nothing_and_names_the_server_spec(study, tmp_pa
     with pytest.raises(Exception, match="missing.npz"):
         export_run(broken, tmp_path / "other")
     assert not (tmp_path / "other").exists() and not list(tmp_path.glob(".other.*"))
+
+
+def _fab_names(files: dict[str, Path]) -> set[str]:
+    """The files of the FAB ``flwr run`` builds from ``files`` (Flower's own filter: its patterns and .gitignore)."""
+    import io as _io
+    import zipfile
+
+    from flwr.cli.build import build_fab_from_files
+
+    fab, _ = build_fab_from_files(files)
+    return {n for n in zipfile.ZipFile(_io.BytesIO(fab)).namelist() if not n.startswith(".info/")}
+
+
+def test_the_app_the_tests_run_is_the_checkouts_app_code(tmp_path):
+    """``flwr run .`` in a checkout (docs/deployment.md) packs pyproject.toml and the package; the tests' lean app
+    folder (helpers/deployment.py: without the venv, which Flower would walk on every run) packs the same code."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True)
+    checkout = _fab_names({p: REPO / p for p in tracked.stdout.split("\0") if p and (REPO / p).is_file()})
+    package = {n for n in checkout if n.startswith("src/fedmedbench/")}
+    assert "pyproject.toml" in checkout and "src/fedmedbench/deploy/apps.py" in package
+    app = app_folder(tmp_path / "app")
+    lean = _fab_names({p.relative_to(app).as_posix(): p for p in app.rglob("*") if p.is_file()})
+    assert {n for n in lean if n.startswith("src/")} == package and "pyproject.toml" in lean
 
 
 def test_credentials_command_writes_ca_server_and_site_keys(tmp_path, capsys):
@@ -208,7 +231,7 @@ def test_a_site_lost_mid_run_fails_the_round_then_the_run_resumes_bit_identical(
     fl, nodes = deployment
     server_spec = RunSpec.from_dict({**spec.to_dict(), "run_dir": str(fl.root / "lost")})
     io.write_json(fl.root / "lost.json", server_spec.to_dict())
-    args = [str(BIN / "flwr"), "run", str(REPO), "hospitals", "--stream", "--run-config",
+    args = [str(BIN / "flwr"), "run", str(fl.app), "hospitals", "--stream", "--run-config",
             f"server-spec-file='{fl.root / 'lost.json'}' round-timeout-s=45"]
     run = subprocess.Popen(args, env=fl.env, cwd=fl.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
