@@ -40,6 +40,15 @@ from fedmedbench.fl.spec import RunSpec
 from fedmedbench.fl.tasks.detection import yolo
 from fedmedbench.fl.tasks.detection.staging import read_manifest
 
+#: the method each surgical study times when ``--methods`` names none of its own: the paper's (FedST's evaluating
+#: round included) and UltraFlwr's baseline strategy
+DEFAULT_TIMED = {"fedst": "fedst", "ultraflwr": "FedAvg"}
+
+
+def timed_names(study: str, names: list[str], methods: list[str] | None) -> list[str]:
+    """The names of ``names`` a surgical study times: those ``methods`` gives, else its default (else its first)."""
+    return [m for m in (methods or [DEFAULT_TIMED[study]]) if m in names] or list(names[:1])
+
 
 def stand_in(surgical: Path) -> dict[str, Any] | None:
     """The stand-in record of a surgical data folder (None for the pipeline's own data)."""
@@ -231,7 +240,7 @@ def fedst_cost(config: dict, config_path: Path, methods: list[str] | None, round
     timed_cfg = fedst_timed_config(cfg, rounds, label["fraction"], steps)
     cache_mb = timed_cfg["data"]["cache_mb"]
     main_steps = FS.train_config(cfg, "main")[1]
-    timed = [m for m in (methods or ["fedst"]) if m in cfg["methods"]] or list(cfg["methods"][:1])
+    timed = timed_names("fedst", list(cfg["methods"]), methods)
     rates: dict[str, tuple[float, float]] = {}
     workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)
     image_cache = image_cache_of(config, image_cache)
@@ -339,7 +348,7 @@ def ultraflwr_cost(config: dict, config_path: Path, methods: list[str] | None, r
     if loader_workers is None:
         loader_workers = int(config["engine"].get("loader_workers", 0) if workers is None else workers)
     image_cache = image_cache_of(config, image_cache)
-    strategies = [m for m in (methods or ["FedAvg"]) if m in uf["strategies"]] or list(uf["strategies"][:1])
+    strategies = timed_names("ultraflwr", list(uf["strategies"]), methods)
     label = data_label(stand_in(surgical))
     row: dict[str, Any] = {"bench": "grid_cost", "study": "ultraflwr", "device": device, "surgical_dir": str(surgical),
                            **label}

@@ -46,7 +46,7 @@ RESULTS = ROOT / "bench" / "grid_cost_results.jsonl"
 from _cli import above_zero, check_cuda, positive, whole  # noqa: E402
 from _flop_floor import dense_peak, device_name, floor_fields, forward_flops, round_flops  # noqa: E402
 from _report import append_lines, emit, tree_state  # noqa: E402
-from _surgical_cost import fedst_cost, ultraflwr_cost  # noqa: E402
+from _surgical_cost import fedst_cost, timed_names, ultraflwr_cost  # noqa: E402
 from _timing import progress, steady_s_per_round, time_spec, time_specs_together, waiting_steps  # noqa: E402
 
 from fedmedbench.compat import limit_threads  # noqa: E402
@@ -649,7 +649,7 @@ def planned(args: argparse.Namespace) -> list[str]:
         for name in ("fedst", "ultraflwr"):
             if name in costed_studies(config) and (not args.study or name in args.study):
                 names = timeable_methods(config, name)
-                timed = [m for m in (args.methods or []) if m in names] or names[:1]
+                timed = timed_names(name, names, args.methods)
                 out.append(f"{name}: would time {', '.join(timed)}, {args.rounds} rounds each"
                            + (f"; {', '.join(m for m in names if m not in timed)} at their mean"
                               if set(names) - set(timed) else ""))

@@ -1489,3 +1489,20 @@ def test_grid_cost_batch_padding_sets_the_plans_bound_for_the_timing_and_names_t
     row = next(grid_cost.cost_rows(args, "cpu"))
     assert seen == [float("inf")] and row["batch_padding"] == float("inf") and row["batch_clients"] is True
     assert "batch_padding=inf" in grid_cost.levers(row, args)
+
+
+def test_a_surgical_study_plans_what_it_times():
+    """The dry run names the method a surgical study times, not its config's first: FedST (with its evaluating
+    round) for fedst, FedAvg for ultraflwr, each unless --methods names others of its own."""
+    from _surgical_cost import timed_names
+
+    names = ["seg_local", "seg_fedavg", "fedst"]
+    assert timed_names("fedst", names, None) == ["fedst"]
+    assert timed_names("fedst", names, ["seg_fedavg", "fedavg"]) == ["seg_fedavg"]
+    assert timed_names("fedst", names, ["fedavg"]) == ["seg_local"]
+    assert timed_names("ultraflwr", ["FedMedian", "FedAvg"], None) == ["FedAvg"]
+    root = BENCH.parent
+    done = _bench("grid_cost.py", "--config", str(root / "config/studies/fedst.yaml"), "--rounds", "2",
+                  "--device", "cpu", "--dry-run")
+    assert done.returncode == 0 and done.stdout.startswith("fedst: would time fedst, 2 rounds each;"), done.stdout
+    assert "seg_local, seg_centralized, seg_fedavg" in done.stdout
