@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU measurement of docs/benchmarks.md §6 in one call, on a machine with a CUDA device:
 #   bash bench/gpu_session.sh [OUT.jsonl]        (or: make bench-gpu)
-#   (on a machine without a package index, first carry the wheels of bench/gpu_wheels.sh)
+#   on a machine without a package index: here `bash bench/gpu_wheels.sh .whl`, carry .whl there, then
+#   WHEELS=.whl PYTHON=python3 bash bench/gpu_session.sh  (installed into WHEELS_SITE, default /tmp/fedmedbench-site)
 #   STEPS='cuda|engine' bash bench/gpu_session.sh  runs only the steps whose names match the
 #   extended regular expression (case-insensitive): the session in parts, e.g. where one command may
 #   run only so long (the PathMNIST grid cost trains 3 epochs of the training centre's share of PathMNIST's
@@ -46,13 +47,23 @@ if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
   echo "gpu_session: torch in $PY sees no CUDA device; run this on a GPU machine with a CUDA build of torch" >&2
   exit 2
 fi
+if [ -n "${WHEELS:-}" ]; then  # an offline GPU machine: the wheels bench/gpu_wheels.sh downloaded, carried there
+  if ! compgen -G "$WHEELS/*.whl" >/dev/null; then
+    echo "gpu_session: WHEELS=$WHEELS holds no .whl file (bash bench/gpu_wheels.sh $WHEELS downloads them)" >&2; exit 2
+  fi
+  SITE=${WHEELS_SITE:-/tmp/fedmedbench-site}
+  if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl; then
+    echo "gpu_session: pip could not install the wheels of $WHEELS into $SITE" >&2; exit 2
+  fi
+  export PYTHONPATH="$PWD/src:$SITE${PYTHONPATH#"$PWD/src"}"  # this tree's package first, then the wheels
+fi
 missing=$("$PY" -c '
 import importlib.util
 need = ["flwr", "flwr_datasets", "jsonschema", "timm", "medmnist", "sklearn", "pandas", "yaml", "psutil",
         "ultralytics", "thop", "cv2", "pyarrow", "medpy", "PIL", "matplotlib", "cryptography", "httpx"]
 print(" ".join(m for m in need if importlib.util.find_spec(m) is None))')
 if [ -n "$missing" ]; then  # every step would fail on its first import
-  echo "gpu_session: $PY lacks: $missing (offline: bench/gpu_wheels.sh downloads their wheels; its header says how to install them)" >&2
+  echo "gpu_session: $PY lacks: $missing (offline: bench/gpu_wheels.sh DIR downloads their wheels elsewhere; WHEELS=DIR here installs them)" >&2
   exit 2
 fi
 mkdir -p "$(dirname "$OUT")"

@@ -4,9 +4,8 @@
 # torchvision, timm, numpy, pandas, scikit-learn, PyYAML, psutil, huggingface_hub are expected there),
 # at envs/constraints.txt's versions, downloaded here for that machine's Python:
 #   bash bench/gpu_wheels.sh [DIR] [PYTHON_VERSION]          (default: .whl, 3.12)
-# Carry DIR there, then:
-#   python3 -m pip install --no-index --no-deps --target /tmp/site DIR/*.whl && export PYTHONPATH=/tmp/site
-#   PYTHON=python3 bash bench/gpu_session.sh
+# Carry DIR there, then (the session installs them into /tmp/fedmedbench-site before its first step):
+#   WHEELS=DIR PYTHON=python3 bash bench/gpu_session.sh
 # Flower needs its own grpcio, protobuf, typer, click and rich versions (the image's may be other
 # ones); medmnist is read for its dataset table (names, split sizes) only. Ultralytics (the ultraflwr
 # grid) comes without polars (54 MB; only its plots and results.csv read it, which the study's trainer

@@ -127,6 +127,31 @@ def test_gpu_session_names_missing_packages_before_any_step(tmp_path):
     assert not (tmp_path / "calls").exists() and not (tmp_path / "gpu_session.log").exists()  # no step ran
 
 
+def test_gpu_session_installs_carried_wheels_before_it_checks_packages(tmp_path):
+    """WHEELS=DIR (an offline GPU machine, the wheels of bench/gpu_wheels.sh carried there): pip installs them from
+    DIR alone into WHEELS_SITE, and every step imports this tree's package first, then them; a DIR without wheels
+    stops the session before any step, naming it."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/bash\n[ \"$1\" = -c ] && exit 0\n"
+                    f"echo \"$*\" >> {calls}\n"
+                    f"echo \"$PYTHONPATH\" >> {tmp_path / 'paths'}\n")
+    fake.chmod(0o755)
+    wheels, site = tmp_path / "whl", tmp_path / "site"
+    wheels.mkdir()
+    done = _run_session(tmp_path, str(fake), steps="CUDA tests", WHEELS=str(wheels), WHEELS_SITE=str(site))
+    assert done.returncode == 2 and f"WHEELS={wheels} holds no .whl file" in done.stderr and not calls.exists()
+    (wheels / "flwr-1.42.0-py3-none-any.whl").write_bytes(b"")
+    done = _run_session(tmp_path, str(fake), steps="CUDA tests", WHEELS=str(wheels), WHEELS_SITE=str(site))
+    assert done.returncode == 0, done.stdout + done.stderr
+    install, step = calls.read_text().splitlines()
+    assert install.startswith("-m pip install") and "--no-index --no-deps" in install
+    assert f"--target {site} {wheels}/flwr-1.42.0-py3-none-any.whl" in install
+    src = str(GPU_SESSION.parents[1] / "src")
+    assert "tests/test_cuda.py" in step and (tmp_path / "paths").read_text().splitlines()[-1].split(":")[:2] == [
+        src, str(site)]
+
+
 def test_gpu_session_runs_every_step_and_fails_only_on_a_required_one(tmp_path):
     calls = tmp_path / "calls"
     fake = tmp_path / "python"
