@@ -38,14 +38,32 @@ def git_head() -> str:
         out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=Path(fedmedbench.__file__).parent,
                              capture_output=True, text=True)
     except OSError:
-        return "?"
-    return out.stdout.strip() or "?"
+        return given_tree()["commit"]
+    return out.stdout.strip() or given_tree()["commit"]
+
+
+#: a tree copied without its .git (rsync to a cluster, a GPU machine lent a copy): the sender's word for its commit,
+#: "COMMIT" or "COMMIT:clean" (they checked that no tracked file differed); used only where git cannot read the tree
+TREE_ENV = "FMB_TREE"
+
+
+def given_tree() -> dict:
+    """The tree ``FMB_TREE`` names (commit ``?`` and cleanliness unknown without it); rows record ``tree_given``."""
+    import os
+
+    value = os.environ.get(TREE_ENV, "").strip()
+    if not value:
+        return {"commit": "?", "tree_clean": None, "changed": []}
+    commit, _, state = value.partition(":")
+    if state not in ("", "clean"):
+        raise SystemExit(f"{TREE_ENV}={value}: give COMMIT or COMMIT:clean")
+    return {"commit": commit, "tree_clean": True if state == "clean" else None, "changed": [], "tree_given": True}
 
 
 def tree_state(root: Path | None = None) -> dict:
     """The source tree a row measured (``root``; default: the checkout of the fedmedbench in use): its commit (short
     hash, ``?`` without git) and whether its tracked files differ from that commit (``tree_clean``: None where git
-    cannot say). Result records (``*.jsonl``) do not count: a session appends its rows to them as it goes."""
+    cannot say; a copy without .git: ``FMB_TREE``, :func:`given_tree`). Result records (``*.jsonl``) do not count: a session appends its rows to them as it goes."""
     if root is None:
         import fedmedbench
 
@@ -55,8 +73,8 @@ def tree_state(root: Path | None = None) -> dict:
         status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "."],
                                 cwd=root, capture_output=True, text=True)
     except OSError:
-        return {"commit": "?", "tree_clean": None, "changed": []}
+        return given_tree()
     if head.returncode or status.returncode:
-        return {"commit": head.stdout.strip() or "?", "tree_clean": None, "changed": []}
+        return {"commit": head.stdout.strip(), "tree_clean": None, "changed": []} if head.stdout.strip() else given_tree()
     changed = [line[3:] for line in status.stdout.splitlines() if not line.rstrip().endswith(".jsonl")]
     return {"commit": head.stdout.strip(), "tree_clean": not changed, "changed": changed}

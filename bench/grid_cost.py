@@ -353,6 +353,8 @@ def provenance(tree: dict, allow_dirty: bool, note: str | None = None) -> dict:
            "tree_clean": tree["tree_clean"], "torch": torch.__version__}
     if not tree["tree_clean"]:
         out.update(changed=tree["changed"][:20], allow_dirty=allow_dirty)
+    if tree.get("tree_given"):
+        out["tree_given"] = True  # the sender's word (FMB_TREE), not git's
     if note:
         out["note"] = note
     return out
@@ -374,7 +376,7 @@ def check_tree(tree: dict, results: Path | None, allow_dirty: bool) -> None:
 def result_row(row: dict) -> dict:
     """The summary kept in ``grid_cost_results.jsonl``: what each study's grid costs, on what, when, with which code,
     what was timed and how the rest was costed."""
-    keys = ("study", "date", "commit", "tree_clean", "changed", "allow_dirty", "note", "device", "device_name",
+    keys = ("study", "date", "commit", "tree_clean", "tree_given", "changed", "allow_dirty", "note", "device", "device_name",
             "torch", "threads", "bench_wall_s", "grid_gpu_hours", "device_hours", "packing_throughput", "measured_s_per_round", "timed",
             "timed_on", "rounds_timed", "s_per_round", "train_s_per_round", "eval_s", "scaled_by",
             "untimed_methods_at_mean", "untimed_strategies_at_mean", "timed_alone", "costing", "batch_padding", "jobs", "job_rounds",

@@ -1405,6 +1405,27 @@ def test_the_earlystop_floor_counts_both_datasets():
         3.75, abs=0.005)
 
 
+def test_a_tree_copied_without_git_takes_its_commit_from_the_sender(monkeypatch, tmp_path):
+    """A copy without .git (a GPU machine lent a copy, rsync to a cluster): FMB_TREE gives the commit, and "clean" the
+    sender's check; the row says the sender gave it. Where git reads the tree, its word wins."""
+    import grid_cost
+    from _report import given_tree, tree_state
+
+    monkeypatch.delenv("FMB_TREE", raising=False)
+    assert tree_state(tmp_path)["commit"] == "?" and tree_state(tmp_path)["tree_clean"] is None
+    monkeypatch.setenv("FMB_TREE", "abc1234")
+    assert tree_state(tmp_path) == {"commit": "abc1234", "tree_clean": None, "changed": [], "tree_given": True}
+    monkeypatch.setenv("FMB_TREE", "abc1234:clean")
+    given = tree_state(tmp_path)
+    assert given["tree_clean"] is True and given["commit"] == "abc1234"
+    grid_cost.check_tree(given, grid_cost.RESULTS, allow_dirty=False)  # the project's record takes it
+    assert grid_cost.provenance(given, allow_dirty=False)["tree_given"] is True
+    assert tree_state(grid_cost.ROOT)["commit"] != "abc1234"  # this checkout: git says
+    monkeypatch.setenv("FMB_TREE", "abc1234:dirty")
+    with pytest.raises(SystemExit, match="FMB_TREE=abc1234:dirty: give COMMIT or COMMIT:clean"):
+        given_tree()
+
+
 def test_a_row_names_its_commit_and_whether_its_tree_was_clean(tmp_path):
     """A tree whose tracked code differs from its commit is not clean (result records, *.jsonl, do not count); the
     project's own record takes rows of a clean tree only, or with --allow-dirty; another file takes them marked."""
