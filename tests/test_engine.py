@@ -207,22 +207,50 @@ def test_orphaned_ray_dirs_of_dead_jobs_are_removed(tmp_path):
     assert (tmp_path / f"fmb-ray-{os.getpid()}-def").exists()
 
 
+@pytest.fixture(scope="module")
+def ray_run(workdir):
+    """One job on the Ray backend (3 SCAFFOLD rounds, 3 clients a round), with what its processes listened on while
+    its first round ran: read by the backend-equivalence and the loopback tests (one Ray start-up for both)."""
+    pytest.importorskip("ray")
+    import psutil
+
+    from fedmedbench.fl.engine import flower as engine
+
+    seen: list[set] = []
+    train = engine.FlowerTransport.train
+
+    def train_and_look(self, *args, **kwargs):
+        if not seen:  # while the first round runs: Ray and its actors are up
+            me = psutil.Process()
+            seen.append(listening_addresses({me.pid} | {p.pid for p in me.children(recursive=True)}))
+        return train(self, *args, **kwargs)
+
+    spec = backend_spec(workdir, "ray")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine.FlowerTransport, "train", train_and_look)
+        engine.run(spec, log=lambda m: None)
+    return Path(spec.run_dir), seen[0]
+
+
+def backend_spec(workdir: Path, backend: str) -> RunSpec:
+    spec = make_spec(workdir, f"backend-{backend}", method="scaffold", rounds=3)
+    spec.threads, spec.backend, spec.clients_per_round = 1, backend, 3
+    return spec
+
+
 @pytest.mark.slow
-def test_inline_and_ray_backends_give_bit_identical_runs(workdir):
+def test_inline_and_ray_backends_give_bit_identical_runs(workdir, ray_run):
     """The backend only changes how messages travel: same weights, same metrics."""
     from fedmedbench.fl.engine import flower as engine
 
-    runs = {}
-    for backend in ("inline", "ray"):
-        spec = make_spec(workdir, f"backend-{backend}", method="scaffold", rounds=3)
-        spec.threads, spec.backend, spec.clients_per_round = 1, backend, 3
-        engine.run(spec, log=lambda m: None)
-        runs[backend] = spec.run_dir
-    a = torch.load(Path(runs["inline"]) / "model.pt", weights_only=True)
-    b = torch.load(Path(runs["ray"]) / "model.pt", weights_only=True)
+    spec = backend_spec(workdir, "inline")
+    engine.run(spec, log=lambda m: None)
+    runs = {"inline": Path(spec.run_dir), "ray": ray_run[0]}
+    a = torch.load(runs["inline"] / "model.pt", weights_only=True)
+    b = torch.load(runs["ray"] / "model.pt", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    ma = pd.read_csv(Path(runs["inline"]) / "metrics.csv").drop(columns="elapsed_s")
-    mb = pd.read_csv(Path(runs["ray"]) / "metrics.csv").drop(columns="elapsed_s")
+    ma = pd.read_csv(runs["inline"] / "metrics.csv").drop(columns="elapsed_s")
+    mb = pd.read_csv(runs["ray"] / "metrics.csv").drop(columns="elapsed_s")
     pd.testing.assert_frame_equal(ma, mb)
 
 
@@ -245,30 +273,13 @@ def listening_addresses(pids: set[int]) -> set[tuple[str, int, str]]:
 
 
 @pytest.mark.slow
-def test_ray_listens_on_the_loopback_address_only(workdir, monkeypatch):
-    """Ray has no authentication: while a job runs, its GCS server, raylet, object manager, driver and actors
+def test_ray_listens_on_the_loopback_address_only(ray_run):
+    """Ray has no authentication: while a job runs, its GCS server, raylet, object manager, driver and actor
     listen on 127.0.0.1 only (Ray's default is every interface), and no dashboard is started."""
-    pytest.importorskip("ray")
-    import psutil
-
-    from fedmedbench.fl.engine import flower as engine
-
-    seen: list[set] = []
-    train = engine.FlowerTransport.train
-
-    def train_and_look(self, *args, **kwargs):
-        if not seen:  # while the first round runs: Ray and its actors are up
-            me = psutil.Process()
-            seen.append(listening_addresses({me.pid} | {p.pid for p in me.children(recursive=True)}))
-        return train(self, *args, **kwargs)
-
-    monkeypatch.setattr(engine.FlowerTransport, "train", train_and_look)
-    spec = make_spec(workdir, "ray-loopback", rounds=1)
-    spec.backend, spec.threads = "ray", 2
-    engine.run(spec, log=lambda m: None)
-    names = {name for _, _, name in seen[0]}
-    assert {"gcs_server", "raylet"} <= names, seen[0]  # Ray's own servers were found
-    beyond = sorted((ip, port, name) for ip, port, name in seen[0] if ip not in LOOPBACK)
+    seen = ray_run[1]
+    names = {name for _, _, name in seen}
+    assert {"gcs_server", "raylet"} <= names, seen  # Ray's own servers were found
+    beyond = sorted((ip, port, name) for ip, port, name in seen if ip not in LOOPBACK)
     assert beyond == [], f"Ray ports listening beyond 127.0.0.1: {beyond}"
     assert not any("dashboard" in name for name in names)
 
