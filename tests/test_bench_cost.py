@@ -367,7 +367,10 @@ def test_round_persistence_names_no_commit_where_git_is_missing(monkeypatch, tmp
     import round_persistence
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no git executable on the path
+    monkeypatch.delenv("FMB_TREE", raising=False)
     assert round_persistence.git_head() == "?"
+    monkeypatch.setenv("FMB_TREE", "abc1234:clean")  # a copy without .git: the sender's commit
+    assert round_persistence.git_head() == "abc1234"
 
 
 def test_grid_cost_sources_are_every_source_the_partition_reads(tmp_path):
@@ -1421,9 +1424,23 @@ def test_a_tree_copied_without_git_takes_its_commit_from_the_sender(monkeypatch,
     grid_cost.check_tree(given, grid_cost.RESULTS, allow_dirty=False)  # the project's record takes it
     assert grid_cost.provenance(given, allow_dirty=False)["tree_given"] is True
     assert tree_state(grid_cost.ROOT)["commit"] != "abc1234"  # this checkout: git says
-    monkeypatch.setenv("FMB_TREE", "abc1234:dirty")
-    with pytest.raises(SystemExit, match="FMB_TREE=abc1234:dirty: give COMMIT or COMMIT:clean"):
-        given_tree()
+    for bad in ("abc1234:dirty", "HEAD"):
+        monkeypatch.setenv("FMB_TREE", bad)
+        with pytest.raises(SystemExit, match=f"FMB_TREE={bad}: give COMMIT or COMMIT:clean"):
+            given_tree()
+        with pytest.raises(SystemExit, match=f"FMB_TREE={bad}: give COMMIT or COMMIT:clean"):
+            tree_state(tmp_path)  # grid_cost and gpu_packing read it before they time anything
+        assert given_tree(strict=False)["commit"] == "?"  # git_head, once a bench has measured: its row is kept
+
+
+def test_gpu_session_refuses_a_malformed_fmb_tree_before_any_step(tmp_path):
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/bash\necho \"$*\" >> {calls}\n")
+    fake.chmod(0o755)
+    done = _run_session(tmp_path, str(fake), steps="CUDA tests", FMB_TREE="HEAD:clean")
+    assert done.returncode == 2 and "FMB_TREE=HEAD:clean: give COMMIT or COMMIT:clean" in done.stderr
+    assert not calls.exists()
 
 
 def test_a_row_names_its_commit_and_whether_its_tree_was_clean(tmp_path):
