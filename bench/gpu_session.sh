@@ -43,7 +43,7 @@ if [ -n "${STEPS:-}" ]; then  # a bad pattern or a typo would otherwise run noth
   grep -qiE -- "$STEPS" <<<"" 2>/dev/null
   if [ $? -eq 2 ]; then echo "gpu_session: STEPS='$STEPS' is not an extended regular expression" >&2; exit 2; fi
 fi
-if [ -n "${FMB_TREE:-}" ] && ! [[ "$FMB_TREE" =~ ^[0-9a-fA-F]{4,40}(:clean)?$ ]]; then  # each row's commit: before any step
+if [ -n "${FMB_TREE:-}" ] && ! [[ "$FMB_TREE" =~ ^[0-9a-fA-F]{4,40}(:clean)?$ ]]; then  # the form of _report.TREE_FORMAT
   echo "gpu_session: FMB_TREE=$FMB_TREE: give COMMIT or COMMIT:clean (COMMIT: 4-40 hex digits)" >&2; exit 2
 fi
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
